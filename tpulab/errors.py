@@ -1,0 +1,238 @@
+"""One exception tree for everything tpulab can report.
+
+    TpuLabError                      .hint says what the user can do about it
+    ├── ConfigError                  bad input or missing configuration; nothing was created
+    │   ├── UnknownAcceleratorError      not in the catalog (suggests the nearest name)
+    │   └── UnsupportedAcceleratorError  known, but not runnable yet (multi-host)
+    ├── CloudError                   the Cloud TPU API said no (.status, .api_message)
+    │   ├── StockoutError                zone has no capacity (create operation, code 8)
+    │   ├── QuotaError                   429 RESOURCE_EXHAUSTED on a quota
+    │   ├── InvalidArgumentError         400 INVALID_ARGUMENT
+    │   ├── AlreadyExistsError           409 ALREADY_EXISTS
+    │   ├── NotFoundError                404 NOT_FOUND
+    │   ├── PermissionDeniedError        403 PERMISSION_DENIED / 401
+    │   ├── TransientError               5xx or rate limiting; worth retrying
+    │   ├── DeadlineError                an operation or state did not arrive in time
+    │   └── PreemptedError               a spot node was preempted under the run
+    ├── RemoteError                  talking to the VM over SSH went wrong
+    │   ├── ConnectError                 no SSH session could be opened in time
+    │   ├── AuthError                    the server refused our per-run key
+    │   ├── HostKeyMismatchError         host key differs from the pinned one
+    │   ├── CommandFailedError           a remote command exited non-zero
+    │   │   └── TpuBusyError                 another process owns the TPU
+    │   └── RemoteTimeoutError           a remote command ran past its timeout
+    ├── VerificationError            the receipt does not prove the run (.failures)
+    ├── TeardownError                deletion could not be confirmed (.leaked)
+    ├── JournalError                 the local run journal is unreadable
+    └── InterruptedRun               a signal stopped the run (teardown still ran)
+
+Only `tpulab.cli` turns these into exit statuses and text on the terminal; the core raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "AlreadyExistsError",
+    "AuthError",
+    "CloudError",
+    "CommandFailedError",
+    "ConfigError",
+    "ConnectError",
+    "DeadlineError",
+    "HostKeyMismatchError",
+    "InterruptedRun",
+    "InvalidArgumentError",
+    "JournalError",
+    "LeakedNode",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "PreemptedError",
+    "QuotaError",
+    "RemoteError",
+    "RemoteTimeoutError",
+    "RequirementFailure",
+    "StockoutError",
+    "TeardownError",
+    "TpuBusyError",
+    "TpuLabError",
+    "TransientError",
+    "UnknownAcceleratorError",
+    "UnsupportedAcceleratorError",
+    "VerificationError",
+]
+
+
+class TpuLabError(Exception):
+    """Base of every error tpulab reports; `hint` tells the user what to do next."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class ConfigError(TpuLabError):
+    """Input or configuration is wrong or missing. Raised before any API call."""
+
+
+class UnknownAcceleratorError(ConfigError):
+    def __init__(self, name: str, suggestion: str | None, valid: Sequence[str]) -> None:
+        guess = f" Did you mean {suggestion!r}?" if suggestion else ""
+        super().__init__(
+            f"Unknown accelerator type {name!r}.{guess}",
+            hint="Valid types: " + ", ".join(valid),
+        )
+        self.name = name
+        self.suggestion = suggestion
+
+
+class UnsupportedAcceleratorError(ConfigError):
+    """A type the catalog knows but `run` cannot drive yet (multi-host slices)."""
+
+
+class CloudError(TpuLabError):
+    """The Cloud TPU API refused or failed a request.
+
+    `status` is the google.rpc status name (e.g. RESOURCE_EXHAUSTED) and `api_message`
+    the API's own words, kept verbatim because they are what support will ask for.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: str = "UNKNOWN",
+        api_message: str = "",
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.status = status
+        self.api_message = api_message
+
+
+class StockoutError(CloudError):
+    pass
+
+
+class QuotaError(CloudError):
+    pass
+
+
+class InvalidArgumentError(CloudError):
+    pass
+
+
+class AlreadyExistsError(CloudError):
+    pass
+
+
+class NotFoundError(CloudError):
+    pass
+
+
+class PermissionDeniedError(CloudError):
+    pass
+
+
+class TransientError(CloudError):
+    pass
+
+
+class DeadlineError(CloudError):
+    pass
+
+
+class PreemptedError(CloudError):
+    pass
+
+
+class RemoteError(TpuLabError):
+    """Something went wrong on the SSH side."""
+
+
+class ConnectError(RemoteError):
+    pass
+
+
+class AuthError(RemoteError):
+    pass
+
+
+class HostKeyMismatchError(RemoteError):
+    pass
+
+
+class CommandFailedError(RemoteError):
+    def __init__(
+        self, message: str, *, exit_status: int, output_tail: str = "", hint: str | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.exit_status = exit_status
+        self.output_tail = output_tail
+
+
+class TpuBusyError(CommandFailedError):
+    """libtpu reported that another process holds the TPU (a stale run)."""
+
+
+class RemoteTimeoutError(RemoteError):
+    pass
+
+
+@dataclass(frozen=True)
+class RequirementFailure:
+    """One named requirement of a receipt that did not hold."""
+
+    requirement: str
+    expected: str
+    observed: str
+
+    def __str__(self) -> str:
+        return f"{self.requirement}: expected {self.expected}, observed {self.observed}"
+
+
+class VerificationError(TpuLabError):
+    def __init__(
+        self, message: str, failures: Sequence[RequirementFailure] = (), *, hint: str | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.failures = list(failures)
+
+
+@dataclass(frozen=True)
+class LeakedNode:
+    """A node that may still exist (and bill) after a teardown that was not confirmed."""
+
+    project: str
+    zone: str
+    name: str
+
+    def manual_delete_command(self) -> str:
+        return (
+            f"gcloud compute tpus tpu-vm delete {self.name} "
+            f"--project={self.project} --zone={self.zone} --quiet"
+        )
+
+
+class TeardownError(TpuLabError):
+    """Deletion could not be confirmed: resources may still be billing."""
+
+    def __init__(self, message: str, leaked: Sequence[LeakedNode]) -> None:
+        commands = "\n".join(node.manual_delete_command() for node in leaked)
+        super().__init__(message, hint="Delete by hand:\n" + commands if commands else None)
+        self.leaked = list(leaked)
+
+
+class JournalError(TpuLabError):
+    pass
+
+
+class InterruptedRun(TpuLabError):
+    """A signal (Ctrl-C, SIGTERM, SIGHUP) ended the run; teardown has already run."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(f"Interrupted by {signal_name}")
+        self.signal_name = signal_name

@@ -1,0 +1,133 @@
+"""Typed values that cross module boundaries: what a node is, what a run asks for.
+
+The receipt model lives in `receipts.py` beside its validation; these are the shapes the
+cloud layer, the lifecycle and the CLI share. Validation of user input happens here so
+that nothing reaches the Cloud TPU API before it is known to be well formed.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tpulab.errors import ConfigError
+
+__all__ = [
+    "MANAGED_BY_LABEL",
+    "MANAGED_BY_VALUE",
+    "RUN_ID_LABEL",
+    "NodeInfo",
+    "NodeRequest",
+    "NodeState",
+    "check_label",
+    "check_node_name",
+    "check_zone",
+    "tpulab_labels",
+]
+
+MANAGED_BY_LABEL = "managed-by"
+MANAGED_BY_VALUE = "tpulab"
+RUN_ID_LABEL = "tpulab-run"
+
+_NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+# GCP label rules: keys start with a lowercase letter; both <= 63 of [a-z0-9_-].
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+
+
+class NodeState(str, Enum):
+    STATE_UNSPECIFIED = "STATE_UNSPECIFIED"
+    CREATING = "CREATING"
+    READY = "READY"
+    RESTARTING = "RESTARTING"
+    REIMAGING = "REIMAGING"
+    DELETING = "DELETING"
+    REPAIRING = "REPAIRING"
+    STOPPED = "STOPPED"
+    STOPPING = "STOPPING"
+    STARTING = "STARTING"
+    PREEMPTED = "PREEMPTED"
+    TERMINATED = "TERMINATED"
+    HIDING = "HIDING"
+    HIDDEN = "HIDDEN"
+    UNHIDING = "UNHIDING"
+    UNKNOWN = "UNKNOWN"
+
+
+class NodeRequest(BaseModel):
+    """What `create_node` sends: everything but the project, zone and node id."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    accelerator_type: str
+    runtime_version: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    metadata: dict[str, str] = Field(default_factory=dict)
+    spot: bool = False
+    description: str = ""
+
+
+class NodeInfo(BaseModel):
+    """A node as the API reports it, independent of the client library's types."""
+
+    model_config = ConfigDict(frozen=True)
+
+    project: str
+    zone: str
+    name: str  # the short node id, not the full resource path
+    accelerator_type: str = ""
+    runtime_version: str = ""
+    state: NodeState = NodeState.STATE_UNSPECIFIED
+    health: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    metadata: dict[str, str] = Field(default_factory=dict)
+    ip_address: str | None = None
+    external_ip: str | None = None
+    spot: bool = False
+    create_time: datetime | None = None
+
+    @property
+    def managed_by_tpulab(self) -> bool:
+        return self.labels.get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE
+
+    @property
+    def run_id(self) -> str | None:
+        return self.labels.get(RUN_ID_LABEL)
+
+
+def tpulab_labels(run_id: str) -> dict[str, str]:
+    """The labels every node tpulab creates carries; teardown finds nodes by them."""
+    return {MANAGED_BY_LABEL: MANAGED_BY_VALUE, RUN_ID_LABEL: check_label(RUN_ID_LABEL, run_id)}
+
+
+def check_node_name(name: str) -> str:
+    if len(name) > 63 or not _NODE_NAME.match(name):
+        raise ConfigError(
+            f"Invalid node name {name!r}.",
+            hint="Use 1-63 characters: a lowercase letter first, then lowercase letters, "
+            "digits or hyphens, not ending in a hyphen.",
+        )
+    return name
+
+
+def check_zone(zone: str) -> str:
+    if not _ZONE.match(zone):
+        raise ConfigError(
+            f"Invalid zone {zone!r}.",
+            hint="A zone looks like us-central1-a (region, then a zone letter).",
+        )
+    return zone
+
+
+def check_label(key: str, value: str) -> str:
+    if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
+        raise ConfigError(
+            f"Invalid label {key}={value!r}.",
+            hint="Label keys and values use lowercase letters, digits, '_' and '-', "
+            "at most 63 characters; keys start with a letter.",
+        )
+    return value
