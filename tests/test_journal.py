@@ -1,0 +1,326 @@
+"""The run journal: rows before create, concurrency, crashes mid-write, corrupted files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from tpulab import paths
+from tpulab.errors import JournalError
+from tpulab.journal import (
+    SCHEMA_VERSION,
+    TARGET_EMULATE,
+    Journal,
+    RunRow,
+    journal_view,
+    row_is_live,
+    target_for,
+)
+from tpulab.models import NodeInfo, tpulab_labels
+
+ZONE = "us-central1-a"
+
+
+def _row(run_id: str, node: str | None = None, **changes: object) -> RunRow:
+    row = RunRow.for_this_process(
+        run_id=run_id,
+        project="proj",
+        zone=ZONE,
+        node_name=node or f"tpulab-{run_id}",
+        accelerator="v5litepod-4",
+        target="http://127.0.0.1:1",
+        emulated=True,
+    )
+    return row if not changes else RunRow(**{**row.__dict__, **changes})
+
+
+def test_default_path_is_under_the_state_dir_and_rows_round_trip() -> None:
+    journal = Journal()
+    assert journal.path == paths.journal_path()
+    journal.open_run(_row("r1"))
+    assert journal.path.is_file()
+    got = journal.get("r1")
+    assert got is not None
+    assert (got.run_id, got.node_name, got.phase, got.teardown) == (
+        "r1",
+        "tpulab-r1",
+        "create",
+        None,
+    )
+    assert got.pid == os.getpid()
+    assert got.emulated is True
+    assert got.needs_teardown
+    with sqlite3.connect(journal.path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_phases_and_closing_decide_what_stays_open(tmp_path: Path) -> None:
+    clock = iter(
+        datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=s) for s in range(99)
+    )
+    journal = Journal(tmp_path / "j.sqlite3", now=lambda: next(clock))
+    for run_id in ("a", "b", "c", "d"):
+        journal.open_run(_row(run_id))
+    journal.set_phase("a", "execute")
+    journal.close_run("b", "confirmed", "deleted and listed")
+    journal.close_run("c", "unconfirmed", "delete hung")
+    journal.close_run("d", "not-created", "stockout")
+    open_ids = [row.run_id for row in journal.open_runs()]
+    assert open_ids == ["a", "c"]  # unconfirmed rows still need a sweep
+    a = journal.get("a")
+    b = journal.get("b")
+    assert a is not None
+    assert a.phase == "execute"
+    assert a.updated is not None
+    assert b is not None
+    assert b.teardown == "confirmed"
+    assert b.detail == "deleted and listed"
+    assert b.ended is not None
+    assert [row.run_id for row in journal.all_runs(limit=2)] == ["d", "c"]
+
+
+def test_unknown_runs_and_duplicate_ids_are_errors_with_hints(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite3")
+    journal.open_run(_row("r1"))
+    with pytest.raises(JournalError, match="already in the journal"):
+        journal.open_run(_row("r1"))
+    with pytest.raises(JournalError, match="not in the journal") as caught:
+        journal.set_phase("nope", "wait")
+    assert caught.value.hint
+    assert "labels" in caught.value.hint
+    with pytest.raises(ValueError, match="teardown must be"):
+        journal.close_run("r1", "deleted")  # type: ignore[arg-type]
+
+
+def test_target_names() -> None:
+    assert target_for(None) == "google"
+    assert target_for("http://127.0.0.1:8470/") == "http://127.0.0.1:8470"
+    assert target_for("http://127.0.0.1:9", embedded_emulator=True) == TARGET_EMULATE
+
+
+def test_liveness_tells_dead_and_reused_pids_apart(tmp_path: Path) -> None:
+    assert row_is_live(_row("me"))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert row_is_live(_row("child", pid=child.pid, proc_start=None))
+        # Same pid, different start time: the pid was reused by another process.
+        assert not row_is_live(_row("reused", pid=child.pid, proc_start="1"))
+        child.kill()
+        deadline = time.monotonic() + 5
+        # Killed but not reaped yet: a zombie is dead for our purposes.
+        while row_is_live(_row("child", pid=child.pid, proc_start=None)):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        child.kill()
+        child.wait()
+    assert not row_is_live(_row("other-host", host="elsewhere.example"))
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from tpulab.journal import Journal, RunRow
+
+    journal = Journal(Path(sys.argv[1]))
+    prefix = sys.argv[2]
+    for i in range(int(sys.argv[3])):
+        run_id = f"{prefix}-{i}"
+        journal.open_run(RunRow.for_this_process(
+            run_id=run_id, project="proj", zone="us-central1-a", node_name=run_id,
+            accelerator="v5litepod-4", target="google", emulated=False))
+        journal.set_phase(run_id, "wait")
+        journal.close_run(run_id, "confirmed", "x" * 2000)
+        print(run_id, flush=True)
+    """
+)
+
+
+def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(path), f"w{n}", "40"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(4)
+    ]
+    for writer in writers:
+        _, err = writer.communicate(timeout=120)
+        assert writer.returncode == 0, err
+    rows = Journal(path).all_runs(limit=1000)
+    assert len(rows) == 160
+    assert all(row.teardown == "confirmed" and row.phase == "wait" for row in rows)
+
+
+def test_sigkill_mid_write_leaves_every_committed_row_and_a_usable_file(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    committed: list[str] = []
+    for attempt, delay in enumerate((0.15, 0.3, 0.45)):
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(path), f"k{attempt}", "100000"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert writer.stdout is not None
+        committed.append(writer.stdout.readline().strip())  # it is writing now
+        time.sleep(delay)
+        writer.send_signal(signal.SIGKILL)
+        rest, _ = writer.communicate(timeout=10)
+        committed.extend(rest.split())
+        assert writer.returncode == -signal.SIGKILL
+    journal = Journal(path)
+    rows = {row.run_id: row for row in journal.all_runs(limit=1_000_000)}
+    missing = [run_id for run_id in committed if run_id not in rows]
+    assert not missing, f"committed rows lost after SIGKILL: {missing[:5]}"
+    # The row the writer was in the middle of is whole or absent, never half-written.
+    assert all(row.node_name == row.run_id for row in rows.values())
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    journal.open_run(_row("after-crash"))
+    assert journal.get("after-crash") is not None
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from tpulab.journal import Journal, RunRow
+
+    path = Path(sys.argv[1])
+    Journal(path).open_run(RunRow.for_this_process(
+        run_id="held", project="proj", zone="us-central1-a", node_name="held",
+        accelerator="v5litepod-4", target="google", emulated=False))
+
+    def stuck_clock():
+        # Called inside set_phase's write transaction: freeze there holding the lock.
+        print("in-transaction", flush=True)
+        time.sleep(600)
+
+    Journal(path, now=stuck_clock).set_phase("held", "never-committed")
+    """
+)
+
+
+def test_a_writer_killed_inside_its_transaction_releases_the_lock(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None
+    assert holder.stdout.readline().strip() == "in-transaction"
+    blocked = Journal(path, busy_timeout=0.3)
+    with pytest.raises(JournalError, match="locked") as caught:
+        blocked.open_run(_row("while-held"))
+    assert caught.value.hint
+    assert "retry" in caught.value.hint
+    holder.kill()
+    holder.wait(timeout=10)
+    journal = Journal(path, busy_timeout=2)
+    held = journal.get("held")
+    assert held is not None
+    assert held.phase == "create"
+    journal.open_run(_row("after-kill"))
+    assert {row.run_id for row in journal.open_runs()} == {"held", "after-kill"}
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "scribbled"])
+def test_a_corrupted_journal_is_a_clear_error_not_a_traceback(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "j.sqlite3"
+    journal = Journal(path)
+    for i in range(200):
+        journal.open_run(_row(f"r{i}", node=f"node-{i}-" + "x" * 40))
+    with sqlite3.connect(path) as conn:  # fold the WAL in, so the damage hits real pages
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = path.read_bytes()
+    if damage == "garbage":
+        path.write_bytes(b"this is not a database, it is a shopping list\n" * 50)
+    elif damage == "truncated":
+        path.write_bytes(data[: len(data) // 3])
+    else:
+        path.write_bytes(data[:4096] + os.urandom(len(data) - 4096))
+    for wal in (tmp_path / "j.sqlite3-wal", tmp_path / "j.sqlite3-shm"):
+        wal.unlink(missing_ok=True)
+    fresh = Journal(path)
+    with pytest.raises(JournalError) as caught:
+        fresh.open_runs()
+    error = caught.value
+    assert str(path) in error.message
+    assert "unreadable" in error.message
+    assert error.hint
+    assert "mv" in error.hint
+    assert "labels" in error.hint
+    assert error.__cause__ is None
+    assert error.__suppress_context__
+
+
+def test_a_journal_from_a_newer_tpulab_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    Journal(path).open_run(_row("r1"))
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA user_version = 99")
+    with pytest.raises(JournalError, match="newer tpulab"):
+        Journal(path).open_runs()
+
+
+def test_an_unwritable_location_names_the_directory(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(JournalError, match="journal directory") as caught:
+        Journal(blocker / "sub" / "j.sqlite3").open_runs()
+    assert caught.value.hint
+    assert "TPULAB_HOME" in caught.value.hint
+
+
+def _node(name: str, labels: dict[str, str], zone: str = ZONE) -> NodeInfo:
+    return NodeInfo(project="proj", zone=zone, name=name, labels=labels)
+
+
+def test_journal_view_puts_journal_state_next_to_the_cloud(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite3")
+    journal.open_run(_row("live", node="n-live"))
+    journal.set_phase("live", "execute")
+    journal.open_run(_row("dead", node="n-dead", pid=2**22 + 7))
+    journal.open_run(_row("gone", node="n-gone"))  # open, but the cloud has no such node
+    journal.open_run(_row("done", node="n-done"))
+    journal.close_run("done", "confirmed")
+    nodes = [
+        _node("n-live", tpulab_labels("live")),
+        _node("n-dead", tpulab_labels("dead")),
+        _node("n-done", tpulab_labels("done")),
+        _node("n-other-machine", tpulab_labels("elsewhere")),
+        _node("tpulab-lookalike", {}),
+    ]
+    view = journal_view(nodes, zones=[ZONE], journal=journal)
+    assert view.error is None
+    states = {name: view.states.get(("proj", ZONE, name)) for name in [n.name for n in nodes]}
+    assert states["n-live"] == "running (execute)"
+    assert states["n-dead"] is not None
+    assert states["n-dead"].startswith("orphaned at create")
+    assert states["n-done"] == "closed (confirmed)"
+    assert states["n-other-machine"] == "not in this machine's journal"
+    assert states["tpulab-lookalike"] is None
+    assert [row.run_id for row in view.missing] == ["gone"]
+
+
+def test_journal_view_degrades_on_a_corrupted_file(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    path.write_bytes(b"\x00garbage" * 100)
+    view = journal_view([_node("n", tpulab_labels("r"))], journal=Journal(path))
+    assert view.error is not None
+    assert "unreadable" in view.error
+    assert view.states == {}
+    assert view.missing == []

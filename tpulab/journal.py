@@ -1,0 +1,486 @@
+"""The local run journal: one SQLite row per run, committed before the node is created.
+
+The journal is how tpulab remembers a node after the process that created it died
+(SIGKILL, a laptop that never woke up). Its rules:
+
+- a row is committed BEFORE `create_node` is sent, so every node tpulab may have created
+  has a row; the row is closed only when teardown was confirmed (or nothing was created);
+- every call opens its own connection and runs one short transaction, so concurrent runs
+  (several terminals) share the file safely under WAL and a busy timeout;
+- a crash mid-write loses at most the uncommitted transaction (SQLite's journal); a file
+  that is not a readable database raises JournalError with what to do, never a traceback.
+  Labels on the nodes remain the second source of truth: `tpulab teardown --verify` still
+  finds tpulab nodes when the journal is unreadable.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+from tpulab import paths
+from tpulab.errors import JournalError
+from tpulab.models import NodeInfo
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "TARGET_EMULATE",
+    "TARGET_GOOGLE",
+    "Journal",
+    "JournalView",
+    "RunRow",
+    "TeardownResult",
+    "journal_view",
+    "process_marker",
+    "row_is_live",
+    "target_for",
+]
+
+SCHEMA_VERSION = 1
+TARGET_GOOGLE = "google"
+# The embedded emulator listens on a random port per process, so its rows are keyed by
+# this name rather than by a URL that no later process could reach.
+TARGET_EMULATE = "emulate"
+
+TeardownResult = Literal["confirmed", "unconfirmed", "not-created"]
+_TEARDOWN_RESULTS = ("confirmed", "unconfirmed", "not-created")
+
+_SCHEMA = """
+CREATE TABLE runs (
+    run_id      TEXT PRIMARY KEY,
+    project     TEXT NOT NULL,
+    zone        TEXT NOT NULL,
+    node_name   TEXT NOT NULL,
+    accelerator TEXT NOT NULL,
+    target      TEXT NOT NULL,
+    emulated    INTEGER NOT NULL,
+    spot        INTEGER NOT NULL DEFAULT 0,
+    started     TEXT NOT NULL,
+    updated     TEXT NOT NULL,
+    phase       TEXT NOT NULL,
+    pid         INTEGER,
+    host        TEXT,
+    proc_start  TEXT,
+    ended       TEXT,
+    teardown    TEXT CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created')),
+    detail      TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX runs_by_teardown ON runs (teardown);
+CREATE INDEX runs_by_node ON runs (project, zone, node_name);
+"""
+
+# Queries are whole literals (no string building), so nothing user-supplied reaches SQL
+# except as a bound parameter.
+_INSERT = (
+    "INSERT INTO runs (run_id, project, zone, node_name, accelerator, target, emulated, "
+    "spot, started, updated, phase, pid, host, proc_start, ended, teardown, detail) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_SELECT_ONE = (
+    "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
+    "updated, phase, pid, host, proc_start, ended, teardown, detail FROM runs WHERE run_id = ?"
+)
+_SELECT_OPEN = (
+    "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
+    "updated, phase, pid, host, proc_start, ended, teardown, detail FROM runs "
+    "WHERE teardown IS NULL OR teardown = 'unconfirmed' ORDER BY started, rowid"
+)
+_SELECT_ALL = (
+    "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
+    "updated, phase, pid, host, proc_start, ended, teardown, detail FROM runs "
+    "ORDER BY started DESC, rowid DESC LIMIT ?"
+)
+_SELECT_NODE = (
+    "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
+    "updated, phase, pid, host, proc_start, ended, teardown, detail FROM runs "
+    "WHERE project = ? AND zone = ? AND node_name = ? ORDER BY started DESC, rowid DESC"
+)
+
+
+def target_for(api_endpoint: str | None, *, embedded_emulator: bool = False) -> str:
+    """The `target` a row records: which API the node lives behind."""
+    if embedded_emulator:
+        return TARGET_EMULATE
+    return api_endpoint.rstrip("/") if api_endpoint else TARGET_GOOGLE
+
+
+def process_marker(pid: int) -> str | None:
+    """A value that changes when a pid is reused (Linux: the process start time).
+
+    None where /proc is absent; then liveness falls back to the pid alone.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after it.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def _process_state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[0] if fields else None
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One run as the journal knows it. `teardown` is None while the run is open."""
+
+    run_id: str
+    project: str
+    zone: str
+    node_name: str
+    accelerator: str
+    target: str  # TARGET_GOOGLE, TARGET_EMULATE or an API endpoint URL
+    emulated: bool
+    started: datetime
+    phase: str = "create"
+    spot: bool = False
+    updated: datetime | None = None
+    pid: int | None = None
+    host: str | None = None
+    proc_start: str | None = None
+    ended: datetime | None = None
+    teardown: TeardownResult | None = None
+    detail: str = ""
+
+    @classmethod
+    def for_this_process(
+        cls,
+        *,
+        run_id: str,
+        project: str,
+        zone: str,
+        node_name: str,
+        accelerator: str,
+        target: str,
+        emulated: bool,
+        spot: bool = False,
+        phase: str = "create",
+        started: datetime | None = None,
+    ) -> RunRow:
+        """A new row owned by the calling process (pid and host let a sweep skip it)."""
+        pid = os.getpid()
+        return cls(
+            run_id=run_id,
+            project=project,
+            zone=zone,
+            node_name=node_name,
+            accelerator=accelerator,
+            target=target,
+            emulated=emulated,
+            spot=spot,
+            phase=phase,
+            started=started or datetime.now(timezone.utc),
+            pid=pid,
+            host=socket.gethostname(),
+            proc_start=process_marker(pid),
+        )
+
+    @property
+    def needs_teardown(self) -> bool:
+        """True while the node may still exist: open, or closed with teardown unconfirmed."""
+        return self.teardown is None or self.teardown == "unconfirmed"
+
+
+def row_is_live(row: RunRow) -> bool:
+    """Is the process that wrote this row still running on this machine?
+
+    A zombie (killed but not yet reaped) counts as dead; a reused pid is told apart by
+    the process start time where the platform exposes it.
+    """
+    if row.pid is None or row.host != socket.gethostname():
+        return False
+    try:
+        os.kill(row.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    if _process_state(row.pid) == "Z":
+        return False
+    if row.proc_start is not None:
+        return process_marker(row.pid) == row.proc_start
+    return True
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.astimezone(timezone.utc).isoformat()
+
+
+def _parse(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+def _row(values: Sequence[object]) -> RunRow:
+    (run_id, project, zone, node, acc, target, emulated, spot, started, updated, phase, pid,
+     host, proc_start, ended, teardown, detail) = values  # fmt: skip
+    started_at = _parse(str(started))
+    assert started_at is not None
+    if teardown is not None and teardown not in _TEARDOWN_RESULTS:
+        raise JournalError(f"The run journal has an unknown teardown value {teardown!r}.")
+    return RunRow(
+        run_id=str(run_id),
+        project=str(project),
+        zone=str(zone),
+        node_name=str(node),
+        accelerator=str(acc),
+        target=str(target),
+        emulated=bool(emulated),
+        spot=bool(spot),
+        started=started_at,
+        updated=_parse(None if updated is None else str(updated)),
+        phase=str(phase),
+        pid=None if pid is None else int(str(pid)),
+        host=None if host is None else str(host),
+        proc_start=None if proc_start is None else str(proc_start),
+        ended=_parse(None if ended is None else str(ended)),
+        teardown=teardown,  # type: ignore[arg-type]  # checked just above
+        detail=str(detail),
+    )
+
+
+class Journal:
+    """The SQLite journal at `path` (default: `paths.journal_path()`).
+
+    Cheap to construct; nothing touches the disk until the first call. Every method is
+    one short transaction on its own connection, so a Journal may be shared freely.
+    """
+
+    def __init__(
+        self,
+        path: Path | None = None,
+        *,
+        busy_timeout: float = 10.0,
+        now: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.path = path or paths.journal_path()
+        self.busy_timeout = busy_timeout
+        self._now = now or (lambda: datetime.now(timezone.utc))
+        self._ready = False
+
+    # -- writing ---------------------------------------------------------------------
+
+    def open_run(self, row: RunRow) -> None:
+        """Record a run about to create its node. Must return before create_node is sent."""
+        row = replace(row, updated=row.updated or self._now(), teardown=None, ended=None)
+        values = (
+            row.run_id, row.project, row.zone, row.node_name, row.accelerator, row.target,
+            int(row.emulated), int(row.spot), _iso(row.started), _iso(row.updated),
+            row.phase, row.pid, row.host, row.proc_start, None, None, row.detail,
+        )  # fmt: skip
+        with self._transaction(write=True) as conn:
+            try:
+                conn.execute(_INSERT, values)
+            except sqlite3.IntegrityError:
+                raise JournalError(
+                    f"Run id {row.run_id} is already in the journal.",
+                    hint="Run ids must be unique; let tpulab generate one.",
+                ) from None
+
+    def set_phase(self, run_id: str, phase: str) -> None:
+        with self._transaction(write=True) as conn:
+            cursor = conn.execute(
+                "UPDATE runs SET phase = ?, updated = ? WHERE run_id = ?",
+                (phase, _iso(self._now()), run_id),
+            )
+            self._require_one(cursor.rowcount, run_id)
+
+    def close_run(self, run_id: str, teardown: TeardownResult, detail: str = "") -> None:
+        """Record the teardown result. "unconfirmed" keeps the row in `open_runs()`."""
+        if teardown not in _TEARDOWN_RESULTS:
+            raise ValueError(f"teardown must be one of {_TEARDOWN_RESULTS}, not {teardown!r}")
+        now = _iso(self._now())
+        with self._transaction(write=True) as conn:
+            cursor = conn.execute(
+                "UPDATE runs SET teardown = ?, detail = ?, ended = ?, updated = ? WHERE run_id = ?",
+                (teardown, detail, now, now, run_id),
+            )
+            self._require_one(cursor.rowcount, run_id)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def get(self, run_id: str) -> RunRow | None:
+        with self._transaction() as conn:
+            found = conn.execute(_SELECT_ONE, (run_id,)).fetchone()
+        return None if found is None else _row(found)
+
+    def open_runs(self) -> list[RunRow]:
+        """Rows whose node may still exist: never closed, or closed "unconfirmed"."""
+        with self._transaction() as conn:
+            found = conn.execute(_SELECT_OPEN).fetchall()
+        return [_row(values) for values in found]
+
+    def all_runs(self, limit: int = 100) -> list[RunRow]:
+        """Newest first."""
+        with self._transaction() as conn:
+            found = conn.execute(_SELECT_ALL, (limit,)).fetchall()
+        return [_row(values) for values in found]
+
+    def runs_for_node(self, project: str, zone: str, node_name: str) -> list[RunRow]:
+        """Rows naming this node, newest first (names are reusable across runs)."""
+        with self._transaction() as conn:
+            found = conn.execute(_SELECT_NODE, (project, zone, node_name)).fetchall()
+        return [_row(values) for values in found]
+
+    # -- plumbing --------------------------------------------------------------------
+
+    @staticmethod
+    def _require_one(rowcount: int, run_id: str) -> None:
+        if rowcount != 1:
+            raise JournalError(
+                f"Run {run_id} is not in the journal.",
+                hint="The journal may have been moved aside; `tpulab teardown --verify` "
+                "still finds the run's node by its labels.",
+            )
+
+    def _error(self, error: sqlite3.Error) -> JournalError:
+        text = str(error)
+        if isinstance(error, sqlite3.OperationalError) and "locked" in text:
+            return JournalError(
+                f"The run journal {self.path} stayed locked for {self.busy_timeout:g} s.",
+                hint="Another tpulab process holds it; retry when it finishes.",
+            )
+        if isinstance(error, sqlite3.OperationalError) and "unable to open" in text:
+            return JournalError(
+                f"The run journal {self.path} cannot be opened: {text}.",
+                hint=f"Check that {self.path.parent} exists and is writable "
+                "(or set TPULAB_HOME to a writable directory).",
+            )
+        return JournalError(
+            f"The run journal {self.path} is unreadable ({text}).",
+            hint=f"Move it aside (mv '{self.path}' '{self.path}.corrupt'); a fresh journal "
+            "starts with the next run. Nodes are still found by their labels: run "
+            "`tpulab teardown --verify --zone ZONE` for each zone you used.",
+        )
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise JournalError(
+                f"Cannot create the journal directory {self.path.parent}: {error.strerror}.",
+                hint="Set TPULAB_HOME to a writable directory.",
+            ) from None
+        # isolation_level=None: transactions are ours (BEGIN IMMEDIATE below), not the
+        # module's implicit ones, so a write never upgrades a read lock and deadlocks.
+        conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+        return conn
+
+    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
+        if self._ready:
+            return
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            if version == 0:
+                for statement in filter(str.strip, _SCHEMA.split(";")):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            elif version > SCHEMA_VERSION:
+                raise JournalError(
+                    f"The run journal {self.path} was written by a newer tpulab "
+                    f"(schema {version}; this one reads {SCHEMA_VERSION}).",
+                    hint="Upgrade tpulab, or point TPULAB_HOME elsewhere.",
+                )
+            check = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"integrity check failed: {check}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        self._ready = True
+
+    @contextmanager
+    def _transaction(self, *, write: bool = False) -> Iterator[sqlite3.Connection]:
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = self._connect()
+            self._ensure_schema(conn)
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                yield conn
+            except BaseException:
+                # A signal may land here: roll back so the file holds whole transactions.
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        except sqlite3.Error as error:
+            raise self._error(error) from None
+        finally:
+            if conn is not None:
+                conn.close()
+
+
+@dataclass(frozen=True)
+class JournalView:
+    """What this machine's journal says about nodes a `list` showed.
+
+    `states` maps (project, zone, node name) to a short text; `missing` holds rows that
+    still need teardown in the listed zones but whose node the cloud did not list;
+    `error` is set (and the rest empty) when the journal could not be read.
+    """
+
+    states: dict[tuple[str, str, str], str]
+    missing: list[RunRow]
+    error: str | None = None
+
+
+def _state_text(row: RunRow) -> str:
+    if row.teardown is None:
+        if row_is_live(row):
+            return f"running ({row.phase})"
+        return f"orphaned at {row.phase}: run `tpulab teardown --verify`"
+    if row.teardown == "unconfirmed":
+        return "teardown unconfirmed: run `tpulab teardown --verify`"
+    return f"closed ({row.teardown})"
+
+
+def journal_view(
+    nodes: Iterable[NodeInfo],
+    *,
+    zones: Iterable[str] = (),
+    journal: Journal | None = None,
+) -> JournalView:
+    """Journal state next to the cloud's, for `tpulab list`. Never raises JournalError."""
+    journal = journal or Journal()
+    nodes = list(nodes)
+    try:
+        states: dict[tuple[str, str, str], str] = {}
+        for node in nodes:
+            key = (node.project, node.zone, node.name)
+            rows = journal.runs_for_node(*key)
+            by_label = [r for r in rows if node.run_id is not None and r.run_id == node.run_id]
+            if by_label:
+                states[key] = _state_text(by_label[0])
+            elif node.managed_by_tpulab:
+                states[key] = "not in this machine's journal"
+        listed = {(n.project, n.zone, n.name) for n in nodes}
+        projects = {n.project for n in nodes}
+        wanted_zones = set(zones) | {n.zone for n in nodes}
+        missing = [
+            row
+            for row in journal.open_runs()
+            if row.zone in wanted_zones
+            and (not projects or row.project in projects)
+            and (row.project, row.zone, row.node_name) not in listed
+        ]
+    except JournalError as error:
+        return JournalView(states={}, missing=[], error=error.message)
+    return JournalView(states=states, missing=missing)
