@@ -1,0 +1,110 @@
+"""Run the verifier payload on this machine, in a fresh interpreter.
+
+A fresh process is the point: JAX fixes its platform and device count when it first
+initialises, so the reference run must not share an interpreter with tpulab (which also
+keeps jax out of tpulab's own imports).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpulab import paths
+from tpulab.errors import CommandFailedError, RemoteTimeoutError
+from tpulab.payload import extract_receipt_line, merged_env, payload_command
+from tpulab.receipts import MAX_RECEIPT_BYTES, read_receipt_file
+
+__all__ = ["LocalRunResult", "new_nonce", "run_local_payload"]
+
+_STDERR_TAIL = 4000
+
+
+@dataclass(frozen=True)
+class LocalRunResult:
+    """The receipt bytes as written (unparsed: validation is the caller's job)."""
+
+    raw: bytes
+    exit_status: int
+    stderr_tail: str
+    duration: float
+    nonce: str
+    command: tuple[str, ...]
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(16)
+
+
+def _tail(data: bytes) -> str:
+    return data.decode("utf-8", "replace")[-_STDERR_TAIL:]
+
+
+def run_local_payload(
+    *,
+    devices: int,
+    platform: str = "cpu",
+    nonce: str | None = None,
+    emulated: bool = False,
+    timeout: float = 300,
+    python: str = sys.executable,
+    payload: Path | None = None,
+) -> LocalRunResult:
+    """Run the payload with JAX_PLATFORMS=`platform` and `devices` forced on CPU.
+
+    Returns the receipt even when the payload exits non-zero (a failed run still writes
+    one that names its error). Raises RemoteTimeoutError past `timeout`, and
+    CommandFailedError when the payload produced no receipt at all.
+    """
+    nonce = nonce or new_nonce()
+    script = payload or paths.payload_path()
+    env = merged_env(os.environ, platform, devices)
+    with tempfile.TemporaryDirectory(prefix="tpulab-verify-") as scratch:
+        out = Path(scratch) / "receipt.json"
+        argv = payload_command(
+            python, script, platform=platform, nonce=nonce, out=out, emulated=emulated
+        )
+        started = time.monotonic()
+        try:
+            done = subprocess.run(
+                argv, env=env, capture_output=True, timeout=timeout, check=False, cwd=scratch
+            )
+        except subprocess.TimeoutExpired as expired:
+            raise RemoteTimeoutError(
+                f"The local payload ran past {timeout:g} s and was stopped.",
+                hint="JAX may be stuck initialising; rerun with more time or fewer devices.",
+            ) from expired
+        except OSError as error:
+            raise CommandFailedError(
+                f"Cannot start the payload with {python}: {error.strerror or error}.",
+                exit_status=127,
+                hint="Point --python at an interpreter that has jax and numpy installed.",
+            ) from error
+        duration = time.monotonic() - started
+        if out.is_file():
+            raw = read_receipt_file(out, MAX_RECEIPT_BYTES)
+        else:
+            # The payload writes the file before printing; stdout is the fallback for a
+            # read-only scratch directory.
+            raw = extract_receipt_line(done.stdout) or b""
+    if not raw:
+        raise CommandFailedError(
+            f"The payload exited with status {done.returncode} and wrote no receipt.",
+            exit_status=done.returncode,
+            output_tail=_tail(done.stderr),
+            hint="Its stderr is shown above; the interpreter may lack jax.",
+        )
+    return LocalRunResult(
+        raw=raw,
+        exit_status=done.returncode,
+        stderr_tail=_tail(done.stderr),
+        duration=duration,
+        nonce=nonce,
+        command=tuple(argv),
+    )
