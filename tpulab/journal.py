@@ -23,11 +23,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from tpulab import paths
 from tpulab.errors import JournalError
 from tpulab.models import NodeInfo
+
+if TYPE_CHECKING:
+    from tpulab.config import RunSpec
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -35,6 +38,7 @@ __all__ = [
     "TARGET_GOOGLE",
     "Journal",
     "JournalView",
+    "RunJournalAdapter",
     "RunRow",
     "TeardownResult",
     "journal_view",
@@ -484,3 +488,42 @@ def journal_view(
     except JournalError as error:
         return JournalView(states={}, missing=[], error=error.message)
     return JournalView(states=states, missing=missing)
+
+
+class RunJournalAdapter:
+    """The journal seen through the lifecycle's `progress.RunJournal` protocol.
+
+    `run_started` raises (JournalError) so that a run which cannot be recorded never
+    creates a node. Later writes only warn: a locked journal must not fail a run whose
+    node teardown already handles; an unclosed row is later closed by a sweep.
+    """
+
+    def __init__(self, journal: Journal | None = None) -> None:
+        self.journal = journal or Journal()
+        self.warnings: list[str] = []
+
+    def run_started(self, spec: RunSpec) -> None:
+        self.journal.open_run(
+            RunRow.for_this_process(
+                run_id=spec.run_id,
+                project=spec.project.value,
+                zone=spec.zone.value,
+                node_name=spec.node_name,
+                accelerator=spec.accelerator.name,
+                target=target_for(spec.api_endpoint, embedded_emulator=spec.mode == "emulate"),
+                emulated=spec.emulated,
+                spot=spec.spot,
+            )
+        )
+
+    def phase_changed(self, run_id: str, phase: str) -> None:
+        try:
+            self.journal.set_phase(run_id, phase)
+        except JournalError as error:
+            self.warnings.append(error.message)
+
+    def run_finished(self, run_id: str, teardown: TeardownResult, detail: str) -> None:
+        try:
+            self.journal.close_run(run_id, teardown, detail)
+        except JournalError as error:
+            self.warnings.append(error.message)

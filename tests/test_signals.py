@@ -1,0 +1,335 @@
+"""Signals turn into teardown; teardown refuses them; a quick double Ctrl-C force-quits.
+
+Delivery is tested with real signals: in this process via `signal.raise_signal` (the
+handler logic, with an injected clock), and in child processes sent by `os.kill` (a real
+sleeping main thread, stdout as the user would see it, the exit status, os._exit).
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+
+import pytest
+
+from tpulab.errors import InterruptedRun, TeardownError
+from tpulab.signals import SignalInterrupt, interrupted, shield, signals_to_teardown
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _guard(notes: list[str], clock: Clock | None = None) -> AbstractContextManager[None]:
+    return signals_to_teardown(
+        notes.append, force_exit_status=6, window=2.0, clock=clock or Clock()
+    )
+
+
+def _guarded(body: Callable[[], None], notes: list[str], clock: Clock | None = None) -> None:
+    with _guard(notes, clock):
+        body()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_unwinds_through_finally_and_becomes_interrupted_run(
+    signum: signal.Signals,
+) -> None:
+    notes: list[str] = []
+    events: list[str] = []
+
+    def body() -> None:
+        try:
+            events.append("working")
+            signal.raise_signal(signum)
+            events.append("not reached")
+        except Exception:  # what careless code in a phase might do
+            events.append("swallowed")
+        finally:
+            events.append(f"interrupted by {interrupted()}")
+            with shield("deleting node n1"):
+                events.append("teardown")
+
+    with pytest.raises(InterruptedRun) as caught:
+        _guarded(body, notes)
+    assert events == ["working", f"interrupted by {signum.name}", "teardown"]
+    assert caught.value.signal_name == signum.name
+    assert caught.value.message == f"Interrupted by {signum.name}"
+    assert notes == []
+
+
+def test_signals_during_teardown_are_refused_with_what_is_being_deleted() -> None:
+    notes: list[str] = []
+    clock = Clock()
+    events: list[str] = []
+
+    def body() -> None:
+        try:
+            signal.raise_signal(signal.SIGINT)
+        finally:
+            with shield("deleting node tpulab-x in us-central1-a", manual="gcloud ... delete"):
+                signal.raise_signal(signal.SIGINT)  # refused
+                clock.now += 5.0  # slower than the window: refused again, no force
+                signal.raise_signal(signal.SIGINT)
+                signal.raise_signal(signal.SIGTERM)  # never counts towards forcing
+                events.append("teardown finished")
+
+    with pytest.raises(InterruptedRun):
+        _guarded(body, notes, clock)
+    assert events == ["teardown finished"]
+    assert len(notes) == 3
+    assert all("deleting node tpulab-x in us-central1-a" in note for note in notes)
+    assert "Ctrl-C again within 2 s" in notes[0]
+    assert notes[2].startswith("SIGTERM ignored")
+    assert "Ctrl-C again" not in notes[2]
+
+
+def test_after_the_first_signal_nothing_raises_even_before_the_shield() -> None:
+    notes: list[str] = []
+
+    def body() -> None:
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        finally:
+            # The window between the interrupt and the shield: a second signal is refused.
+            signal.raise_signal(signal.SIGINT)
+            with shield("deleting node n1"):
+                pass
+
+    with pytest.raises(InterruptedRun) as caught:
+        _guarded(body, notes)
+    assert caught.value.signal_name == "SIGTERM"
+    assert len(notes) == 1
+    assert "starting teardown" in notes[0]
+
+
+def test_a_failed_teardown_outranks_the_interruption() -> None:
+    def body() -> None:
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        finally:
+            raise TeardownError("not confirmed", [])
+
+    with pytest.raises(TeardownError):
+        _guarded(body, [])
+
+
+def test_a_broken_notify_never_breaks_teardown() -> None:
+    def broken(_message: str) -> None:
+        raise OSError("terminal is gone")
+
+    reached = []
+
+    def body() -> None:
+        with signals_to_teardown(broken, force_exit_status=6):
+            try:
+                signal.raise_signal(signal.SIGHUP)
+            finally:
+                with shield("deleting node n1"):
+                    signal.raise_signal(signal.SIGHUP)
+                    reached.append(True)
+
+    with pytest.raises(InterruptedRun):
+        body()
+    assert reached == [True]
+
+
+def test_handlers_are_restored_and_a_quiet_run_is_untouched() -> None:
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    with _guard([]):
+        assert signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM]
+        assert interrupted() is None
+        with shield("deleting"):
+            pass
+    assert {s: signal.getsignal(s) for s in before} == before
+    assert interrupted() is None
+
+
+def test_an_ignored_signal_stays_ignored() -> None:
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with _guard([]):
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGHUP)  # nohup: nothing happens
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def test_off_the_main_thread_both_are_no_ops() -> None:
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            with _guard([]), shield("deleting"):
+                pass
+        except BaseException as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert errors == []
+
+
+def test_signal_interrupt_is_not_an_exception() -> None:
+    # `except Exception` in a phase must never swallow the request to stop.
+    assert not issubclass(SignalInterrupt, Exception)
+
+
+CHILD = textwrap.dedent(
+    """
+    import signal, sys, time
+    from tpulab.errors import InterruptedRun
+    from tpulab.signals import shield, signals_to_teardown
+
+    window, teardown_seconds = float(sys.argv[1]), float(sys.argv[2])
+    if "ignore-hup" in sys.argv:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    def notify(message):
+        print("NOTIFY " + message.replace("\\n", " | "), flush=True)
+
+    try:
+        with signals_to_teardown(notify, force_exit_status=6, window=window):
+            try:
+                print("WORKING", flush=True)
+                time.sleep(1.0)
+                print("WORK-DONE", flush=True)
+            finally:
+                with shield("deleting node n1 in us-central1-a",
+                            manual="gcloud compute tpus tpu-vm delete n1 --quiet"):
+                    print("TEARDOWN-START", flush=True)
+                    time.sleep(teardown_seconds)
+                    print("TEARDOWN-DONE", flush=True)
+    except InterruptedRun as error:
+        print("INTERRUPTED " + error.signal_name, flush=True)
+        sys.exit(130)
+    """
+)
+
+
+class Child:
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", CHILD, *args],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def wait_for(self, prefix: str) -> str:
+        while True:
+            line = self.lines.get(timeout=20)
+            self.seen.append(line)
+            if line.startswith(prefix):
+                return line
+
+    def send(self, signum: signal.Signals) -> None:
+        self.process.send_signal(signum)
+
+    def finish(self) -> tuple[int, list[str]]:
+        status = self.process.wait(timeout=20)
+        while True:
+            try:
+                self.seen.append(self.lines.get(timeout=0.5))
+            except queue.Empty:
+                return status, self.seen
+
+
+@pytest.fixture
+def children() -> Iterator[list[Child]]:
+    started: list[Child] = []
+    yield started
+    for child in started:
+        if child.process.poll() is None:
+            child.process.kill()
+            child.process.wait()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_real_signal_mid_phase_tears_down_and_exits_130(
+    signum: signal.Signals, children: list[Child]
+) -> None:
+    child = Child("2.0", "0.2")
+    children.append(child)
+    child.wait_for("WORKING")
+    child.send(signum)
+    status, lines = child.finish()
+    assert status == 130
+    assert "WORK-DONE" not in lines
+    assert lines[-3:] == ["TEARDOWN-START", "TEARDOWN-DONE", f"INTERRUPTED {signum.name}"]
+
+
+def test_real_second_ctrl_c_is_refused_and_teardown_completes(children: list[Child]) -> None:
+    child = Child("0.3", "1.5")
+    children.append(child)
+    child.wait_for("WORKING")
+    child.send(signal.SIGINT)
+    child.wait_for("TEARDOWN-START")
+    child.send(signal.SIGINT)
+    refusal = child.wait_for("NOTIFY")
+    assert "deleting node n1 in us-central1-a" in refusal
+    status, lines = child.finish()
+    assert status == 130
+    assert lines[-2:] == ["TEARDOWN-DONE", "INTERRUPTED SIGINT"]
+
+
+def test_real_third_ctrl_c_in_the_window_force_quits_with_the_manual_command(
+    children: list[Child],
+) -> None:
+    child = Child("5.0", "10")
+    children.append(child)
+    child.wait_for("WORKING")
+    child.send(signal.SIGINT)
+    child.wait_for("TEARDOWN-START")
+    child.send(signal.SIGINT)
+    child.wait_for("NOTIFY")
+    child.send(signal.SIGINT)
+    status, lines = child.finish()
+    assert status == 6
+    assert "TEARDOWN-DONE" not in lines
+    forced = lines[-1]
+    assert forced.startswith("NOTIFY Forced quit while deleting node n1 in us-central1-a")
+    assert "gcloud compute tpus tpu-vm delete n1 --quiet" in forced
+    assert "tpulab teardown --verify" in forced
+
+
+def test_real_repeated_sigterm_never_forces(children: list[Child]) -> None:
+    child = Child("5.0", "1.0")
+    children.append(child)
+    child.wait_for("WORKING")
+    child.send(signal.SIGTERM)
+    child.wait_for("TEARDOWN-START")
+    for _ in range(3):
+        child.send(signal.SIGTERM)
+        child.wait_for("NOTIFY SIGTERM ignored")
+    status, lines = child.finish()
+    assert status == 130
+    assert lines[-2:] == ["TEARDOWN-DONE", "INTERRUPTED SIGTERM"]
+
+
+def test_real_sighup_under_nohup_is_ignored(children: list[Child]) -> None:
+    child = Child("2.0", "0.1", "ignore-hup")
+    children.append(child)
+    child.wait_for("WORKING")
+    child.send(signal.SIGHUP)
+    status, lines = child.finish()
+    assert status == 0
+    assert lines[-3:] == ["WORK-DONE", "TEARDOWN-START", "TEARDOWN-DONE"]

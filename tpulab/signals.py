@@ -1,0 +1,180 @@
+"""Signals become an orderly teardown, and teardown cannot be interrupted by accident.
+
+Inside `signals_to_teardown()` the first SIGINT, SIGTERM or SIGHUP raises
+`SignalInterrupt` in the main thread. It is a BaseException, so no `except Exception`
+on the way can swallow it; it unwinds into the lifecycle's `finally`, which tears the
+node down. When it leaves the context it becomes `errors.InterruptedRun`, which the CLI
+maps to its exit status.
+
+From then on (and inside any `shield(...)`, i.e. while a node is being deleted) signals
+no longer raise: each is refused with a message, through the `notify` callback, saying
+what is being deleted. Two Ctrl-C within `window` seconds of each other force an exit
+with `force_exit_status` after printing the manual delete command; the journal row stays
+open so `tpulab teardown --verify` finishes the job. Only Ctrl-C can force: SIGTERM and
+SIGHUP come from supervisors and closing terminals, which should not abandon a node.
+
+A signal the process inherited as ignored (e.g. SIGHUP under `nohup`) stays ignored.
+Outside the main thread both context managers do nothing (Python delivers signals only
+to the main thread), so library callers and threaded tests are unaffected.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from types import FrameType
+
+from tpulab.errors import InterruptedRun
+
+__all__ = [
+    "DEFAULT_SIGNALS",
+    "SignalInterrupt",
+    "interrupted",
+    "shield",
+    "signals_to_teardown",
+]
+
+DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()),
+)
+
+
+class SignalInterrupt(BaseException):
+    """A signal asked the run to stop; raised once, in the main thread."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+        super().__init__(f"interrupted by {self.signal_name}")
+
+
+@dataclass
+class _Guard:
+    notify: Callable[[str], None]
+    force_exit_status: int
+    window: float
+    clock: Callable[[], float]
+    interrupt: SignalInterrupt | None = None
+    shield_depth: int = 0
+    describe: str = "tearing down"
+    manual: str | None = None
+    last_refusal: float | None = None
+    refused: list[str] = field(default_factory=list)
+
+    def say(self, text: str) -> None:
+        # A closed terminal (SIGHUP) must not turn a message into a failed teardown.
+        with suppress(Exception):
+            self.notify(text)
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        if self.interrupt is None and self.shield_depth == 0:
+            self.interrupt = SignalInterrupt(signum)
+            raise self.interrupt
+        name = signal.Signals(signum).name
+        self.refused.append(name)
+        now = self.clock()
+        repeated = self.last_refusal is not None and now - self.last_refusal <= self.window
+        if signum == signal.SIGINT and repeated:
+            self._force_exit()
+        if signum == signal.SIGINT:
+            self.last_refusal = now
+        what = self.describe if self.shield_depth else "starting teardown"
+        more = (
+            f" Press Ctrl-C again within {self.window:g} s to force quit "
+            "(the node may keep billing)."
+            if signum == signal.SIGINT
+            else ""
+        )
+        self.say(f"{name} ignored: {what}; tpulab will exit when it is done.{more}")
+
+    def _force_exit(self) -> None:
+        lines = [f"Forced quit while {self.describe}: the node may still exist and bill."]
+        if self.manual:
+            lines.append(f"Delete it by hand:\n  {self.manual}")
+        lines.append("Or run `tpulab teardown --verify` (the journal row is still open).")
+        self.say("\n".join(lines))
+        for stream in (sys.stdout, sys.stderr):
+            with suppress(Exception):
+                stream.flush()
+        os._exit(self.force_exit_status)
+
+
+_active: _Guard | None = None
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def signals_to_teardown(
+    notify: Callable[[str], None],
+    *,
+    force_exit_status: int,
+    window: float = 2.0,
+    clock: Callable[[], float] = time.monotonic,
+    signals: Sequence[signal.Signals] = DEFAULT_SIGNALS,
+) -> Iterator[None]:
+    """Turn `signals` into SignalInterrupt for the body, then into InterruptedRun.
+
+    `notify` receives the user-facing messages (the core never prints); the CLI passes
+    something that writes to stderr. If teardown itself raised (TeardownError), that
+    error propagates instead: an unconfirmed teardown outranks the interruption.
+    """
+    global _active
+    if not _in_main_thread():
+        yield
+        return
+    guard = _Guard(notify, force_exit_status, window, clock)
+    previous_guard, _active = _active, guard
+    installed: dict[signal.Signals, object] = {}
+    try:
+        for signum in signals:
+            if signal.getsignal(signum) is signal.SIG_IGN:
+                continue  # respect nohup and friends
+            installed[signum] = signal.signal(signum, guard.handle)
+        yield
+    except SignalInterrupt as interrupt:
+        raise InterruptedRun(interrupt.signal_name) from None
+    finally:
+        for signum, handler in installed.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        _active = previous_guard
+
+
+@contextmanager
+def shield(describe: str, *, manual: str | None = None) -> Iterator[None]:
+    """Refuse signals for the body (the teardown): `describe` says what is going on
+    ("deleting node X in us-central1-a"), `manual` is the command a forced quit prints.
+
+    Nests; does nothing outside `signals_to_teardown` or off the main thread.
+    """
+    guard = _active
+    if guard is None or not _in_main_thread():
+        yield
+        return
+    saved = (guard.describe, guard.manual)
+    guard.describe, guard.manual = describe, manual
+    guard.shield_depth += 1
+    try:
+        yield
+    finally:
+        guard.shield_depth -= 1
+        guard.describe, guard.manual = saved
+
+
+def interrupted() -> str | None:
+    """The name of the signal that interrupted the current run, if one did."""
+    guard = _active
+    if guard is None or guard.interrupt is None:
+        return None
+    return guard.interrupt.signal_name
