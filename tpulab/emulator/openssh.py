@@ -1,0 +1,303 @@
+"""An emulated TPU VM's SSH host served by the system's OpenSSH `sshd`.
+
+The embedded asyncssh host is the default; this backend exists so the end-to-end tests
+also speak to the server real TPU VMs run. Per node: a private sshd on a free loopback
+port, a fresh ed25519 host key, an AuthorizedKeysFile built from the node's
+`metadata["ssh-keys"]`, no passwords, no PAM.
+
+sshd only logs in accounts that exist, so every metadata user maps onto the account
+running the emulator (`login_user`): root in CI, yourself on a laptop. A `ForceCommand`
+wrapper makes the sandbox the session's HOME and working directory, applies the image
+environment, then runs the client's command (`$SSH_ORIGINAL_COMMAND`) with `/bin/sh -c`.
+Because ForceCommand also captures subsystem requests, the sftp subsystem is declared as
+a marker the wrapper turns into `sftp-server -d <sandbox>`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pwd
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpulab.emulator.hostenv import (
+    ImageEnv,
+    default_image_env,
+    new_host_key,
+    parse_ssh_keys,
+    reserve_port,
+)
+from tpulab.emulator.hosts import HostEndpoint
+
+__all__ = ["DEFAULT_SSHD", "OpenSshHostBackend", "SshdStartError", "find_sftp_server"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SSHD = "/usr/sbin/sshd"
+_SFTP_MARKER = "tpulab-sftp"
+_SFTP_CANDIDATES = (
+    "/usr/lib/openssh/sftp-server",
+    "/usr/libexec/openssh/sftp-server",
+    "/usr/libexec/sftp-server",
+    "/usr/lib/ssh/sftp-server",
+)
+_LISTEN_WAIT = 10.0
+
+
+class SshdStartError(RuntimeError):
+    """sshd did not come up; the message carries the tail of its log."""
+
+
+def find_sftp_server() -> str | None:
+    return next((p for p in _SFTP_CANDIDATES if os.access(p, os.X_OK)), None)
+
+
+@dataclass
+class _Sshd:
+    node_dir: Path
+    config: Path
+    port: int
+    sock: socket.socket | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    process: subprocess.Popen[bytes] | None = None
+    timer: threading.Timer | None = None
+    stopped: bool = False
+
+
+class OpenSshHostBackend:
+    """`HostBackend` running one system sshd per node (see the module docstring)."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        sshd: str = DEFAULT_SSHD,
+        *,
+        image: ImageEnv | None = None,
+        sftp_server: str | None = None,
+    ) -> None:
+        self.state_dir = state_dir
+        self.sshd = sshd
+        self.image = image if image is not None else default_image_env()
+        self.sftp_server = sftp_server or find_sftp_server() or _SFTP_CANDIDATES[0]
+        self.login_user = pwd.getpwuid(os.getuid()).pw_name
+        self._nodes: dict[str, _Sshd] = {}
+        self._lock = threading.Lock()
+
+    def start(
+        self,
+        node_key: str,
+        sandbox: Path,
+        ssh_keys_metadata: str,
+        *,
+        refuse_for: float = 0.0,
+    ) -> HostEndpoint:
+        self.stop(node_key)
+        if not os.access(self.sshd, os.X_OK):
+            raise SshdStartError(f"{self.sshd} is not an executable sshd")
+        sandbox.mkdir(parents=True, exist_ok=True)
+        sandbox = sandbox.resolve()
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in node_key)
+        node_dir = (self.state_dir / "openssh" / safe).resolve()
+        shutil.rmtree(node_dir, ignore_errors=True)
+        node_dir.mkdir(parents=True, mode=0o700)
+
+        pair = new_host_key()
+        host_key = node_dir / "ssh_host_ed25519_key"
+        _write(host_key, pair.private_openssh, 0o600)
+        keys = parse_ssh_keys(ssh_keys_metadata)
+        authorized = node_dir / "authorized_keys"
+        _write(authorized, "".join(k.openssh_line + "\n" for k in keys).encode(), 0o600)
+        wrapper = node_dir / "session.sh"
+        _write(wrapper, self._wrapper(sandbox).encode(), 0o755)
+
+        sock = reserve_port()
+        port = sock.getsockname()[1]
+        config = node_dir / "sshd_config"
+        config.write_text(self._config(node_dir, port, host_key, authorized, wrapper))
+        node = _Sshd(node_dir=node_dir, config=config, port=port, sock=sock)
+        with self._lock:
+            self._nodes[node_key] = node
+        if refuse_for > 0:
+            node.timer = threading.Timer(refuse_for, self._launch_later, (node_key, node))
+            node.timer.daemon = True
+            node.timer.start()
+        else:
+            try:
+                self._launch(node)
+            except BaseException:
+                self.stop(node_key)
+                raise
+        log.info("sshd for %s on 127.0.0.1:%d (listening in %.1fs)", node_key, port, refuse_for)
+        return HostEndpoint("127.0.0.1", port, pair.key_type, pair.b64)
+
+    def stop(self, node_key: str) -> None:
+        with self._lock:
+            node = self._nodes.pop(node_key, None)
+        if node is None:
+            return
+        with node.lock:
+            node.stopped = True
+            if node.timer is not None:
+                node.timer.cancel()
+            if node.sock is not None:
+                node.sock.close()
+            if node.process is not None:
+                _kill_tree(node.process)
+        shutil.rmtree(node.node_dir, ignore_errors=True)
+
+    def close(self) -> None:
+        with self._lock:
+            keys = list(self._nodes)
+        for key in keys:
+            self.stop(key)
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _launch_later(self, node_key: str, node: _Sshd) -> None:
+        try:
+            self._launch(node)
+        except SshdStartError:
+            log.exception("delayed sshd for %s did not start", node_key)
+
+    def _launch(self, node: _Sshd) -> None:
+        with node.lock:
+            if node.stopped:
+                return
+            if os.getuid() == 0:
+                # sshd's privilege-separation chroot; a fresh container may lack it.
+                Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+            log_file = (node.node_dir / "sshd.log").open("ab")
+            if node.sock is not None:
+                node.sock.close()  # hand the reserved port over to sshd
+                node.sock = None
+            with log_file:
+                process = node.process = subprocess.Popen(
+                    [self.sshd, "-D", "-e", "-f", str(node.config)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=log_file,
+                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+                    start_new_session=True,
+                )
+        deadline = time.monotonic() + _LISTEN_WAIT
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                break
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", node.port), timeout=1),
+            ):
+                return
+            time.sleep(0.05)
+        tail = _tail(node.node_dir / "sshd.log")
+        raise SshdStartError(f"sshd did not start listening on port {node.port}: {tail}")
+
+    def _wrapper(self, sandbox: Path) -> str:
+        exports = {"HOME": str(sandbox), **self.image.as_env()}
+        lines = "".join(f"{k}={shlex.quote(v)}; export {k}\n" for k, v in exports.items())
+        return (
+            "#!/bin/sh\n"
+            "# Written by tpulab's OpenSSH host backend: the sandbox is this VM's HOME.\n"
+            f"{lines}"
+            'cd "$HOME" || exit 1\n'
+            f'if [ "${{SSH_ORIGINAL_COMMAND-}}" = {_SFTP_MARKER} ]; then\n'
+            f'  exec {shlex.quote(self.sftp_server)} -d "$HOME"\n'
+            "fi\n"
+            'if [ -z "${SSH_ORIGINAL_COMMAND+set}" ]; then\n'
+            '  echo "this emulated host runs commands only (no shell)" >&2; exit 1\n'
+            "fi\n"
+            'exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"\n'
+        )
+
+    def _config(
+        self, node_dir: Path, port: int, host_key: Path, authorized: Path, wrapper: Path
+    ) -> str:
+        options = [
+            ("Port", str(port)),
+            ("ListenAddress", "127.0.0.1"),
+            ("AddressFamily", "inet"),
+            ("HostKey", _quote(host_key)),
+            ("PidFile", _quote(node_dir / "sshd.pid")),
+            ("AuthorizedKeysFile", _quote(authorized).replace("%", "%%")),
+            ("StrictModes", "no"),  # the state dir's owner/modes are not sshd's business
+            ("PubkeyAuthentication", "yes"),
+            ("PasswordAuthentication", "no"),
+            ("KbdInteractiveAuthentication", "no"),
+            ("HostbasedAuthentication", "no"),
+            ("UsePAM", "no"),
+            ("PermitRootLogin", "prohibit-password"),
+            ("AllowUsers", self.login_user),
+            ("AllowAgentForwarding", "no"),
+            ("AllowTcpForwarding", "no"),
+            ("X11Forwarding", "no"),
+            ("PermitTTY", "no"),
+            ("PermitUserEnvironment", "no"),
+            ("PrintMotd", "no"),
+            ("UseDNS", "no"),
+            ("MaxStartups", "100"),  # clients probe and retry while we start up
+            ("LogLevel", "VERBOSE"),
+            ("ForceCommand", shlex.quote(str(wrapper))),
+            ("Subsystem", f"sftp {_SFTP_MARKER}"),
+        ]
+        return "".join(f"{name} {value}\n" for name, value in options)
+
+
+def _quote(path: Path) -> str:
+    text = str(path)
+    if '"' in text or "\n" in text:
+        raise SshdStartError(f"path {text!r} cannot be written into an sshd_config")
+    return f'"{text}"' if any(c.isspace() for c in text) else text
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.chmod(path, mode)
+
+
+def _tail(path: Path, limit: int = 800) -> str:
+    try:
+        return path.read_text(errors="replace")[-limit:].strip() or "(empty log)"
+    except OSError:
+        return "(no log)"
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path("/proc", entry, "stat").read_text()
+        except OSError:
+            continue
+        # Field 4 is the parent pid; the command name (field 2) may contain spaces.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        tree.setdefault(ppid, []).append(int(entry))
+    return tree
+
+
+def _kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """Kill sshd and every session below it: per-connection sshd processes call setsid,
+    so a process-group kill would miss them. Collect the tree first, then SIGKILL all."""
+    tree = _children()
+    victims, todo = [], [process.pid]
+    while todo:
+        pid = todo.pop()
+        victims.append(pid)
+        todo.extend(tree.get(pid, []))
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=5)

@@ -1,0 +1,718 @@
+"""SSH to a TPU VM with nothing trusted on first use. The only module that imports paramiko.
+
+- `RunKey`: a fresh ed25519 key pair per run, held in memory. Its public half goes into
+  the node's `metadata["ssh-keys"]` at create time; the private half never touches disk
+  unless a caller asks for `private_key_file` (0600, removed on exit), is never logged
+  and never shows in a repr.
+- `HostKey` / `SshTarget`: the VM's host key as published by the Cloud TPU API in guest
+  attributes (`hostkeys/ssh-ed25519`), pinned: the client knows that one key and uses
+  `RejectPolicy`, so any other key aborts the handshake before authentication, let
+  alone before a command runs.
+- `Connection`: context manager, opened lazily; `run`, `put`, `get`. Errors map onto
+  `tpulab.errors` at this seam:
+
+      paramiko.BadHostKeyException, "not found in known_hosts"  -> HostKeyMismatchError
+      paramiko.AuthenticationException                         -> AuthError
+      socket errors, NoValidConnectionsError (an OSError, not
+        an SSHException), banner/handshake failures            -> retried, then ConnectError
+      command ran past `timeout`                                -> RemoteTimeoutError
+      non-zero exit with check=True                             -> CommandFailedError
+                                                                   (TpuBusyError for libtpu's
+                                                                   "already in use")
+
+Remote timeouts are enforced ON THE REMOTE SIDE with coreutils `timeout --signal=KILL`
+wrapped around the command, not by a pid file and a second `kill` session: the limit is
+armed atomically with the command (no window between start and recording a pid), it
+kills the whole process group `timeout` leads (the command's children too), and it still
+fires if our connection or the controller dies. The client also gives up `kill_grace`
+seconds later in case the remote `timeout` itself is wedged.
+"""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import hashlib
+import io
+import logging
+import os
+import re
+import select
+import shlex
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, BinaryIO
+
+from tpulab.emulator.hosts import SSH_PORT_ATTRIBUTE
+from tpulab.errors import (
+    AuthError,
+    CommandFailedError,
+    ConfigError,
+    ConnectError,
+    HostKeyMismatchError,
+    RemoteError,
+    RemoteTimeoutError,
+    TpuBusyError,
+)
+
+if TYPE_CHECKING:
+    import paramiko
+
+__all__ = [
+    "HOST_KEY_ATTRIBUTE",
+    "Connection",
+    "HostKey",
+    "HostKeyNotPublishedError",
+    "RunKey",
+    "RunResult",
+    "SshTarget",
+    "host_key_from",
+    "remote_command",
+    "ssh_port_from",
+    "wait_for_host_key",
+]
+
+log = logging.getLogger(__name__)
+
+HOST_KEY_ATTRIBUTE = "hostkeys/ssh-ed25519"
+_USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_TPU_BUSY_RE = re.compile(
+    r"TPU is already in use by process with pid \d+|/dev/vfio/\d+: Device or resource busy"
+)
+_CHUNK = 32 * 1024
+_TAIL = 2000
+
+
+class HostKeyNotPublishedError(ConnectError):
+    """The node has no `hostkeys/ssh-ed25519` guest attribute (yet)."""
+
+
+def _fingerprint(blob: bytes) -> str:
+    digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    return f"SHA256:{digest}"
+
+
+def _check_user(user: str) -> str:
+    if not _USER_RE.fullmatch(user):
+        raise ConfigError(
+            f"SSH user {user!r} is not a valid login name",
+            hint="Use letters, digits, '_', '.', '-' (starting with a letter or '_'), "
+            "at most 32 characters.",
+        )
+    return user
+
+
+# -- keys ------------------------------------------------------------------------------
+
+
+class RunKey:
+    """A per-run ed25519 key pair that lives in memory only."""
+
+    key_type = "ssh-ed25519"
+
+    def __init__(self) -> None:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        self._private = Ed25519PrivateKey.generate()
+        public = self._private.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+        self._b64 = public.decode("ascii").split()[1]
+
+    @property
+    def public_b64(self) -> str:
+        return self._b64
+
+    @property
+    def fingerprint(self) -> str:
+        return _fingerprint(base64.b64decode(self._b64))
+
+    def public_line(self, user: str) -> str:
+        return f"{self.key_type} {self._b64} {_check_user(user)}"
+
+    def metadata_entry(self, user: str) -> str:
+        """One line of the node's `metadata["ssh-keys"]`."""
+        return f"{_check_user(user)}:{self.public_line(user)}"
+
+    def _pem(self) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
+        return self._private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+
+    def to_paramiko(self) -> paramiko.PKey:
+        import paramiko
+
+        return paramiko.Ed25519Key.from_private_key(io.StringIO(self._pem().decode("ascii")))
+
+    @contextmanager
+    def private_key_file(self, directory: Path) -> Iterator[Path]:
+        """For tools that need a key file (e.g. an `ssh -i` fallback): created 0600 with
+        O_EXCL (never through a pre-existing or world-readable file), removed on exit."""
+        path = directory / f"tpulab-run-key-{os.getpid()}-{self.fingerprint[-8:]}"
+        path = path.with_name(re.sub(r"[^A-Za-z0-9_.-]", "_", path.name))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(self._pem())
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
+
+    def __repr__(self) -> str:
+        return f"RunKey({self.key_type} {self.fingerprint})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("RunKey cannot be pickled: the private key stays in this process")
+
+
+@dataclass(frozen=True)
+class HostKey:
+    """A host key as published in guest attributes: type and base64 body."""
+
+    key_type: str
+    b64: str
+
+    def __post_init__(self) -> None:
+        try:
+            blob = base64.b64decode(self.b64, validate=True)
+            (length,) = struct.unpack(">I", blob[:4])
+            inner_type = blob[4 : 4 + length].decode("ascii")
+        except (ValueError, struct.error, UnicodeDecodeError):
+            inner_type = None
+        if inner_type != self.key_type:
+            raise HostKeyMismatchError(
+                f"The published host key is not a valid {self.key_type} key",
+                hint="The node's guest attribute hostkeys/ssh-ed25519 is malformed; do not "
+                "connect. Recreate the node if it persists.",
+            )
+
+    @property
+    def blob(self) -> bytes:
+        return base64.b64decode(self.b64)
+
+    @property
+    def fingerprint(self) -> str:
+        return _fingerprint(self.blob)
+
+    def to_paramiko(self) -> paramiko.PKey:
+        import paramiko
+
+        return paramiko.PKey.from_type_string(self.key_type, self.blob)
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    host: str
+    port: int
+    user: str
+    host_key: HostKey
+
+    def __post_init__(self) -> None:
+        if not self.host or any(c.isspace() for c in self.host):
+            raise ConfigError(f"SSH host {self.host!r} is not a host name or address")
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"SSH port {self.port} is outside 1..65535")
+        _check_user(self.user)
+
+    def __str__(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+
+def ssh_port_from(attrs: Mapping[str, str]) -> int:
+    """The emulator publishes its loopback port; real TPU VMs listen on 22."""
+    raw = attrs.get(SSH_PORT_ATTRIBUTE)
+    if raw is None:
+        return 22
+    try:
+        port = int(raw)
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        raise ConnectError(
+            f"Guest attribute {SSH_PORT_ATTRIBUTE} is {raw!r}, not a port number",
+            hint="The emulator published a bad endpoint; restart `tpulab emulator serve`.",
+        )
+    return port
+
+
+def host_key_from(attrs: Mapping[str, str]) -> HostKey:
+    value = attrs.get(HOST_KEY_ATTRIBUTE, "").strip()
+    if not value:
+        raise HostKeyNotPublishedError(
+            "The node has not published its SSH host key yet "
+            f"(guest attribute {HOST_KEY_ATTRIBUTE})",
+            hint="The VM's guest agent publishes it shortly after boot; wait and retry. "
+            "tpulab never connects without a pinned host key.",
+        )
+    # Some images publish "ssh-ed25519 AAAA..." rather than the bare body.
+    parts = value.split()
+    body = parts[1] if len(parts) > 1 and parts[0] == "ssh-ed25519" else parts[0]
+    return HostKey("ssh-ed25519", body)
+
+
+def wait_for_host_key(
+    fetch_attrs: Callable[[], Mapping[str, str]],
+    *,
+    timeout: float,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> HostKey:
+    """Poll guest attributes until the host key appears (it may lag READY)."""
+    deadline = clock() + timeout
+    delay = 0.5
+    while True:
+        try:
+            return host_key_from(fetch_attrs())
+        except HostKeyNotPublishedError as exc:
+            remaining = deadline - clock()
+            if remaining <= 0:
+                raise HostKeyNotPublishedError(
+                    f"The node did not publish its SSH host key ({HOST_KEY_ATTRIBUTE}) "
+                    f"within {timeout:g}s",
+                    hint="Check the node in the console (serial port output); raise the "
+                    "timeout if the image boots slowly. Nothing was sent to the VM.",
+                ) from exc
+            sleep(min(delay, remaining))
+            delay = min(delay * 2, 5.0)
+
+
+# -- commands --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_status: int  # -1: ended by a signal or without a status
+    stdout: str
+    stderr: str
+    duration: float
+
+    @property
+    def output_tail(self) -> str:
+        return (self.stdout + self.stderr)[-_TAIL:]
+
+
+def remote_command(
+    argv: Sequence[str] | str,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+) -> str:
+    """The exact string the remote shell receives.
+
+    A list is joined with `shlex.join`, so each element is one argument whatever it
+    contains; a plain string is taken as a shell snippet written by tpulab itself. `env`
+    becomes `export K=V;` (quoted) because servers commonly refuse SSH setenv requests.
+    """
+    if isinstance(argv, str):
+        if not argv.strip():
+            raise ConfigError("Empty remote command")
+        inner = argv
+    else:
+        if not argv:
+            raise ConfigError("Empty remote command")
+        inner = shlex.join(argv)
+    for name, value in (env or {}).items():
+        if not _ENV_NAME_RE.fullmatch(name):
+            raise ConfigError(f"Environment variable name {name!r} is not valid for a shell")
+        if "\0" in value:
+            raise ConfigError(f"Environment variable {name} contains a NUL byte")
+    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
+    inner = exports + inner
+    if timeout is None:
+        return inner
+    if timeout <= 0:
+        raise ConfigError(f"Remote command timeout must be positive, got {timeout}")
+    return f"timeout --signal=KILL {timeout:.3f} /bin/sh -c {shlex.quote(inner)}"
+
+
+class _LineSplitter:
+    def __init__(self, stream: str, on_line: Callable[[str, str], None] | None) -> None:
+        self._stream = stream
+        self._on_line = on_line
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""
+        self._parts: list[str] = []
+
+    def feed(self, data: bytes, final: bool = False) -> None:
+        text = self._decoder.decode(data, final)
+        self._parts.append(text)
+        if self._on_line is None:
+            return
+        self._pending += text
+        *lines, self._pending = self._pending.split("\n")
+        if final and self._pending:
+            lines.append(self._pending)
+            self._pending = ""
+        for line in lines:
+            self._on_line(self._stream, line)
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+
+# -- the connection --------------------------------------------------------------------
+
+
+class Connection:
+    """An SSH session to one pinned host; opened on first use, closed on exit."""
+
+    def __init__(
+        self,
+        target: SshTarget,
+        key: RunKey,
+        *,
+        connect_timeout: float = 120.0,
+        banner_timeout: float = 15.0,
+        keepalive: int = 15,
+        kill_grace: float = 5.0,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.target = target
+        self._key = key
+        self.connect_timeout = connect_timeout
+        self.banner_timeout = banner_timeout
+        self.keepalive = keepalive
+        self.kill_grace = kill_grace
+        self._sleep = sleep
+        self._clock = clock
+        self._client: paramiko.SSHClient | None = None
+        self._sftp: paramiko.SFTPClient | None = None
+        self._home: str | None = None
+
+    def __repr__(self) -> str:
+        state = "open" if self._client is not None else "closed"
+        return f"Connection({self.target}, {state})"
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # -- opening -------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Connect, waiting for the server within `connect_timeout`: sshd often starts
+        listening some seconds after the node is READY."""
+        if self._client is not None:
+            return
+        import paramiko
+
+        t = self.target
+        deadline = self._clock() + self.connect_timeout
+        delay, attempts, last = 0.25, 0, "no attempt was made"
+        while True:
+            attempts += 1
+            remaining = max(deadline - self._clock(), 0.1)
+            try:
+                self._probe(min(remaining, self.banner_timeout))
+                self._client = self._handshake(remaining)
+                log.debug("ssh connected to %s after %d attempt(s)", t, attempts)
+                return
+            except paramiko.BadHostKeyException as exc:
+                raise self._mismatch(_fingerprint(exc.key.asbytes())) from exc
+            except paramiko.AuthenticationException as exc:
+                raise AuthError(
+                    f"{t} refused this run's SSH key ({self._key.fingerprint})",
+                    hint=f"The node's metadata ssh-keys must list this run's key for user "
+                    f"{t.user!r}; tpulab injects it at create time, so a node created "
+                    "elsewhere cannot be used.",
+                ) from exc
+            except paramiko.SSHException as exc:
+                if "not found in known_hosts" in str(exc):
+                    # The server offered no key of the pinned type: also a mismatch.
+                    raise self._mismatch("a key of another type") from exc
+                last = f"{type(exc).__name__}: {exc}"
+            except (OSError, EOFError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            remaining = deadline - self._clock()
+            log.debug("ssh to %s not ready (%s); %.1fs left", t, last, remaining)
+            if remaining <= 0:
+                raise ConnectError(
+                    f"Could not open an SSH session to {t} within "
+                    f"{self.connect_timeout:g}s ({attempts} attempts; last error: {last})",
+                    hint="Check that the node is READY and reachable on that port from "
+                    "this machine; raise the connect timeout if the VM boots slowly.",
+                )
+            self._sleep(min(delay, remaining))
+            delay = min(delay * 2, 5.0)
+
+    def _mismatch(self, presented: str) -> HostKeyMismatchError:
+        t = self.target
+        return HostKeyMismatchError(
+            f"{t.host}:{t.port} presented host key {presented}, but the Cloud TPU API "
+            f"published {t.host_key.key_type} {t.host_key.fingerprint}; nothing was sent",
+            hint="If the VM was just recreated, fetch its guest attributes again. Otherwise "
+            "something else answers at that address: do not connect.",
+        )
+
+    def _probe(self, timeout: float) -> None:
+        """A cheap TCP connect + banner read, so we do not spin up paramiko's transport
+        thread against a port that is not serving SSH yet."""
+        with socket.create_connection((self.target.host, self.target.port), timeout) as sock:
+            banner = b""
+            while b"\n" not in banner and len(banner) < 256:
+                chunk = sock.recv(256)
+                if not chunk:
+                    break
+                banner += chunk
+        if not banner.startswith(b"SSH-"):
+            raise ConnectionError(f"no SSH banner (got {banner[:40]!r})")
+
+    def _handshake(self, timeout: float) -> paramiko.SSHClient:
+        import paramiko
+
+        t = self.target
+        client = paramiko.SSHClient()
+        # paramiko looks host keys up under "host" for port 22 and "[host]:port" otherwise.
+        name = t.host if t.port == 22 else f"[{t.host}]:{t.port}"
+        client.get_host_keys().add(name, t.host_key.key_type, t.host_key.to_paramiko())
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        try:
+            client.connect(
+                t.host,
+                port=t.port,
+                username=t.user,
+                pkey=self._key.to_paramiko(),
+                timeout=timeout,
+                banner_timeout=self.banner_timeout,
+                auth_timeout=timeout,
+                allow_agent=False,
+                look_for_keys=False,
+            )
+        except BaseException:
+            client.close()
+            raise
+        transport = client.get_transport()
+        assert transport is not None
+        transport.set_keepalive(self.keepalive)
+        return client
+
+    def _transport(self) -> paramiko.Transport:
+        self.open()
+        assert self._client is not None
+        transport = self._client.get_transport()
+        if transport is None or not transport.is_active():
+            self.close()
+            raise ConnectError(
+                f"The SSH connection to {self.target} was lost",
+                hint="The VM may have been preempted or rebooted; check its state.",
+            )
+        return transport
+
+    # -- run -----------------------------------------------------------------------------
+
+    def run(
+        self,
+        argv: Sequence[str] | str,
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float,
+        on_line: Callable[[str, str], None] | None = None,
+        check: bool = False,
+    ) -> RunResult:
+        """Run a command with stdin closed, streaming output lines to `on_line(stream,
+        line)` ("stdout"/"stderr"). Past `timeout` the remote process group is killed and
+        RemoteTimeoutError raised."""
+        command = remote_command(argv, env=env, timeout=timeout)
+        shown = argv if isinstance(argv, str) else shlex.join(argv)
+        channel = self._transport().open_session(timeout=self.banner_timeout)
+        out, err = _LineSplitter("stdout", on_line), _LineSplitter("stderr", on_line)
+        start = self._clock()
+        give_up = start + timeout + self.kill_grace
+        log.debug("ssh %s: %s", self.target, shown)
+        try:
+            channel.exec_command(command)
+            channel.shutdown_write()
+            while True:
+                while channel.recv_ready():
+                    out.feed(channel.recv(_CHUNK))
+                while channel.recv_stderr_ready():
+                    err.feed(channel.recv_stderr(_CHUNK))
+                if channel.exit_status_ready() or channel.closed:
+                    if not (channel.recv_ready() or channel.recv_stderr_ready()):
+                        break
+                    continue
+                if self._clock() >= give_up:
+                    raise RemoteTimeoutError(
+                        f"{shown!r} on {self.target} did not end within {timeout:g}s "
+                        f"(+{self.kill_grace:g}s grace); the session was closed",
+                        hint="The remote `timeout` did not take effect; the process may "
+                        "still be running on the VM.",
+                    )
+                select.select([channel], [], [], 0.05)
+            status = channel.exit_status if channel.exit_status_ready() else -1
+        finally:
+            channel.close()
+        out.feed(b"", final=True)
+        err.feed(b"", final=True)
+        duration = self._clock() - start
+        result = RunResult(status, out.text, err.text, duration)
+        if status in (-1, 124, 137) and duration >= timeout * 0.98:
+            raise RemoteTimeoutError(
+                f"{shown!r} on {self.target} ran past its {timeout:g}s timeout and was "
+                f"killed (remote exit status {status})",
+                hint="Raise the timeout if the work legitimately takes longer. Last output: "
+                + result.output_tail[-300:],
+            )
+        if status == -1 and not self._client_active():
+            raise ConnectError(
+                f"The SSH connection to {self.target} dropped while running {shown!r}",
+                hint="The VM may have been preempted or rebooted; check its state.",
+            )
+        if check and status != 0:
+            cls = TpuBusyError if _TPU_BUSY_RE.search(result.output_tail) else CommandFailedError
+            raise cls(
+                f"{shown!r} on {self.target} exited with status {status}",
+                exit_status=status,
+                output_tail=result.output_tail,
+                hint="See the output tail above."
+                if cls is CommandFailedError
+                else "A stale process holds the TPU: kill it on the VM or recreate the node.",
+            )
+        return result
+
+    def _client_active(self) -> bool:
+        transport = self._client.get_transport() if self._client is not None else None
+        return transport is not None and transport.is_active()
+
+    # -- files ---------------------------------------------------------------------------
+
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        if self._sftp is None:
+            self._transport()
+            assert self._client is not None
+            self._sftp = self._client.open_sftp()
+            self._home = self._sftp.normalize(".")
+        return self._sftp
+
+    def remote_path(self, remote: str) -> str:
+        """Resolve `~`, `~/x` and relative paths against the SFTP home directory."""
+        if not remote or "\0" in remote:
+            raise ConfigError(f"Remote path {remote!r} is empty or contains NUL")
+        self._sftp_client()
+        assert self._home is not None
+        if remote == "~":
+            return self._home
+        if remote.startswith("~/"):
+            remote = remote[2:]
+        elif remote.startswith("~"):
+            raise ConfigError(f"Remote path {remote!r}: only '~' and '~/...' are supported")
+        return str(PurePosixPath(self._home, remote))
+
+    def _remote_sha256(self, path: str) -> str:
+        result = self.run(["sha256sum", "--", path], timeout=120, check=True)
+        digest = result.stdout.split(maxsplit=1)[0] if result.stdout else ""
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise RemoteError(f"sha256sum on {self.target} printed {result.stdout[:80]!r}")
+        return digest
+
+    def _makedirs(self, sftp: paramiko.SFTPClient, directory: str) -> None:
+        missing: list[str] = []
+        current = PurePosixPath(directory)
+        while str(current) not in ("/", "."):
+            try:
+                sftp.stat(str(current))
+                break
+            except FileNotFoundError:
+                missing.append(str(current))
+                current = current.parent
+        for path in reversed(missing):
+            sftp.mkdir(path)
+
+    def put(self, local: Path | bytes, remote: str) -> str:
+        """Upload a file or bytes; returns the sha256, verified on both ends."""
+        sftp = self._sftp_client()
+        path = self.remote_path(remote)
+        digest = hashlib.sha256()
+        source: BinaryIO
+        if isinstance(local, bytes):
+            source = io.BytesIO(local)
+        else:
+            try:
+                source = local.open("rb")
+            except OSError as exc:
+                raise ConfigError(f"Cannot read {local}: {exc.strerror}") from exc
+        with source:
+            for chunk in iter(lambda: source.read(1 << 20), b""):
+                digest.update(chunk)
+            source.seek(0)
+            try:
+                self._makedirs(sftp, str(PurePosixPath(path).parent))
+                sftp.putfo(source, path, confirm=True)
+            except OSError as exc:
+                raise RemoteError(f"Upload to {self.target}:{path} failed: {exc}") from exc
+        expected = digest.hexdigest()
+        observed = self._remote_sha256(path)
+        if observed != expected:
+            raise RemoteError(
+                f"Upload to {self.target}:{path} is corrupt: sha256 {observed}, sent {expected}",
+                hint="Retry; if it persists the VM's disk may be full or failing.",
+            )
+        log.debug("put %s (%s)", path, expected)
+        return expected
+
+    def get(self, remote: str, local: Path, *, max_bytes: int) -> str:
+        """Download a file (at most `max_bytes`) to `local`, atomically; returns the
+        sha256, verified against `sha256sum` on the remote side."""
+        sftp = self._sftp_client()
+        path = self.remote_path(remote)
+        try:
+            size = sftp.stat(path).st_size or 0
+        except OSError as exc:
+            raise RemoteError(f"Cannot read {self.target}:{path}: {exc}") from exc
+        if size > max_bytes:
+            raise RemoteError(
+                f"{self.target}:{path} is {size} bytes, over the {max_bytes}-byte limit",
+                hint="The remote file is not what tpulab expects; inspect it on the VM.",
+            )
+        expected = self._remote_sha256(path)
+        digest = hashlib.sha256()
+        partial = local.with_name(f".{local.name}.part")
+        received = 0
+        try:
+            with sftp.open(path, "rb") as remote_file, partial.open("wb") as out:
+                remote_file.prefetch(size)
+                for chunk in iter(lambda: remote_file.read(1 << 20), b""):
+                    received += len(chunk)
+                    if received > max_bytes:
+                        raise RemoteError(
+                            f"{self.target}:{path} grew past the {max_bytes}-byte limit"
+                        )
+                    digest.update(chunk)
+                    out.write(chunk)
+            observed = digest.hexdigest()
+            if observed != expected:
+                raise RemoteError(
+                    f"Download of {self.target}:{path} is corrupt: sha256 {observed}, "
+                    f"remote {expected}",
+                    hint="Retry; if the file is still being written, wait for its writer.",
+                )
+            os.replace(partial, local)
+        except OSError as exc:
+            raise RemoteError(f"Download of {self.target}:{path} failed: {exc}") from exc
+        finally:
+            partial.unlink(missing_ok=True)
+        log.debug("got %s (%s)", path, expected)
+        return expected
