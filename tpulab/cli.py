@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Annotated, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, NoReturn, TypeVar
 
 import typer
 
@@ -121,6 +121,317 @@ def _root(
     ] = False,
 ) -> None:
     """Run a JAX experiment on a Cloud TPU VM and never leave it billing."""
+
+
+# --- verify and receipts --------------------------------------------------------------
+# The core builds report lines (tpulab.render) and raises; this section only prints them
+# and picks the exit status. Imports stay inside the commands so --help stays light.
+
+if TYPE_CHECKING:
+    from tpulab.receipts import Expectation
+
+_LOCAL_MAX_DEVICES = 64
+_DEFAULT_LOCAL_DEVICES = 4
+
+
+def _print_lines(lines: list[list[tuple[str, str]]]) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    # soft_wrap: piped output keeps one report line per line instead of wrapping at 80.
+    console = Console(highlight=False, soft_wrap=True)
+    for line in lines:
+        console.print(Text.assemble(*line))
+
+
+def _print_json(data: object) -> None:
+    import json
+
+    typer.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def _error_json(error: E.TpuLabError) -> dict[str, object]:
+    failures = error.failures if isinstance(error, E.VerificationError) else []
+    return {
+        "type": type(error).__name__,
+        "message": error.message,
+        "hint": error.hint,
+        "exit_status": exit_status_for(error),
+        "failures": [
+            {"requirement": f.requirement, "expected": f.expected, "observed": f.observed}
+            for f in failures
+        ],
+    }
+
+
+def _json_or_guarded(command: str, as_json: bool, action: Callable[[], None]) -> None:
+    """Like guarded(), but with --json the error is the envelope on stdout as well."""
+    if not as_json:
+        guarded(action)
+        return
+    from tpulab.render import envelope
+
+    try:
+        action()
+    except E.TpuLabError as error:
+        _print_json(envelope(command, ok=False, error=_error_json(error)))
+        raise typer.Exit(exit_status_for(error)) from None
+
+
+def _local_expectation(
+    accelerator: str | None, devices: int | None, expect_platform: str | None
+) -> tuple[Expectation, str]:
+    from tpulab.localrun import new_nonce
+    from tpulab.receipts import PLATFORMS, Expectation, expectation_for
+
+    if accelerator is not None and devices is not None:
+        raise E.ConfigError(
+            "--accelerator and --devices both set the device count.",
+            hint="Give one: --accelerator v5litepod-4, or --devices 4.",
+        )
+    if expect_platform is not None and expect_platform not in PLATFORMS:
+        raise E.ConfigError(
+            f"Unknown platform {expect_platform!r} for --expect-platform.",
+            hint="Use one of: " + ", ".join(PLATFORMS),
+        )
+    if devices is not None and not 1 <= devices <= _LOCAL_MAX_DEVICES:
+        raise E.ConfigError(
+            f"--devices {devices} is out of range for a local run.",
+            hint=f"Use 1 to {_LOCAL_MAX_DEVICES} devices.",
+        )
+    nonce = new_nonce()
+    if accelerator is not None:
+        if expect_platform == "gpu":
+            raise E.ConfigError(
+                f"{accelerator} is a TPU; it cannot be expected on gpu.",
+                hint="Use --expect-platform tpu, or cpu to emulate it (the default).",
+            )
+        # Locally, an accelerator is emulated on CPU unless the user insists on the
+        # real TPU backend, which must then be present.
+        emulated = expect_platform in (None, "cpu")
+        return expectation_for(accelerator, emulated=emulated, nonce=nonce), nonce
+    platform = expect_platform or "cpu"
+    count = devices if devices is not None else _DEFAULT_LOCAL_DEVICES
+    return Expectation(platform=platform, local_devices=count, nonce=nonce), nonce
+
+
+def _verify_local(
+    accelerator: str | None,
+    devices: int | None,
+    expect_platform: str | None,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    import json
+
+    from tpulab import render
+    from tpulab.localrun import run_local_payload
+    from tpulab.receipt_store import ReceiptStore
+    from tpulab.receipts import evaluate_receipt, parse_receipt, verify_receipt
+
+    expectation, nonce = _local_expectation(accelerator, devices, expect_platform)
+    if timeout <= 0:
+        raise E.ConfigError(f"--timeout {timeout:g} must be positive.", hint="Try 300.")
+    result = run_local_payload(
+        devices=expectation.local_devices,
+        platform=expectation.platform,
+        nonce=nonce,
+        emulated=expectation.emulated,
+        timeout=timeout,
+    )
+    store = ReceiptStore()
+    meta: dict[str, object] = {
+        "source": "local",
+        "run_id": None,
+        "accelerator": expectation.accelerator,
+        "emulated": expectation.emulated,
+        "expectation": expectation.to_dict(),
+        "payload_exit_status": result.exit_status,
+        "duration_s": round(result.duration, 3),
+    }
+    try:
+        receipt = parse_receipt(result.raw)
+    except E.VerificationError as unreadable:
+        kept = store.save(result.raw, verdict="unreadable", meta=meta)
+        unreadable.hint = f"{unreadable.hint or ''} The bytes are kept as {kept.id}.".strip()
+        raise
+    results = evaluate_receipt(receipt, expectation)
+    passed = all(r.passed for r in results)
+    kept = store.save(result.raw, verdict="verified" if passed else "rejected", meta=meta)
+    if as_json:
+        rejection: E.VerificationError | None = None
+        try:
+            verify_receipt(receipt, expectation)
+        except E.VerificationError as rejected:
+            rejection = rejected
+        _print_json(
+            render.envelope(
+                "verify",
+                ok=passed,
+                verdict="verified" if passed else "rejected",
+                expectation=expectation.to_dict(),
+                requirements=[r.to_dict() for r in results],
+                receipt_id=kept.id,
+                receipt_path=str(kept.path),
+                payload={"exit_status": result.exit_status, "duration_s": result.duration},
+                receipt=json.loads(result.raw),
+                error=_error_json(rejection) if rejection else None,
+            )
+        )
+        if rejection is not None:
+            raise typer.Exit(exit_status_for(rejection))
+        return
+    title = f"tpulab verify --local: {expectation.describe()}"
+    _print_lines(
+        [
+            [(title, "bold")],
+            *render.receipt_lines(receipt, expectation),
+            *render.requirement_lines(results),
+            render.verdict_line(results, expectation),
+            *render.stored_lines(kept),
+        ]
+    )
+    verify_receipt(receipt, expectation)
+
+
+@app.command("verify")
+def verify_command(
+    local: Annotated[
+        bool, typer.Option("--local", help="Run the payload on this machine (required for now).")
+    ] = False,
+    accelerator: Annotated[
+        str | None,
+        typer.Option(
+            "--accelerator",
+            help="Emulate this accelerator's host on CPU (its device count and sums).",
+        ),
+    ] = None,
+    devices: Annotated[
+        int | None,
+        typer.Option(
+            "--devices", help=f"CPU devices to run on (default {_DEFAULT_LOCAL_DEVICES})."
+        ),
+    ] = None,
+    expect_platform: Annotated[
+        str | None,
+        typer.Option(
+            "--expect-platform",
+            help="Platform the run must use: cpu, tpu or gpu. An absent backend fails.",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds before the payload is stopped.")
+    ] = 300.0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a versioned JSON envelope instead.")
+    ] = False,
+) -> None:
+    """Run the verifier payload locally and check its receipt (the CPU reference run)."""
+
+    def action() -> None:
+        if not local:
+            raise E.ConfigError(
+                "Only local verification is a separate command: pass --local.",
+                hint="Remote verification is `tpulab run --accelerator TYPE`, which checks "
+                "the receipt on the TPU VM before deleting it.",
+            )
+        _verify_local(accelerator, devices, expect_platform, timeout, as_json)
+
+    _json_or_guarded("verify", as_json, action)
+
+
+receipts_app = typer.Typer(
+    help="Receipts kept on this machine (every verify and run keeps one).",
+    no_args_is_help=False,
+)
+app.add_typer(receipts_app, name="receipts")
+
+
+def _receipts_list(as_json: bool) -> None:
+    from tpulab import render
+    from tpulab.receipt_store import ReceiptStore
+
+    kept = ReceiptStore().list()
+    if as_json:
+        summaries = [r.summary() for r in kept]
+        _print_json(render.envelope("receipts list", ok=True, receipts=summaries))
+        return
+    _print_lines(render.receipts_table(kept))
+
+
+@receipts_app.callback(invoke_without_command=True)
+def _receipts_root(ctx: typer.Context) -> None:
+    """Receipts kept on this machine; without a subcommand, list them."""
+    if ctx.invoked_subcommand is None:
+        guarded(lambda: _receipts_list(False))
+
+
+@receipts_app.command("list")
+def receipts_list_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON envelope.")] = False,
+) -> None:
+    """List kept receipts, newest first."""
+    _json_or_guarded("receipts list", as_json, lambda: _receipts_list(as_json))
+
+
+def _receipts_show(receipt_id: str, as_json: bool) -> None:
+    import json
+
+    from tpulab import render
+    from tpulab.receipt_store import ReceiptStore
+    from tpulab.receipts import Expectation, evaluate_receipt, parse_receipt
+
+    kept = ReceiptStore().get(receipt_id)
+    raw = kept.read_bytes()
+    stored = kept.meta.get("expectation")
+    expectation = Expectation.from_dict(stored) if isinstance(stored, dict) else None
+    parse_error: E.VerificationError | None = None
+    try:
+        receipt = parse_receipt(raw)
+    except E.VerificationError as error:
+        receipt, parse_error = None, error
+    results = evaluate_receipt(receipt, expectation) if receipt and expectation else []
+    if as_json:
+        try:
+            document: object = json.loads(raw)
+        except ValueError:
+            document = raw.decode("utf-8", "replace")
+        _print_json(
+            render.envelope(
+                "receipts show",
+                ok=True,
+                stored=kept.summary(),
+                receipt=document,
+                recheck=[r.to_dict() for r in results],
+                parse_error=_error_json(parse_error) if parse_error else None,
+            )
+        )
+        return
+    header: list[list[tuple[str, str]]] = [
+        [("receipt ", "dim"), (kept.id, "bold"), (f"  {kept.verdict}", "bold")],
+        [("  kept ", "dim"), (f"{kept.created.isoformat()}  {kept.path}", "")],
+        [("  run ", "dim"), (f"{kept.run_id or '-'}  accelerator {kept.accelerator or '-'}", "")],
+    ]
+    if receipt is None:
+        assert parse_error is not None
+        _print_lines([*header, [("  unreadable: ", "bold red"), (parse_error.message, "red")]])
+        return
+    body = render.receipt_lines(receipt, expectation)
+    if expectation is not None:
+        body += [*render.requirement_lines(results), render.verdict_line(results, expectation)]
+    _print_lines(header + body)
+
+
+@receipts_app.command("show")
+def receipts_show_command(
+    receipt_id: Annotated[str, typer.Argument(help="A receipt id, or a unique prefix of one.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON envelope.")] = False,
+) -> None:
+    """Show one kept receipt, re-checked against the expectation it was verified with."""
+    _json_or_guarded("receipts show", as_json, lambda: _receipts_show(receipt_id, as_json))
+
+
+# --- end of verify and receipts -------------------------------------------------------
 
 
 def main() -> None:

@@ -283,6 +283,34 @@ class Expectation:
                 f"Invalid tolerance {self.tolerance}.", hint="Use a small positive number."
             )
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, kept beside stored receipts so they can be re-checked later."""
+        return {
+            "platform": self.platform,
+            "local_devices": self.local_devices,
+            "nonce": self.nonce,
+            "emulated": self.emulated,
+            "accelerator": self.accelerator,
+            "tolerance": self.tolerance,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Expectation:
+        """Inverse of to_dict; ConfigError if the record is not one."""
+        try:
+            return cls(
+                platform=str(data["platform"]),
+                local_devices=int(data["local_devices"]),
+                nonce=str(data["nonce"]),
+                emulated=bool(data["emulated"]),
+                accelerator=None if data.get("accelerator") is None else str(data["accelerator"]),
+                tolerance=float(data.get("tolerance", 1e-5)),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise ConfigError(
+                f"Not a stored expectation ({error}).", hint="The sidecar file was altered."
+            ) from None
+
     def describe(self) -> str:
         what = f"{self.local_devices} {self.platform} device(s)"
         if self.accelerator:
@@ -325,6 +353,14 @@ class RequirementResult:
 
     def failure(self) -> RequirementFailure:
         return RequirementFailure(self.name, self.expected, self.observed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "expected": self.expected,
+            "observed": self.observed,
+        }
 
 
 def _num(value: float) -> str:
