@@ -622,7 +622,8 @@ class Connection:
         return str(PurePosixPath(self._home, remote))
 
     def _remote_sha256(self, path: str) -> str:
-        result = self.run(["sha256sum", "--", path], timeout=120, check=True)
+        # Hash stdin, not a named file: sha256sum escapes names holding "\\" or newlines.
+        result = self.run(f"sha256sum < {shlex.quote(path)}", timeout=120, check=True)
         digest = result.stdout.split(maxsplit=1)[0] if result.stdout else ""
         if not re.fullmatch(r"[0-9a-f]{64}", digest):
             raise RemoteError(f"sha256sum on {self.target} printed {result.stdout[:80]!r}")

@@ -8,6 +8,9 @@
 - `new_host_key`: a fresh ed25519 host key per node, as a VM's first boot makes one.
 - `reserve_port`: a loopback port held (bound, not listening) so it can be published
   before the server accepts connections.
+- `NODE_TAG_VAR` / `kill_tagged`: every session process carries the node's tag in its
+  environment, so deleting a node can kill everything it started, daemonized children
+  included, the way deleting a VM does (Linux /proc; elsewhere only live sessions die).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import base64
 import importlib.util
 import logging
 import os
+import secrets
+import signal
 import socket
 import sys
 from collections.abc import Mapping
@@ -23,17 +28,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
+    "NODE_TAG_VAR",
     "AuthorizedKey",
     "HostKeyPair",
     "ImageEnv",
     "default_image_env",
+    "kill_tagged",
     "new_host_key",
+    "new_node_tag",
     "parse_ssh_keys",
     "reserve_port",
     "session_env",
 ]
 
 log = logging.getLogger(__name__)
+
+NODE_TAG_VAR = "TPULAB_EMULATED_NODE"
 
 
 @dataclass(frozen=True)
@@ -156,3 +166,29 @@ def reserve_port(host: str = "127.0.0.1") -> socket.socket:
     sock.bind((host, 0))
     os.set_inheritable(sock.fileno(), False)
     return sock
+
+
+def new_node_tag(node_key: str) -> str:
+    return f"{node_key}.{secrets.token_hex(8)}"
+
+
+def kill_tagged(tag: str) -> int:
+    """SIGKILL every process of ours whose environment carries `NODE_TAG_VAR=tag`."""
+    needle = f"{NODE_TAG_VAR}={tag}".encode()
+    killed = 0
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return 0
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                tagged = needle in handle.read().split(b"\0")
+            if tagged:
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+        except (OSError, ValueError):
+            continue  # gone, or not ours to read
+    return killed

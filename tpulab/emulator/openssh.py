@@ -30,9 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpulab.emulator.hostenv import (
+    NODE_TAG_VAR,
     ImageEnv,
     default_image_env,
+    kill_tagged,
     new_host_key,
+    new_node_tag,
     parse_ssh_keys,
     reserve_port,
 )
@@ -67,6 +70,7 @@ class _Sshd:
     config: Path
     port: int
     sock: socket.socket | None
+    tag: str
     lock: threading.Lock = field(default_factory=threading.Lock)
     process: subprocess.Popen[bytes] | None = None
     timer: threading.Timer | None = None
@@ -116,14 +120,15 @@ class OpenSshHostBackend:
         keys = parse_ssh_keys(ssh_keys_metadata)
         authorized = node_dir / "authorized_keys"
         _write(authorized, "".join(k.openssh_line + "\n" for k in keys).encode(), 0o600)
+        tag = new_node_tag(node_key)
         wrapper = node_dir / "session.sh"
-        _write(wrapper, self._wrapper(sandbox).encode(), 0o755)
+        _write(wrapper, self._wrapper(sandbox, tag).encode(), 0o755)
 
         sock = reserve_port()
         port = sock.getsockname()[1]
         config = node_dir / "sshd_config"
         config.write_text(self._config(node_dir, port, host_key, authorized, wrapper))
-        node = _Sshd(node_dir=node_dir, config=config, port=port, sock=sock)
+        node = _Sshd(node_dir=node_dir, config=config, port=port, sock=sock, tag=tag)
         with self._lock:
             self._nodes[node_key] = node
         if refuse_for > 0:
@@ -152,6 +157,7 @@ class OpenSshHostBackend:
                 node.sock.close()
             if node.process is not None:
                 _kill_tree(node.process)
+            kill_tagged(node.tag)  # sessions' background children, reparented away
         shutil.rmtree(node.node_dir, ignore_errors=True)
 
     def close(self) -> None:
@@ -201,8 +207,8 @@ class OpenSshHostBackend:
         tail = _tail(node.node_dir / "sshd.log")
         raise SshdStartError(f"sshd did not start listening on port {node.port}: {tail}")
 
-    def _wrapper(self, sandbox: Path) -> str:
-        exports = {"HOME": str(sandbox), **self.image.as_env()}
+    def _wrapper(self, sandbox: Path, tag: str) -> str:
+        exports = {"HOME": str(sandbox), **self.image.as_env(), NODE_TAG_VAR: tag}
         lines = "".join(f"{k}={shlex.quote(v)}; export {k}\n" for k, v in exports.items())
         return (
             "#!/bin/sh\n"

@@ -28,9 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tpulab.emulator.hostenv import (
+    NODE_TAG_VAR,
     ImageEnv,
     default_image_env,
+    kill_tagged,
     new_host_key,
+    new_node_tag,
     parse_ssh_keys,
     reserve_port,
     session_env,
@@ -55,6 +58,7 @@ class _Node:
     sandbox: Path
     authorized: dict[str, set[bytes]]  # user -> key blobs (base64-decoded bodies)
     sock: socket.socket
+    tag: str
     acceptor: Any = None  # asyncssh.SSHAcceptor once listening
     pending: asyncio.TimerHandle | None = None
     listening: asyncio.Future[None] | None = None  # a delayed start in progress
@@ -99,7 +103,9 @@ class EmbeddedHostBackend:
             authorized.setdefault(entry.user, set()).add(_blob(entry.b64))
         pair = new_host_key()
         host_key = asyncssh.import_private_key(pair.private_openssh)
-        node = _Node(node_key, sandbox.resolve(), authorized, reserve_port())
+        node = _Node(
+            node_key, sandbox.resolve(), authorized, reserve_port(), new_node_tag(node_key)
+        )
         port = node.sock.getsockname()[1]
         with self._lock:
             self._nodes[node_key] = node
@@ -204,6 +210,7 @@ class EmbeddedHostBackend:
         user = str(process.get_extra_info("username") or "")
         env = session_env(self.image, node.sandbox, user)
         env.update(process.env)  # the client's env requests are honoured
+        env[NODE_TAG_VAR] = node.tag
         proc = await asyncio.create_subprocess_exec(
             "/bin/sh",
             "-c",
@@ -246,6 +253,7 @@ class EmbeddedHostBackend:
         for proc in list(node.processes):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        kill_tagged(node.tag)  # and whatever they left running in the background
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncssh.SSHWriter[bytes]) -> None:

@@ -1,0 +1,258 @@
+"""End-to-end SSH: the real paramiko client against real servers, over BOTH host backends
+(the embedded asyncssh server and the system's OpenSSH sshd)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tpulab.errors import (
+    AuthError,
+    CommandFailedError,
+    ConnectError,
+    HostKeyMismatchError,
+    RemoteError,
+    RemoteTimeoutError,
+    TpuBusyError,
+)
+from tpulab.ssh import HostKey, RunKey
+
+if TYPE_CHECKING:
+    from ssh_fixtures import HostStarter, SshHost
+
+pytest_plugins = ["ssh_fixtures"]
+
+NASTY = [
+    "; touch pwned",
+    "$(touch pwned)",
+    "`touch pwned`",
+    "' ; touch pwned ; '",
+    '" ; touch pwned ; "',
+    "a\ntouch pwned",
+    "&& touch pwned || touch pwned | touch pwned > pwned",
+    "-n",
+    "*",
+]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")  # a zombie has already been killed
+
+
+def test_run_streams_lines_and_returns_exit_status(ssh_host: SshHost) -> None:
+    lines: list[tuple[str, str]] = []
+    script = "echo one; echo warn >&2; printf 'two\\nthree'; exit 7"
+    with ssh_host.connect() as conn:
+        result = conn.run(
+            ["sh", "-c", script],
+            timeout=20,
+            on_line=lambda stream, line: lines.append((stream, line)),
+        )
+        assert result.exit_status == 7
+        assert result.stdout == "one\ntwo\nthree"
+        assert result.stderr == "warn\n"
+        assert [line for stream, line in lines if stream == "stdout"] == ["one", "two", "three"]
+        assert [line for stream, line in lines if stream == "stderr"] == ["warn"]
+        with pytest.raises(CommandFailedError) as failed:
+            conn.run(["sh", "-c", script], timeout=20, check=True)
+        assert failed.value.exit_status == 7
+        assert "three" in failed.value.output_tail
+        ok = conn.run(["true"], timeout=20, check=True)
+        assert ok.exit_status == 0
+
+
+def test_stdin_is_closed_and_home_is_the_sandbox(ssh_host: SshHost) -> None:
+    with ssh_host.connect() as conn:
+        # `cat` would wait forever on an open stdin; `read` fails on EOF.
+        result = conn.run("cat; read x; echo read=$?; pwd; echo $HOME", timeout=10)
+    sandbox = str(ssh_host.sandbox.resolve())
+    assert result.stdout.splitlines() == ["read=1", sandbox, sandbox]
+
+
+def test_environment_is_passed_verbatim(ssh_host: SshHost) -> None:
+    value = "a b'c\"$(touch pwned)`touch pwned`;\nline2"
+    with ssh_host.connect() as conn:
+        result = conn.run(
+            ["printenv", "TPULAB_X", "JAX_PLATFORMS"],
+            env={"TPULAB_X": value, "JAX_PLATFORMS": "cpu"},
+            timeout=10,
+            check=True,
+        )
+    assert result.stdout == f"{value}\ncpu\n"
+    assert not (ssh_host.sandbox / "pwned").exists()
+
+
+def test_timeout_kills_the_remote_process_group(ssh_host: SshHost) -> None:
+    marker = ssh_host.sandbox / "finished"
+    # A background child that would write the marker later: it must die with its parent.
+    command = "(sleep 2.5; touch finished) & echo $! > child.pid; sleep 30"
+    with ssh_host.connect(kill_grace=5.0) as conn:
+        conn.open()
+        started = time.monotonic()
+        with pytest.raises(RemoteTimeoutError, match="was killed"):
+            conn.run(command, timeout=1.0)
+        elapsed = time.monotonic() - started
+        # Killed remotely at the deadline, not by the client giving up after the grace.
+        assert 0.9 <= elapsed < 4.0
+        child = int((ssh_host.sandbox / "child.pid").read_text())
+        assert not _pid_alive(child)
+        # The connection is still usable afterwards.
+        assert conn.run(["echo", "still here"], timeout=10).stdout == "still here\n"
+    time.sleep(2.0)
+    assert not marker.exists()
+
+
+def test_put_and_get_10_mb_with_matching_sha256(ssh_host: SshHost, tmp_path: Path) -> None:
+    data = os.urandom(10 * 1024 * 1024)
+    expected = hashlib.sha256(data).hexdigest()
+    local = tmp_path / "up.bin"
+    local.write_bytes(data)
+    back = tmp_path / "down.bin"
+    with ssh_host.connect() as conn:
+        assert conn.put(local, "~/jax-tpu-lab/data/blob.bin") == expected
+        on_host = ssh_host.sandbox / "jax-tpu-lab" / "data" / "blob.bin"
+        assert hashlib.sha256(on_host.read_bytes()).hexdigest() == expected
+        assert conn.put(b"small", "rel.txt") == hashlib.sha256(b"small").hexdigest()
+        assert (ssh_host.sandbox / "rel.txt").read_bytes() == b"small"
+        assert conn.get("~/jax-tpu-lab/data/blob.bin", back, max_bytes=len(data)) == expected
+        assert back.read_bytes() == data
+        refused = tmp_path / "refused.bin"
+        with pytest.raises(RemoteError, match="over the"):
+            conn.get("~/jax-tpu-lab/data/blob.bin", refused, max_bytes=len(data) - 1)
+        assert not refused.exists()
+        with pytest.raises(RemoteError, match="Cannot read"):
+            conn.get("~/missing.json", refused, max_bytes=100)
+
+
+@pytest.mark.parametrize("nasty", NASTY)
+def test_shell_metacharacters_are_arguments_not_code(ssh_host: SshHost, nasty: str) -> None:
+    with ssh_host.connect() as conn:
+        result = conn.run(["printf", "%s|", nasty, "x"], timeout=10, check=True)
+        assert result.stdout == f"{nasty}|x|"
+        name = f"f {nasty}".replace("/", "_")  # a file name, so no path separators
+        digest = conn.put(b"payload", f"~/{name}")
+        assert (ssh_host.sandbox / name).read_bytes() == b"payload"
+        assert digest == hashlib.sha256(b"payload").hexdigest()
+    created = {p.name for p in ssh_host.sandbox.iterdir()}
+    assert not created & {"pwned", "|"}, created
+
+
+def test_a_host_key_other_than_the_pinned_one_is_refused_before_anything_runs(
+    ssh_host: SshHost,
+) -> None:
+    impostor = HostKey("ssh-ed25519", RunKey().public_b64)
+    with ssh_host.connect(host_key=impostor) as conn:
+        with pytest.raises(HostKeyMismatchError) as refused:
+            conn.run(["touch", "ran"], timeout=10)
+        with pytest.raises(HostKeyMismatchError):
+            conn.put(b"x", "~/uploaded")
+    assert impostor.fingerprint in str(refused.value)
+    assert refused.value.hint
+    assert not (ssh_host.sandbox / "ran").exists()
+    assert not (ssh_host.sandbox / "uploaded").exists()
+
+
+def test_a_client_key_missing_from_the_metadata_is_refused(ssh_host: SshHost) -> None:
+    stranger = RunKey()
+    started = time.monotonic()
+    with ssh_host.connect(key=stranger) as conn, pytest.raises(AuthError) as refused:
+        conn.run(["touch", "ran"], timeout=10)
+    assert time.monotonic() - started < 5  # refused outright, not retried to the deadline
+    assert stranger.fingerprint in str(refused.value)
+    assert not (ssh_host.sandbox / "ran").exists()
+
+
+def test_no_private_key_material_reaches_the_logs(
+    ssh_host: SshHost, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    for name in ("paramiko", "paramiko.transport", "asyncssh", "tpulab"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    texts: list[str] = []
+    with ssh_host.connect() as conn:
+        conn.run(["echo", "hello"], timeout=10)
+        conn.put(b"data", "~/d.bin")
+        texts += [repr(conn), str(conn.target)]
+    with ssh_host.connect(key=RunKey()) as conn, pytest.raises(AuthError) as refused:
+        conn.open()
+    texts += [repr(ssh_host.key), str(refused.value), str(refused.value.hint)]
+    with ssh_host.key.private_key_file(tmp_path) as path:
+        pem_lines = path.read_text().splitlines()
+    secret_lines = [line for line in pem_lines if line and not line.startswith("-----")]
+    assert secret_lines
+    everything = caplog.text + "\n".join(texts)
+    assert "paramiko" in caplog.text or "asyncssh" in caplog.text  # we did capture them
+    for line in secret_lines:
+        assert line not in everything
+    assert "PRIVATE KEY" not in everything
+
+
+def test_tpu_busy_is_reported_as_such(ssh_host: SshHost) -> None:
+    script = "echo 'The TPU is already in use by process with pid 4242.' >&2; exit 1"
+    with ssh_host.connect() as conn, pytest.raises(TpuBusyError) as busy:
+        conn.run(["sh", "-c", script], timeout=10, check=True)
+    assert busy.value.exit_status == 1
+
+
+def test_a_server_that_listens_late_is_waited_for(
+    start_ssh_host: HostStarter, tmp_path: Path
+) -> None:
+    host = start_ssh_host(tmp_path / "sandbox", refuse_for=1.5)
+    started = time.monotonic()
+    with host.connect(connect_timeout=15) as conn:
+        assert conn.run(["echo", "up"], timeout=10).stdout == "up\n"
+    assert time.monotonic() - started >= 1.4
+
+
+def test_a_server_that_never_listens_is_reported_past_the_deadline(
+    start_ssh_host: HostStarter, tmp_path: Path
+) -> None:
+    host = start_ssh_host(tmp_path / "sandbox", refuse_for=60)
+    started = time.monotonic()
+    with host.connect(connect_timeout=1.0) as conn, pytest.raises(ConnectError) as failed:
+        conn.run(["touch", "ran"], timeout=10)
+    elapsed = time.monotonic() - started
+    assert 1.0 <= elapsed < 4.0
+    assert "within 1s" in str(failed.value)
+    assert "attempts" in str(failed.value)
+    assert failed.value.hint
+    assert not (host.sandbox / "ran").exists()
+
+
+def test_stopping_a_node_ends_its_server_and_sessions(
+    start_ssh_host: HostStarter, tmp_path: Path
+) -> None:
+    host = start_ssh_host(tmp_path / "sandbox", node_key="doomed")
+    host_backend = host.backend
+    with host.connect() as conn:
+        conn.run("sleep 30 >/dev/null 2>&1 & echo $! > sleeper.pid", timeout=10, check=True)
+    sleeper = int((host.sandbox / "sleeper.pid").read_text())
+    assert _pid_alive(sleeper)
+    host_backend.stop("doomed")
+    host_backend.stop("doomed")  # idempotent
+    deadline = time.monotonic() + 5
+    while _pid_alive(sleeper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _pid_alive(sleeper)
+    with host.connect(connect_timeout=0.5) as conn, pytest.raises(ConnectError):
+        conn.open()
+
+
+def test_the_image_has_jax_for_a_fresh_venv(ssh_host: SshHost) -> None:
+    command = (
+        "python3 -m venv --without-pip ~/jax-tpu-lab/.venv && "
+        "~/jax-tpu-lab/.venv/bin/python -c 'import sys, jax; print(sys.prefix)'"
+    )
+    with ssh_host.connect() as conn:
+        result = conn.run(command, timeout=60, check=True)
+    assert result.stdout.strip() == str(ssh_host.sandbox.resolve() / "jax-tpu-lab" / ".venv")
