@@ -439,6 +439,14 @@ def _check_observed(checks: _Checks, observed: Observed, expectation: Expectatio
         str(devices),
         f"{observed.local_device_count} ({len(observed.device_platforms)} listed)",
     )
+    # Multi-host slices are refused before a run, so a receipt from a multi-process
+    # runtime is not the host we created.
+    checks.add(
+        "single_host",
+        observed.process_count == 1 and observed.global_device_count == devices,
+        f"1 process, {devices} devices in total",
+        f"{observed.process_count} process(es), {observed.global_device_count} devices",
+    )
 
 
 def _check_pmap(checks: _Checks, pmap: PmapResult, expectation: Expectation) -> None:
