@@ -58,6 +58,7 @@ from tpulab.errors import (
     RemoteError,
     RemoteTimeoutError,
     TpuBusyError,
+    TransientError,
 )
 
 if TYPE_CHECKING:
@@ -268,13 +269,15 @@ def wait_for_host_key(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> HostKey:
-    """Poll guest attributes until the host key appears (it may lag READY)."""
+    """Poll guest attributes until the host key appears (it may lag READY). Transient API
+    errors while polling are retried under the same deadline."""
     deadline = clock() + timeout
     delay = 0.5
     while True:
         try:
             return host_key_from(fetch_attrs())
-        except HostKeyNotPublishedError as exc:
+        except (HostKeyNotPublishedError, TransientError) as exc:
+            log.debug("host key not available yet: %s", exc)
             remaining = deadline - clock()
             if remaining <= 0:
                 raise HostKeyNotPublishedError(
