@@ -1,0 +1,99 @@
+"""The accelerator catalog against DESIGN.md §6, suggestions, multi-host refusal, prices."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpulab import catalog
+from tpulab.errors import ConfigError, UnknownAcceleratorError, UnsupportedAcceleratorError
+
+# DESIGN.md §6, row by row: chips, hosts, JAX devices per host, runtime version.
+DESIGN_TABLE = {
+    "v2-8": (4, 1, 8, "tpu-ubuntu2204-base"),
+    "v3-8": (4, 1, 8, "tpu-ubuntu2204-base"),
+    "v4-8": (4, 1, 4, "tpu-ubuntu2204-base"),
+    "v4-16": (8, 2, 4, "tpu-ubuntu2204-base"),
+    "v4-32": (16, 4, 4, "tpu-ubuntu2204-base"),
+    "v5litepod-1": (1, 1, 1, "v2-alpha-tpuv5-lite"),
+    "v5litepod-4": (4, 1, 4, "v2-alpha-tpuv5-lite"),
+    "v5litepod-8": (8, 1, 8, "v2-alpha-tpuv5-lite"),
+    "v5litepod-16": (16, 4, 4, "v2-alpha-tpuv5-lite"),
+    "v5p-8": (4, 1, 4, "v2-alpha-tpuv5"),
+    "v6e-1": (1, 1, 1, "v2-alpha-tpuv6e"),
+    "v6e-4": (4, 1, 4, "v2-alpha-tpuv6e"),
+    "v6e-8": (8, 1, 8, "v2-alpha-tpuv6e"),
+    "v6e-16": (16, 4, 4, "v2-alpha-tpuv6e"),
+}
+
+
+def test_catalog_matches_the_design_table() -> None:
+    assert set(catalog.CATALOG) == set(DESIGN_TABLE)
+    for name, (chips, hosts, per_host, runtime) in DESIGN_TABLE.items():
+        entry = catalog.lookup(name)
+        assert (entry.chips, entry.hosts, entry.devices_per_host) == (chips, hosts, per_host)
+        assert entry.runtime_version == runtime
+        assert entry.single_host == (hosts == 1)
+        assert entry.total_devices == hosts * per_host
+
+
+@pytest.mark.parametrize(
+    ("typo", "suggestion"),
+    [
+        ("v5litepod-3", "v5litepod-4"),
+        ("v5litepod-5", "v5litepod-4"),
+        ("v6e-7", "v6e-8"),
+        ("V5LITEPOD-4", "v5litepod-4"),
+        ("v4-64", "v4-32"),
+        ("v5p-16", "v5p-8"),
+    ],
+)
+def test_unknown_types_suggest_the_nearest(typo: str, suggestion: str) -> None:
+    with pytest.raises(UnknownAcceleratorError) as caught:
+        catalog.lookup(typo)
+    assert caught.value.suggestion == suggestion
+    assert f"Did you mean {suggestion!r}?" in caught.value.message
+    assert isinstance(caught.value, ConfigError)
+    for known in catalog.CATALOG:
+        assert known in (caught.value.hint or "")
+
+
+def test_nonsense_gets_no_suggestion_but_the_list() -> None:
+    with pytest.raises(UnknownAcceleratorError) as caught:
+        catalog.lookup("a-gpu-please")
+    assert caught.value.suggestion is None
+    assert "v5litepod-4" in (caught.value.hint or "")
+
+
+@pytest.mark.parametrize("name", ["v4-16", "v4-32", "v5litepod-16", "v6e-16"])
+def test_multi_host_types_are_known_but_refused(name: str) -> None:
+    assert catalog.lookup(name).hosts > 1
+    with pytest.raises(UnsupportedAcceleratorError, match="multi-host slices are not supported"):
+        catalog.lookup_single_host(name)
+
+
+def test_single_host_types_pass() -> None:
+    assert catalog.lookup_single_host("v5litepod-4").devices_per_host == 4
+
+
+@pytest.mark.parametrize(
+    ("name", "per_chip_hour"),
+    [("v5litepod-4", 1.20), ("v6e-8", 2.70), ("v4-8", 3.22), ("v5p-8", 4.20)],
+)
+def test_prices_are_chips_times_the_design_rate(name: str, per_chip_hour: float) -> None:
+    entry = catalog.lookup(name)
+    assert entry.price_per_hour() == pytest.approx(entry.chips * per_chip_hour)
+    # Spot is roughly a fifth, and cost scales with time.
+    assert entry.price_per_hour(spot=True) == pytest.approx(entry.chips * per_chip_hour / 5)
+    assert entry.estimated_cost(1800) == pytest.approx(entry.price_per_hour() / 2)
+    assert entry.estimated_cost(-5) == 0.0
+    assert catalog.PRICE_DATE
+
+
+@pytest.mark.parametrize("devices", [1, 2, 4, 8, 16, 32])
+def test_closed_form_matches_brute_force(devices: int) -> None:
+    brute = sum(k * k for k in range(8 * devices))
+    assert catalog.closed_form_sum_of_squares(devices) == brute
+
+
+def test_closed_form_values_of_the_lesson() -> None:
+    assert [catalog.closed_form_sum_of_squares(d) for d in (1, 4, 8)] == [140, 10416, 85344]
