@@ -3,15 +3,40 @@
 Everything else in tpulab talks to the cloud through `TpuApi`, so tests and the
 emulator swap the endpoint, never the code. This is the only module that imports
 `google.*`, and it does so lazily so that `tpulab --help` stays fast.
+
+`GoogleTpuApi` has one code path for Google and for a local endpoint such as the
+emulator: the same `TpuClient` with the REST transport, differing only in the endpoint
+URL and the credentials (Application Default Credentials vs anonymous). Errors from
+google.api_core, google.auth, requests and failed long-running operations are all
+translated here into the `tpulab.errors` tree, keeping the API's words in `api_message`.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import time
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any, Protocol, TypeVar
+from urllib.parse import urlsplit
 
-from tpulab.models import NodeInfo, NodeRequest
+from tpulab.errors import (
+    AlreadyExistsError,
+    CloudError,
+    ConfigError,
+    DeadlineError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    QuotaError,
+    StockoutError,
+    TransientError,
+)
+from tpulab.models import NodeInfo, NodeRequest, NodeState
+from tpulab.polling import Backoff, poll_until
 
-__all__ = ["TpuApi"]
+__all__ = ["GoogleTpuApi", "TpuApi", "error_for_status", "is_local_endpoint"]
+
+T = TypeVar("T")
 
 
 class TpuApi(Protocol):
@@ -45,3 +70,426 @@ class TpuApi(Protocol):
     def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
         """Worker 0's guest attributes as {"namespace/key": value}."""
         ...
+
+
+# google.rpc.Code numbers, as they appear in an operation's `error.code`.
+_RPC_STATUS = {
+    0: "OK",
+    1: "CANCELLED",
+    2: "UNKNOWN",
+    3: "INVALID_ARGUMENT",
+    4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND",
+    6: "ALREADY_EXISTS",
+    7: "PERMISSION_DENIED",
+    8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION",
+    10: "ABORTED",
+    11: "OUT_OF_RANGE",
+    12: "UNIMPLEMENTED",
+    13: "INTERNAL",
+    14: "UNAVAILABLE",
+    15: "DATA_LOSS",
+    16: "UNAUTHENTICATED",
+}
+_HTTP_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ALREADY_EXISTS",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+_HINTS: dict[type[CloudError], str] = {
+    StockoutError: "The zone has no free capacity for this accelerator right now. Try "
+    "another zone that offers it (`gcloud compute tpus accelerator-types list "
+    "--zone=ZONE`), or retry later.",
+    QuotaError: "Your project's TPU quota in this zone is used up. Delete nodes you no "
+    "longer need (`tpulab list --all`) or request more quota in the Cloud console "
+    "(IAM & Admin > Quotas).",
+    InvalidArgumentError: "Check the accelerator type and runtime version offered in this "
+    "zone: `gcloud compute tpus accelerator-types list --zone=ZONE` and `gcloud compute "
+    "tpus tpu-vm versions list --zone=ZONE`.",
+    AlreadyExistsError: "A node with this name already exists in the zone: choose another "
+    "--name, or delete the old node if it is yours.",
+    NotFoundError: "Check the project, zone and node name (`tpulab list --all`).",
+    PermissionDeniedError: "Check that the Cloud TPU API is enabled for the project and "
+    "that your account may use it (roles/tpu.admin); refresh credentials with `gcloud "
+    "auth application-default login`.",
+    TransientError: "The API had a temporary problem; retry in a minute.",
+    DeadlineError: "The API did not answer in time; retry, and check with `tpulab list`.",
+}
+
+_SUMMARY: dict[type[CloudError], str] = {
+    StockoutError: "the zone is out of capacity (stockout)",
+    QuotaError: "a quota is exhausted",
+    InvalidArgumentError: "the API rejected the request as invalid",
+    AlreadyExistsError: "it already exists",
+    NotFoundError: "it was not found",
+    PermissionDeniedError: "permission denied",
+    TransientError: "the API is temporarily unavailable",
+    DeadlineError: "the API did not answer in time",
+}
+
+
+def is_local_endpoint(api_endpoint: str | None) -> bool:
+    """True for an endpoint on this machine (the emulator), which gets no credentials."""
+    if not api_endpoint:
+        return False
+    host = urlsplit(api_endpoint if "//" in api_endpoint else f"//{api_endpoint}").hostname
+    return host in {"127.0.0.1", "localhost", "::1"}
+
+
+def error_for_status(status: str, api_message: str, what: str, *, reason: str = "") -> CloudError:
+    """The tpulab error for a google.rpc status name and the API's message."""
+    lowered = api_message.lower()
+    kind: type[CloudError]
+    if status == "RESOURCE_EXHAUSTED":
+        if "capacity" in lowered or "stockout" in lowered:
+            kind = StockoutError
+        elif reason == "RATE_LIMIT_EXCEEDED" or "per minute" in lowered or "rate" in lowered:
+            # Request-rate limits also come back as 429 but pass in seconds: retry them.
+            kind = TransientError
+        else:
+            kind = QuotaError
+    elif status in {"INVALID_ARGUMENT", "FAILED_PRECONDITION", "OUT_OF_RANGE"}:
+        kind = InvalidArgumentError
+    elif status == "ALREADY_EXISTS":
+        kind = AlreadyExistsError
+    elif status == "NOT_FOUND":
+        kind = NotFoundError
+    elif status in {"PERMISSION_DENIED", "UNAUTHENTICATED"}:
+        kind = PermissionDeniedError
+    elif status in {"UNAVAILABLE", "INTERNAL", "ABORTED", "UNKNOWN"}:
+        kind = TransientError
+    elif status == "DEADLINE_EXCEEDED":
+        kind = DeadlineError
+    else:
+        return CloudError(f"Could not {what}: {status}.", status=status, api_message=api_message)
+    return kind(
+        f"Could not {what}: {_SUMMARY[kind]}.",
+        status=status,
+        api_message=api_message,
+        hint=_HINTS[kind],
+    )
+
+
+def _translate(error: Exception, what: str, endpoint: str) -> Exception:
+    """Map an exception raised by the client stack to a tpulab error (or leave it be)."""
+    from google.api_core import exceptions as api_exceptions
+    from google.auth import exceptions as auth_exceptions
+    from requests import exceptions as http_exceptions
+
+    if isinstance(error, api_exceptions.GoogleAPICallError):
+        status, api_message = _status_and_message(error)
+        return error_for_status(status, api_message, what, reason=error.reason or "")
+    if isinstance(error, auth_exceptions.RefreshError):
+        return PermissionDeniedError(
+            f"Could not {what}: the credentials could not be refreshed.",
+            status="UNAUTHENTICATED",
+            api_message=str(error),
+            hint="Run `gcloud auth application-default login` and try again.",
+        )
+    if isinstance(error, http_exceptions.Timeout):
+        return TransientError(
+            f"Could not {what}: {endpoint} did not answer in time.",
+            status="DEADLINE_EXCEEDED",
+            api_message=str(error),
+            hint=_HINTS[TransientError],
+        )
+    if isinstance(error, http_exceptions.ConnectionError):
+        return TransientError(
+            f"Could not {what}: cannot reach {endpoint}.",
+            status="UNAVAILABLE",
+            api_message=str(error),
+            hint="Check the network (or that the emulator is running, for a local "
+            "--api-endpoint) and retry.",
+        )
+    return error
+
+
+def _status_and_message(error: Any) -> tuple[str, str]:
+    """The google.rpc status name and the API's own message from an HTTP error."""
+    payload: dict[str, Any] = {}
+    response = getattr(error, "response", None)
+    if response is not None:
+        try:
+            body = response.json()
+            if isinstance(body, dict) and isinstance(body.get("error"), dict):
+                payload = body["error"]
+        except ValueError:
+            payload = {}
+    code = int(error.code) if isinstance(error.code, int) else 0
+    status = str(payload.get("status") or _HTTP_STATUS.get(code) or "UNKNOWN")
+    message = str(payload.get("message") or error.message)
+    return status, message
+
+
+def _operation_what(operation: Any) -> str:
+    """ "create node n in zone" from an operation's metadata, else its name."""
+    from google.cloud.tpu_v2.types import OperationMetadata
+
+    metadata = OperationMetadata.pb()()
+    if operation.metadata.Unpack(metadata) and metadata.verb and metadata.target:
+        parts = metadata.target.split("/")
+        if len(parts) >= 6:
+            return f"{metadata.verb} node {parts[-1]} in {parts[3]}"
+    return f"complete operation {operation.name}"
+
+
+class GoogleTpuApi:
+    """`TpuApi` over `google.cloud.tpu_v2.TpuClient` (REST), for Google or an emulator.
+
+    `api_endpoint` is None for Google, or a URL such as `http://127.0.0.1:8470` for a
+    local endpoint (anonymous credentials; the REST transport keeps an explicit
+    `http://` scheme). Idempotent calls (get, list, guest attributes, operation get) are
+    retried on TransientError up to `retries` times; create and delete are not, since a
+    lost reply could otherwise create twice. `poll` makes the operation-polling schedule
+    (default: about 1 s growing with jitter to 10 s; faster for a local endpoint).
+    """
+
+    def __init__(
+        self,
+        project: str,
+        *,
+        api_endpoint: str | None = None,
+        credentials: Any = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        poll: Callable[[], Iterable[float]] | None = None,
+        retries: int = 4,
+        retry_backoff: Callable[[], Iterable[float]] | None = None,
+        request_timeout: float = 60.0,
+        list_page_size: int = 0,
+    ) -> None:
+        from google.api_core.client_options import ClientOptions
+        from google.cloud import tpu_v2
+
+        if not project:
+            raise ConfigError(
+                "No Google Cloud project given.",
+                hint="Pass --project, or set TPULAB_PROJECT or CLOUDSDK_CORE_PROJECT.",
+            )
+        self.project = project
+        self.api_endpoint = api_endpoint
+        self._sleep = sleep
+        self._clock = clock
+        self._retries = retries
+        self._request_timeout = request_timeout
+        self._list_page_size = list_page_size
+        self._calls = 0
+        local = is_local_endpoint(api_endpoint)
+        if poll is not None:
+            self._poll = poll
+        elif local:
+            # The emulator answers in milliseconds: cloud-paced polling would only make
+            # the offline demo and the tests slow.
+            self._poll = lambda: Backoff(initial=0.05, cap=0.5)
+        else:
+            self._poll = lambda: Backoff(initial=1.0, cap=10.0)
+        self._retry_backoff = retry_backoff or (
+            (lambda: Backoff(initial=0.05, cap=0.5)) if local else (lambda: Backoff(0.5, 8.0))
+        )
+        self._endpoint_text = api_endpoint or "tpu.googleapis.com"
+        if credentials is None:
+            credentials = self._anonymous() if local else self._default_credentials()
+        options = ClientOptions(api_endpoint=api_endpoint) if api_endpoint else None
+        self._client = tpu_v2.TpuClient(
+            credentials=credentials, transport="rest", client_options=options
+        )
+
+    @staticmethod
+    def _anonymous() -> Any:
+        from google.auth.credentials import AnonymousCredentials
+
+        return AnonymousCredentials()  # type: ignore[no-untyped-call]
+
+    @staticmethod
+    def _default_credentials() -> Any:
+        import google.auth
+        from google.auth import exceptions as auth_exceptions
+
+        try:
+            credentials, _ = google.auth.default(
+                scopes=["https://www.googleapis.com/auth/cloud-platform"]
+            )
+        except auth_exceptions.DefaultCredentialsError as error:
+            raise ConfigError(
+                f"No Google Cloud credentials found: {error}",
+                hint="Run `gcloud auth application-default login`, or rehearse offline "
+                "with --emulate.",
+            ) from None
+        return credentials
+
+    @property
+    def call_count(self) -> int:
+        return self._calls
+
+    # -- paths ---------------------------------------------------------------------
+
+    def _parent(self, zone: str) -> str:
+        return f"projects/{self.project}/locations/{zone}"
+
+    def _node_path(self, zone: str, node_id: str) -> str:
+        return f"{self._parent(zone)}/nodes/{node_id}"
+
+    # -- the calls -------------------------------------------------------------------
+
+    def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
+        from google.cloud import tpu_v2
+
+        node = tpu_v2.Node(
+            accelerator_type=request.accelerator_type,
+            runtime_version=request.runtime_version,
+            description=request.description,
+            labels=dict(request.labels),
+            metadata=dict(request.metadata),
+            # An external IP is what lets the laptop reach the VM over SSH.
+            network_config=tpu_v2.NetworkConfig(enable_external_ips=True),
+            scheduling_config=tpu_v2.SchedulingConfig(spot=request.spot),
+        )
+        create = tpu_v2.CreateNodeRequest(parent=self._parent(zone), node_id=node_id, node=node)
+        operation = self._call(
+            lambda: self._client.create_node(
+                request=create, retry=None, timeout=self._request_timeout
+            ),
+            f"create node {node_id} in {zone}",
+            idempotent=False,
+        )
+        return str(operation.operation.name)
+
+    def wait_operation(self, operation_name: str, *, timeout: float) -> None:
+        def probe() -> Any:
+            return self._call(
+                lambda: self._client.get_operation(
+                    request={"name": operation_name}, retry=None, timeout=self._request_timeout
+                ),
+                f"read operation {operation_name}",
+                idempotent=True,
+            )
+
+        operation = poll_until(
+            probe,
+            lambda op: bool(op.done),
+            timeout=timeout,
+            clock=self._clock,
+            sleep=self._sleep,
+            backoff=self._poll(),
+            describe=lambda _op: f"operation {operation_name}",
+        )
+        if operation.HasField("error") and operation.error.code != 0:
+            status = _RPC_STATUS.get(operation.error.code, "UNKNOWN")
+            raise error_for_status(status, operation.error.message, _operation_what(operation))
+
+    def get_node(self, zone: str, node_id: str) -> NodeInfo:
+        name = self._node_path(zone, node_id)
+        node = self._call(
+            lambda: self._client.get_node(name=name, retry=None, timeout=self._request_timeout),
+            f"get node {node_id} in {zone}",
+            idempotent=True,
+        )
+        return self._to_info(node, zone)
+
+    def list_nodes(self, zone: str) -> list[NodeInfo]:
+        from google.cloud import tpu_v2
+
+        nodes: list[NodeInfo] = []
+        token = ""
+        while True:
+            request = tpu_v2.ListNodesRequest(
+                parent=self._parent(zone), page_size=self._list_page_size, page_token=token
+            )
+            # One page per call, never the pager's own iteration, so that every HTTP
+            # request is counted and retried individually.
+            page = self._call(
+                partial(
+                    self._client.list_nodes,
+                    request=request,
+                    retry=None,
+                    timeout=self._request_timeout,
+                ),
+                f"list nodes in {zone}",
+                idempotent=True,
+            )
+            nodes.extend(self._to_info(node, zone) for node in page.nodes)
+            token = str(page.next_page_token)
+            if not token:
+                return nodes
+
+    def delete_node(self, zone: str, node_id: str) -> str:
+        name = self._node_path(zone, node_id)
+        operation = self._call(
+            lambda: self._client.delete_node(name=name, retry=None, timeout=self._request_timeout),
+            f"delete node {node_id} in {zone}",
+            idempotent=False,
+        )
+        return str(operation.operation.name)
+
+    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
+        from google.cloud import tpu_v2
+
+        request = tpu_v2.GetGuestAttributesRequest(
+            name=self._node_path(zone, node_id), query_path=query_path, worker_ids=["0"]
+        )
+        response = self._call(
+            lambda: self._client.get_guest_attributes(
+                request=request, retry=None, timeout=self._request_timeout
+            ),
+            f"read guest attributes of {node_id} in {zone}",
+            idempotent=True,
+        )
+        if not response.guest_attributes:
+            return {}
+        worker0 = response.guest_attributes[0]
+        return {f"{item.namespace}/{item.key}": item.value for item in worker0.query_value.items}
+
+    # -- plumbing --------------------------------------------------------------------
+
+    def _call(self, send: Callable[[], T], what: str, *, idempotent: bool) -> T:
+        """Send one request (counted); retry TransientError if the call is idempotent."""
+        delays = iter(self._retry_backoff())
+        attempt = 0
+        while True:
+            attempt += 1
+            self._calls += 1
+            try:
+                return send()
+            except Exception as raw:
+                error = _translate(raw, what, self._endpoint_text)
+                if error is raw:
+                    raise
+                if isinstance(error, TransientError) and idempotent and attempt <= self._retries:
+                    self._sleep(next(delays))
+                    continue
+                raise error from None
+
+    def _to_info(self, node: Any, zone: str) -> NodeInfo:
+        parts = str(node.name).split("/")
+        node_zone = parts[3] if len(parts) >= 6 else zone
+        endpoint = node.network_endpoints[0] if node.network_endpoints else None
+        external = (
+            endpoint.access_config.external_ip
+            if endpoint is not None and endpoint.access_config
+            else ""
+        )
+        create_time = node.create_time if "create_time" in node else None
+        return NodeInfo(
+            project=self.project,
+            zone=node_zone,
+            name=parts[-1],
+            accelerator_type=str(node.accelerator_type),
+            runtime_version=str(node.runtime_version),
+            state=NodeState(node.state.name),
+            health=node.health.name if node.health else "",
+            labels=dict(node.labels),
+            metadata=dict(node.metadata),
+            ip_address=(endpoint.ip_address or None) if endpoint is not None else None,
+            external_ip=external or None,
+            spot=bool(node.scheduling_config.spot or node.scheduling_config.preemptible),
+            create_time=create_time,
+        )

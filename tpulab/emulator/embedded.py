@@ -1,0 +1,106 @@
+"""The "emulated target": an in-process Emulator plus a `TpuApi` pointed at it.
+
+`tpulab run|list|teardown --emulate` all use this, on the same state directory
+(`paths.emulator_state_dir()`), so a node left by a killed `run --emulate` is still
+there for `teardown --verify --emulate`, exactly as it would be in the cloud. The API
+client is the real `GoogleTpuApi` over HTTP: `--emulate` exercises the production path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from tpulab.config import EMULATED_PROJECT, EMULATED_ZONE
+from tpulab.emulator.server import Emulator
+from tpulab.emulator.timing import Timing
+
+if TYPE_CHECKING:
+    from tpulab.cloud import GoogleTpuApi, TpuApi
+    from tpulab.emulator.hosts import HostBackend
+
+__all__ = [
+    "EMBEDDED_TIMING",
+    "EMULATED_PROJECT",
+    "EMULATED_ZONE",
+    "EmulatedTarget",
+    "emulated_api",
+    "emulated_target",
+    "load_timing",
+]
+
+# Quick enough for a demo, slow enough that CREATING and DELETING are visible.
+EMBEDDED_TIMING = Timing(create_seconds=1.0, delete_seconds=0.5, stockout_seconds=0.3)
+
+
+@dataclass(frozen=True)
+class EmulatedTarget:
+    emulator: Emulator
+    api: GoogleTpuApi
+    project: str
+    zone: str
+
+
+def load_timing(state_dir: Path, default: Timing = EMBEDDED_TIMING) -> Timing:
+    """`<state_dir>/timing.json` (Timing's field names) if present, else `default`.
+
+    This is how a test makes a `--emulate` subprocess fast without a hidden flag.
+    """
+    path = state_dir / "timing.json"
+    if not path.is_file():
+        return default
+    values = json.loads(path.read_text(encoding="utf-8"))
+    return Timing(**{**default.__dict__, **values})
+
+
+@contextmanager
+def emulated_target(
+    project: str = EMULATED_PROJECT,
+    zone: str = EMULATED_ZONE,
+    *,
+    ssh: Literal["embedded", "openssh"] | None = None,
+    timing: Timing | None = None,
+    state_dir: Path | None = None,
+) -> Iterator[EmulatedTarget]:
+    """Start an Emulator on the shared state directory, yield it with an API client.
+
+    `ssh` picks the SSH host backend for READY nodes ("embedded" for `run`); None gives
+    nodes without SSH, enough for `list` and `teardown`.
+    """
+    from tpulab import paths
+    from tpulab.cloud import GoogleTpuApi
+
+    directory = state_dir if state_dir is not None else paths.emulator_state_dir()
+    backend: HostBackend | None = None
+    if ssh is not None:
+        from tpulab.emulator.backends import make_host_backend
+
+        backend = make_host_backend(ssh, directory)
+    try:
+        emulator = Emulator(
+            directory,
+            host_backend=backend,
+            timing=timing if timing is not None else load_timing(directory),
+        )
+        with emulator:
+            api = GoogleTpuApi(project, api_endpoint=emulator.url)
+            yield EmulatedTarget(emulator=emulator, api=api, project=project, zone=zone)
+    finally:
+        if backend is not None:
+            backend.close()
+
+
+@contextmanager
+def emulated_api(
+    project: str = EMULATED_PROJECT,
+    *,
+    ssh: Literal["embedded", "openssh"] | None = None,
+    timing: Timing | None = None,
+) -> Iterator[TpuApi]:
+    """Just the API of `emulated_target` (what `teardown --emulate` needs)."""
+    with emulated_target(project, ssh=ssh, timing=timing) as target:
+        yield target.api

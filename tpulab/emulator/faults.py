@@ -1,0 +1,137 @@
+"""Faults the emulator can inject, chosen per test in-process or over the admin endpoint.
+
+A `FaultPlan` is plain data: tests mutate `emulator.faults` directly, and an
+out-of-process user POSTs the same field names as JSON to `/_emulator/faults`.
+Counted faults (`transient`, `delete_failures`) are consumed as they fire.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+__all__ = ["METHODS", "FaultPlan"]
+
+# The method names `transient` understands ("*" means any call).
+METHODS = (
+    "create_node",
+    "get_node",
+    "list_nodes",
+    "delete_node",
+    "get_guest_attributes",
+    "get_operation",
+    "list_operations",
+    "get_location",
+    "list_locations",
+    "list_accelerator_types",
+    "get_accelerator_type",
+    "list_runtime_versions",
+    "get_runtime_version",
+)
+
+
+@dataclass
+class FaultPlan:
+    stockout: bool = False
+    """Every create operation fails with code 8 "no more capacity" (any zone)."""
+    stockout_zones: list[str] = field(default_factory=list)
+    """Create operations fail with a stockout in these zones only."""
+    quota: bool = False
+    """Create is refused synchronously with 429 RESOURCE_EXHAUSTED (quota)."""
+    invalid_type: bool = False
+    """Create is refused with 400 "invalid AcceleratorType" whatever the type."""
+    deny_projects: list[str] = field(default_factory=list)
+    """Any call on these projects gets 403 PERMISSION_DENIED."""
+    transient: dict[str, int] = field(default_factory=dict)
+    """method name (or "*") -> how many of the next calls answer 503 UNAVAILABLE."""
+    delete_failures: int = 0
+    """The next N delete operations end with an INTERNAL error; the node stays."""
+    delete_hangs: bool = False
+    """Delete operations never finish; the node stays DELETING."""
+    preempt_after: float | None = None
+    """Spot nodes turn PREEMPTED this many seconds after READY."""
+    guest_attributes_delay: float = 0.0
+    """Guest attributes (the host key) appear this many seconds after READY."""
+    ssh_refuse_for: float = 0.0
+    """Passed to the host backend: the SSH server refuses connections this long."""
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def take_transient(self, method: str) -> bool:
+        """True (and one fewer left) if this call of `method` should fail with 503."""
+        with self._lock:
+            for key in (method, "*"):
+                if self.transient.get(key, 0) > 0:
+                    self.transient[key] -= 1
+                    return True
+            return False
+
+    def take_delete_failure(self) -> bool:
+        with self._lock:
+            if self.delete_failures > 0:
+                self.delete_failures -= 1
+                return True
+            return False
+
+    def stockout_in(self, zone: str) -> bool:
+        return self.stockout or zone in self.stockout_zones
+
+    def to_dict(self) -> dict[str, Any]:
+        with self._lock:
+            return {f.name: _copy(getattr(self, f.name)) for f in fields(self)}
+
+    def update(self, values: dict[str, Any]) -> None:
+        """Set fields from JSON, refusing unknown names and wrong types (ValueError)."""
+        defaults = FaultPlan()
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown fault(s) {unknown}; known: {sorted(known)}")
+        checked: dict[str, Any] = {}
+        for name, value in values.items():
+            checked[name] = _checked(name, value, getattr(defaults, name))
+        if "transient" in checked:
+            bad = sorted(set(checked["transient"]) - {*METHODS, "*"})
+            if bad:
+                raise ValueError(f"unknown method(s) in transient: {bad}; known: {METHODS}")
+        with self._lock:
+            for name, value in checked.items():
+                setattr(self, name, value)
+
+    def reset(self) -> None:
+        self.update(FaultPlan().to_dict())
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, list):
+        return list(value)
+    return value
+
+
+def _checked(name: str, value: Any, default: Any) -> Any:
+    if name == "preempt_after":
+        if value is None:
+            return None
+        default = 0.0
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+    elif isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            return float(value)
+    elif isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    elif isinstance(default, list):
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+    elif isinstance(default, dict) and (
+        isinstance(value, dict)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value.values())
+    ):
+        return {str(k): v for k, v in value.items()}
+    raise ValueError(f"fault {name!r} cannot be {value!r}")

@@ -1,0 +1,77 @@
+"""The emulator's state on disk: one JSON file, locked while used, replaced atomically.
+
+Every request reads the file under an exclusive lock and writes it back if it changed,
+so the cloud's state outlives the emulator process (a controller killed with SIGKILL
+leaves its node behind, exactly as the real cloud would) and two emulators started on
+the same directory (a served one and `tpulab list --emulate`) agree on what exists.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+__all__ = ["StateFile"]
+
+_VERSION = 1
+
+
+def _empty() -> dict[str, Any]:
+    return {"version": _VERSION, "nodes": {}, "operations": {}, "next_id": 1}
+
+
+class StateFile:
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.path = state_dir / "state.json"
+        self._lock_path = state_dir / "state.lock"
+        # flock excludes other processes; this excludes our own request threads.
+        self._thread_lock = threading.RLock()
+
+    @contextmanager
+    def transaction(self) -> Iterator[dict[str, Any]]:
+        """Yield the whole state; write it back (atomically) if the body changed it."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with self._thread_lock, open(self._lock_path, "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                before = self._read_text()
+                state = json.loads(before) if before else _empty()
+                if state.get("version") != _VERSION:
+                    raise RuntimeError(
+                        f"emulator state {self.path} has version {state.get('version')}, "
+                        f"expected {_VERSION}; remove the directory to start afresh"
+                    )
+                yield state
+                after = json.dumps(state, sort_keys=True, indent=1)
+                if after != before:
+                    self._write_text(after)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def read(self) -> dict[str, Any]:
+        with self.transaction() as state:
+            return json.loads(json.dumps(state))  # type: ignore[no-any-return]
+
+    def _read_text(self) -> str:
+        try:
+            return self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return ""
+
+    def _write_text(self, text: str) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".json", dir=self.state_dir)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

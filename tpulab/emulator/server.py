@@ -1,0 +1,581 @@
+"""The emulator's HTTP server and its owner, `Emulator`.
+
+A stdlib `ThreadingHTTPServer` speaks the Cloud TPU v2 REST paths (DESIGN.md §5) over
+the state machine in `state.py`, persisted by `persist.py`. A background ticker applies
+time-based transitions and, when a node is READY, asks the `HostBackend` for an SSH
+server and publishes its host key and port as guest attributes. Admin endpoints under
+`/_emulator/` let another process inject faults and inspect state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from tpulab.emulator.faults import FaultPlan
+from tpulab.emulator.hosts import SSH_PORT_ATTRIBUTE, HostBackend
+from tpulab.emulator.persist import StateFile
+from tpulab.emulator.state import CloudState, node_json, node_key, operation_json, zone_or_404
+from tpulab.emulator.timing import Timing
+from tpulab.emulator.wire import ApiError, error_body
+from tpulab.emulator.zones import ZONES
+
+__all__ = ["Emulator"]
+
+log = logging.getLogger(__name__)
+
+Record = dict[str, Any]
+Handler = Callable[["_Request"], tuple[int, Record]]
+
+# Emulators alive in this process, by owner token: a node whose SSH host was started by
+# an emulator that is no longer here (stopped, or its process died) gets a new one.
+_LIVE_OWNERS: set[str] = set()
+_LIVE_LOCK = threading.Lock()
+
+_P = r"(?P<project>[^/]+)"
+_Z = r"(?P<zone>[^/]+)"
+_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    (m, re.compile(r"^/v2(?:alpha1)?/projects/" + _P + p + "$"), name)
+    for m, p, name in (
+        ("GET", r"/locations", "list_locations"),
+        ("GET", r"/locations/" + _Z, "get_location"),
+        ("GET", r"/locations/" + _Z + r"/nodes", "list_nodes"),
+        ("POST", r"/locations/" + _Z + r"/nodes", "create_node"),
+        ("GET", r"/locations/" + _Z + r"/nodes/(?P<node>[^/:]+)", "get_node"),
+        ("DELETE", r"/locations/" + _Z + r"/nodes/(?P<node>[^/:]+)", "delete_node"),
+        (
+            "POST",
+            r"/locations/" + _Z + r"/nodes/(?P<node>[^/:]+):getGuestAttributes",
+            "get_guest_attributes",
+        ),
+        ("GET", r"/locations/" + _Z + r"/operations", "list_operations"),
+        ("GET", r"/locations/" + _Z + r"/operations/(?P<op>[^/]+)", "get_operation"),
+        ("GET", r"/locations/" + _Z + r"/acceleratorTypes", "list_accelerator_types"),
+        ("GET", r"/locations/" + _Z + r"/acceleratorTypes/(?P<item>[^/]+)", "get_accelerator_type"),
+        ("GET", r"/locations/" + _Z + r"/runtimeVersions", "list_runtime_versions"),
+        ("GET", r"/locations/" + _Z + r"/runtimeVersions/(?P<item>[^/]+)", "get_runtime_version"),
+    )
+]
+
+
+class _Request:
+    def __init__(self, params: dict[str, str], query: dict[str, list[str]], body: Record) -> None:
+        self.params = params
+        self.query = query
+        self.body = body
+        alt = ";".join(query.get("$alt", []))
+        self.as_int = "enum-encoding=int" in alt
+
+    def arg(self, name: str) -> str:
+        values = self.query.get(name)
+        return values[0] if values else ""
+
+    @property
+    def project(self) -> str:
+        return self.params["project"]
+
+    @property
+    def zone(self) -> str:
+        return self.params["zone"]
+
+
+class Emulator:
+    """The offline Cloud TPU API. `start()` returns its URL; use as a context manager.
+
+    `state_dir` holds `state.json` (the cloud) and `sandboxes/<project>/<zone>/<node>`
+    (each node's home directory). A `faults.json` there, if present, seeds `faults`.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        host_backend: HostBackend | None = None,
+        timing: Timing | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.host_backend = host_backend
+        self.timing = timing if timing is not None else Timing()
+        self.faults = FaultPlan()
+        self.calls: Counter[str] = Counter()
+        self._bind = (host, port)
+        self._clock = clock
+        self._file = StateFile(self.state_dir)
+        self._owner = f"{os.getpid()}:{uuid.uuid4().hex}"
+        self._hosts: set[str] = set()  # node keys whose SSH host this emulator started
+        self._hosts_lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        self.url = ""
+        faults_file = self.state_dir / "faults.json"
+        if faults_file.is_file():
+            self.faults.update(json.loads(faults_file.read_text(encoding="utf-8")))
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> str:
+        if self._server is not None:
+            return self.url
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with _LIVE_LOCK:
+            _LIVE_OWNERS.add(self._owner)
+        self._stopping.clear()
+        server = ThreadingHTTPServer(self._bind, _make_handler(self))
+        server.daemon_threads = True
+        self._server = server
+        host, port = server.server_address[:2]
+        self.url = f"http://{host!s}:{port}"
+        serve = threading.Thread(target=server.serve_forever, name="tpu-emulator-http", daemon=True)
+        tick = threading.Thread(target=self._tick_loop, name="tpu-emulator-tick", daemon=True)
+        self._threads = [serve, tick]
+        for thread in self._threads:
+            thread.start()
+        self.tick()
+        return self.url
+
+    def stop(self) -> None:
+        """Stop serving and stop the SSH hosts we started; the state stays on disk."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._stopping.set()
+        self._wake.set()
+        server.shutdown()
+        server.server_close()
+        with self._connections_lock:
+            for connection in list(self._connections):
+                with suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
+        for thread in self._threads:
+            thread.join(timeout=5)
+        with _LIVE_LOCK:
+            _LIVE_OWNERS.discard(self._owner)
+        with self._hosts_lock:
+            owned, self._hosts = set(self._hosts), set()
+        for key in owned:
+            self._stop_host(key)
+        with self._file.transaction() as data:
+            for key in owned:
+                node = data["nodes"].get(key)
+                if node is not None and (node.get("host") or {}).get("owner") == self._owner:
+                    node["host"] = None
+                    node["guest_attributes"] = {}
+
+    def __enter__(self) -> Emulator:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- inspection (tests, admin endpoint) -------------------------------------------
+
+    def snapshot(self) -> Record:
+        """The whole state after applying due transitions (a deep copy)."""
+        with self._transaction() as cloud:
+            return json.loads(json.dumps(cloud.data))  # type: ignore[no-any-return]
+
+    def node_names(self, project: str | None = None) -> list[str]:
+        """Names of the nodes that exist (any state), optionally in one project."""
+        nodes = self.snapshot()["nodes"].values()
+        return sorted(n["name"] for n in nodes if project is None or n["project"] == project)
+
+    def sandbox(self, project: str, zone: str, node: str) -> Path:
+        return self.state_dir / "sandboxes" / project / zone / node
+
+    # -- state and hosts -------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self) -> Iterator[CloudState]:
+        gone: list[Record] = []
+        with self._file.transaction() as data:
+            cloud = CloudState(data, self.timing, self.faults)
+            gone = cloud.advance(self._clock())
+            yield cloud
+        self._forget(gone)
+        if gone:
+            self._wake.set()
+
+    def _forget(self, gone: list[Record]) -> None:
+        for node in gone:
+            key = node_key(node["project"], node["zone"], node["name"])
+            self._stop_host(key)
+            shutil.rmtree(self.sandbox(node["project"], node["zone"], node["name"]), True)
+
+    def _tick_loop(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait(self.timing.tick_seconds)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                self.tick()
+            except Exception:
+                log.exception("emulator tick failed")
+
+    def tick(self) -> None:
+        """Apply due transitions, then start or stop SSH hosts to match node states."""
+        to_start: list[Record] = []
+        to_stop: list[str] = []
+        with self._transaction() as cloud:
+            for key, node in cloud.nodes.items():
+                host = node.get("host") or {}
+                mine = host.get("owner") == self._owner
+                if mine and node["state"] not in {"READY", "DELETING"}:
+                    to_stop.append(key)
+                    node["host"] = None
+                    node["guest_attributes"] = {}
+                elif (
+                    self.host_backend is not None
+                    and node["state"] == "READY"
+                    and not _owner_alive(host.get("owner"))
+                ):
+                    node["host"] = {"owner": self._owner}
+                    node["guest_attributes"] = {}
+                    to_start.append(dict(node))
+        for key in to_stop:
+            self._stop_host(key)
+        for node in to_start:
+            self._start_host(node)
+
+    def _start_host(self, node: Record) -> None:
+        assert self.host_backend is not None
+        key = node_key(node["project"], node["zone"], node["name"])
+        sandbox = self.sandbox(node["project"], node["zone"], node["name"])
+        sandbox.mkdir(parents=True, exist_ok=True)
+        try:
+            endpoint = self.host_backend.start(
+                key,
+                sandbox,
+                node["metadata"].get("ssh-keys", ""),
+                refuse_for=self.faults.ssh_refuse_for,
+            )
+        except Exception as error:
+            log.exception("could not start an SSH host for %s", key)
+            with self._file.transaction() as data:
+                current = data["nodes"].get(key)
+                if current is not None and current.get("host", {}).get("owner") == self._owner:
+                    current["host"] = {"owner": self._owner, "error": str(error)}
+            return
+        with self._hosts_lock:
+            self._hosts.add(key)
+        keep = False
+        with self._file.transaction() as data:
+            current = data["nodes"].get(key)
+            if current is not None and (current.get("host") or {}).get("owner") == self._owner:
+                keep = current["state"] in {"READY", "DELETING"}
+                current["host"] = {
+                    "owner": self._owner,
+                    "host": endpoint.host,
+                    "port": endpoint.port,
+                }
+                current["guest_attributes"] = {
+                    f"hostkeys/{endpoint.host_key_type}": endpoint.host_key_b64,
+                    SSH_PORT_ATTRIBUTE: str(endpoint.port),
+                }
+        if not keep:
+            self._stop_host(key)
+
+    def _stop_host(self, key: str) -> None:
+        with self._hosts_lock:
+            if key not in self._hosts:
+                return
+            self._hosts.discard(key)
+        if self.host_backend is not None:
+            try:
+                self.host_backend.stop(key)
+            except Exception:
+                log.exception("could not stop the SSH host for %s", key)
+
+    # -- request handling --------------------------------------------------------------
+
+    def handle(self, method: str, raw_path: str, body: Record) -> tuple[int, Record]:
+        """Answer one API request: (HTTP status, JSON body)."""
+        split = urlsplit(raw_path)
+        path = unquote(split.path)
+        query = parse_qs(split.query, keep_blank_values=True)
+        if path.startswith("/_emulator/"):
+            return self._admin(method, path, body)
+        for route_method, pattern, name in _ROUTES:
+            match = pattern.match(path)
+            if match and route_method == method:
+                self.calls[name] += 1
+                request = _Request(match.groupdict(), query, body)
+                try:
+                    return self._dispatch(name, request)
+                except ApiError as error:
+                    return error.http_code, error_body(error)
+        return 404, error_body(ApiError(404, "NOT_FOUND", f"No such method: {method} {path}"))
+
+    def _dispatch(self, name: str, request: _Request) -> tuple[int, Record]:
+        if request.project in self.faults.deny_projects:
+            raise ApiError(
+                403,
+                "PERMISSION_DENIED",
+                f"Permission denied on resource project {request.project} (or it may not "
+                "exist). Cloud TPU API has not been used in project "
+                f"{request.project} before or it is disabled.",
+                reason="SERVICE_DISABLED",
+            )
+        if self.faults.take_transient(name):
+            raise ApiError(
+                503, "UNAVAILABLE", "The service is currently unavailable.", reason="UNAVAILABLE"
+            )
+        handler: Callable[[_Request], tuple[int, Record]] = getattr(self, f"_api_{name}")
+        return handler(request)
+
+    def _page(self, request: _Request, items: list[Record], key: str) -> Record:
+        size = self.timing.page_size
+        asked = request.arg("pageSize")
+        if asked:
+            if not asked.isdigit():
+                raise ApiError(400, "INVALID_ARGUMENT", f"Invalid pageSize {asked!r}.")
+            size = min(int(asked), size) or size
+        start = 0
+        token = request.arg("pageToken")
+        if token:
+            if not token.isdigit() or int(token) > len(items):
+                raise ApiError(400, "INVALID_ARGUMENT", f"Invalid pageToken {token!r}.")
+            start = int(token)
+        end = start + size
+        page: Record = {key: items[start:end]}
+        if end < len(items):
+            page["nextPageToken"] = str(end)
+        return page
+
+    def _api_list_nodes(self, request: _Request) -> tuple[int, Record]:
+        with self._transaction() as cloud:
+            nodes = [
+                node_json(n, as_int=request.as_int)
+                for n in cloud.list_nodes(request.project, request.zone)
+            ]
+        page = self._page(request, nodes, "nodes")
+        page["unreachable"] = []
+        return 200, page
+
+    def _api_create_node(self, request: _Request) -> tuple[int, Record]:
+        now = self._clock()
+        with self._transaction() as cloud:
+            operation = cloud.create_node(
+                request.project, request.zone, request.arg("nodeId"), request.body, now
+            )
+            node = cloud.nodes.get(node_key(request.project, request.zone, operation["node"]))
+            answer = operation_json(operation, node, now=now, as_int=request.as_int)
+        self._wake.set()
+        return 200, answer
+
+    def _api_get_node(self, request: _Request) -> tuple[int, Record]:
+        with self._transaction() as cloud:
+            node = cloud.get_node(request.project, request.zone, request.params["node"])
+            return 200, node_json(node, as_int=request.as_int)
+
+    def _api_delete_node(self, request: _Request) -> tuple[int, Record]:
+        now = self._clock()
+        with self._transaction() as cloud:
+            operation = cloud.delete_node(
+                request.project, request.zone, request.params["node"], now
+            )
+            answer = operation_json(operation, None, now=now, as_int=request.as_int)
+        self._wake.set()
+        return 200, answer
+
+    def _api_get_guest_attributes(self, request: _Request) -> tuple[int, Record]:
+        query_path = str(request.body.get("queryPath") or request.body.get("query_path") or "")
+        with self._transaction() as cloud:
+            node = cloud.get_node(request.project, request.zone, request.params["node"])
+            attributes = cloud.guest_attributes(node, query_path, self._clock())
+        items = [
+            {"namespace": k.split("/", 1)[0], "key": k.split("/", 1)[1], "value": v}
+            for k, v in sorted(attributes.items())
+        ]
+        return 200, {"guestAttributes": [{"queryPath": query_path, "queryValue": {"items": items}}]}
+
+    def _api_get_operation(self, request: _Request) -> tuple[int, Record]:
+        name = (
+            f"projects/{request.project}/locations/{request.zone}/operations/{request.params['op']}"
+        )
+        now = self._clock()
+        with self._transaction() as cloud:
+            operation = cloud.get_operation(request.project, request.zone, name)
+            node = cloud.nodes.get(node_key(request.project, request.zone, operation["node"]))
+            return 200, operation_json(operation, node, now=now, as_int=request.as_int)
+
+    def _api_list_operations(self, request: _Request) -> tuple[int, Record]:
+        now = self._clock()
+        with self._transaction() as cloud:
+            operations = [
+                operation_json(
+                    op,
+                    cloud.nodes.get(node_key(op["project"], op["zone"], op["node"])),
+                    now=now,
+                    as_int=request.as_int,
+                )
+                for op in cloud.list_operations(request.project, request.zone)
+            ]
+        return 200, self._page(request, operations, "operations")
+
+    def _api_list_locations(self, request: _Request) -> tuple[int, Record]:
+        locations = [_location(request.project, zone) for zone in sorted(ZONES)]
+        return 200, self._page(request, locations, "locations")
+
+    def _api_get_location(self, request: _Request) -> tuple[int, Record]:
+        zone_or_404(request.project, request.zone)
+        return 200, _location(request.project, request.zone)
+
+    def _api_list_accelerator_types(self, request: _Request) -> tuple[int, Record]:
+        zone = zone_or_404(request.project, request.zone)
+        parent = f"projects/{request.project}/locations/{request.zone}"
+        types = [
+            {"name": f"{parent}/acceleratorTypes/{t}", "type": t} for t in zone.accelerator_types()
+        ]
+        return 200, self._page(request, types, "acceleratorTypes")
+
+    def _api_get_accelerator_type(self, request: _Request) -> tuple[int, Record]:
+        zone = zone_or_404(request.project, request.zone)
+        item = request.params["item"]
+        if item not in zone.accelerator_types():
+            raise ApiError(404, "NOT_FOUND", f"Accelerator type {item} not found in {zone.name}")
+        parent = f"projects/{request.project}/locations/{request.zone}"
+        return 200, {"name": f"{parent}/acceleratorTypes/{item}", "type": item}
+
+    def _api_list_runtime_versions(self, request: _Request) -> tuple[int, Record]:
+        zone = zone_or_404(request.project, request.zone)
+        parent = f"projects/{request.project}/locations/{request.zone}"
+        versions = [
+            {"name": f"{parent}/runtimeVersions/{v}", "version": v} for v in zone.runtime_versions()
+        ]
+        return 200, self._page(request, versions, "runtimeVersions")
+
+    def _api_get_runtime_version(self, request: _Request) -> tuple[int, Record]:
+        zone = zone_or_404(request.project, request.zone)
+        item = request.params["item"]
+        if item not in zone.runtime_versions():
+            raise ApiError(404, "NOT_FOUND", f"Runtime version {item} not found in {zone.name}")
+        parent = f"projects/{request.project}/locations/{request.zone}"
+        return 200, {"name": f"{parent}/runtimeVersions/{item}", "version": item}
+
+    def _admin(self, method: str, path: str, body: Record) -> tuple[int, Record]:
+        if path == "/_emulator/faults" and method == "GET":
+            return 200, self.faults.to_dict()
+        if path == "/_emulator/faults" and method == "POST":
+            try:
+                self.faults.update(body)
+            except ValueError as error:
+                return 400, error_body(ApiError(400, "INVALID_ARGUMENT", str(error)))
+            return 200, self.faults.to_dict()
+        if path == "/_emulator/state" and method == "GET":
+            return 200, {**self.snapshot(), "calls": dict(self.calls)}
+        return 404, error_body(ApiError(404, "NOT_FOUND", f"No such admin call: {method} {path}"))
+
+    # -- connection bookkeeping (so stop() can end keep-alive sessions) ----------------
+
+    def _track(self, connection: socket.socket, alive: bool) -> None:
+        with self._connections_lock:
+            if alive:
+                self._connections.add(connection)
+            else:
+                self._connections.discard(connection)
+
+
+def _location(project: str, zone: str) -> Record:
+    return {"name": f"projects/{project}/locations/{zone}", "locationId": zone}
+
+
+def _owner_alive(owner: str | None) -> bool:
+    """Is the emulator that started this node's SSH host still running?"""
+    if not owner:
+        return False
+    pid_text, _, _ = owner.partition(":")
+    if not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        with _LIVE_LOCK:
+            return owner in _LIVE_OWNERS
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _make_handler(emulator: Emulator) -> type[BaseHTTPRequestHandler]:
+    class _Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "tpulab-emulator"
+        timeout = 60  # idle keep-alive connections are closed after this
+
+        def setup(self) -> None:
+            super().setup()
+            emulator._track(self.connection, True)
+
+        def finish(self) -> None:
+            emulator._track(self.connection, False)
+            super().finish()
+
+        def _serve(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw) if raw.strip() else {}
+                if not isinstance(body, dict):
+                    raise ValueError("the request body must be a JSON object")
+            except ValueError as bad:
+                status, answer = (
+                    400,
+                    error_body(ApiError(400, "INVALID_ARGUMENT", f"Invalid JSON payload: {bad}")),
+                )
+            else:
+                try:
+                    status, answer = emulator.handle(self.command, self.path, body)
+                except Exception as error:  # a bug in the emulator: say so on the wire
+                    log.exception("emulator failed on %s %s", self.command, self.path)
+                    status, answer = (
+                        500,
+                        error_body(ApiError(500, "INTERNAL", f"Emulator error: {error}")),
+                    )
+            payload = json.dumps(answer).encode("utf-8")
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json; charset=UTF-8")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        do_GET = _serve
+        do_POST = _serve
+        do_DELETE = _serve
+        do_PATCH = _serve
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("%s - %s", self.address_string(), format % args)
+
+    return _Handler

@@ -1,0 +1,417 @@
+"""The emulated cloud's state machine over plain JSON records.
+
+Nodes go CREATING -> READY -> DELETING -> gone; spot nodes may turn PREEMPTED and stay
+listed until deleted. Transitions are computed from timestamps (`advance(now)`), so an
+emulator restarted on the same state carries on where the dead one stopped. This module
+knows nothing about HTTP or SSH: `server.py` feeds it requests and starts hosts.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Any
+
+from tpulab.emulator.faults import FaultPlan
+from tpulab.emulator.timing import Timing
+from tpulab.emulator.wire import (
+    ACCELERATOR_CONFIG_TYPES,
+    API_VERSIONS,
+    HEALTHS,
+    STATES,
+    ApiError,
+    enum_value,
+    parse_enum,
+    rfc3339,
+)
+from tpulab.emulator.zones import ZONES, Zone, accelerator_family
+
+__all__ = ["CloudState", "node_json", "node_key", "operation_json"]
+
+Record = dict[str, Any]
+
+_NODE_ID = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_OP_RETENTION_SECONDS = 3600.0
+# acceleratorConfig (type + topology) -> the acceleratorType name gcloud's --type means.
+_CONFIG_FAMILY = {
+    "V2": ("v2", 2),
+    "V3": ("v3", 2),
+    "V4": ("v4", 2),
+    "V5LITE_POD": ("v5litepod", 1),
+    "V5P": ("v5p", 2),
+    "V6E": ("v6e", 1),
+}
+_FAMILY_CONFIG = {family: name for name, (family, _) in _CONFIG_FAMILY.items()}
+
+
+def node_key(project: str, zone: str, name: str) -> str:
+    return f"{project}/{zone}/{name}"
+
+
+def node_path(project: str, zone: str, name: str) -> str:
+    return f"projects/{project}/locations/{zone}/nodes/{name}"
+
+
+def zone_or_404(project: str, zone: str) -> Zone:
+    found = ZONES.get(zone)
+    if found is None:
+        raise ApiError(
+            404,
+            "NOT_FOUND",
+            f"Location projects/{project}/locations/{zone} was not found. Valid zones: "
+            + ", ".join(sorted(ZONES)),
+        )
+    return found
+
+
+class CloudState:
+    """One transaction's view of the state; every method takes the current time."""
+
+    def __init__(self, data: Record, timing: Timing, faults: FaultPlan) -> None:
+        self.data = data
+        self.timing = timing
+        self.faults = faults
+
+    @property
+    def nodes(self) -> dict[str, Record]:
+        return self.data["nodes"]  # type: ignore[no-any-return]
+
+    @property
+    def operations(self) -> dict[str, Record]:
+        return self.data["operations"]  # type: ignore[no-any-return]
+
+    # -- time --------------------------------------------------------------------
+
+    def advance(self, now: float) -> list[Record]:
+        """Apply every transition due by `now`; return the node records that vanished."""
+        gone: list[Record] = []
+        for key, node in list(self.nodes.items()):
+            state = node["state"]
+            if state == "CREATING" and now >= node["ready_at"]:
+                if node["fate"] == "stockout":
+                    del self.nodes[key]
+                    gone.append(node)
+                    continue
+                node["state"] = "READY"
+                node["ready_time"] = node["ready_at"]
+                state = "READY"
+            preempt = self.faults.preempt_after
+            if (
+                state == "READY"
+                and node["spot"]
+                and preempt is not None
+                and now >= node["ready_time"] + preempt
+            ):
+                node["state"] = "PREEMPTED"
+                node["health"] = "HEALTH_UNSPECIFIED"
+            if state == "DELETING":
+                operation = self.operations.get(node["delete_op"])
+                done_at = operation["done_at"] if operation else now
+                if done_at is not None and now >= done_at:
+                    if operation is not None and operation["error"]:
+                        node["state"] = node.pop("state_before_delete", "READY")
+                    else:
+                        del self.nodes[key]
+                        gone.append(node)
+        for name, operation in list(self.operations.items()):
+            done_at = operation["done_at"]
+            if done_at is not None and now - done_at > _OP_RETENTION_SECONDS:
+                del self.operations[name]
+        return gone
+
+    # -- nodes -------------------------------------------------------------------
+
+    def create_node(
+        self, project: str, zone: str, node_id: str, body: Record, now: float
+    ) -> Record:
+        zone_info = zone_or_404(project, zone)
+        if not node_id:
+            raise ApiError(400, "INVALID_ARGUMENT", "nodeId is required.")
+        if len(node_id) > 63 or not _NODE_ID.match(node_id):
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f"Invalid nodeId {node_id!r}: must match [a-z]([-a-z0-9]*[a-z0-9])? and be at "
+                "most 63 characters.",
+            )
+        if self.faults.quota:
+            raise ApiError(
+                429,
+                "RESOURCE_EXHAUSTED",
+                "Quota limit 'TPUV5sLitepodServingPerProjectPerZoneForTPUAPI' has been "
+                f"exceeded. Limit: 0 in zone {zone}.",
+                reason="RESOURCE_EXHAUSTED",
+            )
+        accelerator = _accelerator_type(body)
+        if self.faults.invalid_type or not zone_info.offers(accelerator):
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                "CloudTpu received an invalid AcceleratorType, want: one of "
+                f"[{' '.join(zone_info.accelerator_types())}], got: {accelerator}",
+            )
+        runtime = str(body.get("runtimeVersion") or body.get("runtime_version") or "")
+        if runtime not in zone_info.runtime_versions():
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f"Invalid runtime version {runtime!r} in zone {zone}. Available versions: "
+                + ", ".join(zone_info.runtime_versions()),
+            )
+        key = node_key(project, zone, node_id)
+        if key in self.nodes:
+            raise ApiError(
+                409,
+                "ALREADY_EXISTS",
+                f"Resource '{node_path(project, zone, node_id)}' already exists.",
+            )
+        scheduling = body.get("schedulingConfig") or body.get("scheduling_config") or {}
+        network = body.get("networkConfig") or body.get("network_config") or {}
+        number = int(self.data["next_id"])
+        self.data["next_id"] = number + 1
+        stockout = self.faults.stockout_in(zone)
+        ready_at = now + (self.timing.stockout_seconds if stockout else self.timing.create_seconds)
+        node: Record = {
+            "project": project,
+            "zone": zone,
+            "name": node_id,
+            "id": str(7_000_000_000_000_000 + number),
+            "number": number,
+            "accelerator_type": accelerator,
+            "runtime_version": runtime,
+            "description": str(body.get("description", "")),
+            "labels": _string_map(body.get("labels"), "labels"),
+            "metadata": _string_map(body.get("metadata"), "metadata"),
+            "spot": bool(scheduling.get("spot")),
+            "preemptible": bool(scheduling.get("preemptible")),
+            "external_ips": bool(
+                network.get("enableExternalIps", network.get("enable_external_ips", False))
+            ),
+            "state": "CREATING",
+            "health": "HEALTH_UNSPECIFIED",
+            "create_time": now,
+            "ready_at": ready_at,
+            "ready_time": None,
+            "fate": "stockout" if stockout else "ready",
+            "delete_op": None,
+            "host": None,
+            "guest_attributes": {},
+        }
+        self.nodes[key] = node
+        error = None
+        if stockout:
+            error = {
+                "code": 8,
+                "message": f'There is no more capacity in the zone "{zone}"; you can try '
+                "in another zone where Cloud TPU Nodes are offered (see "
+                "https://cloud.google.com/tpu/docs/regions) [EID: 0x1b27c1d2e6a4f1f0]",
+            }
+        operation = self._new_operation(project, zone, node_id, "create", now, ready_at, error)
+        node["create_op"] = operation["name"]
+        return operation
+
+    def get_node(self, project: str, zone: str, node_id: str) -> Record:
+        zone_or_404(project, zone)
+        node = self.nodes.get(node_key(project, zone, node_id))
+        if node is None:
+            raise ApiError(
+                404,
+                "NOT_FOUND",
+                f"Resource '{node_path(project, zone, node_id)}' was not found",
+            )
+        return node
+
+    def list_nodes(self, project: str, zone: str) -> list[Record]:
+        zone_or_404(project, zone)
+        prefix = f"{project}/{zone}/"
+        return [node for key, node in sorted(self.nodes.items()) if key.startswith(prefix)]
+
+    def delete_node(self, project: str, zone: str, node_id: str, now: float) -> Record:
+        node = self.get_node(project, zone, node_id)
+        if node["state"] == "DELETING" and node["delete_op"] in self.operations:
+            return self.operations[node["delete_op"]]
+        if node["state"] == "CREATING":
+            # The create operation can no longer succeed: end it now, as GCE does.
+            create_op = self.operations.get(node.get("create_op", ""))
+            if create_op is not None:
+                create_op["done_at"] = now
+                create_op["error"] = {
+                    "code": 10,
+                    "message": "Operation aborted: the node was deleted during creation.",
+                }
+        error = None
+        done_at: float | None = now + self.timing.delete_seconds
+        if self.faults.delete_hangs:
+            done_at = None
+        elif self.faults.take_delete_failure():
+            error = {"code": 13, "message": "Internal error. Deleting the node failed; retry."}
+        node["state_before_delete"] = "READY" if node["state"] == "CREATING" else node["state"]
+        node["state"] = "DELETING"
+        operation = self._new_operation(project, zone, node_id, "delete", now, done_at, error)
+        node["delete_op"] = operation["name"]
+        return operation
+
+    def guest_attributes(self, node: Record, query_path: str, now: float) -> dict[str, str]:
+        ready_time = node.get("ready_time")
+        if ready_time is None or now < ready_time + self.faults.guest_attributes_delay:
+            return {}
+        visible = {"tpulab-emulator/ready-time": rfc3339(ready_time), **node["guest_attributes"]}
+        if not query_path:
+            return visible
+        if query_path.endswith("/") or "/" not in query_path:
+            prefix = query_path.rstrip("/") + "/"
+            return {k: v for k, v in visible.items() if k.startswith(prefix)}
+        return {k: v for k, v in visible.items() if k == query_path}
+
+    # -- operations --------------------------------------------------------------
+
+    def _new_operation(
+        self,
+        project: str,
+        zone: str,
+        node_id: str,
+        verb: str,
+        now: float,
+        done_at: float | None,
+        error: Record | None,
+    ) -> Record:
+        name = (
+            f"projects/{project}/locations/{zone}/operations/"
+            f"operation-{int(now * 1000)}-{secrets.token_hex(6)}"
+        )
+        operation: Record = {
+            "name": name,
+            "project": project,
+            "zone": zone,
+            "node": node_id,
+            "verb": verb,
+            "create_time": now,
+            "done_at": done_at,
+            "error": error,
+        }
+        self.operations[name] = operation
+        return operation
+
+    def get_operation(self, project: str, zone: str, name: str) -> Record:
+        zone_or_404(project, zone)
+        operation = self.operations.get(name)
+        if operation is None:
+            raise ApiError(404, "NOT_FOUND", f"Resource '{name}' was not found")
+        return operation
+
+    def list_operations(self, project: str, zone: str) -> list[Record]:
+        zone_or_404(project, zone)
+        prefix = f"projects/{project}/locations/{zone}/operations/"
+        return [op for name, op in sorted(self.operations.items()) if name.startswith(prefix)]
+
+
+def _accelerator_type(body: Record) -> str:
+    explicit = body.get("acceleratorType") or body.get("accelerator_type")
+    if explicit:
+        return str(explicit)
+    config = body.get("acceleratorConfig") or body.get("accelerator_config")
+    if isinstance(config, dict) and config.get("type") is not None:
+        kind = parse_enum(ACCELERATOR_CONFIG_TYPES, config["type"], "acceleratorConfig.type")
+        family, per_chip = _CONFIG_FAMILY.get(kind, ("", 1))
+        chips = 1
+        for part in str(config.get("topology", "1")).split("x"):
+            chips *= int(part) if part.isdigit() else 0
+        return f"{family}-{chips * per_chip}"
+    return "v2-8"  # the API's (and gcloud's) default type
+
+
+def _string_map(value: Any, field: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ApiError(400, "INVALID_ARGUMENT", f"Invalid value at 'node.{field}': want a map.")
+    return {str(k): v for k, v in value.items()}
+
+
+def _topology(accelerator: str) -> str:
+    family = accelerator_family(accelerator) or ""
+    try:
+        size = int(accelerator.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return ""
+    chips = size // _CONFIG_FAMILY.get(_FAMILY_CONFIG.get(family, ""), ("", 1))[1]
+    if family in {"v4", "v5p"}:
+        shapes = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4"}
+    else:
+        shapes = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16"}
+    return shapes.get(chips, "")
+
+
+def node_json(node: Record, *, as_int: bool) -> Record:
+    """A node record as the v2 API's Node JSON."""
+    project, zone, name = node["project"], node["zone"], node["name"]
+    accelerator = node["accelerator_type"]
+    family = accelerator_family(accelerator) or ""
+    region = zone.rsplit("-", 1)[0]
+    body: Record = {
+        "name": node_path(project, zone, name),
+        "description": node["description"],
+        "acceleratorType": accelerator,
+        "state": enum_value(STATES, node["state"], as_int=as_int),
+        "runtimeVersion": node["runtime_version"],
+        "networkConfig": {
+            "network": f"projects/{project}/global/networks/default",
+            "subnetwork": f"projects/{project}/regions/{region}/subnetworks/default",
+            "enableExternalIps": node["external_ips"],
+        },
+        "cidrBlock": "10.128.0.0/20",
+        "serviceAccount": {"email": "default", "scope": []},
+        "createTime": rfc3339(node["create_time"]),
+        "schedulingConfig": {"preemptible": node["preemptible"], "spot": node["spot"]},
+        "labels": dict(node["labels"]),
+        "metadata": dict(node["metadata"]),
+        "id": node["id"],
+        "apiVersion": enum_value(API_VERSIONS, "V2", as_int=as_int),
+    }
+    if family in _FAMILY_CONFIG:
+        body["acceleratorConfig"] = {
+            "type": enum_value(ACCELERATOR_CONFIG_TYPES, _FAMILY_CONFIG[family], as_int=as_int),
+            "topology": _topology(accelerator),
+        }
+    if node["state"] in {"READY", "DELETING"} or node.get("ready_time") is not None:
+        body["health"] = enum_value(
+            HEALTHS, "HEALTHY" if node["state"] == "READY" else node["health"], as_int=as_int
+        )
+        host = node.get("host") or {}
+        address = host.get("host") or f"10.128.{node['number'] // 250}.{node['number'] % 250 + 2}"
+        endpoint: Record = {"ipAddress": address, "port": 8470}
+        if node["external_ips"]:
+            endpoint["accessConfig"] = {"externalIp": host.get("host") or address}
+        body["networkEndpoints"] = [endpoint]
+    return body
+
+
+def operation_json(operation: Record, node: Record | None, *, now: float, as_int: bool) -> Record:
+    """An operation record as google.longrunning.Operation JSON."""
+    project, zone = operation["project"], operation["zone"]
+    done_at = operation["done_at"]
+    done = done_at is not None and now >= done_at
+    metadata: Record = {
+        "@type": "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata",
+        "createTime": rfc3339(operation["create_time"]),
+        "target": node_path(project, zone, operation["node"]),
+        "verb": operation["verb"],
+        "cancelRequested": False,
+        "apiVersion": "v2",
+    }
+    body: Record = {"name": operation["name"], "metadata": metadata, "done": done}
+    if not done:
+        return body
+    metadata["endTime"] = rfc3339(done_at)
+    if operation["error"]:
+        body["error"] = {**operation["error"], "details": []}
+    elif operation["verb"] == "delete":
+        body["response"] = {"@type": "type.googleapis.com/google.protobuf.Empty"}
+    else:
+        rendered = (
+            node_json(node, as_int=as_int)
+            if node is not None
+            else {"name": node_path(project, zone, operation["node"])}
+        )
+        body["response"] = {"@type": "type.googleapis.com/google.cloud.tpu.v2.Node", **rendered}
+    return body

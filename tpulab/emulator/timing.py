@@ -1,0 +1,33 @@
+"""How long the emulated cloud takes. Real creates take minutes; tests want milliseconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Timing"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    create_seconds: float = 3.0
+    """CREATING -> READY (the create operation finishes at the same moment)."""
+    delete_seconds: float = 1.0
+    """DELETING -> gone (the delete operation finishes then)."""
+    stockout_seconds: float = 0.5
+    """How long a create operation runs before failing with a stockout."""
+    tick_seconds: float = 0.05
+    """How often the background ticker advances state and starts SSH hosts."""
+    page_size: int = 50
+    """Default and maximum list page size (the client may ask for less)."""
+
+    def __post_init__(self) -> None:
+        for name in ("create_seconds", "delete_seconds", "stockout_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Timing.{name} must be >= 0")
+        if self.tick_seconds <= 0 or self.page_size < 1:
+            raise ValueError("Timing.tick_seconds must be > 0 and page_size >= 1")
+
+    @classmethod
+    def fast(cls) -> Timing:
+        """The timing tests use: every transition within a fraction of a second."""
+        return cls(create_seconds=0.2, delete_seconds=0.1, stockout_seconds=0.1, tick_seconds=0.02)

@@ -1,0 +1,93 @@
+"""What `tpulab list` shows: nodes across zones, with age and an estimated cost so far.
+
+The cloud API has no label filter, so every page of every zone is read and tpulab's
+own nodes (label managed-by=tpulab) are picked out here. Costs are catalog list-price
+estimates (see `catalog.PRICE_DATE`), never billing data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from tpulab import catalog
+from tpulab.cloud import TpuApi
+from tpulab.errors import UnknownAcceleratorError
+from tpulab.models import NodeInfo
+
+__all__ = ["ListedNode", "Listing", "list_nodes"]
+
+
+@dataclass(frozen=True)
+class ListedNode:
+    node: NodeInfo
+    age_seconds: float | None
+    price_per_hour: float | None  # None when the type is not in tpulab's catalog
+    estimated_cost: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        node = self.node
+        return {
+            "project": node.project,
+            "zone": node.zone,
+            "name": node.name,
+            "accelerator_type": node.accelerator_type,
+            "state": node.state.value,
+            "spot": node.spot,
+            "managed_by_tpulab": node.managed_by_tpulab,
+            "run_id": node.run_id,
+            "create_time": node.create_time.isoformat() if node.create_time else None,
+            "age_seconds": None if self.age_seconds is None else round(self.age_seconds, 1),
+            "price_per_hour_usd": self.price_per_hour,
+            "estimated_cost_usd": (
+                None if self.estimated_cost is None else round(self.estimated_cost, 4)
+            ),
+            "external_ip": node.external_ip,
+        }
+
+
+@dataclass(frozen=True)
+class Listing:
+    project: str
+    zones: list[str]
+    include_all: bool
+    nodes: list[ListedNode]
+    hidden: int  # nodes listed by the API but not tpulab's (shown with --all)
+
+    @property
+    def estimated_total(self) -> float:
+        return sum(n.estimated_cost or 0.0 for n in self.nodes)
+
+
+def list_nodes(
+    api: TpuApi,
+    zones: Sequence[str],
+    *,
+    include_all: bool = False,
+    now: datetime | None = None,
+) -> Listing:
+    """Every node in `zones` (all pages), tpulab's only unless `include_all`."""
+    moment = now or datetime.now(timezone.utc)
+    shown: list[ListedNode] = []
+    hidden = 0
+    for zone in zones:
+        for node in api.list_nodes(zone):
+            if include_all or node.managed_by_tpulab:
+                shown.append(_listed(node, moment))
+            else:
+                hidden += 1
+    shown.sort(key=lambda n: (n.node.zone, n.node.name))
+    return Listing(api.project, list(zones), include_all, shown, hidden)
+
+
+def _listed(node: NodeInfo, now: datetime) -> ListedNode:
+    age = (now - node.create_time).total_seconds() if node.create_time else None
+    try:
+        accelerator = catalog.lookup(node.accelerator_type)
+    except UnknownAcceleratorError:
+        return ListedNode(node, age, None, None)
+    price = accelerator.price_per_hour(spot=node.spot)
+    cost = accelerator.estimated_cost(age, spot=node.spot) if age is not None else None
+    return ListedNode(node, age, price, cost)
