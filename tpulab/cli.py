@@ -434,6 +434,280 @@ def receipts_show_command(
 # --- end of verify and receipts -------------------------------------------------------
 
 
+# --- list and emulator serve (helper B) ------------------------------------------------
+# tpulab.listing reads the nodes and prices them; this section prints them. `emulator
+# serve` runs tpulab.emulator in the foreground until Ctrl-C or SIGTERM.
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from tpulab.cloud import TpuApi
+    from tpulab.listing import Listing
+
+
+def _list_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes}m{int(seconds % 60):02d}s"
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def _list_table(listing: Listing, journal_states: dict[tuple[str, str, str], str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tpulab.catalog import PRICE_DATE
+
+    console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        # Piped output (scripts, grep) keeps one row per line instead of wrapping at 80.
+        console = Console(highlight=False, soft_wrap=True, width=200)
+    where = f"{', '.join(listing.zones)} (project {listing.project})"
+    if not listing.nodes:
+        extra = f"; {listing.hidden} other node(s): use --all" if listing.hidden else ""
+        which = "nodes" if listing.include_all else "tpulab-managed nodes"
+        console.print(f"No {which} in {where}{extra}.")
+        return
+    table = Table(box=None, pad_edge=False)
+    for column in ("NAME", "ZONE", "TYPE", "STATE", "AGE", "RUN ID", "EST. COST"):
+        table.add_column(column)
+    if journal_states:
+        table.add_column("JOURNAL")
+    for item in listing.nodes:
+        node = item.node
+        row = [
+            node.name,
+            node.zone,
+            node.accelerator_type + (" (spot)" if node.spot else ""),
+            node.state.value,
+            _list_age(item.age_seconds),
+            node.run_id or "-",
+            "?" if item.estimated_cost is None else f"~${item.estimated_cost:.2f}",
+        ]
+        if journal_states:
+            row.append(journal_states.get((node.project, node.zone, node.name), "-"))
+        table.add_row(*row)
+    console.print(table)
+    hidden = f"; {listing.hidden} non-tpulab node(s) hidden (--all)" if listing.hidden else ""
+    console.print(
+        f"{len(listing.nodes)} node(s) in {where}{hidden}. Estimated cost so far "
+        f"~${listing.estimated_total:.2f} at {PRICE_DATE} list prices (an estimate, not a bill)."
+    )
+
+
+def _list(
+    *,
+    zones: list[str],
+    include_all: bool,
+    as_json: bool,
+    emulate: bool,
+    api_endpoint: str | None,
+    project: str | None,
+) -> None:
+    from contextlib import nullcontext
+
+    from tpulab.journal import journal_view
+    from tpulab.listing import list_nodes
+    from tpulab.sweep import resolve_scope
+
+    scope = resolve_scope(
+        project=project, zones=zones, emulate=emulate, api_endpoint=api_endpoint
+    )
+    if not scope.zones:
+        raise E.ConfigError(
+            "No zone to list.",
+            hint="Pass --zone (repeatable), set TPULAB_ZONE, or run `gcloud config set "
+            "compute/zone ZONE`.",
+        )
+    if scope.emulate:
+        from tpulab.emulator.embedded import emulated_api
+
+        context: AbstractContextManager[TpuApi] = emulated_api(scope.project)
+    else:
+        from tpulab.cloud import GoogleTpuApi
+
+        context = nullcontext(GoogleTpuApi(scope.project, api_endpoint=scope.api_endpoint))
+    with context as api:
+        listing = list_nodes(api, scope.zones, include_all=include_all)
+    view = journal_view([item.node for item in listing.nodes], zones=scope.zones)
+    if as_json:
+        from tpulab.catalog import PRICE_DATE
+        from tpulab.render import envelope
+
+        nodes = []
+        for item in listing.nodes:
+            key = (item.node.project, item.node.zone, item.node.name)
+            nodes.append({**item.to_json(), "journal": view.states.get(key)})
+        _print_json(
+            envelope(
+                "list",
+                ok=True,
+                project=listing.project,
+                zones=listing.zones,
+                include_all=include_all,
+                nodes=nodes,
+                hidden=listing.hidden,
+                estimated_total_usd=round(listing.estimated_total, 4),
+                price_date=PRICE_DATE,
+                journal_missing=[
+                    {"run_id": r.run_id, "zone": r.zone, "node": r.node_name}
+                    for r in view.missing
+                ],
+                journal_error=view.error,
+            )
+        )
+        return
+    _list_table(listing, view.states)
+    for row in view.missing:
+        _stderr(
+            f"[yellow]journal:[/] run {row.run_id} (node {row.node_name} in {row.zone}) is "
+            "still open but the API does not list its node; `tpulab teardown --verify` "
+            "closes it."
+        )
+    if view.error:
+        _stderr(f"[yellow]journal unreadable:[/] {view.error}")
+
+
+@app.command("list")
+def list_command(
+    zone: Annotated[
+        list[str] | None,
+        typer.Option("--zone", help="A zone to list (repeatable); default: the configured zone."),
+    ] = None,
+    include_all: Annotated[
+        bool, typer.Option("--all", help="Show every node, not only tpulab's.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON envelope.")] = False,
+    project: Annotated[str | None, typer.Option("--project", help="Google Cloud project.")] = None,
+    api_endpoint: Annotated[
+        str | None,
+        typer.Option("--api-endpoint", help="A Cloud TPU API endpoint, e.g. an emulator URL."),
+    ] = None,
+    emulate: Annotated[
+        bool, typer.Option("--emulate", help="List the embedded emulator's nodes.")
+    ] = False,
+) -> None:
+    """List tpulab's TPU nodes with zone, type, state, age, run id and estimated cost."""
+    _json_or_guarded(
+        "list",
+        as_json,
+        lambda: _list(
+            zones=list(zone or []),
+            include_all=include_all,
+            as_json=as_json,
+            emulate=emulate,
+            api_endpoint=api_endpoint,
+            project=project,
+        ),
+    )
+
+
+emulator_app = typer.Typer(
+    help="The offline Cloud TPU API emulator (also usable with gcloud).",
+    no_args_is_help=True,
+)
+app.add_typer(emulator_app, name="emulator")
+
+
+@emulator_app.command("serve")
+def emulator_serve_command(
+    port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free).")] = 8470,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    state: Annotated[
+        str | None,
+        typer.Option("--state", help="State directory (default: tpulab's emulator state)."),
+    ] = None,
+    ssh: Annotated[
+        str,
+        typer.Option("--ssh", help="SSH hosts behind READY nodes: embedded, openssh or none."),
+    ] = "embedded",
+    create_seconds: Annotated[
+        float, typer.Option("--create-seconds", help="Seconds from CREATING to READY.")
+    ] = 3.0,
+    delete_seconds: Annotated[
+        float, typer.Option("--delete-seconds", help="Seconds from DELETING to gone.")
+    ] = 1.0,
+) -> None:
+    """Serve the Cloud TPU API emulator in the foreground until Ctrl-C."""
+
+    def action() -> None:
+        _serve(port, host, state, ssh, create_seconds, delete_seconds)
+
+    guarded(action)
+
+
+def _serve(
+    port: int, host: str, state: str | None, ssh: str, create_seconds: float, delete_seconds: float
+) -> None:
+    import signal
+    import threading
+    from pathlib import Path
+
+    from tpulab import paths
+    from tpulab.config import EMULATED_PROJECT, EMULATED_ZONE
+    from tpulab.emulator import Emulator, Timing
+
+    if ssh not in {"embedded", "openssh", "none"}:
+        raise E.ConfigError(f"Unknown --ssh {ssh!r}.", hint="Use embedded, openssh or none.")
+    if create_seconds < 0 or delete_seconds < 0 or not 0 <= port <= 65535:
+        raise E.ConfigError(
+            "Invalid --port, --create-seconds or --delete-seconds.",
+            hint="Seconds must be >= 0 and the port 0..65535.",
+        )
+    state_dir = Path(state).expanduser() if state else paths.emulator_state_dir()
+    backend = None
+    if ssh != "none":
+        from tpulab.emulator.backends import make_host_backend
+
+        backend = make_host_backend("openssh" if ssh == "openssh" else "embedded", state_dir)
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    emulator = Emulator(
+        state_dir,
+        host_backend=backend,
+        timing=Timing(create_seconds=create_seconds, delete_seconds=delete_seconds),
+        host=host,
+        port=port,
+    )
+    try:
+        try:
+            url = emulator.start()
+        except OSError as error:
+            raise E.ConfigError(
+                f"Cannot listen on {host}:{port}: {error.strerror or error}.",
+                hint="Pick another --port (or --port 0 for any free one).",
+            ) from None
+        typer.echo(f"Cloud TPU API emulator listening on {url}", err=False)
+        typer.echo(f"  state: {state_dir}  ssh hosts: {ssh}")
+        typer.echo(
+            f"  tpulab: tpulab run --accelerator v5litepod-4 --api-endpoint {url} "
+            f"--project {EMULATED_PROJECT} --zone {EMULATED_ZONE}"
+        )
+        typer.echo(
+            f"  gcloud: export CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU={url}/ "
+            f"CLOUDSDK_AUTH_DISABLE_CREDENTIALS=true CLOUDSDK_CORE_PROJECT={EMULATED_PROJECT}"
+        )
+        typer.echo(f"  faults: curl -X POST {url}/_emulator/faults -d '{{\"stockout\": true}}'")
+        typer.echo("Press Ctrl-C to stop.")
+        sys.stdout.flush()
+        try:
+            while not stop.wait(0.5):
+                pass
+        except KeyboardInterrupt:
+            pass
+    finally:
+        emulator.stop()
+        if backend is not None:
+            backend.close()
+        signal.signal(signal.SIGTERM, previous)
+    typer.echo("Emulator stopped; its state is kept in " + str(state_dir))
+
+
+# --- end of list and emulator serve ----------------------------------------------------
+
+
 def main() -> None:
     app(prog_name="tpulab")
 
