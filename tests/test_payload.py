@@ -14,6 +14,7 @@ from receipt_runs import real_run
 
 from tpulab import paths
 from tpulab.errors import ConfigError, VerificationError
+from tpulab.localrun import run_local_payload
 from tpulab.payload import (
     RECEIPT_PREFIX,
     check_nonce,
@@ -180,3 +181,16 @@ def test_unsafe_nonces_are_refused_before_anything_runs(nonce: str) -> None:
 def test_unknown_platform_is_refused() -> None:
     with pytest.raises(ConfigError, match="platform"):
         payload_env("metal", 1)
+
+
+def test_payload_on_python_310_with_the_jax_a_tpu_vm_gets() -> None:
+    # TPU VM images ship Python 3.10, where the newest jax is 0.6.x. Point
+    # TPULAB_TEST_PY310 at such an interpreter (e.g. `uv venv -p 3.10` + `jax[cpu]<0.7`).
+    python = os.environ.get("TPULAB_TEST_PY310")
+    if not python:
+        pytest.skip("TPULAB_TEST_PY310 is not set (a Python 3.10 with jax installed)")
+    run = run_local_payload(devices=4, emulated=True, python=python, nonce="python-310-run")
+    assert run.exit_status == 0, run.stderr_tail
+    receipt = parse_receipt(run.raw)
+    assert receipt.versions.python.startswith("3.10.")
+    verify_receipt(receipt, expectation_for("v5litepod-4", emulated=True, nonce=run.nonce))

@@ -30,6 +30,8 @@ __all__ = [
 ENVELOPE_SCHEMA_VERSION = 1
 Line = list[tuple[str, str]]
 _BLOCKS = " ▏▎▍▌▋▊▉█"
+# The payload's phases in the order they run (its JSON sorts keys alphabetically).
+_PHASES = ("import", "backend", "pmap", "placement", "changed_bias", "reversal", "total")
 
 
 def plain(lines: Sequence[Line]) -> str:
@@ -160,7 +162,9 @@ def receipt_lines(receipt: Receipt, expectation: Expectation | None = None) -> l
             (f"jaxlib {versions.jaxlib or '-'}, libtpu {libtpu}", ""),
         ]
     )
-    timings = ", ".join(f"{k} {v:.0f} ms" for k, v in receipt.timings_ms.items())
+    order = {phase: i for i, phase in enumerate(_PHASES)}
+    phases = sorted(receipt.timings_ms.items(), key=lambda kv: (order.get(kv[0], 99), kv[0]))
+    timings = ", ".join(f"{k} {v:.0f} ms" for k, v in phases)
     lines.append([("  timings             ", "dim"), (timings or "none", "")])
     lines.append([("  host                ", "dim"), (receipt.host.hostname, "")])
     return lines
