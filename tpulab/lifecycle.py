@@ -1,0 +1,640 @@
+"""One run, start to finish: create a TPU VM, prove JAX ran on it, delete it, confirm.
+
+    validate -> create -> wait READY -> host key -> connect -> bootstrap -> stage
+             -> execute -> collect -> verify        (each a method with its contract)
+    finally: teardown = delete, wait, list until this run's node is gone (teardown.py)
+
+Invariants kept here (DESIGN.md §3): nothing is sent before the input is valid and the
+journal has the run; every node carries this run's labels and its per-run SSH key; every
+exit after create was sent -- success, error, Ctrl-C, SIGTERM -- goes through teardown,
+wrapped in `shield` so a second Ctrl-C cannot abort it; the receipt is saved before the
+delete is sent; success needs a verified receipt AND a confirmed teardown; a teardown
+that cannot be confirmed raises TeardownError, which outranks every other failure.
+
+The seams are arguments: `api` (a TpuApi: Google or an emulator), `connect` (an SSH
+connection factory), `journal`, `observer`, `shield`, `clock` and `sleep`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tpulab import bootstrap as boot
+from tpulab import paths
+from tpulab.cloud import TpuApi
+from tpulab.config import RunSpec
+from tpulab.errors import (
+    AlreadyExistsError,
+    CommandFailedError,
+    InterruptedRun,
+    InvalidArgumentError,
+    LeakedNode,
+    NotFoundError,
+    PermissionDeniedError,
+    QuotaError,
+    RemoteError,
+    TeardownError,
+    TpuBusyError,
+    TpuLabError,
+    VerificationError,
+)
+from tpulab.models import NodeInfo, NodeRequest, NodeState
+from tpulab.progress import NullObserver, Phase, RunJournal, RunObserver, TeardownStatus
+from tpulab.teardown import TeardownReport, delete_and_confirm, manual_delete_command
+
+if TYPE_CHECKING:
+    from tpulab.receipt_store import ReceiptStore, StoredReceipt
+    from tpulab.ssh import RunKey, SshTarget
+
+__all__ = [
+    "ENVELOPE_VERSION",
+    "Lifecycle",
+    "RemoteSession",
+    "RunOutcome",
+    "run",
+]
+
+ENVELOPE_VERSION = 1
+# Sync refusals: the API said no before creating anything, so there is nothing to delete.
+_REFUSED = (
+    QuotaError,
+    InvalidArgumentError,
+    AlreadyExistsError,
+    PermissionDeniedError,
+    NotFoundError,
+)
+_TPU_BUSY = re.compile(
+    r"TPU is already in use by process[^\n]*|/dev/vfio/\S*:? Device or resource busy|"
+    r"open\(/dev/vfio/\S*\) failed[^\n]*busy",
+    re.IGNORECASE,
+)
+
+
+class RemoteSession(Protocol):
+    """What the lifecycle needs from `tpulab.ssh.Connection`."""
+
+    def open(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def run(
+        self,
+        argv: Sequence[str] | str,
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float,
+        on_line: Callable[[str, str], None] | None = None,
+        check: bool = False,
+    ) -> boot.CommandResult: ...
+
+    def put(self, local: Path | bytes, remote: str) -> str: ...
+
+    def get(self, remote: str, local: Path, *, max_bytes: int) -> str: ...
+
+
+Connect = Callable[["SshTarget", "RunKey"], RemoteSession]
+
+
+class Shield(Protocol):
+    """`tpulab.signals.shield`: refuse interrupts while the body (the teardown) runs."""
+
+    def __call__(
+        self, describe: str, *, manual: str | None = None
+    ) -> AbstractContextManager[object]: ...
+
+
+def _no_shield(describe: str, *, manual: str | None = None) -> AbstractContextManager[object]:
+    del describe, manual
+    return contextlib.nullcontext()
+
+
+_TEARDOWN_ATTEMPTS = 3
+# Honoured for emulated runs only (see pin_host_key); a real VM's attributes never pick
+# the login user.
+EMULATOR_USER_ATTRIBUTE = "tpulab-emulator/ssh-user"
+
+
+@dataclass
+class RunOutcome:
+    """Everything a report needs about one run, filled in as the run goes."""
+
+    spec: RunSpec
+    started: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    node: NodeInfo | None = None
+    create_sent: bool = False
+    create_accepted: bool = False
+    bootstrap: boot.BootstrapResult | None = None
+    payload_exit: int | None = None
+    receipt: StoredReceipt | None = None
+    verdict: str | None = None  # verified | rejected | unreadable | None (never collected)
+    failures: list[str] = field(default_factory=list)
+    per_device_sums: list[float] = field(default_factory=list)
+    observed_total: float | None = None
+    expected_total: int | None = None
+    teardown: TeardownReport | None = None
+    teardown_status: TeardownStatus = "not-created"
+    error: BaseException | None = None
+    api_calls: int = 0
+    seconds: float = 0.0
+    billed_seconds: float = 0.0
+    milestones: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.verdict == "verified" and self.teardown_status == "confirmed"
+
+    @property
+    def estimated_cost(self) -> float:
+        return self.spec.accelerator.estimated_cost(self.billed_seconds, spot=self.spec.spot)
+
+
+class Lifecycle:
+    """Drives one RunSpec through the phases; `outcome` is readable even after a failure."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        *,
+        api: TpuApi,
+        connect: Connect | None = None,
+        journal: RunJournal | None = None,
+        observer: RunObserver | None = None,
+        shield: Shield | None = None,
+        store: ReceiptStore | None = None,
+        installer: boot.Installer = "uv",
+        poll: Iterable[float] | None = None,
+        teardown_poll: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.spec = spec
+        self.api = api
+        self.connect = connect
+        self.journal = journal
+        self.observer: RunObserver = observer or NullObserver()
+        self.shield: Shield = shield or _no_shield
+        self.store = store
+        self.installer = installer
+        self.poll = poll
+        self.teardown_poll = teardown_poll
+        self.clock = clock
+        self.sleep = sleep
+        self.outcome = RunOutcome(spec)
+        self.nonce = ""
+        self.payload_bytes = b""
+        self.key: RunKey | None = None
+        self.target: SshTarget | None = None
+        self.session: RemoteSession | None = None
+        self.payload_output: list[str] = []
+        self.raw_receipt = b""
+        self._t0 = clock()
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    def _milestone(self, name: str, at: float | None = None) -> None:
+        when = self.clock() if at is None else at
+        self.outcome.milestones.setdefault(name, when)
+        self.observer.milestone(name, when)
+
+    def _phase(self, phase: Phase, action: Callable[[], str]) -> None:
+        if self.journal is not None:
+            self.journal.phase_changed(self.spec.run_id, phase.value)
+        self.observer.phase_started(phase)
+        started = self.clock()
+        try:
+            detail = action()
+        except BaseException as error:
+            self.observer.phase_failed(phase, self.clock() - started, error)
+            raise
+        self.observer.phase_finished(phase, self.clock() - started, detail)
+
+    def _connect(self, target: SshTarget, key: RunKey) -> RemoteSession:
+        if self.connect is not None:
+            return self.connect(target, key)
+        from tpulab.ssh import Connection
+
+        return Connection(
+            target,
+            key,
+            connect_timeout=self.spec.timeouts.connect,
+            sleep=self.sleep,
+            clock=self.clock,
+        )
+
+    def _on_line(self, stream: str, line: str) -> None:
+        self.observer.remote_output(stream, line)
+
+    # -- the run ------------------------------------------------------------------------
+
+    def run(self) -> RunOutcome:
+        """Run every phase, then always tear down; return the outcome or raise.
+
+        Raises TeardownError when deletion was not confirmed (whatever else happened),
+        otherwise the first failure of the phases (KeyboardInterrupt as InterruptedRun,
+        any other BaseException -- e.g. a signal turned into one -- unchanged); returns
+        only when the receipt verified and the node is confirmed gone.
+        """
+        primary: BaseException | None = None
+        try:
+            self._phases()
+        except BaseException as error:  # every exit path must reach the teardown
+            primary = error
+        leaked: TeardownError | None = None
+        for _ in range(_TEARDOWN_ATTEMPTS):
+            try:
+                leaked = self._teardown(primary)
+                break
+            except BaseException as late:  # an interrupt that beat the shield: go again
+                primary = primary or late
+        else:
+            leaked = self._unconfirmed(primary, "teardown was interrupted repeatedly")
+        self._finish(primary, leaked)
+        if leaked is not None:
+            raise leaked from primary
+        if isinstance(primary, KeyboardInterrupt):
+            raise InterruptedRun("SIGINT") from None
+        if primary is not None:
+            raise primary
+        return self.outcome
+
+    def _phases(self) -> None:
+        self._phase(Phase.VALIDATE, self.validate)
+        self._phase(Phase.CREATE, self.create)
+        self._phase(Phase.WAIT_READY, self.wait_ready)
+        self._phase(Phase.HOST_KEY, self.pin_host_key)
+        self._phase(Phase.CONNECT, self.open_session)
+        self._phase(Phase.BOOTSTRAP, self.bootstrap)
+        self._phase(Phase.STAGE, self.stage)
+        self._phase(Phase.EXECUTE, self.execute)
+        self._phase(Phase.COLLECT, self.collect)
+        self._phase(Phase.VERIFY, self.verify)
+
+    # -- phases -------------------------------------------------------------------------
+
+    def validate(self) -> str:
+        """Read the payload, make the run's nonce and SSH key. Sends nothing anywhere."""
+        from tpulab.payload import check_nonce
+        from tpulab.ssh import RunKey
+
+        source = self.spec.payload or paths.payload_path()
+        self.payload_bytes = source.read_bytes()
+        self.nonce = check_nonce(secrets.token_hex(16))
+        self.key = RunKey()
+        return f"{self.spec.accelerator.name} in {self.spec.zone.value}, payload {source.name}"
+
+    def create(self) -> str:
+        """Journal the run, send CreateNode with labels + ssh key, wait for the operation.
+
+        Sets `create_sent` just before the request leaves and `create_accepted` once the
+        API took it; teardown uses them to decide what may exist.
+        """
+        assert self.key is not None
+        if self.journal is not None:
+            self.journal.run_started(self.spec)
+        request = NodeRequest(
+            accelerator_type=self.spec.accelerator.name,
+            runtime_version=self.spec.accelerator.runtime_version,
+            labels=self.spec.labels,
+            metadata={"ssh-keys": self.key.metadata_entry(self.spec.ssh_user)},
+            spot=self.spec.spot,
+            description=f"tpulab run {self.spec.run_id}",
+        )
+        self.outcome.create_sent = True
+        self._milestone("create_sent")
+        try:
+            operation = self.api.create_node(self.spec.zone.value, self.spec.node_name, request)
+        except _REFUSED:
+            self.outcome.create_sent = False  # refused synchronously: nothing exists
+            raise
+        self.outcome.create_accepted = True
+        self.api.wait_operation(operation, timeout=self.spec.timeouts.create)
+        return f"node {self.spec.node_name}" + (" (spot)" if self.spec.spot else "")
+
+    def wait_ready(self) -> str:
+        """Poll the node until READY; PreemptedError if a spot node is reclaimed."""
+        from tpulab.polling import wait_for_state
+
+        node = wait_for_state(
+            self.api,
+            self.spec.zone.value,
+            self.spec.node_name,
+            {NodeState.READY},
+            timeout=self.spec.timeouts.ready,
+            poll=self.poll,
+            clock=self.clock,
+            sleep=self.sleep,
+        )
+        self._milestone("ready_seen")
+        self.outcome.node = node
+        return f"READY at {node.external_ip or node.ip_address or 'no address'}"
+
+    def pin_host_key(self) -> str:
+        """Wait for the host key guest attribute and pin it; nothing is sent over SSH."""
+        from tpulab.ssh import SshTarget, ssh_port_from, wait_for_host_key
+
+        seen: dict[str, str] = {}
+
+        def fetch() -> dict[str, str]:
+            seen.clear()
+            seen.update(self.api.guest_attributes(self.spec.zone.value, self.spec.node_name))
+            return dict(seen)
+
+        host_key = wait_for_host_key(
+            fetch, timeout=self.spec.timeouts.host_key, sleep=self.sleep, clock=self.clock
+        )
+        # The address may be assigned after READY (the emulator does so once the node's
+        # SSH host runs); ask again now that the guest agent is up.
+        node = self.outcome.node = self.api.get_node(self.spec.zone.value, self.spec.node_name)
+        address = node.external_ip or node.ip_address
+        if not address:
+            raise RemoteError(
+                f"Node {node.name} reports no IP address.",
+                hint="The VM may have no external IP; run from inside its VPC.",
+            )
+        user = self.spec.ssh_user
+        if self.spec.emulated:
+            # An emulated OpenSSH host can only log in an existing account; it says which.
+            user = seen.get(EMULATOR_USER_ATTRIBUTE) or user
+        self.target = SshTarget(address, ssh_port_from(seen), user, host_key)
+        return f"{host_key.key_type} pinned for {address}:{self.target.port}"
+
+    def open_session(self) -> str:
+        """Open SSH with the per-run key against the pinned host key (waits for sshd)."""
+        assert self.target is not None
+        assert self.key is not None
+        self.session = self._connect(self.target, self.key)
+        # Connections open lazily; opening here makes this phase own the waiting for sshd.
+        self.session.open()
+        return f"{self.target.user}@{self.target.host}:{self.target.port}"
+
+    def bootstrap(self) -> str:
+        """Ensure ~/jax-tpu-lab/.venv holds JAX for the platform (see bootstrap.py)."""
+        assert self.session is not None
+        result = boot.bootstrap(
+            self.session,
+            platform=self.spec.platform,
+            installer=self.installer,
+            timeout=self.spec.timeouts.bootstrap,
+            on_line=self._on_line,
+            note=self.observer.note,
+            clock=self.clock,
+        )
+        self.outcome.bootstrap = result
+        jax = result.versions.get("jax") or "?"
+        return f"{result.venv_path}; install {result.install}; jax {jax}"
+
+    def stage(self) -> str:
+        """Upload the payload, check its sha256, remove any receipt a past run left."""
+        assert self.session is not None
+        local = hashlib.sha256(self.payload_bytes).hexdigest()
+        remote = self.session.put(self.payload_bytes, boot.STAGED_PAYLOAD)
+        if remote != local:
+            raise RemoteError(
+                f"The staged payload's sha256 {remote[:12]} differs from ours {local[:12]}.",
+                hint="The upload was corrupted or the remote disk is full; retry the run.",
+            )
+        self.session.run(["rm", "-f", boot.RECEIPT_PATH], timeout=60, check=True)
+        return f"{len(self.payload_bytes)} bytes, sha256 {local[:12]}"
+
+    def execute(self) -> str:
+        """Run the payload with JAX_PLATFORMS set, our nonce and the payload timeout.
+
+        A non-zero exit is not raised here: the payload writes a receipt naming its
+        error, which `collect` and `verify` bring back and keep first.
+        """
+        from tpulab.payload import payload_command, payload_env
+
+        assert self.session is not None
+        argv = payload_command(
+            boot.VENV_PYTHON,
+            boot.STAGED_PAYLOAD,
+            platform=self.spec.platform,
+            nonce=self.nonce,
+            out=boot.RECEIPT_PATH,
+            emulated=self.spec.emulated,
+        )
+        env = payload_env(self.spec.platform, self.spec.accelerator.devices_per_host)
+
+        def on_line(stream: str, line: str) -> None:
+            if len(self.payload_output) < 400:
+                self.payload_output.append(line)
+            self._on_line(stream, line)
+
+        result = self.session.run(
+            argv, env=env, timeout=self.spec.timeouts.payload, on_line=on_line
+        )
+        self.outcome.payload_exit = result.exit_status
+        if not self.payload_output:
+            self.payload_output = (result.stdout + "\n" + result.stderr).splitlines()[-400:]
+        return f"exit {result.exit_status}"
+
+    def collect(self) -> str:
+        """Fetch the receipt file (sha256-checked by the transfer), bounded in size."""
+        from tpulab.receipts import MAX_RECEIPT_BYTES
+
+        assert self.session is not None
+        scratch = paths.state_dir() / "runs" / self.spec.run_id
+        scratch.mkdir(parents=True, exist_ok=True)
+        local = scratch / "receipt.json"
+        try:
+            self.session.get(boot.RECEIPT_PATH, local, max_bytes=MAX_RECEIPT_BYTES)
+        except RemoteError as error:
+            raise self._payload_failure(
+                "wrote no receipt", f"fetching {boot.RECEIPT_PATH} failed: {error.message}"
+            ) from None
+        self.raw_receipt = local.read_bytes()
+        return f"{len(self.raw_receipt)} bytes"
+
+    def verify(self) -> str:
+        """Check the receipt against the catalog and our nonce; keep it before teardown."""
+        from tpulab.receipts import check_receipt, expectation_for, parse_receipt, verify_receipt
+
+        expectation = expectation_for(
+            self.spec.accelerator.name, emulated=self.spec.emulated, nonce=self.nonce
+        )
+        try:
+            receipt = parse_receipt(self.raw_receipt)
+        except VerificationError as error:
+            self._keep("unreadable", [str(f) for f in error.failures])
+            if self.outcome.payload_exit:
+                raise self._payload_failure("left an unreadable receipt", error.message) from None
+            raise
+        failures = check_receipt(receipt, expectation)
+        self._keep("rejected" if failures else "verified", [str(f) for f in failures])
+        if receipt.pmap is not None:
+            self.outcome.per_device_sums = list(receipt.pmap.per_device_sums)
+            self.outcome.observed_total = receipt.pmap.observed_total
+        from tpulab.catalog import closed_form_sum_of_squares
+
+        self.outcome.expected_total = closed_form_sum_of_squares(expectation.local_devices)
+        if self.outcome.payload_exit:
+            stale = receipt.nonce != self.nonce
+            why = (
+                "its receipt on the VM is stale (nonce mismatch) and was rejected"
+                if stale
+                else f"{receipt.error.type}: {receipt.error.message}"
+                if receipt.error
+                else "see its output"
+            )
+            raise self._payload_failure("failed", why)
+        verify_receipt(receipt, expectation)
+        return f"VERIFIED: {expectation.describe()}"
+
+    # -- helpers of the phases ----------------------------------------------------------
+
+    def _keep(self, verdict: str, failures: list[str]) -> None:
+        from tpulab.receipt_store import ReceiptStore
+
+        store = self.store or ReceiptStore()
+        meta: dict[str, Any] = {
+            "run_id": self.spec.run_id,
+            "accelerator": self.spec.accelerator.name,
+            "emulated": self.spec.emulated,
+            "node": self.spec.node_name,
+            "project": self.spec.project.value,
+            "zone": self.spec.zone.value,
+            "nonce": self.nonce,
+            "payload_exit": self.outcome.payload_exit,
+            "failures": failures,
+        }
+        self.outcome.receipt = store.save(self.raw_receipt, verdict=verdict, meta=meta)
+        self.outcome.verdict = verdict
+        self.outcome.failures = failures
+        self._milestone("receipt_saved")
+
+    def _payload_failure(self, what: str, why: str) -> CommandFailedError:
+        status = self.outcome.payload_exit if self.outcome.payload_exit is not None else -1
+        tail = "\n".join(self.payload_output[-20:])
+        busy = _TPU_BUSY.search(tail) or _TPU_BUSY.search(why)
+        if busy:
+            return TpuBusyError(
+                f"The TPU is held by another process: {busy.group(0)}",
+                exit_status=status,
+                output_tail=tail,
+                hint="A stale process from an earlier run owns the TPU. On the VM run "
+                "`sudo lsof -w /dev/vfio/*` and kill it, or delete the VM and run again.",
+            )
+        return CommandFailedError(
+            f"The payload {what} (exit {status}): {why}",
+            exit_status=status,
+            output_tail=tail,
+            hint="The payload's output is shown above; run with -v to watch it live.",
+        )
+
+    # -- teardown -----------------------------------------------------------------------
+
+    def _teardown(self, primary: BaseException | None) -> TeardownError | None:
+        """Delete and confirm if anything may exist; the TeardownError, or None.
+
+        Everything, closing the SSH session included, happens inside the shield, so a
+        second Ctrl-C cannot cut it short.
+        """
+        zone, name = self.spec.zone.value, self.spec.node_name
+        manual = manual_delete_command(self.spec.project.value, zone, name)
+        with self.shield(f"deleting node {name} in {zone}", manual=manual):
+            if self.session is not None:
+                session, self.session = self.session, None
+                with contextlib.suppress(Exception):
+                    session.close()  # a dead connection must not delay the delete
+            if not self.outcome.create_sent:
+                self.outcome.teardown_status = "not-created"
+                return None
+            self.observer.phase_started(Phase.TEARDOWN)
+            if self.journal is not None:
+                self.journal.phase_changed(self.spec.run_id, Phase.TEARDOWN.value)
+            started = self.clock()
+            try:
+                report = delete_and_confirm(
+                    self.api,
+                    zone,
+                    name,
+                    run_id=self.spec.run_id,
+                    known_ours=self.outcome.create_accepted,
+                    timeout=self.spec.timeouts.teardown,
+                    poll=self.teardown_poll,
+                    clock=self.clock,
+                    sleep=self.sleep,
+                    notify=self.observer.note,
+                    on_delete_sent=lambda at: self._milestone("delete_sent", at),
+                )
+            except TeardownError as error:
+                failure = self._unconfirmed(primary, error.message, error.leaked)
+            except Exception as error:  # any failure here means "not confirmed"
+                failure = self._unconfirmed(primary, f"teardown failed unexpectedly: {error}")
+            else:
+                self.outcome.teardown = report
+                self.outcome.teardown_status = "confirmed"
+                self._milestone("teardown_confirmed")
+                how = (
+                    "already gone" if report.already_gone else f"{report.delete_attempts} delete(s)"
+                )
+                self.observer.phase_finished(
+                    Phase.TEARDOWN, self.clock() - started, f"confirmed by list ({how})"
+                )
+                return None
+            self.observer.phase_failed(Phase.TEARDOWN, self.clock() - started, failure)
+            return failure
+
+    def _unconfirmed(
+        self, primary: BaseException | None, why: str, leaked: Sequence[LeakedNode] = ()
+    ) -> TeardownError:
+        self.outcome.teardown_status = "unconfirmed"
+        node = LeakedNode(self.spec.project.value, self.spec.zone.value, self.spec.node_name)
+        message = why
+        if primary is not None and not isinstance(primary, TeardownError):
+            earlier = primary.message if isinstance(primary, TpuLabError) else repr(primary)
+            message += f" (The run had already failed: {earlier})"
+        return TeardownError(message, list(leaked) or [node])
+
+    def _finish(self, primary: BaseException | None, leaked: TeardownError | None) -> None:
+        outcome = self.outcome
+        outcome.error = leaked or primary
+        outcome.seconds = self.clock() - self._t0
+        end = outcome.milestones.get("teardown_confirmed", self.clock())
+        begin = outcome.milestones.get("create_sent")
+        outcome.billed_seconds = max(0.0, end - begin) if begin is not None else 0.0
+        with contextlib.suppress(Exception):
+            outcome.api_calls = self.api.call_count
+        if self.journal is not None:
+            detail = "ok" if outcome.error is None else _describe(outcome.error)
+            self.journal.run_finished(self.spec.run_id, outcome.teardown_status, detail)
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, TpuLabError):
+        return f"{type(error).__name__}: {error.message}"
+    return f"{type(error).__name__}: {error}"
+
+
+def run(
+    spec: RunSpec,
+    *,
+    api: TpuApi,
+    connect: Connect | None = None,
+    journal: RunJournal | None = None,
+    observer: RunObserver | None = None,
+    shield: Shield | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> RunOutcome:
+    """Run `spec` to completion; see `Lifecycle.run` for what is raised."""
+    return Lifecycle(
+        spec,
+        api=api,
+        connect=connect,
+        journal=journal,
+        observer=observer,
+        shield=shield,
+        clock=clock,
+        sleep=sleep,
+    ).run()

@@ -1,0 +1,210 @@
+"""Delete a run's node and prove it is gone: the one teardown `run` and `teardown --verify` share.
+
+Contract of `delete_and_confirm`:
+
+1. Send DeleteNode (unless the caller only suspects the node exists). Transient errors are
+   retried; NOT_FOUND means someone already deleted it, which is what we wanted.
+2. Wait for the delete operation, but keep part of the deadline for step 3: an operation
+   that never finishes must not stop us from looking.
+3. `list` the zone until no node of this run remains. A node still DELETING is waited
+   for; one that is not (a failed or lost delete) gets DeleteNode again.
+4. Only then return a `TeardownReport` with `confirmed=True`. Past the deadline raise
+   `TeardownError`, which names the node and carries the exact gcloud command.
+
+A node belongs to the run when it carries `managed-by=tpulab` and this run's
+`tpulab-run` label, or (when the caller created it itself, `known_ours`) when it has the
+node name the create was accepted for. Nothing else is ever deleted (invariant 4).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tpulab.cloud import TpuApi
+from tpulab.errors import (
+    CloudError,
+    DeadlineError,
+    LeakedNode,
+    NotFoundError,
+    TeardownError,
+    TransientError,
+)
+from tpulab.models import NodeInfo, NodeState
+
+__all__ = ["TeardownReport", "delete_and_confirm", "manual_delete_command"]
+
+
+@dataclass
+class TeardownReport:
+    """How a confirmed teardown went (an unconfirmed one raises TeardownError instead)."""
+
+    project: str
+    zone: str
+    node_name: str
+    run_id: str | None
+    confirmed: bool = False
+    already_gone: bool = False
+    delete_attempts: int = 0
+    list_calls: int = 0
+    seconds: float = 0.0
+    delete_sent_at: float | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+def manual_delete_command(project: str, zone: str, name: str) -> str:
+    return LeakedNode(project, zone, name).manual_delete_command()
+
+
+class _Teardown:
+    def __init__(
+        self,
+        api: TpuApi,
+        zone: str,
+        node_name: str,
+        *,
+        run_id: str | None,
+        known_ours: bool,
+        timeout: float,
+        poll: float,
+        max_poll: float,
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
+        notify: Callable[[str], None],
+        on_delete_sent: Callable[[float], None],
+    ) -> None:
+        self.api = api
+        self.zone = zone
+        self.name = node_name
+        self.run_id = run_id
+        self.known_ours = known_ours
+        self.clock = clock
+        self.sleep = sleep
+        self.notify = notify
+        self.on_delete_sent = on_delete_sent
+        self.poll = poll
+        self.max_poll = max_poll
+        self.started = clock()
+        self.deadline = self.started + timeout
+        # Time kept back from waiting on a delete operation for the `list` that proves it.
+        self.reserve = min(30.0, timeout * 0.25)
+        self.report = TeardownReport(api.project, zone, node_name, run_id)
+
+    def remaining(self) -> float:
+        return self.deadline - self.clock()
+
+    def belongs(self, node: NodeInfo) -> bool:
+        if self.run_id is not None and node.managed_by_tpulab and node.run_id == self.run_id:
+            return True
+        return self.known_ours and node.name == self.name
+
+    def problem(self, text: str) -> None:
+        self.report.problems.append(text)
+        self.notify(text)
+
+    def delete(self, name: str) -> None:
+        """Send one DeleteNode and wait for its operation within the deadline's share."""
+        self.report.delete_attempts += 1
+        try:
+            operation = self.api.delete_node(self.zone, name)
+        except NotFoundError:
+            self.report.already_gone = self.report.delete_attempts == 1
+            return
+        except TransientError as error:
+            self.problem(f"delete of {name} failed transiently ({error.message}); retrying")
+            return
+        finally:
+            if self.report.delete_sent_at is None:
+                self.report.delete_sent_at = self.clock()
+                self.on_delete_sent(self.report.delete_sent_at)
+        wait = self.remaining() - self.reserve
+        if wait <= 0:
+            return
+        try:
+            self.api.wait_operation(operation, timeout=wait)
+        except DeadlineError:
+            self.problem(f"delete operation for {name} did not finish in {wait:.0f} s")
+        except CloudError as error:
+            self.problem(f"delete operation for {name} failed: {error.message}")
+
+    def leftovers(self) -> list[NodeInfo] | None:
+        """This run's nodes still listed, or None when the list itself failed."""
+        self.report.list_calls += 1
+        try:
+            return [node for node in self.api.list_nodes(self.zone) if self.belongs(node)]
+        except CloudError as error:
+            self.problem(f"list of zone {self.zone} failed: {error.message}")
+            return None
+
+    def run(self) -> TeardownReport:
+        if self.known_ours:
+            self.delete(self.name)
+        delay = self.poll
+        while True:
+            nodes = self.leftovers()
+            if nodes == []:
+                self.report.confirmed = True
+                self.report.seconds = self.clock() - self.started
+                return self.report
+            if self.remaining() <= 0:
+                raise self.failure(nodes)
+            for node in nodes or ():
+                if node.state != NodeState.DELETING:
+                    self.delete(node.name)
+            self.sleep(max(0.0, min(delay, self.remaining())))
+            delay = min(delay * 1.5, self.max_poll)
+
+    def failure(self, nodes: list[NodeInfo] | None) -> TeardownError:
+        names = [node.name for node in nodes] if nodes else [self.name]
+        states = ", ".join(f"{node.name} is {node.state.value}" for node in nodes or ())
+        last = self.report.problems[-1] if self.report.problems else "no further detail"
+        seen = states or "the zone could not be listed"
+        message = (
+            f"Teardown NOT confirmed after {self.clock() - self.started:.0f} s: {seen} "
+            f"(project {self.api.project}, zone {self.zone}; last problem: {last}). "
+            "Resources may still be billing."
+        )
+        return TeardownError(
+            message, [LeakedNode(self.api.project, self.zone, name) for name in names]
+        )
+
+
+def delete_and_confirm(
+    api: TpuApi,
+    zone: str,
+    node_name: str,
+    *,
+    run_id: str | None,
+    known_ours: bool = True,
+    timeout: float = 600.0,
+    poll: float = 2.0,
+    max_poll: float = 10.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    notify: Callable[[str], None] | None = None,
+    on_delete_sent: Callable[[float], None] | None = None,
+) -> TeardownReport:
+    """Delete `node_name` (or whatever carries this run's label) and confirm with `list`.
+
+    `known_ours=False` is for a create whose outcome is unknown: nothing is deleted by
+    name, only nodes found carrying `run_id`'s label. `notify` hears about retries;
+    `on_delete_sent` gets the monotonic time the first DeleteNode went out.
+    Raises TeardownError (never returns unconfirmed) when the deadline passes.
+    """
+    if not known_ours and run_id is None:
+        raise ValueError("without known_ours a run_id is needed to recognise the node")
+    return _Teardown(
+        api,
+        zone,
+        node_name,
+        run_id=run_id,
+        known_ours=known_ours,
+        timeout=timeout,
+        poll=poll,
+        max_poll=max_poll,
+        clock=clock,
+        sleep=sleep,
+        notify=notify or (lambda _message: None),
+        on_delete_sent=on_delete_sent or (lambda _at: None),
+    ).run()
