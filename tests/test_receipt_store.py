@@ -8,10 +8,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from receipt_runs import real_run
 
 from tpulab import paths
-from tpulab.errors import ConfigError, JournalError
-from tpulab.receipt_store import ReceiptStore
+from tpulab.errors import ConfigError, JournalError, VerificationError
+from tpulab.receipt_store import ReceiptStore, check_and_keep
+from tpulab.receipts import Expectation, expectation_for
 
 START = datetime(2026, 11, 30, 21, 0, 0, tzinfo=timezone.utc)
 
@@ -105,3 +107,36 @@ def test_missing_receipt_body_is_named(tmp_path: Path) -> None:
     kept.path.unlink()
     with pytest.raises(JournalError, match="Cannot read the kept receipt"):
         store.get(kept.id).read_bytes()
+
+
+def test_check_and_keep_keeps_every_verdict(tmp_path: Path) -> None:
+    run = real_run(4, emulated=True)
+    store = ReceiptStore(tmp_path, clock=SteppingClock(timedelta(seconds=1)))
+    good = check_and_keep(run.raw, good_expectation(run.nonce), store=store, run_id="run-a")
+    assert good.verified
+    assert good.stored.verdict == "verified"
+    assert good.stored.run_id == "run-a"
+    good.raise_for_failure()
+
+    stale = check_and_keep(run.raw, good_expectation("another-run"), store=store)
+    assert stale.stored.verdict == "rejected"
+    assert stale.error is not None
+    assert [f.requirement for f in stale.error.failures] == ["nonce"]
+    with pytest.raises(VerificationError):
+        stale.raise_for_failure()
+
+    cut = check_and_keep(run.raw[:100], good_expectation(run.nonce), store=store)
+    assert cut.stored.verdict == "unreadable"
+    assert cut.receipt is None
+    assert cut.error is not None
+    assert cut.stored.id in (cut.error.hint or "")
+    assert cut.stored.read_bytes() == run.raw[:100]
+
+    assert [r.verdict for r in store.list()] == ["unreadable", "rejected", "verified"]
+    # The stored expectation lets a kept receipt be re-checked later.
+    kept = store.get(good.stored.id)
+    assert Expectation.from_dict(kept.meta["expectation"]).nonce == run.nonce
+
+
+def good_expectation(nonce: str) -> Expectation:
+    return expectation_for("v5litepod-4", emulated=True, nonce=nonce)

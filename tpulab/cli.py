@@ -226,8 +226,7 @@ def _verify_local(
 
     from tpulab import render
     from tpulab.localrun import run_local_payload
-    from tpulab.receipt_store import ReceiptStore
-    from tpulab.receipts import evaluate_receipt, parse_receipt, verify_receipt
+    from tpulab.receipt_store import check_and_keep
 
     expectation, nonce = _local_expectation(accelerator, devices, expect_platform)
     if timeout <= 0:
@@ -239,47 +238,36 @@ def _verify_local(
         emulated=expectation.emulated,
         timeout=timeout,
     )
-    store = ReceiptStore()
-    meta: dict[str, object] = {
-        "source": "local",
-        "run_id": None,
-        "accelerator": expectation.accelerator,
-        "emulated": expectation.emulated,
-        "expectation": expectation.to_dict(),
-        "payload_exit_status": result.exit_status,
-        "duration_s": round(result.duration, 3),
-    }
-    try:
-        receipt = parse_receipt(result.raw)
-    except E.VerificationError as unreadable:
-        kept = store.save(result.raw, verdict="unreadable", meta=meta)
-        unreadable.hint = f"{unreadable.hint or ''} The bytes are kept as {kept.id}.".strip()
-        raise
-    results = evaluate_receipt(receipt, expectation)
-    passed = all(r.passed for r in results)
-    kept = store.save(result.raw, verdict="verified" if passed else "rejected", meta=meta)
+    checked = check_and_keep(
+        result.raw,
+        expectation,
+        source="local",
+        extra_meta={
+            "payload_exit_status": result.exit_status,
+            "duration_s": round(result.duration, 3),
+        },
+    )
+    receipt, results, kept = checked.receipt, checked.results, checked.stored
+    if receipt is None:  # unreadable bytes: kept, and there is nothing to report on
+        assert checked.error is not None
+        raise checked.error
     if as_json:
-        rejection: E.VerificationError | None = None
-        try:
-            verify_receipt(receipt, expectation)
-        except E.VerificationError as rejected:
-            rejection = rejected
         _print_json(
             render.envelope(
                 "verify",
-                ok=passed,
-                verdict="verified" if passed else "rejected",
+                ok=checked.verified,
+                verdict=kept.verdict,
                 expectation=expectation.to_dict(),
                 requirements=[r.to_dict() for r in results],
                 receipt_id=kept.id,
                 receipt_path=str(kept.path),
                 payload={"exit_status": result.exit_status, "duration_s": result.duration},
                 receipt=json.loads(result.raw),
-                error=_error_json(rejection) if rejection else None,
+                error=_error_json(checked.error) if checked.error else None,
             )
         )
-        if rejection is not None:
-            raise typer.Exit(exit_status_for(rejection))
+        if checked.error is not None:
+            raise typer.Exit(exit_status_for(checked.error))
         return
     title = f"tpulab verify --local: {expectation.describe()}"
     _print_lines(
@@ -291,7 +279,7 @@ def _verify_local(
             *render.stored_lines(kept),
         ]
     )
-    verify_receipt(receipt, expectation)
+    checked.raise_for_failure()
 
 
 @app.command("verify")

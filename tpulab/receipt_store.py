@@ -19,9 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from tpulab import paths
-from tpulab.errors import ConfigError, JournalError
+from tpulab.errors import ConfigError, JournalError, VerificationError
+from tpulab.receipts import (
+    Expectation,
+    Receipt,
+    RequirementResult,
+    evaluate_receipt,
+    parse_receipt,
+    verify_receipt,
+)
 
-__all__ = ["VERDICTS", "ReceiptStore", "StoredReceipt"]
+__all__ = ["VERDICTS", "KeptCheck", "ReceiptStore", "StoredReceipt", "check_and_keep"]
 
 VERDICTS = ("verified", "rejected", "unreadable")
 _META_SUFFIX = ".meta.json"
@@ -169,3 +177,59 @@ class ReceiptStore:
             f"{len(matches)} receipts match {wanted!r}: {shown}.",
             hint="Give more of the id to pick one.",
         )
+
+
+@dataclass(frozen=True)
+class KeptCheck:
+    """A receipt checked and kept: `error` is None exactly when it verified."""
+
+    stored: StoredReceipt
+    receipt: Receipt | None
+    results: list[RequirementResult]
+    error: VerificationError | None
+
+    @property
+    def verified(self) -> bool:
+        return self.error is None
+
+    def raise_for_failure(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def check_and_keep(
+    raw: bytes,
+    expectation: Expectation,
+    *,
+    store: ReceiptStore | None = None,
+    run_id: str | None = None,
+    source: str = "run",
+    extra_meta: Mapping[str, Any] | None = None,
+) -> KeptCheck:
+    """Parse and check `raw`, then keep it whatever the verdict (evidence of a failed run
+    matters as much as of a good one). Never raises VerificationError: it is returned in
+    `.error` so the caller can keep going (e.g. to teardown) and raise it afterwards."""
+    store = store or ReceiptStore()
+    meta: dict[str, Any] = {
+        **(extra_meta or {}),
+        "source": source,
+        "run_id": run_id,
+        "accelerator": expectation.accelerator,
+        "emulated": expectation.emulated,
+        "expectation": expectation.to_dict(),
+    }
+    try:
+        receipt = parse_receipt(raw)
+    except VerificationError as unreadable:
+        stored = store.save(raw, verdict="unreadable", meta=meta)
+        unreadable.hint = f"{unreadable.hint or ''} The bytes are kept as {stored.id}.".strip()
+        return KeptCheck(stored, None, [], unreadable)
+    results = evaluate_receipt(receipt, expectation)
+    error: VerificationError | None = None
+    if not all(r.passed for r in results):
+        try:
+            verify_receipt(receipt, expectation)
+        except VerificationError as rejected:
+            error = rejected
+    stored = store.save(raw, verdict="rejected" if error else "verified", meta=meta)
+    return KeptCheck(stored, receipt, results, error)
