@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -256,3 +257,17 @@ def test_the_image_has_jax_for_a_fresh_venv(ssh_host: SshHost) -> None:
     with ssh_host.connect() as conn:
         result = conn.run(command, timeout=60, check=True)
     assert result.stdout.strip() == str(ssh_host.sandbox.resolve() / "jax-tpu-lab" / ".venv")
+
+
+def test_losing_the_host_mid_command_is_a_connect_error(
+    start_ssh_host: HostStarter, tmp_path: Path
+) -> None:
+    host = start_ssh_host(tmp_path / "sandbox", node_key="preempted")
+    with host.connect() as conn:
+        conn.open()
+        # Like a spot VM reclaimed under a running command.
+        threading.Timer(0.5, host.backend.stop, ("preempted",)).start()
+        started = time.monotonic()
+        with pytest.raises(ConnectError, match=r"dropped|failed while"):
+            conn.run(["sleep", "20"], timeout=30)
+        assert time.monotonic() - started < 10

@@ -58,6 +58,7 @@ from tpulab.errors import (
     RemoteError,
     RemoteTimeoutError,
     TpuBusyError,
+    TpuLabError,
     TransientError,
 )
 
@@ -84,7 +85,9 @@ HOST_KEY_ATTRIBUTE = "hostkeys/ssh-ed25519"
 _USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TPU_BUSY_RE = re.compile(
-    r"TPU is already in use by process with pid \d+|/dev/vfio/\d+: Device or resource busy"
+    r"TPU is already in use by process|/dev/vfio/\S*:? Device or resource busy|"
+    r"open\(/dev/vfio/\S*\) failed[^\n]*busy",
+    re.IGNORECASE,
 )
 _CHUNK = 32 * 1024
 _TAIL = 2000
@@ -540,32 +543,17 @@ class Connection:
         RemoteTimeoutError raised."""
         command = remote_command(argv, env=env, timeout=timeout)
         shown = argv if isinstance(argv, str) else shlex.join(argv)
-        channel = self._transport().open_session(timeout=self.banner_timeout)
+        with self._mapped(f"opening a session for {shown!r}"):
+            channel = self._transport().open_session(timeout=self.banner_timeout)
         out, err = _LineSplitter("stdout", on_line), _LineSplitter("stderr", on_line)
         start = self._clock()
         give_up = start + timeout + self.kill_grace
         log.debug("ssh %s: %s", self.target, shown)
         try:
-            channel.exec_command(command)
-            channel.shutdown_write()
-            while True:
-                while channel.recv_ready():
-                    out.feed(channel.recv(_CHUNK))
-                while channel.recv_stderr_ready():
-                    err.feed(channel.recv_stderr(_CHUNK))
-                if channel.exit_status_ready() or channel.closed:
-                    if not (channel.recv_ready() or channel.recv_stderr_ready()):
-                        break
-                    continue
-                if self._clock() >= give_up:
-                    raise RemoteTimeoutError(
-                        f"{shown!r} on {self.target} did not end within {timeout:g}s "
-                        f"(+{self.kill_grace:g}s grace); the session was closed",
-                        hint="The remote `timeout` did not take effect; the process may "
-                        "still be running on the VM.",
-                    )
-                select.select([channel], [], [], 0.05)
-            status = channel.exit_status if channel.exit_status_ready() else -1
+            with self._mapped(f"running {shown!r}"):
+                channel.exec_command(command)
+                channel.shutdown_write()
+                status = self._pump(channel, out, err, give_up, shown, timeout)
         finally:
             channel.close()
         out.feed(b"", final=True)
@@ -596,6 +584,53 @@ class Connection:
             )
         return result
 
+    def _pump(
+        self,
+        channel: paramiko.Channel,
+        out: _LineSplitter,
+        err: _LineSplitter,
+        give_up: float,
+        shown: str,
+        timeout: float,
+    ) -> int:
+        """Relay output until the command ends; its exit status, or -1 for none (killed by
+        a signal, or the connection went away)."""
+        while True:
+            while channel.recv_ready():
+                out.feed(channel.recv(_CHUNK))
+            while channel.recv_stderr_ready():
+                err.feed(channel.recv_stderr(_CHUNK))
+            if channel.exit_status_ready() or channel.closed:
+                if not (channel.recv_ready() or channel.recv_stderr_ready()):
+                    break
+                continue
+            if self._clock() >= give_up:
+                raise RemoteTimeoutError(
+                    f"{shown!r} on {self.target} did not end within {timeout:g}s "
+                    f"(+{self.kill_grace:g}s grace); the session was closed",
+                    hint="The remote `timeout` did not take effect; the process may "
+                    "still be running on the VM.",
+                )
+            select.select([channel], [], [], 0.05)
+        return channel.exit_status if channel.exit_status_ready() else -1
+
+    @contextmanager
+    def _mapped(self, doing: str) -> Iterator[None]:
+        """paramiko and socket failures after connecting -> ConnectError (ours pass)."""
+        import paramiko
+
+        try:
+            yield
+        except TpuLabError:
+            raise
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            self.close()
+            raise ConnectError(
+                f"The SSH connection to {self.target} failed while {doing}: "
+                f"{type(exc).__name__}: {exc}",
+                hint="The VM may have been preempted or rebooted; check its state.",
+            ) from exc
+
     def _client_active(self) -> bool:
         transport = self._client.get_transport() if self._client is not None else None
         return transport is not None and transport.is_active()
@@ -606,8 +641,9 @@ class Connection:
         if self._sftp is None:
             self._transport()
             assert self._client is not None
-            self._sftp = self._client.open_sftp()
-            self._home = self._sftp.normalize(".")
+            with self._mapped("starting SFTP"):
+                self._sftp = self._client.open_sftp()
+                self._home = self._sftp.normalize(".")
         return self._sftp
 
     def remote_path(self, remote: str) -> str:
@@ -647,6 +683,16 @@ class Connection:
 
     def put(self, local: Path | bytes, remote: str) -> str:
         """Upload a file or bytes; returns the sha256, verified on both ends."""
+        with self._mapped(f"uploading to {remote!r}"):
+            return self._put(local, remote)
+
+    def get(self, remote: str, local: Path, *, max_bytes: int) -> str:
+        """Download a file (at most `max_bytes`) to `local`, atomically; returns the
+        sha256, verified against `sha256sum` on the remote side."""
+        with self._mapped(f"downloading {remote!r}"):
+            return self._get(remote, local, max_bytes=max_bytes)
+
+    def _put(self, local: Path | bytes, remote: str) -> str:
         sftp = self._sftp_client()
         path = self.remote_path(remote)
         digest = hashlib.sha256()
@@ -677,9 +723,7 @@ class Connection:
         log.debug("put %s (%s)", path, expected)
         return expected
 
-    def get(self, remote: str, local: Path, *, max_bytes: int) -> str:
-        """Download a file (at most `max_bytes`) to `local`, atomically; returns the
-        sha256, verified against `sha256sum` on the remote side."""
+    def _get(self, remote: str, local: Path, *, max_bytes: int) -> str:
         sftp = self._sftp_client()
         path = self.remote_path(remote)
         try:
