@@ -140,3 +140,15 @@ def test_check_and_keep_keeps_every_verdict(tmp_path: Path) -> None:
 
 def good_expectation(nonce: str) -> Expectation:
     return expectation_for("v5litepod-4", emulated=True, nonce=nonce)
+
+
+def test_expectation_is_rebuilt_from_run_metadata(tmp_path: Path) -> None:
+    # Receipts kept by the lifecycle carry accelerator, mode and nonce, not the record.
+    store = ReceiptStore(tmp_path)
+    kept = store.save(
+        b"{}", verdict="verified", meta={"accelerator": "v6e-8", "emulated": False, "nonce": "n1"}
+    )
+    expectation = kept.expectation()
+    assert expectation is not None
+    assert (expectation.platform, expectation.local_devices, expectation.nonce) == ("tpu", 8, "n1")
+    assert store.save(b"{}", verdict="verified", meta={}).expectation() is None

@@ -367,12 +367,11 @@ def _receipts_show(receipt_id: str, as_json: bool) -> None:
 
     from tpulab import render
     from tpulab.receipt_store import ReceiptStore
-    from tpulab.receipts import Expectation, evaluate_receipt, parse_receipt
+    from tpulab.receipts import evaluate_receipt, parse_receipt
 
     kept = ReceiptStore().get(receipt_id)
     raw = kept.read_bytes()
-    stored = kept.meta.get("expectation")
-    expectation = Expectation.from_dict(stored) if isinstance(stored, dict) else None
+    expectation = kept.expectation()
     parse_error: E.VerificationError | None = None
     try:
         receipt = parse_receipt(raw)

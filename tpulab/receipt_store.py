@@ -25,6 +25,7 @@ from tpulab.receipts import (
     Receipt,
     RequirementResult,
     evaluate_receipt,
+    expectation_for,
     parse_receipt,
     verify_receipt,
 )
@@ -56,6 +57,20 @@ class StoredReceipt:
                 f"Cannot read the kept receipt {self.path}: {error.strerror or error}.",
                 hint="The receipts directory may have been changed by hand.",
             ) from None
+
+    def expectation(self) -> Expectation | None:
+        """What the receipt was checked against: the stored record, or one rebuilt from
+        the run's accelerator, mode and nonce; None when neither was kept."""
+        stored = self.meta.get("expectation")
+        if isinstance(stored, dict):
+            return Expectation.from_dict(stored)
+        nonce = self.meta.get("nonce")
+        if self.accelerator and isinstance(nonce, str):
+            try:
+                return expectation_for(self.accelerator, emulated=self.emulated, nonce=nonce)
+            except ConfigError:
+                return None
+        return None
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready description, for `tpulab receipts list --json`."""
