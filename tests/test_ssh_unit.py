@@ -230,3 +230,47 @@ def test_a_port_that_does_not_speak_ssh_is_reported_as_a_connect_error() -> None
         stop.set()
         thread.join()
         server.close()
+
+
+def test_a_host_offering_only_another_key_type_is_refused(tmp_path: Path) -> None:
+    """The server has no ed25519 key at all: still a mismatch, before authentication."""
+    import asyncio
+
+    import asyncssh
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    auth_attempts: list[str] = []
+
+    class Server(asyncssh.SSHServer):
+        def begin_auth(self, username: str) -> bool:
+            auth_attempts.append(username)
+            return True
+
+    async def serve() -> asyncssh.SSHAcceptor:
+        return await asyncssh.listen(
+            "127.0.0.1",
+            0,
+            server_factory=Server,
+            server_host_keys=[asyncssh.generate_private_key("ecdsa-sha2-nistp256")],
+        )
+
+    acceptor = asyncio.run_coroutine_threadsafe(serve(), loop).result(10)
+    try:
+        port = acceptor.sockets[0].getsockname()[1]
+        pinned = HostKey("ssh-ed25519", RunKey().public_b64)
+        target = SshTarget("127.0.0.1", port, "u", pinned)
+        with (
+            Connection(target, RunKey(), connect_timeout=5) as conn,
+            pytest.raises(
+                HostKeyMismatchError, match="presented host key ecdsa-sha2-nistp256 SHA256:"
+            ),
+        ):
+            conn.run(["true"], timeout=5)
+        assert auth_attempts == []
+    finally:
+        acceptor.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()

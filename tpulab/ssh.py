@@ -437,7 +437,8 @@ class Connection:
                 log.debug("ssh connected to %s after %d attempt(s)", t, attempts)
                 return
             except paramiko.BadHostKeyException as exc:
-                raise self._mismatch(_fingerprint(exc.key.asbytes())) from exc
+                presented = f"{exc.key.get_name()} {_fingerprint(exc.key.asbytes())}"
+                raise self._mismatch(presented) from exc
             except paramiko.AuthenticationException as exc:
                 raise AuthError(
                     f"{t} refused this run's SSH key ({self._key.fingerprint})",
@@ -448,7 +449,7 @@ class Connection:
             except paramiko.SSHException as exc:
                 if "not found in known_hosts" in str(exc):
                     # The server offered no key of the pinned type: also a mismatch.
-                    raise self._mismatch("a key of another type") from exc
+                    raise self._mismatch("no key of the pinned type") from exc
                 last = f"{type(exc).__name__}: {exc}"
             except (OSError, EOFError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
