@@ -324,3 +324,16 @@ def test_journal_view_degrades_on_a_corrupted_file(tmp_path: Path) -> None:
     assert "unreadable" in view.error
     assert view.states == {}
     assert view.missing == []
+
+
+def test_journal_view_reports_missing_nodes_only_for_the_listed_api(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite3")
+    journal.open_run(_row("here", node="n-here", pid=2**22 + 7))
+    journal.open_run(_row("emulated", node="n-em", pid=2**22 + 7, target=TARGET_EMULATE))
+    journal.open_run(_row("other-project", node="n-op", pid=2**22 + 7, project="elsewhere"))
+    view = journal_view(
+        [], zones=[ZONE], project="proj", target="http://127.0.0.1:1", journal=journal
+    )
+    assert [row.run_id for row in view.missing] == ["here"]
+    view = journal_view([], zones=[ZONE], project="proj", target=TARGET_EMULATE, journal=journal)
+    assert [row.run_id for row in view.missing] == ["emulated"]

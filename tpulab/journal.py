@@ -460,9 +460,15 @@ def journal_view(
     nodes: Iterable[NodeInfo],
     *,
     zones: Iterable[str] = (),
+    project: str | None = None,
+    target: str | None = None,
     journal: Journal | None = None,
 ) -> JournalView:
-    """Journal state next to the cloud's, for `tpulab list`. Never raises JournalError."""
+    """Journal state next to the cloud's, for `tpulab list`. Never raises JournalError.
+
+    `project` and `target` (see `target_for`) say which API was listed, so that `missing`
+    only holds rows the listing could have shown.
+    """
     journal = journal or Journal()
     nodes = list(nodes)
     try:
@@ -476,13 +482,14 @@ def journal_view(
             elif node.managed_by_tpulab:
                 states[key] = "not in this machine's journal"
         listed = {(n.project, n.zone, n.name) for n in nodes}
-        projects = {n.project for n in nodes}
+        projects = {project} if project else {n.project for n in nodes}
         wanted_zones = set(zones) | {n.zone for n in nodes}
         missing = [
             row
             for row in journal.open_runs()
             if row.zone in wanted_zones
             and (not projects or row.project in projects)
+            and (target is None or row.target == target)
             and (row.project, row.zone, row.node_name) not in listed
         ]
     except JournalError as error:

@@ -1,0 +1,332 @@
+"""The sweep against the emulator through the real Google client: find by journal and by
+label, delete only tpulab's nodes, close rows only on evidence, never claim false success."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from tpulab.cloud import GoogleTpuApi
+from tpulab.emulator.server import Emulator
+from tpulab.emulator.timing import Timing
+from tpulab.errors import ConfigError
+from tpulab.journal import TARGET_EMULATE, Journal, RunRow, target_for
+from tpulab.models import NodeRequest, tpulab_labels
+from tpulab.sweep import (
+    SweepPlan,
+    SweepResult,
+    find_orphans,
+    resolve_scope,
+    sweep,
+    sweep_command_for,
+    verify_clean,
+)
+
+PROJECT = "sweep-proj"
+ZONE = "us-central1-a"
+ZONE_B = "us-west1-c"
+ACCEL = "v5litepod-4"
+RUNTIME = "v2-alpha-tpuv5-lite"
+
+
+@pytest.fixture(scope="module")
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.fixture
+def emulator(tmp_path: Path) -> Iterator[Emulator]:
+    with Emulator(tmp_path / "emulator", timing=Timing.fast()) as emu:
+        yield emu
+
+
+@pytest.fixture
+def api(emulator: Emulator) -> GoogleTpuApi:
+    return GoogleTpuApi(PROJECT, api_endpoint=emulator.url)
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Journal:
+    return Journal(tmp_path / "journal.sqlite3")
+
+
+def _create(api: GoogleTpuApi, name: str, labels: dict[str, str], zone: str = ZONE) -> None:
+    request = NodeRequest(accelerator_type=ACCEL, runtime_version=RUNTIME, labels=labels)
+    api.wait_operation(api.create_node(zone, name, request), timeout=30)
+
+
+def _killed_run(
+    api: GoogleTpuApi,
+    journal: Journal,
+    run_id: str,
+    pid: int,
+    *,
+    zone: str = ZONE,
+    create: bool = True,
+    target: str | None = None,
+) -> str:
+    """What a run killed with SIGKILL leaves: an open row and (usually) a labelled node."""
+    name = f"tpulab-{run_id}"
+    row = RunRow.for_this_process(
+        run_id=run_id,
+        project=api.project,
+        zone=zone,
+        node_name=name,
+        accelerator=ACCEL,
+        target=target or target_for(api_endpoint_of(api)),
+        emulated=True,
+        phase="execute",
+    )
+    journal.open_run(RunRow(**{**row.__dict__, "pid": pid, "proc_start": None}))
+    if create:
+        _create(api, name, tpulab_labels(run_id), zone)
+    return name
+
+
+def api_endpoint_of(api: GoogleTpuApi) -> str:
+    endpoint = getattr(api, "api_endpoint", None) or getattr(api, "_api_endpoint", None)
+    assert isinstance(endpoint, str), "GoogleTpuApi should expose its endpoint"
+    return endpoint
+
+
+def _short_sleep(seconds: float) -> None:
+    time.sleep(min(seconds, 0.05))  # keep the sweep's retry and poll schedule, not its waits
+
+
+def _fast_sweep(
+    api: GoogleTpuApi,
+    journal: Journal,
+    *,
+    zones: Sequence[str] = (),
+    run_id: str | None = None,
+    include_live: bool = False,
+) -> tuple[SweepPlan, SweepResult]:
+    plan = find_orphans(
+        api,
+        target=target_for(api_endpoint_of(api)),
+        zones=zones,
+        run_id=run_id,
+        journal=journal,
+        include_live=include_live,
+        sleep=_short_sleep,
+    )
+    result = sweep(
+        api, plan, journal=journal, timeout=20, poll=0.05, max_poll=0.2, sleep=_short_sleep
+    )
+    return plan, result
+
+
+def test_journal_and_labels_find_orphans_and_foreign_nodes_survive(
+    api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
+) -> None:
+    killed = _killed_run(api, journal, "killed-1", dead_pid)
+    _create(api, "tpulab-from-laptop-2", tpulab_labels("elsewhere-1"))  # no row here
+    _create(api, "tpulab-lookalike", {"team": "research"})  # our naming, not our labels
+    _create(api, "users-own-node", {})
+    plan, result = _fast_sweep(api, journal, zones=[ZONE])
+    assert {c.node.name: c.source for c in plan.candidates} == {
+        killed: "journal+labels",
+        "tpulab-from-laptop-2": "labels",
+    }
+    assert [n.name for n in plan.lookalikes] == ["tpulab-lookalike"]
+    assert all(c.age_seconds is not None and c.age_seconds >= 0 for c in plan.candidates)
+    assert all(c.estimated_cost is not None for c in plan.candidates)
+    assert result.ok, result
+    assert sorted(c.node.name for c in result.deleted) == sorted([killed, "tpulab-from-laptop-2"])
+    assert result.closed_rows == ["killed-1"]
+    assert emulator.node_names(PROJECT) == ["tpulab-lookalike", "users-own-node"]
+    row = journal.get("killed-1")
+    assert row is not None
+    assert row.teardown == "confirmed"
+    assert journal.open_runs() == []
+
+
+def test_run_id_touches_exactly_one_run(
+    api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
+) -> None:
+    first = _killed_run(api, journal, "run-a", dead_pid)
+    second = _killed_run(api, journal, "run-b", dead_pid)
+    plan, result = _fast_sweep(api, journal, run_id="run-a")  # zone comes from the journal
+    assert plan.zones == [ZONE]
+    assert [c.node.name for c in plan.candidates] == [first]
+    assert result.ok
+    assert emulator.node_names(PROJECT) == [second]
+    assert [row.run_id for row in journal.open_runs()] == ["run-b"]
+
+
+def test_journal_zones_are_searched_beyond_the_configured_one(
+    api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
+) -> None:
+    _killed_run(api, journal, "east-run", dead_pid, zone=ZONE_B)
+    plan, result = _fast_sweep(api, journal, zones=[ZONE])
+    assert plan.zones == [ZONE, ZONE_B]
+    assert result.ok
+    assert emulator.node_names(PROJECT) == []
+
+
+def test_a_live_run_is_left_to_tear_itself_down(
+    api: GoogleTpuApi, journal: Journal, emulator: Emulator
+) -> None:
+    live = _killed_run(api, journal, "live-run", os.getpid())  # this process is alive
+    journal.open_run(
+        RunRow.for_this_process(
+            run_id="live-creating",
+            project=PROJECT,
+            zone=ZONE,
+            node_name="tpulab-live-creating",
+            accelerator=ACCEL,
+            target=target_for(api_endpoint_of(api)),
+            emulated=True,
+        )
+    )
+    plan, result = _fast_sweep(api, journal, zones=[ZONE])
+    assert [c.node.name for c in plan.live] == [live]
+    assert plan.candidates == []
+    assert plan.stale_rows == []  # "live-creating" may not have its node yet
+    assert not result.ok  # the node remains, so this is not a clean bill
+    assert [n.name for n in result.remaining] == [live]
+    assert {row.run_id for row in journal.open_runs()} == {"live-run", "live-creating"}
+    plan, result = _fast_sweep(api, journal, zones=[ZONE], include_live=True)
+    assert result.ok
+    assert emulator.node_names(PROJECT) == []
+    assert journal.open_runs() == []
+
+
+def test_rows_without_nodes_are_closed_only_when_their_zone_was_listed(
+    api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
+) -> None:
+    _killed_run(api, journal, "never-created", dead_pid, create=False)
+    emulator.faults.update({"transient": {"list_nodes": 1000}})
+    plan, result = _fast_sweep(api, journal, zones=[ZONE])
+    assert ZONE in plan.list_errors
+    assert plan.stale_rows == []
+    assert not result.ok
+    assert ZONE in result.list_errors
+    assert [row.run_id for row in journal.open_runs()] == ["never-created"]
+    emulator.faults.reset()
+    plan, result = _fast_sweep(api, journal, zones=[ZONE])
+    assert [row.run_id for row in plan.stale_rows] == ["never-created"]
+    assert result.ok
+    assert result.closed_rows == ["never-created"]
+    assert journal.open_runs() == []
+
+
+def test_transient_errors_on_list_and_delete_still_converge(
+    api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
+) -> None:
+    _killed_run(api, journal, "flaky", dead_pid)
+    emulator.faults.update({"transient": {"list_nodes": 3, "delete_node": 2}, "delete_failures": 1})
+    _plan, result = _fast_sweep(api, journal, zones=[ZONE])
+    assert result.ok, (result.failed, result.list_errors)
+    assert emulator.node_names(PROJECT) == []
+    assert journal.open_runs() == []
+
+
+def test_a_hanging_delete_is_never_reported_as_success(
+    api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
+) -> None:
+    name = _killed_run(api, journal, "stuck", dead_pid)
+    emulator.faults.update({"delete_hangs": True})
+    plan = find_orphans(api, target=target_for(api_endpoint_of(api)), zones=[ZONE], journal=journal)
+    result = sweep(api, plan, journal=journal, timeout=1.5, poll=0.05, max_poll=0.2)
+    assert not result.ok
+    assert [c.node.name for c, _ in result.failed] == [name]
+    assert [n.name for n in result.remaining] == [name]
+    leaked = result.leaked()
+    assert [n.name for n in leaked] == [name]
+    assert f"delete {name} --project={PROJECT} --zone={ZONE}" in leaked[0].manual_delete_command()
+    row = journal.get("stuck")
+    assert row is not None
+    assert row.teardown == "unconfirmed"
+    assert [r.run_id for r in journal.open_runs()] == ["stuck"]  # still needs a sweep
+
+
+def test_a_corrupted_journal_still_finds_nodes_by_label(
+    api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
+) -> None:
+    name = _killed_run(api, journal, "before-corruption", dead_pid)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{journal.path}{suffix}").unlink(missing_ok=True)
+    journal.path.write_bytes(b"not sqlite at all " * 64)
+    plan, result = _fast_sweep(api, journal, zones=[ZONE])
+    assert plan.journal_error is not None
+    assert "unreadable" in plan.journal_error
+    assert [c.node.name for c in plan.candidates] == [name]
+    assert plan.candidates[0].source == "labels"
+    assert result.ok
+    assert emulator.node_names(PROJECT) == []
+
+
+def test_rows_of_other_targets_are_reported_not_touched(
+    api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
+) -> None:
+    name = _killed_run(api, journal, "emulated-elsewhere", dead_pid, target=TARGET_EMULATE)
+    plan, result = _fast_sweep(api, journal, zones=[ZONE_B])
+    assert [row.run_id for row in plan.other_rows] == ["emulated-elsewhere"]
+    assert "--emulate" in sweep_command_for(plan.other_rows[0])
+    assert plan.candidates == []
+    assert result.ok
+    assert emulator.node_names(PROJECT) == [name]
+    assert [row.run_id for row in journal.open_runs()] == ["emulated-elsewhere"]
+
+
+def test_no_zone_anywhere_is_a_config_error(api: GoogleTpuApi, journal: Journal) -> None:
+    with pytest.raises(ConfigError, match="No zone to search") as caught:
+        find_orphans(api, target="google", journal=journal)
+    assert caught.value.hint is not None
+    assert "--zone" in caught.value.hint
+
+
+def test_verify_clean_counts_only_tpulab_nodes(api: GoogleTpuApi) -> None:
+    _create(api, "tpulab-x", tpulab_labels("x"))
+    _create(api, "other", {})
+    remaining, errors = verify_clean(api, [ZONE])
+    assert [n.name for n in remaining] == ["tpulab-x"]
+    assert errors == {}
+    remaining, _ = verify_clean(api, [ZONE], run_id="y")
+    assert remaining == []
+
+
+def test_scope_validation_happens_before_any_call() -> None:
+    with pytest.raises(ConfigError, match="both choose"):
+        resolve_scope(project=None, zones=[], emulate=True, api_endpoint="http://127.0.0.1:1")
+    with pytest.raises(ConfigError, match="Invalid zone"):
+        resolve_scope(project="p", zones=["Mars"], emulate=True, api_endpoint=None)
+    with pytest.raises(ConfigError, match="Invalid label"):
+        resolve_scope(project="p", zones=[], emulate=True, api_endpoint=None, run_id="Bad Id")
+    with pytest.raises(ConfigError, match="Invalid API endpoint"):
+        resolve_scope(project="p", zones=[], emulate=False, api_endpoint="ftp://x")
+    scope = resolve_scope(project=None, zones=[], emulate=True, api_endpoint=None)
+    assert (scope.project, scope.zones, scope.target) == ("tpulab-emulated", [ZONE], "emulate")
+    scope = resolve_scope(
+        project=None, zones=[], emulate=False, api_endpoint="http://127.0.0.1:9/", env={}
+    )
+    assert (scope.zones, scope.target) == ([ZONE], "http://127.0.0.1:9")
+
+
+def test_age_and_cost_come_from_the_node(
+    api: GoogleTpuApi, journal: Journal, dead_pid: int
+) -> None:
+    _killed_run(api, journal, "aged", dead_pid)
+    later = datetime.now(timezone.utc) + timedelta(hours=2)
+    plan = find_orphans(
+        api, target=target_for(api_endpoint_of(api)), zones=[ZONE], journal=journal, now=later
+    )
+    (candidate,) = plan.candidates
+    assert candidate.age_seconds is not None
+    assert 7190 < candidate.age_seconds < 7300
+    # v5litepod-4: 4 chips at the catalog's v5e price, for about two hours.
+    from tpulab.catalog import lookup
+
+    expected = lookup(ACCEL).estimated_cost(candidate.age_seconds)
+    assert candidate.estimated_cost == pytest.approx(expected)
+    assert 9.0 < expected < 10.0

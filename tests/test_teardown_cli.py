@@ -1,0 +1,184 @@
+"""`tpulab teardown --verify` as a user runs it: a subprocess against a served emulator."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tpulab import paths
+from tpulab.cloud import GoogleTpuApi
+from tpulab.emulator.embedded import emulated_target
+from tpulab.emulator.server import Emulator
+from tpulab.emulator.timing import Timing
+from tpulab.journal import TARGET_EMULATE, Journal, RunRow, target_for
+from tpulab.models import NodeRequest, tpulab_labels
+
+PROJECT = "cli-proj"
+ZONE = "us-central1-a"
+EXIT_TEARDOWN = 6
+
+
+@pytest.fixture
+def emulator(tmp_path: Path) -> Iterator[Emulator]:
+    with Emulator(tmp_path / "served", timing=Timing.fast()) as emu:
+        yield emu
+
+
+def _create(api: GoogleTpuApi, name: str, labels: dict[str, str]) -> None:
+    request = NodeRequest(
+        accelerator_type="v5litepod-4", runtime_version="v2-alpha-tpuv5-lite", labels=labels
+    )
+    api.wait_operation(api.create_node(ZONE, name, request), timeout=30)
+
+
+def _killed_run(api: GoogleTpuApi, run_id: str, target: str) -> str:
+    name = f"tpulab-{run_id}"
+    row = RunRow.for_this_process(
+        run_id=run_id,
+        project=api.project,
+        zone=ZONE,
+        node_name=name,
+        accelerator="v5litepod-4",
+        target=target,
+        emulated=True,
+        phase="bootstrap",
+    )
+    Journal().open_run(RunRow(**{**row.__dict__, "pid": None}))  # its process is gone
+    _create(api, name, tpulab_labels(run_id))
+    return name
+
+
+def tpulab(*args: str, stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "TPULAB_ZONE": ZONE}
+    return subprocess.run(
+        [sys.executable, "-m", "tpulab", *args],
+        stdin=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def _json(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    data = json.loads(done.stdout)
+    assert data["schema_version"] == 1
+    assert data["command"] == "teardown"
+    return data  # type: ignore[no-any-return]
+
+
+def test_teardown_without_verify_is_a_usage_error() -> None:
+    done = tpulab("teardown")
+    assert done.returncode == 2
+    assert "teardown needs --verify" in done.stderr
+
+
+def test_verify_deletes_orphans_closes_rows_and_spares_foreign_nodes(emulator: Emulator) -> None:
+    api = GoogleTpuApi(PROJECT, api_endpoint=emulator.url)
+    orphan = _killed_run(api, "killed-cli", target_for(emulator.url))
+    _create(api, "tpulab-not-ours", {})
+    done = tpulab(
+        "teardown", "--verify", "--api-endpoint", emulator.url, "--project", PROJECT,
+        "--yes", "--json", "--timeout", "30",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = _json(done)
+    assert data["ok"] is True
+    assert data["deleted"] == [orphan]
+    assert data["remaining"] == []
+    assert data["closed_journal_rows"] == ["killed-cli"]
+    assert data["untouched_unlabelled"] == ["tpulab-not-ours"]
+    assert data["found"][0]["source"] == "journal+labels"
+    assert data["found"][0]["estimated_cost_usd"] is not None
+    assert emulator.node_names(PROJECT) == ["tpulab-not-ours"]
+    assert Journal().open_runs() == []
+    again = tpulab("teardown", "--verify", "--api-endpoint", emulator.url, "--project", PROJECT)
+    assert again.returncode == 0, again.stderr
+    assert "Verified: no tpulab node remains in us-central1-a" in again.stdout
+
+
+def test_without_a_terminal_and_without_yes_nothing_is_deleted(emulator: Emulator) -> None:
+    api = GoogleTpuApi(PROJECT, api_endpoint=emulator.url)
+    orphan = _killed_run(api, "needs-yes", target_for(emulator.url))
+    done = tpulab("teardown", "--verify", "--api-endpoint", emulator.url, "--project", PROJECT)
+    assert done.returncode == EXIT_TEARDOWN
+    assert orphan in done.stdout  # shown in the table, with its age and cost
+    assert "stdin is not a terminal" in done.stderr
+    assert f"gcloud compute tpus tpu-vm delete {orphan} --project={PROJECT}" in done.stderr
+    assert emulator.node_names(PROJECT) == [orphan]
+    assert [row.run_id for row in Journal().open_runs()] == ["needs-yes"]
+
+
+def test_dry_run_reports_and_touches_nothing(emulator: Emulator) -> None:
+    api = GoogleTpuApi(PROJECT, api_endpoint=emulator.url)
+    orphan = _killed_run(api, "dry", target_for(emulator.url))
+    done = tpulab(
+        "teardown", "--verify", "--dry-run", "--yes", "--json",
+        "--api-endpoint", emulator.url, "--project", PROJECT,
+    )  # fmt: skip
+    assert done.returncode == EXIT_TEARDOWN
+    data = _json(done)
+    assert data["ok"] is False
+    assert data["dry_run"] is True
+    assert data["deleted"] == []
+    assert [node["name"] for node in data["found"]] == [orphan]
+    assert data["manual_commands"] == [
+        f"gcloud compute tpus tpu-vm delete {orphan} --project={PROJECT} --zone={ZONE} --quiet"
+    ]
+    assert emulator.node_names(PROJECT) == [orphan]
+
+
+def test_a_hanging_delete_exits_with_the_teardown_status(emulator: Emulator) -> None:
+    api = GoogleTpuApi(PROJECT, api_endpoint=emulator.url)
+    orphan = _killed_run(api, "hangs", target_for(emulator.url))
+    emulator.faults.update({"delete_hangs": True})
+    done = tpulab(
+        "teardown", "--verify", "--yes", "--timeout", "2",
+        "--api-endpoint", emulator.url, "--project", PROJECT,
+    )  # fmt: skip
+    assert done.returncode == EXIT_TEARDOWN
+    assert "Teardown NOT confirmed" in done.stderr
+    assert f"gcloud compute tpus tpu-vm delete {orphan}" in done.stderr
+    assert "Verified" not in done.stdout
+    row = Journal().get("hangs")
+    assert row is not None
+    assert row.teardown == "unconfirmed"
+
+
+def test_a_corrupted_journal_falls_back_to_labels(emulator: Emulator) -> None:
+    api = GoogleTpuApi(PROJECT, api_endpoint=emulator.url)
+    orphan = _killed_run(api, "corrupt", target_for(emulator.url))
+    journal = paths.journal_path()
+    for suffix in ("-wal", "-shm"):
+        Path(f"{journal}{suffix}").unlink(missing_ok=True)
+    journal.write_bytes(b"\x13garbage" * 500)
+    done = tpulab(
+        "teardown", "--verify", "--yes", "--zone", ZONE,
+        "--api-endpoint", emulator.url, "--project", PROJECT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Journal unreadable; searched by labels only" in done.stdout
+    assert "Traceback" not in done.stderr
+    assert f"Deleted and confirmed gone: {orphan}" in done.stdout
+    assert emulator.node_names(PROJECT) == []
+
+
+def test_emulate_sweeps_the_embedded_emulators_state() -> None:
+    state = paths.emulator_state_dir()
+    state.mkdir(parents=True)
+    (state / "timing.json").write_text(json.dumps({"create_seconds": 0.1, "delete_seconds": 0.1}))
+    with emulated_target(PROJECT) as target:
+        orphan = _killed_run(target.api, "emulated", TARGET_EMULATE)
+        _create(target.api, "foreign", {})
+    done = tpulab("teardown", "--verify", "--emulate", "--project", PROJECT, "--yes", "--json")
+    assert done.returncode == 0, done.stderr
+    assert _json(done)["deleted"] == [orphan]
+    with emulated_target(PROJECT) as target:
+        assert target.emulator.node_names(PROJECT) == ["foreign"]

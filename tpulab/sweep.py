@@ -1,0 +1,412 @@
+"""Find the tpulab nodes a dead run left behind, delete them, and prove they are gone.
+
+Two sources, because either may be missing: the journal's rows that still need teardown
+(this machine's runs, including ones killed with SIGKILL) and the `managed-by=tpulab`
+label on nodes listed in the searched zones (runs from other machines, or a journal
+that was lost or corrupted). Rules (invariant 4 of DESIGN.md):
+
+- a node without tpulab's labels is never a candidate, whatever its name;
+- a run whose process is still alive on this machine is left to finish its own
+  teardown (unless the caller says otherwise), and is reported as remaining;
+- a journal row is closed only on evidence: its node was deleted and confirmed gone,
+  or its zone was listed and no node carries its run label.
+
+Deletion is `teardown.delete_and_confirm`, the same code `tpulab run` uses. `verify`
+lists again at the end: the sweep is clean only when no tpulab node remains in scope and
+every zone could be listed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from urllib.parse import urlsplit
+
+from tpulab import catalog
+from tpulab.cloud import TpuApi
+from tpulab.errors import (
+    CloudError,
+    ConfigError,
+    JournalError,
+    LeakedNode,
+    TeardownError,
+    TransientError,
+    UnknownAcceleratorError,
+)
+from tpulab.journal import TARGET_EMULATE, TARGET_GOOGLE, Journal, RunRow, row_is_live
+from tpulab.models import NodeInfo
+from tpulab.teardown import delete_and_confirm
+
+__all__ = [
+    "Candidate",
+    "Scope",
+    "SweepPlan",
+    "SweepResult",
+    "find_orphans",
+    "resolve_scope",
+    "sweep",
+    "sweep_command_for",
+    "verify_clean",
+]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A tpulab node found in the cloud, with what the journal knows about it."""
+
+    node: NodeInfo
+    row: RunRow | None
+    live: bool
+    age_seconds: float | None
+    estimated_cost: float | None
+
+    @property
+    def run_id(self) -> str | None:
+        return self.node.run_id
+
+    @property
+    def source(self) -> str:
+        return "journal+labels" if self.row is not None else "labels"
+
+    def leaked(self) -> LeakedNode:
+        return LeakedNode(self.node.project, self.node.zone, self.node.name)
+
+
+@dataclass
+class SweepPlan:
+    """What `find_orphans` saw; nothing has been changed yet."""
+
+    project: str
+    target: str
+    zones: list[str]
+    run_id: str | None = None
+    candidates: list[Candidate] = field(default_factory=list)  # to delete
+    live: list[Candidate] = field(default_factory=list)  # a running process owns them
+    stale_rows: list[RunRow] = field(default_factory=list)  # open rows, no node left
+    lookalikes: list[NodeInfo] = field(default_factory=list)  # named like ours, unlabelled
+    list_errors: dict[str, str] = field(default_factory=dict)  # zone -> why it failed
+    other_rows: list[RunRow] = field(default_factory=list)  # open rows for other targets
+    journal_error: str | None = None
+
+    @property
+    def clean(self) -> bool:
+        """Nothing to delete, nothing live, every zone listed."""
+        return not (self.candidates or self.live or self.list_errors)
+
+
+@dataclass
+class SweepResult:
+    deleted: list[Candidate] = field(default_factory=list)
+    failed: list[tuple[Candidate, TeardownError]] = field(default_factory=list)
+    closed_rows: list[str] = field(default_factory=list)
+    remaining: list[NodeInfo] = field(default_factory=list)  # from the final list
+    list_errors: dict[str, str] = field(default_factory=dict)
+    journal_warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.failed or self.remaining or self.list_errors)
+
+    def leaked(self) -> list[LeakedNode]:
+        seen = {(n.project, n.zone, n.name): n for n in self.remaining}
+        for candidate, _error in self.failed:
+            node = candidate.node
+            seen.setdefault((node.project, node.zone, node.name), node)
+        return [LeakedNode(p, z, n) for (p, z, n) in seen]
+
+
+def sweep_command_for(row: RunRow) -> str:
+    """The command that sweeps a journal row's target (shown for rows out of scope)."""
+    if row.target == TARGET_EMULATE:
+        where = f"--emulate --project {row.project}"
+    elif row.target == TARGET_GOOGLE:
+        where = f"--project {row.project}"
+    else:
+        where = f"--api-endpoint {row.target} --project {row.project}"
+    return f"tpulab teardown --verify {where} --zone {row.zone} --run-id {row.run_id}"
+
+
+def _list_zone(
+    api: TpuApi, zone: str, *, attempts: int, sleep: Callable[[float], None]
+) -> list[NodeInfo]:
+    delay = 0.5
+    for attempt in range(attempts):
+        try:
+            return api.list_nodes(zone)
+        except TransientError:
+            if attempt == attempts - 1:
+                raise
+            sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
+def _age_and_cost(
+    node: NodeInfo, row: RunRow | None, now: datetime
+) -> tuple[float | None, float | None]:
+    started = node.create_time or (row.started if row else None)
+    if started is None:
+        return None, None
+    if started.tzinfo is None:
+        started = started.replace(tzinfo=timezone.utc)
+    age = max(0.0, (now - started).total_seconds())
+    name = node.accelerator_type or (row.accelerator if row else "")
+    try:
+        accelerator = catalog.lookup(name)
+    except UnknownAcceleratorError:
+        return age, None
+    return age, accelerator.estimated_cost(age, spot=node.spot)
+
+
+def find_orphans(
+    api: TpuApi,
+    *,
+    target: str,
+    zones: Sequence[str] = (),
+    run_id: str | None = None,
+    journal: Journal | None = None,
+    include_live: bool = False,
+    now: datetime | None = None,
+    list_attempts: int = 4,
+    sleep: Callable[[float], None] = time.sleep,
+) -> SweepPlan:
+    """Look (journal, then every zone's `list`) and say what a sweep would do.
+
+    `target` is the journal's name for `api` (see `journal.target_for`); rows of other
+    targets or projects are reported in `other_rows`, never acted on. `zones` are searched
+    in addition to the zones of this target's open journal rows. A journal that cannot
+    be read is reported in `journal_error` and the search goes on by labels alone.
+    """
+    now = now or datetime.now(timezone.utc)
+    journal = journal or Journal()
+    plan = SweepPlan(project=api.project, target=target, zones=[], run_id=run_id)
+    rows: list[RunRow] = []
+    try:
+        for row in journal.open_runs():
+            if run_id is not None and row.run_id != run_id:
+                continue
+            if row.target == target and row.project == api.project:
+                rows.append(row)
+            else:
+                plan.other_rows.append(row)
+    except JournalError as error:
+        plan.journal_error = f"{error.message} {error.hint or ''}".strip()
+    plan.zones = list(dict.fromkeys([*zones, *(row.zone for row in rows)]))
+    if not plan.zones:
+        if plan.journal_error is not None:
+            why = "the journal could not be read"
+        else:
+            why = f"the journal has no open run{' ' + run_id if run_id else ''} for this target"
+        raise ConfigError(
+            f"No zone to search: no --zone was given, none is configured, and {why}.",
+            hint="Pass --zone ZONE (repeat it for several zones).",
+        )
+    rows_by_run = {row.run_id: row for row in rows}
+    labelled_runs: set[str] = set()
+    for zone in plan.zones:
+        try:
+            listed = _list_zone(api, zone, attempts=list_attempts, sleep=sleep)
+        except CloudError as error:
+            plan.list_errors[zone] = error.message
+            continue
+        open_names = {row.node_name for row in rows if row.zone == zone}
+        for node in listed:
+            if not node.managed_by_tpulab:
+                if node.name in open_names or node.name.startswith("tpulab-"):
+                    plan.lookalikes.append(node)
+                continue
+            if run_id is not None and node.run_id != run_id:
+                continue
+            if node.run_id is not None:
+                labelled_runs.add(node.run_id)
+            known = rows_by_run.get(node.run_id or "")
+            live = known is not None and known.teardown is None and row_is_live(known)
+            age, cost = _age_and_cost(node, known, now)
+            candidate = Candidate(node, known, live, age, cost)
+            if live and not include_live:
+                plan.live.append(candidate)
+            else:
+                plan.candidates.append(candidate)
+    for row in rows:
+        listed_ok = row.zone not in plan.list_errors
+        if listed_ok and row.run_id not in labelled_runs:
+            if row.teardown is None and row_is_live(row) and not include_live:
+                continue  # may still be creating its node; it will close its own row
+            plan.stale_rows.append(row)
+    return plan
+
+
+def _close(journal: Journal, run_id: str, detail: str, warnings: list[str]) -> bool:
+    try:
+        journal.close_run(run_id, "confirmed", detail)
+    except JournalError as error:
+        warnings.append(error.message)
+        return False
+    return True
+
+
+def verify_clean(
+    api: TpuApi,
+    zones: Iterable[str],
+    *,
+    run_id: str | None = None,
+    list_attempts: int = 4,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[list[NodeInfo], dict[str, str]]:
+    """tpulab nodes (of `run_id`, if given) still listed, and zones that failed to list."""
+    remaining: list[NodeInfo] = []
+    errors: dict[str, str] = {}
+    for zone in zones:
+        try:
+            listed = _list_zone(api, zone, attempts=list_attempts, sleep=sleep)
+        except CloudError as error:
+            errors[zone] = error.message
+            continue
+        remaining.extend(
+            node
+            for node in listed
+            if node.managed_by_tpulab and (run_id is None or node.run_id == run_id)
+        )
+    return remaining, errors
+
+
+def sweep(
+    api: TpuApi,
+    plan: SweepPlan,
+    *,
+    journal: Journal | None = None,
+    timeout: float = 600.0,
+    poll: float = 2.0,
+    max_poll: float = 10.0,
+    parallel: int = 4,
+    notify: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> SweepResult:
+    """Delete the plan's candidates, close the journal rows it has evidence for, and
+    list every zone once more. Never reports success for a node it could not see gone.
+    """
+    journal = journal or Journal()
+    result = SweepResult()
+    say = notify or (lambda _message: None)
+
+    def one(candidate: Candidate) -> TeardownError | None:
+        node = candidate.node
+        try:
+            delete_and_confirm(
+                api,
+                node.zone,
+                node.name,
+                run_id=node.run_id,
+                # With a run label we recognise the node by it alone, so a stranger's node
+                # that later takes the same name is never deleted.
+                known_ours=node.run_id is None,
+                timeout=timeout,
+                poll=poll,
+                max_poll=max_poll,
+                clock=clock,
+                sleep=sleep,
+                notify=say,
+            )
+        except TeardownError as error:
+            return error
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(plan.candidates)))) as pool:
+        outcomes = list(pool.map(one, plan.candidates))
+    for candidate, error in zip(plan.candidates, outcomes, strict=True):
+        run_id = candidate.run_id
+        if error is None:
+            result.deleted.append(candidate)
+            if candidate.row is not None and run_id is not None:
+                detail = "deleted and confirmed by tpulab teardown --verify"
+                if _close(journal, run_id, detail, result.journal_warnings):
+                    result.closed_rows.append(run_id)
+        else:
+            result.failed.append((candidate, error))
+            if candidate.row is not None and run_id is not None:
+                try:
+                    journal.close_run(run_id, "unconfirmed", error.message)
+                except JournalError as journal_error:
+                    result.journal_warnings.append(journal_error.message)
+    for row in plan.stale_rows:
+        detail = f"no node labelled tpulab-run={row.run_id} in {row.zone} (teardown --verify)"
+        if _close(journal, row.run_id, detail, result.journal_warnings):
+            result.closed_rows.append(row.run_id)
+    result.remaining, result.list_errors = verify_clean(
+        api, plan.zones, run_id=plan.run_id, sleep=sleep
+    )
+    return result
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which API, project and zones a `teardown --verify` looks at."""
+
+    project: str
+    target: str  # the journal's name for the API (journal.target_for)
+    zones: list[str]  # from flags or configuration; journal zones are added by find_orphans
+    api_endpoint: str | None
+    emulate: bool
+
+
+def resolve_scope(
+    *,
+    project: str | None,
+    zones: Sequence[str],
+    emulate: bool,
+    api_endpoint: str | None,
+    run_id: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Scope:
+    """Validate the flags of `teardown --verify` before any API call.
+
+    A missing zone is not an error here: the journal's open rows may supply them (the
+    error comes from `find_orphans` if nothing does).
+    """
+    from tpulab import config
+    from tpulab.journal import target_for
+    from tpulab.models import RUN_ID_LABEL, check_label, check_zone
+
+    if emulate and api_endpoint:
+        raise ConfigError(
+            "--emulate and --api-endpoint both choose the API.",
+            hint="Use --emulate for the embedded emulator, or --api-endpoint URL for one "
+            "served by `tpulab emulator serve`.",
+        )
+    if api_endpoint is not None:
+        parts = urlsplit(api_endpoint)
+        if parts.scheme not in {"http", "https"} or not parts.hostname:
+            raise ConfigError(
+                f"Invalid API endpoint {api_endpoint!r}.",
+                hint="Give a URL such as http://127.0.0.1:8470.",
+            )
+    if run_id is not None:
+        check_label(RUN_ID_LABEL, run_id)
+    checked = [check_zone(zone) for zone in dict.fromkeys(zones)]
+    if emulate:
+        name = project or config.EMULATED_PROJECT
+        checked = checked or [config.EMULATED_ZONE]
+    else:
+        try:
+            name = config.resolve_project(project, env=env).value
+        except ConfigError:
+            if api_endpoint is None:
+                raise
+            name = config.EMULATED_PROJECT  # a local emulator accepts any project
+        if not checked:
+            try:
+                checked = [config.resolve_zone(None, env=env).value]
+            except ConfigError:
+                local = api_endpoint is not None and config.is_loopback_endpoint(api_endpoint)
+                checked = [config.EMULATED_ZONE] if local else []
+    return Scope(
+        project=name,
+        target=target_for(api_endpoint, embedded_emulator=emulate),
+        zones=checked,
+        api_endpoint=api_endpoint,
+        emulate=emulate,
+    )
