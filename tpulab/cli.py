@@ -1005,6 +1005,326 @@ def _serve(
 # --- end of list and emulator serve ----------------------------------------------------
 
 
+# --- run (helper D) -------------------------------------------------------------------
+# tpulab.lifecycle drives the run and tpulab.run_report builds the summary and envelope;
+# this section draws the progress (one line per phase, spinner and elapsed time), wires
+# the signals, the journal and the target (Google, embedded emulator or an endpoint).
+
+if TYPE_CHECKING:
+    from contextlib import ExitStack
+
+    from rich.console import RenderableType
+
+    from tpulab.cloud import TpuApi
+    from tpulab.config import RunSpec
+    from tpulab.lifecycle import Connect
+    from tpulab.progress import Phase
+    from tpulab.ssh import Connection, RunKey, SshTarget
+
+
+class _RunDisplay:
+    """Draws the run's progress (a RunObserver): a live spinner on a terminal, one plain
+    line per phase otherwise; remote output only with -v."""
+
+    def __init__(self, *, verbose: bool, quiet: bool) -> None:
+        from rich.console import Console
+
+        self.quiet = quiet
+        self.verbose = verbose
+        # With --json stdout carries only the envelope; everything else goes to stderr.
+        self.console = Console(highlight=False, soft_wrap=True, stderr=quiet)
+        self._live: object | None = None
+        self._current: tuple[Phase, float] | None = None
+
+    def __rich__(self) -> RenderableType:
+        import time
+
+        from rich.spinner import Spinner
+
+        if self._current is None:
+            return ""
+        phase, started = self._current
+        return Spinner("dots", text=f"{phase.label}  {time.monotonic() - started:5.1f}s")
+
+    def _print(self, text: object) -> None:
+        if self._live is not None:
+            self._live.console.print(text)  # type: ignore[attr-defined]
+        else:
+            self.console.print(text)
+
+    def phase_started(self, phase: Phase) -> None:
+        import time
+
+        self._current = (phase, time.monotonic())
+        if self.quiet:
+            return
+        if self.console.is_terminal and self._live is None:
+            from rich.live import Live
+
+            live = Live(self, console=self.console, refresh_per_second=10, transient=True)
+            live.start()
+            self._live = live
+        elif not self.console.is_terminal:
+            self.console.print(f"... {phase.label}")
+
+    def _done(self, phase: Phase, seconds: float, mark: str, detail: str) -> None:
+        from rich.markup import escape
+
+        self._current = None
+        if not self.quiet:
+            self._print(f"{mark} {phase.label:<24} {seconds:6.1f}s  {escape(detail)}")
+
+    def phase_finished(self, phase: Phase, seconds: float, detail: str) -> None:
+        self._done(phase, seconds, "[green]✓[/]", detail)
+
+    def phase_failed(self, phase: Phase, seconds: float, error: BaseException) -> None:
+        message = error.message if isinstance(error, E.TpuLabError) else type(error).__name__
+        self._done(phase, seconds, "[red]✗[/]", message)
+
+    def remote_output(self, stream: str, line: str) -> None:
+        from rich.text import Text
+
+        if self.verbose:
+            style = "dim" if stream == "stdout" else "dim yellow"
+            self._print(Text(f"  │ {line}", style=style))
+
+    def note(self, message: str) -> None:
+        from rich.text import Text
+
+        if not self.quiet:
+            self._print(Text(f"  · {message}", style="dim"))
+
+    def milestone(self, name: str, at: float) -> None:
+        pass
+
+    def stop(self) -> None:
+        live, self._live = self._live, None
+        if live is not None:
+            live.stop()  # type: ignore[attr-defined]
+
+
+def _run_target(spec: RunSpec, ssh_backend: str, stack: ExitStack) -> tuple[TpuApi, Connect | None]:
+    """The API (and, for an embedded emulator, the SSH factory) a run talks to; the
+    embedded emulator lives as long as `stack`."""
+    if spec.mode == "emulate":
+        from tpulab.emulator.embedded import emulated_target
+
+        target = stack.enter_context(
+            emulated_target(
+                spec.project.value,
+                spec.zone.value,
+                ssh="openssh" if ssh_backend == "openssh" else "embedded",
+            )
+        )
+        login = getattr(target.emulator.host_backend, "login_user", None)
+        return target.api, _login_as(spec, login)
+    from tpulab.cloud import GoogleTpuApi
+
+    return GoogleTpuApi(spec.project.value, api_endpoint=spec.api_endpoint), None
+
+
+def _login_as(spec: RunSpec, user: str | None) -> Connect | None:
+    """An emulated OpenSSH host logs in only an existing account: map our user onto it."""
+    if user is None:
+        return None
+    import dataclasses
+
+    from tpulab.ssh import Connection
+
+    def connect(target: SshTarget, key: RunKey) -> Connection:
+        mapped = dataclasses.replace(target, user=user)
+        return Connection(mapped, key, connect_timeout=spec.timeouts.connect)
+
+    return connect
+
+
+def _adc_project() -> str | None:
+    from tpulab import cloud
+
+    lookup = getattr(cloud, "adc_project", None)
+    return lookup() if callable(lookup) else None
+
+
+def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from tpulab.plan import build_plan, plan_envelope
+
+    steps = build_plan(spec, installer="pip" if installer == "pip" else "uv")
+    if as_json:
+        _print_json(plan_envelope(spec, steps))
+        return
+    console = Console(highlight=False, soft_wrap=True)
+    accel = spec.accelerator
+    tag = " (EMULATED)" if spec.emulated else ""
+    console.print(
+        f"[bold]Plan for run {spec.run_id}[/]{tag}: {accel.name} as node {spec.node_name}, "
+        f"project {escape(spec.project.value)} ({escape(spec.project.source)}), zone "
+        f"{spec.zone.value} ({escape(spec.zone.source)}); est. "
+        f"${accel.price_per_hour(spot=spec.spot):.2f}/h. Nothing is contacted."
+    )
+    for number, step in enumerate(steps, 1):
+        console.print(
+            f"{number:>2}. [cyan]{step.kind:<5}[/] [bold]{step.phase}[/] {escape(step.action)}"
+        )
+        if step.why:
+            console.print(f"          [dim]{escape(step.why)}[/]")
+
+
+def _run(
+    *,
+    spec: RunSpec,
+    ssh_backend: str,
+    installer: str,
+    as_json: bool,
+    verbose: bool,
+) -> None:
+    from contextlib import ExitStack
+
+    from tpulab.journal import RunJournalAdapter
+    from tpulab.lifecycle import Lifecycle
+    from tpulab.progress import FanOut, Recorder
+    from tpulab.run_report import run_envelope, summary_lines
+    from tpulab.signals import shield, signals_to_teardown
+
+    recorder = Recorder()
+    display = _RunDisplay(verbose=verbose, quiet=as_json)
+    life: Lifecycle | None = None
+    failure: E.TpuLabError | None = None
+    journal = RunJournalAdapter()
+    try:
+        with ExitStack() as stack:
+            api, connect = _run_target(spec, ssh_backend, stack)
+            life = Lifecycle(
+                spec,
+                api=api,
+                connect=connect,
+                journal=journal,
+                observer=FanOut([recorder, display]),
+                shield=shield,
+                installer="pip" if installer == "pip" else "uv",
+            )
+            with signals_to_teardown(lambda m: _stderr(m), force_exit_status=EXIT_TEARDOWN):
+                life.run()
+    except E.TpuLabError as error:
+        failure = error
+    finally:
+        display.stop()
+    for warning in journal.warnings:
+        _stderr(f"[yellow]warning:[/] {warning}")
+    if as_json:
+        report = _error_json(failure) if failure else None
+        if life is None:
+            from tpulab.render import envelope
+
+            _print_json(envelope("run", ok=False, run_id=spec.run_id, error=report))
+        else:
+            _print_json(run_envelope(life.outcome, recorder, error=report))
+        if failure is not None:
+            raise typer.Exit(exit_status_for(failure))
+        return
+    if life is not None and (life.outcome.create_sent or life.outcome.verdict):
+        _print_lines(summary_lines(life.outcome))
+    if failure is not None:
+        report_error(failure)
+
+
+@app.command("run")
+def run_command(
+    accelerator: Annotated[
+        str, typer.Option("--accelerator", help="TPU type, e.g. v5litepod-4, v6e-1, v4-8.")
+    ],
+    zone: Annotated[
+        str | None,
+        typer.Option("--zone", help="Zone, e.g. us-central1-a (else TPULAB_ZONE, gcloud)."),
+    ] = None,
+    project: Annotated[
+        str | None, typer.Option("--project", help="Project (else TPULAB_PROJECT, gcloud, ADC).")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Node name (default tpulab-<run id>).")
+    ] = None,
+    spot: Annotated[
+        bool, typer.Option("--spot", help="Use a spot VM (cheaper, preemptible).")
+    ] = False,
+    emulate: Annotated[
+        bool, typer.Option("--emulate", help="Run the whole lifecycle against a local emulator.")
+    ] = False,
+    api_endpoint: Annotated[
+        str | None,
+        typer.Option("--api-endpoint", help="Cloud TPU API URL, e.g. `tpulab emulator serve`'s."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print every request and command; contact nothing.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a versioned JSON envelope.")
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("-v", "--verbose", help="Show remote output live.")
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds the payload may run before it is killed.")
+    ] = 600.0,
+    installer: Annotated[
+        str, typer.Option("--installer", help="Remote package installer: uv (default) or pip.")
+    ] = "uv",
+    ssh_backend: Annotated[
+        str,
+        typer.Option(
+            "--ssh-backend", help="With --emulate: embedded (default) or openssh.", hidden=True
+        ),
+    ] = "embedded",
+) -> None:
+    """Create a TPU VM, run the JAX verifier on it, check the receipt, delete the VM.
+
+    Succeeds (exit 0) only when the receipt verified AND the deletion was confirmed.
+    """
+
+    def action() -> None:
+        from tpulab.config import build_run_spec
+
+        if installer not in ("uv", "pip"):
+            raise E.ConfigError(f"Unknown installer {installer!r}.", hint="Use uv or pip.")
+        if ssh_backend not in ("embedded", "openssh"):
+            raise E.ConfigError(
+                f"Unknown SSH backend {ssh_backend!r}.", hint="Use embedded or openssh."
+            )
+        if emulate and api_endpoint:
+            raise E.ConfigError(
+                "--emulate and --api-endpoint exclude each other.",
+                hint="--emulate starts an emulator in this process; --api-endpoint uses one "
+                "served by `tpulab emulator serve`.",
+            )
+        spec = build_run_spec(
+            accelerator=accelerator,
+            mode="emulate" if emulate else "endpoint" if api_endpoint else "google",
+            project=project,
+            zone=zone,
+            name=name,
+            spot=spot,
+            api_endpoint=api_endpoint,
+            payload_timeout=timeout,
+            adc_project=None if dry_run else _adc_project,
+        )
+        if dry_run:
+            _run_dry(spec, installer, as_json)
+            return
+        _run(
+            spec=spec,
+            ssh_backend=ssh_backend,
+            installer=installer,
+            as_json=as_json,
+            verbose=verbose,
+        )
+
+    _json_or_guarded("run", as_json, action)
+
+
+# --- end of run -----------------------------------------------------------------------
+
+
 def main() -> None:
     app(prog_name="tpulab")
 

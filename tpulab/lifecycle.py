@@ -197,6 +197,7 @@ class Lifecycle:
         self.session: RemoteSession | None = None
         self.payload_output: list[str] = []
         self.raw_receipt = b""
+        self._journalled = False
         self._t0 = clock()
 
     # -- plumbing -----------------------------------------------------------------------
@@ -207,8 +208,7 @@ class Lifecycle:
         self.observer.milestone(name, when)
 
     def _phase(self, phase: Phase, action: Callable[[], str]) -> None:
-        if self.journal is not None:
-            self.journal.phase_changed(self.spec.run_id, phase.value)
+        self._journal_phase(phase)
         self.observer.phase_started(phase)
         started = self.clock()
         try:
@@ -230,6 +230,11 @@ class Lifecycle:
             sleep=self.sleep,
             clock=self.clock,
         )
+
+    def _journal_phase(self, phase: Phase) -> None:
+        # The row exists only once `create` has written it (validation needs no row).
+        if self.journal is not None and self._journalled:
+            self.journal.phase_changed(self.spec.run_id, phase.value)
 
     def _on_line(self, stream: str, line: str) -> None:
         self.observer.remote_output(stream, line)
@@ -301,6 +306,8 @@ class Lifecycle:
         assert self.key is not None
         if self.journal is not None:
             self.journal.run_started(self.spec)
+            self._journalled = True
+            self._journal_phase(Phase.CREATE)
         request = NodeRequest(
             accelerator_type=self.spec.accelerator.name,
             runtime_version=self.spec.accelerator.runtime_version,
@@ -550,8 +557,7 @@ class Lifecycle:
                 self.outcome.teardown_status = "not-created"
                 return None
             self.observer.phase_started(Phase.TEARDOWN)
-            if self.journal is not None:
-                self.journal.phase_changed(self.spec.run_id, Phase.TEARDOWN.value)
+            self._journal_phase(Phase.TEARDOWN)
             started = self.clock()
             try:
                 report = delete_and_confirm(
@@ -605,7 +611,7 @@ class Lifecycle:
         outcome.billed_seconds = max(0.0, end - begin) if begin is not None else 0.0
         with contextlib.suppress(Exception):
             outcome.api_calls = self.api.call_count
-        if self.journal is not None:
+        if self.journal is not None and self._journalled:
             detail = "ok" if outcome.error is None else _describe(outcome.error)
             self.journal.run_finished(self.spec.run_id, outcome.teardown_status, detail)
 

@@ -151,7 +151,10 @@ def build_plan(spec: RunSpec, *, installer: boot.Installer = "uv") -> list[PlanS
             "no receipt of an earlier run can be collected",
         ),
         PlanStep(
-            "execute", "ssh", payload_line, f"the payload, TPU required (timeout {t.payload:g} s)"
+            "execute",
+            "ssh",
+            payload_line,
+            f"the payload, {spec.platform} required, no fallback (timeout {t.payload:g} s)",
         ),
         PlanStep(
             "collect",

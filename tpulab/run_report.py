@@ -123,10 +123,13 @@ def summary_lines(outcome: RunOutcome) -> list[Line]:
     else:
         lines.append([("  teardown  ", "dim"), ("NOT CONFIRMED: may still be billing", "bold red")])
     price = spec.accelerator.price_per_hour(spot=spec.spot)
+    cost = f"~${outcome.estimated_cost:.4f}"
+    if spec.emulated:
+        cost = f"$0 (a real {spec.accelerator.name} would have cost {cost})"
     lines.append(
         [
             ("  cost      ", "dim"),
-            (f"~${outcome.estimated_cost:.4f}", ""),
+            (cost, ""),
             (
                 f" (est. ${price:.2f}/h list price {PRICE_DATE}; {outcome.api_calls} API calls)",
                 "dim",
