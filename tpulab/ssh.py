@@ -163,8 +163,9 @@ class RunKey:
     def private_key_file(self, directory: Path) -> Iterator[Path]:
         """For tools that need a key file (e.g. an `ssh -i` fallback): created 0600 with
         O_EXCL (never through a pre-existing or world-readable file), removed on exit."""
-        path = directory / f"tpulab-run-key-{os.getpid()}-{self.fingerprint[-8:]}"
-        path = path.with_name(re.sub(r"[^A-Za-z0-9_.-]", "_", path.name))
+        # Base64 fingerprints contain "/" and "+": keep only file-name-safe characters.
+        tag = re.sub(r"[^A-Za-z0-9]", "_", self.fingerprint[-8:])
+        path = directory / f"tpulab-run-key-{os.getpid()}-{tag}"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             with os.fdopen(fd, "wb") as handle:
