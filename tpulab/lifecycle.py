@@ -35,12 +35,14 @@ from tpulab.cloud import TpuApi
 from tpulab.config import RunSpec
 from tpulab.errors import (
     AlreadyExistsError,
+    CloudError,
     CommandFailedError,
     InterruptedRun,
     InvalidArgumentError,
     LeakedNode,
     NotFoundError,
     PermissionDeniedError,
+    PreemptedError,
     QuotaError,
     RemoteError,
     TeardownError,
@@ -198,6 +200,7 @@ class Lifecycle:
         self.payload_output: list[str] = []
         self.raw_receipt = b""
         self._journalled = False
+        self._current: Phase | None = None
         self._t0 = clock()
 
     # -- plumbing -----------------------------------------------------------------------
@@ -208,6 +211,7 @@ class Lifecycle:
         self.observer.milestone(name, when)
 
     def _phase(self, phase: Phase, action: Callable[[], str]) -> None:
+        self._current = phase
         self._journal_phase(phase)
         self.observer.phase_started(phase)
         started = self.clock()
@@ -273,6 +277,38 @@ class Lifecycle:
         return self.outcome
 
     def _phases(self) -> None:
+        try:
+            self._each_phase()
+        except (RemoteError, CloudError) as error:
+            preempted = self._preemption(error)
+            if preempted is None:
+                raise
+            raise preempted from error
+
+    def _preemption(self, error: TpuLabError) -> PreemptedError | None:
+        """A spot node reclaimed under us shows up as a dropped SSH session or a failed
+        call; ask the API, so the user hears "preempted" rather than a symptom."""
+        if (
+            not self.spec.spot
+            or isinstance(error, PreemptedError)
+            or not self.outcome.create_accepted
+        ):
+            return None
+        try:
+            node = self.api.get_node(self.spec.zone.value, self.spec.node_name)
+        except CloudError:
+            return None
+        if node.state != NodeState.PREEMPTED:
+            return None
+        phase = self._current.label if self._current else "the run"
+        return PreemptedError(
+            f"Spot node {node.name} was preempted during {phase.lower()} ({error.message}).",
+            status="PREEMPTED",
+            hint="Spot capacity was reclaimed by Google; nothing is wrong with the run. "
+            "Retry later, or run without --spot (on-demand costs about five times more).",
+        )
+
+    def _each_phase(self) -> None:
         self._phase(Phase.VALIDATE, self.validate)
         self._phase(Phase.CREATE, self.create)
         self._phase(Phase.WAIT_READY, self.wait_ready)

@@ -1,0 +1,130 @@
+"""A whole emulated cloud for lifecycle tests (a pytest plugin module).
+
+`rig` is parametrized over both SSH host backends (embedded asyncssh and OpenSSH sshd);
+`embedded_rig` uses the embedded one only, for the fault matrix. Each gives a started
+in-process Emulator (real HTTP server, fast timing) whose READY nodes are real SSH
+servers, the real `GoogleTpuApi` REST client pointed at it, and helpers to build a
+RunSpec and a Lifecycle with short deadlines. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from emulator_fixtures import PROJECT, ZONE, EmulatorStarter, api_for, fast_poll
+from ssh_fixtures import METADATA_USER, login_user
+
+from tpulab.cloud import GoogleTpuApi
+from tpulab.config import RunSpec, Timeouts, build_run_spec
+from tpulab.emulator import Emulator
+from tpulab.emulator.backends import make_host_backend
+from tpulab.emulator.hosts import HostBackend
+from tpulab.lifecycle import Lifecycle
+from tpulab.progress import FanOut, Recorder, RunObserver
+from tpulab.receipt_store import ReceiptStore
+from tpulab.ssh import Connection, RunKey, SshTarget
+
+__all__ = ["FAST", "Rig", "embedded_rig", "payload_script", "rig"]
+
+FAST = Timeouts(
+    create=20, ready=20, host_key=10, connect=15, bootstrap=120, payload=60, collect=20, teardown=8
+)
+
+
+def payload_script(directory: Path, body: str, name: str = "payload.py") -> Path:
+    """A stand-in payload (run on the emulated VM instead of verify_tpu.py)."""
+    path = directory / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+@dataclass
+class Rig:
+    emulator: Emulator
+    backend: HostBackend
+    api: GoogleTpuApi
+    tmp: Path
+
+    def spec(
+        self,
+        accelerator: str = "v5litepod-4",
+        *,
+        spot: bool = False,
+        script: Path | None = None,
+        **timeouts: float,
+    ) -> RunSpec:
+        return build_run_spec(
+            accelerator=accelerator,
+            mode="endpoint",
+            api_endpoint=self.emulator.url,
+            project=PROJECT,
+            zone=ZONE,
+            spot=spot,
+            payload=script,
+            timeouts=dataclasses.replace(FAST, **timeouts),
+            env={},
+        )
+
+    def connect(self, spec: RunSpec) -> Any:
+        user = login_user(self.backend, METADATA_USER)
+
+        def factory(target: SshTarget, key: RunKey) -> Connection:
+            mapped = dataclasses.replace(target, user=user)
+            return Connection(mapped, key, connect_timeout=spec.timeouts.connect)
+
+        return factory
+
+    def lifecycle(
+        self, spec: RunSpec, *observers: RunObserver, **kwargs: Any
+    ) -> tuple[Lifecycle, Recorder]:
+        recorder = Recorder()
+        kwargs.setdefault("poll", fast_poll())
+        kwargs.setdefault("teardown_poll", 0.05)
+        kwargs.setdefault("store", ReceiptStore(self.tmp / "receipts"))
+        life = Lifecycle(
+            spec,
+            api=self.api,
+            connect=self.connect(spec),
+            observer=FanOut([recorder, *observers]) if observers else recorder,
+            **kwargs,
+        )
+        return life, recorder
+
+    def run(
+        self, spec: RunSpec, *observers: RunObserver, **kwargs: Any
+    ) -> tuple[Lifecycle, Recorder, BaseException | None]:
+        life, recorder = self.lifecycle(spec, *observers, **kwargs)
+        try:
+            life.run()
+        except BaseException as error:  # the tests inspect whatever was raised
+            return life, recorder, error
+        return life, recorder, None
+
+    def leftovers(self) -> list[str]:
+        return self.emulator.node_names()
+
+
+def _rig(emulator: Emulator, backend: HostBackend, tmp: Path) -> Rig:
+    return Rig(emulator, backend, api_for(emulator), tmp)
+
+
+@pytest.fixture
+def rig(host_backend: HostBackend, start_emulator: EmulatorStarter, tmp_path: Path) -> Rig:
+    emulator = start_emulator(tmp_path / "emulator", host_backend=host_backend)
+    return _rig(emulator, host_backend, tmp_path)
+
+
+@pytest.fixture
+def embedded_rig(start_emulator: EmulatorStarter, tmp_path: Path) -> Iterator[Rig]:
+    backend = make_host_backend("embedded", tmp_path / "ssh-hosts")
+    try:
+        emulator = start_emulator(tmp_path / "emulator", host_backend=backend)
+        yield _rig(emulator, backend, tmp_path)
+    finally:
+        backend.close()

@@ -1,0 +1,335 @@
+"""The run lifecycle end to end against the emulator, its SSH hosts and the real clients.
+
+Every test ends by checking what the emulator still holds: a run must leave nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tpulab.errors import (
+    CommandFailedError,
+    InterruptedRun,
+    InvalidArgumentError,
+    PreemptedError,
+    QuotaError,
+    RemoteTimeoutError,
+    StockoutError,
+    TeardownError,
+    UnknownAcceleratorError,
+    VerificationError,
+)
+from tpulab.localrun import run_local_payload
+from tpulab.progress import NullObserver, Phase
+from tpulab.receipts import expectation_for, parse_receipt, verify_receipt
+
+if TYPE_CHECKING:
+    from run_rig import Rig
+
+pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
+
+
+class Snoop(NullObserver):
+    """Looks at the emulated cloud while the run is in a given phase."""
+
+    def __init__(self, rig: Rig, phase: Phase) -> None:
+        self.rig = rig
+        self.phase = phase
+        self.nodes: dict[str, object] = {}
+
+    def phase_started(self, phase: Phase) -> None:
+        if phase is self.phase:
+            self.nodes = dict(self.rig.emulator.snapshot()["nodes"])
+
+
+def test_run_verifies_a_v5litepod_4_and_leaves_nothing(rig: Rig) -> None:
+    spec = rig.spec("v5litepod-4")
+    snoop = Snoop(rig, Phase.CONNECT)
+    life, recorder, error = rig.run(spec, snoop)
+    assert error is None, error
+    outcome = life.outcome
+    assert outcome.succeeded
+    assert outcome.verdict == "verified"
+    assert outcome.per_device_sums == [140.0, 1100.0, 3084.0, 6092.0]
+    assert outcome.observed_total == 10416.0
+    assert outcome.teardown_status == "confirmed"
+    assert rig.leftovers() == []
+    # While it ran, the node carried our labels and only this run's key.
+    (node,) = snoop.nodes.values()
+    assert isinstance(node, dict)
+    assert node["labels"] == {"managed-by": "tpulab", "tpulab-run": spec.run_id}
+    (key_line,) = node["metadata"]["ssh-keys"].splitlines()
+    assert key_line.startswith("tpulab:ssh-ed25519 ")
+    # The kept receipt verifies on its own, and was kept before the delete was sent.
+    assert outcome.receipt is not None
+    receipt = parse_receipt(outcome.receipt.path.read_bytes())
+    verify_receipt(receipt, expectation_for("v5litepod-4", emulated=True, nonce=life.nonce))
+    assert outcome.milestones["receipt_saved"] < outcome.milestones["delete_sent"]
+    assert [p.phase for p in recorder.phases] == list(Phase)
+    assert all(p.ok for p in recorder.phases)
+    assert outcome.api_calls > 0
+
+
+def test_second_bootstrap_on_the_same_host_is_a_no_op(embedded_rig: Rig) -> None:
+    # The emulated image already has jax: the install is skipped, and says so.
+    life, recorder, error = embedded_rig.run(embedded_rig.spec("v5litepod-1"))
+    assert error is None, error
+    assert life.outcome.bootstrap is not None
+    assert life.outcome.bootstrap.install.startswith("skipped")
+    assert life.outcome.bootstrap.versions["jax"]
+    assert any("install skipped" in note for note in recorder.notes)
+
+
+def test_stockout_is_reported_and_nothing_remains(embedded_rig: Rig) -> None:
+    embedded_rig.emulator.faults.stockout = True
+    life, _, error = embedded_rig.run(embedded_rig.spec())
+    assert isinstance(error, StockoutError)
+    assert "capacity" in (error.api_message + error.message).lower()
+    assert life.outcome.teardown_status == "confirmed"
+    assert embedded_rig.leftovers() == []
+
+
+def test_quota_refusal_creates_nothing(embedded_rig: Rig) -> None:
+    embedded_rig.emulator.faults.quota = True
+    life, _, error = embedded_rig.run(embedded_rig.spec())
+    assert isinstance(error, QuotaError)
+    assert "quota" in (error.api_message + error.message).lower()
+    assert life.outcome.teardown_status == "not-created"
+    assert embedded_rig.emulator.calls["delete_node"] == 0
+    assert embedded_rig.leftovers() == []
+
+
+def test_invalid_accelerator_never_reaches_the_api(embedded_rig: Rig) -> None:
+    with pytest.raises(UnknownAcceleratorError) as caught:
+        embedded_rig.spec("v5litepod-3")
+    assert "v5litepod-4" in caught.value.message
+    assert embedded_rig.emulator.calls["create_node"] == 0
+    # And if the API itself refuses the type (a zone without it), nothing is left either.
+    embedded_rig.emulator.faults.invalid_type = True
+    life, _, error = embedded_rig.run(embedded_rig.spec())
+    assert isinstance(error, InvalidArgumentError)
+    assert life.outcome.teardown_status == "not-created"
+    assert embedded_rig.leftovers() == []
+
+
+class BlockLabDir(NullObserver):
+    """Makes ~/jax-tpu-lab a plain file on the VM, so the venv cannot be created."""
+
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
+
+    def phase_started(self, phase: Phase) -> None:
+        if phase is Phase.BOOTSTRAP:
+            (node,) = self.rig.emulator.snapshot()["nodes"].values()
+            sandbox = self.rig.emulator.sandbox(node["project"], node["zone"], node["name"])
+            (sandbox / "jax-tpu-lab").write_text("not a directory")
+
+
+def test_bootstrap_failure_names_the_step(embedded_rig: Rig) -> None:
+    life, _, error = embedded_rig.run(embedded_rig.spec(), BlockLabDir(embedded_rig))
+    assert isinstance(error, CommandFailedError)
+    assert "Could not create the remote venv" in error.message
+    assert life.outcome.teardown_status == "confirmed"
+    assert embedded_rig.leftovers() == []
+
+
+def test_payload_crash_without_receipt(embedded_rig: Rig, tmp_path: Path) -> None:
+    from run_rig import payload_script
+
+    crash = payload_script(
+        tmp_path,
+        """
+        import sys
+        print("starting", flush=True)
+        raise SystemExit("RuntimeError: the payload blew up")
+        """,
+    )
+    life, _, error = embedded_rig.run(embedded_rig.spec(script=crash))
+    assert isinstance(error, CommandFailedError)
+    assert "wrote no receipt" in error.message
+    assert error.exit_status == 1
+    assert "blew up" in error.output_tail
+    assert life.outcome.verdict is None
+    assert life.outcome.teardown_status == "confirmed"
+    assert embedded_rig.leftovers() == []
+
+
+def test_payload_hang_is_killed_at_the_timeout(embedded_rig: Rig, tmp_path: Path) -> None:
+    from run_rig import payload_script
+
+    hang = payload_script(
+        tmp_path,
+        """
+        import pathlib, time
+        time.sleep(30)
+        pathlib.Path("hang-survived").write_text("the timeout did not kill me")
+        """,
+    )
+    life, recorder, error = embedded_rig.run(embedded_rig.spec(script=hang, payload=1.5))
+    assert isinstance(error, RemoteTimeoutError)
+    execute = next(p for p in recorder.phases if p.phase is Phase.EXECUTE)
+    assert not execute.ok
+    assert execute.seconds < 10
+    assert life.outcome.teardown_status == "confirmed"
+    assert embedded_rig.leftovers() == []
+
+
+def test_stale_receipt_planted_by_a_failing_payload_is_rejected_by_nonce(
+    embedded_rig: Rig, tmp_path: Path
+) -> None:
+    from run_rig import payload_script
+
+    # A genuine receipt, from an earlier run with another nonce.
+    stale = run_local_payload(devices=4, nonce="an-earlier-run-0001", emulated=True, timeout=120)
+    planter = payload_script(
+        tmp_path,
+        f"""
+        import argparse, pathlib, sys
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--out")
+        args, _ = parser.parse_known_args()
+        pathlib.Path(args.out).write_bytes({stale.raw!r})
+        sys.exit("payload failed after leaving an old receipt behind")
+        """,
+    )
+    life, _, error = embedded_rig.run(embedded_rig.spec(script=planter))
+    assert isinstance(error, CommandFailedError)
+    assert "stale" in error.message
+    assert "nonce" in error.message
+    outcome = life.outcome
+    assert outcome.verdict == "rejected"
+    assert any(failure.startswith("nonce") for failure in outcome.failures), outcome.failures
+    assert outcome.receipt is not None  # kept, as evidence, marked rejected
+    assert json.loads(outcome.receipt.meta_path.read_text())["verdict"] == "rejected"
+    assert outcome.teardown_status == "confirmed"
+    assert embedded_rig.leftovers() == []
+
+
+def test_stale_receipt_from_a_successful_exit_fails_verification(
+    embedded_rig: Rig, tmp_path: Path
+) -> None:
+    from run_rig import payload_script
+
+    stale = run_local_payload(devices=4, nonce="an-earlier-run-0002", emulated=True, timeout=120)
+    replay = payload_script(
+        tmp_path,
+        f"""
+        import argparse, pathlib
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--out")
+        args, _ = parser.parse_known_args()
+        pathlib.Path(args.out).write_bytes({stale.raw!r})
+        """,
+    )
+    life, _, error = embedded_rig.run(embedded_rig.spec(script=replay))
+    assert isinstance(error, VerificationError)
+    assert [f.requirement for f in error.failures] == ["nonce"]
+    assert not life.outcome.succeeded
+    assert embedded_rig.leftovers() == []
+
+
+def test_spot_preemption_mid_run_is_reported_as_preemption(
+    embedded_rig: Rig, tmp_path: Path
+) -> None:
+    from run_rig import payload_script
+
+    slow = payload_script(tmp_path, "import time\ntime.sleep(20)\n")
+    embedded_rig.emulator.faults.preempt_after = 2.0
+    life, _, error = embedded_rig.run(embedded_rig.spec(spot=True, script=slow))
+    assert isinstance(error, PreemptedError), error
+    assert "preempted" in error.message
+    assert "run payload" in error.message
+    assert life.outcome.teardown_status == "confirmed"
+    assert embedded_rig.leftovers() == []
+
+
+@pytest.mark.parametrize("fault", ["operation_fails", "sync_503"])
+def test_delete_failing_three_times_is_still_confirmed(
+    embedded_rig: Rig, tmp_path: Path, fault: str
+) -> None:
+    from run_rig import payload_script
+
+    quick = payload_script(tmp_path, "raise SystemExit(0)\n")
+    if fault == "operation_fails":
+        embedded_rig.emulator.faults.delete_failures = 3
+    else:
+        embedded_rig.emulator.faults.transient = {"delete_node": 3}
+    life, recorder, error = embedded_rig.run(embedded_rig.spec(script=quick))
+    # The stand-in payload writes no receipt: the run fails, the teardown must not.
+    assert isinstance(error, CommandFailedError)
+    assert life.outcome.teardown_status == "confirmed"
+    assert life.outcome.teardown is not None
+    assert life.outcome.teardown.delete_attempts == 4
+    assert len(life.outcome.teardown.problems) == 3
+    assert embedded_rig.leftovers() == []
+    assert any("retrying" in n or "failed" in n for n in recorder.notes)
+
+
+@pytest.mark.parametrize("fault", ["always_fails", "hangs"])
+def test_delete_never_succeeding_raises_teardown_error_with_manual_command(
+    embedded_rig: Rig, tmp_path: Path, fault: str
+) -> None:
+    from run_rig import payload_script
+
+    from tpulab.teardown import delete_and_confirm
+
+    quick = payload_script(tmp_path, "raise SystemExit(0)\n")
+    faults = embedded_rig.emulator.faults
+    if fault == "hangs":
+        faults.delete_hangs = True
+    else:
+        faults.delete_failures = 10**6
+    spec = embedded_rig.spec(script=quick, teardown=1.5)
+    life, _, error = embedded_rig.run(spec)
+    assert isinstance(error, TeardownError)
+    assert "NOT confirmed" in error.message
+    assert "wrote no receipt" in error.message  # the earlier failure is not lost
+    expected = (
+        f"gcloud compute tpus tpu-vm delete {spec.node_name} "
+        f"--project={spec.project.value} --zone={spec.zone.value} --quiet"
+    )
+    assert error.hint is not None
+    assert expected in error.hint
+    assert [leak.name for leak in error.leaked] == [spec.node_name]
+    assert life.outcome.teardown_status == "unconfirmed"
+    assert embedded_rig.leftovers() == [spec.node_name]
+    if fault == "hangs":
+        return  # the emulated operation stays hung; the node is left, as in the cloud
+    # Once the cloud behaves again, the shared teardown finishes the job.
+    faults.delete_failures = 0
+    report = delete_and_confirm(
+        embedded_rig.api, spec.zone.value, spec.node_name, run_id=spec.run_id, timeout=10, poll=0.05
+    )
+    assert report.confirmed
+    assert embedded_rig.leftovers() == []
+
+
+class CtrlC(NullObserver):
+    def __init__(self, phase: Phase) -> None:
+        self.phase = phase
+
+    def phase_started(self, phase: Phase) -> None:
+        if phase is self.phase:
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_during_a_phase_still_tears_down(embedded_rig: Rig) -> None:
+    spec = embedded_rig.spec()
+    # An observer raising KeyboardInterrupt is Ctrl-C arriving as the phase starts.
+    from tpulab.lifecycle import Lifecycle
+
+    life = Lifecycle(
+        spec,
+        api=embedded_rig.api,
+        connect=embedded_rig.connect(spec),
+        observer=CtrlC(Phase.BOOTSTRAP),
+        teardown_poll=0.05,
+    )
+    with pytest.raises(InterruptedRun):
+        life.run()
+    assert life.outcome.teardown_status == "confirmed"
+    assert embedded_rig.leftovers() == []
