@@ -130,6 +130,8 @@ class EmbeddedHostBackend:
         for key in keys:
             self.stop(key)
         if self._loop.is_running():
+            with contextlib.suppress(Exception):
+                self._call(_cancel_all_tasks())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
         if not self._loop.is_running():
@@ -254,6 +256,15 @@ class EmbeddedHostBackend:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
         kill_tagged(node.tag)  # and whatever they left running in the background
+
+
+async def _cancel_all_tasks() -> None:
+    # Sessions whose connections were aborted may still be winding down; finish them
+    # here rather than leave "Task was destroyed but it is pending" at exit.
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncssh.SSHWriter[bytes]) -> None:
