@@ -45,6 +45,8 @@ class FaultPlan:
     """Any call on these projects gets 403 PERMISSION_DENIED."""
     transient: dict[str, int] = field(default_factory=dict)
     """method name (or "*") -> how many of the next calls answer 503 UNAVAILABLE."""
+    rate_limited: dict[str, int] = field(default_factory=dict)
+    """method name (or "*") -> how many of the next calls answer 429 (requests/minute)."""
     delete_failures: int = 0
     """The next N delete operations end with an INTERNAL error; the node stays."""
     delete_hangs: bool = False
@@ -61,10 +63,17 @@ class FaultPlan:
 
     def take_transient(self, method: str) -> bool:
         """True (and one fewer left) if this call of `method` should fail with 503."""
+        return self._take(self.transient, method)
+
+    def take_rate_limited(self, method: str) -> bool:
+        """True (and one fewer left) if this call of `method` should fail with 429."""
+        return self._take(self.rate_limited, method)
+
+    def _take(self, counts: dict[str, int], method: str) -> bool:
         with self._lock:
             for key in (method, "*"):
-                if self.transient.get(key, 0) > 0:
-                    self.transient[key] -= 1
+                if counts.get(key, 0) > 0:
+                    counts[key] -= 1
                     return True
             return False
 
@@ -92,10 +101,10 @@ class FaultPlan:
         checked: dict[str, Any] = {}
         for name, value in values.items():
             checked[name] = _checked(name, value, getattr(defaults, name))
-        if "transient" in checked:
-            bad = sorted(set(checked["transient"]) - {*METHODS, "*"})
+        for name in ("transient", "rate_limited"):
+            bad = sorted(set(checked.get(name, {})) - {*METHODS, "*"})
             if bad:
-                raise ValueError(f"unknown method(s) in transient: {bad}; known: {METHODS}")
+                raise ValueError(f"unknown method(s) in {name}: {bad}; known: {METHODS}")
         with self._lock:
             for name, value in checked.items():
                 setattr(self, name, value)

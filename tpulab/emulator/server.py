@@ -147,7 +147,12 @@ class Emulator:
         self._server = server
         host, port = server.server_address[:2]
         self.url = f"http://{host!s}:{port}"
-        serve = threading.Thread(target=server.serve_forever, name="tpu-emulator-http", daemon=True)
+        serve = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.05},  # so stop() returns promptly
+            name="tpu-emulator-http",
+            daemon=True,
+        )
         tick = threading.Thread(target=self._tick_loop, name="tpu-emulator-tick", daemon=True)
         self._threads = [serve, tick]
         for thread in self._threads:
@@ -343,6 +348,14 @@ class Emulator:
                 "exist). Cloud TPU API has not been used in project "
                 f"{request.project} before or it is disabled.",
                 reason="SERVICE_DISABLED",
+            )
+        if self.faults.take_rate_limited(name):
+            raise ApiError(
+                429,
+                "RESOURCE_EXHAUSTED",
+                "Quota exceeded for quota metric 'Requests' and limit 'Requests per minute' "
+                "of service 'tpu.googleapis.com'.",
+                reason="RATE_LIMIT_EXCEEDED",
             )
         if self.faults.take_transient(name):
             raise ApiError(

@@ -1,0 +1,360 @@
+"""GoogleTpuApi (the real google-cloud-tpu REST client) against the emulator over HTTP:
+the node round trip, every error class from the wire, LRO success and failure,
+pagination, retries and the request count."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tpulab import errors as E
+from tpulab.cloud import GoogleTpuApi, error_for_status, is_local_endpoint
+from tpulab.models import NodeRequest, NodeState
+from tpulab.polling import wait_for_state
+
+if TYPE_CHECKING:
+    from emulator_fixtures import EmulatorStarter
+
+    from tpulab.emulator import Emulator
+
+pytest_plugins = ["emulator_fixtures"]
+
+PROJECT = "test-project"
+ZONE = "us-central1-a"
+
+
+def _api(emulator: Emulator, **kwargs: Any) -> GoogleTpuApi:
+    from emulator_fixtures import api_for
+
+    return api_for(emulator, **kwargs)
+
+
+def _request(accelerator: str = "v5litepod-4", **kwargs: Any) -> NodeRequest:
+    from emulator_fixtures import node_request
+
+    return node_request(accelerator, **kwargs)
+
+
+def _create_ready(api: GoogleTpuApi, name: str, **kwargs: Any) -> None:
+    api.wait_operation(api.create_node(ZONE, name, _request(**kwargs)), timeout=10)
+
+
+def test_create_wait_get_round_trips_the_node(emulator: Emulator, tpu_api: GoogleTpuApi) -> None:
+    keys = "tpulab:ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample tpulab"
+    operation = tpu_api.create_node(ZONE, "node-a", _request(spot=True, ssh_keys=keys))
+    assert operation.startswith(f"projects/{PROJECT}/locations/{ZONE}/operations/")
+    assert tpu_api.get_node(ZONE, "node-a").state is NodeState.CREATING
+    tpu_api.wait_operation(operation, timeout=10)
+    node = tpu_api.get_node(ZONE, "node-a")
+    assert node.state is NodeState.READY
+    assert (node.project, node.zone, node.name) == (PROJECT, ZONE, "node-a")
+    assert node.accelerator_type == "v5litepod-4"
+    assert node.runtime_version == "v2-alpha-tpuv5-lite"
+    assert node.labels == {"managed-by": "tpulab", "tpulab-run": "run-1"}
+    assert node.managed_by_tpulab
+    assert node.run_id == "run-1"
+    assert node.metadata == {"ssh-keys": keys}
+    assert node.spot is True
+    assert node.ip_address
+    assert node.external_ip
+    assert node.create_time is not None
+    assert node.health == "HEALTHY"
+    # Every HTTP request was counted: the emulator saw exactly as many.
+    assert tpu_api.call_count == sum(emulator.calls.values())
+
+
+def test_delete_operation_completes_and_the_node_is_gone(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    _create_ready(tpu_api, "node-b")
+    operation = tpu_api.delete_node(ZONE, "node-b")
+    assert tpu_api.get_node(ZONE, "node-b").state is NodeState.DELETING
+    tpu_api.wait_operation(operation, timeout=10)
+    with pytest.raises(E.NotFoundError):
+        tpu_api.get_node(ZONE, "node-b")
+    assert emulator.node_names() == []
+
+
+def test_list_follows_every_page(emulator: Emulator) -> None:
+    api = _api(emulator, list_page_size=2)
+    for index in range(5):
+        api.create_node(ZONE, f"node-{index}", _request(run_id=None if index == 4 else "r"))
+    before = emulator.calls["list_nodes"]
+    names = [node.name for node in api.list_nodes(ZONE)]
+    assert names == [f"node-{i}" for i in range(5)]
+    assert emulator.calls["list_nodes"] - before == 3  # 2 + 2 + 1
+    assert [n.managed_by_tpulab for n in api.list_nodes(ZONE)] == [True] * 4 + [False]
+    assert api.list_nodes("us-central1-b") == []
+
+
+def test_list_follows_the_servers_own_page_size(
+    start_emulator: EmulatorStarter, tmp_path: object
+) -> None:
+    from pathlib import Path
+
+    from tpulab.emulator import Timing
+
+    emulator = start_emulator(Path(str(tmp_path)) / "small-pages", timing=Timing(page_size=2))
+    api = _api(emulator)
+    for index in range(3):
+        api.create_node(ZONE, f"n{index}", _request())
+    assert len(api.list_nodes(ZONE)) == 3
+    assert emulator.calls["list_nodes"] == 2
+
+
+def test_stockout_arrives_on_the_create_operation(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    emulator.faults.stockout = True
+    operation = tpu_api.create_node(ZONE, "node-s", _request())  # accepted synchronously
+    with pytest.raises(E.StockoutError) as caught:
+        tpu_api.wait_operation(operation, timeout=10)
+    error = caught.value
+    assert error.status == "RESOURCE_EXHAUSTED"
+    assert "no more capacity" in error.api_message
+    assert "node-s" in error.message
+    assert ZONE in error.message
+    assert error.hint
+    assert "zone" in error.hint
+    assert emulator.node_names() == []  # a stocked-out create leaves nothing behind
+
+
+def test_stockout_in_one_zone_only(emulator: Emulator, tpu_api: GoogleTpuApi) -> None:
+    emulator.faults.stockout_zones = ["us-central1-b"]
+    with pytest.raises(E.StockoutError):
+        tpu_api.wait_operation(tpu_api.create_node("us-central1-b", "n1", _request()), timeout=10)
+    tpu_api.wait_operation(tpu_api.create_node(ZONE, "n1", _request()), timeout=10)
+
+
+def test_quota_is_a_synchronous_429(emulator: Emulator, tpu_api: GoogleTpuApi) -> None:
+    emulator.faults.quota = True
+    with pytest.raises(E.QuotaError) as caught:
+        tpu_api.create_node(ZONE, "node-q", _request())
+    assert caught.value.status == "RESOURCE_EXHAUSTED"
+    assert "Quota limit" in caught.value.api_message
+    assert caught.value.hint
+    assert "quota" in caught.value.hint.lower()
+    assert emulator.node_names() == []
+
+
+@pytest.mark.parametrize(
+    ("zone", "accelerator", "runtime", "words"),
+    [
+        (ZONE, "v9-8", "v2-alpha-tpuv5-lite", "invalid AcceleratorType"),
+        ("us-central1-c", "v5p-8", "v2-alpha-tpuv5", "invalid AcceleratorType"),
+        (ZONE, "v5litepod-4", "no-such-runtime", "Invalid runtime version"),
+    ],
+)
+def test_invalid_argument_is_a_synchronous_400(
+    emulator: Emulator, tpu_api: GoogleTpuApi, zone: str, accelerator: str, runtime: str, words: str
+) -> None:
+    with pytest.raises(E.InvalidArgumentError) as caught:
+        tpu_api.create_node(zone, "node-i", _request(accelerator, runtime=runtime))
+    assert caught.value.status == "INVALID_ARGUMENT"
+    assert words in caught.value.api_message
+    assert emulator.node_names() == []
+
+
+def test_invalid_type_fault_refuses_a_catalog_type(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    emulator.faults.invalid_type = True
+    with pytest.raises(E.InvalidArgumentError, match="invalid"):
+        tpu_api.create_node(ZONE, "node-i", _request())
+
+
+def test_duplicate_name_is_409_already_exists(tpu_api: GoogleTpuApi) -> None:
+    tpu_api.create_node(ZONE, "twin", _request())
+    with pytest.raises(E.AlreadyExistsError) as caught:
+        tpu_api.create_node(ZONE, "twin", _request())
+    assert caught.value.status == "ALREADY_EXISTS"
+    assert "already exists" in caught.value.api_message
+
+
+def test_not_found_for_missing_nodes_and_zones(tpu_api: GoogleTpuApi) -> None:
+    with pytest.raises(E.NotFoundError) as caught:
+        tpu_api.get_node(ZONE, "ghost")
+    assert "ghost" in caught.value.api_message
+    with pytest.raises(E.NotFoundError):
+        tpu_api.delete_node(ZONE, "ghost")
+    with pytest.raises(E.NotFoundError, match="us-nowhere1-a"):
+        tpu_api.list_nodes("us-nowhere1-a")
+
+
+def test_permission_denied_is_403(emulator: Emulator) -> None:
+    emulator.faults.deny_projects = ["locked-project"]
+    api = _api(emulator, project="locked-project")
+    with pytest.raises(E.PermissionDeniedError) as caught:
+        api.list_nodes(ZONE)
+    assert caught.value.status == "PERMISSION_DENIED"
+    assert "locked-project" in caught.value.api_message
+    assert caught.value.hint
+    assert "enabled" in caught.value.hint
+
+
+def test_transient_503s_are_retried_on_idempotent_calls(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    _create_ready(tpu_api, "node-t")
+    emulator.faults.transient = {"get_node": 2}
+    before = tpu_api.call_count
+    assert tpu_api.get_node(ZONE, "node-t").state is NodeState.READY
+    assert tpu_api.call_count - before == 3  # two 503s, then the answer
+    emulator.faults.transient = {"*": 2}
+    assert len(tpu_api.list_nodes(ZONE)) == 1
+
+
+def test_rate_limit_429_is_transient_not_quota(emulator: Emulator, tpu_api: GoogleTpuApi) -> None:
+    emulator.faults.rate_limited = {"list_nodes": 1}
+    assert tpu_api.list_nodes(ZONE) == []
+    emulator.faults.rate_limited = {"create_node": 1}
+    with pytest.raises(E.TransientError) as caught:
+        tpu_api.create_node(ZONE, "node-r", _request())
+    assert "per minute" in caught.value.api_message.lower()
+
+
+def test_create_is_not_retried_and_retries_are_bounded(emulator: Emulator) -> None:
+    api = _api(emulator, retries=2)
+    emulator.faults.transient = {"create_node": 1}
+    with pytest.raises(E.TransientError) as caught:
+        api.create_node(ZONE, "node-c", _request())
+    assert caught.value.status == "UNAVAILABLE"
+    assert api.call_count == 1  # a lost reply must not create twice
+    emulator.faults.transient = {"get_node": 10}
+    with pytest.raises(E.TransientError):
+        api.get_node(ZONE, "node-c")
+    assert api.call_count == 1 + 3  # first try + 2 retries
+
+
+def test_failed_delete_operation_leaves_the_node_for_a_retry(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    _create_ready(tpu_api, "node-d")
+    emulator.faults.delete_failures = 1
+    with pytest.raises(E.TransientError) as caught:
+        tpu_api.wait_operation(tpu_api.delete_node(ZONE, "node-d"), timeout=10)
+    assert caught.value.status == "INTERNAL"
+    assert "delete node node-d" in caught.value.message
+    assert tpu_api.get_node(ZONE, "node-d").state is NodeState.READY
+    tpu_api.wait_operation(tpu_api.delete_node(ZONE, "node-d"), timeout=10)
+    assert emulator.node_names() == []
+
+
+def test_hanging_delete_hits_the_deadline(emulator: Emulator, tpu_api: GoogleTpuApi) -> None:
+    _create_ready(tpu_api, "node-h")
+    emulator.faults.delete_hangs = True
+    operation = tpu_api.delete_node(ZONE, "node-h")
+    with pytest.raises(E.DeadlineError, match="operation"):
+        tpu_api.wait_operation(operation, timeout=0.3)
+    assert tpu_api.get_node(ZONE, "node-h").state is NodeState.DELETING
+
+
+def test_deleting_a_creating_node_aborts_its_create_operation(tpu_api: GoogleTpuApi) -> None:
+    create = tpu_api.create_node(ZONE, "node-x", _request())
+    delete = tpu_api.delete_node(ZONE, "node-x")
+    with pytest.raises(E.CloudError):
+        tpu_api.wait_operation(create, timeout=10)
+    tpu_api.wait_operation(delete, timeout=10)
+    assert tpu_api.list_nodes(ZONE) == []
+
+
+def test_spot_preemption_is_seen_by_wait_for_state(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    emulator.faults.preempt_after = 0.2
+    _create_ready(tpu_api, "node-p", spot=True)
+    _create_ready(tpu_api, "node-o")  # on-demand nodes are never preempted
+    with pytest.raises(E.PreemptedError):
+        wait_for_state(tpu_api, ZONE, "node-p", {NodeState.DELETING}, timeout=10)
+    states = {n.name: n.state for n in tpu_api.list_nodes(ZONE)}
+    assert states == {"node-p": NodeState.PREEMPTED, "node-o": NodeState.READY}
+    tpu_api.wait_operation(tpu_api.delete_node(ZONE, "node-p"), timeout=10)
+    assert emulator.node_names() == ["node-o"]
+
+
+def test_guest_attributes_appear_late_when_told_to(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    emulator.faults.guest_attributes_delay = 0.5
+    _create_ready(tpu_api, "node-g")
+    assert tpu_api.guest_attributes(ZONE, "node-g") == {}
+    node = wait_for_state(tpu_api, ZONE, "node-g", {NodeState.READY}, timeout=5)
+    assert node.state is NodeState.READY
+    import time
+
+    deadline = time.monotonic() + 5
+    while not (attributes := tpu_api.guest_attributes(ZONE, "node-g")):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert "tpulab-emulator/ready-time" in attributes
+    assert tpu_api.guest_attributes(ZONE, "node-g", "hostkeys/") == {}
+
+
+def test_unreachable_endpoint_is_transient(emulator: Emulator) -> None:
+    api = _api(emulator, retries=1)
+    emulator.stop()
+    with pytest.raises(E.TransientError, match="cannot reach") as caught:
+        api.list_nodes(ZONE)
+    assert caught.value.hint
+    assert "emulator" in caught.value.hint
+
+
+def test_persistence_across_an_emulator_restart(
+    start_emulator: EmulatorStarter, tmp_path: object
+) -> None:
+    from pathlib import Path
+
+    state = Path(str(tmp_path)) / "shared-state"
+    first = start_emulator(state)
+    api = _api(first)
+    _create_ready(api, "survivor")
+    creating = api.create_node(ZONE, "late-bloomer", _request())
+    first.stop()  # the emulator dies with one node READY and one still CREATING
+
+    second = start_emulator(state)
+    api2 = _api(second)
+    assert api2.get_node(ZONE, "survivor").state is NodeState.READY
+    api2.wait_operation(creating, timeout=10)  # the old operation is still known
+    assert {n.name: n.state for n in api2.list_nodes(ZONE)} == {
+        "late-bloomer": NodeState.READY,
+        "survivor": NodeState.READY,
+    }
+    api2.wait_operation(api2.delete_node(ZONE, "survivor"), timeout=10)
+    second.stop()
+    third = start_emulator(state)
+    assert third.node_names() == ["late-bloomer"]
+
+
+def test_error_for_status_maps_every_class() -> None:
+    cases = {
+        ("RESOURCE_EXHAUSTED", "There is no more capacity in the zone"): E.StockoutError,
+        ("RESOURCE_EXHAUSTED", "Quota limit 'X' has been exceeded"): E.QuotaError,
+        ("RESOURCE_EXHAUSTED", "Requests per minute exceeded"): E.TransientError,
+        ("INVALID_ARGUMENT", "bad"): E.InvalidArgumentError,
+        ("ALREADY_EXISTS", "dup"): E.AlreadyExistsError,
+        ("NOT_FOUND", "gone"): E.NotFoundError,
+        ("PERMISSION_DENIED", "no"): E.PermissionDeniedError,
+        ("UNAUTHENTICATED", "who"): E.PermissionDeniedError,
+        ("UNAVAILABLE", "later"): E.TransientError,
+        ("INTERNAL", "oops"): E.TransientError,
+        ("DEADLINE_EXCEEDED", "slow"): E.DeadlineError,
+    }
+    for (status, message), kind in cases.items():
+        error = error_for_status(status, message, "do it")
+        assert type(error) is kind, (status, message)
+        assert error.api_message == message
+        assert error.hint
+    assert type(error_for_status("DATA_LOSS", "x", "do it")) is E.CloudError
+
+
+def test_local_endpoints_are_recognised() -> None:
+    assert is_local_endpoint("http://127.0.0.1:8470")
+    assert is_local_endpoint("localhost:8470")
+    assert not is_local_endpoint("https://tpu.googleapis.com")
+    assert not is_local_endpoint(None)
+
+
+def test_missing_project_is_a_config_error() -> None:
+    with pytest.raises(E.ConfigError, match="project"):
+        GoogleTpuApi("", api_endpoint="http://127.0.0.1:1")

@@ -1,0 +1,258 @@
+"""The emulator on the wire, as raw HTTP: Google's JSON shapes, int/string enums, error
+bodies, the admin endpoints, and the state file it keeps on disk."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tpulab.emulator import FaultPlan
+from tpulab.emulator.wire import ACCELERATOR_CONFIG_TYPES, API_VERSIONS, HEALTHS, STATES
+
+if TYPE_CHECKING:
+    from emulator_fixtures import EmulatorStarter
+
+    from tpulab.emulator import Emulator
+
+pytest_plugins = ["emulator_fixtures"]
+
+BASE = "/v2/projects/p/locations/us-central1-a"
+
+
+def call(
+    emulator: Emulator, method: str, path: str, body: dict[str, Any] | None = None
+) -> tuple[int, dict[str, Any]]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        emulator.url + path,
+        data=data,
+        method=method,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def create(emulator: Emulator, name: str, **node: Any) -> dict[str, Any]:
+    body = {"acceleratorType": "v5litepod-4", "runtimeVersion": "v2-alpha-tpuv5-lite", **node}
+    status, operation = call(emulator, "POST", f"{BASE}/nodes?nodeId={name}", body)
+    assert status == 200, operation
+    return operation
+
+
+def wait_done(emulator: Emulator, operation: dict[str, Any]) -> dict[str, Any]:
+    deadline = time.monotonic() + 10
+    while True:
+        status, current = call(emulator, "GET", "/v2/" + operation["name"])
+        assert status == 200
+        if current["done"]:
+            return current
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_enum_numbers_match_the_client_library() -> None:
+    from google.cloud.tpu_v2.types import cloud_tpu
+
+    pairs: list[tuple[dict[str, int], Any]] = [
+        (STATES, cloud_tpu.Node.State),
+        (HEALTHS, cloud_tpu.Node.Health),
+        (API_VERSIONS, cloud_tpu.Node.ApiVersion),
+        (ACCELERATOR_CONFIG_TYPES, cloud_tpu.AcceleratorConfig.Type),
+    ]
+    for ours, theirs in pairs:
+        assert ours == {member.name: member.value for member in theirs}
+
+
+def test_enums_are_names_unless_ints_are_asked_for(emulator: Emulator) -> None:
+    wait_done(emulator, create(emulator, "n1"))
+    _, as_names = call(emulator, "GET", f"{BASE}/nodes/n1")
+    _, as_ints = call(emulator, "GET", f"{BASE}/nodes/n1?$alt=json;enum-encoding=int")
+    assert (as_names["state"], as_names["apiVersion"], as_names["health"]) == (
+        "READY",
+        "V2",
+        "HEALTHY",
+    )
+    assert (as_ints["state"], as_ints["apiVersion"], as_ints["health"]) == (2, 4, 1)
+    assert as_names["acceleratorConfig"] == {"type": "V5LITE_POD", "topology": "2x2"}
+
+
+def test_operation_shape_and_node_json(emulator: Emulator) -> None:
+    operation = create(
+        emulator,
+        "n2",
+        labels={"managed-by": "tpulab"},
+        metadata={"ssh-keys": "u:ssh-ed25519 AAAA u"},
+        schedulingConfig={"spot": True},
+        networkConfig={"enableExternalIps": True},
+    )
+    assert operation["done"] is False
+    assert operation["metadata"]["@type"].endswith("google.cloud.tpu.v2.OperationMetadata")
+    assert operation["metadata"]["verb"] == "create"
+    assert operation["metadata"]["target"] == "projects/p/locations/us-central1-a/nodes/n2"
+    done = wait_done(emulator, operation)
+    assert "error" not in done
+    assert "endTime" in done["metadata"]
+    node = done["response"]
+    assert node["@type"] == "type.googleapis.com/google.cloud.tpu.v2.Node"
+    assert node["name"] == "projects/p/locations/us-central1-a/nodes/n2"
+    assert node["state"] == "READY"
+    assert node["labels"] == {"managed-by": "tpulab"}
+    assert node["metadata"] == {"ssh-keys": "u:ssh-ed25519 AAAA u"}
+    assert node["schedulingConfig"] == {"preemptible": False, "spot": True}
+    assert node["createTime"].endswith("Z")
+    assert isinstance(node["id"], str)
+    endpoint = node["networkEndpoints"][0]
+    assert endpoint["ipAddress"]
+    assert endpoint["accessConfig"]["externalIp"]
+    deleted = wait_done(emulator, call(emulator, "DELETE", f"{BASE}/nodes/n2")[1])
+    assert deleted["response"] == {"@type": "type.googleapis.com/google.protobuf.Empty"}
+    _, operations = call(emulator, "GET", f"{BASE}/operations")
+    assert [op["metadata"]["verb"] for op in operations["operations"]] == ["create", "delete"]
+
+
+def test_accelerator_config_and_int_enums_are_accepted_on_input(emulator: Emulator) -> None:
+    body = {
+        "acceleratorConfig": {"type": 11, "topology": "2x2"},  # V6E as a number
+        "runtimeVersion": "v2-alpha-tpuv6e",
+    }
+    status, _ = call(emulator, "POST", f"{BASE}/nodes?nodeId=n3", body)
+    assert status == 200
+    _, node = call(emulator, "GET", f"{BASE}/nodes/n3")
+    assert node["acceleratorType"] == "v6e-4"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "code", "status", "words"),
+    [
+        ("GET", f"{BASE}/nodes/ghost", None, 404, "NOT_FOUND", "ghost"),
+        ("GET", "/v2/projects/p/locations/xx-none9-z/nodes", None, 404, "NOT_FOUND", "xx-none9"),
+        ("POST", f"{BASE}/nodes", {}, 400, "INVALID_ARGUMENT", "nodeId"),
+        ("POST", f"{BASE}/nodes?nodeId=Bad_Name", {}, 400, "INVALID_ARGUMENT", "Bad_Name"),
+        ("GET", f"{BASE}/nodes?pageToken=zz", None, 400, "INVALID_ARGUMENT", "pageToken"),
+        ("GET", "/v3/nothing", None, 404, "NOT_FOUND", "No such method"),
+    ],
+)
+def test_errors_use_googles_shape(
+    emulator: Emulator,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
+    code: int,
+    status: str,
+    words: str,
+) -> None:
+    got_code, answer = call(emulator, method, path, body)
+    assert got_code == code
+    error = answer["error"]
+    assert error["code"] == code
+    assert error["status"] == status
+    assert words in error["message"]
+    assert error["details"][0]["@type"] == "type.googleapis.com/google.rpc.ErrorInfo"
+
+
+def test_malformed_json_is_a_400(emulator: Emulator) -> None:
+    request = urllib.request.Request(
+        emulator.url + f"{BASE}/nodes?nodeId=n", data=b"{not json", method="POST"
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=10)
+    assert caught.value.code == 400
+    assert "Invalid JSON" in json.loads(caught.value.read())["error"]["message"]
+
+
+def test_locations_accelerator_types_and_runtime_versions(emulator: Emulator) -> None:
+    _, locations = call(emulator, "GET", "/v2/projects/p/locations")
+    ids = [loc["locationId"] for loc in locations["locations"]]
+    assert "us-central1-a" in ids
+    assert "europe-west4-a" in ids
+    _, types = call(emulator, "GET", "/v2/projects/p/locations/us-central1-c/acceleratorTypes")
+    names = {t["type"] for t in types["acceleratorTypes"]}
+    assert "v2-8" in names
+    assert "v5litepod-4" not in names
+    _, versions = call(emulator, "GET", f"{BASE}/runtimeVersions")
+    assert "v2-alpha-tpuv5-lite" in {v["version"] for v in versions["runtimeVersions"]}
+    assert call(emulator, "GET", f"{BASE}/runtimeVersions/nope")[0] == 404
+
+
+def test_admin_endpoint_injects_faults_and_shows_state(emulator: Emulator) -> None:
+    status, faults = call(emulator, "POST", "/_emulator/faults", {"stockout": True})
+    assert status == 200
+    assert faults["stockout"] is True
+    assert emulator.faults.stockout is True
+    done = wait_done(emulator, create(emulator, "n4"))
+    assert done["error"]["code"] == 8
+    assert "no more capacity" in done["error"]["message"]
+    status, answer = call(emulator, "POST", "/_emulator/faults", {"stockot": True})
+    assert status == 400
+    assert "stockot" in answer["error"]["message"]
+    status, answer = call(emulator, "POST", "/_emulator/faults", {"transient": {"nope": 1}})
+    assert status == 400
+    assert "nope" in answer["error"]["message"]
+    _, state = call(emulator, "GET", "/_emulator/state")
+    assert state["nodes"] == {}
+    assert state["calls"]["create_node"] == 1
+
+
+def test_transient_fault_counts_down(emulator: Emulator) -> None:
+    emulator.faults.transient = {"list_nodes": 2}
+    codes = [call(emulator, "GET", f"{BASE}/nodes")[0] for _ in range(3)]
+    assert codes == [503, 503, 200]
+    assert emulator.faults.transient == {"list_nodes": 0}
+
+
+def test_fault_plan_validates_updates() -> None:
+    plan = FaultPlan()
+    plan.update({"delete_failures": 2, "preempt_after": 1, "stockout_zones": ["z"]})
+    assert (plan.delete_failures, plan.preempt_after, plan.stockout_zones) == (2, 1.0, ["z"])
+    for bad in ({"delete_failures": -1}, {"quota": "yes"}, {"transient": {"*": True}}):
+        with pytest.raises(ValueError, match="cannot be"):
+            plan.update(bad)
+    plan.reset()
+    assert plan.to_dict() == FaultPlan().to_dict()
+
+
+def test_state_survives_on_disk_and_faults_json_seeds_faults(
+    start_emulator: EmulatorStarter, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    first = start_emulator(state)
+    create(first, "kept")
+    first.stop()
+    saved = json.loads((state / "state.json").read_text())
+    assert list(saved["nodes"]) == ["p/us-central1-a/kept"]
+    assert not list(state.glob(".state-*"))  # atomic writes leave no temporary files
+    (state / "faults.json").write_text(json.dumps({"quota": True}))
+    second = start_emulator(state)
+    assert second.faults.quota is True
+    status, answer = call(
+        second,
+        "POST",
+        f"{BASE}/nodes?nodeId=more",
+        {"acceleratorType": "v5litepod-4", "runtimeVersion": "v2-alpha-tpuv5-lite"},
+    )
+    assert status == 429
+    assert answer["error"]["status"] == "RESOURCE_EXHAUSTED"
+    assert second.node_names() == ["kept"]
+
+
+def test_two_emulators_on_one_state_agree(start_emulator: EmulatorStarter, tmp_path: Path) -> None:
+    state = tmp_path / "shared"
+    served = start_emulator(state)
+    embedded = start_emulator(state)  # e.g. `tpulab list --emulate` while a server runs
+    create(served, "seen-by-both")
+    assert embedded.node_names() == ["seen-by-both"]
+    call(embedded, "DELETE", f"{BASE}/nodes/seen-by-both")
+    deadline = time.monotonic() + 5
+    while served.node_names():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)

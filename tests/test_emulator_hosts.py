@@ -1,0 +1,120 @@
+"""READY emulated nodes are real SSH hosts (both backends): the host key and port are
+published as guest attributes, the per-run key from the node's metadata logs in, the
+sandbox is HOME, delete stops the host and removes the sandbox, and a restarted
+emulator brings READY nodes' hosts back."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tpulab.errors import ConnectError
+from tpulab.models import NodeState
+from tpulab.polling import wait_for_state
+from tpulab.ssh import Connection, HostKey, RunKey, SshTarget, ssh_port_from, wait_for_host_key
+
+if TYPE_CHECKING:
+    from emulator_fixtures import EmulatorStarter
+
+    from tpulab.cloud import GoogleTpuApi
+    from tpulab.emulator.hosts import HostBackend
+
+pytest_plugins = ["emulator_fixtures", "ssh_fixtures"]
+
+PROJECT = "test-project"
+ZONE = "us-central1-a"
+USER = "tpulab"
+
+
+def _connect_target(
+    api: GoogleTpuApi, backend: HostBackend, name: str
+) -> tuple[SshTarget, HostKey]:
+    from ssh_fixtures import login_user
+
+    node = wait_for_state(api, ZONE, name, {NodeState.READY}, timeout=20)
+    attributes: dict[str, str] = {}
+
+    def fetch() -> dict[str, str]:
+        attributes.clear()
+        attributes.update(api.guest_attributes(ZONE, name))
+        return dict(attributes)
+
+    host_key = wait_for_host_key(fetch, timeout=20)
+    assert node.external_ip is not None
+    # The address may be published a tick after READY; re-read it with the host key.
+    node = api.get_node(ZONE, name)
+    assert node.external_ip == node.ip_address == "127.0.0.1"
+    target = SshTarget(
+        node.external_ip, ssh_port_from(attributes), login_user(backend, USER), host_key
+    )
+    return target, host_key
+
+
+def test_ready_nodes_are_ssh_hosts_through_delete_and_restart(
+    start_emulator: EmulatorStarter, host_backend: HostBackend, tmp_path: Path
+) -> None:
+    from emulator_fixtures import api_for, node_request
+
+    state = tmp_path / "state"
+    emulator = start_emulator(state, host_backend=host_backend)
+    api = api_for(emulator)
+    key = RunKey()
+    for name in ("ssh-a", "ssh-b"):
+        api.create_node(ZONE, name, node_request(ssh_keys=key.metadata_entry(USER)))
+
+    target, first_key = _connect_target(api, host_backend, "ssh-a")
+    sandbox = emulator.sandbox(PROJECT, ZONE, "ssh-a")
+    with Connection(target, key, connect_timeout=20) as connection:
+        result = connection.run("pwd && echo kept > marker.txt", timeout=20, check=True)
+    assert Path(result.stdout.strip()).resolve() == sandbox.resolve()
+    assert (sandbox / "marker.txt").read_text().strip() == "kept"
+
+    # The emulator dies; a new one on the same state restarts READY nodes' hosts.
+    emulator.stop()
+    restarted = start_emulator(state, host_backend=host_backend)
+    api = api_for(restarted)
+    target, second_key = _connect_target(api, host_backend, "ssh-a")
+    assert second_key != first_key  # a new host key, published afresh
+    with Connection(target, key, connect_timeout=20) as connection:
+        again = connection.run("cat marker.txt", timeout=20, check=True)
+    assert again.stdout.strip() == "kept"  # same sandbox as before the restart
+
+    # Delete: the SSH host stops and the sandbox goes with the node.
+    api.wait_operation(api.delete_node(ZONE, "ssh-a"), timeout=20)
+    deadline = time.monotonic() + 10
+    while sandbox.exists():
+        assert time.monotonic() < deadline, "sandbox of a deleted node is still there"
+        time.sleep(0.05)
+    with pytest.raises(ConnectError):
+        Connection(target, key, connect_timeout=1.0).run("true", timeout=5)
+    assert restarted.node_names() == ["ssh-b"]
+
+
+def test_ssh_refusal_fault_reaches_the_backend(
+    start_emulator: EmulatorStarter, tmp_path: Path
+) -> None:
+    from emulator_fixtures import api_for, node_request
+
+    from tpulab.emulator.backends import make_host_backend
+
+    backend = make_host_backend("embedded", tmp_path / "hosts")
+    try:
+        emulator = start_emulator(tmp_path / "state", host_backend=backend)
+        emulator.faults.ssh_refuse_for = 2.5
+        api = api_for(emulator)
+        key = RunKey()
+        api.create_node(ZONE, "slow-ssh", node_request(ssh_keys=key.metadata_entry(USER)))
+        target, _ = _connect_target(api, backend, "slow-ssh")
+        # Published (READY, host key, port) yet still refusing, like a booting sshd.
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((target.host, target.port), timeout=2).close()
+        with Connection(target, key, connect_timeout=20) as connection:
+            assert connection.run("echo up", timeout=20, check=True).stdout.strip() == "up"
+        ready_host = emulator.snapshot()["nodes"][f"{PROJECT}/{ZONE}/slow-ssh"]
+        assert ready_host["host"]["port"] == target.port
+    finally:
+        backend.close()
