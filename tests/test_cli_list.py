@@ -1,0 +1,218 @@
+"""`tpulab list` and `tpulab emulator serve` through the real CLI, against emulators."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tpulab import paths
+from tpulab.catalog import lookup
+from tpulab.cli import EXIT_CLOUD, EXIT_CONFIG, app
+
+if TYPE_CHECKING:
+    from emulator_fixtures import EmulatorStarter
+
+    from tpulab.cloud import GoogleTpuApi
+    from tpulab.emulator import Emulator
+
+pytest_plugins = ["emulator_fixtures"]
+
+PROJECT = "test-project"
+ZONE = "us-central1-a"
+
+
+@pytest.fixture(autouse=True)
+def no_cloud_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Nothing from this machine's gcloud or environment may choose project or zone."""
+    for name in list(os.environ):
+        if name.startswith(("CLOUDSDK_", "TPULAB_PROJECT", "TPULAB_ZONE", "GOOGLE_CLOUD")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "empty-gcloud-config"))
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args))
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def populate(api: GoogleTpuApi) -> None:
+    from emulator_fixtures import node_request
+
+    api.create_node(ZONE, "mine-a", node_request(run_id="run-a"))
+    api.create_node(ZONE, "mine-spot", node_request("v6e-8", runtime="v2-alpha-tpuv6e", spot=True))
+    api.create_node(ZONE, "someone-elses", node_request(run_id=None))
+    api.create_node("us-central1-b", "mine-b", node_request(run_id="run-b"))
+
+
+def test_list_json_shows_only_tpulab_nodes_with_cost(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    populate(tpu_api)
+    code, out, _ = run_cli(
+        "list", "--json", "--api-endpoint", emulator.url, "--project", PROJECT, "--zone", ZONE
+    )
+    assert code == 0
+    envelope = json.loads(out)
+    assert envelope["schema_version"] == 1
+    assert envelope["command"] == "list"
+    assert envelope["ok"] is True
+    assert envelope["zones"] == [ZONE]
+    assert envelope["hidden"] == 1
+    nodes = {n["name"]: n for n in envelope["nodes"]}
+    assert set(nodes) == {"mine-a", "mine-spot"}
+    spot = nodes["mine-spot"]
+    assert spot["accelerator_type"] == "v6e-8"
+    assert spot["spot"] is True
+    assert spot["run_id"] == "run-1"
+    assert spot["state"] in {"CREATING", "READY"}
+    # The estimate is the catalog's spot price times the node's age, from the API's
+    # createTime: recompute it independently.
+    created = datetime.fromisoformat(spot["create_time"])
+    age = (datetime.now(timezone.utc) - created).total_seconds()
+    price = lookup("v6e-8").price_per_hour(spot=True)
+    assert spot["price_per_hour_usd"] == price
+    assert spot["estimated_cost_usd"] == pytest.approx(price * age / 3600, abs=0.001)
+    assert envelope["estimated_total_usd"] == pytest.approx(
+        sum(n["estimated_cost_usd"] for n in nodes.values()), abs=1e-3
+    )
+
+
+def test_list_all_and_several_zones(emulator: Emulator, tpu_api: GoogleTpuApi) -> None:
+    populate(tpu_api)
+    code, out, _ = run_cli(
+        "list",
+        "--all",
+        "--json",
+        "--api-endpoint",
+        emulator.url,
+        "--project",
+        PROJECT,
+        "--zone",
+        ZONE,
+        "--zone",
+        "us-central1-b",
+    )
+    assert code == 0
+    names = [(n["zone"], n["name"]) for n in json.loads(out)["nodes"]]
+    assert names == [
+        (ZONE, "mine-a"),
+        (ZONE, "mine-spot"),
+        (ZONE, "someone-elses"),
+        ("us-central1-b", "mine-b"),
+    ]
+
+
+def test_list_table_for_people(emulator: Emulator, tpu_api: GoogleTpuApi) -> None:
+    populate(tpu_api)
+    code, out, _ = run_cli(
+        "list", "--api-endpoint", emulator.url, "--project", PROJECT, "--zone", ZONE
+    )
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:5] == ["NAME", "ZONE", "TYPE", "STATE", "AGE"]
+    assert any(line.startswith("mine-a ") and "run-a" in line for line in lines)
+    assert any("v6e-8 (spot)" in line for line in lines)
+    assert not any("someone-elses" in line for line in lines)
+    assert "1 non-tpulab node(s) hidden" in out
+    assert "Estimated cost so far" in out
+
+
+def test_list_empty_zone_says_so(emulator: Emulator) -> None:
+    code, out, _ = run_cli(
+        "list", "--api-endpoint", emulator.url, "--project", PROJECT, "--zone", "us-east1-d"
+    )
+    assert code == 0
+    assert "No tpulab-managed nodes in us-east1-d" in out
+
+
+def test_list_api_error_is_reported_with_the_api_words(emulator: Emulator) -> None:
+    code, _, err = run_cli(
+        "list", "--api-endpoint", emulator.url, "--project", PROJECT, "--zone", "us-nowhere1-a"
+    )
+    assert code == EXIT_CLOUD
+    assert "Could not list nodes in us-nowhere1-a" in err
+    assert "API said:" in err
+    assert "hint:" in err
+
+
+def test_list_bad_input_fails_before_any_api_call(emulator: Emulator) -> None:
+    code, _, err = run_cli(
+        "list", "--api-endpoint", emulator.url, "--project", PROJECT, "--zone", "Not A Zone"
+    )
+    assert code == EXIT_CONFIG
+    assert "Invalid zone" in err
+    code, _, err = run_cli("list", "--project", PROJECT)
+    assert code == EXIT_CONFIG
+    assert "zone" in err.lower()
+    assert emulator.calls == {}
+
+
+def test_list_emulate_reads_the_embedded_emulators_state(
+    start_emulator: EmulatorStarter,
+) -> None:
+    from emulator_fixtures import api_for, node_request
+
+    # A node left in the embedded emulator's state (as by a killed `run --emulate`).
+    left = start_emulator(paths.emulator_state_dir())
+    api_for(left, project="tpulab-emulated").create_node(
+        "us-central1-a", "left-behind", node_request(run_id="killed-run")
+    )
+    left.stop()
+    code, out, _ = run_cli("list", "--emulate", "--json")
+    assert code == 0
+    envelope = json.loads(out)
+    assert envelope["project"] == "tpulab-emulated"
+    assert [(n["name"], n["run_id"]) for n in envelope["nodes"]] == [("left-behind", "killed-run")]
+
+
+def test_emulator_serve_runs_until_sigterm(tmp_path: Path) -> None:
+    state = tmp_path / "served"
+    command = [sys.executable, "-m", "tpulab", "emulator", "serve", "--port", "0"]
+    command += ["--state", str(state), "--ssh", "none", "--create-seconds", "0.1"]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        first = server.stdout.readline()
+        assert first.startswith("Cloud TPU API emulator listening on http://127.0.0.1:"), first
+        url = first.split()[-1]
+        banner = [server.stdout.readline() for _ in range(5)]
+        assert any("CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU=" + url in line for line in banner)
+        from tpulab.cloud import GoogleTpuApi
+        from tpulab.models import NodeRequest
+
+        api = GoogleTpuApi(PROJECT, api_endpoint=url)
+        request = NodeRequest(accelerator_type="v5litepod-1", runtime_version="v2-alpha-tpuv5-lite")
+        api.wait_operation(api.create_node(ZONE, "served", request), timeout=10)
+        server.send_signal(signal.SIGTERM)
+        out, err = server.communicate(timeout=20)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert server.returncode == 0, err
+    assert "Emulator stopped" in out
+    saved: dict[str, Any] = json.loads((state / "state.json").read_text())
+    assert [n["name"] for n in saved["nodes"].values()] == ["served"]
+
+
+def test_emulator_serve_reports_a_busy_port(emulator: Emulator, tmp_path: Path) -> None:
+    port = emulator.url.rsplit(":", 1)[1]
+    started = time.monotonic()
+    code, _, err = run_cli(
+        "emulator", "serve", "--port", port, "--state", str(tmp_path / "s"), "--ssh", "none"
+    )
+    assert code == EXIT_CONFIG
+    assert f"Cannot listen on 127.0.0.1:{port}" in err
+    assert time.monotonic() - started < 10
