@@ -1267,6 +1267,10 @@ def run_command(
     timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds the payload may run before it is killed.")
     ] = 600.0,
+    teardown_timeout: Annotated[
+        float,
+        typer.Option("--teardown-timeout", help="Seconds to wait for the deletion to be confirmed."),
+    ] = 600.0,
     installer: Annotated[
         str, typer.Option("--installer", help="Remote package installer: uv (default) or pip.")
     ] = "uv",
@@ -1297,7 +1301,10 @@ def run_command(
                 hint="--emulate starts an emulator in this process; --api-endpoint uses one "
                 "served by `tpulab emulator serve`.",
             )
+        from tpulab.config import Timeouts
+
         spec = build_run_spec(
+            timeouts=Timeouts(teardown=teardown_timeout),
             accelerator=accelerator,
             mode="emulate" if emulate else "endpoint" if api_endpoint else "google",
             project=project,

@@ -1,0 +1,269 @@
+"""`tpulab run` as a user runs it: a real subprocess, against the embedded emulator
+(`--emulate`) and against a separately served one (`--api-endpoint`), on both SSH
+backends; plus the dry run, the --json contract and the exit statuses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tpulab import paths
+from tpulab.cli import EXIT_CLOUD, EXIT_CONFIG, EXIT_OK, EXIT_TEARDOWN
+from tpulab.emulator import Emulator, Timing
+
+if TYPE_CHECKING:
+    from emulator_fixtures import EmulatorStarter
+
+    from tpulab.emulator.hosts import HostBackend
+
+pytest_plugins = ["emulator_fixtures", "ssh_fixtures"]
+
+PROJECT = "cli-project"
+ZONE = "us-central1-a"
+
+FAST = {"create_seconds": 0.2, "delete_seconds": 0.1, "stockout_seconds": 0.1, "tick_seconds": 0.02}
+
+
+def tpulab(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "tpulab", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
+def envelope(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(done.stdout)
+    except ValueError:
+        pytest.fail(f"stdout is not JSON (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return data
+
+
+def check_verified_v5litepod_4(result: dict[str, Any]) -> None:
+    assert result["schema_version"] == 1
+    assert result["command"] == "run"
+    assert result["ok"] is True
+    assert result["accelerator"] == "v5litepod-4"
+    assert result["emulated"] is True
+    receipt = result["receipt"]
+    assert receipt["verdict"] == "verified"
+    assert receipt["per_device_sums"] == [140.0, 1100.0, 3084.0, 6092.0]
+    assert receipt["observed_total"] == 10416.0
+    assert receipt["expected_total"] == 10416
+    assert Path(receipt["path"]).is_file()
+    assert result["teardown"] == {
+        "status": "confirmed",
+        "confirmed": True,
+        "delete_attempts": 1,
+        "seconds": result["teardown"]["seconds"],
+        "manual_command": None,
+    }
+    phases = [p["phase"] for p in result["phases"]]
+    assert phases == [
+        "validate", "create", "wait-ready", "host-key", "connect", "bootstrap", "stage",
+        "execute", "collect", "verify", "teardown",
+    ]  # fmt: skip
+    assert all(p["ok"] and p["seconds"] >= 0 for p in result["phases"])
+    assert result["api_calls"] > 5
+
+
+@pytest.fixture
+def fast_embedded_emulator() -> Iterator[Path]:
+    state = paths.emulator_state_dir()
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "timing.json").write_text(json.dumps(FAST))
+    yield state
+
+
+def embedded_leftovers(state: Path) -> list[str]:
+    with Emulator(state, timing=Timing.fast()) as emulator:
+        return emulator.node_names()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "backend", ["embedded", pytest.param("openssh", marks=pytest.mark.openssh)]
+)
+def test_run_emulate(fast_embedded_emulator: Path, backend: str) -> None:
+    if backend == "openssh":
+        from conftest import require_tool
+        from ssh_fixtures import sshd_available
+
+        require_tool(sshd_available(), "OpenSSH server")
+    done = tpulab(
+        "run", "--accelerator", "v5litepod-4", "--emulate", "--json", "--ssh-backend", backend
+    )
+    assert done.returncode == EXIT_OK, done.stderr
+    result = envelope(done)
+    check_verified_v5litepod_4(result)
+    assert result["mode"] == "emulate"
+    assert embedded_leftovers(fast_embedded_emulator) == []
+
+
+@pytest.fixture
+def served(start_emulator: EmulatorStarter, host_backend: HostBackend, tmp_path: Path) -> Emulator:
+    return start_emulator(tmp_path / "served", host_backend=host_backend)
+
+
+@pytest.mark.slow
+def test_run_against_a_served_emulator(served: Emulator) -> None:
+    done = tpulab(
+        "run", "--accelerator", "v5litepod-4", "--api-endpoint", served.url,
+        "--project", PROJECT, "--zone", ZONE, "--json",
+    )  # fmt: skip
+    assert done.returncode == EXIT_OK, done.stderr
+    result = envelope(done)
+    check_verified_v5litepod_4(result)
+    assert result["mode"] == "endpoint"
+    assert served.node_names() == []
+
+
+@pytest.fixture
+def bare(start_emulator: EmulatorStarter, tmp_path: Path) -> Emulator:
+    """A served emulator without SSH hosts: enough for runs that fail before SSH."""
+    return start_emulator(tmp_path / "bare")
+
+
+def test_human_output_names_phases_verdict_and_teardown(fast_embedded_emulator: Path) -> None:
+    done = tpulab("run", "--accelerator", "v5litepod-1", "--emulate", "-v")
+    assert done.returncode == EXIT_OK, done.stderr
+    out = done.stdout
+    for text in ("Create TPU VM", "Wait for READY", "Run payload", "Delete VM and confirm"):
+        assert text in out
+    assert "EMULATED" in out
+    assert "VERIFIED" in out
+    assert "[140] total 140 (closed form 140)" in out
+    assert "deleted, confirmed by list" in out
+    assert "TPULAB_RECEIPT" in out  # -v shows the payload's own output
+
+
+def test_invalid_accelerator_is_refused_before_any_call(bare: Emulator) -> None:
+    done = tpulab("run", "--accelerator", "v5litepod-3", "--api-endpoint", bare.url)
+    assert done.returncode == EXIT_CONFIG
+    assert "v5litepod-4" in done.stderr
+    assert bare.calls["create_node"] == 0
+    assert sum(bare.calls.values()) == 0
+
+
+def test_stockout_exit_status_and_message(bare: Emulator) -> None:
+    bare.faults.stockout = True
+    done = tpulab(
+        "run", "--accelerator", "v5litepod-4", "--api-endpoint", bare.url, "--project", PROJECT
+    )
+    assert done.returncode == EXIT_CLOUD, done.stderr
+    assert "capacity" in done.stderr.lower()
+    assert "teardown" in done.stdout and "deleted, confirmed by list" in done.stdout
+    assert bare.node_names() == []
+
+
+def test_unconfirmed_teardown_has_its_own_status_and_the_manual_command(bare: Emulator) -> None:
+    # A spot node preempted as soon as it is READY, whose delete then never finishes.
+    bare.faults.preempt_after = 0.0
+    bare.faults.delete_hangs = True
+    done = tpulab(
+        "run", "--accelerator", "v5litepod-4", "--api-endpoint", bare.url, "--project", PROJECT,
+        "--spot", "--name", "stuck-node", "--teardown-timeout", "1", "--json",
+    )  # fmt: skip
+    assert done.returncode == EXIT_TEARDOWN, done.stderr
+    result = envelope(done)
+    assert result["ok"] is False
+    assert result["teardown"]["status"] == "unconfirmed"
+    manual = (
+        f"gcloud compute tpus tpu-vm delete stuck-node --project={PROJECT} --zone={ZONE} --quiet"
+    )
+    assert result["teardown"]["manual_command"] == manual
+    assert result["error"]["type"] == "TeardownError"
+    assert manual in result["error"]["hint"]
+    assert "preempted" in result["error"]["message"]  # the first failure is kept too
+    assert bare.node_names() == ["stuck-node"]  # left, and said so
+
+
+def test_dry_run_prints_every_step_and_imports_nothing_heavy(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from tpulab.cli import app\n"
+        "try:\n"
+        "    app(['run', '--accelerator', 'v5litepod-4', '--dry-run', '--project', 'my-proj-1',"
+        " '--zone', 'us-east5-b', '--spot'], prog_name='tpulab')\n"
+        "except SystemExit as done:\n"
+        "    assert done.code in (0, None), done.code\n"
+        "heavy = [m for m in ('jax', 'paramiko', 'google.cloud', 'google.auth', 'asyncssh')"
+        " if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "CLOUDSDK_CONFIG": str(tmp_path / "no-gcloud"), "COLUMNS": "300"},
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "HEAVY []" in out
+    base = "https://tpu.googleapis.com/v2/projects/my-proj-1/locations/us-east5-b"
+    order = [
+        f"POST {base}/nodes?nodeId=tpulab-",
+        f"GET {base}/nodes/tpulab-",
+        ":getGuestAttributes",
+        "sftp put jax-tpu-lab/verify_tpu.py",
+        "JAX_PLATFORMS=tpu",
+        "--platform tpu",
+        "sftp get jax-tpu-lab/receipt.json",
+        f"DELETE {base}/nodes/tpulab-",
+        f"GET {base}/nodes (all pages) until no node has tpulab-run=",
+    ]
+    positions = [out.find(text) for text in order]
+    assert all(p >= 0 for p in positions), list(zip(order, positions, strict=True))
+    assert positions == sorted(positions)
+    assert '"spot": true' in out
+    assert "jax[tpu]" in out
+
+
+def test_dry_run_json_is_a_versioned_plan() -> None:
+    done = tpulab("run", "--accelerator", "v6e-1", "--emulate", "--dry-run", "--json")
+    assert done.returncode == EXIT_OK, done.stderr
+    plan = envelope(done)
+    assert plan["schema_version"] == 1
+    assert plan["dry_run"] is True
+    assert plan["emulated"] is True
+    kinds = [(step["phase"], step["kind"]) for step in plan["steps"]]
+    assert kinds[0] == ("validate", "local")
+    assert kinds[-1] == ("teardown", "api")
+    execute = next(step for step in plan["steps"] if step["phase"] == "execute")
+    assert "JAX_PLATFORMS=cpu" in execute["action"]
+    assert "--xla_force_host_platform_device_count=1" in execute["action"]
+    assert not paths.emulator_state_dir().exists(), "a dry run must not start the emulator"
+
+
+def test_missing_project_for_a_real_run_is_a_config_error(tmp_path: Path) -> None:
+    env_free = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"TPULAB_PROJECT", "CLOUDSDK_CORE_PROJECT", "GOOGLE_CLOUD_PROJECT"}
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "tpulab", "run", "--accelerator", "v5litepod-4", "--dry-run",
+         "--zone", "us-central1-a"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**env_free, "CLOUDSDK_CONFIG": str(tmp_path / "none")},
+    )  # fmt: skip
+    assert done.returncode == EXIT_CONFIG
+    assert "No Google Cloud project" in done.stderr
+    assert "--project" in done.stderr
