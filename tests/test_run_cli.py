@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,11 +79,11 @@ def check_verified_v5litepod_4(result: dict[str, Any]) -> None:
 
 
 @pytest.fixture
-def fast_embedded_emulator() -> Iterator[Path]:
+def fast_embedded_emulator() -> Path:
     state = paths.emulator_state_dir()
     state.mkdir(parents=True, exist_ok=True)
     (state / "timing.json").write_text(json.dumps(FAST))
-    yield state
+    return state
 
 
 def embedded_leftovers(state: Path) -> list[str]:
@@ -164,7 +163,8 @@ def test_stockout_exit_status_and_message(bare: Emulator) -> None:
     )
     assert done.returncode == EXIT_CLOUD, done.stderr
     assert "capacity" in done.stderr.lower()
-    assert "teardown" in done.stdout and "deleted, confirmed by list" in done.stdout
+    assert "teardown" in done.stdout
+    assert "deleted, confirmed by list" in done.stdout
     assert bare.node_names() == []
 
 
