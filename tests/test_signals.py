@@ -193,6 +193,10 @@ CHILD = textwrap.dedent(
     from tpulab.signals import shield, signals_to_teardown
 
     window, teardown_seconds = float(sys.argv[1]), float(sys.argv[2])
+    # A foreground process, whatever the test runner inherited (a background job in a
+    # non-interactive shell starts with SIGINT ignored, which tpulab rightly respects).
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
     if "ignore-hup" in sys.argv:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
 

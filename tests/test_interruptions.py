@@ -1,0 +1,354 @@
+"""The interruption matrix (issue 6): real `tpulab run` subprocesses against an emulator
+served from this test process, interrupted in every phase.
+
+- SIGINT / SIGTERM (and SIGHUP once) in each phase: the run tears down, exits 130, its
+  node is gone by `list`, its journal row is closed "confirmed";
+- SIGKILL in each phase: the node stays behind exactly as in the cloud, the journal row
+  stays open at that phase, and `tpulab teardown --verify --yes --run-id R` deletes that
+  node only, confirms it and closes the row;
+- a node without tpulab's labels (named like ours) survives everything, the runs share
+  one zone and run concurrently, each deleting only its own node, and an uninterrupted
+  run alongside them succeeds.
+
+Each phase is held open long enough to be hit: creation and host-key publication by the
+emulator's timing and faults, SSH by `ssh_refuse_for`, and bootstrap, staging, execution
+and collection by the emulated VM image: its `mkdir` and `sha256sum` tools and its
+`sitecustomize` (run by the payload's interpreter) sleep for chosen nodes.
+The phase a signal landed in is read back from the run's own --json report (or, for
+SIGKILL, from the journal row it left), so a mis-timed signal fails the test instead
+of being counted under the wrong phase.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tpulab.cloud import GoogleTpuApi
+from tpulab.emulator.hostenv import ImageEnv, default_image_env
+from tpulab.emulator.server import Emulator
+from tpulab.emulator.sshhost import EmbeddedHostBackend
+from tpulab.emulator.timing import Timing
+from tpulab.journal import Journal, RunRow
+from tpulab.models import NodeRequest
+
+pytestmark = pytest.mark.slow
+
+PROJECT = "matrix-proj"
+ZONE = "us-central1-a"
+FOREIGN = "tpulab-foreign"  # our naming pattern, but not our labels
+EXIT_INTERRUPTED = 130
+
+# The issue's phase names, and the lifecycle phase each one is held in. "wait" is the
+# wait for a usable VM: the emulator's create operation ends at READY, so the waiting
+# that can be hit is the host key's publication (guest attributes) after READY.
+PHASES = {
+    "create": "create",
+    "wait": "host-key",
+    "connect": "connect",
+    "bootstrap": "bootstrap",
+    "stage": "stage",
+    "execute": "execute",
+    "collect": "collect",
+}
+# Phases stretched per node by the emulated image (see _install_slow_image).
+SLOWED_BY_IMAGE = {"bootstrap", "stage", "execute", "collect"}
+HOLD_SECONDS = "4"
+
+# Started with default signal dispositions whatever the runner inherited: a background
+# job in a non-interactive shell starts with SIGINT ignored, which tpulab respects.
+LAUNCHER = (
+    "import os, signal, sys\n"
+    "for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):\n"
+    "    signal.signal(s, signal.SIG_DFL)\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'tpulab', *sys.argv[1:]])\n"
+)
+
+
+@dataclass(frozen=True)
+class Cell:
+    signal: str  # "SIGINT", "SIGTERM", "SIGHUP", "SIGKILL" or "none"
+    phase: str  # a key of PHASES, or "" for the uninterrupted control run
+
+    @property
+    def node(self) -> str:
+        what = self.phase or "control"
+        return f"tpulab-m-{self.signal.lower()}-{what}"
+
+
+@dataclass
+class Outcome:
+    cell: Cell
+    exit_status: int | None = None
+    landed: str = "?"
+    node_left_by_kill: bool | None = None
+    sweep_exit: int | None = None
+    sweep_deleted: list[str] = field(default_factory=list)
+    gone_by_list: bool = False
+    journal: str = "?"
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+
+class Matrix:
+    def __init__(self, emulator: Emulator, workdir: Path, slow_dir: Path) -> None:
+        self.emulator = emulator
+        self.api = GoogleTpuApi(PROJECT, api_endpoint=emulator.url)
+        self.journal = Journal()
+        self.workdir = workdir
+        self.slow_dir = slow_dir
+
+    def tpulab(self, *args: str, log: str) -> subprocess.Popen[str]:
+        out = (self.workdir / f"{log}.out").open("w")
+        err = (self.workdir / f"{log}.err").open("w")
+        with out, err:
+            return subprocess.Popen(
+                [sys.executable, "-c", LAUNCHER, *args],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                text=True,
+            )
+
+    def output(self, log: str) -> tuple[str, str]:
+        return (
+            (self.workdir / f"{log}.out").read_text(),
+            (self.workdir / f"{log}.err").read_text(),
+        )
+
+    def row(self, node: str) -> RunRow | None:
+        rows = self.journal.runs_for_node(PROJECT, ZONE, node)
+        return rows[0] if rows else None
+
+    def listed(self) -> set[str]:
+        return {node.name for node in self.api.list_nodes(ZONE)}
+
+    def wait_for_phase(self, cell: Cell, process: subprocess.Popen[str]) -> RunRow:
+        want = PHASES[cell.phase]
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise AssertionError(f"{cell.node} exited {process.returncode} before {want}")
+            row = self.row(cell.node)
+            # In "create" wait for the node itself, so the signal meets a node that exists.
+            if (
+                row is not None
+                and row.phase == want
+                and (want != "create" or cell.node in self.emulator.node_names(PROJECT))
+            ):
+                return row
+            time.sleep(0.02)
+        raise AssertionError(f"{cell.node} never reached phase {want}")
+
+    def run(self, cell: Cell) -> Outcome:
+        outcome = Outcome(cell)
+        started = time.monotonic()
+        if cell.phase in SLOWED_BY_IMAGE:
+            (self.slow_dir / f"{cell.node}.{cell.phase}").write_text(HOLD_SECONDS)
+        args = [
+            "run", "--accelerator", "v5litepod-4", "--api-endpoint", self.emulator.url,
+            "--project", PROJECT, "--zone", ZONE, "--name", cell.node, "--json",
+        ]  # fmt: skip
+        process = self.tpulab(*args, log=cell.node)
+        try:
+            if cell.signal == "none":
+                outcome.exit_status = process.wait(timeout=180)
+                outcome.landed = "-"
+            else:
+                self.wait_for_phase(cell, process)
+                process.send_signal(getattr(signal, cell.signal))
+                outcome.exit_status = process.wait(timeout=180)
+                if cell.signal == "SIGKILL":
+                    self.after_kill(outcome)
+                else:
+                    self.after_signal(outcome)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        outcome.gone_by_list = cell.node not in self.listed()
+        row = self.row(cell.node)
+        outcome.journal = "missing" if row is None else (row.teardown or f"open@{row.phase}")
+        outcome.seconds = time.monotonic() - started
+        return outcome
+
+    def report(self, cell: Cell) -> dict[str, Any]:
+        out, err = self.output(cell.node)
+        try:
+            data: dict[str, Any] = json.loads(out)
+        except json.JSONDecodeError:
+            raise AssertionError(f"{cell.node}: no JSON report; stderr:\n{err[-2000:]}") from None
+        return data
+
+    def after_signal(self, outcome: Outcome) -> None:
+        data = self.report(outcome.cell)
+        failed = [p["phase"] for p in data["phases"] if not p["ok"] and p["phase"] != "teardown"]
+        outcome.landed = failed[0] if failed else "none"
+        if (data.get("error") or {}).get("type") != "InterruptedRun":
+            outcome.problems.append(f"error was {data.get('error')}")
+        if not data["teardown"]["confirmed"]:
+            outcome.problems.append("teardown not confirmed by the run")
+
+    def after_kill(self, outcome: Outcome) -> None:
+        cell = outcome.cell
+        row = self.row(cell.node)
+        assert row is not None, f"{cell.node}: no journal row after SIGKILL"
+        outcome.landed = row.phase
+        outcome.node_left_by_kill = cell.node in self.emulator.node_names(PROJECT)
+        log = f"{cell.node}-sweep"
+        sweep = self.tpulab(
+            "teardown", "--verify", "--yes", "--json", "--run-id", row.run_id,
+            "--api-endpoint", self.emulator.url, "--project", PROJECT, "--timeout", "60",
+            log=log,
+        )  # fmt: skip
+        outcome.sweep_exit = sweep.wait(timeout=120)
+        out, err = self.output(log)
+        try:
+            outcome.sweep_deleted = json.loads(out)["deleted"]
+        except (json.JSONDecodeError, KeyError):
+            outcome.problems.append(f"sweep printed no JSON; stderr: {err[-500:]}")
+
+
+_SITECUSTOMIZE = """\
+# The emulated image's site hook: hold the verifier payload for chosen nodes.
+import os, sys, time
+if sys.argv and sys.argv[0].endswith("verify_tpu.py"):
+    hold = os.path.join(os.environ.get("TPULAB_TEST_SLOW_DIR", "/nonexistent"),
+                        os.path.basename(os.environ.get("HOME", "")) + ".execute")
+    if os.path.isfile(hold):
+        with open(hold) as seconds:
+            time.sleep(float(seconds.read()))
+"""
+
+
+def _install_slow_image(root: Path) -> tuple[Path, Path]:
+    """Emulated-image tools that sleep when `$TPULAB_TEST_SLOW_DIR/<node>.<phase>` exists:
+    bootstrap starts with `mkdir -p`; staging and collection each check a sha256 on the
+    VM (the payload, then the receipt); the payload's interpreter runs `sitecustomize`.
+    Returns the directories for PATH and PYTHONPATH."""
+    bin_dir, site_dir = root / "bin", root / "site"
+    bin_dir.mkdir(parents=True)
+    site_dir.mkdir()
+    (site_dir / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    for tool in ("mkdir", "sha256sum"):
+        real = shutil.which(tool, path="/usr/bin:/bin")
+        assert real is not None, f"{tool} is needed on this machine"
+        if tool == "mkdir":
+            tag = "tag=bootstrap"
+        else:
+            tag = 'case "$*" in *receipt*) tag=collect ;; *) tag=stage ;; esac'
+        script = (
+            "#!/bin/sh\n"
+            f"{tag}\n"
+            'hold="$TPULAB_TEST_SLOW_DIR/$(basename "$HOME").$tag"\n'
+            'if [ -f "$hold" ]; then sleep "$(cat "$hold")"; fi\n'
+            f'exec {real} "$@"\n'
+        )
+        path = bin_dir / tool
+        path.write_text(script)
+        path.chmod(0o755)
+    return bin_dir, site_dir
+
+
+@pytest.fixture
+def matrix(tmp_path: Path) -> Iterator[Matrix]:
+    slow_dir = tmp_path / "slow"
+    slow_dir.mkdir()
+    bin_dir, site_dir = _install_slow_image(tmp_path / "image")
+    base = default_image_env()
+    image = ImageEnv(
+        path=(str(bin_dir), *base.path),
+        pythonpath=(str(site_dir), *base.pythonpath),
+        extra={**base.extra, "TPULAB_TEST_SLOW_DIR": str(slow_dir)},
+    )
+    state = tmp_path / "emulator"
+    backend = EmbeddedHostBackend(state, image=image)
+    timing = Timing(create_seconds=1.5, delete_seconds=0.3, stockout_seconds=0.1)
+    try:
+        with Emulator(state, host_backend=backend, timing=timing) as emulator:
+            # Hold "wait" (host key after READY) and "connect" (sshd refusing) open.
+            emulator.faults.update({"guest_attributes_delay": 1.5, "ssh_refuse_for": 3.0})
+            workdir = tmp_path / "logs"
+            workdir.mkdir()
+            yield Matrix(emulator, workdir, slow_dir)
+    finally:
+        backend.close()
+
+
+def _table(outcomes: list[Outcome]) -> str:
+    header = (
+        f"{'signal':8} {'phase':10} {'landed in':10} {'exit':>5} {'left':>5} "
+        f"{'sweep':>5} {'gone':>5} {'journal':10} {'secs':>5}  problems"
+    )
+    lines = ["", "Interruption matrix (tpulab run vs. served emulator)", header, "-" * len(header)]
+    for o in outcomes:
+        left = "-" if o.node_left_by_kill is None else ("yes" if o.node_left_by_kill else "NO")
+        sweep = "-" if o.sweep_exit is None else str(o.sweep_exit)
+        lines.append(
+            f"{o.cell.signal:8} {o.cell.phase or '(none)':10} {o.landed:10} "
+            f"{o.exit_status!s:>5} {left:>5} {sweep:>5} {'yes' if o.gone_by_list else 'NO':>5} "
+            f"{o.journal:10} {o.seconds:5.1f}  {'; '.join(o.problems)}"
+        )
+    lines.append(
+        "exit: the run's status (130 = interrupted, teardown confirmed; -9 = SIGKILL); "
+        "left: node still there after SIGKILL; sweep: `teardown --verify --yes --run-id` "
+        "status; gone: absent from `list`."
+    )
+    return "\n".join(lines)
+
+
+def test_interruption_matrix(matrix: Matrix, capsys: pytest.CaptureFixture[str]) -> None:
+    request = NodeRequest(accelerator_type="v5litepod-4", runtime_version="v2-alpha-tpuv5-lite")
+    operation = matrix.api.create_node(ZONE, FOREIGN, request)
+    matrix.api.wait_operation(operation, timeout=30)
+    cells = [Cell(sig, phase) for phase in PHASES for sig in ("SIGINT", "SIGTERM", "SIGKILL")]
+    cells += [Cell("SIGHUP", "execute"), Cell("none", "")]
+    # Slowest first, so the pool drains evenly; 2 CPUs share these with the SSH hosts.
+    order = list(PHASES)
+    cells.sort(key=lambda c: -order.index(c.phase) if c.phase else -len(order))
+    workers = int(os.environ.get("TPULAB_MATRIX_WORKERS", "6"))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        outcomes = list(pool.map(matrix.run, cells))
+    outcomes.sort(key=lambda o: (o.cell.signal, order.index(o.cell.phase) if o.cell.phase else 9))
+    with capsys.disabled():
+        print(_table(outcomes))
+
+    listed = subprocess.run(
+        [sys.executable, "-m", "tpulab", "list", "--api-endpoint", matrix.emulator.url,
+         "--project", PROJECT, "--zone", ZONE, "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["nodes"] == [], "tpulab nodes remain after the matrix"
+    assert matrix.emulator.node_names(PROJECT) == [FOREIGN], "the foreign node must survive"
+    assert matrix.journal.open_runs() == [], "every journal row must be closed"
+
+    for o in outcomes:
+        cell = o.cell
+        where = f"{cell.signal} in {cell.phase or 'no phase'}: {o.problems}"
+        assert not o.problems, where
+        assert o.gone_by_list, where
+        assert o.journal == "confirmed", where
+        if cell.signal == "none":
+            assert o.exit_status == 0, where
+        elif cell.signal == "SIGKILL":
+            assert o.exit_status == -signal.SIGKILL, where
+            assert o.landed == PHASES[cell.phase], where
+            assert o.node_left_by_kill, where  # as the cloud would: nothing cleaned it up
+            assert o.sweep_exit == 0, where
+            assert o.sweep_deleted == [cell.node], where  # --run-id: that node, no other
+        else:
+            assert o.exit_status == EXIT_INTERRUPTED, where
+            assert o.landed == PHASES[cell.phase], where
