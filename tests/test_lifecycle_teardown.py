@@ -1,0 +1,104 @@
+"""`teardown.delete_and_confirm` against the emulator: what counts as gone, what is never
+touched, and how errors on the way are ridden out."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tpulab.errors import TeardownError
+from tpulab.models import NodeState
+from tpulab.teardown import delete_and_confirm
+
+if TYPE_CHECKING:
+    from tpulab.cloud import GoogleTpuApi
+    from tpulab.emulator import Emulator
+
+pytest_plugins = ["emulator_fixtures"]
+ZONE = "us-central1-a"
+
+
+def create(api: GoogleTpuApi, name: str, run_id: str | None) -> None:
+    from emulator_fixtures import node_request
+
+    api.wait_operation(api.create_node(ZONE, name, node_request(run_id=run_id)), timeout=10)
+
+
+def test_deletes_only_this_runs_node(emulator: Emulator, tpu_api: GoogleTpuApi) -> None:
+    create(tpu_api, "ours", "run-a")
+    create(tpu_api, "other-run", "run-b")
+    create(tpu_api, "users-own", None)
+    report = delete_and_confirm(tpu_api, ZONE, "ours", run_id="run-a", timeout=10, poll=0.02)
+    assert report.confirmed
+    assert report.delete_attempts == 1
+    assert report.delete_sent_at is not None
+    assert sorted(emulator.node_names()) == ["other-run", "users-own"]
+
+
+def test_not_found_counts_as_deleted(emulator: Emulator, tpu_api: GoogleTpuApi) -> None:
+    report = delete_and_confirm(tpu_api, ZONE, "never-was", run_id="run-x", timeout=5, poll=0.02)
+    assert report.confirmed
+    assert report.already_gone
+    assert emulator.calls["delete_node"] == 1
+
+
+def test_unknown_create_outcome_deletes_by_label_only(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    # A node with our would-be name but not our label belongs to someone else.
+    create(tpu_api, "same-name", None)
+    create(tpu_api, "labelled", "run-c")
+    delete_and_confirm(
+        tpu_api, ZONE, "same-name", run_id="run-c", known_ours=False, timeout=10, poll=0.02
+    )
+    assert emulator.node_names() == ["same-name"]
+    with pytest.raises(ValueError, match="run_id"):
+        delete_and_confirm(tpu_api, ZONE, "x", run_id=None, known_ours=False)
+
+
+def test_transient_list_and_delete_errors_are_ridden_out(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    create(tpu_api, "flaky", "run-d")
+    # More 503s than the client's own retries absorb: the teardown loop must go on.
+    emulator.faults.transient = {"delete_node": 2, "list_nodes": 12}
+    notes: list[str] = []
+    report = delete_and_confirm(
+        tpu_api, ZONE, "flaky", run_id="run-d", timeout=20, poll=0.02, notify=notes.append
+    )
+    assert report.confirmed
+    assert report.delete_attempts >= 3
+    assert notes
+    assert emulator.node_names() == []
+
+
+def test_a_node_already_deleting_is_waited_for_not_deleted_again(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    from tpulab.emulator import Timing
+
+    emulator.timing = Timing(create_seconds=0.05, delete_seconds=0.8, tick_seconds=0.02)
+    create(tpu_api, "slow-delete", "run-e")
+    tpu_api.delete_node(ZONE, "slow-delete")  # e.g. an earlier, interrupted teardown
+    assert tpu_api.get_node(ZONE, "slow-delete").state is NodeState.DELETING
+    report = delete_and_confirm(
+        tpu_api, ZONE, "slow-delete", run_id="run-e", known_ours=False, timeout=10, poll=0.05
+    )
+    assert report.confirmed
+    assert report.list_calls >= 2
+    assert report.delete_attempts == 0
+    assert emulator.calls["delete_node"] == 1
+    assert emulator.node_names() == []
+
+
+def test_deadline_raises_with_every_leaked_node(emulator: Emulator, tpu_api: GoogleTpuApi) -> None:
+    create(tpu_api, "stuck", "run-f")
+    emulator.faults.delete_hangs = True
+    with pytest.raises(TeardownError) as caught:
+        delete_and_confirm(tpu_api, ZONE, "stuck", run_id="run-f", timeout=0.6, poll=0.05)
+    error = caught.value
+    assert "stuck is DELETING" in error.message
+    assert [node.name for node in error.leaked] == ["stuck"]
+    assert error.hint is not None
+    assert "gcloud compute tpus tpu-vm delete stuck" in error.hint
