@@ -28,9 +28,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,7 @@ PROJECT = "matrix-proj"
 ZONE = "us-central1-a"
 FOREIGN = "tpulab-foreign"  # our naming pattern, but not our labels
 EXIT_INTERRUPTED = 130
+EXIT_TEARDOWN = 6
 
 # The issue's phase names, and the lifecycle phase each one is held in. "wait" is the
 # wait for a usable VM: the emulator's create operation ends at READY, so the waiting
@@ -262,8 +265,8 @@ def _install_slow_image(root: Path) -> tuple[Path, Path]:
     return bin_dir, site_dir
 
 
-@pytest.fixture
-def matrix(tmp_path: Path) -> Iterator[Matrix]:
+@contextmanager
+def _served(tmp_path: Path, timing: Timing, faults: dict[str, Any]) -> Iterator[Matrix]:
     slow_dir = tmp_path / "slow"
     slow_dir.mkdir()
     bin_dir, site_dir = _install_slow_image(tmp_path / "image")
@@ -275,16 +278,35 @@ def matrix(tmp_path: Path) -> Iterator[Matrix]:
     )
     state = tmp_path / "emulator"
     backend = EmbeddedHostBackend(state, image=image)
-    timing = Timing(create_seconds=1.5, delete_seconds=0.3, stockout_seconds=0.1)
     try:
         with Emulator(state, host_backend=backend, timing=timing) as emulator:
-            # Hold "wait" (host key after READY) and "connect" (sshd refusing) open.
-            emulator.faults.update({"guest_attributes_delay": 1.5, "ssh_refuse_for": 3.0})
+            emulator.faults.update(faults)
             workdir = tmp_path / "logs"
             workdir.mkdir()
             yield Matrix(emulator, workdir, slow_dir)
     finally:
         backend.close()
+
+
+@pytest.fixture
+def matrix(tmp_path: Path) -> Iterator[Matrix]:
+    timing = Timing(create_seconds=1.5, delete_seconds=0.3, stockout_seconds=0.1)
+    # Hold "wait" (host key after READY) and "connect" (sshd refusing) open.
+    with _served(tmp_path, timing, {"guest_attributes_delay": 1.5, "ssh_refuse_for": 3.0}) as m:
+        yield m
+
+
+@pytest.fixture
+def quick(tmp_path: Path) -> Iterator[Matrix]:
+    with _served(tmp_path, Timing(create_seconds=0.3, delete_seconds=0.3), {}) as served:
+        yield served
+
+
+@pytest.fixture
+def slow_delete(tmp_path: Path) -> Iterator[Matrix]:
+    """Deletes take 3 s, so there is time to press Ctrl-C during teardown."""
+    with _served(tmp_path, Timing(create_seconds=0.3, delete_seconds=3.0), {}) as served:
+        yield served
 
 
 def _table(outcomes: list[Outcome]) -> str:
@@ -352,3 +374,99 @@ def test_interruption_matrix(matrix: Matrix, capsys: pytest.CaptureFixture[str])
         else:
             assert o.exit_status == EXIT_INTERRUPTED, where
             assert o.landed == PHASES[cell.phase], where
+
+
+def _start(served: Matrix, node: str, hold_execute: float) -> subprocess.Popen[str]:
+    (served.slow_dir / f"{node}.execute").write_text(str(hold_execute))
+    return served.tpulab(
+        "run", "--accelerator", "v5litepod-4", "--api-endpoint", served.emulator.url,
+        "--project", PROJECT, "--zone", ZONE, "--name", node, "--json",
+        log=node,
+    )  # fmt: skip
+
+
+def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _in_phase(served: Matrix, node: str, phase: str) -> bool:
+    row = served.row(node)
+    return row is not None and row.phase == phase
+
+
+def _says(served: Matrix, node: str, text: str) -> bool:
+    return text in served.output(node)[1]
+
+
+def test_two_concurrent_runs_each_delete_only_their_own_node(quick: Matrix) -> None:
+    first, second = "tpulab-pair-first", "tpulab-pair-second"
+    runs = {first: _start(quick, first, 2), second: _start(quick, second, 4)}
+    try:
+        for node in runs:
+            _wait_for(partial(_in_phase, quick, node, "execute"), f"{node} executing")
+        runs[first].send_signal(signal.SIGINT)
+        assert runs[first].wait(timeout=60) == EXIT_INTERRUPTED
+        # The first run's teardown is confirmed; the second run and its node are untouched.
+        assert first not in quick.listed()
+        assert second in quick.listed()
+        assert runs[second].poll() is None
+        assert runs[second].wait(timeout=120) == 0, quick.output(second)[1][-2000:]
+    finally:
+        for process in runs.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    second_report = json.loads(quick.output(second)[0])
+    assert second_report["ok"] is True
+    assert second_report["teardown"]["confirmed"] is True
+    assert quick.listed() == set()
+    assert [row.teardown for row in quick.journal.all_runs()] == ["confirmed", "confirmed"]
+
+
+def test_ctrl_c_during_teardown_is_refused_and_a_quick_third_forces_quit(
+    slow_delete: Matrix,
+) -> None:
+    served = slow_delete
+    patient, impatient = "tpulab-ctrl-c-twice", "tpulab-ctrl-c-thrice"
+    runs = {patient: _start(served, patient, 30), impatient: _start(served, impatient, 30)}
+
+    try:
+        for node, process in runs.items():
+            _wait_for(partial(_in_phase, served, node, "execute"), f"{node} executing")
+            process.send_signal(signal.SIGINT)
+        for node, process in runs.items():
+            _wait_for(partial(_in_phase, served, node, "teardown"), f"{node} tearing down")
+            process.send_signal(signal.SIGINT)
+            _wait_for(partial(_says, served, node, "SIGINT ignored"), f"{node} refusing")
+        runs[impatient].send_signal(signal.SIGINT)  # the third, well inside 2 s
+        assert runs[impatient].wait(timeout=30) == EXIT_TEARDOWN
+        assert runs[patient].wait(timeout=60) == EXIT_INTERRUPTED
+    finally:
+        for process in runs.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+    refused = served.output(patient)[1]
+    assert f"SIGINT ignored: deleting node {patient} in {ZONE}" in refused
+    report = json.loads(served.output(patient)[0])
+    assert report["teardown"]["confirmed"] is True
+    assert patient not in served.listed()
+
+    forced = served.output(impatient)[1]
+    assert f"Forced quit while deleting node {impatient} in {ZONE}" in forced
+    assert f"gcloud compute tpus tpu-vm delete {impatient} --project={PROJECT}" in forced
+    row = served.row(impatient)
+    assert row is not None
+    assert (row.teardown, row.phase) == (None, "teardown")  # left open for the sweep
+    sweep = subprocess.run(
+        [sys.executable, "-m", "tpulab", "teardown", "--verify", "--yes",
+         "--api-endpoint", served.emulator.url, "--project", PROJECT, "--zone", ZONE],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert sweep.returncode == 0, sweep.stderr
+    assert served.listed() == set()
+    assert served.journal.open_runs() == []
