@@ -551,7 +551,12 @@ def _teardown_verify(
     if not 0 < timeout <= 86400:
         raise E.ConfigError(f"--timeout {timeout:g} is out of range.", hint="Use 1 to 86400 s.")
     scope = resolve_scope(
-        project=project, zones=zones, emulate=emulate, api_endpoint=api_endpoint, run_id=run_id
+        project=project,
+        zones=zones,
+        emulate=emulate,
+        api_endpoint=api_endpoint,
+        run_id=run_id,
+        adc_project=_adc_project,
     )
     journal = Journal()
     result: SweepResult | None = None

@@ -361,6 +361,7 @@ def resolve_scope(
     api_endpoint: str | None,
     run_id: str | None = None,
     env: Mapping[str, str] | None = None,
+    adc_project: Callable[[], str | None] | None = None,
 ) -> Scope:
     """Validate the flags of `teardown --verify` before any API call.
 
@@ -392,7 +393,8 @@ def resolve_scope(
         checked = checked or [config.EMULATED_ZONE]
     else:
         try:
-            name = config.resolve_project(project, env=env).value
+            lookup = adc_project if api_endpoint is None else None
+            name = config.resolve_project(project, env=env, adc_project=lookup).value
         except ConfigError:
             if api_endpoint is None:
                 raise
