@@ -13,6 +13,7 @@ translated here into the `tpulab.errors` tree, keeping the API's words in `api_m
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -283,6 +284,7 @@ class GoogleTpuApi:
         self._request_timeout = request_timeout
         self._list_page_size = list_page_size
         self._calls = 0
+        self._calls_lock = threading.Lock()  # `tpulab list` lists zones concurrently
         local = is_local_endpoint(api_endpoint)
         if poll is not None:
             self._poll = poll
@@ -456,7 +458,8 @@ class GoogleTpuApi:
         attempt = 0
         while True:
             attempt += 1
-            self._calls += 1
+            with self._calls_lock:
+                self._calls += 1
             try:
                 return send()
             except Exception as raw:

@@ -8,6 +8,7 @@ estimates (see `catalog.PRICE_DATE`), never billing data.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -68,12 +69,23 @@ def list_nodes(
     include_all: bool = False,
     now: datetime | None = None,
 ) -> Listing:
-    """Every node in `zones` (all pages), tpulab's only unless `include_all`."""
+    """Every node in `zones` (all pages), tpulab's only unless `include_all`.
+
+    Zones are listed concurrently: each is a separate round trip to the API, and a
+    multi-zone sweep should cost one round trip's latency, not one per zone. The first
+    failing zone (in the order given) raises.
+    """
     moment = now or datetime.now(timezone.utc)
     shown: list[ListedNode] = []
     hidden = 0
-    for zone in zones:
-        for node in api.list_nodes(zone):
+    if len(zones) > 1:
+        with ThreadPoolExecutor(max_workers=min(len(zones), 8)) as pool:
+            futures = [pool.submit(api.list_nodes, zone) for zone in zones]
+        per_zone = [future.result() for future in futures]
+    else:
+        per_zone = [api.list_nodes(zone) for zone in zones]
+    for nodes in per_zone:
+        for node in nodes:
             if include_all or node.managed_by_tpulab:
                 shown.append(_listed(node, moment))
             else:

@@ -1,0 +1,1 @@
+"""Benchmarks: run with `nox -s bench` or `pytest tests/benchmarks -s`."""
