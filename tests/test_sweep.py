@@ -205,6 +205,7 @@ def test_rows_without_nodes_are_closed_only_when_their_zone_was_listed(
     api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
 ) -> None:
     _killed_run(api, journal, "never-created", dead_pid, create=False)
+    api = GoogleTpuApi(PROJECT, api_endpoint=emulator.url, retries=0)  # fail fast
     emulator.faults.update({"transient": {"list_nodes": 1000}})
     plan, result = _fast_sweep(api, journal, zones=[ZONE])
     assert ZONE in plan.list_errors
@@ -279,11 +280,18 @@ def test_rows_of_other_targets_are_reported_not_touched(
     assert [row.run_id for row in journal.open_runs()] == ["emulated-elsewhere"]
 
 
-def test_no_zone_anywhere_is_a_config_error(api: GoogleTpuApi, journal: Journal) -> None:
+def test_no_zone_anywhere_is_a_config_error(
+    api: GoogleTpuApi, journal: Journal, dead_pid: int
+) -> None:
     with pytest.raises(ConfigError, match="No zone to search") as caught:
         find_orphans(api, target="google", journal=journal)
     assert caught.value.hint is not None
     assert "--zone" in caught.value.hint
+    _killed_run(api, journal, "emulated-run", dead_pid, create=False, target=TARGET_EMULATE)
+    with pytest.raises(ConfigError, match="no open run emulated-run") as caught:
+        find_orphans(api, target="google", journal=journal, run_id="emulated-run")
+    assert caught.value.hint is not None
+    assert "--emulate" in caught.value.hint
 
 
 def test_verify_clean_counts_only_tpulab_nodes(api: GoogleTpuApi) -> None:

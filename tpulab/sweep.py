@@ -200,9 +200,12 @@ def find_orphans(
             why = "the journal could not be read"
         else:
             why = f"the journal has no open run{' ' + run_id if run_id else ''} for this target"
+        elsewhere = [sweep_command_for(row) for row in plan.other_rows]
         raise ConfigError(
             f"No zone to search: no --zone was given, none is configured, and {why}.",
-            hint="Pass --zone ZONE (repeat it for several zones).",
+            hint=f"That run belongs to another target: `{elsewhere[0]}`"
+            if run_id is not None and elsewhere
+            else "Pass --zone ZONE (repeat it for several zones).",
         )
     rows_by_run = {row.run_id: row for row in rows}
     labelled_runs: set[str] = set()
