@@ -271,3 +271,15 @@ def test_losing_the_host_mid_command_is_a_connect_error(
         with pytest.raises(ConnectError, match=r"dropped|failed while"):
             conn.run(["sleep", "20"], timeout=30)
         assert time.monotonic() - started < 10
+
+
+def test_sessions_see_the_image_environment_only(
+    ssh_host: SshHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TPULAB_CONTROLLER_ONLY", "leak")  # must not reach the "VM"
+    with ssh_host.connect() as conn:
+        result = conn.run(["env"], timeout=10, check=True)
+    names = {line.split("=", 1)[0] for line in result.stdout.splitlines() if "=" in line}
+    image = {"HOME", "USER", "LOGNAME", "SHELL", "LANG", "PATH", "PYTHONPATH"}
+    assert image <= names
+    assert names - image <= {"TPULAB_EMULATED_NODE", "SSH_CONNECTION", "PWD", "SHLVL", "_"}

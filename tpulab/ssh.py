@@ -515,6 +515,10 @@ class Connection:
         transport = client.get_transport()
         assert transport is not None
         transport.set_keepalive(self.keepalive)
+        if isinstance(transport.sock, socket.socket):
+            # Small request/reply messages (channel opens, exec) otherwise wait out
+            # Nagle + delayed ACK: ~40 ms per command.
+            transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return client
 
     def _transport(self) -> paramiko.Transport:
@@ -613,7 +617,9 @@ class Connection:
                     hint="The remote `timeout` did not take effect; the process may "
                     "still be running on the VM.",
                 )
-            select.select([channel], [], [], 0.05)
+            # The channel's fd wakes us for output and EOF, not for exit-status (which
+            # asyncssh sends before EOF), so keep the nap short.
+            select.select([channel], [], [], 0.01)
         return channel.exit_status if channel.exit_status_ready() else -1
 
     @contextmanager

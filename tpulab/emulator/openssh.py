@@ -38,6 +38,7 @@ from tpulab.emulator.hostenv import (
     new_node_tag,
     parse_ssh_keys,
     reserve_port,
+    session_env,
 )
 from tpulab.emulator.hosts import HostEndpoint
 
@@ -208,20 +209,24 @@ class OpenSshHostBackend:
         raise SshdStartError(f"sshd did not start listening on port {node.port}: {tail}")
 
     def _wrapper(self, sandbox: Path, tag: str) -> str:
-        exports = {"HOME": str(sandbox), **self.image.as_env(), NODE_TAG_VAR: tag}
-        lines = "".join(f"{k}={shlex.quote(v)}; export {k}\n" for k, v in exports.items())
+        # `env -i`: sessions see the image environment only, like the embedded host,
+        # not whatever the login shell's rc files exported on the emulator's machine.
+        env = session_env(self.image, sandbox, self.login_user)
+        env[NODE_TAG_VAR] = tag
+        assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+        home = shlex.quote(str(sandbox))
         return (
             "#!/bin/sh\n"
             "# Written by tpulab's OpenSSH host backend: the sandbox is this VM's HOME.\n"
-            f"{lines}"
-            'cd "$HOME" || exit 1\n'
+            f"cd {home} || exit 1\n"
             f'if [ "${{SSH_ORIGINAL_COMMAND-}}" = {_SFTP_MARKER} ]; then\n'
-            f'  exec {shlex.quote(self.sftp_server)} -d "$HOME"\n'
+            f"  exec {shlex.quote(self.sftp_server)} -d {home}\n"
             "fi\n"
             'if [ -z "${SSH_ORIGINAL_COMMAND+set}" ]; then\n'
             '  echo "this emulated host runs commands only (no shell)" >&2; exit 1\n'
             "fi\n"
-            'exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"\n'
+            f"exec env -i {assignments} "
+            '"SSH_CONNECTION=${SSH_CONNECTION-}" /bin/sh -c "$SSH_ORIGINAL_COMMAND"\n'
         )
 
     def _config(
