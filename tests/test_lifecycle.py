@@ -20,6 +20,7 @@ from tpulab.errors import (
     RemoteTimeoutError,
     StockoutError,
     TeardownError,
+    TpuBusyError,
     UnknownAcceleratorError,
     VerificationError,
 )
@@ -154,6 +155,29 @@ def test_payload_crash_without_receipt(embedded_rig: Rig, tmp_path: Path) -> Non
     assert error.exit_status == 1
     assert "blew up" in error.output_tail
     assert life.outcome.verdict is None
+    assert life.outcome.teardown_status == "confirmed"
+    assert embedded_rig.leftovers() == []
+
+
+def test_stale_tpu_process_is_named(embedded_rig: Rig, tmp_path: Path) -> None:
+    from run_rig import payload_script
+
+    busy = payload_script(
+        tmp_path,
+        """
+        import sys
+        sys.stderr.write(
+            "RuntimeError: Unable to initialize backend 'tpu': ABORTED: The TPU is already "
+            "in use by process with pid 4242. Not attempting to load libtpu.so in this process.\\n"
+        )
+        sys.exit(1)
+        """,
+    )
+    life, _, error = embedded_rig.run(embedded_rig.spec(script=busy))
+    assert isinstance(error, TpuBusyError)
+    assert "pid 4242" in error.message
+    assert error.hint is not None
+    assert "/dev/vfio" in error.hint
     assert life.outcome.teardown_status == "confirmed"
     assert embedded_rig.leftovers() == []
 

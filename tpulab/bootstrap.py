@@ -136,7 +136,7 @@ if [ "$installer" = uv ]; then
   echo "uv was not usable; falling back to pip" >&2
 fi
 if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
-  "$venv/bin/python" -m ensurepip -q >&2 || exit 41
+  "$venv/bin/python" -m ensurepip --upgrade --default-pip >&2 || exit 41
 fi
 echo "TPULAB_INSTALLER pip"
 exec "$venv/bin/python" -m pip install -U "$@"

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,7 +35,6 @@ from tpulab.config import RunSpec
 from tpulab.errors import (
     AlreadyExistsError,
     CloudError,
-    CommandFailedError,
     InterruptedRun,
     InvalidArgumentError,
     LeakedNode,
@@ -46,9 +44,7 @@ from tpulab.errors import (
     QuotaError,
     RemoteError,
     TeardownError,
-    TpuBusyError,
     TpuLabError,
-    VerificationError,
 )
 from tpulab.models import NodeInfo, NodeRequest, NodeState
 from tpulab.progress import NullObserver, Phase, RunJournal, RunObserver, TeardownStatus
@@ -56,6 +52,7 @@ from tpulab.teardown import TeardownReport, delete_and_confirm, manual_delete_co
 
 if TYPE_CHECKING:
     from tpulab.receipt_store import ReceiptStore, StoredReceipt
+    from tpulab.receipts import Expectation
     from tpulab.ssh import RunKey, SshTarget
 
 __all__ = [
@@ -74,11 +71,6 @@ _REFUSED = (
     AlreadyExistsError,
     PermissionDeniedError,
     NotFoundError,
-)
-_TPU_BUSY = re.compile(
-    r"TPU is already in use by process[^\n]*|/dev/vfio/\S*:? Device or resource busy|"
-    r"open\(/dev/vfio/\S*\) failed[^\n]*busy",
-    re.IGNORECASE,
 )
 
 
@@ -483,6 +475,7 @@ class Lifecycle:
 
     def collect(self) -> str:
         """Fetch the receipt file (sha256-checked by the transfer), bounded in size."""
+        from tpulab.evidence import payload_failure
         from tpulab.receipts import MAX_RECEIPT_BYTES
 
         assert self.session is not None
@@ -492,87 +485,60 @@ class Lifecycle:
         try:
             self.session.get(boot.RECEIPT_PATH, local, max_bytes=MAX_RECEIPT_BYTES)
         except RemoteError as error:
-            raise self._payload_failure(
-                "wrote no receipt", f"fetching {boot.RECEIPT_PATH} failed: {error.message}"
+            raise payload_failure(
+                "wrote no receipt",
+                f"fetching {boot.RECEIPT_PATH} failed: {error.message}",
+                exit_status=self.outcome.payload_exit,
+                output=self.payload_output,
             ) from None
         self.raw_receipt = local.read_bytes()
         return f"{len(self.raw_receipt)} bytes"
 
     def verify(self) -> str:
-        """Check the receipt against the catalog and our nonce; keep it before teardown."""
-        from tpulab.receipts import check_receipt, expectation_for, parse_receipt, verify_receipt
+        """Judge the receipt against the catalog and our nonce; keep it before teardown.
+
+        The receipt is kept whatever the verdict (it is the evidence of a failure too).
+        """
+        from tpulab.evidence import failure_of, judge
+        from tpulab.receipts import expectation_for
 
         expectation = expectation_for(
             self.spec.accelerator.name, emulated=self.spec.emulated, nonce=self.nonce
         )
-        try:
-            receipt = parse_receipt(self.raw_receipt)
-        except VerificationError as error:
-            self._keep("unreadable", [str(f) for f in error.failures])
-            if self.outcome.payload_exit:
-                raise self._payload_failure("left an unreadable receipt", error.message) from None
-            raise
-        failures = check_receipt(receipt, expectation)
-        self._keep("rejected" if failures else "verified", [str(f) for f in failures])
-        if receipt.pmap is not None:
-            self.outcome.per_device_sums = list(receipt.pmap.per_device_sums)
-            self.outcome.observed_total = receipt.pmap.observed_total
-        from tpulab.catalog import closed_form_sum_of_squares
-
-        self.outcome.expected_total = closed_form_sum_of_squares(expectation.local_devices)
-        if self.outcome.payload_exit:
-            stale = receipt.nonce != self.nonce
-            why = (
-                "its receipt on the VM is stale (nonce mismatch) and was rejected"
-                if stale
-                else f"{receipt.error.type}: {receipt.error.message}"
-                if receipt.error
-                else "see its output"
-            )
-            raise self._payload_failure("failed", why)
-        verify_receipt(receipt, expectation)
+        judgement = judge(self.raw_receipt, expectation)
+        self.outcome.per_device_sums = judgement.per_device_sums
+        self.outcome.observed_total = judgement.observed_total
+        self.outcome.expected_total = judgement.expected_total
+        self._keep(judgement.verdict, [str(f) for f in judgement.failures], expectation)
+        problem = failure_of(
+            judgement, payload_exit=self.outcome.payload_exit, output=self.payload_output
+        )
+        if problem is not None:
+            raise problem
         return f"VERIFIED: {expectation.describe()}"
 
     # -- helpers of the phases ----------------------------------------------------------
 
-    def _keep(self, verdict: str, failures: list[str]) -> None:
+    def _keep(self, verdict: str, failures: list[str], expectation: Expectation) -> None:
         from tpulab.receipt_store import ReceiptStore
 
         store = self.store or ReceiptStore()
         meta: dict[str, Any] = {
+            "source": "run",
             "run_id": self.spec.run_id,
             "accelerator": self.spec.accelerator.name,
             "emulated": self.spec.emulated,
+            "expectation": expectation.to_dict(),
             "node": self.spec.node_name,
             "project": self.spec.project.value,
             "zone": self.spec.zone.value,
-            "nonce": self.nonce,
-            "payload_exit": self.outcome.payload_exit,
+            "payload_exit_status": self.outcome.payload_exit,
             "failures": failures,
         }
         self.outcome.receipt = store.save(self.raw_receipt, verdict=verdict, meta=meta)
         self.outcome.verdict = verdict
         self.outcome.failures = failures
         self._milestone("receipt_saved")
-
-    def _payload_failure(self, what: str, why: str) -> CommandFailedError:
-        status = self.outcome.payload_exit if self.outcome.payload_exit is not None else -1
-        tail = "\n".join(self.payload_output[-20:])
-        busy = _TPU_BUSY.search(tail) or _TPU_BUSY.search(why)
-        if busy:
-            return TpuBusyError(
-                f"The TPU is held by another process: {busy.group(0)}",
-                exit_status=status,
-                output_tail=tail,
-                hint="A stale process from an earlier run owns the TPU. On the VM run "
-                "`sudo lsof -w /dev/vfio/*` and kill it, or delete the VM and run again.",
-            )
-        return CommandFailedError(
-            f"The payload {what} (exit {status}): {why}",
-            exit_status=status,
-            output_tail=tail,
-            hint="The payload's output is shown above; run with -v to watch it live.",
-        )
 
     # -- teardown -----------------------------------------------------------------------
 
