@@ -22,7 +22,7 @@ from tpulab.errors import (
     RemoteTimeoutError,
     TpuBusyError,
 )
-from tpulab.ssh import HostKey, RunKey
+from tpulab.ssh import Connection, HostKey, RunKey, SshTarget
 
 if TYPE_CHECKING:
     from ssh_fixtures import HostStarter, SshHost
@@ -283,3 +283,39 @@ def test_sessions_see_the_image_environment_only(
     image = {"HOME", "USER", "LOGNAME", "SHELL", "LANG", "PATH", "PYTHONPATH"}
     assert image <= names
     assert names - image <= {"TPULAB_EMULATED_NODE", "SSH_CONNECTION", "PWD", "SHLVL", "_"}
+
+
+@pytest.mark.openssh
+def test_keys_installed_late_by_the_guest_agent_are_waited_for(tmp_path: Path) -> None:
+    """Like a real VM: sshd is up before the guest agent writes authorized_keys."""
+    from conftest import require_tool
+    from ssh_fixtures import sshd_available
+
+    from tpulab.emulator.openssh import OpenSshHostBackend
+
+    require_tool(sshd_available(), "OpenSSH server (sshd and sftp-server)")
+    backend = OpenSshHostBackend(tmp_path / "hosts")
+    try:
+        key = RunKey()
+        endpoint = backend.start("late-keys", tmp_path / "sandbox", "")
+        authorized = tmp_path / "hosts" / "openssh" / "late-keys" / "authorized_keys"
+        assert authorized.read_text() == ""
+        target = SshTarget(
+            endpoint.host,
+            endpoint.port,
+            backend.login_user,
+            HostKey(endpoint.host_key_type, endpoint.host_key_b64),
+        )
+        with (
+            Connection(target, key, connect_timeout=10, auth_retry_for=0.5) as conn,
+            pytest.raises(AuthError),
+        ):
+            conn.open()
+        agent = threading.Timer(1.0, authorized.write_text, (key.public_line("tpulab") + "\n",))
+        agent.start()
+        started = time.monotonic()
+        with Connection(target, key, connect_timeout=10, auth_retry_for=8) as conn:
+            assert conn.run(["echo", "in"], timeout=10).stdout == "in\n"
+        assert time.monotonic() - started >= 0.9
+    finally:
+        backend.close()

@@ -373,7 +373,13 @@ class _LineSplitter:
 
 
 class Connection:
-    """An SSH session to one pinned host; opened on first use, closed on exit."""
+    """An SSH session to one pinned host; opened on first use, closed on exit.
+
+    `connect_timeout` bounds the wait for the server to come up; `auth_retry_for` keeps
+    retrying a refused key for that long (0 = fail at once, right for the emulator; a
+    real VM may need ~60 s while its guest agent installs the metadata keys). Not
+    thread-safe: one Connection per thread.
+    """
 
     def __init__(
         self,
@@ -384,6 +390,7 @@ class Connection:
         banner_timeout: float = 15.0,
         keepalive: int = 15,
         kill_grace: float = 5.0,
+        auth_retry_for: float = 0.0,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -393,6 +400,7 @@ class Connection:
         self.banner_timeout = banner_timeout
         self.keepalive = keepalive
         self.kill_grace = kill_grace
+        self.auth_retry_for = auth_retry_for
         self._sleep = sleep
         self._clock = clock
         self._client: paramiko.SSHClient | None = None
@@ -429,6 +437,7 @@ class Connection:
         t = self.target
         deadline = self._clock() + self.connect_timeout
         delay, attempts, last = 0.25, 0, "no attempt was made"
+        refused_at: float | None = None
         while True:
             attempts += 1
             remaining = max(deadline - self._clock(), 0.1)
@@ -441,6 +450,16 @@ class Connection:
                 presented = f"{exc.key.get_name()} {_fingerprint(exc.key.asbytes())}"
                 raise self._mismatch(presented) from exc
             except paramiko.AuthenticationException as exc:
+                # A real VM's guest agent writes metadata keys into authorized_keys some
+                # seconds after sshd starts; the host key was verified before auth, so
+                # retrying for a bounded window trusts nothing new.
+                now = self._clock()
+                refused_at = now if refused_at is None else refused_at
+                if now - refused_at < self.auth_retry_for and now < deadline:
+                    log.debug("ssh to %s: key refused; retrying (keys may lag boot)", t)
+                    self._sleep(min(delay, deadline - now))
+                    delay = min(delay * 2, 5.0)
+                    continue
                 raise AuthError(
                     f"{t} refused this run's SSH key ({self._key.fingerprint})",
                     hint=f"The node's metadata ssh-keys must list this run's key for user "
