@@ -1075,9 +1075,12 @@ class _RunDisplay:
     def _done(self, phase: Phase, seconds: float, mark: str, detail: str) -> None:
         from rich.markup import escape
 
+        # The spinner lives only while a phase runs; stopping it before printing the
+        # phase's line keeps a transient live area from ever overwriting that line.
+        self.stop()
         self._current = None
         if not self.quiet:
-            self._print(f"{mark} {phase.label:<24} {seconds:6.1f}s  {escape(detail)}")
+            self.console.print(f"{mark} {phase.label:<24} {seconds:6.1f}s  {escape(detail)}")
 
     def phase_finished(self, phase: Phase, seconds: float, detail: str) -> None:
         self._done(phase, seconds, "[green]✓[/]", detail)

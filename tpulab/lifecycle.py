@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import secrets
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -479,19 +480,19 @@ class Lifecycle:
         from tpulab.receipts import MAX_RECEIPT_BYTES
 
         assert self.session is not None
-        scratch = paths.state_dir() / "runs" / self.spec.run_id
-        scratch.mkdir(parents=True, exist_ok=True)
-        local = scratch / "receipt.json"
-        try:
-            self.session.get(boot.RECEIPT_PATH, local, max_bytes=MAX_RECEIPT_BYTES)
-        except RemoteError as error:
-            raise payload_failure(
-                "wrote no receipt",
-                f"fetching {boot.RECEIPT_PATH} failed: {error.message}",
-                exit_status=self.outcome.payload_exit,
-                output=self.payload_output,
-            ) from None
-        self.raw_receipt = local.read_bytes()
+        # The bytes go to memory and then to the receipt store; the download is scratch.
+        with tempfile.TemporaryDirectory(prefix="tpulab-receipt-") as scratch:
+            local = Path(scratch) / "receipt.json"
+            try:
+                self.session.get(boot.RECEIPT_PATH, local, max_bytes=MAX_RECEIPT_BYTES)
+            except RemoteError as error:
+                raise payload_failure(
+                    "wrote no receipt",
+                    f"fetching {boot.RECEIPT_PATH} failed: {error.message}",
+                    exit_status=self.outcome.payload_exit,
+                    output=self.payload_output,
+                ) from None
+            self.raw_receipt = local.read_bytes()
         return f"{len(self.raw_receipt)} bytes"
 
     def verify(self) -> str:
