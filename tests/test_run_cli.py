@@ -50,7 +50,24 @@ def envelope(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return data
 
 
+# The --json contract of `tpulab run` (schema_version 1): changing it breaks scripts.
+ENVELOPE_KEYS = {
+    "schema_version": int, "command": str, "ok": bool, "run_id": str, "mode": str,
+    "emulated": bool, "project": str, "zone": str, "node": str, "accelerator": str,
+    "spot": bool, "seconds": float, "api_calls": int, "phases": list, "bootstrap": dict,
+    "receipt": dict, "teardown": dict, "estimated_cost_usd": float, "price_date": str,
+    "notes": list, "error": type(None),
+}  # fmt: skip
+RECEIPT_KEYS = {
+    "verdict", "id", "path", "failures", "per_device_sums", "observed_total",
+    "expected_total", "payload_exit_status",
+}  # fmt: skip
+
+
 def check_verified_v5litepod_4(result: dict[str, Any]) -> None:
+    assert {key: type(value) for key, value in result.items()} == ENVELOPE_KEYS
+    assert set(result["receipt"]) == RECEIPT_KEYS
+    assert set(result["bootstrap"]) == {"venv", "install", "versions"}
     assert result["schema_version"] == 1
     assert result["command"] == "run"
     assert result["ok"] is True
