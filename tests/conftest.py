@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,10 +11,10 @@ IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
 @pytest.fixture(autouse=True)
-def tpulab_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def tpulab_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "tpulab-home"
     monkeypatch.setenv("TPULAB_HOME", str(home))
-    yield home
+    return home
 
 
 def require_tool(available: bool, what: str) -> None:

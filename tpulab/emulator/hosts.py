@@ -8,12 +8,11 @@ which is the session's HOME.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["HostBackend", "HostEndpoint", "SSH_PORT_ATTRIBUTE"]
+__all__ = ["SSH_PORT_ATTRIBUTE", "HostBackend", "HostEndpoint"]
 
 # Guest attribute (namespace/key) through which an emulated node tells the controller
 # which loopback port its SSH server listens on. Real TPU VMs listen on 22 and do not
