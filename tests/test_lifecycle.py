@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tpulab.errors import (
+    AlreadyExistsError,
     CommandFailedError,
     InterruptedRun,
     InvalidArgumentError,
@@ -115,6 +116,23 @@ def test_invalid_accelerator_never_reaches_the_api(embedded_rig: Rig) -> None:
     assert isinstance(error, InvalidArgumentError)
     assert life.outcome.teardown_status == "not-created"
     assert embedded_rig.leftovers() == []
+
+
+def test_a_taken_name_is_refused_and_the_other_node_survives(embedded_rig: Rig) -> None:
+    import dataclasses
+
+    from emulator_fixtures import node_request
+
+    api = embedded_rig.api
+    api.wait_operation(
+        api.create_node("us-central1-a", "someone-elses", node_request(run_id=None)), timeout=10
+    )
+    spec = dataclasses.replace(embedded_rig.spec(), node_name="someone-elses")
+    life, _, error = embedded_rig.run(spec)
+    assert isinstance(error, AlreadyExistsError)
+    assert life.outcome.teardown_status == "not-created"
+    assert embedded_rig.emulator.calls["delete_node"] == 0
+    assert embedded_rig.leftovers() == ["someone-elses"]
 
 
 class BlockLabDir(NullObserver):

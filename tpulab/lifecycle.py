@@ -36,6 +36,7 @@ from tpulab.config import RunSpec
 from tpulab.errors import (
     AlreadyExistsError,
     CloudError,
+    ConfigError,
     InterruptedRun,
     InvalidArgumentError,
     LeakedNode,
@@ -320,8 +321,14 @@ class Lifecycle:
         from tpulab.payload import check_nonce
         from tpulab.ssh import RunKey
 
-        source = self.spec.payload or paths.payload_path()
-        self.payload_bytes = source.read_bytes()
+        try:
+            source = self.spec.payload or paths.payload_path()
+            self.payload_bytes = source.read_bytes()
+        except OSError as error:
+            raise ConfigError(
+                f"Cannot read the payload: {error}",
+                hint="Reinstall tpulab (the verifier ships inside it), or pass a readable file.",
+            ) from None
         self.nonce = check_nonce(secrets.token_hex(16))
         self.key = RunKey()
         return f"{self.spec.accelerator.name} in {self.spec.zone.value}, payload {source.name}"
