@@ -266,11 +266,13 @@ def test_losing_the_host_mid_command_is_a_connect_error(
     with host.connect() as conn:
         conn.open()
         # Like a spot VM reclaimed under a running command.
-        threading.Timer(0.5, host.backend.stop, ("preempted",)).start()
+        reclaim = threading.Timer(0.5, host.backend.stop, ("preempted",))
+        reclaim.start()
         started = time.monotonic()
         with pytest.raises(ConnectError, match=r"dropped|failed while"):
             conn.run(["sleep", "20"], timeout=30)
         assert time.monotonic() - started < 10
+        reclaim.join()
 
 
 def test_sessions_see_the_image_environment_only(

@@ -131,7 +131,7 @@ class EmbeddedHostBackend:
             self.stop(key)
         if self._loop.is_running():
             with contextlib.suppress(Exception):
-                self._call(_cancel_all_tasks())
+                self._call(_drain_tasks())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
         if not self._loop.is_running():
@@ -252,19 +252,28 @@ class EmbeddedHostBackend:
         node.sock.close()
         for conn in list(node.connections):
             conn.abort()
-        for proc in list(node.processes):
+        processes = list(node.processes)
+        for proc in processes:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
         kill_tagged(node.tag)  # and whatever they left running in the background
+        # Reap them here, on the loop, so no subprocess transport outlives it.
+        await asyncio.gather(
+            *(asyncio.wait_for(proc.wait(), 5) for proc in processes), return_exceptions=True
+        )
 
 
-async def _cancel_all_tasks() -> None:
-    # Sessions whose connections were aborted may still be winding down; finish them
-    # here rather than leave "Task was destroyed but it is pending" at exit.
+async def _drain_tasks() -> None:
+    # Aborted sessions and stops called from other threads may still be winding down:
+    # let them finish (briefly), and only cancel what is stuck, rather than leave
+    # "Task was destroyed but it is pending" or a half-done stop behind.
     tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    for task in tasks:
+    if not tasks:
+        return
+    _, stuck = await asyncio.wait(tasks, timeout=5)
+    for task in stuck:
         task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.gather(*stuck, return_exceptions=True)
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncssh.SSHWriter[bytes]) -> None:
