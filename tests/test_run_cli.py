@@ -250,6 +250,26 @@ def test_dry_run_prints_every_step_and_imports_nothing_heavy(tmp_path: Path) -> 
     assert "jax[tpu]" in out
 
 
+def test_run_help_stays_light() -> None:
+    code = (
+        "import sys\n"
+        "from tpulab.cli import app\n"
+        "try:\n"
+        "    app(['run', '--help'], prog_name='tpulab')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = [m for m in ('jax', 'paramiko', 'google.cloud', 'asyncssh')"
+        " if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "--accelerator" in done.stdout
+    assert "--dry-run" in done.stdout
+    assert "HEAVY []" in done.stdout
+
+
 def test_dry_run_json_is_a_versioned_plan() -> None:
     done = tpulab("run", "--accelerator", "v6e-1", "--emulate", "--dry-run", "--json")
     assert done.returncode == EXIT_OK, done.stderr

@@ -41,6 +41,7 @@ __all__ = [
     "CommandResult",
     "RemoteShell",
     "bootstrap",
+    "describe",
     "install_command",
     "probe_command",
     "requirements_for",

@@ -31,7 +31,7 @@ from typing import Literal
 
 from tpulab import catalog
 from tpulab.errors import ConfigError
-from tpulab.models import check_label, check_node_name, check_zone
+from tpulab.models import check_label, check_node_name, check_zone, tpulab_labels
 
 __all__ = [
     "EMULATED_PROJECT",
@@ -219,8 +219,6 @@ class RunSpec:
 
     @property
     def labels(self) -> dict[str, str]:
-        from tpulab.models import tpulab_labels
-
         return tpulab_labels(self.run_id)
 
 

@@ -8,6 +8,7 @@ paramiko or google.* (a test checks `sys.modules`).
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -56,8 +57,6 @@ def _node_body(spec: RunSpec) -> dict[str, Any]:
 
 def build_plan(spec: RunSpec, *, installer: boot.Installer = "uv") -> list[PlanStep]:
     """The ordered steps of `spec`'s run, teardown included."""
-    import json
-
     from tpulab.payload import payload_command, payload_env
 
     t = spec.timeouts
