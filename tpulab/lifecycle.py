@@ -58,14 +58,15 @@ if TYPE_CHECKING:
     from tpulab.ssh import RunKey, SshTarget
 
 __all__ = [
-    "ENVELOPE_VERSION",
+    "EMULATOR_USER_ATTRIBUTE",
+    "Connect",
     "Lifecycle",
     "RemoteSession",
     "RunOutcome",
+    "Shield",
     "run",
 ]
 
-ENVELOPE_VERSION = 1
 # Sync refusals: the API said no before creating anything, so there is nothing to delete.
 _REFUSED = (
     QuotaError,
