@@ -222,10 +222,13 @@ class Lifecycle:
             return self.connect(target, key)
         from tpulab.ssh import Connection
 
+        # A real VM's guest agent installs the metadata key some seconds after sshd
+        # starts, so a refused key is retried there; the emulator installs it up front.
         return Connection(
             target,
             key,
             connect_timeout=self.spec.timeouts.connect,
+            auth_retry_for=0.0 if self.spec.emulated else min(90.0, self.spec.timeouts.connect),
             sleep=self.sleep,
             clock=self.clock,
         )
