@@ -814,9 +814,7 @@ def _list(
     from tpulab.listing import list_nodes
     from tpulab.sweep import resolve_scope
 
-    scope = resolve_scope(
-        project=project, zones=zones, emulate=emulate, api_endpoint=api_endpoint
-    )
+    scope = resolve_scope(project=project, zones=zones, emulate=emulate, api_endpoint=api_endpoint)
     if not scope.zones:
         raise E.ConfigError(
             "No zone to list.",
@@ -854,8 +852,7 @@ def _list(
                 estimated_total_usd=round(listing.estimated_total, 4),
                 price_date=PRICE_DATE,
                 journal_missing=[
-                    {"run_id": r.run_id, "zone": r.zone, "node": r.node_name}
-                    for r in view.missing
+                    {"run_id": r.run_id, "zone": r.zone, "node": r.node_name} for r in view.missing
                 ],
                 journal_error=view.error,
             )
