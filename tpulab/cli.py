@@ -1274,7 +1274,7 @@ def run_command(
     ] = 600.0,
     teardown_timeout: Annotated[
         float,
-        typer.Option("--teardown-timeout", help="Seconds to wait for the deletion to be confirmed."),
+        typer.Option("--teardown-timeout", help="Seconds to wait for the deletion to be proven."),
     ] = 600.0,
     installer: Annotated[
         str, typer.Option("--installer", help="Remote package installer: uv (default) or pip.")
