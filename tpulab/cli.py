@@ -1016,6 +1016,7 @@ if TYPE_CHECKING:
     from contextlib import ExitStack
 
     from rich.console import RenderableType
+    from rich.live import Live
 
     from tpulab.cloud import TpuApi
     from tpulab.config import RunSpec
@@ -1035,7 +1036,7 @@ class _RunDisplay:
         self.verbose = verbose
         # With --json stdout carries only the envelope; everything else goes to stderr.
         self.console = Console(highlight=False, soft_wrap=True, stderr=quiet)
-        self._live: object | None = None
+        self._live: Live | None = None
         self._current: tuple[Phase, float] | None = None
 
     def __rich__(self) -> RenderableType:
@@ -1050,7 +1051,7 @@ class _RunDisplay:
 
     def _print(self, text: object) -> None:
         if self._live is not None:
-            self._live.console.print(text)  # type: ignore[attr-defined]
+            self._live.console.print(text)
         else:
             self.console.print(text)
 
@@ -1105,7 +1106,7 @@ class _RunDisplay:
     def stop(self) -> None:
         live, self._live = self._live, None
         if live is not None:
-            live.stop()  # type: ignore[attr-defined]
+            live.stop()
 
 
 def _run_target(spec: RunSpec, ssh_backend: str, stack: ExitStack) -> tuple[TpuApi, Connect | None]:
