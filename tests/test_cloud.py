@@ -4,6 +4,7 @@ pagination, retries and the request count."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -89,13 +90,11 @@ def test_list_follows_every_page(emulator: Emulator) -> None:
 
 
 def test_list_follows_the_servers_own_page_size(
-    start_emulator: EmulatorStarter, tmp_path: object
+    start_emulator: EmulatorStarter, tmp_path: Path
 ) -> None:
-    from pathlib import Path
-
     from tpulab.emulator import Timing
 
-    emulator = start_emulator(Path(str(tmp_path)) / "small-pages", timing=Timing(page_size=2))
+    emulator = start_emulator(tmp_path / "small-pages", timing=Timing(page_size=2))
     api = _api(emulator)
     for index in range(3):
         api.create_node(ZONE, f"n{index}", _request())
@@ -301,11 +300,9 @@ def test_unreachable_endpoint_is_transient(emulator: Emulator) -> None:
 
 
 def test_persistence_across_an_emulator_restart(
-    start_emulator: EmulatorStarter, tmp_path: object
+    start_emulator: EmulatorStarter, tmp_path: Path
 ) -> None:
-    from pathlib import Path
-
-    state = Path(str(tmp_path)) / "shared-state"
+    state = tmp_path / "shared-state"
     first = start_emulator(state)
     api = _api(first)
     _create_ready(api, "survivor")
@@ -358,3 +355,16 @@ def test_local_endpoints_are_recognised() -> None:
 def test_missing_project_is_a_config_error() -> None:
     with pytest.raises(E.ConfigError, match="project"):
         GoogleTpuApi("", api_endpoint="http://127.0.0.1:1")
+
+
+def test_google_path_without_credentials_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # No ADC file, no key file, and no probing of the GCE metadata server.
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud"))
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    with pytest.raises(E.ConfigError, match="credentials") as caught:
+        GoogleTpuApi("some-project")
+    assert caught.value.hint
+    assert "application-default login" in caught.value.hint

@@ -196,6 +196,13 @@ def _translate(error: Exception, what: str, endpoint: str) -> Exception:
             api_message=str(error),
             hint="Run `gcloud auth application-default login` and try again.",
         )
+    if isinstance(error, auth_exceptions.TransportError):
+        return TransientError(
+            f"Could not {what}: cannot reach Google's sign-in service to refresh credentials.",
+            status="UNAVAILABLE",
+            api_message=str(error),
+            hint="Check the network and retry; offline, rehearse with --emulate.",
+        )
     if isinstance(error, http_exceptions.Timeout):
         return TransientError(
             f"Could not {what}: {endpoint} did not answer in time.",
