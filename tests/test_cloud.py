@@ -368,3 +368,17 @@ def test_google_path_without_credentials_is_a_config_error(
         GoogleTpuApi("some-project")
     assert caught.value.hint
     assert "application-default login" in caught.value.hint
+
+
+def test_failed_delete_of_a_creating_spot_node_keeps_the_emulator_sane(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    emulator.faults.preempt_after = 0.05
+    emulator.faults.delete_failures = 1
+    tpu_api.create_node(ZONE, "early", _request(spot=True))
+    with pytest.raises(E.TransientError):
+        tpu_api.wait_operation(tpu_api.delete_node(ZONE, "early"), timeout=10)
+    node = wait_for_state(tpu_api, ZONE, "early", {NodeState.PREEMPTED}, timeout=10)
+    assert node.state is NodeState.PREEMPTED
+    tpu_api.wait_operation(tpu_api.delete_node(ZONE, "early"), timeout=10)
+    assert emulator.node_names() == []

@@ -110,6 +110,8 @@ class CloudState:
                 if done_at is not None and now >= done_at:
                     if operation is not None and operation["error"]:
                         node["state"] = node.pop("state_before_delete", "READY")
+                        if node["ready_time"] is None:  # deleted while still CREATING
+                            node["ready_time"] = done_at
                     else:
                         del self.nodes[key]
                         gone.append(node)
