@@ -68,7 +68,7 @@ PHASES = {
 }
 # Phases stretched per node by the emulated image (see _install_slow_image).
 SLOWED_BY_IMAGE = {"bootstrap", "stage", "execute", "collect"}
-HOLD_SECONDS = "4"
+HOLD_SECONDS = "2.5"
 
 # Started with default signal dispositions whatever the runner inherited: a background
 # job in a non-interactive shell starts with SIGINT ignored, which tpulab respects.
@@ -290,9 +290,9 @@ def _served(tmp_path: Path, timing: Timing, faults: dict[str, Any]) -> Iterator[
 
 @pytest.fixture
 def matrix(tmp_path: Path) -> Iterator[Matrix]:
-    timing = Timing(create_seconds=1.5, delete_seconds=0.3, stockout_seconds=0.1)
+    timing = Timing(create_seconds=1.2, delete_seconds=0.3, stockout_seconds=0.1)
     # Hold "wait" (host key after READY) and "connect" (sshd refusing) open.
-    with _served(tmp_path, timing, {"guest_attributes_delay": 1.5, "ssh_refuse_for": 3.0}) as m:
+    with _served(tmp_path, timing, {"guest_attributes_delay": 1.2, "ssh_refuse_for": 2.4}) as m:
         yield m
 
 
