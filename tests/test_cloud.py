@@ -328,6 +328,7 @@ def test_error_for_status_maps_every_class() -> None:
         ("RESOURCE_EXHAUSTED", "There is no more capacity in the zone"): E.StockoutError,
         ("RESOURCE_EXHAUSTED", "Quota limit 'X' has been exceeded"): E.QuotaError,
         ("RESOURCE_EXHAUSTED", "Requests per minute exceeded"): E.TransientError,
+        ("RESOURCE_EXHAUSTED", "Quota to generate TPUs exceeded"): E.QuotaError,
         ("INVALID_ARGUMENT", "bad"): E.InvalidArgumentError,
         ("ALREADY_EXISTS", "dup"): E.AlreadyExistsError,
         ("NOT_FOUND", "gone"): E.NotFoundError,

@@ -153,7 +153,9 @@ def error_for_status(status: str, api_message: str, what: str, *, reason: str = 
     if status == "RESOURCE_EXHAUSTED":
         if "capacity" in lowered or "stockout" in lowered:
             kind = StockoutError
-        elif reason == "RATE_LIMIT_EXCEEDED" or "per minute" in lowered or "rate" in lowered:
+        elif reason == "RATE_LIMIT_EXCEEDED" or any(
+            phrase in lowered for phrase in ("per minute", "rate limit", "ratelimitexceeded")
+        ):
             # Request-rate limits also come back as 429 but pass in seconds: retry them.
             kind = TransientError
         else:
