@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tpulab.emulator.server import SSH_USER_ATTRIBUTE
 from tpulab.errors import ConnectError
 from tpulab.models import NodeState
 from tpulab.polling import wait_for_state
@@ -44,6 +45,8 @@ def _connect_target(
         return dict(attributes)
 
     host_key = wait_for_host_key(fetch, timeout=20)
+    # A host on the system's sshd says which existing account it logs in.
+    assert attributes.get(SSH_USER_ATTRIBUTE) == getattr(backend, "login_user", None)
     assert node.external_ip is not None
     # The address may be published a tick after READY; re-read it with the host key.
     node = api.get_node(ZONE, name)
@@ -118,3 +121,9 @@ def test_ssh_refusal_fault_reaches_the_backend(
         assert ready_host["host"]["port"] == target.port
     finally:
         backend.close()
+
+
+def test_the_controller_reads_the_attribute_the_emulator_writes() -> None:
+    from tpulab.lifecycle import EMULATOR_USER_ATTRIBUTE
+
+    assert EMULATOR_USER_ATTRIBUTE == SSH_USER_ATTRIBUTE

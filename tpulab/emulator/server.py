@@ -35,12 +35,16 @@ from tpulab.emulator.timing import Timing
 from tpulab.emulator.wire import ApiError, error_body
 from tpulab.emulator.zones import ZONES
 
-__all__ = ["Emulator"]
+__all__ = ["SSH_USER_ATTRIBUTE", "Emulator"]
 
 log = logging.getLogger(__name__)
 
 Record = dict[str, Any]
 Handler = Callable[["_Request"], tuple[int, Record]]
+
+# Guest attribute naming the account an emulated host logs in: a backend on the system's
+# sshd can only log in an existing user (it exposes `login_user`), not the metadata's.
+SSH_USER_ATTRIBUTE = "tpulab-emulator/ssh-user"
 
 # Emulators alive in this process, by owner token: a node whose SSH host was started by
 # an emulator that is no longer here (stopped, or its process died) gets a new one.
@@ -305,6 +309,9 @@ class Emulator:
                     f"hostkeys/{endpoint.host_key_type}": endpoint.host_key_b64,
                     SSH_PORT_ATTRIBUTE: str(endpoint.port),
                 }
+                login_user = getattr(self.host_backend, "login_user", None)
+                if isinstance(login_user, str) and login_user:
+                    current["guest_attributes"][SSH_USER_ATTRIBUTE] = login_user
         if not keep:
             self._stop_host(key)
 
