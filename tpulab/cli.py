@@ -990,6 +990,11 @@ def _serve(
         )
         typer.echo(f"  faults: curl -X POST {url}/_emulator/faults -d '{{\"stockout\": true}}'")
         typer.echo("Press Ctrl-C to stop.")
+        if host not in {"127.0.0.1", "localhost", "::1"}:
+            _stderr(
+                f"[yellow]warning:[/] listening on {host}: anyone who can reach it can create "
+                "nodes and inject faults (the emulator has no authentication)."
+            )
         sys.stdout.flush()
         try:
             while not stop.wait(0.5):
