@@ -1,15 +1,12 @@
 """SSH to a TPU VM with nothing trusted on first use. The only module that imports paramiko.
 
-- `RunKey`: a fresh ed25519 key pair per run, held in memory. Its public half goes into
-  the node's `metadata["ssh-keys"]` at create time; the private half never touches disk
-  unless a caller asks for `private_key_file` (0600, removed on exit), is never logged
-  and never shows in a repr.
-- `HostKey` / `SshTarget`: the VM's host key as published by the Cloud TPU API in guest
-  attributes (`hostkeys/ssh-ed25519`), pinned: the client knows that one key and uses
-  `RejectPolicy`, so any other key aborts the handshake before authentication, let
-  alone before a command runs.
-- `Connection`: context manager, opened lazily; `run`, `put`, `get`. Errors map onto
-  `tpulab.errors` at this seam:
+The keys and targets live in `tpulab.sshkeys` (re-exported here); this module turns them
+into paramiko objects. The client knows exactly one host key, the one the Cloud TPU API
+published for the node, and uses `RejectPolicy`: any other key aborts the handshake
+before authentication, let alone before a command runs.
+
+`Connection` is a context manager, opened lazily, with `run`, `put` and `get`. Errors map
+onto `tpulab.errors` at this seam:
 
       paramiko.BadHostKeyException, "not found in known_hosts"  -> HostKeyMismatchError
       paramiko.AuthenticationException                         -> AuthError
@@ -30,7 +27,6 @@ seconds later in case the remote `timeout` itself is wedged.
 
 from __future__ import annotations
 
-import base64
 import codecs
 import hashlib
 import io
@@ -40,7 +36,6 @@ import re
 import select
 import shlex
 import socket
-import struct
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -48,7 +43,6 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO
 
-from tpulab.emulator.hosts import SSH_PORT_ATTRIBUTE
 from tpulab.errors import (
     AuthError,
     CommandFailedError,
@@ -59,7 +53,17 @@ from tpulab.errors import (
     RemoteTimeoutError,
     TpuBusyError,
     TpuLabError,
-    TransientError,
+)
+from tpulab.sshkeys import (
+    HOST_KEY_ATTRIBUTE,
+    HostKey,
+    HostKeyNotPublishedError,
+    RunKey,
+    SshTarget,
+    fingerprint,
+    host_key_from,
+    ssh_port_from,
+    wait_for_host_key,
 )
 
 if TYPE_CHECKING:
@@ -81,8 +85,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-HOST_KEY_ATTRIBUTE = "hostkeys/ssh-ed25519"
-_USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TPU_BUSY_RE = re.compile(
     r"TPU is already in use by process|/dev/vfio/\S*:? Device or resource busy|"
@@ -91,207 +93,6 @@ _TPU_BUSY_RE = re.compile(
 )
 _CHUNK = 32 * 1024
 _TAIL = 2000
-
-
-class HostKeyNotPublishedError(ConnectError):
-    """The node has no `hostkeys/ssh-ed25519` guest attribute (yet)."""
-
-
-def _fingerprint(blob: bytes) -> str:
-    digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
-    return f"SHA256:{digest}"
-
-
-def _check_user(user: str) -> str:
-    if not _USER_RE.fullmatch(user):
-        raise ConfigError(
-            f"SSH user {user!r} is not a valid login name",
-            hint="Use letters, digits, '_', '.', '-' (starting with a letter or '_'), "
-            "at most 32 characters.",
-        )
-    return user
-
-
-# -- keys ------------------------------------------------------------------------------
-
-
-class RunKey:
-    """A per-run ed25519 key pair that lives in memory only."""
-
-    key_type = "ssh-ed25519"
-
-    def __init__(self) -> None:
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-        self._private = Ed25519PrivateKey.generate()
-        public = self._private.public_key().public_bytes(
-            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-        )
-        self._b64 = public.decode("ascii").split()[1]
-
-    @property
-    def public_b64(self) -> str:
-        return self._b64
-
-    @property
-    def fingerprint(self) -> str:
-        return _fingerprint(base64.b64decode(self._b64))
-
-    def public_line(self, user: str) -> str:
-        return f"{self.key_type} {self._b64} {_check_user(user)}"
-
-    def metadata_entry(self, user: str) -> str:
-        """One line of the node's `metadata["ssh-keys"]`."""
-        return f"{_check_user(user)}:{self.public_line(user)}"
-
-    def _pem(self) -> bytes:
-        from cryptography.hazmat.primitives import serialization
-
-        return self._private.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.OpenSSH,
-            serialization.NoEncryption(),
-        )
-
-    def to_paramiko(self) -> paramiko.PKey:
-        import paramiko
-
-        return paramiko.Ed25519Key.from_private_key(io.StringIO(self._pem().decode("ascii")))
-
-    @contextmanager
-    def private_key_file(self, directory: Path) -> Iterator[Path]:
-        """For tools that need a key file (e.g. an `ssh -i` fallback): created 0600 with
-        O_EXCL (never through a pre-existing or world-readable file), removed on exit."""
-        # Base64 fingerprints contain "/" and "+": keep only file-name-safe characters.
-        tag = re.sub(r"[^A-Za-z0-9]", "_", self.fingerprint[-8:])
-        path = directory / f"tpulab-run-key-{os.getpid()}-{tag}"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(self._pem())
-            yield path
-        finally:
-            path.unlink(missing_ok=True)
-
-    def __repr__(self) -> str:
-        return f"RunKey({self.key_type} {self.fingerprint})"
-
-    def __reduce__(self) -> tuple[object, ...]:
-        raise TypeError("RunKey cannot be pickled: the private key stays in this process")
-
-
-@dataclass(frozen=True)
-class HostKey:
-    """A host key as published in guest attributes: type and base64 body."""
-
-    key_type: str
-    b64: str
-
-    def __post_init__(self) -> None:
-        try:
-            blob = base64.b64decode(self.b64, validate=True)
-            (length,) = struct.unpack(">I", blob[:4])
-            inner_type = blob[4 : 4 + length].decode("ascii")
-        except (ValueError, struct.error, UnicodeDecodeError):
-            inner_type = None
-        if inner_type != self.key_type:
-            raise HostKeyMismatchError(
-                f"The published host key is not a valid {self.key_type} key",
-                hint="The node's guest attribute hostkeys/ssh-ed25519 is malformed; do not "
-                "connect. Recreate the node if it persists.",
-            )
-
-    @property
-    def blob(self) -> bytes:
-        return base64.b64decode(self.b64)
-
-    @property
-    def fingerprint(self) -> str:
-        return _fingerprint(self.blob)
-
-    def to_paramiko(self) -> paramiko.PKey:
-        import paramiko
-
-        return paramiko.PKey.from_type_string(self.key_type, self.blob)
-
-
-@dataclass(frozen=True)
-class SshTarget:
-    host: str
-    port: int
-    user: str
-    host_key: HostKey
-
-    def __post_init__(self) -> None:
-        if not self.host or any(c.isspace() for c in self.host):
-            raise ConfigError(f"SSH host {self.host!r} is not a host name or address")
-        if not 0 < self.port < 65536:
-            raise ConfigError(f"SSH port {self.port} is outside 1..65535")
-        _check_user(self.user)
-
-    def __str__(self) -> str:
-        return f"{self.user}@{self.host}:{self.port}"
-
-
-def ssh_port_from(attrs: Mapping[str, str]) -> int:
-    """The emulator publishes its loopback port; real TPU VMs listen on 22."""
-    raw = attrs.get(SSH_PORT_ATTRIBUTE)
-    if raw is None:
-        return 22
-    try:
-        port = int(raw)
-    except ValueError:
-        port = 0
-    if not 0 < port < 65536:
-        raise ConnectError(
-            f"Guest attribute {SSH_PORT_ATTRIBUTE} is {raw!r}, not a port number",
-            hint="The emulator published a bad endpoint; restart `tpulab emulator serve`.",
-        )
-    return port
-
-
-def host_key_from(attrs: Mapping[str, str]) -> HostKey:
-    value = attrs.get(HOST_KEY_ATTRIBUTE, "").strip()
-    if not value:
-        raise HostKeyNotPublishedError(
-            "The node has not published its SSH host key yet "
-            f"(guest attribute {HOST_KEY_ATTRIBUTE})",
-            hint="The VM's guest agent publishes it shortly after boot; wait and retry. "
-            "tpulab never connects without a pinned host key.",
-        )
-    # Some images publish "ssh-ed25519 AAAA..." rather than the bare body.
-    parts = value.split()
-    body = parts[1] if len(parts) > 1 and parts[0] == "ssh-ed25519" else parts[0]
-    return HostKey("ssh-ed25519", body)
-
-
-def wait_for_host_key(
-    fetch_attrs: Callable[[], Mapping[str, str]],
-    *,
-    timeout: float,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
-) -> HostKey:
-    """Poll guest attributes until the host key appears (it may lag READY). Transient API
-    errors while polling are retried under the same deadline."""
-    deadline = clock() + timeout
-    delay = 0.5
-    while True:
-        try:
-            return host_key_from(fetch_attrs())
-        except (HostKeyNotPublishedError, TransientError) as exc:
-            log.debug("host key not available yet: %s", exc)
-            remaining = deadline - clock()
-            if remaining <= 0:
-                raise HostKeyNotPublishedError(
-                    f"The node did not publish its SSH host key ({HOST_KEY_ATTRIBUTE}) "
-                    f"within {timeout:g}s",
-                    hint="Check the node in the console (serial port output); raise the "
-                    "timeout if the image boots slowly. Nothing was sent to the VM.",
-                ) from exc
-            sleep(min(delay, remaining))
-            delay = min(delay * 2, 5.0)
 
 
 # -- commands --------------------------------------------------------------------------
@@ -367,6 +168,19 @@ class _LineSplitter:
     @property
     def text(self) -> str:
         return "".join(self._parts)
+
+
+def _paramiko_key(key: RunKey) -> paramiko.PKey:
+    import paramiko
+
+    pem = key.openssh_private_bytes().decode("ascii")
+    return paramiko.Ed25519Key.from_private_key(io.StringIO(pem))
+
+
+def _paramiko_host_key(host_key: HostKey) -> paramiko.PKey:
+    import paramiko
+
+    return paramiko.PKey.from_type_string(host_key.key_type, host_key.blob)
 
 
 # -- the connection --------------------------------------------------------------------
@@ -447,7 +261,7 @@ class Connection:
                 log.debug("ssh connected to %s after %d attempt(s)", t, attempts)
                 return
             except paramiko.BadHostKeyException as exc:
-                presented = f"{exc.key.get_name()} {_fingerprint(exc.key.asbytes())}"
+                presented = f"{exc.key.get_name()} {fingerprint(exc.key.asbytes())}"
                 raise self._mismatch(presented) from exc
             except paramiko.AuthenticationException as exc:
                 # A real VM's guest agent writes metadata keys into authorized_keys some
@@ -514,14 +328,14 @@ class Connection:
         client = paramiko.SSHClient()
         # paramiko looks host keys up under "host" for port 22 and "[host]:port" otherwise.
         name = t.host if t.port == 22 else f"[{t.host}]:{t.port}"
-        client.get_host_keys().add(name, t.host_key.key_type, t.host_key.to_paramiko())
+        client.get_host_keys().add(name, t.host_key.key_type, _paramiko_host_key(t.host_key))
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
         try:
             client.connect(
                 t.host,
                 port=t.port,
                 username=t.user,
-                pkey=self._key.to_paramiko(),
+                pkey=_paramiko_key(self._key),
                 timeout=timeout,
                 banner_timeout=self.banner_timeout,
                 auth_timeout=timeout,
