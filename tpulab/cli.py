@@ -1025,9 +1025,7 @@ if TYPE_CHECKING:
 
     from tpulab.cloud import TpuApi
     from tpulab.config import RunSpec
-    from tpulab.lifecycle import Connect
     from tpulab.progress import Phase
-    from tpulab.ssh import Connection, RunKey, SshTarget
 
 
 class _RunDisplay:
@@ -1114,9 +1112,8 @@ class _RunDisplay:
             live.stop()
 
 
-def _run_target(spec: RunSpec, ssh_backend: str, stack: ExitStack) -> tuple[TpuApi, Connect | None]:
-    """The API (and, for an embedded emulator, the SSH factory) a run talks to; the
-    embedded emulator lives as long as `stack`."""
+def _run_target(spec: RunSpec, ssh_backend: str, stack: ExitStack) -> TpuApi:
+    """The API a run talks to; an embedded emulator lives as long as `stack`."""
     if spec.mode == "emulate":
         from tpulab.emulator.embedded import emulated_target
 
@@ -1127,26 +1124,11 @@ def _run_target(spec: RunSpec, ssh_backend: str, stack: ExitStack) -> tuple[TpuA
                 ssh="openssh" if ssh_backend == "openssh" else "embedded",
             )
         )
-        login = getattr(target.emulator.host_backend, "login_user", None)
-        return target.api, _login_as(spec, login)
+        # Its OpenSSH hosts publish the login user they need (tpulab-emulator/ssh-user).
+        return target.api
     from tpulab.cloud import GoogleTpuApi
 
-    return GoogleTpuApi(spec.project.value, api_endpoint=spec.api_endpoint), None
-
-
-def _login_as(spec: RunSpec, user: str | None) -> Connect | None:
-    """An emulated OpenSSH host logs in only an existing account: map our user onto it."""
-    if user is None:
-        return None
-    import dataclasses
-
-    from tpulab.ssh import Connection
-
-    def connect(target: SshTarget, key: RunKey) -> Connection:
-        mapped = dataclasses.replace(target, user=user)
-        return Connection(mapped, key, connect_timeout=spec.timeouts.connect)
-
-    return connect
+    return GoogleTpuApi(spec.project.value, api_endpoint=spec.api_endpoint)
 
 
 def _adc_project() -> str | None:
@@ -1206,11 +1188,10 @@ def _run(
     journal = RunJournalAdapter()
     try:
         with ExitStack() as stack:
-            api, connect = _run_target(spec, ssh_backend, stack)
+            api = _run_target(spec, ssh_backend, stack)
             life = Lifecycle(
                 spec,
                 api=api,
-                connect=connect,
                 journal=journal,
                 observer=FanOut([recorder, display]),
                 shield=shield,
