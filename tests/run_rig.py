@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 from emulator_fixtures import PROJECT, ZONE, EmulatorStarter, api_for, fast_poll
-from ssh_fixtures import METADATA_USER, login_user
 
 from tpulab.cloud import GoogleTpuApi
 from tpulab.config import RunSpec, Timeouts, build_run_spec
@@ -28,7 +27,6 @@ from tpulab.emulator.hosts import HostBackend
 from tpulab.lifecycle import Lifecycle
 from tpulab.progress import FanOut, Recorder, RunObserver
 from tpulab.receipt_store import ReceiptStore
-from tpulab.ssh import Connection, RunKey, SshTarget
 
 __all__ = ["FAST", "Rig", "embedded_rig", "payload_script", "rig"]
 
@@ -71,15 +69,6 @@ class Rig:
             env={},
         )
 
-    def connect(self, spec: RunSpec) -> Any:
-        user = login_user(self.backend, METADATA_USER)
-
-        def factory(target: SshTarget, key: RunKey) -> Connection:
-            mapped = dataclasses.replace(target, user=user)
-            return Connection(mapped, key, connect_timeout=spec.timeouts.connect)
-
-        return factory
-
     def lifecycle(
         self, spec: RunSpec, *observers: RunObserver, **kwargs: Any
     ) -> tuple[Lifecycle, Recorder]:
@@ -90,7 +79,6 @@ class Rig:
         life = Lifecycle(
             spec,
             api=self.api,
-            connect=self.connect(spec),
             observer=FanOut([recorder, *observers]) if observers else recorder,
             **kwargs,
         )

@@ -367,7 +367,6 @@ def test_ctrl_c_during_a_phase_still_tears_down(embedded_rig: Rig) -> None:
     life = Lifecycle(
         spec,
         api=embedded_rig.api,
-        connect=embedded_rig.connect(spec),
         observer=CtrlC(Phase.BOOTSTRAP),
         teardown_poll=0.05,
     )
@@ -375,3 +374,10 @@ def test_ctrl_c_during_a_phase_still_tears_down(embedded_rig: Rig) -> None:
         life.run()
     assert life.outcome.teardown_status == "confirmed"
     assert embedded_rig.leftovers() == []
+
+
+def test_the_emulators_login_user_attribute_is_the_one_honoured() -> None:
+    from tpulab.emulator.server import SSH_USER_ATTRIBUTE
+    from tpulab.lifecycle import EMULATOR_USER_ATTRIBUTE
+
+    assert SSH_USER_ATTRIBUTE == EMULATOR_USER_ATTRIBUTE
