@@ -321,3 +321,14 @@ def test_keys_installed_late_by_the_guest_agent_are_waited_for(tmp_path: Path) -
         assert time.monotonic() - started >= 0.9
     finally:
         backend.close()
+
+
+def test_a_command_killed_by_a_signal_reports_128_plus_the_signal(ssh_host: SshHost) -> None:
+    # The remote shell (and `timeout`) relay a killed child the POSIX way, on both hosts.
+    with ssh_host.connect() as conn:
+        result = conn.run(["sh", "-c", "echo before; kill -KILL $$"], timeout=20)
+        assert result.exit_status == 128 + 9
+        assert result.stdout == "before\n"
+        with pytest.raises(CommandFailedError) as failed:
+            conn.run(["sh", "-c", "kill -TERM $$"], timeout=20, check=True)
+        assert failed.value.exit_status == 128 + 15

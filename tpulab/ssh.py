@@ -100,7 +100,9 @@ _TAIL = 2000
 
 @dataclass(frozen=True)
 class RunResult:
-    exit_status: int  # -1: ended by a signal or without a status
+    # A signal usually shows as 128+N (the remote shell reports it); -1 means the server
+    # sent no status at all (the process itself was signalled, or the session was cut).
+    exit_status: int
     stdout: str
     stderr: str
     duration: float
