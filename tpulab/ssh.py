@@ -151,7 +151,7 @@ class _LineSplitter:
         self._stream = stream
         self._on_line = on_line
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._pending = ""
+        self._pending: list[str] = []  # pieces of an unfinished line (a list: no O(n^2))
         self._parts: list[str] = []
 
     def feed(self, data: bytes, final: bool = False) -> None:
@@ -159,12 +159,17 @@ class _LineSplitter:
         self._parts.append(text)
         if self._on_line is None:
             return
-        self._pending += text
-        *lines, self._pending = self._pending.split("\n")
-        if final and self._pending:
-            lines.append(self._pending)
-            self._pending = ""
-        for line in lines:
+        *complete, rest = text.split("\n")
+        if complete:
+            complete[0] = "".join(self._pending) + complete[0]
+            self._pending = []
+        self._pending.append(rest)
+        if final:
+            tail = "".join(self._pending)
+            self._pending = []
+            if tail:
+                complete.append(tail)
+        for line in complete:
             self._on_line(self._stream, line)
 
     @property
@@ -384,6 +389,8 @@ class Connection:
         RemoteTimeoutError raised."""
         command = remote_command(argv, env=env, timeout=timeout)
         shown = argv if isinstance(argv, str) else shlex.join(argv)
+        if len(shown) > 120:  # error messages name the command, not a whole script
+            shown = shown[:117] + "..."
         with self._mapped(f"opening a session for {shown!r}"):
             channel = self._transport().open_session(timeout=self.banner_timeout)
         out, err = _LineSplitter("stdout", on_line), _LineSplitter("stderr", on_line)
