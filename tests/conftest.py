@@ -9,6 +9,10 @@ import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
+# google-auth probes the GCE metadata server (a link-local address) when looking for
+# credentials; tests must only ever talk to loopback, and subprocesses inherit this.
+os.environ["NO_GCE_CHECK"] = "True"
+
 
 @pytest.fixture(autouse=True)
 def tpulab_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -117,7 +117,9 @@ def _version_callback(value: bool) -> None:
 def _root(
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_version_callback, is_eager=True, help="Show the version."),
+        typer.Option(
+            "--version", callback=_version_callback, is_eager=True, help="Show the version."
+        ),
     ] = False,
 ) -> None:
     """Run a JAX experiment on a Cloud TPU VM and never leave it billing."""
@@ -1132,10 +1134,10 @@ def _run_target(spec: RunSpec, ssh_backend: str, stack: ExitStack) -> TpuApi:
 
 
 def _adc_project() -> str | None:
-    from tpulab import cloud
+    # Imported here: google.auth is heavy and only a real (non-dry) run needs it.
+    from tpulab.cloud import adc_project
 
-    lookup = getattr(cloud, "adc_project", None)
-    return lookup() if callable(lookup) else None
+    return adc_project()
 
 
 def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
@@ -1329,4 +1331,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -35,7 +35,7 @@ from tpulab.errors import (
 from tpulab.models import NodeInfo, NodeRequest, NodeState
 from tpulab.polling import Backoff, poll_until
 
-__all__ = ["GoogleTpuApi", "TpuApi", "error_for_status", "is_local_endpoint"]
+__all__ = ["GoogleTpuApi", "TpuApi", "adc_project", "error_for_status", "is_local_endpoint"]
 
 T = TypeVar("T")
 
@@ -136,6 +136,22 @@ _SUMMARY: dict[type[CloudError], str] = {
     TransientError: "the API is temporarily unavailable",
     DeadlineError: "the API did not answer in time",
 }
+
+
+def adc_project() -> str | None:
+    """The project of Application Default Credentials, or None when there are none.
+
+    The last step of project resolution (DESIGN.md §1). Missing credentials are not an
+    error here: the caller reports "no project" with every place it looked.
+    """
+    import google.auth
+    from google.auth import exceptions as auth_exceptions
+
+    try:
+        _, project = google.auth.default()
+    except auth_exceptions.DefaultCredentialsError:
+        return None
+    return str(project) if project else None
 
 
 def is_local_endpoint(api_endpoint: str | None) -> bool:
