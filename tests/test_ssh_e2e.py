@@ -332,3 +332,15 @@ def test_a_command_killed_by_a_signal_reports_128_plus_the_signal(ssh_host: SshH
         with pytest.raises(CommandFailedError) as failed:
             conn.run(["sh", "-c", "kill -TERM $$"], timeout=20, check=True)
         assert failed.value.exit_status == 128 + 15
+
+
+def test_a_node_key_with_shell_metacharacters_is_inert(
+    start_ssh_host: HostStarter, tmp_path: Path
+) -> None:
+    node_key = "p/z/n'; touch pwned; $(touch pwned) `touch pwned`\n"
+    host = start_ssh_host(tmp_path / "sandbox", node_key=node_key)
+    with host.connect() as conn:
+        assert conn.run(["echo", "ok"], timeout=10).stdout == "ok\n"
+    host.backend.stop(node_key)
+    assert not list(tmp_path.rglob("pwned"))
+    assert not list(Path.cwd().glob("pwned"))
