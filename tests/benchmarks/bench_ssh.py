@@ -72,9 +72,6 @@ def test_ssh_costs(ssh_host: SshHost, tmp_path: Path) -> None:
         f"({SIZE / put / 1e6:.0f} MB/s), get {get:.2f} s ({SIZE / get / 1e6:.0f} MB/s) "
         f"(local write+sha256 {local_transfer:.2f} s, put x{put / local_transfer:.1f})"
     )
-    if kind == "EmbeddedHostBackend":
-        # Under sshd the round trip is the account's login shell: bash sources ~/.bashrc
-        # for sshd sessions (here, pyenv init: ~150 ms), which is not ours to judge.
-        assert round_trip < 0.05
-    assert put < 5
-    assert get < 5
+    # Figures, not assertions: timings on a shared machine belong in the issue note.
+    # Under sshd the round trip includes the account's login shell (bash sources
+    # ~/.bashrc for sshd sessions; here pyenv init, ~150 ms), which is not ours to judge.
