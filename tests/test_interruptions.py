@@ -291,8 +291,12 @@ def _served(tmp_path: Path, timing: Timing, faults: dict[str, Any]) -> Iterator[
 @pytest.fixture
 def matrix(tmp_path: Path) -> Iterator[Matrix]:
     timing = Timing(create_seconds=1.2, delete_seconds=0.3, stockout_seconds=0.1)
-    # Hold "wait" (host key after READY) and "connect" (sshd refusing) open.
-    with _served(tmp_path, timing, {"guest_attributes_delay": 1.2, "ssh_refuse_for": 2.4}) as m:
+    # Hold "wait" (host key after READY) and "connect" (sshd refusing) open. Both clocks
+    # start at READY, so "connect" lasts refuse_for - guest_attributes_delay minus the
+    # host-key poll lag; 2.5 s leaves room for 23 runs sharing two cores (1.2 s did not:
+    # a loaded run once reached "connect" after sshd had already started listening).
+    faults = {"guest_attributes_delay": 2.0, "ssh_refuse_for": 4.5}
+    with _served(tmp_path, timing, faults) as m:
         yield m
 
 
