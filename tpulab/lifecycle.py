@@ -22,7 +22,7 @@ import hashlib
 import secrets
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -77,22 +77,13 @@ _REFUSED = (
 )
 
 
-class RemoteSession(Protocol):
-    """What the lifecycle needs from `tpulab.ssh.Connection`."""
+class RemoteSession(boot.RemoteShell, Protocol):
+    """What the lifecycle needs from `tpulab.ssh.Connection`: the bootstrap's `run`,
+    plus opening, closing and file transfer."""
 
     def open(self) -> None: ...
 
     def close(self) -> None: ...
-
-    def run(
-        self,
-        argv: Sequence[str] | str,
-        *,
-        env: Mapping[str, str] | None = None,
-        timeout: float,
-        on_line: Callable[[str, str], None] | None = None,
-        check: bool = False,
-    ) -> boot.CommandResult: ...
 
     def put(self, local: Path | bytes, remote: str) -> str: ...
 
