@@ -1,0 +1,102 @@
+"""How `tpulab run` draws its progress: one line per phase, a spinner and elapsed time.
+
+A RunObserver (tpulab.progress) fed by the lifecycle; with --json every line goes to
+stderr so that stdout carries only the envelope.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tpulab import errors as E
+from tpulab.cli._console import console
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+    from rich.live import Live
+
+    from tpulab.progress import Phase
+
+__all__ = ["RunDisplay"]
+
+
+class RunDisplay:
+    """Draws the run's progress (a RunObserver): a live spinner on a terminal, one plain
+    line per phase otherwise; remote output only with -v."""
+
+    def __init__(self, *, verbose: bool, quiet: bool) -> None:
+        self.quiet = quiet
+        self.verbose = verbose
+        # With --json stdout carries only the envelope; everything else goes to stderr.
+        self.console = console(stderr=quiet)
+        self._live: Live | None = None
+        self._current: tuple[Phase, float] | None = None
+
+    def __rich__(self) -> RenderableType:
+        import time
+
+        from rich.spinner import Spinner
+
+        if self._current is None:
+            return ""
+        phase, started = self._current
+        return Spinner("dots", text=f"{phase.label}  {time.monotonic() - started:5.1f}s")
+
+    def _print(self, text: object) -> None:
+        if self._live is not None:
+            self._live.console.print(text)
+        else:
+            self.console.print(text)
+
+    def phase_started(self, phase: Phase) -> None:
+        import time
+
+        self._current = (phase, time.monotonic())
+        if self.quiet:
+            return
+        if self.console.is_terminal and self._live is None:
+            from rich.live import Live
+
+            live = Live(self, console=self.console, refresh_per_second=10, transient=True)
+            live.start()
+            self._live = live
+        elif not self.console.is_terminal:
+            self.console.print(f"... {phase.label}")
+
+    def _done(self, phase: Phase, seconds: float, mark: str, detail: str) -> None:
+        from rich.markup import escape
+
+        # The spinner lives only while a phase runs; stopping it before printing the
+        # phase's line keeps a transient live area from ever overwriting that line.
+        self.stop()
+        self._current = None
+        if not self.quiet:
+            self.console.print(f"{mark} {phase.label:<24} {seconds:6.1f}s  {escape(detail)}")
+
+    def phase_finished(self, phase: Phase, seconds: float, detail: str) -> None:
+        self._done(phase, seconds, "[green]✓[/]", detail)
+
+    def phase_failed(self, phase: Phase, seconds: float, error: BaseException) -> None:
+        message = error.message if isinstance(error, E.TpuLabError) else type(error).__name__
+        self._done(phase, seconds, "[red]✗[/]", message)
+
+    def remote_output(self, stream: str, line: str) -> None:
+        from rich.text import Text
+
+        if self.verbose:
+            style = "dim" if stream == "stdout" else "dim yellow"
+            self._print(Text(f"  │ {line}", style=style))
+
+    def note(self, message: str) -> None:
+        from rich.text import Text
+
+        if not self.quiet:
+            self._print(Text(f"  · {message}", style="dim"))
+
+    def milestone(self, name: str, at: float) -> None:
+        pass
+
+    def stop(self) -> None:
+        live, self._live = self._live, None
+        if live is not None:
+            live.stop()

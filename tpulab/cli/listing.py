@@ -1,0 +1,153 @@
+"""`tpulab list`: tpulab's TPU nodes with zone, type, state, age, run id and cost.
+
+tpulab.listing reads the nodes and prices them; this module prints them, with the
+journal's view of each node next to it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from tpulab import errors as E
+from tpulab.cli._console import age_text, cost_text, print_json, print_stderr, table_console
+from tpulab.cli._exit import json_or_guarded
+from tpulab.cli._target import api_context
+
+if TYPE_CHECKING:
+    from tpulab.listing import Listing
+
+__all__ = ["list_command"]
+
+
+def _list_table(listing: Listing, journal_states: dict[tuple[str, str, str], str]) -> None:
+    from rich.table import Table
+
+    from tpulab.catalog import PRICE_DATE
+
+    console = table_console()
+    where = f"{', '.join(listing.zones)} (project {listing.project})"
+    if not listing.nodes:
+        extra = f"; {listing.hidden} other node(s): use --all" if listing.hidden else ""
+        which = "nodes" if listing.include_all else "tpulab-managed nodes"
+        console.print(f"No {which} in {where}{extra}.")
+        return
+    table = Table(box=None, pad_edge=False)
+    for column in ("NAME", "ZONE", "TYPE", "STATE", "AGE", "RUN ID", "EST. COST"):
+        table.add_column(column)
+    if journal_states:
+        table.add_column("JOURNAL")
+    for item in listing.nodes:
+        node = item.node
+        row = [
+            node.name,
+            node.zone,
+            node.accelerator_type + (" (spot)" if node.spot else ""),
+            node.state.value,
+            age_text(item.age_seconds),
+            node.run_id or "-",
+            cost_text(item.estimated_cost),
+        ]
+        if journal_states:
+            row.append(journal_states.get((node.project, node.zone, node.name), "-"))
+        table.add_row(*row)
+    console.print(table)
+    hidden = f"; {listing.hidden} non-tpulab node(s) hidden (--all)" if listing.hidden else ""
+    console.print(
+        f"{len(listing.nodes)} node(s) in {where}{hidden}. Estimated cost so far "
+        f"~${listing.estimated_total:.2f} at {PRICE_DATE} list prices (an estimate, not a bill)."
+    )
+
+
+def _list(
+    *,
+    zones: list[str],
+    include_all: bool,
+    as_json: bool,
+    emulate: bool,
+    api_endpoint: str | None,
+    project: str | None,
+) -> None:
+    from tpulab.journal import journal_view
+    from tpulab.listing import list_nodes
+    from tpulab.sweep import resolve_scope
+
+    scope = resolve_scope(project=project, zones=zones, emulate=emulate, api_endpoint=api_endpoint)
+    if not scope.zones:
+        raise E.ConfigError(
+            "No zone to list.",
+            hint="Pass --zone (repeatable), set TPULAB_ZONE, or run `gcloud config set "
+            "compute/zone ZONE`.",
+        )
+    with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
+        listing = list_nodes(api, scope.zones, include_all=include_all)
+    view = journal_view([item.node for item in listing.nodes], zones=scope.zones)
+    if as_json:
+        from tpulab.catalog import PRICE_DATE
+        from tpulab.render import envelope
+
+        nodes = []
+        for item in listing.nodes:
+            key = (item.node.project, item.node.zone, item.node.name)
+            nodes.append({**item.to_json(), "journal": view.states.get(key)})
+        print_json(
+            envelope(
+                "list",
+                ok=True,
+                project=listing.project,
+                zones=listing.zones,
+                include_all=include_all,
+                nodes=nodes,
+                hidden=listing.hidden,
+                estimated_total_usd=round(listing.estimated_total, 4),
+                price_date=PRICE_DATE,
+                journal_missing=[
+                    {"run_id": r.run_id, "zone": r.zone, "node": r.node_name} for r in view.missing
+                ],
+                journal_error=view.error,
+            )
+        )
+        return
+    _list_table(listing, view.states)
+    for row in view.missing:
+        print_stderr(
+            f"[yellow]journal:[/] run {row.run_id} (node {row.node_name} in {row.zone}) is "
+            "still open but the API does not list its node; `tpulab teardown --verify` "
+            "closes it."
+        )
+    if view.error:
+        print_stderr(f"[yellow]journal unreadable:[/] {view.error}")
+
+
+def list_command(
+    zone: Annotated[
+        list[str] | None,
+        typer.Option("--zone", help="A zone to list (repeatable); default: the configured zone."),
+    ] = None,
+    include_all: Annotated[
+        bool, typer.Option("--all", help="Show every node, not only tpulab's.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON envelope.")] = False,
+    project: Annotated[str | None, typer.Option("--project", help="Google Cloud project.")] = None,
+    api_endpoint: Annotated[
+        str | None,
+        typer.Option("--api-endpoint", help="A Cloud TPU API endpoint, e.g. an emulator URL."),
+    ] = None,
+    emulate: Annotated[
+        bool, typer.Option("--emulate", help="List the embedded emulator's nodes.")
+    ] = False,
+) -> None:
+    """List tpulab's TPU nodes with zone, type, state, age, run id and estimated cost."""
+    json_or_guarded(
+        "list",
+        as_json,
+        lambda: _list(
+            zones=list(zone or []),
+            include_all=include_all,
+            as_json=as_json,
+            emulate=emulate,
+            api_endpoint=api_endpoint,
+            project=project,
+        ),
+    )

@@ -1,0 +1,297 @@
+"""`tpulab teardown --verify`: delete the tpulab nodes a crashed run left, and prove it.
+
+The sweep is tpulab.sweep; this module asks, prints and picks the exit status: 0 only
+when no tpulab node remains in scope, EXIT_TEARDOWN (with manual commands) otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from tpulab import errors as E
+from tpulab.cli._console import age_text, cost_text, print_stderr, table_console
+from tpulab.cli._exit import (
+    EXIT_TEARDOWN,
+    error_json,
+    json_or_guarded,
+    print_envelope,
+    report_error,
+)
+from tpulab.cli._target import adc_project, api_context
+
+if TYPE_CHECKING:
+    from tpulab.sweep import Candidate, SweepPlan, SweepResult
+
+__all__ = ["teardown_command"]
+
+
+def _candidate_json(candidate: Candidate) -> dict[str, object]:
+    node = candidate.node
+    return {
+        "project": node.project,
+        "zone": node.zone,
+        "name": node.name,
+        "run_id": node.run_id,
+        "state": node.state.value,
+        "accelerator": node.accelerator_type,
+        "age_seconds": candidate.age_seconds,
+        "estimated_cost_usd": candidate.estimated_cost,
+        "source": candidate.source,
+        "live": candidate.live,
+    }
+
+
+def _print_plan(plan: SweepPlan) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from tpulab.catalog import PRICE_DATE
+    from tpulab.sweep import sweep_command_for
+
+    console = table_console()
+    where = f"project {plan.project}, {plan.target}, zones {', '.join(plan.zones)}"
+    if plan.run_id:
+        where += f", run {plan.run_id}"
+    console.print(f"Looked for tpulab nodes in {escape(where)}.")
+    found = [*plan.candidates, *plan.live]
+    if found:
+        table = Table(box=None, pad_edge=False)
+        for column in ("ZONE", "NODE", "STATE", "RUN ID", "AGE", "EST. COST", "FOUND BY"):
+            table.add_column(column)
+        for c in found:
+            table.add_row(
+                c.node.zone,
+                c.node.name,
+                c.node.state.value,
+                c.run_id or "-",
+                age_text(c.age_seconds),
+                cost_text(c.estimated_cost),
+                c.source + (" [yellow](run in progress)[/]" if c.live else ""),
+            )
+        console.print(table)
+        console.print(f"Costs are estimates from list prices ({PRICE_DATE}).")
+    else:
+        console.print("No tpulab node found.")
+    for c in plan.live:
+        pid = c.row.pid if c.row else "?"
+        console.print(
+            f"[yellow]{escape(c.node.name)} belongs to a run still in progress (pid {pid}); "
+            "it deletes its own node. Re-run when it ends, or pass --include-live.[/]"
+        )
+    for node in plan.lookalikes:
+        console.print(f"Left alone: {escape(node.name)} has no tpulab labels (not ours).")
+    for zone, message in plan.list_errors.items():
+        console.print(f"[red]Could not list {escape(zone)}: {escape(message)}[/]")
+    if plan.journal_error:
+        console.print(
+            f"[yellow]Journal unreadable; searched by labels only. {escape(plan.journal_error)}[/]"
+        )
+    if plan.stale_rows:
+        ids = ", ".join(row.run_id for row in plan.stale_rows)
+        console.print(f"Journal rows with no node left (will be closed): {escape(ids)}")
+    for row in plan.other_rows:
+        console.print(
+            f"Open journal row for another target: run {escape(row.run_id)}; check it with "
+            f"`{escape(sweep_command_for(row))}`"
+        )
+
+
+def _teardown_verify(
+    *,
+    zones: list[str],
+    run_id: str | None,
+    yes: bool,
+    dry_run: bool,
+    as_json: bool,
+    emulate: bool,
+    api_endpoint: str | None,
+    project: str | None,
+    include_live: bool,
+    timeout: float,
+) -> None:
+    from tpulab.journal import Journal
+    from tpulab.signals import shield, signals_to_teardown
+    from tpulab.sweep import find_orphans, resolve_scope, sweep
+
+    if not 0 < timeout <= 86400:
+        raise E.ConfigError(f"--timeout {timeout:g} is out of range.", hint="Use 1 to 86400 s.")
+    scope = resolve_scope(
+        project=project,
+        zones=zones,
+        emulate=emulate,
+        api_endpoint=api_endpoint,
+        run_id=run_id,
+        adc_project=adc_project,
+    )
+    journal = Journal()
+    result: SweepResult | None = None
+    declined = ""
+    with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
+        plan = find_orphans(
+            api,
+            target=scope.target,
+            zones=scope.zones,
+            run_id=run_id,
+            journal=journal,
+            include_live=include_live,
+        )
+        if not as_json:
+            _print_plan(plan)
+        if dry_run:
+            declined = "dry run: nothing was deleted"
+        elif plan.candidates and not yes:
+            if not sys.stdin.isatty():
+                declined = "not deleted: stdin is not a terminal and --yes was not given"
+            elif not typer.confirm(f"Delete {len(plan.candidates)} node(s)?", default=False):
+                declined = "not deleted: declined at the prompt"
+        if not declined:
+            names = ", ".join(c.node.name for c in plan.candidates) or "nothing"
+            commands = "\n  ".join(c.leaked().manual_delete_command() for c in plan.candidates)
+            with (
+                signals_to_teardown(print_stderr, force_exit_status=EXIT_TEARDOWN),
+                shield(f"deleting {names}", manual=commands or None),
+            ):
+                result = sweep(api, plan, journal=journal, timeout=timeout, notify=print_stderr)
+    _teardown_report(plan, result, declined, as_json)
+
+
+def _teardown_error(
+    plan: SweepPlan, result: SweepResult | None, declined: str
+) -> E.TeardownError | None:
+    """None when verified clean; otherwise the error naming every node that may remain."""
+    if result is not None:
+        if result.ok:
+            return None
+        leaked = result.leaked()
+        problems = [f"{c.node.name}: {err.message}" for c, err in result.failed]
+        errors = result.list_errors
+        if result.remaining:
+            problems.append("still listed: " + ", ".join(n.name for n in result.remaining))
+    else:
+        if plan.clean:
+            return None
+        leaked = [c.leaked() for c in [*plan.candidates, *plan.live]]
+        problems = [f"{len(leaked)} tpulab node(s) remain ({declined})"] if declined else []
+        if plan.live:
+            problems.append(f"{len(plan.live)} belong to runs still in progress")
+        errors = plan.list_errors
+    problems += [f"zone {zone} could not be listed ({message})" for zone, message in errors.items()]
+    return E.TeardownError(
+        "Teardown NOT confirmed, resources may still be billing: " + "; ".join(problems) + ".",
+        leaked,
+    )
+
+
+def _teardown_report(
+    plan: SweepPlan, result: SweepResult | None, declined: str, as_json: bool
+) -> None:
+    from tpulab.render import envelope
+    from tpulab.sweep import sweep_command_for
+
+    error = _teardown_error(plan, result, declined)
+    if as_json:
+        failures = result.failed if result else []
+        failed = [{"name": c.node.name, "error": e.message} for c, e in failures]
+        document = envelope(
+            "teardown",
+            ok=error is None,
+            dry_run=declined.startswith("dry run"),
+            project=plan.project,
+            target=plan.target,
+            zones=plan.zones,
+            run_id=plan.run_id,
+            found=[_candidate_json(c) for c in [*plan.candidates, *plan.live]],
+            deleted=[c.node.name for c in result.deleted] if result else [],
+            failed=failed,
+            remaining=[n.name for n in result.remaining] if result else None,
+            closed_journal_rows=result.closed_rows if result else [],
+            untouched_unlabelled=[n.name for n in plan.lookalikes],
+            list_errors=result.list_errors if result else plan.list_errors,
+            other_targets=[sweep_command_for(row) for row in plan.other_rows],
+            journal_error=plan.journal_error,
+            not_deleted_because=declined or None,
+            manual_commands=[n.manual_delete_command() for n in error.leaked] if error else [],
+            error=error_json(error) if error else None,
+        )
+        print_envelope(document, error)  # a TeardownError exits EXIT_TEARDOWN
+        return
+    if result is not None:
+        for candidate in result.deleted:
+            typer.echo(f"Deleted and confirmed gone: {candidate.node.name}")
+        if result.closed_rows:
+            typer.echo("Closed journal rows: " + ", ".join(result.closed_rows))
+        for warning in result.journal_warnings:
+            print_stderr(f"journal: {warning}")
+    if error is not None:
+        report_error(error)
+    scope = f" for run {plan.run_id}" if plan.run_id else ""
+    typer.echo(f"Verified: no tpulab node remains{scope} in {', '.join(plan.zones)}.")
+
+
+def teardown_command(
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Find tpulab nodes left behind (journal + labels), delete them and confirm "
+            "with a list. Required.",
+        ),
+    ] = False,
+    zone: Annotated[
+        list[str] | None,
+        typer.Option("--zone", help="A zone to search (repeatable); journal zones are added."),
+    ] = None,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="Only this run's node and journal row.")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without asking.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what would be deleted; delete nothing.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON envelope.")] = False,
+    emulate: Annotated[
+        bool, typer.Option("--emulate", help="Use the embedded emulator's state.")
+    ] = False,
+    api_endpoint: Annotated[
+        str | None,
+        typer.Option("--api-endpoint", help="A Cloud TPU API endpoint, e.g. an emulator URL."),
+    ] = None,
+    project: Annotated[str | None, typer.Option("--project", help="Google Cloud project.")] = None,
+    include_live: Annotated[
+        bool,
+        typer.Option("--include-live", help="Also delete nodes of runs still in progress here."),
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds to wait for deletes to be confirmed.")
+    ] = 600.0,
+) -> None:
+    """Delete every tpulab node a crashed or killed run left behind, and prove it.
+
+    Exit 0 only when no tpulab node remains in the searched zones; otherwise exit 6
+    with the manual delete commands (also for --dry-run when something was found).
+    Nodes without tpulab's labels are never touched.
+    """
+
+    def action() -> None:
+        if not verify:
+            raise E.ConfigError(
+                "teardown needs --verify.",
+                hint="Run `tpulab teardown --verify` (add --dry-run to only look).",
+            )
+        _teardown_verify(
+            zones=list(zone or []),
+            run_id=run_id,
+            yes=yes,
+            dry_run=dry_run,
+            as_json=as_json,
+            emulate=emulate,
+            api_endpoint=api_endpoint,
+            project=project,
+            include_live=include_live,
+            timeout=timeout,
+        )
+
+    json_or_guarded("teardown", as_json, action)
