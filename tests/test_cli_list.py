@@ -216,3 +216,33 @@ def test_emulator_serve_reports_a_busy_port(emulator: Emulator, tmp_path: Path) 
     assert code == EXIT_CONFIG
     assert f"Cannot listen on 127.0.0.1:{port}" in err
     assert time.monotonic() - started < 10
+
+
+def test_list_reports_open_journal_rows_only_for_the_api_it_listed(emulator: Emulator) -> None:
+    """An open row whose node is gone is reported as missing — but only under the API
+    (target and project) the row belongs to, not under every list."""
+    from tpulab.journal import TARGET_EMULATE, Journal, RunRow
+
+    journal = Journal()
+    for run_id, target, project in (
+        ("run-here", emulator.url, PROJECT),
+        ("run-emulate", TARGET_EMULATE, "tpulab-emulated"),
+        ("run-other-project", emulator.url, "another-project"),
+    ):
+        journal.open_run(
+            RunRow.for_this_process(
+                run_id=run_id,
+                project=project,
+                zone=ZONE,
+                node_name=f"tpulab-{run_id}",
+                accelerator="v5litepod-4",
+                target=target,
+                emulated=True,
+            )
+        )
+    status, out, _ = run_cli(
+        "list", "--api-endpoint", emulator.url, "--project", PROJECT, "--zone", ZONE, "--json"
+    )
+    assert status == 0
+    missing = json.loads(out)["journal_missing"]
+    assert [row["run_id"] for row in missing] == ["run-here"]

@@ -82,7 +82,12 @@ def _list(
         )
     with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
         listing = list_nodes(api, scope.zones, include_all=include_all)
-    view = journal_view([item.node for item in listing.nodes], zones=scope.zones)
+    view = journal_view(
+        [item.node for item in listing.nodes],
+        zones=scope.zones,
+        project=scope.project,
+        target=scope.target,
+    )
     if as_json:
         from tpulab.catalog import PRICE_DATE
         from tpulab.render import envelope
