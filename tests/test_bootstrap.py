@@ -67,7 +67,11 @@ def host_on(backend: HostBackend, sandbox: Path) -> SshHost:
 def test_fresh_host_gets_a_venv_then_bootstrap_is_a_no_op(
     make_backend: BackendFactory, tmp_path: Path
 ) -> None:
-    host = host_on(make_backend(default_image_env()), tmp_path / "vm")
+    image = default_image_env()
+    # The test extra installs uv beside the interpreter, so the image offers it and the
+    # bootstrap must take its preferred path.
+    assert shutil.which("uv", path=os.pathsep.join(image.path)), "uv missing from the image"
+    host = host_on(make_backend(image), tmp_path / "vm")
     notes: list[str] = []
     with host.connect() as shell:
         first = boot.bootstrap(shell, platform="cpu", timeout=120, note=notes.append)

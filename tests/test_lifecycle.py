@@ -280,8 +280,18 @@ def test_spot_preemption_mid_run_is_reported_as_preemption(
     from run_rig import payload_script
 
     slow = payload_script(tmp_path, "import time\ntime.sleep(20)\n")
-    embedded_rig.emulator.faults.preempt_after = 2.0
-    life, _, error = embedded_rig.run(embedded_rig.spec(spot=True, script=slow))
+    faults = embedded_rig.emulator.faults
+
+    class PreemptWhenThePayloadStarts(NullObserver):
+        # Preempt at the start of "execute", not after a fixed time: how long the
+        # bootstrap takes depends on the machine and on whether uv is installed.
+        def phase_started(self, phase: Phase) -> None:
+            if phase is Phase.EXECUTE:
+                faults.preempt_after = 0.0
+
+    life, _, error = embedded_rig.run(
+        embedded_rig.spec(spot=True, script=slow), PreemptWhenThePayloadStarts()
+    )
     assert isinstance(error, PreemptedError), error
     assert "preempted" in error.message
     assert "run payload" in error.message

@@ -234,6 +234,13 @@ class EmbeddedHostBackend:
             status = await proc.wait()
         finally:
             node.processes.discard(proc)
+            # Close the subprocess transport now, on the loop: left to the garbage
+            # collector it may be finalised after the loop has closed, and asyncio then
+            # raises "Event loop is closed" from its __del__. asyncio's Process has no
+            # public close, hence the private attribute.
+            transport = getattr(proc, "_transport", None)
+            if transport is not None:
+                transport.close()
         if status < 0:
             process.exit_with_signal(signal.Signals(-status).name.removeprefix("SIG"))
         else:
