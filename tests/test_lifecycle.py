@@ -26,11 +26,14 @@ from tpulab.errors import (
     VerificationError,
 )
 from tpulab.localrun import run_local_payload
+from tpulab.models import NodeInfo, NodeRequest
 from tpulab.progress import NullObserver, Phase
 from tpulab.receipts import expectation_for, parse_receipt, verify_receipt
 
 if TYPE_CHECKING:
     from run_rig import Rig
+
+    from tpulab.cloud import GoogleTpuApi
 
 pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
 
@@ -391,3 +394,90 @@ def test_the_emulators_login_user_attribute_is_the_one_honoured() -> None:
     from tpulab.lifecycle import EMULATOR_USER_ATTRIBUTE
 
     assert SSH_USER_ATTRIBUTE == EMULATOR_USER_ATTRIBUTE
+
+
+class CreateOperationSaysAlreadyExists:
+    """A TpuApi whose create is accepted but whose operation then fails ALREADY_EXISTS
+    (a race for the name); everything else is the real client against the emulator."""
+
+    def __init__(self, api: GoogleTpuApi) -> None:
+        self.inner = api
+        self.project = api.project
+
+    @property
+    def call_count(self) -> int:
+        return self.inner.call_count
+
+    def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
+        return f"projects/{self.project}/locations/{zone}/operations/raced-{node_id}"
+
+    def wait_operation(self, operation_name: str, *, timeout: float) -> None:
+        raise AlreadyExistsError("node exists", status="ALREADY_EXISTS")
+
+    def get_node(self, zone: str, node_id: str) -> NodeInfo:
+        return self.inner.get_node(zone, node_id)
+
+    def list_nodes(self, zone: str) -> list[NodeInfo]:
+        return self.inner.list_nodes(zone)
+
+    def delete_node(self, zone: str, node_id: str) -> str:
+        return self.inner.delete_node(zone, node_id)
+
+    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
+        return self.inner.guest_attributes(zone, node_id, query_path)
+
+
+def test_a_create_that_loses_the_name_race_never_deletes_the_winners_node(
+    embedded_rig: Rig,
+) -> None:
+    from tpulab.lifecycle import Lifecycle
+
+    spec = embedded_rig.spec()
+    theirs = NodeRequest(accelerator_type="v5litepod-4", runtime_version="v2-alpha-tpuv5-lite")
+    operation = embedded_rig.api.create_node(spec.zone.value, spec.node_name, theirs)
+    embedded_rig.api.wait_operation(operation, timeout=30)
+    life = Lifecycle(
+        spec, api=CreateOperationSaysAlreadyExists(embedded_rig.api), teardown_poll=0.05
+    )
+    with pytest.raises(AlreadyExistsError):
+        life.run()
+    assert life.outcome.teardown_status == "confirmed"  # nothing with our label exists
+    assert embedded_rig.leftovers() == [spec.node_name]  # and their node is untouched
+
+
+def test_a_signal_while_recording_an_unconfirmed_teardown_keeps_the_teardown_error(
+    embedded_rig: Rig, tmp_path: Path
+) -> None:
+    import os
+    import signal
+
+    from run_rig import payload_script
+
+    from tpulab.lifecycle import Lifecycle
+    from tpulab.signals import shield, signals_to_teardown
+
+    class SignalWhileFinishing:
+        def run_started(self, spec: object) -> None:
+            pass
+
+        def phase_changed(self, run_id: str, phase: str) -> None:
+            pass
+
+        def run_finished(self, run_id: str, teardown: str, detail: str) -> None:
+            os.kill(os.getpid(), signal.SIGINT)  # the user's first Ctrl-C lands now
+
+    embedded_rig.emulator.faults.delete_hangs = True
+    quick = payload_script(tmp_path, "raise SystemExit(0)\n")
+    spec = embedded_rig.spec(script=quick, teardown=1.0)
+    life = Lifecycle(
+        spec,
+        api=embedded_rig.api,
+        journal=SignalWhileFinishing(),
+        shield=shield,
+        teardown_poll=0.05,
+    )
+    messages: list[str] = []
+    with pytest.raises(TeardownError), signals_to_teardown(messages.append, force_exit_status=6):
+        life.run()
+    assert life.outcome.teardown_status == "unconfirmed"
+    assert any(spec.node_name in m or "recording" in m for m in messages), messages

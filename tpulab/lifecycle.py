@@ -47,6 +47,7 @@ from tpulab.errors import (
     RemoteError,
     TeardownError,
     TpuLabError,
+    VerificationError,
 )
 from tpulab.models import NodeInfo, NodeRequest, NodeState
 from tpulab.progress import NullObserver, Phase, RunJournal, RunObserver, TeardownStatus
@@ -248,21 +249,38 @@ class Lifecycle:
         except BaseException as error:  # every exit path must reach the teardown
             primary = error
         leaked: TeardownError | None = None
-        for _ in range(_TEARDOWN_ATTEMPTS):
+        attempts = 0
+        # `while True`, not `for ... in range()`: no call stands between here and the
+        # `try`, which leaves a first signal the least room to skip the teardown.
+        while True:
             try:
                 leaked = self._teardown(primary)
                 break
             except BaseException as late:  # an interrupt that beat the shield: go again
                 primary = primary or late
-        else:
-            leaked = self._unconfirmed(primary, "teardown was interrupted repeatedly")
-        self._finish(primary, leaked)
-        if leaked is not None:
-            raise leaked from primary
-        if isinstance(primary, KeyboardInterrupt):
-            raise InterruptedRun("SIGINT") from None
-        if primary is not None:
-            raise primary
+                attempts += 1
+                if attempts >= _TEARDOWN_ATTEMPTS:
+                    leaked = self._unconfirmed(primary, "teardown was interrupted repeatedly")
+                    break
+        # Recording the end and choosing the verdict are shielded too: a first signal
+        # arriving now must not turn "teardown NOT confirmed" into "interrupted".
+        zone, name = self.spec.zone.value, self.spec.node_name
+        manual = manual_delete_command(self.spec.project.value, zone, name)
+        with self.shield(f"recording the end of run {self.spec.run_id}", manual=manual):
+            self._finish(primary, leaked)
+            if leaked is not None:
+                raise leaked from primary
+            if isinstance(primary, KeyboardInterrupt):
+                raise InterruptedRun("SIGINT") from None
+            if primary is not None:
+                raise primary
+            if not self.outcome.succeeded:
+                # Unreachable unless the verdict and the phases disagree: never exit 0
+                # on a run whose receipt did not verify or whose teardown is unconfirmed.
+                raise VerificationError(
+                    f"The run ended without a verified receipt and a confirmed teardown "
+                    f"(verdict {self.outcome.verdict}, teardown {self.outcome.teardown_status})."
+                )
         return self.outcome
 
     def _phases(self) -> None:
@@ -355,7 +373,13 @@ class Lifecycle:
             self.outcome.create_sent = False  # refused synchronously: nothing exists
             raise
         self.outcome.create_accepted = True
-        self.api.wait_operation(operation, timeout=self.spec.timeouts.create)
+        try:
+            self.api.wait_operation(operation, timeout=self.spec.timeouts.create)
+        except AlreadyExistsError:
+            # The name belongs to a node someone else created: it is not ours, so the
+            # teardown must only confirm that nothing with this run's label exists.
+            self.outcome.create_accepted = False
+            raise
         return f"node {self.spec.node_name}" + (" (spot)" if self.spec.spot else "")
 
     def wait_ready(self) -> str:
