@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
@@ -28,7 +33,22 @@ def typecheck(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The whole suite, end-to-end tests included (they need sshd and gcloud in CI)."""
     session.install("-e", ".[test]")
+    _payload_python_310(session)
     session.run("pytest", *session.posargs)
+
+
+def _payload_python_310(session: nox.Session) -> None:
+    """TPU VM images run the payload on Python 3.10 with the last jax for it (0.6.x):
+    when a python3.10 is on PATH, build that interpreter's venv so a test runs the real
+    payload there (in CI the test fails rather than skips without it)."""
+    python310 = _find_python_310()
+    if python310 is None:
+        return
+    venv = Path(".nox") / "payload-py310"
+    session.run("uv", "venv", "--quiet", "--allow-existing", "-p", python310, str(venv))
+    python = str((venv / "bin" / "python").resolve())
+    session.run("uv", "pip", "install", "--quiet", "--python", python, "jax[cpu]<0.7", "numpy")
+    session.env["TPULAB_TEST_PY310"] = python
 
 
 @nox.session
@@ -39,3 +59,23 @@ def bench(session: nox.Session) -> None:
     session.env["UV_COMPILE_BYTECODE"] = "1"
     session.install("-e", ".[test]")
     session.run("pytest", "tests/benchmarks", "-s", "-p", "no:randomly", *session.posargs)
+
+
+def _find_python_310() -> str | None:
+    # A pyenv shim on PATH may exist without running (version not selected), so look
+    # at the real interpreters too and keep the first that answers as 3.10.
+    candidates = [shutil.which("python3.10"), "/usr/bin/python3.10", "/usr/local/bin/python3.10"]
+    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates += sorted(str(p) for p in pyenv_root.glob("versions/3.10*/bin/python3.10"))
+    for candidate in candidates:
+        if candidate is None or not Path(candidate).exists():
+            continue
+        probe = subprocess.run(
+            [candidate, "-c", "import sys; print(sys.version_info[:2] == (3, 10))"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if probe.returncode == 0 and probe.stdout.strip() == "True":
+            return candidate
+    return None
