@@ -207,6 +207,8 @@ CHILD = textwrap.dedent(
         with signals_to_teardown(notify, force_exit_status=6, window=window):
             try:
                 print("WORKING", flush=True)
+                if "fail" in sys.argv:  # teardown begun by an error, not by a signal
+                    raise RuntimeError("payload failed")
                 time.sleep(1.0)
                 print("WORK-DONE", flush=True)
             finally:
@@ -218,6 +220,9 @@ CHILD = textwrap.dedent(
     except InterruptedRun as error:
         print("INTERRUPTED " + error.signal_name, flush=True)
         sys.exit(130)
+    except RuntimeError as error:
+        print("FAILED " + str(error), flush=True)
+        sys.exit(1)
     """
 )
 
@@ -313,6 +318,59 @@ def test_real_third_ctrl_c_in_the_window_force_quits_with_the_manual_command(
     assert forced.startswith("NOTIFY Forced quit while deleting node n1 in us-central1-a")
     assert "gcloud compute tpus tpu-vm delete n1 --quiet" in forced
     assert "tpulab teardown --verify" in forced
+
+
+def test_real_two_ctrl_c_cannot_abort_a_teardown_begun_by_an_error(
+    children: list[Child],
+) -> None:
+    # A failed payload (or `teardown --verify`) starts teardown with no Ctrl-C: the user's
+    # first two presses, however quick, are both refused and the node is still deleted.
+    child = Child("5.0", "1.5", "fail")
+    children.append(child)
+    child.wait_for("TEARDOWN-START")
+    child.send(signal.SIGINT)
+    first = child.wait_for("NOTIFY")
+    child.send(signal.SIGINT)
+    second = child.wait_for("NOTIFY")
+    status, lines = child.finish()
+    assert status == 1
+    assert lines[-2:] == ["TEARDOWN-DONE", "FAILED payload failed"]
+    assert first.startswith("NOTIFY SIGINT ignored: deleting node n1 in us-central1-a")
+    # Only the refusal after which one more quick Ctrl-C really forces says so.
+    assert "force quit" not in first
+    assert "Ctrl-C again within 5 s to force quit" in second
+
+
+def test_real_third_ctrl_c_force_quits_a_teardown_begun_by_an_error(
+    children: list[Child],
+) -> None:
+    child = Child("5.0", "10", "fail")
+    children.append(child)
+    child.wait_for("TEARDOWN-START")
+    for _ in range(2):
+        child.send(signal.SIGINT)
+        child.wait_for("NOTIFY SIGINT ignored")
+    child.send(signal.SIGINT)
+    status, lines = child.finish()
+    assert status == 6
+    assert "TEARDOWN-DONE" not in lines
+    assert lines[-1].startswith("NOTIFY Forced quit while deleting node n1 in us-central1-a")
+
+
+def test_real_sigterm_then_two_ctrl_c_does_not_force(children: list[Child]) -> None:
+    # A supervisor's SIGTERM began teardown; it is not a Ctrl-C press, so two more do not
+    # add up to three.
+    child = Child("5.0", "1.5")
+    children.append(child)
+    child.wait_for("WORKING")
+    child.send(signal.SIGTERM)
+    child.wait_for("TEARDOWN-START")
+    for _ in range(2):
+        child.send(signal.SIGINT)
+        child.wait_for("NOTIFY SIGINT ignored")
+    status, lines = child.finish()
+    assert status == 130
+    assert lines[-2:] == ["TEARDOWN-DONE", "INTERRUPTED SIGTERM"]
 
 
 def test_real_repeated_sigterm_never_forces(children: list[Child]) -> None:

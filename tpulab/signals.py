@@ -8,9 +8,14 @@ maps to its exit status.
 
 From then on (and inside any `shield(...)`, i.e. while a node is being deleted) signals
 no longer raise: each is refused with a message, through the `notify` callback, saying
-what is being deleted. Two Ctrl-C within `window` seconds of each other force an exit
-with `force_exit_status` after printing the manual delete command; the journal row stays
-open so `tpulab teardown --verify` finishes the job. Only Ctrl-C can force: SIGTERM and
+what is being deleted. The rule for forcing: the user's THIRD Ctrl-C of the run, if it
+comes within `window` seconds of the previous (refused) one, exits with
+`force_exit_status` after printing the manual delete command; the journal row stays open
+so `tpulab teardown --verify` finishes the job. Counting presses rather than refusals
+makes it three presses however teardown began: by a Ctrl-C (1st starts teardown, 2nd is
+refused, 3rd forces) or by an error or `teardown --verify` (1st and 2nd are refused, 3rd
+forces), so a second Ctrl-C never aborts a teardown. The refusal offers the way out only
+when the next quick Ctrl-C would really take it. Only Ctrl-C can force: SIGTERM and
 SIGHUP come from supervisors and closing terminals, which should not abandon a node.
 
 A signal the process inherited as ignored (e.g. SIGHUP under `nohup`) stays ignored.
@@ -56,6 +61,10 @@ class SignalInterrupt(BaseException):
         super().__init__(f"interrupted by {self.signal_name}")
 
 
+# The Ctrl-C that may force a quit: never the 2nd, so a second Ctrl-C cannot abort teardown.
+_FORCING_PRESS = 3
+
+
 @dataclass
 class _Guard:
     notify: Callable[[str], None]
@@ -67,6 +76,7 @@ class _Guard:
     describe: str = "tearing down"
     manual: str | None = None
     last_refusal: float | None = None
+    ctrl_c_presses: int = 0  # every SIGINT of the run, including one that began teardown
     refused: list[str] = field(default_factory=list)
 
     def say(self, text: str) -> None:
@@ -76,6 +86,8 @@ class _Guard:
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         del frame
+        if signum == signal.SIGINT:
+            self.ctrl_c_presses += 1
         if self.interrupt is None and self.shield_depth == 0:
             self.interrupt = SignalInterrupt(signum)
             raise self.interrupt
@@ -83,7 +95,7 @@ class _Guard:
         self.refused.append(name)
         now = self.clock()
         repeated = self.last_refusal is not None and now - self.last_refusal <= self.window
-        if signum == signal.SIGINT and repeated:
+        if signum == signal.SIGINT and repeated and self.ctrl_c_presses >= _FORCING_PRESS:
             self._force_exit()
         if signum == signal.SIGINT:
             self.last_refusal = now
@@ -91,7 +103,7 @@ class _Guard:
         more = (
             f" Press Ctrl-C again within {self.window:g} s to force quit "
             "(the node may keep billing)."
-            if signum == signal.SIGINT
+            if signum == signal.SIGINT and self.ctrl_c_presses + 1 >= _FORCING_PRESS
             else ""
         )
         self.say(f"{name} ignored: {what}; tpulab will exit when it is done.{more}")
