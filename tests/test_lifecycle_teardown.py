@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tpulab.errors import TeardownError
-from tpulab.models import NodeState
+from tpulab.errors import CloudError, DeadlineError, InvalidArgumentError, TeardownError
+from tpulab.models import NodeInfo, NodeRequest, NodeState
 from tpulab.teardown import delete_and_confirm
 
 if TYPE_CHECKING:
@@ -23,6 +23,43 @@ def create(api: GoogleTpuApi, name: str, run_id: str | None) -> None:
     from emulator_fixtures import node_request
 
     api.wait_operation(api.create_node(ZONE, name, node_request(run_id=run_id)), timeout=10)
+
+
+class RefusingDeletes:
+    """The real client for everything; DeleteNode answers with `errors` first, in order
+    (the last one for ever if `forever`), as Google does with a 504 or FAILED_PRECONDITION."""
+
+    def __init__(self, api: GoogleTpuApi, errors: list[CloudError], forever: bool = False) -> None:
+        self.api = api
+        self.project = api.project
+        self.errors = errors
+        self.forever = forever
+        self.refused = 0
+
+    @property
+    def call_count(self) -> int:
+        return self.api.call_count
+
+    def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
+        return self.api.create_node(zone, node_id, request)
+
+    def wait_operation(self, operation_name: str, *, timeout: float) -> None:
+        self.api.wait_operation(operation_name, timeout=timeout)
+
+    def get_node(self, zone: str, node_id: str) -> NodeInfo:
+        return self.api.get_node(zone, node_id)
+
+    def list_nodes(self, zone: str) -> list[NodeInfo]:
+        return self.api.list_nodes(zone)
+
+    def delete_node(self, zone: str, node_id: str) -> str:
+        if self.errors:
+            self.refused += 1
+            raise self.errors[0] if self.forever else self.errors.pop(0)
+        return self.api.delete_node(zone, node_id)
+
+    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
+        return self.api.guest_attributes(zone, node_id, query_path)
 
 
 def test_deletes_only_this_runs_node(emulator: Emulator, tpu_api: GoogleTpuApi) -> None:
@@ -40,7 +77,8 @@ def test_not_found_counts_as_deleted(emulator: Emulator, tpu_api: GoogleTpuApi) 
     report = delete_and_confirm(tpu_api, ZONE, "never-was", run_id="run-x", timeout=5, poll=0.02)
     assert report.confirmed
     assert report.already_gone
-    assert emulator.calls["delete_node"] == 1
+    assert emulator.calls["get_node"] == 1
+    assert emulator.calls["delete_node"] == 0  # nothing to delete: GetNode said NOT_FOUND
 
 
 def test_unknown_create_outcome_deletes_by_label_only(
@@ -102,3 +140,76 @@ def test_deadline_raises_with_every_leaked_node(emulator: Emulator, tpu_api: Goo
     assert [node.name for node in error.leaked] == ["stuck"]
     assert error.hint is not None
     assert "gcloud compute tpus tpu-vm delete stuck" in error.hint
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        DeadlineError("Deadline exceeded", status="DEADLINE_EXCEEDED"),
+        InvalidArgumentError("node is still being created", status="FAILED_PRECONDITION"),
+    ],
+    ids=["504", "failed-precondition"],
+)
+def test_a_refused_delete_is_retried_until_list_confirms(
+    emulator: Emulator, tpu_api: GoogleTpuApi, refusal: CloudError
+) -> None:
+    create(tpu_api, "refused-once", "run-g")
+    api = RefusingDeletes(tpu_api, [refusal])
+    notes: list[str] = []
+    report = delete_and_confirm(
+        api, ZONE, "refused-once", run_id="run-g", timeout=10, poll=0.02, notify=notes.append
+    )
+    assert report.confirmed
+    assert api.refused == 1
+    assert report.delete_attempts == 2
+    assert emulator.calls["delete_node"] == 1  # the retry, which the emulator saw
+    assert any(refusal.status in note for note in notes)
+    assert emulator.node_names() == []
+
+
+def test_a_delete_refused_for_ever_ends_in_a_teardown_error_naming_the_node(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    create(tpu_api, "refused", "run-i")
+    api = RefusingDeletes(
+        tpu_api, [InvalidArgumentError("precondition", status="FAILED_PRECONDITION")], True
+    )
+    with pytest.raises(TeardownError) as caught:
+        delete_and_confirm(api, ZONE, "refused", run_id="run-i", timeout=0.6, poll=0.05)
+    assert api.refused >= 2  # kept trying until the deadline
+    assert [node.name for node in caught.value.leaked] == ["refused"]
+    assert "FAILED_PRECONDITION" in caught.value.message
+    assert caught.value.hint is not None
+    assert "gcloud compute tpus tpu-vm delete refused" in caught.value.hint
+    assert emulator.node_names() == ["refused"]
+
+
+@pytest.mark.parametrize("run_id", ["run-h", None], ids=["run-id", "no-run-id"])
+def test_a_strangers_node_with_our_name_is_never_deleted(
+    emulator: Emulator, tpu_api: GoogleTpuApi, run_id: str | None
+) -> None:
+    # Our create failed with ALREADY_EXISTS: the name is taken by someone else's node.
+    create(tpu_api, "taken", None)
+    notes: list[str] = []
+    report = delete_and_confirm(
+        tpu_api, ZONE, "taken", run_id=run_id, known_ours=True, timeout=5, poll=0.02,
+        notify=notes.append,
+    )  # fmt: skip
+    assert emulator.node_names() == ["taken"]
+    assert tpu_api.get_node(ZONE, "taken").state is NodeState.READY
+    assert emulator.calls["delete_node"] == 0
+    assert report.delete_attempts == 0
+    assert not report.already_gone
+    assert report.spared == ["taken"]
+    assert any("taken" in note and "not deleted" in note for note in notes)
+
+
+def test_another_runs_node_with_our_name_is_never_deleted(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    create(tpu_api, "tpulab-x", "run-z")  # tpulab's labels, but another run's
+    report = delete_and_confirm(
+        tpu_api, ZONE, "tpulab-x", run_id="run-y", known_ours=True, timeout=5, poll=0.02
+    )
+    assert emulator.node_names() == ["tpulab-x"]
+    assert report.spared == ["tpulab-x"]

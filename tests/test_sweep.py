@@ -16,9 +16,9 @@ import pytest
 from tpulab.cloud import GoogleTpuApi
 from tpulab.emulator.server import Emulator
 from tpulab.emulator.timing import Timing
-from tpulab.errors import ConfigError
+from tpulab.errors import ConfigError, PermissionDeniedError
 from tpulab.journal import TARGET_EMULATE, Journal, RunRow, target_for
-from tpulab.models import NodeRequest, tpulab_labels
+from tpulab.models import MANAGED_BY_LABEL, MANAGED_BY_VALUE, NodeInfo, NodeRequest, tpulab_labels
 from tpulab.sweep import (
     SweepPlan,
     SweepResult,
@@ -249,6 +249,84 @@ def test_a_hanging_delete_is_never_reported_as_success(
     assert row is not None
     assert row.teardown == "unconfirmed"
     assert [r.run_id for r in journal.open_runs()] == ["stuck"]  # still needs a sweep
+
+
+class RefusingDeletes:
+    """The real client for everything except DeleteNode, which is always refused with a
+    non-transient error (here 403 on delete alone, as a too-narrow IAM role gives)."""
+
+    def __init__(self, api: GoogleTpuApi) -> None:
+        self.api = api
+        self.project = api.project
+        self.refused = 0
+
+    @property
+    def call_count(self) -> int:
+        return self.api.call_count
+
+    def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
+        return self.api.create_node(zone, node_id, request)
+
+    def wait_operation(self, operation_name: str, *, timeout: float) -> None:
+        self.api.wait_operation(operation_name, timeout=timeout)
+
+    def get_node(self, zone: str, node_id: str) -> NodeInfo:
+        return self.api.get_node(zone, node_id)
+
+    def list_nodes(self, zone: str) -> list[NodeInfo]:
+        return self.api.list_nodes(zone)
+
+    def delete_node(self, zone: str, node_id: str) -> str:
+        self.refused += 1
+        raise PermissionDeniedError("tpu.nodes.delete denied", status="PERMISSION_DENIED")
+
+    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
+        return self.api.guest_attributes(zone, node_id, query_path)
+
+
+@pytest.mark.parametrize("run_label", [True, False], ids=["run-label", "managed-by-only"])
+def test_a_refused_delete_is_a_leak_with_its_command_not_an_api_error(
+    api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int, run_label: bool
+) -> None:
+    if run_label:
+        name = _killed_run(api, journal, "refused", dead_pid)
+    else:
+        name = "tpulab-unlabelled-run"
+        _create(api, name, {MANAGED_BY_LABEL: MANAGED_BY_VALUE})
+    plan = find_orphans(api, target=target_for(api_endpoint_of(api)), zones=[ZONE], journal=journal)
+    assert [c.node.name for c in plan.candidates] == [name]
+    refusing = RefusingDeletes(api)
+    result = sweep(refusing, plan, journal=journal, timeout=0.6, poll=0.05, sleep=_short_sleep)
+    assert refusing.refused >= 2  # retried until the deadline, not given up at once
+    assert not result.ok
+    assert result.deleted == []
+    assert [c.node.name for c, _ in result.failed] == [name]
+    assert "PERMISSION_DENIED" in result.failed[0][1].message
+    assert [n.manual_delete_command() for n in result.leaked()] == [
+        f"gcloud compute tpus tpu-vm delete {name} --project={PROJECT} --zone={ZONE} --quiet"
+    ]
+    assert emulator.node_names(PROJECT) == [name]
+    if run_label:
+        row = journal.get("refused")
+        assert row is not None
+        assert row.teardown == "unconfirmed"
+
+
+def test_a_node_that_lost_our_labels_before_the_sweep_is_spared(
+    api: GoogleTpuApi, journal: Journal, emulator: Emulator
+) -> None:
+    name = "tpulab-renamed-away"
+    _create(api, name, {MANAGED_BY_LABEL: MANAGED_BY_VALUE})  # no run label: matched by name
+    plan = find_orphans(api, target=target_for(api_endpoint_of(api)), zones=[ZONE], journal=journal)
+    assert [c.node.name for c in plan.candidates] == [name]
+    # Between the look and the delete, the node goes and a stranger's takes its name.
+    api.wait_operation(api.delete_node(ZONE, name), timeout=30)
+    _create(api, name, {"team": "research"})
+    result = sweep(api, plan, journal=journal, timeout=5, poll=0.05, sleep=_short_sleep)
+    assert emulator.node_names(PROJECT) == [name]
+    assert [c.node.name for c in result.spared] == [name]
+    assert result.deleted == []
+    assert result.failed == []
 
 
 def test_a_corrupted_journal_still_finds_nodes_by_label(

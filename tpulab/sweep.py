@@ -33,6 +33,7 @@ from tpulab.errors import (
     JournalError,
     LeakedNode,
     TeardownError,
+    TpuLabError,
     TransientError,
     UnknownAcceleratorError,
 )
@@ -100,6 +101,7 @@ class SweepPlan:
 @dataclass
 class SweepResult:
     deleted: list[Candidate] = field(default_factory=list)
+    spared: list[Candidate] = field(default_factory=list)  # lost our labels: not deleted
     failed: list[tuple[Candidate, TeardownError]] = field(default_factory=list)
     closed_rows: list[str] = field(default_factory=list)
     remaining: list[NodeInfo] = field(default_factory=list)  # from the final list
@@ -296,16 +298,18 @@ def sweep(
     result = SweepResult()
     say = notify or (lambda _message: None)
 
-    def one(candidate: Candidate) -> TeardownError | None:
+    def one(candidate: Candidate) -> TeardownError | bool:
+        """The node's TeardownError, or whether it was spared as no longer ours."""
         node = candidate.node
         try:
-            delete_and_confirm(
+            report = delete_and_confirm(
                 api,
                 node.zone,
                 node.name,
                 run_id=node.run_id,
                 # With a run label we recognise the node by it alone, so a stranger's node
-                # that later takes the same name is never deleted.
+                # that later takes the same name is never deleted. Without one, teardown
+                # still deletes by name only a node carrying managed-by=tpulab.
                 known_ours=node.run_id is None,
                 timeout=timeout,
                 poll=poll,
@@ -316,23 +320,33 @@ def sweep(
             )
         except TeardownError as error:
             return error
-        return None
+        except TpuLabError as error:
+            # Whatever went wrong, this node is not confirmed gone: it must come out as a
+            # leak with its manual command, never as an API error that hides the others.
+            message = (
+                f"Teardown of {node.name} NOT confirmed: {error.message} "
+                f"(project {node.project}, zone {node.zone}). Resources may still be billing."
+            )
+            return TeardownError(message, [candidate.leaked()])
+        return node.name in report.spared
 
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(plan.candidates)))) as pool:
         outcomes = list(pool.map(one, plan.candidates))
-    for candidate, error in zip(plan.candidates, outcomes, strict=True):
+    for candidate, outcome in zip(plan.candidates, outcomes, strict=True):
         run_id = candidate.run_id
-        if error is None:
+        if outcome is True:
+            result.spared.append(candidate)
+        elif outcome is False:
             result.deleted.append(candidate)
             if candidate.row is not None and run_id is not None:
                 detail = "deleted and confirmed by tpulab teardown --verify"
                 if _close(journal, run_id, detail, result.journal_warnings):
                     result.closed_rows.append(run_id)
         else:
-            result.failed.append((candidate, error))
+            result.failed.append((candidate, outcome))
             if candidate.row is not None and run_id is not None:
                 try:
-                    journal.close_run(run_id, "unconfirmed", error.message)
+                    journal.close_run(run_id, "unconfirmed", outcome.message)
                 except JournalError as journal_error:
                     result.journal_warnings.append(journal_error.message)
     for row in plan.stale_rows:

@@ -2,8 +2,10 @@
 
 Contract of `delete_and_confirm`:
 
-1. Send DeleteNode (unless the caller only suspects the node exists). Transient errors are
-   retried; NOT_FOUND means someone already deleted it, which is what we wanted.
+1. Unless the caller only suspects the node exists, GetNode it by name and send DeleteNode
+   only if it carries our labels (below). NOT_FOUND means someone already deleted it, which
+   is what we wanted. Any error from DeleteNode (503, 504, FAILED_PRECONDITION while the
+   node is still CREATING, ...) is recorded and step 3 decides again: only `list` ends it.
 2. Wait for the delete operation, but keep part of the deadline for step 3: an operation
    that never finishes must not stop us from looking.
 3. `list` the zone until no node of this run remains. A node still DELETING is waited
@@ -11,9 +13,11 @@ Contract of `delete_and_confirm`:
 4. Only then return a `TeardownReport` with `confirmed=True`. Past the deadline raise
    `TeardownError`, which names the node and carries the exact gcloud command.
 
-A node belongs to the run when it carries `managed-by=tpulab` and this run's
-`tpulab-run` label, or (when the caller created it itself, `known_ours`) when it has the
-node name the create was accepted for. Nothing else is ever deleted (invariant 4).
+A node belongs to the run when it carries `managed-by=tpulab` and this run's `tpulab-run`
+label (or, when no run id is known, `managed-by=tpulab` and the given name). A name alone
+is never enough: a create that failed with ALREADY_EXISTS names someone else's node.
+Nothing else is ever deleted (invariant 4); a node of our name that lacks our labels is
+left alone and reported in `TeardownReport.spared`.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class TeardownReport:
     seconds: float = 0.0
     delete_sent_at: float | None = None
     problems: list[str] = field(default_factory=list)
+    spared: list[str] = field(default_factory=list)  # named like ours, not our labels
 
 
 def manual_delete_command(project: str, zone: str, name: str) -> str:
@@ -95,9 +100,11 @@ class _Teardown:
         return self.deadline - self.clock()
 
     def belongs(self, node: NodeInfo) -> bool:
-        if self.run_id is not None and node.managed_by_tpulab and node.run_id == self.run_id:
-            return True
-        return self.known_ours and node.name == self.name
+        if not node.managed_by_tpulab:
+            return False
+        if self.run_id is not None:
+            return node.run_id == self.run_id
+        return node.name == self.name
 
     def problem(self, text: str) -> None:
         self.report.problems.append(text)
@@ -113,6 +120,11 @@ class _Teardown:
             return
         except TransientError as error:
             self.problem(f"delete of {name} failed transiently ({error.message}); retrying")
+            return
+        except CloudError as error:
+            # E.g. a 504, or FAILED_PRECONDITION while the node is still CREATING: the
+            # list below decides whether to wait, delete again, or give up at the deadline.
+            self.problem(f"delete of {name} failed ({error.status}: {error.message}); retrying")
             return
         finally:
             if self.report.delete_sent_at is None:
@@ -137,9 +149,28 @@ class _Teardown:
             self.problem(f"list of zone {self.zone} failed: {error.message}")
             return None
 
+    def delete_by_name(self) -> None:
+        """Delete the node the caller created, once GetNode shows it carries our labels."""
+        try:
+            node = self.api.get_node(self.zone, self.name)
+        except NotFoundError:
+            self.report.already_gone = True
+            return
+        except CloudError as error:
+            self.problem(f"get of {self.name} failed ({error.message}); looking by list")
+            return
+        if not self.belongs(node):
+            self.report.spared.append(node.name)
+            self.problem(
+                f"node {node.name} exists but does not carry this run's tpulab labels; "
+                "it is someone else's and was not deleted"
+            )
+            return
+        self.delete(node.name)
+
     def run(self) -> TeardownReport:
         if self.known_ours:
-            self.delete(self.name)
+            self.delete_by_name()
         delay = self.poll
         while True:
             nodes = self.leftovers()
@@ -187,9 +218,11 @@ def delete_and_confirm(
 ) -> TeardownReport:
     """Delete `node_name` (or whatever carries this run's label) and confirm with `list`.
 
-    `known_ours=False` is for a create whose outcome is unknown: nothing is deleted by
-    name, only nodes found carrying `run_id`'s label. `notify` hears about retries;
-    `on_delete_sent` gets the monotonic time the first DeleteNode went out.
+    `known_ours=False` is for a create whose outcome is unknown: nothing is looked up by
+    name, only nodes found by `list` carrying `run_id`'s label. With `known_ours` the node
+    is fetched by name first, and still deleted only if it carries our labels. `notify`
+    hears about retries; `on_delete_sent` gets the monotonic time the first DeleteNode
+    went out.
     Raises TeardownError (never returns unconfirmed) when the deadline passes.
     """
     if not known_ours and run_id is None:
