@@ -111,8 +111,12 @@ def rig(host_backend: HostBackend, start_emulator: EmulatorStarter, tmp_path: Pa
 @pytest.fixture
 def embedded_rig(start_emulator: EmulatorStarter, tmp_path: Path) -> Iterator[Rig]:
     backend = make_host_backend("embedded", tmp_path / "ssh-hosts")
+    emulator: Emulator | None = None
     try:
         emulator = start_emulator(tmp_path / "emulator", host_backend=backend)
         yield _rig(emulator, backend, tmp_path)
     finally:
+        # Stop the emulator first: a running one may still start hosts on the backend.
+        if emulator is not None:
+            emulator.stop()
         backend.close()

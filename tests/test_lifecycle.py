@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from delegating_api import DelegatingTpuApi
 
 from tpulab.errors import (
     AlreadyExistsError,
@@ -26,14 +27,13 @@ from tpulab.errors import (
     VerificationError,
 )
 from tpulab.localrun import run_local_payload
-from tpulab.models import NodeInfo, NodeRequest
+from tpulab.models import NodeRequest
 from tpulab.progress import NullObserver, Phase
 from tpulab.receipts import expectation_for, parse_receipt, verify_receipt
 
 if TYPE_CHECKING:
     from run_rig import Rig
 
-    from tpulab.cloud import GoogleTpuApi
 
 pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
 
@@ -396,35 +396,15 @@ def test_the_emulators_login_user_attribute_is_the_one_honoured() -> None:
     assert SSH_USER_ATTRIBUTE == EMULATOR_USER_ATTRIBUTE
 
 
-class CreateOperationSaysAlreadyExists:
+class CreateOperationSaysAlreadyExists(DelegatingTpuApi):
     """A TpuApi whose create is accepted but whose operation then fails ALREADY_EXISTS
     (a race for the name); everything else is the real client against the emulator."""
-
-    def __init__(self, api: GoogleTpuApi) -> None:
-        self.inner = api
-        self.project = api.project
-
-    @property
-    def call_count(self) -> int:
-        return self.inner.call_count
 
     def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
         return f"projects/{self.project}/locations/{zone}/operations/raced-{node_id}"
 
     def wait_operation(self, operation_name: str, *, timeout: float) -> None:
         raise AlreadyExistsError("node exists", status="ALREADY_EXISTS")
-
-    def get_node(self, zone: str, node_id: str) -> NodeInfo:
-        return self.inner.get_node(zone, node_id)
-
-    def list_nodes(self, zone: str) -> list[NodeInfo]:
-        return self.inner.list_nodes(zone)
-
-    def delete_node(self, zone: str, node_id: str) -> str:
-        return self.inner.delete_node(zone, node_id)
-
-    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
-        return self.inner.guest_attributes(zone, node_id, query_path)
 
 
 def test_a_create_that_loses_the_name_race_never_deletes_the_winners_node(

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pytest
+from delegating_api import DelegatingTpuApi
 
 from tpulab.errors import CloudError, DeadlineError, InvalidArgumentError, TeardownError
-from tpulab.models import NodeInfo, NodeRequest, NodeState
+from tpulab.models import NodeState
 from tpulab.teardown import delete_and_confirm
 
 if TYPE_CHECKING:
@@ -25,41 +26,21 @@ def create(api: GoogleTpuApi, name: str, run_id: str | None) -> None:
     api.wait_operation(api.create_node(ZONE, name, node_request(run_id=run_id)), timeout=10)
 
 
-class RefusingDeletes:
+class RefusingDeletes(DelegatingTpuApi):
     """The real client for everything; DeleteNode answers with `errors` first, in order
     (the last one for ever if `forever`), as Google does with a 504 or FAILED_PRECONDITION."""
 
     def __init__(self, api: GoogleTpuApi, errors: list[CloudError], forever: bool = False) -> None:
-        self.api = api
-        self.project = api.project
+        super().__init__(api)
         self.errors = errors
         self.forever = forever
         self.refused = 0
-
-    @property
-    def call_count(self) -> int:
-        return self.api.call_count
-
-    def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
-        return self.api.create_node(zone, node_id, request)
-
-    def wait_operation(self, operation_name: str, *, timeout: float) -> None:
-        self.api.wait_operation(operation_name, timeout=timeout)
-
-    def get_node(self, zone: str, node_id: str) -> NodeInfo:
-        return self.api.get_node(zone, node_id)
-
-    def list_nodes(self, zone: str) -> list[NodeInfo]:
-        return self.api.list_nodes(zone)
 
     def delete_node(self, zone: str, node_id: str) -> str:
         if self.errors:
             self.refused += 1
             raise self.errors[0] if self.forever else self.errors.pop(0)
-        return self.api.delete_node(zone, node_id)
-
-    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
-        return self.api.guest_attributes(zone, node_id, query_path)
+        return super().delete_node(zone, node_id)
 
 
 def test_deletes_only_this_runs_node(emulator: Emulator, tpu_api: GoogleTpuApi) -> None:

@@ -12,13 +12,14 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from delegating_api import DelegatingTpuApi
 
 from tpulab.cloud import GoogleTpuApi
 from tpulab.emulator.server import Emulator
 from tpulab.emulator.timing import Timing
 from tpulab.errors import ConfigError, PermissionDeniedError
 from tpulab.journal import TARGET_EMULATE, Journal, RunRow, target_for
-from tpulab.models import MANAGED_BY_LABEL, MANAGED_BY_VALUE, NodeInfo, NodeRequest, tpulab_labels
+from tpulab.models import MANAGED_BY_LABEL, MANAGED_BY_VALUE, NodeRequest, tpulab_labels
 from tpulab.sweep import (
     SweepPlan,
     SweepResult,
@@ -251,37 +252,17 @@ def test_a_hanging_delete_is_never_reported_as_success(
     assert [r.run_id for r in journal.open_runs()] == ["stuck"]  # still needs a sweep
 
 
-class RefusingDeletes:
+class RefusingDeletes(DelegatingTpuApi):
     """The real client for everything except DeleteNode, which is always refused with a
     non-transient error (here 403 on delete alone, as a too-narrow IAM role gives)."""
 
     def __init__(self, api: GoogleTpuApi) -> None:
-        self.api = api
-        self.project = api.project
+        super().__init__(api)
         self.refused = 0
-
-    @property
-    def call_count(self) -> int:
-        return self.api.call_count
-
-    def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
-        return self.api.create_node(zone, node_id, request)
-
-    def wait_operation(self, operation_name: str, *, timeout: float) -> None:
-        self.api.wait_operation(operation_name, timeout=timeout)
-
-    def get_node(self, zone: str, node_id: str) -> NodeInfo:
-        return self.api.get_node(zone, node_id)
-
-    def list_nodes(self, zone: str) -> list[NodeInfo]:
-        return self.api.list_nodes(zone)
 
     def delete_node(self, zone: str, node_id: str) -> str:
         self.refused += 1
         raise PermissionDeniedError("tpu.nodes.delete denied", status="PERMISSION_DENIED")
-
-    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
-        return self.api.guest_attributes(zone, node_id, query_path)
 
 
 @pytest.mark.parametrize("run_label", [True, False], ids=["run-label", "managed-by-only"])
