@@ -6,6 +6,7 @@ Every test ends by checking what the emulator still holds: a run must leave noth
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ from delegating_api import DelegatingTpuApi
 from tpulab.errors import (
     AlreadyExistsError,
     CommandFailedError,
+    DeadlineError,
     InterruptedRun,
     InvalidArgumentError,
     PreemptedError,
@@ -33,6 +35,8 @@ from tpulab.receipts import expectation_for, parse_receipt, verify_receipt
 
 if TYPE_CHECKING:
     from run_rig import Rig
+
+    from tpulab.cloud import GoogleTpuApi
 
 
 pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
@@ -461,3 +465,35 @@ def test_a_signal_while_recording_an_unconfirmed_teardown_keeps_the_teardown_err
         life.run()
     assert life.outcome.teardown_status == "unconfirmed"
     assert any(spec.node_name in m or "recording" in m for m in messages), messages
+
+
+class CreateReplyLost(DelegatingTpuApi):
+    """CreateNode's reply is lost (a 504) while the API goes on to create the node a
+    moment later: the run cannot know whether a node exists."""
+
+    def __init__(self, api: GoogleTpuApi) -> None:
+        super().__init__(api)
+        self.later: threading.Timer | None = None
+
+    def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
+        self.later = threading.Timer(0.3, self.api.create_node, (zone, node_id, request))
+        self.later.start()
+        raise DeadlineError("create_node: 504 Gateway Timeout", status="DEADLINE_EXCEEDED")
+
+
+def test_a_create_whose_reply_was_lost_is_still_found_and_deleted(embedded_rig: Rig) -> None:
+    from tpulab.lifecycle import Lifecycle
+
+    spec = embedded_rig.spec(teardown=8.0)
+    api = CreateReplyLost(embedded_rig.api)
+    life = Lifecycle(spec, api=api, teardown_poll=0.05)
+    with pytest.raises(DeadlineError):
+        life.run()
+    assert api.later is not None
+    api.later.join()
+    # The node materialised after the first empty list: the teardown must have waited
+    # for it, deleted it and only then confirmed.
+    assert life.outcome.teardown_status == "confirmed"
+    assert life.outcome.teardown is not None
+    assert life.outcome.teardown.delete_attempts >= 1
+    assert embedded_rig.leftovers() == []

@@ -108,6 +108,8 @@ def _no_shield(describe: str, *, manual: str | None = None) -> AbstractContextMa
 
 
 _TEARDOWN_ATTEMPTS = 3
+# How long a teardown keeps listing after a CreateNode whose outcome is unknown.
+_CREATE_SETTLE_SECONDS = 30.0
 # Honoured for emulated runs only (see pin_host_key); a real VM's attributes never pick
 # the login user.
 EMULATOR_USER_ATTRIBUTE = "tpulab-emulator/ssh-user"
@@ -595,6 +597,11 @@ class Lifecycle:
                     name,
                     run_id=self.spec.run_id,
                     known_ours=self.outcome.create_accepted,
+                    # Sent but not known to be accepted (e.g. the reply was lost): the
+                    # node may still appear, so an empty list is believed only later.
+                    settle=0.0
+                    if self.outcome.create_accepted
+                    else min(_CREATE_SETTLE_SECONDS, self.spec.timeouts.teardown / 4),
                     timeout=self.spec.timeouts.teardown,
                     poll=self.teardown_poll,
                     clock=self.clock,

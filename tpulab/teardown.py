@@ -10,7 +10,9 @@ Contract of `delete_and_confirm`:
    that never finishes must not stop us from looking.
 3. `list` the zone until no node of this run remains. A node still DELETING is waited
    for; one that is not (a failed or lost delete) gets DeleteNode again.
-4. Only then return a `TeardownReport` with `confirmed=True`. Past the deadline raise
+4. Only then return a `TeardownReport` with `confirmed=True`. When the create's outcome
+   is unknown (its reply was lost), absence counts only after `settle` seconds of empty
+   lists, since the API may still be materialising the node. Past the deadline raise
    `TeardownError`, which names the node and carries the exact gcloud command.
 
 A node belongs to the run when it carries `managed-by=tpulab` and this run's `tpulab-run`
@@ -78,6 +80,7 @@ class _Teardown:
         sleep: Callable[[float], None],
         notify: Callable[[str], None],
         on_delete_sent: Callable[[float], None],
+        settle: float = 0.0,
     ) -> None:
         self.api = api
         self.zone = zone
@@ -92,6 +95,7 @@ class _Teardown:
         self.max_poll = max_poll
         self.started = clock()
         self.deadline = self.started + timeout
+        self.settled_at = self.started + min(settle, timeout)
         # Time kept back from waiting on a delete operation for the `list` that proves it.
         self.reserve = min(30.0, timeout * 0.25)
         self.report = TeardownReport(api.project, zone, node_name, run_id)
@@ -174,6 +178,11 @@ class _Teardown:
         delay = self.poll
         while True:
             nodes = self.leftovers()
+            if nodes == [] and self.clock() < self.settled_at:
+                # Empty, but too early to believe it: look again before confirming.
+                self.sleep(max(0.0, min(delay, self.settled_at - self.clock())))
+                delay = min(delay * 1.5, self.max_poll)
+                continue
             if nodes == []:
                 self.report.confirmed = True
                 self.report.seconds = self.clock() - self.started
@@ -215,6 +224,7 @@ def delete_and_confirm(
     sleep: Callable[[float], None] = time.sleep,
     notify: Callable[[str], None] | None = None,
     on_delete_sent: Callable[[float], None] | None = None,
+    settle: float = 0.0,
 ) -> TeardownReport:
     """Delete `node_name` (or whatever carries this run's label) and confirm with `list`.
 
@@ -222,7 +232,8 @@ def delete_and_confirm(
     name, only nodes found by `list` carrying `run_id`'s label. With `known_ours` the node
     is fetched by name first, and still deleted only if it carries our labels. `notify`
     hears about retries; `on_delete_sent` gets the monotonic time the first DeleteNode
-    went out.
+    went out. `settle` (for a create whose outcome is unknown) is how long the lists must
+    stay empty before absence counts as confirmed.
     Raises TeardownError (never returns unconfirmed) when the deadline passes.
     """
     if not known_ours and run_id is None:
@@ -240,4 +251,5 @@ def delete_and_confirm(
         sleep=sleep,
         notify=notify or (lambda _message: None),
         on_delete_sent=on_delete_sent or (lambda _at: None),
+        settle=settle,
     ).run()
