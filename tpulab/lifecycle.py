@@ -65,7 +65,6 @@ __all__ = [
     "RemoteSession",
     "RunOutcome",
     "Shield",
-    "run",
 ]
 
 # Sync refusals: the API said no before creating anything, so there is nothing to delete.
@@ -656,27 +655,3 @@ def _describe(error: BaseException) -> str:
     if isinstance(error, TpuLabError):
         return f"{type(error).__name__}: {error.message}"
     return f"{type(error).__name__}: {error}"
-
-
-def run(
-    spec: RunSpec,
-    *,
-    api: TpuApi,
-    connect: Connect | None = None,
-    journal: RunJournal | None = None,
-    observer: RunObserver | None = None,
-    shield: Shield | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> RunOutcome:
-    """Run `spec` to completion; see `Lifecycle.run` for what is raised."""
-    return Lifecycle(
-        spec,
-        api=api,
-        connect=connect,
-        journal=journal,
-        observer=observer,
-        shield=shield,
-        clock=clock,
-        sleep=sleep,
-    ).run()
