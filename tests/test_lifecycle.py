@@ -227,14 +227,13 @@ def test_payload_hang_is_killed_at_the_timeout(embedded_rig: Rig, tmp_path: Path
     assert embedded_rig.leftovers() == []
 
 
-def test_stale_receipt_planted_by_a_failing_payload_is_rejected_by_nonce(
-    embedded_rig: Rig, tmp_path: Path
-) -> None:
+def _stale_receipt_writer(tmp_path: Path, old_nonce: str, *, then: str) -> Path:
+    """A stand-in payload that writes a genuine receipt of an earlier run (another nonce)
+    where the controller expects this run's, then runs `then` (its exit)."""
     from run_rig import payload_script
 
-    # A genuine receipt, from an earlier run with another nonce.
-    stale = run_local_payload(devices=4, nonce="an-earlier-run-0001", emulated=True, timeout=120)
-    planter = payload_script(
+    stale = run_local_payload(devices=4, nonce=old_nonce, emulated=True, timeout=120)
+    return payload_script(
         tmp_path,
         f"""
         import argparse, pathlib, sys
@@ -242,8 +241,17 @@ def test_stale_receipt_planted_by_a_failing_payload_is_rejected_by_nonce(
         parser.add_argument("--out")
         args, _ = parser.parse_known_args()
         pathlib.Path(args.out).write_bytes({stale.raw!r})
-        sys.exit("payload failed after leaving an old receipt behind")
+        {then}
         """,
+    )
+
+
+def test_stale_receipt_planted_by_a_failing_payload_is_rejected_by_nonce(
+    embedded_rig: Rig, tmp_path: Path
+) -> None:
+    # A genuine receipt, from an earlier run with another nonce.
+    planter = _stale_receipt_writer(
+        tmp_path, "an-earlier-run-0001", then='sys.exit("failed after leaving an old receipt")'
     )
     life, _, error = embedded_rig.run(embedded_rig.spec(script=planter))
     assert isinstance(error, CommandFailedError)
@@ -261,19 +269,7 @@ def test_stale_receipt_planted_by_a_failing_payload_is_rejected_by_nonce(
 def test_stale_receipt_from_a_successful_exit_fails_verification(
     embedded_rig: Rig, tmp_path: Path
 ) -> None:
-    from run_rig import payload_script
-
-    stale = run_local_payload(devices=4, nonce="an-earlier-run-0002", emulated=True, timeout=120)
-    replay = payload_script(
-        tmp_path,
-        f"""
-        import argparse, pathlib
-        parser = argparse.ArgumentParser()
-        parser.add_argument("--out")
-        args, _ = parser.parse_known_args()
-        pathlib.Path(args.out).write_bytes({stale.raw!r})
-        """,
-    )
+    replay = _stale_receipt_writer(tmp_path, "an-earlier-run-0002", then="sys.exit(0)")
     life, _, error = embedded_rig.run(embedded_rig.spec(script=replay))
     assert isinstance(error, VerificationError)
     assert [f.requirement for f in error.failures] == ["nonce"]
