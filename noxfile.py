@@ -16,10 +16,13 @@ nox.options.reuse_existing_virtualenvs = True
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over everything; remote payloads are held to Python 3.10 by target-version."""
+    """ruff over everything (remote payloads are held to Python 3.10 by target-version),
+    then the import-linter contracts of pyproject.toml: the layers of DESIGN.md §2."""
     session.install("ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.install("-e", ".", "import-linter")
+    session.run("lint-imports")
 
 
 @nox.session

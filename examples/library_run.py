@@ -12,13 +12,13 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from tpulab.cloud import GoogleTpuApi
+from tpulab.cloud.google import GoogleTpuApi
 from tpulab.config import build_run_spec
 from tpulab.emulator import Emulator, Timing
 from tpulab.emulator.backends import make_host_backend
-from tpulab.lifecycle import Lifecycle
-from tpulab.progress import NullObserver, Phase
-from tpulab.receipt_store import ReceiptStore
+from tpulab.evidence.store import ReceiptStore
+from tpulab.run.lifecycle import Lifecycle
+from tpulab.run.progress import NullObserver, Phase
 
 
 class Printer(NullObserver):

@@ -8,7 +8,7 @@ against the emulator.
 
 from __future__ import annotations
 
-from tpulab.cloud import TpuApi
+from tpulab.cloud.api import TpuApi
 from tpulab.models import NodeInfo, NodeRequest
 
 __all__ = ["DelegatingTpuApi"]

@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any
 
-from tpulab.localrun import LocalRunResult, run_local_payload
+from tpulab.evidence.localrun import LocalRunResult, run_local_payload
 
 __all__ = ["real_run", "rehash", "tamper"]
 

@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 from emulator_fixtures import PROJECT, ZONE, EmulatorStarter, api_for, fast_poll
 
-from tpulab.cloud import GoogleTpuApi
+from tpulab.cloud.google import GoogleTpuApi
 from tpulab.config import RunSpec, Timeouts, build_run_spec
 from tpulab.emulator import Emulator
 from tpulab.emulator.backends import make_host_backend
 from tpulab.emulator.hosts import HostBackend
-from tpulab.lifecycle import Lifecycle
-from tpulab.progress import FanOut, Recorder, RunObserver
-from tpulab.receipt_store import ReceiptStore
+from tpulab.evidence.store import ReceiptStore
+from tpulab.run.lifecycle import Lifecycle
+from tpulab.run.progress import FanOut, Recorder, RunObserver
 
 __all__ = ["FAST", "Rig", "embedded_rig", "payload_script", "rig"]
 

@@ -30,7 +30,7 @@ from conftest import require_tool
 from tpulab.emulator.backends import HostBackendKind, make_host_backend
 from tpulab.emulator.hosts import HostBackend, HostEndpoint
 from tpulab.emulator.openssh import DEFAULT_SSHD, OpenSshHostBackend, find_sftp_server
-from tpulab.ssh import Connection, HostKey, RunKey, SshTarget
+from tpulab.remote.ssh import Connection, HostKey, RunKey, SshTarget
 
 __all__ = [
     "METADATA_USER",

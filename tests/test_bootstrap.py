@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tpulab import bootstrap as boot
 from tpulab.emulator.hostenv import ImageEnv, default_image_env
 from tpulab.emulator.hosts import HostBackend
+from tpulab.remote import bootstrap as boot
 
 if TYPE_CHECKING:
     from ssh_fixtures import SshHost

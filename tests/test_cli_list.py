@@ -22,7 +22,7 @@ from tpulab.cli import EXIT_CLOUD, EXIT_CONFIG, app
 if TYPE_CHECKING:
     from emulator_fixtures import EmulatorStarter
 
-    from tpulab.cloud import GoogleTpuApi
+    from tpulab.cloud.google import GoogleTpuApi
     from tpulab.emulator import Emulator
 
 pytest_plugins = ["emulator_fixtures"]
@@ -189,7 +189,7 @@ def test_emulator_serve_runs_until_sigterm(tmp_path: Path) -> None:
         url = first.split()[-1]
         banner = [server.stdout.readline() for _ in range(5)]
         assert any("CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU=" + url in line for line in banner)
-        from tpulab.cloud import GoogleTpuApi
+        from tpulab.cloud.google import GoogleTpuApi
         from tpulab.models import NodeRequest
 
         api = GoogleTpuApi(PROJECT, api_endpoint=url)
@@ -221,7 +221,7 @@ def test_emulator_serve_reports_a_busy_port(emulator: Emulator, tmp_path: Path) 
 def test_list_reports_open_journal_rows_only_for_the_api_it_listed(emulator: Emulator) -> None:
     """An open row whose node is gone is reported as missing — but only under the API
     (target and project) the row belongs to, not under every list."""
-    from tpulab.journal import TARGET_EMULATE, Journal, RunRow
+    from tpulab.cleanup.journal import TARGET_EMULATE, Journal, RunRow
 
     journal = Journal()
     for run_id, target, project in (

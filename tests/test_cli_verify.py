@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tpulab.cli import EXIT_CONFIG, EXIT_OK, EXIT_VERIFY, app
-from tpulab.receipt_store import ReceiptStore
+from tpulab.evidence.store import ReceiptStore
 
 
 def tpulab(*args: str) -> tuple[int, str, str]:

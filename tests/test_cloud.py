@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tpulab import errors as E
-from tpulab.cloud import GoogleTpuApi, error_for_status, is_local_endpoint
+from tpulab.cloud.google import GoogleTpuApi, error_for_status, is_local_endpoint
+from tpulab.cloud.polling import wait_for_state
 from tpulab.models import NodeRequest, NodeState
-from tpulab.polling import wait_for_state
 
 if TYPE_CHECKING:
     from emulator_fixtures import EmulatorStarter

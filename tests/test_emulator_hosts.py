@@ -12,16 +12,23 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tpulab.emulator.server import SSH_USER_ATTRIBUTE
+from tpulab.cloud.polling import wait_for_state
+from tpulab.contract import EMULATOR_SSH_USER_ATTRIBUTE as SSH_USER_ATTRIBUTE
 from tpulab.errors import ConnectError
 from tpulab.models import NodeState
-from tpulab.polling import wait_for_state
-from tpulab.ssh import Connection, HostKey, RunKey, SshTarget, ssh_port_from, wait_for_host_key
+from tpulab.remote.ssh import (
+    Connection,
+    HostKey,
+    RunKey,
+    SshTarget,
+    ssh_port_from,
+    wait_for_host_key,
+)
 
 if TYPE_CHECKING:
     from emulator_fixtures import EmulatorStarter
 
-    from tpulab.cloud import GoogleTpuApi
+    from tpulab.cloud.google import GoogleTpuApi
     from tpulab.emulator.hosts import HostBackend
 
 pytest_plugins = ["emulator_fixtures", "ssh_fixtures"]
@@ -121,9 +128,3 @@ def test_ssh_refusal_fault_reaches_the_backend(
         assert ready_host["host"]["port"] == target.port
     finally:
         backend.close()
-
-
-def test_the_controller_reads_the_attribute_the_emulator_writes() -> None:
-    from tpulab.lifecycle import EMULATOR_USER_ATTRIBUTE
-
-    assert EMULATOR_USER_ATTRIBUTE == SSH_USER_ATTRIBUTE

@@ -38,12 +38,12 @@ from typing import Any
 
 import pytest
 
-from tpulab.cloud import GoogleTpuApi
+from tpulab.cleanup.journal import Journal, RunRow
+from tpulab.cloud.google import GoogleTpuApi
 from tpulab.emulator.hostenv import ImageEnv, default_image_env
 from tpulab.emulator.server import Emulator
 from tpulab.emulator.sshhost import EmbeddedHostBackend
 from tpulab.emulator.timing import Timing
-from tpulab.journal import Journal, RunRow
 from tpulab.models import NodeRequest
 
 pytestmark = pytest.mark.slow

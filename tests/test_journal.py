@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from tpulab import paths
-from tpulab.errors import JournalError
-from tpulab.journal import (
+from tpulab.cleanup.journal import (
     SCHEMA_VERSION,
     TARGET_EMULATE,
     Journal,
@@ -25,6 +24,7 @@ from tpulab.journal import (
     row_is_live,
     target_for,
 )
+from tpulab.errors import JournalError
 from tpulab.models import NodeInfo, tpulab_labels
 
 ZONE = "us-central1-a"
@@ -131,7 +131,7 @@ WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from tpulab.journal import Journal, RunRow
+    from tpulab.cleanup.journal import Journal, RunRow
 
     journal = Journal(Path(sys.argv[1]))
     prefix = sys.argv[2]
@@ -198,7 +198,7 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from tpulab.journal import Journal, RunRow
+    from tpulab.cleanup.journal import Journal, RunRow
 
     path = Path(sys.argv[1])
     Journal(path).open_run(RunRow.for_this_process(

@@ -28,15 +28,15 @@ from tpulab.errors import (
     UnknownAcceleratorError,
     VerificationError,
 )
-from tpulab.localrun import run_local_payload
+from tpulab.evidence.localrun import run_local_payload
+from tpulab.evidence.receipt import expectation_for, parse_receipt, verify_receipt
 from tpulab.models import NodeRequest
-from tpulab.progress import NullObserver, Phase
-from tpulab.receipts import expectation_for, parse_receipt, verify_receipt
+from tpulab.run.progress import NullObserver, Phase
 
 if TYPE_CHECKING:
     from run_rig import Rig
 
-    from tpulab.cloud import GoogleTpuApi
+    from tpulab.cloud.google import GoogleTpuApi
 
 
 pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
@@ -330,7 +330,7 @@ def test_delete_never_succeeding_raises_teardown_error_with_manual_command(
 ) -> None:
     from run_rig import payload_script
 
-    from tpulab.teardown import delete_and_confirm
+    from tpulab.run.teardown import delete_and_confirm
 
     quick = payload_script(tmp_path, "raise SystemExit(0)\n")
     faults = embedded_rig.emulator.faults
@@ -375,7 +375,7 @@ class CtrlC(NullObserver):
 def test_ctrl_c_during_a_phase_still_tears_down(embedded_rig: Rig) -> None:
     spec = embedded_rig.spec()
     # An observer raising KeyboardInterrupt is Ctrl-C arriving as the phase starts.
-    from tpulab.lifecycle import Lifecycle
+    from tpulab.run.lifecycle import Lifecycle
 
     life = Lifecycle(
         spec,
@@ -387,13 +387,6 @@ def test_ctrl_c_during_a_phase_still_tears_down(embedded_rig: Rig) -> None:
         life.run()
     assert life.outcome.teardown_status == "confirmed"
     assert embedded_rig.leftovers() == []
-
-
-def test_the_emulators_login_user_attribute_is_the_one_honoured() -> None:
-    from tpulab.emulator.server import SSH_USER_ATTRIBUTE
-    from tpulab.lifecycle import EMULATOR_USER_ATTRIBUTE
-
-    assert SSH_USER_ATTRIBUTE == EMULATOR_USER_ATTRIBUTE
 
 
 class CreateOperationSaysAlreadyExists(DelegatingTpuApi):
@@ -410,7 +403,7 @@ class CreateOperationSaysAlreadyExists(DelegatingTpuApi):
 def test_a_create_that_loses_the_name_race_never_deletes_the_winners_node(
     embedded_rig: Rig,
 ) -> None:
-    from tpulab.lifecycle import Lifecycle
+    from tpulab.run.lifecycle import Lifecycle
 
     spec = embedded_rig.spec()
     theirs = NodeRequest(accelerator_type="v5litepod-4", runtime_version="v2-alpha-tpuv5-lite")
@@ -433,8 +426,8 @@ def test_a_signal_while_recording_an_unconfirmed_teardown_keeps_the_teardown_err
 
     from run_rig import payload_script
 
-    from tpulab.lifecycle import Lifecycle
-    from tpulab.signals import shield, signals_to_teardown
+    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.signals import shield, signals_to_teardown
 
     class SignalWhileFinishing:
         def run_started(self, spec: object) -> None:
@@ -478,7 +471,7 @@ class CreateReplyLost(DelegatingTpuApi):
 
 
 def test_a_create_whose_reply_was_lost_is_still_found_and_deleted(embedded_rig: Rig) -> None:
-    from tpulab.lifecycle import Lifecycle
+    from tpulab.run.lifecycle import Lifecycle
 
     spec = embedded_rig.spec(teardown=8.0)
     api = CreateReplyLost(embedded_rig.api)

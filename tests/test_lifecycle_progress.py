@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpulab.progress import FanOut, NullObserver, Phase, Recorder
+from tpulab.run.progress import FanOut, NullObserver, Phase, Recorder
 
 
 class Broken(NullObserver):

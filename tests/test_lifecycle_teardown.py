@@ -10,10 +10,10 @@ from delegating_api import DelegatingTpuApi
 
 from tpulab.errors import CloudError, DeadlineError, InvalidArgumentError, TeardownError
 from tpulab.models import NodeState
-from tpulab.teardown import delete_and_confirm
+from tpulab.run.teardown import delete_and_confirm
 
 if TYPE_CHECKING:
-    from tpulab.cloud import GoogleTpuApi
+    from tpulab.cloud.google import GoogleTpuApi
     from tpulab.emulator import Emulator
 
 pytest_plugins = ["emulator_fixtures"]

@@ -14,22 +14,22 @@ from receipt_runs import real_run
 
 from tpulab import paths
 from tpulab.errors import ConfigError, VerificationError
-from tpulab.localrun import run_local_payload
-from tpulab.payload import (
-    RECEIPT_PREFIX,
-    check_nonce,
-    extract_receipt_line,
-    payload_command,
-    payload_env,
-    remote_command,
-)
-from tpulab.receipts import (
+from tpulab.evidence.localrun import run_local_payload
+from tpulab.evidence.receipt import (
     Expectation,
     check_receipt,
     expectation_for,
     parse_receipt,
     read_receipt_file,
     verify_receipt,
+)
+from tpulab.remote.payload import (
+    RECEIPT_PREFIX,
+    check_nonce,
+    extract_receipt_line,
+    payload_command,
+    payload_env,
+    remote_command,
 )
 
 PAYLOAD = paths.payload_path()

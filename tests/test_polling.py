@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tpulab.cloud.polling import Backoff, poll_until, wait_for_state
 from tpulab.errors import DeadlineError, PreemptedError
 from tpulab.models import NodeInfo, NodeRequest, NodeState
-from tpulab.polling import Backoff, poll_until, wait_for_state
 
 
 @dataclass

@@ -12,8 +12,8 @@ from receipt_runs import real_run
 
 from tpulab import paths
 from tpulab.errors import ConfigError, JournalError, VerificationError
-from tpulab.receipt_store import ReceiptStore, check_and_keep
-from tpulab.receipts import Expectation, expectation_for
+from tpulab.evidence.receipt import Expectation, expectation_for
+from tpulab.evidence.store import ReceiptStore, check_and_keep
 
 START = datetime(2026, 11, 30, 21, 0, 0, tzinfo=timezone.utc)
 

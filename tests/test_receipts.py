@@ -19,7 +19,7 @@ from receipt_runs import real_run, rehash, tamper
 
 from tpulab import catalog
 from tpulab.errors import ConfigError, VerificationError
-from tpulab.receipts import (
+from tpulab.evidence.receipt import (
     MAX_RECEIPT_BYTES,
     Expectation,
     Receipt,

@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager
 import pytest
 
 from tpulab.errors import InterruptedRun, TeardownError
-from tpulab.signals import SignalInterrupt, interrupted, shield, signals_to_teardown
+from tpulab.run.signals import SignalInterrupt, interrupted, shield, signals_to_teardown
 
 
 class Clock:
@@ -190,7 +190,7 @@ CHILD = textwrap.dedent(
     """
     import signal, sys, time
     from tpulab.errors import InterruptedRun
-    from tpulab.signals import shield, signals_to_teardown
+    from tpulab.run.signals import shield, signals_to_teardown
 
     window, teardown_seconds = float(sys.argv[1]), float(sys.argv[2])
     # A foreground process, whatever the test runner inherited (a background job in a

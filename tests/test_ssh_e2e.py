@@ -22,7 +22,7 @@ from tpulab.errors import (
     RemoteTimeoutError,
     TpuBusyError,
 )
-from tpulab.ssh import Connection, HostKey, RunKey, SshTarget
+from tpulab.remote.ssh import Connection, HostKey, RunKey, SshTarget
 
 if TYPE_CHECKING:
     from ssh_fixtures import HostStarter, SshHost

@@ -1,4 +1,4 @@
-"""tpulab.ssh without a server (keys, pinning inputs, command building), plus the two
+"""tpulab.remote.ssh without a server (keys, pinning inputs, command building), plus the two
 waits that involve one: a late host key and a port that is not speaking SSH."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpulab.emulator.hosts import SSH_PORT_ATTRIBUTE
+from tpulab.contract import EMULATOR_SSH_PORT_ATTRIBUTE as SSH_PORT_ATTRIBUTE
 from tpulab.emulator.sshhost import EmbeddedHostBackend
 from tpulab.errors import ConfigError, ConnectError, HostKeyMismatchError, TransientError
-from tpulab.ssh import (
+from tpulab.remote.ssh import (
     HOST_KEY_ATTRIBUTE,
     Connection,
     HostKey,
@@ -290,7 +290,7 @@ def test_a_host_offering_only_another_key_type_is_refused(tmp_path: Path) -> Non
 def test_streamed_output_is_split_into_the_same_lines_however_it_arrives(
     text: str, cuts: list[int]
 ) -> None:
-    from tpulab.ssh import _LineSplitter
+    from tpulab.remote.ssh import _LineSplitter
 
     data = text.encode()  # "€" is 3 bytes: cuts land inside characters too
     lines: list[str] = []

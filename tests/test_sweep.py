@@ -14,13 +14,8 @@ from pathlib import Path
 import pytest
 from delegating_api import DelegatingTpuApi
 
-from tpulab.cloud import GoogleTpuApi
-from tpulab.emulator.server import Emulator
-from tpulab.emulator.timing import Timing
-from tpulab.errors import ConfigError, PermissionDeniedError
-from tpulab.journal import TARGET_EMULATE, Journal, RunRow, target_for
-from tpulab.models import MANAGED_BY_LABEL, MANAGED_BY_VALUE, NodeRequest, tpulab_labels
-from tpulab.sweep import (
+from tpulab.cleanup.journal import TARGET_EMULATE, Journal, RunRow, target_for
+from tpulab.cleanup.sweep import (
     SweepPlan,
     SweepResult,
     find_orphans,
@@ -29,6 +24,11 @@ from tpulab.sweep import (
     sweep_command_for,
     verify_clean,
 )
+from tpulab.cloud.google import GoogleTpuApi
+from tpulab.emulator.server import Emulator
+from tpulab.emulator.timing import Timing
+from tpulab.errors import ConfigError, PermissionDeniedError
+from tpulab.models import MANAGED_BY_LABEL, MANAGED_BY_VALUE, NodeRequest, tpulab_labels
 
 PROJECT = "sweep-proj"
 ZONE = "us-central1-a"

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from tpulab import paths
-from tpulab.cloud import GoogleTpuApi
-from tpulab.emulator.embedded import emulated_target
+from tpulab.cleanup.journal import TARGET_EMULATE, Journal, RunRow, target_for
+from tpulab.cli._embedded import emulated_target
+from tpulab.cloud.google import GoogleTpuApi
 from tpulab.emulator.server import Emulator
 from tpulab.emulator.timing import Timing
-from tpulab.journal import TARGET_EMULATE, Journal, RunRow, target_for
 from tpulab.models import NodeRequest, tpulab_labels
 
 PROJECT = "cli-proj"

@@ -13,6 +13,7 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tpulab.contract import MANAGED_BY_LABEL, MANAGED_BY_VALUE, RUN_ID_LABEL
 from tpulab.errors import ConfigError
 
 __all__ = [
@@ -28,9 +29,6 @@ __all__ = [
     "tpulab_labels",
 ]
 
-MANAGED_BY_LABEL = "managed-by"
-MANAGED_BY_VALUE = "tpulab"
-RUN_ID_LABEL = "tpulab-run"
 
 _NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")

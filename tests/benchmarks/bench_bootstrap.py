@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tpulab import bootstrap as boot
+from tpulab.remote import bootstrap as boot
 
 ROUNDS = 3
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 from conftest import require_tool
 
-from tpulab.cloud import GoogleTpuApi
+from tpulab.cloud.google import GoogleTpuApi
 from tpulab.emulator import Emulator, Timing
 from tpulab.models import NodeRequest, tpulab_labels
 

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from tpulab.cloud import GoogleTpuApi
+from tpulab.cloud.google import GoogleTpuApi
 from tpulab.config import Timeouts, build_run_spec
 from tpulab.emulator import Emulator, Timing
 from tpulab.emulator.backends import make_host_backend
-from tpulab.lifecycle import Lifecycle
-from tpulab.progress import Phase, Recorder
-from tpulab.receipt_store import ReceiptStore
+from tpulab.evidence.store import ReceiptStore
+from tpulab.run.lifecycle import Lifecycle
+from tpulab.run.progress import Phase, Recorder
 
 ROUNDS = 5
 CREATE_S = 1.0

@@ -50,7 +50,7 @@ def print_stderr(text: str) -> None:
 
 
 def print_lines(lines: list[list[tuple[str, str]]]) -> None:
-    """Print report lines built by tpulab.render: each a list of (text, style) parts."""
+    """Print report lines built by tpulab.evidence.report: each a list of (text, style) parts."""
     from rich.text import Text
 
     out = console()

@@ -132,7 +132,7 @@ def json_or_guarded(command: str, as_json: bool, action: Callable[[], None]) -> 
     if not as_json:
         guarded(action)
         return
-    from tpulab.render import envelope
+    from tpulab.evidence.report import envelope
 
     try:
         action()

@@ -1,6 +1,6 @@
 """How `tpulab run` draws its progress: one line per phase, a spinner and elapsed time.
 
-A RunObserver (tpulab.progress) fed by the lifecycle; with --json every line goes to
+A RunObserver (tpulab.run.progress) fed by the lifecycle; with --json every line goes to
 stderr so that stdout carries only the envelope.
 """
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
     from rich.live import Live
 
-    from tpulab.progress import Phase
+    from tpulab.run.progress import Phase
 
 __all__ = ["RunDisplay"]
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-    from tpulab.cloud import TpuApi
+    from tpulab.cloud.api import TpuApi
 
 __all__ = ["adc_project", "api_context"]
 
@@ -28,17 +28,17 @@ def api_context(
     from contextlib import nullcontext
 
     if emulate:
-        from tpulab.emulator.embedded import emulated_api
+        from tpulab.cli._embedded import emulated_api
 
         # Its OpenSSH hosts publish the login user they need (tpulab-emulator/ssh-user).
         return emulated_api(project, ssh=ssh)
-    from tpulab.cloud import GoogleTpuApi
+    from tpulab.cloud.google import GoogleTpuApi
 
     return nullcontext(GoogleTpuApi(project, api_endpoint=api_endpoint))
 
 
 def adc_project() -> str | None:
     # Imported here: google.auth is heavy and only a real (non-dry) run needs it.
-    from tpulab.cloud import adc_project as from_credentials
+    from tpulab.cloud.google import adc_project as from_credentials
 
     return from_credentials()

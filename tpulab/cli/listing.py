@@ -1,6 +1,6 @@
 """`tpulab list`: tpulab's TPU nodes with zone, type, state, age, run id and cost.
 
-tpulab.listing reads the nodes and prices them; this module prints them, with the
+tpulab.cleanup.listing reads the nodes and prices them; this module prints them, with the
 journal's view of each node next to it.
 """
 
@@ -16,7 +16,7 @@ from tpulab.cli._exit import json_or_guarded
 from tpulab.cli._target import api_context
 
 if TYPE_CHECKING:
-    from tpulab.listing import Listing
+    from tpulab.cleanup.listing import Listing
 
 __all__ = ["list_command"]
 
@@ -69,9 +69,9 @@ def _list(
     api_endpoint: str | None,
     project: str | None,
 ) -> None:
-    from tpulab.journal import journal_view
-    from tpulab.listing import list_nodes
-    from tpulab.sweep import resolve_scope
+    from tpulab.cleanup.journal import journal_view
+    from tpulab.cleanup.listing import list_nodes
+    from tpulab.cleanup.sweep import resolve_scope
 
     scope = resolve_scope(project=project, zones=zones, emulate=emulate, api_endpoint=api_endpoint)
     if not scope.zones:
@@ -90,7 +90,7 @@ def _list(
     )
     if as_json:
         from tpulab.catalog import PRICE_DATE
-        from tpulab.render import envelope
+        from tpulab.evidence.report import envelope
 
         nodes = []
         for item in listing.nodes:

@@ -1,6 +1,6 @@
 """`tpulab receipts [list|show]`: the receipts kept on this machine.
 
-Every verify and run keeps one (tpulab.receipt_store); `show` re-checks a receipt
+Every verify and run keeps one (tpulab.evidence.store); `show` re-checks a receipt
 against the expectation it was verified with.
 """
 
@@ -23,8 +23,8 @@ receipts_app = typer.Typer(
 
 
 def _receipts_list(as_json: bool) -> None:
-    from tpulab import render
-    from tpulab.receipt_store import ReceiptStore
+    from tpulab.evidence import report as render
+    from tpulab.evidence.store import ReceiptStore
 
     kept = ReceiptStore().list()
     if as_json:
@@ -52,9 +52,9 @@ def receipts_list_command(
 def _receipts_show(receipt_id: str, as_json: bool) -> None:
     import json
 
-    from tpulab import render
-    from tpulab.receipt_store import ReceiptStore
-    from tpulab.receipts import evaluate_receipt, parse_receipt
+    from tpulab.evidence import report as render
+    from tpulab.evidence.receipt import evaluate_receipt, parse_receipt
+    from tpulab.evidence.store import ReceiptStore
 
     kept = ReceiptStore().get(receipt_id)
     raw = kept.read_bytes()

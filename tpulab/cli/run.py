@@ -1,6 +1,6 @@
 """`tpulab run`: create a TPU VM, run the JAX verifier on it, check the receipt, delete it.
 
-tpulab.lifecycle drives the run and tpulab.run_report builds the summary and envelope;
+tpulab.run.lifecycle drives the run and tpulab.run.report builds the summary and envelope;
 this module wires the progress display, the signals, the journal and the target
 (Google, the embedded emulator or an --api-endpoint), and prints the outcome.
 """
@@ -32,7 +32,7 @@ __all__ = ["run_command"]
 def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
     from rich.markup import escape
 
-    from tpulab.plan import build_plan, plan_envelope
+    from tpulab.run.plan import build_plan, plan_envelope
 
     steps = build_plan(spec, installer="pip" if installer == "pip" else "uv")
     if as_json:
@@ -63,11 +63,11 @@ def _run(
     as_json: bool,
     verbose: bool,
 ) -> None:
-    from tpulab.journal import RunJournalAdapter
-    from tpulab.lifecycle import Lifecycle
-    from tpulab.progress import FanOut, Recorder
-    from tpulab.run_report import run_envelope, summary_lines
-    from tpulab.signals import shield, signals_to_teardown
+    from tpulab.cleanup.journal import RunJournalAdapter
+    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.progress import FanOut, Recorder
+    from tpulab.run.report import run_envelope, summary_lines
+    from tpulab.run.signals import shield, signals_to_teardown
 
     recorder = Recorder()
     display = RunDisplay(verbose=verbose, quiet=as_json)
@@ -100,7 +100,7 @@ def _run(
     if as_json:
         report = error_json(failure) if failure else None
         if life is None:
-            from tpulab.render import envelope
+            from tpulab.evidence.report import envelope
 
             document = envelope("run", ok=False, run_id=spec.run_id, error=report)
         else:

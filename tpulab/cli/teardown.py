@@ -1,6 +1,6 @@
 """`tpulab teardown --verify`: delete the tpulab nodes a crashed run left, and prove it.
 
-The sweep is tpulab.sweep; this module asks, prints and picks the exit status: 0 only
+The sweep is tpulab.cleanup.sweep; this module asks, prints and picks the exit status: 0 only
 when no tpulab node remains in scope, EXIT_TEARDOWN (with manual commands) otherwise.
 """
 
@@ -23,7 +23,7 @@ from tpulab.cli._exit import (
 from tpulab.cli._target import adc_project, api_context
 
 if TYPE_CHECKING:
-    from tpulab.sweep import Candidate, SweepPlan, SweepResult
+    from tpulab.cleanup.sweep import Candidate, SweepPlan, SweepResult
 
 __all__ = ["teardown_command"]
 
@@ -49,7 +49,7 @@ def _print_plan(plan: SweepPlan) -> None:
     from rich.table import Table
 
     from tpulab.catalog import PRICE_DATE
-    from tpulab.sweep import sweep_command_for
+    from tpulab.cleanup.sweep import sweep_command_for
 
     console = table_console()
     where = f"project {plan.project}, {plan.target}, zones {', '.join(plan.zones)}"
@@ -112,9 +112,9 @@ def _teardown_verify(
     include_live: bool,
     timeout: float,
 ) -> None:
-    from tpulab.journal import Journal
-    from tpulab.signals import shield, signals_to_teardown
-    from tpulab.sweep import find_orphans, resolve_scope, sweep
+    from tpulab.cleanup.journal import Journal
+    from tpulab.cleanup.sweep import find_orphans, resolve_scope, sweep
+    from tpulab.run.signals import shield, signals_to_teardown
 
     if not 0 < timeout <= 86400:
         raise E.ConfigError(f"--timeout {timeout:g} is out of range.", hint="Use 1 to 86400 s.")
@@ -188,8 +188,8 @@ def _teardown_error(
 def _teardown_report(
     plan: SweepPlan, result: SweepResult | None, declined: str, as_json: bool
 ) -> None:
-    from tpulab.render import envelope
-    from tpulab.sweep import sweep_command_for
+    from tpulab.cleanup.sweep import sweep_command_for
+    from tpulab.evidence.report import envelope
 
     error = _teardown_error(plan, result, declined)
     if as_json:

@@ -1,6 +1,6 @@
 """`tpulab verify --local`: run the verifier payload here and check its receipt.
 
-The core builds report lines (tpulab.render) and raises; this module only prints them
+The core builds report lines (tpulab.evidence.report) and raises; this module only prints them
 and picks the exit status. Imports stay inside the functions so --help stays light.
 """
 
@@ -15,7 +15,7 @@ from tpulab.cli._console import print_lines
 from tpulab.cli._exit import error_json, json_or_guarded, print_envelope
 
 if TYPE_CHECKING:
-    from tpulab.receipts import Expectation
+    from tpulab.evidence.receipt import Expectation
 
 __all__ = ["verify_command"]
 
@@ -26,8 +26,8 @@ _DEFAULT_LOCAL_DEVICES = 4
 def _local_expectation(
     accelerator: str | None, devices: int | None, expect_platform: str | None
 ) -> tuple[Expectation, str]:
-    from tpulab.localrun import new_nonce
-    from tpulab.receipts import PLATFORMS, Expectation, expectation_for
+    from tpulab.evidence.localrun import new_nonce
+    from tpulab.evidence.receipt import PLATFORMS, Expectation, expectation_for
 
     if accelerator is not None and devices is not None:
         raise E.ConfigError(
@@ -69,9 +69,9 @@ def _verify_local(
 ) -> None:
     import json
 
-    from tpulab import render
-    from tpulab.localrun import run_local_payload
-    from tpulab.receipt_store import check_and_keep
+    from tpulab.evidence import report as render
+    from tpulab.evidence.localrun import run_local_payload
+    from tpulab.evidence.store import check_and_keep
 
     expectation, nonce = _local_expectation(accelerator, devices, expect_platform)
     if timeout <= 0:

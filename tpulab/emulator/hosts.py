@@ -12,12 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["SSH_PORT_ATTRIBUTE", "HostBackend", "HostEndpoint"]
-
-# Guest attribute (namespace/key) through which an emulated node tells the controller
-# which loopback port its SSH server listens on. Real TPU VMs listen on 22 and do not
-# publish it; the controller uses this attribute when present and 22 otherwise.
-SSH_PORT_ATTRIBUTE = "tpulab-emulator/ssh-port"
+__all__ = ["HostBackend", "HostEndpoint"]
 
 
 @dataclass(frozen=True)

@@ -27,24 +27,26 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from tpulab.contract import (
+    EMULATOR_SSH_PORT_ATTRIBUTE,
+    EMULATOR_SSH_USER_ATTRIBUTE,
+    HOST_KEY_NAMESPACE,
+    SSH_KEYS_METADATA,
+)
 from tpulab.emulator.faults import FaultPlan
-from tpulab.emulator.hosts import SSH_PORT_ATTRIBUTE, HostBackend
+from tpulab.emulator.hosts import HostBackend
 from tpulab.emulator.persist import StateFile
 from tpulab.emulator.state import CloudState, node_json, node_key, operation_json, zone_or_404
 from tpulab.emulator.timing import Timing
 from tpulab.emulator.wire import ApiError, error_body
 from tpulab.emulator.zones import ZONES
 
-__all__ = ["SSH_USER_ATTRIBUTE", "Emulator"]
+__all__ = ["Emulator"]
 
 log = logging.getLogger(__name__)
 
 Record = dict[str, Any]
 Handler = Callable[["_Request"], tuple[int, Record]]
-
-# Guest attribute naming the account an emulated host logs in: a backend on the system's
-# sshd can only log in an existing user (it exposes `login_user`), not the metadata's.
-SSH_USER_ATTRIBUTE = "tpulab-emulator/ssh-user"
 
 # Emulators alive in this process, by owner token: a node whose SSH host was started by
 # an emulator that is no longer here (stopped, or its process died) gets a new one.
@@ -283,7 +285,7 @@ class Emulator:
             endpoint = self.host_backend.start(
                 key,
                 sandbox,
-                node["metadata"].get("ssh-keys", ""),
+                node["metadata"].get(SSH_KEYS_METADATA, ""),
                 refuse_for=self.faults.ssh_refuse_for,
             )
         except Exception as error:
@@ -306,12 +308,12 @@ class Emulator:
                     "port": endpoint.port,
                 }
                 current["guest_attributes"] = {
-                    f"hostkeys/{endpoint.host_key_type}": endpoint.host_key_b64,
-                    SSH_PORT_ATTRIBUTE: str(endpoint.port),
+                    f"{HOST_KEY_NAMESPACE}/{endpoint.host_key_type}": endpoint.host_key_b64,
+                    EMULATOR_SSH_PORT_ATTRIBUTE: str(endpoint.port),
                 }
                 login_user = getattr(self.host_backend, "login_user", None)
                 if isinstance(login_user, str) and login_user:
-                    current["guest_attributes"][SSH_USER_ATTRIBUTE] = login_user
+                    current["guest_attributes"][EMULATOR_SSH_USER_ATTRIBUTE] = login_user
         if not keep:
             self._stop_host(key)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 from tpulab.errors import DeadlineError, PreemptedError
 
 if TYPE_CHECKING:
-    from tpulab.cloud import TpuApi
+    from tpulab.cloud.api import TpuApi
     from tpulab.models import NodeInfo, NodeState
 
 __all__ = ["Backoff", "poll_until", "wait_for_state"]

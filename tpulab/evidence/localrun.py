@@ -18,8 +18,8 @@ from pathlib import Path
 
 from tpulab import paths
 from tpulab.errors import CommandFailedError, RemoteTimeoutError
-from tpulab.payload import extract_receipt_line, merged_env, payload_command
-from tpulab.receipts import MAX_RECEIPT_BYTES, read_receipt_file
+from tpulab.evidence.receipt import MAX_RECEIPT_BYTES, read_receipt_file
+from tpulab.remote.payload import extract_receipt_line, merged_env, payload_command
 
 __all__ = ["LocalRunResult", "new_nonce", "run_local_payload"]
 

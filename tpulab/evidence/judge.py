@@ -1,7 +1,7 @@
 """What a payload's exit status and receipt prove about a run, and how to say it when
 they prove nothing.
 
-The receipt checks themselves are `tpulab.receipts`'; this module combines them with
+The receipt checks themselves are `tpulab.evidence.receipt`'; this module combines them with
 what the controller saw on the VM: a non-zero exit, a receipt that is stale (another
 run's nonce), unreadable or missing, and libtpu's "the TPU is busy" complaint, which gets
 its own error (TpuBusyError) because its cure is specific: a stale process holds the TPU.
@@ -24,7 +24,7 @@ from tpulab.errors import (
 )
 
 if TYPE_CHECKING:
-    from tpulab.receipts import Expectation, Receipt
+    from tpulab.evidence.receipt import Expectation, Receipt
 
 __all__ = ["TPU_BUSY", "Judgement", "failure_of", "judge", "payload_failure"]
 
@@ -60,7 +60,7 @@ class Judgement:
 
 def judge(raw: bytes, expectation: Expectation) -> Judgement:
     """Parse and check `raw`; never raises for a bad receipt (the verdict says so)."""
-    from tpulab.receipts import check_receipt, parse_receipt
+    from tpulab.evidence.receipt import check_receipt, parse_receipt
 
     try:
         receipt = parse_receipt(raw)
@@ -123,7 +123,7 @@ def failure_of(
     if judgement.unreadable is not None:
         return judgement.unreadable
     if judgement.failures:
-        from tpulab.receipts import verify_receipt
+        from tpulab.evidence.receipt import verify_receipt
 
         assert receipt is not None
         try:

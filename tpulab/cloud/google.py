@@ -1,14 +1,12 @@
-"""The Cloud TPU API seam (`TpuApi`) and its implementation on google-cloud-tpu.
+"""`GoogleTpuApi`: the `TpuApi` on google-cloud-tpu's REST client, for Google or an emulator.
 
-Everything else in tpulab talks to the cloud through `TpuApi`, so tests and the
-emulator swap the endpoint, never the code. This is the only module that imports
-`google.*`, and it does so lazily so that `tpulab --help` stays fast.
-
-`GoogleTpuApi` has one code path for Google and for a local endpoint such as the
-emulator: the same `TpuClient` with the REST transport, differing only in the endpoint
-URL and the credentials (Application Default Credentials vs anonymous). Errors from
-google.api_core, google.auth, requests and failed long-running operations are all
-translated here into the `tpulab.errors` tree, keeping the API's words in `api_message`.
+This is the only module that imports `google.*`, and it does so lazily so that
+`tpulab --help` stays fast. One code path serves Google and a local endpoint such as
+the emulator: the same `TpuClient` with the REST transport, differing only in the
+endpoint URL and the credentials (Application Default Credentials vs anonymous).
+Errors from google.api_core, google.auth, requests and failed long-running operations
+are translated here (with `tpulab.cloud.classify`) into the `tpulab.errors` tree,
+keeping the API's words in `api_message`.
 """
 
 from __future__ import annotations
@@ -17,125 +15,22 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from tpulab.cloud.api import TpuApi
+from tpulab.cloud.classify import HTTP_STATUS, RPC_STATUS, error_for_status, hint_for
+from tpulab.cloud.polling import Backoff, poll_until
 from tpulab.errors import (
-    AlreadyExistsError,
-    CloudError,
     ConfigError,
-    DeadlineError,
-    InvalidArgumentError,
-    NotFoundError,
     PermissionDeniedError,
-    QuotaError,
-    StockoutError,
     TransientError,
 )
 from tpulab.models import NodeInfo, NodeRequest, NodeState
-from tpulab.polling import Backoff, poll_until
 
 __all__ = ["GoogleTpuApi", "TpuApi", "adc_project", "error_for_status", "is_local_endpoint"]
 
 T = TypeVar("T")
-
-
-class TpuApi(Protocol):
-    """The calls tpulab makes, for one project. Errors are those of `tpulab.errors`."""
-
-    project: str
-
-    @property
-    def call_count(self) -> int:
-        """How many API requests this instance has sent (runs report it)."""
-        ...
-
-    def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
-        """Send CreateNode; return the operation name. Does not wait."""
-        ...
-
-    def wait_operation(self, operation_name: str, *, timeout: float) -> None:
-        """Poll the operation until done; raise the mapped CloudError if it failed."""
-        ...
-
-    def get_node(self, zone: str, node_id: str) -> NodeInfo: ...
-
-    def list_nodes(self, zone: str) -> list[NodeInfo]:
-        """Every node in the zone, all pages followed (the API has no filter)."""
-        ...
-
-    def delete_node(self, zone: str, node_id: str) -> str:
-        """Send DeleteNode; return the operation name. NotFoundError if already gone."""
-        ...
-
-    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
-        """Worker 0's guest attributes as {"namespace/key": value}."""
-        ...
-
-
-# google.rpc.Code numbers, as they appear in an operation's `error.code`.
-_RPC_STATUS = {
-    0: "OK",
-    1: "CANCELLED",
-    2: "UNKNOWN",
-    3: "INVALID_ARGUMENT",
-    4: "DEADLINE_EXCEEDED",
-    5: "NOT_FOUND",
-    6: "ALREADY_EXISTS",
-    7: "PERMISSION_DENIED",
-    8: "RESOURCE_EXHAUSTED",
-    9: "FAILED_PRECONDITION",
-    10: "ABORTED",
-    11: "OUT_OF_RANGE",
-    12: "UNIMPLEMENTED",
-    13: "INTERNAL",
-    14: "UNAVAILABLE",
-    15: "DATA_LOSS",
-    16: "UNAUTHENTICATED",
-}
-_HTTP_STATUS = {
-    400: "INVALID_ARGUMENT",
-    401: "UNAUTHENTICATED",
-    403: "PERMISSION_DENIED",
-    404: "NOT_FOUND",
-    409: "ALREADY_EXISTS",
-    429: "RESOURCE_EXHAUSTED",
-    500: "INTERNAL",
-    502: "UNAVAILABLE",
-    503: "UNAVAILABLE",
-    504: "DEADLINE_EXCEEDED",
-}
-
-_HINTS: dict[type[CloudError], str] = {
-    StockoutError: "The zone has no free capacity for this accelerator right now. Try "
-    "another zone that offers it (`gcloud compute tpus accelerator-types list "
-    "--zone=ZONE`), or retry later.",
-    QuotaError: "Your project's TPU quota in this zone is used up. Delete nodes you no "
-    "longer need (`tpulab list --all`) or request more quota in the Cloud console "
-    "(IAM & Admin > Quotas).",
-    InvalidArgumentError: "Check the accelerator type and runtime version offered in this "
-    "zone: `gcloud compute tpus accelerator-types list --zone=ZONE` and `gcloud compute "
-    "tpus tpu-vm versions list --zone=ZONE`.",
-    AlreadyExistsError: "A node with this name already exists in the zone: choose another "
-    "--name, or delete the old node if it is yours.",
-    NotFoundError: "Check the project, zone and node name (`tpulab list --all`).",
-    PermissionDeniedError: "Check that the Cloud TPU API is enabled for the project and "
-    "that your account may use it (roles/tpu.admin); refresh credentials with `gcloud "
-    "auth application-default login`.",
-    TransientError: "The API had a temporary problem; retry in a minute.",
-    DeadlineError: "The API did not answer in time; retry, and check with `tpulab list`.",
-}
-
-_SUMMARY: dict[type[CloudError], str] = {
-    StockoutError: "the zone is out of capacity (stockout)",
-    QuotaError: "a quota is exhausted",
-    InvalidArgumentError: "the API rejected the request as invalid",
-    AlreadyExistsError: "it already exists",
-    NotFoundError: "it was not found",
-    PermissionDeniedError: "permission denied",
-    TransientError: "the API is temporarily unavailable",
-    DeadlineError: "the API did not answer in time",
-}
 
 
 def adc_project() -> str | None:
@@ -160,42 +55,6 @@ def is_local_endpoint(api_endpoint: str | None) -> bool:
         return False
     host = urlsplit(api_endpoint if "//" in api_endpoint else f"//{api_endpoint}").hostname
     return host in {"127.0.0.1", "localhost", "::1"}
-
-
-def error_for_status(status: str, api_message: str, what: str, *, reason: str = "") -> CloudError:
-    """The tpulab error for a google.rpc status name and the API's message."""
-    lowered = api_message.lower()
-    kind: type[CloudError]
-    if status == "RESOURCE_EXHAUSTED":
-        if "capacity" in lowered or "stockout" in lowered:
-            kind = StockoutError
-        elif reason == "RATE_LIMIT_EXCEEDED" or any(
-            phrase in lowered for phrase in ("per minute", "rate limit", "ratelimitexceeded")
-        ):
-            # Request-rate limits also come back as 429 but pass in seconds: retry them.
-            kind = TransientError
-        else:
-            kind = QuotaError
-    elif status in {"INVALID_ARGUMENT", "FAILED_PRECONDITION", "OUT_OF_RANGE"}:
-        kind = InvalidArgumentError
-    elif status == "ALREADY_EXISTS":
-        kind = AlreadyExistsError
-    elif status == "NOT_FOUND":
-        kind = NotFoundError
-    elif status in {"PERMISSION_DENIED", "UNAUTHENTICATED"}:
-        kind = PermissionDeniedError
-    elif status in {"UNAVAILABLE", "INTERNAL", "ABORTED", "UNKNOWN"}:
-        kind = TransientError
-    elif status == "DEADLINE_EXCEEDED":
-        kind = DeadlineError
-    else:
-        return CloudError(f"Could not {what}: {status}.", status=status, api_message=api_message)
-    return kind(
-        f"Could not {what}: {_SUMMARY[kind]}.",
-        status=status,
-        api_message=api_message,
-        hint=_HINTS[kind],
-    )
 
 
 def _translate(error: Exception, what: str, endpoint: str) -> Exception:
@@ -226,7 +85,7 @@ def _translate(error: Exception, what: str, endpoint: str) -> Exception:
             f"Could not {what}: {endpoint} did not answer in time.",
             status="DEADLINE_EXCEEDED",
             api_message=str(error),
-            hint=_HINTS[TransientError],
+            hint=hint_for(TransientError),
         )
     if isinstance(error, http_exceptions.ConnectionError):
         return TransientError(
@@ -251,7 +110,7 @@ def _status_and_message(error: Any) -> tuple[str, str]:
         except ValueError:
             payload = {}
     code = int(error.code) if isinstance(error.code, int) else 0
-    status = str(payload.get("status") or _HTTP_STATUS.get(code) or "UNKNOWN")
+    status = str(payload.get("status") or HTTP_STATUS.get(code) or "UNKNOWN")
     message = str(payload.get("message") or error.message)
     return status, message
 
@@ -410,7 +269,7 @@ class GoogleTpuApi:
             describe=lambda _op: f"operation {operation_name}",
         )
         if operation.HasField("error") and operation.error.code != 0:
-            status = _RPC_STATUS.get(operation.error.code, "UNKNOWN")
+            status = RPC_STATUS.get(operation.error.code, "UNKNOWN")
             raise error_for_status(status, operation.error.message, _operation_what(operation))
 
     def get_node(self, zone: str, node_id: str) -> NodeInfo:

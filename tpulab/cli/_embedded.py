@@ -20,7 +20,8 @@ from tpulab.emulator.server import Emulator
 from tpulab.emulator.timing import Timing
 
 if TYPE_CHECKING:
-    from tpulab.cloud import GoogleTpuApi, TpuApi
+    from tpulab.cloud.api import TpuApi
+    from tpulab.cloud.google import GoogleTpuApi
     from tpulab.emulator.hosts import HostBackend
 
 __all__ = [
@@ -72,7 +73,7 @@ def emulated_target(
     nodes without SSH, enough for `list` and `teardown`.
     """
     from tpulab import paths
-    from tpulab.cloud import GoogleTpuApi
+    from tpulab.cloud.google import GoogleTpuApi
 
     directory = state_dir if state_dir is not None else paths.emulator_state_dir()
     backend: HostBackend | None = None

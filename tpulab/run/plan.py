@@ -13,8 +13,8 @@ import shlex
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from tpulab import bootstrap as boot
 from tpulab.config import RunSpec
+from tpulab.remote import bootstrap as boot
 
 __all__ = ["PLAN_VERSION", "PlanStep", "build_plan", "plan_envelope"]
 
@@ -57,7 +57,7 @@ def _node_body(spec: RunSpec) -> dict[str, Any]:
 
 def build_plan(spec: RunSpec, *, installer: boot.Installer = "uv") -> list[PlanStep]:
     """The ordered steps of `spec`'s run, teardown included."""
-    from tpulab.payload import payload_command, payload_env
+    from tpulab.remote.payload import payload_command, payload_env
 
     t = spec.timeouts
     base = _base(spec)

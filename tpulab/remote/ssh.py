@@ -1,6 +1,6 @@
 """SSH to a TPU VM with nothing trusted on first use. The only module that imports paramiko.
 
-The keys and targets live in `tpulab.sshkeys` (re-exported here); this module turns them
+The keys and targets live in `tpulab.remote.keys` (re-exported here); this module turns them
 into paramiko objects. The client knows exactly one host key, the one the Cloud TPU API
 published for the node, and uses `RejectPolicy`: any other key aborts the handshake
 before authentication, let alone before a command runs.
@@ -54,7 +54,7 @@ from tpulab.errors import (
     TpuBusyError,
     TpuLabError,
 )
-from tpulab.sshkeys import (
+from tpulab.remote.keys import (
     HOST_KEY_ATTRIBUTE,
     HostKey,
     HostKeyNotPublishedError,

@@ -11,8 +11,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from tpulab import catalog
-from tpulab.receipt_store import StoredReceipt
-from tpulab.receipts import Expectation, Receipt, RequirementResult, expected_per_device_sums
+from tpulab.evidence.receipt import (
+    Expectation,
+    Receipt,
+    RequirementResult,
+    expected_per_device_sums,
+)
+from tpulab.evidence.store import StoredReceipt
 
 __all__ = [
     "ENVELOPE_SCHEMA_VERSION",

@@ -29,10 +29,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tpulab import bootstrap as boot
 from tpulab import paths
-from tpulab.cloud import TpuApi
+from tpulab.cloud.api import TpuApi
 from tpulab.config import RunSpec
+from tpulab.contract import EMULATOR_SSH_USER_ATTRIBUTE
 from tpulab.errors import (
     AlreadyExistsError,
     CloudError,
@@ -50,16 +50,16 @@ from tpulab.errors import (
     VerificationError,
 )
 from tpulab.models import NodeInfo, NodeRequest, NodeState
-from tpulab.progress import NullObserver, Phase, RunJournal, RunObserver, TeardownStatus
-from tpulab.teardown import TeardownReport, delete_and_confirm, manual_delete_command
+from tpulab.remote import bootstrap as boot
+from tpulab.run.progress import NullObserver, Phase, RunJournal, RunObserver, TeardownStatus
+from tpulab.run.teardown import TeardownReport, delete_and_confirm, manual_delete_command
 
 if TYPE_CHECKING:
-    from tpulab.receipt_store import ReceiptStore, StoredReceipt
-    from tpulab.receipts import Expectation
-    from tpulab.ssh import RunKey, SshTarget
+    from tpulab.evidence.receipt import Expectation
+    from tpulab.evidence.store import ReceiptStore, StoredReceipt
+    from tpulab.remote.ssh import RunKey, SshTarget
 
 __all__ = [
-    "EMULATOR_USER_ATTRIBUTE",
     "Connect",
     "Lifecycle",
     "RemoteSession",
@@ -109,9 +109,6 @@ def _no_shield(describe: str, *, manual: str | None = None) -> AbstractContextMa
 _TEARDOWN_ATTEMPTS = 3
 # How long a teardown keeps listing after a CreateNode whose outcome is unknown.
 _CREATE_SETTLE_SECONDS = 30.0
-# Honoured for emulated runs only (see pin_host_key); a real VM's attributes never pick
-# the login user.
-EMULATOR_USER_ATTRIBUTE = "tpulab-emulator/ssh-user"
 
 
 @dataclass
@@ -213,7 +210,7 @@ class Lifecycle:
     def _connect(self, target: SshTarget, key: RunKey) -> RemoteSession:
         if self.connect is not None:
             return self.connect(target, key)
-        from tpulab.ssh import Connection
+        from tpulab.remote.ssh import Connection
 
         # A real VM's guest agent installs the metadata key some seconds after sshd
         # starts, so a refused key is retried there; the emulator installs it up front.
@@ -332,8 +329,8 @@ class Lifecycle:
 
     def validate(self) -> str:
         """Read the payload, make the run's nonce and SSH key. Sends nothing anywhere."""
-        from tpulab.payload import check_nonce
-        from tpulab.ssh import RunKey
+        from tpulab.remote.payload import check_nonce
+        from tpulab.remote.ssh import RunKey
 
         try:
             source = self.spec.payload or paths.payload_path()
@@ -385,7 +382,7 @@ class Lifecycle:
 
     def wait_ready(self) -> str:
         """Poll the node until READY; PreemptedError if a spot node is reclaimed."""
-        from tpulab.polling import wait_for_state
+        from tpulab.cloud.polling import wait_for_state
 
         node = wait_for_state(
             self.api,
@@ -403,7 +400,7 @@ class Lifecycle:
 
     def pin_host_key(self) -> str:
         """Wait for the host key guest attribute and pin it; nothing is sent over SSH."""
-        from tpulab.ssh import SshTarget, ssh_port_from, wait_for_host_key
+        from tpulab.remote.ssh import SshTarget, ssh_port_from, wait_for_host_key
 
         seen: dict[str, str] = {}
 
@@ -427,7 +424,8 @@ class Lifecycle:
         user = self.spec.ssh_user
         if self.spec.emulated:
             # An emulated OpenSSH host can only log in an existing account; it says which.
-            user = seen.get(EMULATOR_USER_ATTRIBUTE) or user
+            # Honoured for emulated runs only: a real VM's attributes never pick the user.
+            user = seen.get(EMULATOR_SSH_USER_ATTRIBUTE) or user
         self.target = SshTarget(address, ssh_port_from(seen), user, host_key)
         return f"{host_key.key_type} pinned for {address}:{self.target.port}"
 
@@ -475,7 +473,7 @@ class Lifecycle:
         A non-zero exit is not raised here: the payload writes a receipt naming its
         error, which `collect` and `verify` bring back and keep first.
         """
-        from tpulab.payload import payload_command, payload_env
+        from tpulab.remote.payload import payload_command, payload_env
 
         assert self.session is not None
         argv = payload_command(
@@ -503,8 +501,8 @@ class Lifecycle:
 
     def collect(self) -> str:
         """Fetch the receipt file (sha256-checked by the transfer), bounded in size."""
-        from tpulab.evidence import payload_failure
-        from tpulab.receipts import MAX_RECEIPT_BYTES
+        from tpulab.evidence.judge import payload_failure
+        from tpulab.evidence.receipt import MAX_RECEIPT_BYTES
 
         assert self.session is not None
         # The bytes go to memory and then to the receipt store; the download is scratch.
@@ -527,8 +525,8 @@ class Lifecycle:
 
         The receipt is kept whatever the verdict (it is the evidence of a failure too).
         """
-        from tpulab.evidence import failure_of, judge
-        from tpulab.receipts import expectation_for
+        from tpulab.evidence.judge import failure_of, judge
+        from tpulab.evidence.receipt import expectation_for
 
         expectation = expectation_for(
             self.spec.accelerator.name, emulated=self.spec.emulated, nonce=self.nonce
@@ -548,7 +546,7 @@ class Lifecycle:
     # -- helpers of the phases ----------------------------------------------------------
 
     def _keep(self, verdict: str, failures: list[str], expectation: Expectation) -> None:
-        from tpulab.receipt_store import ReceiptStore
+        from tpulab.evidence.store import ReceiptStore
 
         store = self.store or ReceiptStore()
         meta: dict[str, Any] = {

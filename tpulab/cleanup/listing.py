@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tpulab import catalog
-from tpulab.cloud import TpuApi
+from tpulab.cloud.api import TpuApi
 from tpulab.errors import UnknownAcceleratorError
 from tpulab.models import NodeInfo
 

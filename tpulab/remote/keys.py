@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpulab.emulator.hosts import SSH_PORT_ATTRIBUTE
+from tpulab.contract import EMULATOR_SSH_PORT_ATTRIBUTE, HOST_KEY_ATTRIBUTE
 from tpulab.errors import ConfigError, ConnectError, HostKeyMismatchError, TransientError
 
 __all__ = [
@@ -42,7 +42,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-HOST_KEY_ATTRIBUTE = "hostkeys/ssh-ed25519"
 _USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 
 
@@ -179,7 +178,7 @@ class SshTarget:
 
 def ssh_port_from(attrs: Mapping[str, str]) -> int:
     """The emulator publishes its loopback port; real TPU VMs listen on 22."""
-    raw = attrs.get(SSH_PORT_ATTRIBUTE)
+    raw = attrs.get(EMULATOR_SSH_PORT_ATTRIBUTE)
     if raw is None:
         return 22
     try:
@@ -188,7 +187,7 @@ def ssh_port_from(attrs: Mapping[str, str]) -> int:
         port = 0
     if not 0 < port < 65536:
         raise ConnectError(
-            f"Guest attribute {SSH_PORT_ATTRIBUTE} is {raw!r}, not a port number",
+            f"Guest attribute {EMULATOR_SSH_PORT_ATTRIBUTE} is {raw!r}, not a port number",
             hint="The emulator published a bad endpoint; restart `tpulab emulator serve`.",
         )
     return port

@@ -26,7 +26,8 @@ from datetime import datetime, timezone
 from urllib.parse import urlsplit
 
 from tpulab import catalog
-from tpulab.cloud import TpuApi
+from tpulab.cleanup.journal import TARGET_EMULATE, TARGET_GOOGLE, Journal, RunRow, row_is_live
+from tpulab.cloud.api import TpuApi
 from tpulab.errors import (
     CloudError,
     ConfigError,
@@ -37,9 +38,8 @@ from tpulab.errors import (
     TransientError,
     UnknownAcceleratorError,
 )
-from tpulab.journal import TARGET_EMULATE, TARGET_GOOGLE, Journal, RunRow, row_is_live
 from tpulab.models import NodeInfo
-from tpulab.teardown import delete_and_confirm
+from tpulab.run.teardown import delete_and_confirm
 
 __all__ = [
     "Candidate",
@@ -386,7 +386,7 @@ def resolve_scope(
     error comes from `find_orphans` if nothing does).
     """
     from tpulab import config
-    from tpulab.journal import target_for
+    from tpulab.cleanup.journal import target_for
     from tpulab.models import RUN_ID_LABEL, check_label, check_zone
 
     if emulate and api_endpoint:

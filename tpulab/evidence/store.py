@@ -20,7 +20,7 @@ from typing import Any
 
 from tpulab import paths
 from tpulab.errors import ConfigError, JournalError, VerificationError
-from tpulab.receipts import (
+from tpulab.evidence.receipt import (
     Expectation,
     Receipt,
     RequirementResult,

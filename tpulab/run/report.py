@@ -11,19 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 from tpulab.catalog import PRICE_DATE
-from tpulab.lifecycle import RunOutcome
-from tpulab.progress import Recorder
-from tpulab.teardown import manual_delete_command
+from tpulab.run.lifecycle import RunOutcome
+from tpulab.run.progress import Recorder
+from tpulab.run.teardown import manual_delete_command
 
 __all__ = ["Line", "run_envelope", "summary_lines"]
 
-Line = list[tuple[str, str]]  # (text, rich style) segments, as tpulab.render uses
+Line = list[tuple[str, str]]  # (text, rich style) segments, as tpulab.evidence.report uses
 
 
 def run_envelope(
     outcome: RunOutcome, recorder: Recorder, *, error: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    from tpulab.render import envelope
+    from tpulab.evidence.report import envelope
 
     spec = outcome.spec
     receipt = outcome.receipt

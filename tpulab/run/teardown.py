@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tpulab.cloud import TpuApi
+from tpulab.cloud.api import TpuApi
 from tpulab.errors import (
     CloudError,
     DeadlineError,
