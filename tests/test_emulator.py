@@ -135,7 +135,16 @@ def test_accelerator_config_and_int_enums_are_accepted_on_input(emulator: Emulat
     ("method", "path", "body", "code", "status", "words"),
     [
         ("GET", f"{BASE}/nodes/ghost", None, 404, "NOT_FOUND", "ghost"),
-        ("GET", "/v2/projects/p/locations/xx-none9-z/nodes", None, 404, "NOT_FOUND", "xx-none9"),
+        # The real API answers an unknown zone with 403, "Location Z is not found or access
+        # is unauthorized." (tests/test_classify.py), not 404.
+        (
+            "GET",
+            "/v2/projects/p/locations/xx-none9-z/nodes",
+            None,
+            403,
+            "PERMISSION_DENIED",
+            "xx-none9",
+        ),
         ("POST", f"{BASE}/nodes", {}, 400, "INVALID_ARGUMENT", "nodeId"),
         ("POST", f"{BASE}/nodes?nodeId=Bad_Name", {}, 400, "INVALID_ARGUMENT", "Bad_Name"),
         ("GET", f"{BASE}/nodes?pageToken=zz", None, 400, "INVALID_ARGUMENT", "pageToken"),

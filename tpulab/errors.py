@@ -5,7 +5,9 @@
     │   ├── UnknownAcceleratorError      not in the catalog (suggests the nearest name)
     │   └── UnsupportedAcceleratorError  known, but not runnable yet (multi-host)
     ├── CloudError                   the Cloud TPU API said no (.status, .api_message)
-    │   ├── StockoutError                zone has no capacity (create operation, code 8)
+    │   ├── StockoutError                zone has no capacity (operation code 8, or 9 for
+    │   │                                    reserved capacity)
+    │   ├── LocationError                403 "Location Z is not found or access is unauthorized"
     │   ├── QuotaError                   429 RESOURCE_EXHAUSTED on a quota
     │   ├── InvalidArgumentError         400 INVALID_ARGUMENT
     │   ├── AlreadyExistsError           409 ALREADY_EXISTS
@@ -47,6 +49,7 @@ __all__ = [
     "InvalidArgumentError",
     "JournalError",
     "LeakedNode",
+    "LocationError",
     "NotFoundError",
     "PermissionDeniedError",
     "PreemptedError",
@@ -115,6 +118,10 @@ class CloudError(TpuLabError):
 
 class StockoutError(CloudError):
     pass
+
+
+class LocationError(CloudError):
+    """The zone does not exist, offers no TPUs, or this project may not use TPUs there."""
 
 
 class QuotaError(CloudError):

@@ -7,11 +7,15 @@ needs. Every caller that classifies an API failure comes here.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 from tpulab.errors import (
     AlreadyExistsError,
     CloudError,
     DeadlineError,
     InvalidArgumentError,
+    LocationError,
     NotFoundError,
     PermissionDeniedError,
     QuotaError,
@@ -19,7 +23,7 @@ from tpulab.errors import (
     TransientError,
 )
 
-__all__ = ["HTTP_STATUS", "RPC_STATUS", "error_for_status", "hint_for"]
+__all__ = ["HTTP_STATUS", "RPC_STATUS", "RULES", "Rule", "classify", "error_for_status", "hint_for"]
 
 # google.rpc.Code numbers, as they appear in an operation's `error.code`.
 RPC_STATUS = {
@@ -54,74 +58,155 @@ HTTP_STATUS = {
     504: "DEADLINE_EXCEEDED",
 }
 
-_HINTS: dict[type[CloudError], str] = {
-    StockoutError: "The zone has no free capacity for this accelerator right now. Try "
-    "another zone that offers it (`gcloud compute tpus accelerator-types list "
-    "--zone=ZONE`), or retry later.",
-    QuotaError: "Your project's TPU quota in this zone is used up. Delete nodes you no "
-    "longer need (`tpulab list --all`) or request more quota in the Cloud console "
-    "(IAM & Admin > Quotas).",
-    InvalidArgumentError: "Check the accelerator type and runtime version offered in this "
-    "zone: `gcloud compute tpus accelerator-types list --zone=ZONE` and `gcloud compute "
-    "tpus tpu-vm versions list --zone=ZONE`.",
-    AlreadyExistsError: "A node with this name already exists in the zone: choose another "
-    "--name, or delete the old node if it is yours.",
-    NotFoundError: "Check the project, zone and node name (`tpulab list --all`).",
-    PermissionDeniedError: "Check that the Cloud TPU API is enabled for the project and "
-    "that your account may use it (roles/tpu.admin); refresh credentials with `gcloud "
-    "auth application-default login`.",
-    TransientError: "The API had a temporary problem; retry in a minute.",
-    DeadlineError: "The API did not answer in time; retry, and check with `tpulab list`.",
-}
 
-_SUMMARY: dict[type[CloudError], str] = {
-    StockoutError: "the zone is out of capacity (stockout)",
-    QuotaError: "a quota is exhausted",
-    InvalidArgumentError: "the API rejected the request as invalid",
-    AlreadyExistsError: "it already exists",
-    NotFoundError: "it was not found",
-    PermissionDeniedError: "permission denied",
-    TransientError: "the API is temporarily unavailable",
-    DeadlineError: "the API did not answer in time",
-}
+@dataclass(frozen=True)
+class Rule:
+    """One row of the table: which answers it matches and the error they become.
+
+    A rule matches a google.rpc status in `statuses` when the API's message contains
+    one of `phrases` (lower case; none means any message) or its ErrorInfo reason is in
+    `reasons`. `summary` and `hint` may name `{zone}`, taken from the message.
+    """
+
+    statuses: frozenset[str]
+    kind: type[CloudError]
+    summary: str
+    hint: str
+    phrases: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+
+    def matches(self, status: str, lowered: str, reason: str) -> bool:
+        if status not in self.statuses:
+            return False
+        if not self.phrases and not self.reasons:
+            return True
+        return reason in self.reasons or any(phrase in lowered for phrase in self.phrases)
+
+
+def _statuses(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+_CAPACITY_HINT = (
+    "The zone has no free capacity for this accelerator right now. Try another zone that "
+    "offers it (`gcloud compute tpus accelerator-types list --zone=ZONE`), or retry later."
+)
+
+# First match wins, so specific rows (a phrase) precede the catch-all row of a status.
+# Each row's real message is quoted in tests/test_classify.py.
+RULES: tuple[Rule, ...] = (
+    Rule(
+        _statuses("RESOURCE_EXHAUSTED"),
+        StockoutError,
+        "the zone is out of capacity (stockout)",
+        _CAPACITY_HINT,
+        phrases=("capacity", "stockout"),
+    ),
+    Rule(
+        # Create-operation code 9: a reservation (or spot/reserved pool) has no room.
+        _statuses("FAILED_PRECONDITION"),
+        StockoutError,
+        "the zone has no reserved capacity left for this accelerator",
+        "The reservation this request draws on is full (or has none of this type). Run "
+        "without it (on demand or --spot), try another zone, or retry later.",
+        phrases=("reserved capacity",),
+    ),
+    Rule(
+        # Request-rate limits also come back as 429, but pass in seconds: retry them.
+        _statuses("RESOURCE_EXHAUSTED"),
+        TransientError,
+        "the API is rate limiting requests",
+        "The API asked us to slow down; retry in a minute.",
+        phrases=("per minute", "rate limit", "ratelimitexceeded"),
+        reasons=("RATE_LIMIT_EXCEEDED",),
+    ),
+    Rule(
+        _statuses("RESOURCE_EXHAUSTED"),
+        QuotaError,
+        "a quota is exhausted",
+        "Your project's TPU quota in this zone is used up. Delete nodes you no longer need "
+        "(`tpulab list --all`) or request more quota in the Cloud console (IAM & Admin > "
+        "Quotas).",
+    ),
+    Rule(
+        # Cloud TPU answers an unknown zone, a zone without TPUs, and a project that has
+        # no TPU access there alike, so the hint names all three.
+        _statuses("PERMISSION_DENIED", "NOT_FOUND"),
+        LocationError,
+        "zone {zone} is not available to this project for TPUs",
+        "Check the zone's spelling and that it offers TPUs (`gcloud compute tpus locations "
+        "list`), that the Cloud TPU API is enabled (`gcloud services enable "
+        "tpu.googleapis.com`), and that the project has TPU access in {zone}.",
+        phrases=("not found or access is unauthorized",),
+    ),
+    Rule(
+        _statuses("INVALID_ARGUMENT", "FAILED_PRECONDITION", "OUT_OF_RANGE"),
+        InvalidArgumentError,
+        "the API rejected the request as invalid",
+        "Check the accelerator type and runtime version offered in this zone: `gcloud "
+        "compute tpus accelerator-types list --zone=ZONE` and `gcloud compute tpus tpu-vm "
+        "versions list --zone=ZONE`.",
+    ),
+    Rule(
+        _statuses("ALREADY_EXISTS"),
+        AlreadyExistsError,
+        "it already exists",
+        "A node with this name already exists in the zone: choose another --name, or "
+        "delete the old node if it is yours.",
+    ),
+    Rule(
+        _statuses("NOT_FOUND"),
+        NotFoundError,
+        "it was not found",
+        "Check the project, zone and node name (`tpulab list --all`).",
+    ),
+    Rule(
+        _statuses("PERMISSION_DENIED", "UNAUTHENTICATED"),
+        PermissionDeniedError,
+        "permission denied",
+        "Check that the Cloud TPU API is enabled for the project and that your account may "
+        "use it (roles/tpu.admin); refresh credentials with `gcloud auth "
+        "application-default login`.",
+    ),
+    Rule(
+        _statuses("UNAVAILABLE", "INTERNAL", "ABORTED", "UNKNOWN"),
+        TransientError,
+        "the API is temporarily unavailable",
+        "The API had a temporary problem; retry in a minute.",
+    ),
+    Rule(
+        _statuses("DEADLINE_EXCEEDED"),
+        DeadlineError,
+        "the API did not answer in time",
+        "The API did not answer in time; retry, and check with `tpulab list`.",
+    ),
+)
+
+_ZONE_IN_MESSAGE = re.compile(r"\blocation\s+(?:projects/[^/\s]+/locations/)?([a-z0-9-]+)", re.I)
+
+
+def classify(status: str, api_message: str, *, reason: str = "") -> Rule | None:
+    """The first rule matching a status, message and ErrorInfo reason; None if none does."""
+    lowered = api_message.lower()
+    return next((rule for rule in RULES if rule.matches(status, lowered, reason)), None)
 
 
 def error_for_status(status: str, api_message: str, what: str, *, reason: str = "") -> CloudError:
     """The tpulab error for a google.rpc status name and the API's message."""
-    lowered = api_message.lower()
-    kind: type[CloudError]
-    if status == "RESOURCE_EXHAUSTED":
-        if "capacity" in lowered or "stockout" in lowered:
-            kind = StockoutError
-        elif reason == "RATE_LIMIT_EXCEEDED" or any(
-            phrase in lowered for phrase in ("per minute", "rate limit", "ratelimitexceeded")
-        ):
-            # Request-rate limits also come back as 429 but pass in seconds: retry them.
-            kind = TransientError
-        else:
-            kind = QuotaError
-    elif status in {"INVALID_ARGUMENT", "FAILED_PRECONDITION", "OUT_OF_RANGE"}:
-        kind = InvalidArgumentError
-    elif status == "ALREADY_EXISTS":
-        kind = AlreadyExistsError
-    elif status == "NOT_FOUND":
-        kind = NotFoundError
-    elif status in {"PERMISSION_DENIED", "UNAUTHENTICATED"}:
-        kind = PermissionDeniedError
-    elif status in {"UNAVAILABLE", "INTERNAL", "ABORTED", "UNKNOWN"}:
-        kind = TransientError
-    elif status == "DEADLINE_EXCEEDED":
-        kind = DeadlineError
-    else:
+    rule = classify(status, api_message, reason=reason)
+    if rule is None:
         return CloudError(f"Could not {what}: {status}.", status=status, api_message=api_message)
-    return kind(
-        f"Could not {what}: {_SUMMARY[kind]}.",
+    found = _ZONE_IN_MESSAGE.search(api_message)
+    zone = found.group(1) if found else "the zone"
+    return rule.kind(
+        f"Could not {what}: {rule.summary.format(zone=zone)}.",
         status=status,
         api_message=api_message,
-        hint=_HINTS[kind],
+        hint=rule.hint.format(zone=zone),
     )
 
 
 def hint_for(kind: type[CloudError]) -> str:
-    """The standard hint for an error class (empty for classes without one)."""
-    return _HINTS.get(kind, "")
+    """The hint of the catch-all rule for an error class (empty for classes without one)."""
+    hints = [rule.hint for rule in RULES if rule.kind is kind and not rule.phrases]
+    return hints[0] if hints else ""

@@ -36,7 +36,7 @@ from tpulab.contract import (
 from tpulab.emulator.faults import FaultPlan
 from tpulab.emulator.hosts import HostBackend
 from tpulab.emulator.persist import StateFile
-from tpulab.emulator.state import CloudState, node_json, node_key, operation_json, zone_or_404
+from tpulab.emulator.state import CloudState, node_json, node_key, operation_json, zone_or_403
 from tpulab.emulator.timing import Timing
 from tpulab.emulator.wire import ApiError, error_body
 from tpulab.emulator.zones import ZONES
@@ -468,11 +468,11 @@ class Emulator:
         return 200, self._page(request, locations, "locations")
 
     def _api_get_location(self, request: _Request) -> tuple[int, Record]:
-        zone_or_404(request.project, request.zone)
+        zone_or_403(request.project, request.zone)
         return 200, _location(request.project, request.zone)
 
     def _api_list_accelerator_types(self, request: _Request) -> tuple[int, Record]:
-        zone = zone_or_404(request.project, request.zone)
+        zone = zone_or_403(request.project, request.zone)
         parent = f"projects/{request.project}/locations/{request.zone}"
         types = [
             {"name": f"{parent}/acceleratorTypes/{t}", "type": t} for t in zone.accelerator_types()
@@ -480,7 +480,7 @@ class Emulator:
         return 200, self._page(request, types, "acceleratorTypes")
 
     def _api_get_accelerator_type(self, request: _Request) -> tuple[int, Record]:
-        zone = zone_or_404(request.project, request.zone)
+        zone = zone_or_403(request.project, request.zone)
         item = request.params["item"]
         if item not in zone.accelerator_types():
             raise ApiError(404, "NOT_FOUND", f"Accelerator type {item} not found in {zone.name}")
@@ -488,7 +488,7 @@ class Emulator:
         return 200, {"name": f"{parent}/acceleratorTypes/{item}", "type": item}
 
     def _api_list_runtime_versions(self, request: _Request) -> tuple[int, Record]:
-        zone = zone_or_404(request.project, request.zone)
+        zone = zone_or_403(request.project, request.zone)
         parent = f"projects/{request.project}/locations/{request.zone}"
         versions = [
             {"name": f"{parent}/runtimeVersions/{v}", "version": v} for v in zone.runtime_versions()
@@ -496,7 +496,7 @@ class Emulator:
         return 200, self._page(request, versions, "runtimeVersions")
 
     def _api_get_runtime_version(self, request: _Request) -> tuple[int, Record]:
-        zone = zone_or_404(request.project, request.zone)
+        zone = zone_or_403(request.project, request.zone)
         item = request.params["item"]
         if item not in zone.runtime_versions():
             raise ApiError(404, "NOT_FOUND", f"Runtime version {item} not found in {zone.name}")

@@ -52,14 +52,16 @@ def node_path(project: str, zone: str, name: str) -> str:
     return f"projects/{project}/locations/{zone}/nodes/{name}"
 
 
-def zone_or_404(project: str, zone: str) -> Zone:
+def zone_or_403(project: str, zone: str) -> Zone:
     found = ZONES.get(zone)
     if found is None:
+        # The real API answers an unknown zone (and one the project may not use) with a
+        # 403 in these words, e.g. "Location europe-west1-b is not found or access is
+        # unauthorized." (quoted in dstackai/gpuhunt#98), not with a 404.
         raise ApiError(
-            404,
-            "NOT_FOUND",
-            f"Location projects/{project}/locations/{zone} was not found. Valid zones: "
-            + ", ".join(sorted(ZONES)),
+            403,
+            "PERMISSION_DENIED",
+            f"Location {zone} is not found or access is unauthorized.",
         )
     return found
 
@@ -126,7 +128,7 @@ class CloudState:
     def create_node(
         self, project: str, zone: str, node_id: str, body: Record, now: float
     ) -> Record:
-        zone_info = zone_or_404(project, zone)
+        zone_info = zone_or_403(project, zone)
         if not node_id:
             raise ApiError(400, "INVALID_ARGUMENT", "nodeId is required.")
         if len(node_id) > 63 or not _NODE_ID.match(node_id):
@@ -213,7 +215,7 @@ class CloudState:
         return operation
 
     def get_node(self, project: str, zone: str, node_id: str) -> Record:
-        zone_or_404(project, zone)
+        zone_or_403(project, zone)
         node = self.nodes.get(node_key(project, zone, node_id))
         if node is None:
             raise ApiError(
@@ -224,7 +226,7 @@ class CloudState:
         return node
 
     def list_nodes(self, project: str, zone: str) -> list[Record]:
-        zone_or_404(project, zone)
+        zone_or_403(project, zone)
         prefix = f"{project}/{zone}/"
         return [node for key, node in sorted(self.nodes.items()) if key.startswith(prefix)]
 
@@ -295,14 +297,14 @@ class CloudState:
         return operation
 
     def get_operation(self, project: str, zone: str, name: str) -> Record:
-        zone_or_404(project, zone)
+        zone_or_403(project, zone)
         operation = self.operations.get(name)
         if operation is None:
             raise ApiError(404, "NOT_FOUND", f"Resource '{name}' was not found")
         return operation
 
     def list_operations(self, project: str, zone: str) -> list[Record]:
-        zone_or_404(project, zone)
+        zone_or_403(project, zone)
         prefix = f"projects/{project}/locations/{zone}/operations/"
         return [op for name, op in sorted(self.operations.items()) if name.startswith(prefix)]
 

@@ -40,6 +40,7 @@ from tpulab.errors import (
     InterruptedRun,
     InvalidArgumentError,
     LeakedNode,
+    LocationError,
     NotFoundError,
     PermissionDeniedError,
     PreemptedError,
@@ -69,6 +70,7 @@ __all__ = [
 
 # Sync refusals: the API said no before creating anything, so there is nothing to delete.
 _REFUSED = (
+    LocationError,
     QuotaError,
     InvalidArgumentError,
     AlreadyExistsError,
