@@ -76,9 +76,9 @@ class Rig:
         kwargs.setdefault("poll", fast_poll())
         kwargs.setdefault("teardown_poll", 0.05)
         kwargs.setdefault("store", ReceiptStore(self.tmp / "receipts"))
+        kwargs.setdefault("api", self.api)  # a test may wrap it (tests/delegating_api.py)
         life = Lifecycle(
             spec,
-            api=self.api,
             observer=FanOut([recorder, *observers]) if observers else recorder,
             **kwargs,
         )

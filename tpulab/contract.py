@@ -15,8 +15,10 @@ __all__ = [
     "HOST_KEY_NAMESPACE",
     "MANAGED_BY_LABEL",
     "MANAGED_BY_VALUE",
+    "OS_LOGIN_METADATA",
     "RUN_ID_LABEL",
     "SSH_KEYS_METADATA",
+    "GUEST_ATTRIBUTES_METADATA",
 ]
 
 # Labels every node tpulab creates carries; teardown finds nodes by them.
@@ -26,6 +28,12 @@ RUN_ID_LABEL = "tpulab-run"
 
 # Node metadata key whose lines `user:ssh-ed25519 KEY user` the guest agent installs.
 SSH_KEYS_METADATA = "ssh-keys"
+# With OS Login on (project metadata enable-oslogin=TRUE, common in organisations) the
+# guest agent ignores ssh-keys; instance metadata "FALSE" overrides the project's value
+# unless an organisation policy enforces OS Login.
+OS_LOGIN_METADATA = "enable-oslogin"
+# Guest attributes are how the VM publishes its SSH host keys to the API.
+GUEST_ATTRIBUTES_METADATA = "enable-guest-attributes"
 
 # The guest agent publishes the VM's SSH host keys under this namespace, one key per type.
 HOST_KEY_NAMESPACE = "hostkeys"

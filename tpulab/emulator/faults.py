@@ -57,6 +57,9 @@ class FaultPlan:
     """Guest attributes (the host key) appear this many seconds after READY."""
     ssh_refuse_for: float = 0.0
     """Passed to the host backend: the SSH server refuses connections this long."""
+    project_os_login: bool = False
+    """Project metadata says enable-oslogin=TRUE: a node's ssh-keys are ignored (no key
+    logs in) unless its own metadata says enable-oslogin: FALSE."""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()

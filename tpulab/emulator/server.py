@@ -31,6 +31,7 @@ from tpulab.contract import (
     EMULATOR_SSH_PORT_ATTRIBUTE,
     EMULATOR_SSH_USER_ATTRIBUTE,
     HOST_KEY_NAMESPACE,
+    OS_LOGIN_METADATA,
     SSH_KEYS_METADATA,
 )
 from tpulab.emulator.faults import FaultPlan
@@ -276,6 +277,14 @@ class Emulator:
         for node in to_start:
             self._start_host(node)
 
+    def _authorized_keys(self, metadata: dict[str, str]) -> str:
+        """The ssh-keys lines the guest agent would install, as the GCE agent decides:
+        none under the project's OS Login unless the instance turns it off."""
+        os_login_off = metadata.get(OS_LOGIN_METADATA, "").strip().lower() == "false"
+        if self.faults.project_os_login and not os_login_off:
+            return ""
+        return metadata.get(SSH_KEYS_METADATA, "")
+
     def _start_host(self, node: Record) -> None:
         assert self.host_backend is not None
         key = node_key(node["project"], node["zone"], node["name"])
@@ -285,7 +294,7 @@ class Emulator:
             endpoint = self.host_backend.start(
                 key,
                 sandbox,
-                node["metadata"].get(SSH_KEYS_METADATA, ""),
+                self._authorized_keys(node["metadata"]),
                 refuse_for=self.faults.ssh_refuse_for,
             )
         except Exception as error:

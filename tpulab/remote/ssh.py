@@ -284,8 +284,12 @@ class Connection:
                 raise AuthError(
                     f"{t} refused this run's SSH key ({self._key.fingerprint})",
                     hint=f"The node's metadata ssh-keys must list this run's key for user "
-                    f"{t.user!r}; tpulab injects it at create time, so a node created "
-                    "elsewhere cannot be used.",
+                    f"{t.user!r}; tpulab injects it at create time (with enable-oslogin: "
+                    "FALSE), so a node created elsewhere cannot be used. If your "
+                    "organisation enforces OS Login (policy compute.requireOsLogin), the "
+                    "VM ignores ssh-keys whatever the node says: ask an admin to exempt "
+                    "the project, or grant yourself roles/compute.osAdminLogin and use "
+                    "`gcloud compute tpus tpu-vm ssh`.",
                 ) from exc
             except paramiko.SSHException as exc:
                 if "not found in known_hosts" in str(exc):

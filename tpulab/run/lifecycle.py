@@ -32,7 +32,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tpulab import paths
 from tpulab.cloud.api import TpuApi
 from tpulab.config import RunSpec
-from tpulab.contract import EMULATOR_SSH_USER_ATTRIBUTE
+from tpulab.contract import (
+    EMULATOR_SSH_USER_ATTRIBUTE,
+    GUEST_ATTRIBUTES_METADATA,
+    OS_LOGIN_METADATA,
+    SSH_KEYS_METADATA,
+)
 from tpulab.errors import (
     AlreadyExistsError,
     CloudError,
@@ -361,7 +366,13 @@ class Lifecycle:
             accelerator_type=self.spec.accelerator.name,
             runtime_version=self.spec.accelerator.runtime_version,
             labels=self.spec.labels,
-            metadata={"ssh-keys": self.key.metadata_entry(self.spec.ssh_user)},
+            metadata={
+                SSH_KEYS_METADATA: self.key.metadata_entry(self.spec.ssh_user),
+                # Our key reaches the VM only through ssh-keys, which OS Login would
+                # make the guest agent ignore; the host key only through guest attributes.
+                OS_LOGIN_METADATA: "FALSE",
+                GUEST_ATTRIBUTES_METADATA: "TRUE",
+            },
             spot=self.spec.spot,
             description=f"tpulab run {self.spec.run_id}",
         )
