@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "EMULATOR_SSH_PORT_ATTRIBUTE",
     "EMULATOR_SSH_USER_ATTRIBUTE",
+    "GUEST_ATTRIBUTES_METADATA",
     "HOST_KEY_ATTRIBUTE",
     "HOST_KEY_NAMESPACE",
     "MANAGED_BY_LABEL",
@@ -18,7 +19,6 @@ __all__ = [
     "OS_LOGIN_METADATA",
     "RUN_ID_LABEL",
     "SSH_KEYS_METADATA",
-    "GUEST_ATTRIBUTES_METADATA",
 ]
 
 # Labels every node tpulab creates carries; teardown finds nodes by them.
