@@ -92,4 +92,8 @@ app.add_typer(emulator.emulator_app, name="emulator")
 
 
 def main() -> None:
+    from tpulab.cli._streams import install_forgiving_streams
+
+    # A closed pipe or terminal must not fail a run that is creating or deleting a VM.
+    install_forgiving_streams()
     app(prog_name="tpulab")
