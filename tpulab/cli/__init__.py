@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+import typer.core
+import typer.main
 
 from tpulab import __version__
 from tpulab.cli import emulator, listing, receipts, run, teardown, verify
@@ -91,9 +93,26 @@ app.add_typer(receipts.receipts_app, name="receipts")
 app.add_typer(emulator.emulator_app, name="emulator")
 
 
+def _name_the_values(command: object) -> None:
+    """Help shows `--zone ZONE` and a bare `--spot`, not typer's `--zone <str>` and
+    `--spot <bool>`, which read as if every flag took a value of that type."""
+    params = list(getattr(command, "params", []))
+    context_class = getattr(command, "context_class", None)
+    if context_class is not None:
+        # The --help option is made (once, then cached) when help is first rendered.
+        params.append(command.get_help_option(context_class(command)))  # type: ignore[attr-defined]
+    for param in params:
+        if isinstance(param, typer.core.TyperOption) and param.metavar is None:
+            param.metavar = "" if param.is_flag else (param.name or "value").upper()
+    for sub in getattr(command, "commands", {}).values():
+        _name_the_values(sub)
+
+
 def main() -> None:
     from tpulab.cli._streams import install_forgiving_streams
 
     # A closed pipe or terminal must not fail a run that is creating or deleting a VM.
     install_forgiving_streams()
-    app(prog_name="tpulab")
+    command = typer.main.get_command(app)
+    _name_the_values(command)
+    command(prog_name="tpulab")
