@@ -61,6 +61,7 @@ __all__ = [
     "TeardownError",
     "TpuBusyError",
     "TpuLabError",
+    "shown",
     "TransientError",
     "UnknownAcceleratorError",
     "UnsupportedAcceleratorError",
@@ -77,6 +78,14 @@ class TpuLabError(Exception):
         self.hint = hint
 
 
+def shown(value: str, limit: int = 60) -> str:
+    """`value` as error messages quote user input: repr'd, and cut short when long, so
+    that a pasted file or a 100 kB flag does not flood the terminal."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
 class ConfigError(TpuLabError):
     """Input or configuration is wrong or missing. Raised before any API call."""
 
@@ -85,7 +94,7 @@ class UnknownAcceleratorError(ConfigError):
     def __init__(self, name: str, suggestion: str | None, valid: Sequence[str]) -> None:
         guess = f" Did you mean {suggestion!r}?" if suggestion else ""
         super().__init__(
-            f"Unknown accelerator type {name!r}.{guess}",
+            f"Unknown accelerator type {shown(name)}.{guess}",
             hint="Valid types: " + ", ".join(valid),
         )
         self.name = name
