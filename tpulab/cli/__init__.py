@@ -9,6 +9,7 @@ app and registers the commands in the order `tpulab --help` lists them.
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -16,7 +17,9 @@ import typer.core
 import typer.main
 
 from tpulab import __version__
+from tpulab import errors as E
 from tpulab.cli import emulator, listing, receipts, run, teardown, verify
+from tpulab.cli._console import print_stderr
 from tpulab.cli._exit import (
     EXIT_CLOUD,
     EXIT_CODES,
@@ -31,8 +34,14 @@ from tpulab.cli._exit import (
     EXIT_VERIFY,
     exit_status_for,
     guarded,
+    json_or_guarded,
     report_error,
 )
+
+try:  # recent typer vendors click; older releases use the click package
+    from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click.exceptions import UsageError  # type: ignore[assignment]
 
 __all__ = [
     "EXIT_CLOUD",
@@ -115,4 +124,31 @@ def main() -> None:
     install_forgiving_streams()
     command = typer.main.get_command(app)
     _name_the_values(command)
-    command(prog_name="tpulab")
+    try:
+        status = command.main(prog_name="tpulab", standalone_mode=False)
+    except UsageError as error:
+        raise SystemExit(_usage_error(error)) from None
+    except typer.Abort:
+        # Ctrl-C at a prompt (e.g. teardown's "Delete 1 node(s)?"): nothing was done.
+        print_stderr("Interrupted at the prompt; nothing was changed.")
+        raise SystemExit(EXIT_INTERRUPTED) from None
+    raise SystemExit(status if isinstance(status, int) else EXIT_OK)
+
+
+def _usage_error(error: UsageError) -> int:
+    """Bad flags exit 2 as any ConfigError does; with --json, as an error envelope."""
+    if "--json" not in sys.argv[1:]:
+        error.show()  # typer's own box (or the help, for a bare `tpulab`)
+        return int(error.exit_code)
+    path = error.ctx.command_path if error.ctx is not None else "tpulab"
+    name = path.removeprefix("tpulab").strip() or "tpulab"
+    failure = E.ConfigError(error.format_message(), hint="See `tpulab " + name + " --help`.")
+
+    def fail() -> None:
+        raise failure
+
+    try:
+        json_or_guarded(name, True, fail)
+    except typer.Exit as done:
+        return int(done.exit_code)
+    return EXIT_CONFIG
