@@ -67,13 +67,15 @@ def test_every_envelope_starts_with_the_common_fields(model: type[Envelope]) -> 
     assert model.model_fields["schema_version"].default == SCHEMA_VERSION
 
 
-def test_accelerators_are_named_accelerator_type_everywhere() -> None:
-    # The Cloud TPU API's word, in every document; "accelerator" alone is the old name.
+def test_accelerators_and_nodes_are_named_alike_everywhere() -> None:
+    # accelerator_type is the Cloud TPU API's word; a reference to a node is node_name.
+    # `accelerator` and `node` were the old names in run and teardown.
     for model in MODELS:
         text = schema_text(model)
         properties = _property_names(json.loads(text))
-        assert "accelerator" not in properties, model.__name__
-        assert "node" not in properties, model.__name__  # a node's name is node_name
+        rule = "field names agree across commands: see tpulab/envelope.py's docstring"
+        assert "accelerator" not in properties, f"{model.__name__}: accelerator_type ({rule})"
+        assert "node" not in properties, f"{model.__name__}: node_name ({rule})"
 
 
 def _property_names(schema: object) -> set[str]:

@@ -306,3 +306,31 @@ def test_missing_project_for_a_real_run_is_a_config_error(tmp_path: Path) -> Non
     assert done.returncode == EXIT_CONFIG
     assert "No Google Cloud project" in done.stderr
     assert "--project" in done.stderr
+
+
+def test_a_run_whose_api_cannot_be_set_up_reports_nothing_created(tmp_path: Path) -> None:
+    # Credentials that point at a missing file: the Google client refuses before any
+    # request, so the run fails before a Lifecycle exists. Its envelope is still a whole
+    # RunEnvelope, saying plainly that nothing was created.
+    env = {
+        **os.environ,
+        "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "missing-adc.json"),
+        "CLOUDSDK_CONFIG": str(tmp_path / "no-gcloud"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "tpulab", "run", "--accelerator", "v5litepod-4",
+         "--project", "my-proj-1", "--zone", ZONE, "--name", "never-made", "--json"],
+        capture_output=True, text=True, timeout=60, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    result = run_document(done)
+    assert result.ok is False
+    assert result.mode == "google"
+    assert result.node_name == "never-made"
+    assert (result.teardown.status, result.teardown.confirmed) == ("not-created", False)
+    assert result.receipt.verdict is None
+    assert result.phases == []
+    assert result.api_calls == 0
+    assert result.error is not None
+    assert result.error.type == "ConfigError"
+    assert "missing-adc.json" in result.error.message
