@@ -17,7 +17,8 @@ import pytest
 
 import tpulab
 from tpulab import paths
-from tpulab.errors import StockoutError, TeardownError, UnknownAcceleratorError
+from tpulab.config import build_run_spec
+from tpulab.errors import ConfigError, StockoutError, TeardownError, UnknownAcceleratorError
 
 if TYPE_CHECKING:
     from emulator_fixtures import EmulatorStarter
@@ -80,6 +81,18 @@ def test_bad_input_raises_before_anything_is_created() -> None:
     assert not paths.journal_path().exists(), "no journal row may have been written"
 
 
+def test_a_spec_and_keyword_inputs_together_are_refused(
+    start_emulator: EmulatorStarter, tmp_path: Path
+) -> None:
+    served = start_emulator(tmp_path / "served")
+    spec = build_run_spec(accelerator="v5litepod-1", mode="endpoint", api_endpoint=served.url)
+    with pytest.raises(ConfigError, match="not both"):
+        tpulab.run_tpu(spec, zone="us-central1-b")
+    with pytest.raises(ConfigError, match="needs a spec or an accelerator"):
+        tpulab.run_tpu(emulate=True)
+    assert sum(served.calls.values()) == 0
+
+
 def test_a_failed_run_raises_or_returns_its_outcome(
     start_emulator: EmulatorStarter, tmp_path: Path
 ) -> None:
@@ -89,9 +102,12 @@ def test_a_failed_run_raises_or_returns_its_outcome(
         tpulab.run_tpu(
             accelerator="v5litepod-4", api_endpoint=served.url, project=PROJECT, zone=ZONE
         )
-    outcome = tpulab.run_tpu(
-        accelerator="v5litepod-4", api_endpoint=served.url, project=PROJECT, zone=ZONE, check=False
+    # A validated spec is the other way in (the CLI builds the same one).
+    spec = build_run_spec(
+        accelerator="v5litepod-4", mode="endpoint", api_endpoint=served.url, project=PROJECT
     )
+    outcome = tpulab.run_tpu(spec, check=False)
+    assert outcome.spec is spec
     assert isinstance(outcome.error, StockoutError)
     assert outcome.verdict is None
     assert outcome.teardown_status == "confirmed"  # what the stockout left was deleted

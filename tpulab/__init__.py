@@ -20,11 +20,14 @@ The library facade, for driving tpulab from Python with one import::
   `--json` prints, and raises `TeardownError` unless the scope was proven clean.
 - `verify_local` is `tpulab verify --local`: the verifier on this machine's CPU.
 
-The CLI (`tpulab.cli`) is a thin layer over the same calls. Everything heavy (jax, the
-Google client, paramiko, typer, rich) is imported inside these functions, so `import
-tpulab` stays cheap; the types named below load on first use (`tpulab.RunSpec`).
-The building blocks stay public for finer control: `tpulab.run.lifecycle.Lifecycle`
-takes every seam (API client, SSH connect factory, journal, observer) as an argument.
+Each call wires the same core pieces as its command in `tpulab.cli` (the target, the
+journal, the signal guard), so nothing a library run does escapes the invariants of a
+CLI run: nothing is created from bad input, and teardown always runs and is confirmed
+by a list. Everything heavy (jax, the Google client, paramiko, typer, rich) is
+imported inside these functions, so `import tpulab` stays cheap; the types in
+`__all__` load on first use (`tpulab.RunSpec`). For finer control the building blocks
+stay public: `tpulab.run.lifecycle.Lifecycle` takes every seam (API client, SSH connect
+factory, journal, observer, receipt store) as a constructor argument.
 """
 
 from __future__ import annotations
@@ -130,16 +133,20 @@ def run_tpu(
             api_endpoint=api_endpoint,
             adc_project=_adc_project if mode == "google" else None,
         )
-    elif accelerator is not None or emulate or api_endpoint is not None:
+    elif any(
+        value not in (None, False)
+        for value in (accelerator, zone, project, name, spot, emulate, api_endpoint)
+    ):
         raise ConfigError(
             "tpulab.run_tpu() takes a spec or keyword inputs, not both.",
-            hint="The spec already holds the accelerator, mode and endpoint.",
+            hint="The spec already holds the accelerator, project, zone, name and target.",
         )
     # The CLI's own wiring of the target (Google, an endpoint, or the embedded emulator)
     # and of the forced-quit status, so a library run is exactly a CLI run.
     from tpulab.cli._exit import EXIT_TEARDOWN
     from tpulab.cli._target import api_context
 
+    journal = RunJournalAdapter()
     life: Lifecycle | None = None
     try:
         with api_context(
@@ -148,15 +155,16 @@ def run_tpu(
             api_endpoint=spec.api_endpoint,
             ssh="embedded",
         ) as api:
-            life = Lifecycle(
-                spec, api=api, journal=RunJournalAdapter(), observer=observer, shield=shield
-            )
+            life = Lifecycle(spec, api=api, journal=journal, observer=observer, shield=shield)
             with signals_to_teardown(_say, force_exit_status=EXIT_TEARDOWN):
                 return life.run()
     except TpuLabError:
         if check or life is None:
             raise
         return life.outcome  # its `error` is the failure (the lifecycle records it)
+    finally:
+        for warning in journal.warnings:  # e.g. a locked journal: the run went on
+            _say(f"warning: {warning}")
 
 
 def _adc_project() -> str | None:
@@ -213,9 +221,11 @@ def sweep(
         )
         if not dry_run:
             names = ", ".join(c.node.name for c in plan.candidates) or "nothing"
+            # What a forced quit (third Ctrl-C) prints, as `teardown --verify` does.
+            commands = "\n  ".join(c.leaked().manual_delete_command() for c in plan.candidates)
             with (
                 signals_to_teardown(_say, force_exit_status=EXIT_TEARDOWN),
-                shield(f"deleting {names}"),
+                shield(f"deleting {names}", manual=commands or None),
             ):
                 result = sweep_plan(api, plan, journal=journal, timeout=timeout, notify=_say)
     declined = "dry run: nothing was deleted" if dry_run else ""
