@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tpulab import errors as E
-from tpulab.cli._console import age_text, cost_text, print_json, print_stderr, table_console
-from tpulab.cli._exit import json_or_guarded
+from tpulab.cli._console import age_text, cost_text, print_stderr, table_console
+from tpulab.cli._exit import json_or_guarded, print_envelope
 from tpulab.cli._target import api_context
 
 if TYPE_CHECKING:
@@ -89,30 +89,9 @@ def _list(
         target=scope.target,
     )
     if as_json:
-        from tpulab.catalog import PRICE_DATE
-        from tpulab.evidence.report import envelope
+        from tpulab.cleanup.report import list_envelope
 
-        nodes = []
-        for item in listing.nodes:
-            key = (item.node.project, item.node.zone, item.node.name)
-            nodes.append({**item.to_json(), "journal": view.states.get(key)})
-        print_json(
-            envelope(
-                "list",
-                ok=True,
-                project=listing.project,
-                zones=listing.zones,
-                include_all=include_all,
-                nodes=nodes,
-                hidden=listing.hidden,
-                estimated_total_usd=round(listing.estimated_total, 4),
-                price_date=PRICE_DATE,
-                journal_missing=[
-                    {"run_id": r.run_id, "zone": r.zone, "node": r.node_name} for r in view.missing
-                ],
-                journal_error=view.error,
-            )
-        )
+        print_envelope(list_envelope(listing, view), None)
         return
     _list_table(listing, view.states)
     for row in view.missing:

@@ -15,7 +15,7 @@ from tpulab import errors as E
 from tpulab.cli._console import console, print_json, print_lines, print_stderr
 from tpulab.cli._exit import (
     EXIT_TEARDOWN,
-    error_json,
+    error_report,
     json_or_guarded,
     print_envelope,
     report_error,
@@ -64,7 +64,7 @@ def _run(
     verbose: bool,
 ) -> None:
     from tpulab.cleanup.journal import RunJournalAdapter
-    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.lifecycle import Lifecycle, RunOutcome
     from tpulab.run.progress import FanOut, Recorder
     from tpulab.run.report import run_envelope, summary_lines
     from tpulab.run.signals import shield, signals_to_teardown
@@ -98,14 +98,11 @@ def _run(
     for warning in journal.warnings:
         print_stderr(f"[yellow]warning:[/] {warning}")
     if as_json:
-        report = error_json(failure) if failure else None
-        if life is None:
-            from tpulab.evidence.report import envelope
-
-            document = envelope("run", ok=False, run_id=spec.run_id, error=report)
-        else:
-            document = run_envelope(life.outcome, recorder, error=report)
-        print_envelope(document, failure)
+        # No Lifecycle (the API could not be set up): nothing was created, and the
+        # envelope says so in the same shape as any other run's.
+        outcome = life.outcome if life is not None else RunOutcome(spec)
+        report = error_report(failure) if failure else None
+        print_envelope(run_envelope(outcome, recorder, error=report), failure)
         return
     if life is not None and (life.outcome.create_sent or life.outcome.verdict):
         print_lines(summary_lines(life.outcome))

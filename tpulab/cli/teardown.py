@@ -15,7 +15,7 @@ from tpulab import errors as E
 from tpulab.cli._console import age_text, cost_text, print_stderr, table_console
 from tpulab.cli._exit import (
     EXIT_TEARDOWN,
-    error_json,
+    error_report,
     json_or_guarded,
     print_envelope,
     report_error,
@@ -23,25 +23,9 @@ from tpulab.cli._exit import (
 from tpulab.cli._target import adc_project, api_context
 
 if TYPE_CHECKING:
-    from tpulab.cleanup.sweep import Candidate, SweepPlan, SweepResult
+    from tpulab.cleanup.sweep import SweepPlan, SweepResult
 
 __all__ = ["teardown_command"]
-
-
-def _candidate_json(candidate: Candidate) -> dict[str, object]:
-    node = candidate.node
-    return {
-        "project": node.project,
-        "zone": node.zone,
-        "name": node.name,
-        "run_id": node.run_id,
-        "state": node.state.value,
-        "accelerator": node.accelerator_type,
-        "age_seconds": candidate.age_seconds,
-        "estimated_cost_usd": candidate.estimated_cost,
-        "source": candidate.source,
-        "live": candidate.live,
-    }
 
 
 def _print_plan(plan: SweepPlan) -> None:
@@ -155,66 +139,19 @@ def _teardown_verify(
                 shield(f"deleting {names}", manual=commands or None),
             ):
                 result = sweep(api, plan, journal=journal, timeout=timeout, notify=print_stderr)
-    _teardown_report(plan, result, declined, as_json)
-
-
-def _teardown_error(
-    plan: SweepPlan, result: SweepResult | None, declined: str
-) -> E.TeardownError | None:
-    """None when verified clean; otherwise the error naming every node that may remain."""
-    if result is not None:
-        if result.ok:
-            return None
-        leaked = result.leaked()
-        problems = [f"{c.node.name}: {err.message}" for c, err in result.failed]
-        errors = result.list_errors
-        if result.remaining:
-            problems.append("still listed: " + ", ".join(n.name for n in result.remaining))
-    else:
-        if plan.clean:
-            return None
-        leaked = [c.leaked() for c in [*plan.candidates, *plan.live]]
-        problems = [f"{len(leaked)} tpulab node(s) remain ({declined})"] if declined else []
-        if plan.live:
-            problems.append(f"{len(plan.live)} belong to runs still in progress")
-        errors = plan.list_errors
-    problems += [f"zone {zone} could not be listed ({message})" for zone, message in errors.items()]
-    return E.TeardownError(
-        "Teardown NOT confirmed, resources may still be billing: " + "; ".join(problems) + ".",
-        leaked,
-    )
+    _teardown_report(plan, result, declined, dry_run, as_json)
 
 
 def _teardown_report(
-    plan: SweepPlan, result: SweepResult | None, declined: str, as_json: bool
+    plan: SweepPlan, result: SweepResult | None, declined: str, dry_run: bool, as_json: bool
 ) -> None:
-    from tpulab.cleanup.sweep import sweep_command_for
-    from tpulab.evidence.report import envelope
+    from tpulab.cleanup.report import teardown_envelope, teardown_error
 
-    error = _teardown_error(plan, result, declined)
+    error = teardown_error(plan, result, declined)
     if as_json:
-        failures = result.failed if result else []
-        failed = [{"name": c.node.name, "error": e.message} for c, e in failures]
-        document = envelope(
-            "teardown",
-            ok=error is None,
-            dry_run=declined.startswith("dry run"),
-            project=plan.project,
-            target=plan.target,
-            zones=plan.zones,
-            run_id=plan.run_id,
-            found=[_candidate_json(c) for c in [*plan.candidates, *plan.live]],
-            deleted=[c.node.name for c in result.deleted] if result else [],
-            failed=failed,
-            remaining=[n.name for n in result.remaining] if result else None,
-            closed_journal_rows=result.closed_rows if result else [],
-            untouched_unlabelled=[n.name for n in plan.lookalikes],
-            list_errors=result.list_errors if result else plan.list_errors,
-            other_targets=[sweep_command_for(row) for row in plan.other_rows],
-            journal_error=plan.journal_error,
-            not_deleted_because=declined or None,
-            manual_commands=[n.manual_delete_command() for n in error.leaked] if error else [],
-            error=error_json(error) if error else None,
+        report = error_report(error) if error else None
+        document = teardown_envelope(
+            plan, result, declined, dry_run=dry_run, error=error, report=report
         )
         print_envelope(document, error)  # a TeardownError exits EXIT_TEARDOWN
         return
