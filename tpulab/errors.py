@@ -61,11 +61,11 @@ __all__ = [
     "TeardownError",
     "TpuBusyError",
     "TpuLabError",
-    "shown",
     "TransientError",
     "UnknownAcceleratorError",
     "UnsupportedAcceleratorError",
     "VerificationError",
+    "shown",
 ]
 
 
