@@ -190,3 +190,30 @@ def test_emulate_sweeps_the_embedded_emulators_state() -> None:
     assert _json(done).deleted == [orphan]
     with emulated_target(PROJECT) as target:
         assert target.emulator.node_names(PROJECT) == ["foreign"]
+
+
+def test_a_live_run_is_skipped_not_reported_as_billing(emulator: Emulator) -> None:
+    """A run still in progress here tears its own node down: skipping it is not a leak,
+    so no exit 6, no "may still be billing", no delete command for its node."""
+    api = GoogleTpuApi(PROJECT, api_endpoint=emulator.url)
+    name = "tpulab-live-cli"
+    Journal().open_run(
+        RunRow.for_this_process(  # this test process is the run's (live) owner
+            run_id="live-cli",
+            project=PROJECT,
+            zone=ZONE,
+            node_name=name,
+            accelerator="v5litepod-4",
+            target=target_for(emulator.url),
+            emulated=True,
+            phase="execute",
+        )
+    )
+    _create(api, name, tpulab_labels("live-cli"))
+    done = tpulab("teardown", "--verify", "--yes", "--api-endpoint", emulator.url,
+                  "--project", PROJECT)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "still in progress" in done.stdout
+    assert "billing" not in done.stdout + done.stderr
+    assert "gcloud compute tpus tpu-vm delete" not in done.stdout + done.stderr
+    assert emulator.node_names(PROJECT) == [name]  # left to its own run

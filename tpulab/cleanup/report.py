@@ -178,10 +178,8 @@ def teardown_error(
     else:
         if plan.clean:
             return None
-        leaked = [c.leaked() for c in [*plan.candidates, *plan.live]]
+        leaked = [c.leaked() for c in plan.candidates]
         problems = [f"{len(leaked)} tpulab node(s) remain ({declined})"] if declined else []
-        if plan.live:
-            problems.append(f"{len(plan.live)} belong to runs still in progress")
         errors = plan.list_errors
     problems += [f"zone {zone} could not be listed ({message})" for zone, message in errors.items()]
     return TeardownError(

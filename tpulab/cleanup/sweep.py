@@ -7,7 +7,8 @@ that was lost or corrupted). Rules (invariant 4 of DESIGN.md):
 
 - a node without tpulab's labels is never a candidate, whatever its name;
 - a run whose process is still alive on this machine is left to finish its own
-  teardown (unless the caller says otherwise), and is reported as remaining;
+  teardown (unless the caller says otherwise): its node is reported as live, not as
+  remaining -- its own teardown is running, so nothing is left unattended;
 - a journal row is closed only on evidence: its node was deleted and confirmed gone,
   or its zone was listed and no node carries its run label.
 
@@ -94,8 +95,8 @@ class SweepPlan:
 
     @property
     def clean(self) -> bool:
-        """Nothing to delete, nothing live, every zone listed."""
-        return not (self.candidates or self.live or self.list_errors)
+        """Nothing to delete and every zone listed (live runs delete their own nodes)."""
+        return not (self.candidates or self.list_errors)
 
 
 @dataclass
@@ -105,6 +106,7 @@ class SweepResult:
     failed: list[tuple[Candidate, TeardownError]] = field(default_factory=list)
     closed_rows: list[str] = field(default_factory=list)
     remaining: list[NodeInfo] = field(default_factory=list)  # from the final list
+    live: list[NodeInfo] = field(default_factory=list)  # listed, but a live run owns them
     list_errors: dict[str, str] = field(default_factory=dict)
     journal_warnings: list[str] = field(default_factory=list)
 
@@ -353,9 +355,10 @@ def sweep(
         detail = f"no node labelled tpulab-run={row.run_id} in {row.zone} (teardown --verify)"
         if _close(journal, row.run_id, detail, result.journal_warnings):
             result.closed_rows.append(row.run_id)
-    result.remaining, result.list_errors = verify_clean(
-        api, plan.zones, run_id=plan.run_id, sleep=sleep
-    )
+    listed, result.list_errors = verify_clean(api, plan.zones, run_id=plan.run_id, sleep=sleep)
+    owned = {(c.node.zone, c.node.name) for c in plan.live}
+    result.live = [node for node in listed if (node.zone, node.name) in owned]
+    result.remaining = [node for node in listed if (node.zone, node.name) not in owned]
     return result
 
 

@@ -57,6 +57,8 @@ def _print_plan(plan: SweepPlan) -> None:
             )
         console.print(table)
         console.print(f"Costs are estimates from list prices ({PRICE_DATE}).")
+    elif plan.list_errors:
+        console.print("No tpulab node found in the zones that could be listed.")
     else:
         console.print("No tpulab node found.")
     for c in plan.live:
@@ -165,7 +167,10 @@ def _teardown_report(
     if error is not None:
         report_error(error)
     scope = f" for run {plan.run_id}" if plan.run_id else ""
-    typer.echo(f"Verified: no tpulab node remains{scope} in {', '.join(plan.zones)}.")
+    live = ""
+    if plan.live:
+        live = f"; {len(plan.live)} node(s) of runs still in progress delete themselves"
+    typer.echo(f"Verified: no tpulab node remains{scope} in {', '.join(plan.zones)}{live}.")
 
 
 def teardown_command(
