@@ -31,7 +31,8 @@ __all__ = [
 
 
 _NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+# Documented TPU zones include "AI zones" such as us-central1-ai1a and us-south1-ai1b.
+_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$")
 # GCP label rules: keys start with a lowercase letter; both <= 63 of [a-z0-9_-].
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -116,7 +117,8 @@ def check_zone(zone: str) -> str:
     if not _ZONE.match(zone):
         raise ConfigError(
             f"Invalid zone {zone!r}.",
-            hint="A zone looks like us-central1-a (region, then a zone letter).",
+            hint="A zone looks like us-central1-a or us-central1-ai1a (region, then the "
+            "zone's suffix); see `gcloud compute tpus locations list`.",
         )
     return zone
 
