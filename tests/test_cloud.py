@@ -357,15 +357,16 @@ def test_missing_project_is_a_config_error() -> None:
         GoogleTpuApi("", api_endpoint="http://127.0.0.1:1")
 
 
+@pytest.mark.parametrize("endpoint", [None, "https://tpu.googleapis.com"])
 def test_google_path_without_credentials_is_a_config_error(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, endpoint: str | None
 ) -> None:
     # No ADC file, no key file, and no probing of the GCE metadata server.
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud"))
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
     monkeypatch.setenv("NO_GCE_CHECK", "True")
     with pytest.raises(E.ConfigError, match="credentials") as caught:
-        GoogleTpuApi("some-project")
+        GoogleTpuApi("some-project", api_endpoint=endpoint)
     assert caught.value.hint
     assert "application-default login" in caught.value.hint
 
