@@ -27,6 +27,16 @@ from tpulab.errors import ConfigError, UnknownAcceleratorError, UnsupportedAccel
 from tpulab.models import check_zone
 
 
+@pytest.fixture(autouse=True)
+def no_home_gcloud(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A HOME of our own: env={} must not read this machine's gcloud configuration."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("CLOUDSDK_CONFIG", raising=False)
+    return home
+
+
 def write_gcloud(root: Path, name: str, body: str, *, active: str | None = None) -> None:
     (root / "configurations").mkdir(parents=True, exist_ok=True)
     (root / "configurations" / f"config_{name}").write_text(body)
@@ -500,3 +510,16 @@ def test_verify_flags_are_validated_in_config(kwargs: dict[str, object], words: 
     flags.update(kwargs)
     with pytest.raises(ConfigError, match=words):
         local_verify_inputs(**flags)  # type: ignore[arg-type]
+
+
+def test_the_embedded_emulator_never_reads_a_real_configuration(no_home_gcloud: Path) -> None:
+    # A gcloud configuration (even a broken one) and env are a real project's, not
+    # the embedded emulator's: --emulate takes only its flags.
+    write_gcloud(no_home_gcloud / ".config" / "gcloud", "default", "[core]\nproject =\n")
+    env = {"TPULAB_ZONE": "bogus", "TPULAB_PROJECT": ""}
+    spec = build_run_spec(accelerator="v5litepod-4", emulate=True, env=env)
+    assert (spec.project.value, spec.zone.value) == (EMULATED_PROJECT, EMULATED_ZONE)
+    scope = list_scope(project=None, zones=[], emulate=True, api_endpoint=None, env=env)
+    assert (scope.project, scope.zones) == (EMULATED_PROJECT, [EMULATED_ZONE])
+    spec = build_run_spec(accelerator="v5litepod-4", emulate=True, zone="us-south1-ai1b", env=env)
+    assert (spec.zone.value, spec.zone.source) == ("us-south1-ai1b", "--zone")

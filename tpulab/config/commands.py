@@ -18,7 +18,15 @@ from typing import Literal
 
 from tpulab import catalog
 from tpulab.config.endpoint import Target, choose_target
-from tpulab.config.resolve import AdcProject, find_project, given, resolve_project, resolve_zones
+from tpulab.config.resolve import (
+    AdcProject,
+    find_project,
+    given,
+    project_flag,
+    resolve_project,
+    resolve_zones,
+    zone_flags,
+)
 from tpulab.config.spec import (
     EMULATED_PROJECT,
     EMULATED_ZONE,
@@ -128,10 +136,10 @@ def _scope(
     target = choose_target(emulate=emulate, api_endpoint=api_endpoint)
     if run_id is not None:
         check_run_id(run_id)
-    if target.emulate:
-        checked = resolve_zones(zones, env={}) or [EMULATED_ZONE]
-        found = find_project(project, env={})
-        return Scope(found.value if found else EMULATED_PROJECT, checked, target, run_id)
+    if target.emulate:  # only the flags: never a real project's configuration
+        found = project_flag(project)
+        name = found.value if found else EMULATED_PROJECT
+        return Scope(name, zone_flags(zones) or [EMULATED_ZONE], target, run_id)
     checked = resolve_zones(zones, env=env)
     if target.emulated:  # a local emulator: any project, and its default zone
         found = find_project(project, env=env)

@@ -35,9 +35,11 @@ __all__ = [
     "find_zone",
     "gcloud_config_value",
     "given",
+    "project_flag",
     "resolve_project",
     "resolve_zone",
     "resolve_zones",
+    "zone_flags",
 ]
 
 AdcProject = Callable[[], "str | None"]
@@ -129,6 +131,13 @@ def _first_env(env: Mapping[str, str], names: Sequence[str]) -> Resolved | None:
     return None
 
 
+def project_flag(flag: str | None) -> Resolved | None:
+    """--project alone, validated; None when it was not passed."""
+    if given(flag, "--project", hint="Pass a project id, or leave --project out.") is None:
+        return None
+    return _validated(Resolved(str(flag), "--project"), check_project)
+
+
 def find_project(
     flag: str | None = None,
     *,
@@ -137,10 +146,10 @@ def find_project(
 ) -> Resolved | None:
     """The first configured project, validated; None when no place names one."""
     env = os.environ if env is None else env
-    if given(flag, "--project", hint="Pass a project id, or leave --project out.") is not None:
-        found: Resolved | None = Resolved(str(flag), "--project")
-    else:
-        found = _first_env(env, _PROJECT_ENV) or gcloud_config_value("core", "project", env)
+    found = project_flag(flag)
+    if found is not None:
+        return found
+    found = _first_env(env, _PROJECT_ENV) or gcloud_config_value("core", "project", env)
     if found is None and adc_project is not None:
         project = adc_project()
         if project:
@@ -167,16 +176,21 @@ def resolve_project(
     return found
 
 
+def zone_flags(flags: Sequence[str]) -> list[str]:
+    """The --zone values (repeatable), each validated, duplicates dropped."""
+    zones = []
+    for zone in dict.fromkeys(flags):
+        given(zone, "--zone", hint="Pass a zone such as us-central1-a, or leave --zone out.")
+        zones.append(_validated(Resolved(zone, "--zone"), check_zone).value)
+    return zones
+
+
 def find_zone(flag: str | None = None, *, env: Mapping[str, str] | None = None) -> Resolved | None:
     """The first configured zone, validated; None when no place names one."""
     env = os.environ if env is None else env
-    if (
-        given(flag, "--zone", hint="Pass a zone such as us-central1-a, or leave --zone out.")
-        is not None
-    ):
-        found: Resolved | None = Resolved(str(flag), "--zone")
-    else:
-        found = _first_env(env, _ZONE_ENV) or gcloud_config_value("compute", "zone", env)
+    if flag is not None:
+        return Resolved(zone_flags([flag])[0], "--zone")
+    found = _first_env(env, _ZONE_ENV) or gcloud_config_value("compute", "zone", env)
     return None if found is None else _validated(found, check_zone)
 
 
@@ -196,10 +210,6 @@ def resolve_zones(flags: Sequence[str] = (), *, env: Mapping[str, str] | None = 
     """Zones for commands that scan (list, teardown): the flags (each validated), else the
     configured zone, else none (the caller decides whether the journal can supply some)."""
     if flags:
-        zones = []
-        for zone in dict.fromkeys(flags):
-            given(zone, "--zone", hint="Pass a zone such as us-central1-a, or leave --zone out.")
-            zones.append(_validated(Resolved(zone, "--zone"), check_zone).value)
-        return zones
+        return zone_flags(flags)
     found = find_zone(None, env=env)
     return [] if found is None else [found.value]

@@ -23,8 +23,10 @@ from tpulab.config.resolve import (
     find_project,
     find_zone,
     given,
+    project_flag,
     resolve_project,
     resolve_zone,
+    zone_flags,
 )
 from tpulab.errors import ConfigError
 from tpulab.models import check_node_name, check_run_id, tpulab_labels
@@ -173,9 +175,11 @@ def _project_and_zone(
     adc_project: AdcProject | None,
 ) -> tuple[Resolved, Resolved]:
     if target.emulate:
-        # The embedded emulator is this process's own: the environment is not asked.
-        proj = find_project(project, env={}) or Resolved(EMULATED_PROJECT, "emulator")
-        return proj, find_zone(zone, env={}) or Resolved(EMULATED_ZONE, "emulator")
+        # The embedded emulator is this process's own: only the flags are asked, never
+        # the environment or the gcloud configuration of a real project.
+        proj = project_flag(project) or Resolved(EMULATED_PROJECT, "emulator")
+        zn = Resolved(zone_flags([zone])[0], "--zone") if zone is not None else None
+        return proj, zn or Resolved(EMULATED_ZONE, "emulator")
     if target.emulated:
         proj = find_project(project, env=env) or Resolved(EMULATED_PROJECT, "emulator default")
         return proj, find_zone(zone, env=env) or Resolved(EMULATED_ZONE, "emulator default")
