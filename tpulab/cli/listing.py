@@ -12,7 +12,7 @@ import typer
 
 from tpulab.cli._console import age_text, cost_text, print_json, print_stderr, table_console
 from tpulab.cli._exit import json_or_guarded
-from tpulab.cli._target import api_context
+from tpulab.cli._target import adc_project, api_context
 
 if TYPE_CHECKING:
     from tpulab.cleanup.listing import Listing
@@ -72,7 +72,13 @@ def _list(
     from tpulab.cleanup.listing import list_nodes
     from tpulab.config import list_scope
 
-    scope = list_scope(project=project, zones=zones, emulate=emulate, api_endpoint=api_endpoint)
+    scope = list_scope(
+        project=project,
+        zones=zones,
+        emulate=emulate,
+        api_endpoint=api_endpoint,
+        adc_project=adc_project,
+    )
     with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
         listing = list_nodes(api, scope.zones, include_all=include_all)
     view = journal_view(
