@@ -41,7 +41,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from tpulab.cleanup.report import TeardownEnvelope
-    from tpulab.config import Mode, RunSpec
+    from tpulab.config import RunSpec
     from tpulab.errors import TpuLabError
     from tpulab.evidence.store import KeptCheck
     from tpulab.run.lifecycle import RunOutcome
@@ -116,22 +116,16 @@ def run_tpu(
                 "tpulab.run_tpu() needs a spec or an accelerator.",
                 hint='e.g. tpulab.run_tpu(accelerator="v5litepod-4", emulate=True)',
             )
-        if emulate and api_endpoint:
-            raise ConfigError(
-                "emulate and api_endpoint exclude each other.",
-                hint="emulate=True starts an emulator in this process; api_endpoint uses one "
-                "served by `tpulab emulator serve`.",
-            )
-        mode: Mode = "emulate" if emulate else "endpoint" if api_endpoint else "google"
+        # build_run_spec validates everything, the emulate/api_endpoint conflict included.
         spec = build_run_spec(
             accelerator=accelerator,
-            mode=mode,
+            emulate=emulate,
+            api_endpoint=api_endpoint,
             project=project,
             zone=zone,
             name=name,
             spot=spot,
-            api_endpoint=api_endpoint,
-            adc_project=_adc_project if mode == "google" else None,
+            adc_project=_adc_project,
         )
     elif any(
         value not in (None, False)
@@ -192,30 +186,34 @@ def sweep(
     `--json` prints; raises TeardownError unless no tpulab node remains in scope (with
     `check=False` the report says so in `ok`, `error` and `manual_commands` instead).
     """
-    from tpulab.cleanup.journal import Journal
+    from tpulab.cleanup.journal import Journal, target_for
     from tpulab.cleanup.report import teardown_envelope, teardown_error
-    from tpulab.cleanup.sweep import find_orphans, resolve_scope
+    from tpulab.cleanup.sweep import find_orphans
     from tpulab.cleanup.sweep import sweep as sweep_plan
     from tpulab.cli._exit import EXIT_TEARDOWN, error_report
     from tpulab.cli._target import api_context
+    from tpulab.config import teardown_inputs
     from tpulab.run.signals import shield, signals_to_teardown
 
-    scope = resolve_scope(
+    inputs = teardown_inputs(
+        verify=True,
         project=project,
         zones=list(zones),
         emulate=emulate,
         api_endpoint=api_endpoint,
         run_id=run_id,
+        timeout=timeout,
         adc_project=_adc_project,
     )
+    scope, timeout = inputs.scope, inputs.timeout
     journal = Journal()
     result = None
     with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
         plan = find_orphans(
             api,
-            target=scope.target,
+            target=target_for(scope.api_endpoint, embedded_emulator=scope.emulate),
             zones=scope.zones,
-            run_id=run_id,
+            run_id=scope.run_id,
             journal=journal,
             include_live=include_live,
         )

@@ -166,41 +166,30 @@ def run_command(
     """
 
     def action() -> None:
-        from tpulab.config import build_run_spec
+        from tpulab.config import run_inputs
 
-        if installer not in ("uv", "pip"):
-            raise E.ConfigError(f"Unknown installer {installer!r}.", hint="Use uv or pip.")
-        if ssh_backend not in ("embedded", "openssh"):
-            raise E.ConfigError(
-                f"Unknown SSH backend {ssh_backend!r}.", hint="Use embedded or openssh."
-            )
-        if emulate and api_endpoint:
-            raise E.ConfigError(
-                "--emulate and --api-endpoint exclude each other.",
-                hint="--emulate starts an emulator in this process; --api-endpoint uses one "
-                "served by `tpulab emulator serve`.",
-            )
-        from tpulab.config import Timeouts
-
-        spec = build_run_spec(
-            timeouts=Timeouts(teardown=teardown_timeout),
+        inputs = run_inputs(
             accelerator=accelerator,
-            mode="emulate" if emulate else "endpoint" if api_endpoint else "google",
+            emulate=emulate,
+            api_endpoint=api_endpoint,
             project=project,
             zone=zone,
             name=name,
             spot=spot,
-            api_endpoint=api_endpoint,
-            payload_timeout=timeout,
+            timeout=timeout,
+            teardown_timeout=teardown_timeout,
+            installer=installer,
+            ssh_backend=ssh_backend,
             adc_project=None if dry_run else adc_project,
         )
+        spec = inputs.spec
         if dry_run:
-            _run_dry(spec, installer, as_json)
+            _run_dry(spec, inputs.installer, as_json)
             return
         _run(
             spec=spec,
-            ssh_backend=ssh_backend,
-            installer=installer,
+            ssh_backend=inputs.ssh_backend,
+            installer=inputs.installer,
             as_json=as_json,
             verbose=verbose,
         )

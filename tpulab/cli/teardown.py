@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tpulab import errors as E
 from tpulab.cli._console import age_text, cost_text, print_stderr, table_console
 from tpulab.cli._exit import (
     EXIT_TEARDOWN,
@@ -87,6 +86,7 @@ def _print_plan(plan: SweepPlan) -> None:
 
 def _teardown_verify(
     *,
+    verify: bool,
     zones: list[str],
     run_id: str | None,
     yes: bool,
@@ -98,29 +98,31 @@ def _teardown_verify(
     include_live: bool,
     timeout: float,
 ) -> None:
-    from tpulab.cleanup.journal import Journal
-    from tpulab.cleanup.sweep import find_orphans, resolve_scope, sweep
+    from tpulab.cleanup.journal import Journal, target_for
+    from tpulab.cleanup.sweep import find_orphans, sweep
+    from tpulab.config import teardown_inputs
     from tpulab.run.signals import shield, signals_to_teardown
 
-    if not 0 < timeout <= 86400:
-        raise E.ConfigError(f"--timeout {timeout:g} is out of range.", hint="Use 1 to 86400 s.")
-    scope = resolve_scope(
+    inputs = teardown_inputs(
+        verify=verify,
         project=project,
         zones=zones,
         emulate=emulate,
         api_endpoint=api_endpoint,
         run_id=run_id,
+        timeout=timeout,
         adc_project=adc_project,
     )
+    scope, timeout = inputs.scope, inputs.timeout
     journal = Journal()
     result: SweepResult | None = None
     declined = ""
     with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
         plan = find_orphans(
             api,
-            target=scope.target,
+            target=target_for(scope.api_endpoint, embedded_emulator=scope.emulate),
             zones=scope.zones,
-            run_id=run_id,
+            run_id=scope.run_id,
             journal=journal,
             include_live=include_live,
         )
@@ -218,12 +220,8 @@ def teardown_command(
     """
 
     def action() -> None:
-        if not verify:
-            raise E.ConfigError(
-                "teardown needs --verify.",
-                hint="Run `tpulab teardown --verify` (add --dry-run to only look).",
-            )
         _teardown_verify(
+            verify=verify,
             zones=list(zone or []),
             run_id=run_id,
             yes=yes,

@@ -10,78 +10,47 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tpulab import errors as E
 from tpulab.cli._console import print_lines
 from tpulab.cli._exit import error_json, json_or_guarded, print_envelope
 
 if TYPE_CHECKING:
+    from tpulab.config import LocalVerifyInputs
     from tpulab.evidence.receipt import Expectation
 
 __all__ = ["verify_command"]
 
-_LOCAL_MAX_DEVICES = 64
 _DEFAULT_LOCAL_DEVICES = 4
 
 
-def _local_expectation(
-    accelerator: str | None, devices: int | None, expect_platform: str | None
-) -> tuple[Expectation, str]:
+def _local_expectation(inputs: LocalVerifyInputs) -> tuple[Expectation, str]:
     from tpulab.evidence.localrun import new_nonce
-    from tpulab.evidence.receipt import PLATFORMS, Expectation, expectation_for
+    from tpulab.evidence.receipt import Expectation, expectation_for
 
-    if accelerator is not None and devices is not None:
-        raise E.ConfigError(
-            "--accelerator and --devices both set the device count.",
-            hint="Give one: --accelerator v5litepod-4, or --devices 4.",
-        )
-    if expect_platform is not None and expect_platform not in PLATFORMS:
-        raise E.ConfigError(
-            f"Unknown platform {expect_platform!r} for --expect-platform.",
-            hint="Use one of: " + ", ".join(PLATFORMS),
-        )
-    if devices is not None and not 1 <= devices <= _LOCAL_MAX_DEVICES:
-        raise E.ConfigError(
-            f"--devices {devices} is out of range for a local run.",
-            hint=f"Use 1 to {_LOCAL_MAX_DEVICES} devices.",
-        )
     nonce = new_nonce()
-    if accelerator is not None:
-        if expect_platform == "gpu":
-            raise E.ConfigError(
-                f"{accelerator} is a TPU; it cannot be expected on gpu.",
-                hint="Use --expect-platform tpu, or cpu to emulate it (the default).",
-            )
+    if inputs.accelerator is not None:
         # Locally, an accelerator is emulated on CPU unless the user insists on the
         # real TPU backend, which must then be present.
-        emulated = expect_platform in (None, "cpu")
-        return expectation_for(accelerator, emulated=emulated, nonce=nonce), nonce
-    platform = expect_platform or "cpu"
-    count = devices if devices is not None else _DEFAULT_LOCAL_DEVICES
+        emulated = inputs.expect_platform in (None, "cpu")
+        return expectation_for(inputs.accelerator, emulated=emulated, nonce=nonce), nonce
+    platform = inputs.expect_platform or "cpu"
+    count = inputs.devices if inputs.devices is not None else _DEFAULT_LOCAL_DEVICES
     return Expectation(platform=platform, local_devices=count, nonce=nonce), nonce
 
 
-def _verify_local(
-    accelerator: str | None,
-    devices: int | None,
-    expect_platform: str | None,
-    timeout: float,
-    as_json: bool,
-) -> None:
+def _verify_local(inputs: LocalVerifyInputs, as_json: bool) -> None:
     import json
 
     from tpulab.evidence import report as render
     from tpulab.evidence.localrun import run_local_payload
     from tpulab.evidence.store import check_and_keep
 
-    expectation, nonce = _local_expectation(accelerator, devices, expect_platform)
-    if timeout <= 0:
-        raise E.ConfigError(f"--timeout {timeout:g} must be positive.", hint="Try 300.")
+    expectation, nonce = _local_expectation(inputs)
     result = run_local_payload(
         devices=expectation.local_devices,
         platform=expectation.platform,
         nonce=nonce,
         emulated=expectation.emulated,
-        timeout=timeout,
+        timeout=inputs.timeout,
     )
     checked = check_and_keep(
         result.raw,
@@ -158,12 +127,15 @@ def verify_command(
     """Run the verifier payload locally and check its receipt (the CPU reference run)."""
 
     def action() -> None:
-        if not local:
-            raise E.ConfigError(
-                "Only local verification is a separate command: pass --local.",
-                hint="Remote verification is `tpulab run --accelerator TYPE`, which checks "
-                "the receipt on the TPU VM before deleting it.",
-            )
-        _verify_local(accelerator, devices, expect_platform, timeout, as_json)
+        from tpulab.config import local_verify_inputs
+
+        inputs = local_verify_inputs(
+            local=local,
+            accelerator=accelerator,
+            devices=devices,
+            expect_platform=expect_platform,
+            timeout=timeout,
+        )
+        _verify_local(inputs, as_json)
 
     json_or_guarded("verify", as_json, action)

@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 from tpulab.cloud.api import TpuApi
 from tpulab.cloud.classify import HTTP_STATUS, RPC_STATUS, error_for_status, hint_for
 from tpulab.cloud.polling import Backoff, poll_until
+from tpulab.config.endpoint import classify_endpoint
 from tpulab.errors import (
     ConfigError,
     PermissionDeniedError,
@@ -28,7 +28,7 @@ from tpulab.errors import (
 )
 from tpulab.models import NodeInfo, NodeRequest, NodeState
 
-__all__ = ["GoogleTpuApi", "TpuApi", "adc_project", "error_for_status", "is_local_endpoint"]
+__all__ = ["GoogleTpuApi", "TpuApi", "adc_project", "error_for_status"]
 
 T = TypeVar("T")
 
@@ -47,14 +47,6 @@ def adc_project() -> str | None:
     except auth_exceptions.DefaultCredentialsError:
         return None
     return str(project) if project else None
-
-
-def is_local_endpoint(api_endpoint: str | None) -> bool:
-    """True for an endpoint on this machine (the emulator), which gets no credentials."""
-    if not api_endpoint:
-        return False
-    host = urlsplit(api_endpoint if "//" in api_endpoint else f"//{api_endpoint}").hostname
-    return host in {"127.0.0.1", "localhost", "::1"}
 
 
 def _translate(error: Exception, what: str, endpoint: str) -> Exception:
@@ -131,11 +123,13 @@ class GoogleTpuApi:
     """`TpuApi` over `google.cloud.tpu_v2.TpuClient` (REST), for Google or an emulator.
 
     `api_endpoint` is None for Google, or a URL such as `http://127.0.0.1:8470` for a
-    local endpoint (anonymous credentials; the REST transport keeps an explicit
-    `http://` scheme). Idempotent calls (get, list, guest attributes, operation get) are
-    retried on TransientError up to `retries` times; create and delete are not, since a
-    lost reply could otherwise create twice. `poll` makes the operation-polling schedule
-    (default: about 1 s growing with jitter to 10 s; faster for a local endpoint).
+    local endpoint (the REST transport keeps an explicit `http://` scheme). Application
+    Default Credentials are attached only where `classify_endpoint` says so (Google over
+    https); every other endpoint is called anonymously unless `credentials` are passed.
+    Idempotent calls (get, list, guest attributes, operation get) are retried on
+    TransientError up to `retries` times; create and delete are not, since a lost reply
+    could otherwise create twice. `poll` makes the operation-polling schedule (default:
+    about 1 s growing with jitter to 10 s; faster for a local endpoint).
     """
 
     def __init__(
@@ -169,7 +163,8 @@ class GoogleTpuApi:
         self._list_page_size = list_page_size
         self._calls = 0
         self._calls_lock = threading.Lock()  # `tpulab list` lists zones concurrently
-        local = is_local_endpoint(api_endpoint)
+        endpoint = classify_endpoint(api_endpoint)  # the one rule; ConfigError if malformed
+        local = endpoint.is_loopback
         if poll is not None:
             self._poll = poll
         elif local:
@@ -183,7 +178,9 @@ class GoogleTpuApi:
         )
         self._endpoint_text = api_endpoint or "tpu.googleapis.com"
         if credentials is None:
-            credentials = self._anonymous() if local else self._default_credentials()
+            credentials = (
+                self._default_credentials() if endpoint.sends_credentials else self._anonymous()
+            )
         options = ClientOptions(api_endpoint=api_endpoint) if api_endpoint else None
         self._client = tpu_v2.TpuClient(
             credentials=credentials, transport="rest", client_options=options

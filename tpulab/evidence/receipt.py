@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tpulab import catalog
 from tpulab.errors import ConfigError, RequirementFailure, VerificationError
+from tpulab.models import PLATFORMS
 
 __all__ = [
     "MAX_RECEIPT_BYTES",
@@ -55,7 +56,6 @@ __all__ = [
 
 MAX_RECEIPT_BYTES = 1024 * 1024
 Platform = Literal["cpu", "tpu", "gpu"]
-PLATFORMS: tuple[str, ...] = ("cpu", "tpu", "gpu")
 _ROW_WIDTH = 8
 _MAX_SCHEMA_PROBLEMS = 20
 
