@@ -71,7 +71,9 @@ _EXIT_FOR_ERROR: tuple[tuple[type[E.TpuLabError], int], ...] = (
     (E.CloudError, EXIT_CLOUD),
     (E.RemoteError, EXIT_REMOTE),
     (E.VerificationError, EXIT_VERIFY),
+    (E.LocalRunError, EXIT_VERIFY),  # verify --local got no receipt: nothing verified
     (E.JournalError, EXIT_LOCAL_STATE),
+    (E.ReceiptStoreError, EXIT_LOCAL_STATE),
 )
 
 T = TypeVar("T")
@@ -93,7 +95,7 @@ def report_error(error: E.TpuLabError) -> NoReturn:
         lines.append(f"  API said: {escape(error.api_message)}")
     if isinstance(error, E.VerificationError):
         lines.extend(f"  - {escape(str(failure))}" for failure in error.failures)
-    if isinstance(error, E.CommandFailedError) and error.output_tail:
+    if isinstance(error, (E.CommandFailedError, E.LocalRunError)) and error.output_tail:
         lines.append("  last output:\n" + escape(error.output_tail))
     if error.hint:
         lines.append(f"[yellow]hint:[/] {escape(error.hint)}")
