@@ -6,16 +6,22 @@ and picks the exit status. Imports stay inside the functions so --help stays lig
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tpulab import errors as E
 from tpulab.cli._console import print_lines
-from tpulab.cli._exit import error_json, json_or_guarded, print_envelope
+from tpulab.cli._exit import guarded
 
 if TYPE_CHECKING:
+    from tpulab.envelope import Envelope
+    from tpulab.evidence.judge import Judgement
+    from tpulab.evidence.localrun import LocalRunResult
     from tpulab.evidence.receipt import Expectation
+    from tpulab.evidence.report import VerifyEnvelope
+    from tpulab.evidence.store import KeptReceipt
 
 __all__ = ["verify_command"]
 
@@ -60,22 +66,29 @@ def _local_expectation(
     return Expectation(platform=platform, local_devices=count, nonce=nonce), nonce
 
 
-def _verify_local(
-    accelerator: str | None,
-    devices: int | None,
-    expect_platform: str | None,
-    timeout: float,
-    as_json: bool,
-) -> None:
-    import json
+@dataclass(frozen=True)
+class _LocalVerification:
+    """One local payload run, judged and kept; `failure` is None when it verified."""
 
-    from tpulab.evidence import report as render
+    expectation: Expectation
+    result: LocalRunResult
+    judgement: Judgement
+    kept: KeptReceipt
+    failure: E.TpuLabError | None
+
+
+def _verify_local(
+    accelerator: str | None, devices: int | None, expect_platform: str | None, timeout: float
+) -> _LocalVerification:
+    from tpulab.evidence.judge import failure_of, judge
     from tpulab.evidence.localrun import run_local_payload
-    from tpulab.evidence.store import check_and_keep
+    from tpulab.evidence.store import Provenance, ReceiptStore, Source
 
     expectation, nonce = _local_expectation(accelerator, devices, expect_platform)
     if timeout <= 0:
         raise E.ConfigError(f"--timeout {timeout:g} must be positive.", hint="Try 300.")
+    store = ReceiptStore()
+    store.check_writable()  # before the payload runs: its receipt must have a home
     result = run_local_payload(
         devices=expectation.local_devices,
         platform=expectation.platform,
@@ -83,45 +96,61 @@ def _verify_local(
         emulated=expectation.emulated,
         timeout=timeout,
     )
-    checked = check_and_keep(
-        result.raw,
+    judgement = judge(result.raw, expectation)
+    provenance = Provenance(
+        source=Source.VERIFY,
+        accelerator_type=expectation.accelerator_type,
+        emulated=expectation.emulated,
+        payload_exit_status=result.exit_status,
+        duration_s=round(result.duration, 3),
+    )
+    kept = store.keep(result.raw, expectation, judgement, provenance)
+    failure = failure_of(
+        judgement,
         expectation,
-        source="local",
-        extra_meta={
-            "payload_exit_status": result.exit_status,
-            "duration_s": round(result.duration, 3),
-        },
+        payload_exit=result.exit_status,
+        output=result.stderr_tail.splitlines(),
+        where="local",
     )
-    receipt, results, kept = checked.receipt, checked.results, checked.stored
-    if receipt is None:  # unreadable bytes: kept, and there is nothing to report on
-        assert checked.error is not None
-        raise checked.error
-    if as_json:
-        document = render.envelope(
-            "verify",
-            ok=checked.verified,
-            verdict=kept.verdict,
-            expectation=expectation.to_dict(),
-            requirements=[r.to_dict() for r in results],
-            receipt_id=kept.id,
-            receipt_path=str(kept.path),
-            payload={"exit_status": result.exit_status, "duration_s": result.duration},
-            receipt=json.loads(result.raw),
-            error=error_json(checked.error) if checked.error else None,
-        )
-        print_envelope(document, checked.error)
-        return
-    title = f"tpulab verify --local: {expectation.describe()}"
-    print_lines(
-        [
-            [(title, "bold")],
-            *render.receipt_lines(receipt, expectation),
-            *render.requirement_lines(results),
-            render.verdict_line(results, expectation),
-            *render.stored_lines(kept),
-        ]
+    if failure is not None and judgement.receipt is None:
+        failure.hint = f"{failure.hint or ''} The bytes are kept as {kept.id}.".strip()
+    return _LocalVerification(expectation, result, judgement, kept, failure)
+
+
+def _print_report(done: _LocalVerification) -> None:
+    from tpulab.evidence import report as render
+
+    expectation, judgement = done.expectation, done.judgement
+    lines = [[(f"tpulab verify --local: {expectation.describe()}", "bold")]]
+    if judgement.receipt is not None:
+        lines += render.receipt_lines(judgement.receipt, expectation)
+    lines += [
+        *render.requirement_lines(judgement.requirements),
+        render.verdict_line(judgement, expectation),
+        *render.stored_lines(done.kept),
+    ]
+    print_lines(lines)
+    if done.failure is not None:
+        raise done.failure
+
+
+def _envelope(done: _LocalVerification) -> VerifyEnvelope:
+    from tpulab.cli.receipts import error_report
+    from tpulab.evidence import report as render
+
+    return render.VerifyEnvelope(
+        ok=done.failure is None,
+        error=error_report(done.failure) if done.failure else None,
+        verdict=done.judgement.verdict,
+        expectation=done.expectation,
+        judgement=done.judgement,
+        receipt_id=done.kept.id,
+        receipt_path=str(done.kept.path),
+        payload=render.LocalPayload(
+            exit_status=done.result.exit_status, duration_s=round(done.result.duration, 3)
+        ),
+        receipt=render.receipt_document(done.result.raw),
     )
-    checked.raise_for_failure()
 
 
 def verify_command(
@@ -157,13 +186,23 @@ def verify_command(
 ) -> None:
     """Run the verifier payload locally and check its receipt (the CPU reference run)."""
 
-    def action() -> None:
+    def verified() -> _LocalVerification:
         if not local:
             raise E.ConfigError(
                 "Only local verification is a separate command: pass --local.",
                 hint="Remote verification is `tpulab run --accelerator TYPE`, which checks "
                 "the receipt on the TPU VM before deleting it.",
             )
-        _verify_local(accelerator, devices, expect_platform, timeout, as_json)
+        return _verify_local(accelerator, devices, expect_platform, timeout)
 
-    json_or_guarded("verify", as_json, action)
+    if not as_json:
+        guarded(lambda: _print_report(verified()))
+        return
+    from tpulab.cli.receipts import emit_envelope
+    from tpulab.evidence.report import VerifyEnvelope
+
+    def build() -> tuple[Envelope, E.TpuLabError | None]:
+        done = verified()
+        return _envelope(done), done.failure
+
+    emit_envelope(build, lambda error: VerifyEnvelope(ok=False, error=error))

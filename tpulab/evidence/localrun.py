@@ -2,7 +2,8 @@
 
 A fresh process is the point: JAX fixes its platform and device count when it first
 initialises, so the reference run must not share an interpreter with tpulab (which also
-keeps jax out of tpulab's own imports).
+keeps jax out of tpulab's own imports). Its failures are LocalRunError: nothing here
+ran on a VM.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpulab import paths
-from tpulab.errors import CommandFailedError, RemoteTimeoutError
+from tpulab.errors import LocalRunError
+from tpulab.evidence.judge import payload_failure
 from tpulab.evidence.receipt import MAX_RECEIPT_BYTES, read_receipt_file
 from tpulab.remote.payload import extract_receipt_line, merged_env, payload_command
 
@@ -59,8 +61,8 @@ def run_local_payload(
     """Run the payload with JAX_PLATFORMS=`platform` and `devices` forced on CPU.
 
     Returns the receipt even when the payload exits non-zero (a failed run still writes
-    one that names its error). Raises RemoteTimeoutError past `timeout`, and
-    CommandFailedError when the payload produced no receipt at all.
+    one that names its error). Raises LocalRunError when the payload cannot start, runs
+    past `timeout` or produces no receipt at all.
     """
     nonce = nonce or new_nonce()
     script = payload or paths.payload_path()
@@ -76,12 +78,14 @@ def run_local_payload(
                 argv, env=env, capture_output=True, timeout=timeout, check=False, cwd=scratch
             )
         except subprocess.TimeoutExpired as expired:
-            raise RemoteTimeoutError(
+            raise LocalRunError(
                 f"The local payload ran past {timeout:g} s and was stopped.",
+                exit_status=-1,
+                output_tail=_tail(expired.stderr or b""),
                 hint="JAX may be stuck initialising; rerun with more time or fewer devices.",
             ) from expired
         except OSError as error:
-            raise CommandFailedError(
+            raise LocalRunError(
                 f"Cannot start the payload with {python}: {error.strerror or error}.",
                 exit_status=127,
                 hint="Point --python at an interpreter that has jax and numpy installed.",
@@ -94,11 +98,12 @@ def run_local_payload(
             # read-only scratch directory.
             raw = extract_receipt_line(done.stdout) or b""
     if not raw:
-        raise CommandFailedError(
-            f"The payload exited with status {done.returncode} and wrote no receipt.",
+        raise payload_failure(
+            "wrote no receipt",
+            "see its stderr",
             exit_status=done.returncode,
-            output_tail=_tail(done.stderr),
-            hint="Its stderr is shown above; the interpreter may lack jax.",
+            output=_tail(done.stderr).splitlines(),
+            where="local",
         )
     return LocalRunResult(
         raw=raw,

@@ -169,9 +169,10 @@ def summary_lines(outcome: RunOutcome) -> list[Line]:
                 (f"jax {versions.get('jax')}, python {versions.get('python')}", ""),
             ]
         )
-    verdict = outcome.verdict or "not collected"
-    style = "bold green" if verdict == "verified" else "bold red"
-    lines.append([("  receipt   ", "dim"), (verdict.upper(), style)])
+    verdict = outcome.verdict
+    style = "bold green" if outcome.judgement and outcome.judgement.verified else "bold red"
+    shown = str(verdict).upper() if verdict else "NOT COLLECTED"
+    lines.append([("  receipt   ", "dim"), (shown, style)])
     if outcome.per_device_sums:
         total = f"{outcome.observed_total:g}" if outcome.observed_total is not None else "?"
         lines.append(
