@@ -4,7 +4,6 @@ store spoils only its own entry (issue 10 #5). Real CLI, real receipts, real fil
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from receipt_runs import real_run
@@ -149,13 +148,13 @@ def test_an_unreadable_receipts_directory_is_an_error_not_an_empty_list(as_json:
         assert "Cannot read the receipts directory" in err
 
 
-def test_verify_local_refuses_an_unwritable_store_before_running_the_payload(
-    tmp_path: Path,
-) -> None:
+def test_verify_local_refuses_an_unwritable_store_before_running_the_payload() -> None:
     where = paths.receipts_dir()
     where.parent.mkdir(parents=True, exist_ok=True)
     where.write_text("a file where the receipts directory should be")
-    status, out, err = tpulab("verify", "--local", "--devices", "1")
-    assert status == EXIT_LOCAL_STATE
+    # A payload that started would be stopped by this timeout (exit 5, "ran past"); the
+    # store's probe must answer first.
+    status, _out, err = tpulab("verify", "--local", "--devices", "1", "--timeout", "0.001")
+    assert status == EXIT_LOCAL_STATE, err
     assert "Cannot keep receipts" in err
-    assert "requirements" not in out  # the payload never ran
+    assert "ran past" not in err
