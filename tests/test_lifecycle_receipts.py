@@ -47,7 +47,7 @@ def test_a_run_keeps_its_receipt_with_its_provenance(embedded_rig: Rig) -> None:
     assert kept.record is not None
     origin = kept.record.provenance
     assert origin.source is Source.RUN
-    assert (origin.run_id, origin.node, origin.zone) == (
+    assert (origin.run_id, origin.node_name, origin.zone) == (
         spec.run_id,
         spec.node_name,
         spec.zone.value,

@@ -78,7 +78,7 @@ def test_keep_stores_bytes_exactly_with_one_versioned_record(
     provenance = Provenance(
         source=Source.RUN,
         run_id="run-1",
-        node="tpulab-run-1",
+        node_name="tpulab-run-1",
         project="p",
         zone="us-central1-a",
         accelerator_type="v5litepod-4",

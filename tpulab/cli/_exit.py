@@ -29,7 +29,6 @@ __all__ = [
     "EXIT_REMOTE",
     "EXIT_TEARDOWN",
     "EXIT_VERIFY",
-    "error_json",
     "error_report",
     "exit_status_for",
     "guarded",
@@ -116,12 +115,6 @@ def error_report(error: E.TpuLabError) -> ErrorReport:
     from tpulab.envelope import ErrorReport
 
     return ErrorReport.from_error(error, exit_status=exit_status_for(error))
-
-
-def error_json(error: E.TpuLabError) -> dict[str, object]:
-    """`error_report` as a plain dict, for the commands whose envelope is still a dict
-    (receipts, verify); it goes when they print `Envelope` models too."""
-    return error_report(error).model_dump(mode="json")
 
 
 def print_envelope(

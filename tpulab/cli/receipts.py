@@ -15,24 +15,17 @@ import typer
 
 from tpulab import errors as E
 from tpulab.cli._console import print_lines
-from tpulab.cli._exit import error_json, guarded
+from tpulab.cli._exit import error_report, guarded, print_envelope
 
 if TYPE_CHECKING:
     from tpulab.envelope import Envelope, ErrorReport
 
-__all__ = ["emit_envelope", "error_report", "receipts_app"]
+__all__ = ["emit_envelope", "receipts_app"]
 
 receipts_app = typer.Typer(
     help="Receipts kept on this machine (every verify and run keeps one).",
     no_args_is_help=False,
 )
-
-
-def error_report(error: E.TpuLabError) -> ErrorReport:
-    """An error as the typed `error` member of an Envelope."""
-    from tpulab.envelope import ErrorReport
-
-    return ErrorReport.model_validate({**error_json(error), "hint": error.hint or ""})
 
 
 def emit_envelope(
@@ -41,15 +34,11 @@ def emit_envelope(
 ) -> None:
     """Print the Envelope `build` returns, or the `failed` one when it raises; exit with
     the failure's status (from the table in cli._exit) when there is one."""
-    from tpulab.cli._exit import exit_status_for
-
     try:
         document, failure = build()
     except E.TpuLabError as error:
         document, failure = failed(error_report(error)), error
-    typer.echo(document.to_json())
-    if failure is not None:
-        raise typer.Exit(exit_status_for(failure))
+    print_envelope(document, failure)
 
 
 def _receipts_list(as_json: bool) -> None:

@@ -6,22 +6,19 @@ and picks the exit status. Imports stay inside the functions so --help stays lig
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tpulab import errors as E
 from tpulab.cli._console import print_lines
-from tpulab.cli._exit import guarded
+from tpulab.cli._exit import error_report, guarded
 
 if TYPE_CHECKING:
     from tpulab.envelope import Envelope
-    from tpulab.evidence.judge import Judgement
-    from tpulab.evidence.localrun import LocalRunResult
+    from tpulab.evidence.localrun import LocalVerification
     from tpulab.evidence.receipt import Expectation
     from tpulab.evidence.report import VerifyEnvelope
-    from tpulab.evidence.store import KeptReceipt
 
 __all__ = ["verify_command"]
 
@@ -31,7 +28,7 @@ _DEFAULT_LOCAL_DEVICES = 4
 
 def _local_expectation(
     accelerator: str | None, devices: int | None, expect_platform: str | None
-) -> tuple[Expectation, str]:
+) -> Expectation:
     from tpulab.evidence.localrun import new_nonce
     from tpulab.evidence.receipt import PLATFORMS, Expectation, expectation_for
 
@@ -60,64 +57,24 @@ def _local_expectation(
         # Locally, an accelerator is emulated on CPU unless the user insists on the
         # real TPU backend, which must then be present.
         emulated = expect_platform in (None, "cpu")
-        return expectation_for(accelerator, emulated=emulated, nonce=nonce), nonce
+        return expectation_for(accelerator, emulated=emulated, nonce=nonce)
     platform = expect_platform or "cpu"
     count = devices if devices is not None else _DEFAULT_LOCAL_DEVICES
-    return Expectation(platform=platform, local_devices=count, nonce=nonce), nonce
-
-
-@dataclass(frozen=True)
-class _LocalVerification:
-    """One local payload run, judged and kept; `failure` is None when it verified."""
-
-    expectation: Expectation
-    result: LocalRunResult
-    judgement: Judgement
-    kept: KeptReceipt
-    failure: E.TpuLabError | None
+    return Expectation(platform=platform, local_devices=count, nonce=nonce)
 
 
 def _verify_local(
     accelerator: str | None, devices: int | None, expect_platform: str | None, timeout: float
-) -> _LocalVerification:
-    from tpulab.evidence.judge import failure_of, judge
-    from tpulab.evidence.localrun import run_local_payload
-    from tpulab.evidence.store import Provenance, ReceiptStore, Source
+) -> LocalVerification:
+    from tpulab.evidence.localrun import verify_local
 
-    expectation, nonce = _local_expectation(accelerator, devices, expect_platform)
+    expectation = _local_expectation(accelerator, devices, expect_platform)
     if timeout <= 0:
         raise E.ConfigError(f"--timeout {timeout:g} must be positive.", hint="Try 300.")
-    store = ReceiptStore()
-    store.check_writable()  # before the payload runs: its receipt must have a home
-    result = run_local_payload(
-        devices=expectation.local_devices,
-        platform=expectation.platform,
-        nonce=nonce,
-        emulated=expectation.emulated,
-        timeout=timeout,
-    )
-    judgement = judge(result.raw, expectation)
-    provenance = Provenance(
-        source=Source.VERIFY,
-        accelerator_type=expectation.accelerator_type,
-        emulated=expectation.emulated,
-        payload_exit_status=result.exit_status,
-        duration_s=round(result.duration, 3),
-    )
-    kept = store.keep(result.raw, expectation, judgement, provenance)
-    failure = failure_of(
-        judgement,
-        expectation,
-        payload_exit=result.exit_status,
-        output=result.stderr_tail.splitlines(),
-        where="local",
-    )
-    if failure is not None and judgement.receipt is None:
-        failure.hint = f"{failure.hint or ''} The bytes are kept as {kept.id}.".strip()
-    return _LocalVerification(expectation, result, judgement, kept, failure)
+    return verify_local(expectation, timeout=timeout)
 
 
-def _print_report(done: _LocalVerification) -> None:
+def _print_report(done: LocalVerification) -> None:
     from tpulab.evidence import report as render
 
     expectation, judgement = done.expectation, done.judgement
@@ -127,27 +84,26 @@ def _print_report(done: _LocalVerification) -> None:
     lines += [
         *render.requirement_lines(judgement.requirements),
         render.verdict_line(judgement, expectation),
-        *render.stored_lines(done.kept),
+        *render.stored_lines(done.stored),
     ]
     print_lines(lines)
-    if done.failure is not None:
-        raise done.failure
+    if done.error is not None:
+        raise done.error
 
 
-def _envelope(done: _LocalVerification) -> VerifyEnvelope:
-    from tpulab.cli.receipts import error_report
+def _envelope(done: LocalVerification) -> VerifyEnvelope:
     from tpulab.evidence import report as render
 
     return render.VerifyEnvelope(
-        ok=done.failure is None,
-        error=error_report(done.failure) if done.failure else None,
+        ok=done.error is None,
+        error=error_report(done.error) if done.error else None,
         verdict=done.judgement.verdict,
         expectation=done.expectation,
         judgement=done.judgement,
-        receipt_id=done.kept.id,
-        receipt_path=str(done.kept.path),
+        receipt_id=done.stored.id,
+        receipt_path=str(done.stored.path),
         payload=render.LocalPayload(
-            exit_status=done.result.exit_status, duration_s=round(done.result.duration, 3)
+            exit_status=done.result.exit_status, duration_seconds=round(done.result.duration, 3)
         ),
         receipt=render.receipt_document(done.result.raw),
     )
@@ -186,7 +142,7 @@ def verify_command(
 ) -> None:
     """Run the verifier payload locally and check its receipt (the CPU reference run)."""
 
-    def verified() -> _LocalVerification:
+    def verified() -> LocalVerification:
         if not local:
             raise E.ConfigError(
                 "Only local verification is a separate command: pass --local.",
@@ -203,6 +159,6 @@ def verify_command(
 
     def build() -> tuple[Envelope, E.TpuLabError | None]:
         done = verified()
-        return _envelope(done), done.failure
+        return _envelope(done), done.error
 
     emit_envelope(build, lambda error: VerifyEnvelope(ok=False, error=error))

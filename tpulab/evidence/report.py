@@ -27,7 +27,6 @@ from tpulab.evidence.receipt import (
 from tpulab.evidence.store import Integrity, KeptReceipt, Provenance, Recheck, Source
 
 __all__ = [
-    "ENVELOPE_SCHEMA_VERSION",
     "Line",
     "LocalPayload",
     "ReceiptEntry",
@@ -35,7 +34,6 @@ __all__ = [
     "ReceiptsShowEnvelope",
     "VerifyEnvelope",
     "bar_chart",
-    "envelope",
     "plain",
     "receipt_document",
     "receipt_lines",
@@ -46,7 +44,6 @@ __all__ = [
     "verdict_line",
 ]
 
-ENVELOPE_SCHEMA_VERSION = 1
 Line = list[tuple[str, str]]
 _BLOCKS = " ▏▎▍▌▋▊▉█"
 # The payload's phases in the order they run (its JSON sorts keys alphabetically).
@@ -271,8 +268,8 @@ def _provenance_text(origin: Provenance) -> str:
     parts = [f"from {origin.source}"]
     if origin.run_id:
         parts.append(f"run {origin.run_id}")
-    if origin.node:
-        parts.append(f"node {origin.node}")
+    if origin.node_name:
+        parts.append(f"node {origin.node_name}")
     if origin.zone:
         parts.append(f"zone {origin.zone}")
     parts.append(f"accelerator {origin.accelerator_type or '-'}")
@@ -320,11 +317,6 @@ def receipt_document(raw: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return document if isinstance(document, dict) else None
-
-
-def envelope(command: str, *, ok: bool, **fields: Any) -> dict[str, Any]:
-    """The versioned JSON result every `--json` output is wrapped in."""
-    return {"schema_version": ENVELOPE_SCHEMA_VERSION, "command": command, "ok": ok, **fields}
 
 
 class _Part(BaseModel):
@@ -385,7 +377,7 @@ class ReceiptsShowEnvelope(Envelope):
 
 class LocalPayload(_Part):
     exit_status: int
-    duration_s: float
+    duration_seconds: float
 
 
 class VerifyEnvelope(Envelope):

@@ -63,13 +63,13 @@ class Provenance(BaseModel):
 
     source: Source
     run_id: str | None = None
-    node: str | None = None
+    node_name: str | None = None
     project: str | None = None
     zone: str | None = None
     accelerator_type: str | None = None
     emulated: bool
     payload_exit_status: int | None = None
-    duration_s: float | None = None
+    duration_seconds: float | None = None
 
 
 class ReceiptRecord(BaseModel):

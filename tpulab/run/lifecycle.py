@@ -596,7 +596,7 @@ class Lifecycle:
         provenance = Provenance(
             source=Source.RUN,
             run_id=self.spec.run_id,
-            node=self.spec.node_name,
+            node_name=self.spec.node_name,
             project=self.spec.project.value,
             zone=self.spec.zone.value,
             accelerator_type=self.spec.accelerator.name,
