@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from tpulab.catalog import PRICE_DATE
 from tpulab.config import Mode
 from tpulab.envelope import Envelope, ErrorReport
+from tpulab.evidence.judge import Verdict
 from tpulab.run.lifecycle import RunOutcome
 from tpulab.run.progress import Recorder, TeardownStatus
 from tpulab.run.teardown import manual_delete_command
@@ -51,7 +52,7 @@ class BootstrapSummary(_Part):
 
 
 class ReceiptSummary(_Part):
-    verdict: str | None  # None: no receipt was collected
+    verdict: Verdict | None  # None: no receipt was collected
     id: str | None
     path: str | None
     failures: list[str]
