@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from tpulab.cleanup.report import TeardownEnvelope
     from tpulab.config import RunSpec
     from tpulab.errors import TpuLabError
-    from tpulab.evidence.store import KeptCheck
+    from tpulab.evidence.localrun import LocalVerification
     from tpulab.run.lifecycle import RunOutcome
     from tpulab.run.progress import NullObserver, Phase, RunObserver
 
@@ -240,15 +240,16 @@ def verify_local(
     accelerator: str | None = None,
     timeout: float = 300.0,
     check: bool = True,
-) -> KeptCheck:
+) -> LocalVerification:
     """Run the verifier payload on this machine's CPU and judge its receipt:
     `tpulab verify --local`. `accelerator` emulates that host's device count instead of
     `devices`. The receipt is kept in the store either way; raises VerificationError
-    when it did not verify (`check=False` returns it in `.error`)."""
+    when it did not verify, LocalRunError when the payload gave no receipt
+    (`check=False` returns a verdict's error in `.error`)."""
     from tpulab.errors import ConfigError
-    from tpulab.evidence.localrun import new_nonce, run_local_payload
+    from tpulab.evidence.localrun import new_nonce
+    from tpulab.evidence.localrun import verify_local as judged_local_run
     from tpulab.evidence.receipt import Expectation, expectation_for
-    from tpulab.evidence.store import check_and_keep
 
     if not 1 <= devices <= 64:
         raise ConfigError(f"devices={devices} is out of range.", hint="Use 1 to 64.")
@@ -259,22 +260,7 @@ def verify_local(
         expectation = expectation_for(accelerator, emulated=True, nonce=nonce)
     else:
         expectation = Expectation(platform="cpu", local_devices=devices, nonce=nonce)
-    result = run_local_payload(
-        devices=expectation.local_devices,
-        platform=expectation.platform,
-        nonce=nonce,
-        emulated=expectation.emulated,
-        timeout=timeout,
-    )
-    checked = check_and_keep(
-        result.raw,
-        expectation,
-        source="local",
-        extra_meta={
-            "payload_exit_status": result.exit_status,
-            "duration_s": round(result.duration, 3),
-        },
-    )
+    checked = judged_local_run(expectation, timeout=timeout)
     if check:
         checked.raise_for_failure()
     return checked

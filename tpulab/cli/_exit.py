@@ -29,7 +29,6 @@ __all__ = [
     "EXIT_REMOTE",
     "EXIT_TEARDOWN",
     "EXIT_VERIFY",
-    "error_json",
     "error_report",
     "exit_status_for",
     "guarded",
@@ -71,7 +70,9 @@ _EXIT_FOR_ERROR: tuple[tuple[type[E.TpuLabError], int], ...] = (
     (E.CloudError, EXIT_CLOUD),
     (E.RemoteError, EXIT_REMOTE),
     (E.VerificationError, EXIT_VERIFY),
+    (E.LocalRunError, EXIT_VERIFY),  # verify --local got no receipt: nothing verified
     (E.JournalError, EXIT_LOCAL_STATE),
+    (E.ReceiptStoreError, EXIT_LOCAL_STATE),
 )
 
 T = TypeVar("T")
@@ -93,7 +94,7 @@ def report_error(error: E.TpuLabError) -> NoReturn:
         lines.append(f"  API said: {escape(error.api_message)}")
     if isinstance(error, E.VerificationError):
         lines.extend(f"  - {escape(str(failure))}" for failure in error.failures)
-    if isinstance(error, E.CommandFailedError) and error.output_tail:
+    if isinstance(error, (E.CommandFailedError, E.LocalRunError)) and error.output_tail:
         lines.append("  last output:\n" + escape(error.output_tail))
     if error.hint:
         lines.append(f"[yellow]hint:[/] {escape(error.hint)}")
@@ -114,12 +115,6 @@ def error_report(error: E.TpuLabError) -> ErrorReport:
     from tpulab.envelope import ErrorReport
 
     return ErrorReport.from_error(error, exit_status=exit_status_for(error))
-
-
-def error_json(error: E.TpuLabError) -> dict[str, object]:
-    """`error_report` as a plain dict, for the commands whose envelope is still a dict
-    (receipts, verify); it goes when they print `Envelope` models too."""
-    return error_report(error).model_dump(mode="json")
 
 
 def print_envelope(

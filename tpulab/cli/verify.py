@@ -10,19 +10,24 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from tpulab import errors as E
 from tpulab.cli._console import print_lines
-from tpulab.cli._exit import error_json, json_or_guarded, print_envelope
+from tpulab.cli._exit import error_report, guarded
 
 if TYPE_CHECKING:
     from tpulab.config import LocalVerifyInputs
+    from tpulab.envelope import Envelope
+    from tpulab.evidence.localrun import LocalVerification
     from tpulab.evidence.receipt import Expectation
+    from tpulab.evidence.report import VerifyEnvelope
 
 __all__ = ["verify_command"]
 
 _DEFAULT_LOCAL_DEVICES = 4
 
 
-def _local_expectation(inputs: LocalVerifyInputs) -> tuple[Expectation, str]:
+def _local_expectation(inputs: LocalVerifyInputs) -> Expectation:
+    """The expectation of validated inputs (tpulab.config.local_verify_inputs)."""
     from tpulab.evidence.localrun import new_nonce
     from tpulab.evidence.receipt import Expectation, expectation_for
 
@@ -31,66 +36,45 @@ def _local_expectation(inputs: LocalVerifyInputs) -> tuple[Expectation, str]:
         # Locally, an accelerator is emulated on CPU unless the user insists on the
         # real TPU backend, which must then be present.
         emulated = inputs.expect_platform in (None, "cpu")
-        return expectation_for(inputs.accelerator, emulated=emulated, nonce=nonce), nonce
+        return expectation_for(inputs.accelerator, emulated=emulated, nonce=nonce)
     platform = inputs.expect_platform or "cpu"
     count = inputs.devices if inputs.devices is not None else _DEFAULT_LOCAL_DEVICES
-    return Expectation(platform=platform, local_devices=count, nonce=nonce), nonce
+    return Expectation(platform=platform, local_devices=count, nonce=nonce)
 
 
-def _verify_local(inputs: LocalVerifyInputs, as_json: bool) -> None:
-    import json
-
+def _print_report(done: LocalVerification) -> None:
     from tpulab.evidence import report as render
-    from tpulab.evidence.localrun import run_local_payload
-    from tpulab.evidence.store import check_and_keep
 
-    expectation, nonce = _local_expectation(inputs)
-    result = run_local_payload(
-        devices=expectation.local_devices,
-        platform=expectation.platform,
-        nonce=nonce,
-        emulated=expectation.emulated,
-        timeout=inputs.timeout,
+    expectation, judgement = done.expectation, done.judgement
+    lines = [[(f"tpulab verify --local: {expectation.describe()}", "bold")]]
+    if judgement.receipt is not None:
+        lines += render.receipt_lines(judgement.receipt, expectation)
+    lines += [
+        *render.requirement_lines(judgement.requirements),
+        render.verdict_line(judgement, expectation),
+        *render.stored_lines(done.stored),
+    ]
+    print_lines(lines)
+    if done.error is not None:
+        raise done.error
+
+
+def _envelope(done: LocalVerification) -> VerifyEnvelope:
+    from tpulab.evidence import report as render
+
+    return render.VerifyEnvelope(
+        ok=done.error is None,
+        error=error_report(done.error) if done.error else None,
+        verdict=done.judgement.verdict,
+        expectation=done.expectation,
+        judgement=done.judgement,
+        receipt_id=done.stored.id,
+        receipt_path=str(done.stored.path),
+        payload=render.LocalPayload(
+            exit_status=done.result.exit_status, duration_seconds=round(done.result.duration, 3)
+        ),
+        receipt=render.receipt_document(done.result.raw),
     )
-    checked = check_and_keep(
-        result.raw,
-        expectation,
-        source="local",
-        extra_meta={
-            "payload_exit_status": result.exit_status,
-            "duration_s": round(result.duration, 3),
-        },
-    )
-    receipt, results, kept = checked.receipt, checked.results, checked.stored
-    if receipt is None:  # unreadable bytes: kept, and there is nothing to report on
-        assert checked.error is not None
-        raise checked.error
-    if as_json:
-        document = render.envelope(
-            "verify",
-            ok=checked.verified,
-            verdict=kept.verdict,
-            expectation=expectation.to_dict(),
-            requirements=[r.to_dict() for r in results],
-            receipt_id=kept.id,
-            receipt_path=str(kept.path),
-            payload={"exit_status": result.exit_status, "duration_s": result.duration},
-            receipt=json.loads(result.raw),
-            error=error_json(checked.error) if checked.error else None,
-        )
-        print_envelope(document, checked.error)
-        return
-    title = f"tpulab verify --local: {expectation.describe()}"
-    print_lines(
-        [
-            [(title, "bold")],
-            *render.receipt_lines(receipt, expectation),
-            *render.requirement_lines(results),
-            render.verdict_line(results, expectation),
-            *render.stored_lines(kept),
-        ]
-    )
-    checked.raise_for_failure()
 
 
 def verify_command(
@@ -126,8 +110,9 @@ def verify_command(
 ) -> None:
     """Run the verifier payload locally and check its receipt (the CPU reference run)."""
 
-    def action() -> None:
+    def verified() -> LocalVerification:
         from tpulab.config import local_verify_inputs
+        from tpulab.evidence.localrun import verify_local
 
         inputs = local_verify_inputs(
             local=local,
@@ -136,6 +121,16 @@ def verify_command(
             expect_platform=expect_platform,
             timeout=timeout,
         )
-        _verify_local(inputs, as_json)
+        return verify_local(_local_expectation(inputs), timeout=inputs.timeout)
 
-    json_or_guarded("verify", as_json, action)
+    if not as_json:
+        guarded(lambda: _print_report(verified()))
+        return
+    from tpulab.cli.receipts import emit_envelope
+    from tpulab.evidence.report import VerifyEnvelope
+
+    def build() -> tuple[Envelope, E.TpuLabError | None]:
+        done = verified()
+        return _envelope(done), done.error
+
+    emit_envelope(build, lambda error: VerifyEnvelope(ok=False, error=error))

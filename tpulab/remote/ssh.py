@@ -86,11 +86,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_TPU_BUSY_RE = re.compile(
-    r"TPU is already in use by process|/dev/vfio/\S*:? Device or resource busy|"
-    r"open\(/dev/vfio/\S*\) failed[^\n]*busy",
-    re.IGNORECASE,
-)
 _CHUNK = 32 * 1024
 _TAIL = 2000
 
@@ -425,7 +420,8 @@ class Connection:
                 hint="The VM may have been preempted or rebooted; check its state.",
             )
         if check and status != 0:
-            cls = TpuBusyError if _TPU_BUSY_RE.search(result.output_tail) else CommandFailedError
+            busy = TpuBusyError.evidence_in(result.output_tail)
+            cls = TpuBusyError if busy else CommandFailedError
             raise cls(
                 f"{shown!r} on {self.target} exited with status {status}",
                 exit_status=status,

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from tpulab.catalog import PRICE_DATE
 from tpulab.config import Mode
 from tpulab.envelope import Envelope, ErrorReport
+from tpulab.evidence.judge import Verdict
 from tpulab.run.lifecycle import RunOutcome
 from tpulab.run.progress import Recorder, TeardownStatus
 from tpulab.run.teardown import manual_delete_command
@@ -51,7 +52,7 @@ class BootstrapSummary(_Part):
 
 
 class ReceiptSummary(_Part):
-    verdict: str | None  # None: no receipt was collected
+    verdict: Verdict | None  # None: no receipt was collected
     id: str | None
     path: str | None
     failures: list[str]
@@ -169,9 +170,10 @@ def summary_lines(outcome: RunOutcome) -> list[Line]:
                 (f"jax {versions.get('jax')}, python {versions.get('python')}", ""),
             ]
         )
-    verdict = outcome.verdict or "not collected"
-    style = "bold green" if verdict == "verified" else "bold red"
-    lines.append([("  receipt   ", "dim"), (verdict.upper(), style)])
+    verdict = outcome.verdict
+    style = "bold green" if outcome.judgement and outcome.judgement.verified else "bold red"
+    shown = str(verdict).upper() if verdict else "NOT COLLECTED"
+    lines.append([("  receipt   ", "dim"), (shown, style)])
     if outcome.per_device_sums:
         total = f"{outcome.observed_total:g}" if outcome.observed_total is not None else "?"
         lines.append(
