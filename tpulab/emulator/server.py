@@ -36,7 +36,7 @@ from tpulab.contract import (
 )
 from tpulab.emulator.faults import FaultPlan
 from tpulab.emulator.hosts import HostBackend
-from tpulab.emulator.persist import StateFile
+from tpulab.emulator.persist import EmulatorStateError, StateFile
 from tpulab.emulator.state import CloudState, node_json, node_key, operation_json, zone_or_403
 from tpulab.emulator.timing import Timing
 from tpulab.emulator.wire import ApiError, error_body
@@ -136,16 +136,28 @@ class Emulator:
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
         self.url = ""
-        faults_file = self.state_dir / "faults.json"
-        if faults_file.is_file():
+        self.failure: EmulatorStateError | None = None
+        """Set when the state on disk became unusable while serving; the owner stops."""
+        self._seed_faults(self.state_dir / "faults.json")
+
+    def _seed_faults(self, faults_file: Path) -> None:
+        if not faults_file.is_file():
+            return
+        try:
             self.faults.update(json.loads(faults_file.read_text(encoding="utf-8")))
+        except ValueError as error:
+            raise EmulatorStateError(
+                f"The emulator faults file {faults_file} is not a valid fault plan ({error}).",
+                hint="Fix it (field names as GET /_emulator/faults shows) or delete it.",
+            ) from None
 
     # -- lifecycle -------------------------------------------------------------------
 
     def start(self) -> str:
         if self._server is not None:
             return self.url
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._file.read()  # an unusable state directory fails here, before anything runs
+        self.failure = None
         with _LIVE_LOCK:
             _LIVE_OWNERS.add(self._owner)
         self._stopping.clear()
@@ -153,7 +165,7 @@ class Emulator:
         server.daemon_threads = True
         self._server = server
         host, port = server.server_address[:2]
-        self.url = f"http://{host!s}:{port}"
+        self.url = f"http://{_reachable(str(host))}:{port}"
         serve = threading.Thread(
             target=server.serve_forever,
             kwargs={"poll_interval": 0.05},  # so stop() returns promptly
@@ -188,7 +200,9 @@ class Emulator:
             owned, self._hosts = set(self._hosts), set()
         for key in owned:
             self._stop_host(key)
-        with self._file.transaction() as data:
+        # A state file that went bad cannot record that our hosts are gone; the next
+        # emulator restarts them anyway (their owner is no longer alive).
+        with suppress(EmulatorStateError), self._file.transaction() as data:
             for key in owned:
                 node = data["nodes"].get(key)
                 if node is not None and (node.get("host") or {}).get("owner") == self._owner:
@@ -249,6 +263,11 @@ class Emulator:
                 return
             try:
                 self.tick()
+            except EmulatorStateError as error:
+                # Every further tick would fail the same way: say it once and stop.
+                log.error("%s %s", error, error.hint)
+                self.failure = error
+                return
             except Exception:
                 log.exception("emulator tick failed")
 
@@ -539,6 +558,18 @@ def _location(project: str, zone: str) -> Record:
     return {"name": f"projects/{project}/locations/{zone}", "locationId": zone}
 
 
+def _reachable(bound: str) -> str:
+    """An address clients can connect to: a wildcard bind is reachable on loopback."""
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(bound, bound)
+    return f"[{host}]" if ":" in host else host
+
+
+def _refuse_constant(name: str) -> Any:
+    # json.loads accepts NaN and Infinity, which are not JSON; refuse them on input so
+    # they can never come back out (as the faults endpoint used to echo `Infinity`).
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def _owner_alive(owner: str | None) -> bool:
     """Is the emulator that started this node's SSH host still running?"""
     if not owner:
@@ -577,7 +608,7 @@ def _make_handler(emulator: Emulator) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             try:
-                body = json.loads(raw) if raw.strip() else {}
+                body = json.loads(raw, parse_constant=_refuse_constant) if raw.strip() else {}
                 if not isinstance(body, dict):
                     raise ValueError("the request body must be a JSON object")
             except ValueError as bad:
@@ -588,13 +619,15 @@ def _make_handler(emulator: Emulator) -> type[BaseHTTPRequestHandler]:
             else:
                 try:
                     status, answer = emulator.handle(self.command, self.path, body)
+                except EmulatorStateError as error:
+                    status, answer = 500, error_body(ApiError(500, "INTERNAL", str(error)))
                 except Exception as error:  # a bug in the emulator: say so on the wire
                     log.exception("emulator failed on %s %s", self.command, self.path)
                     status, answer = (
                         500,
                         error_body(ApiError(500, "INTERNAL", f"Emulator error: {error}")),
                     )
-            payload = json.dumps(answer).encode("utf-8")
+            payload = json.dumps(answer, allow_nan=False).encode("utf-8")
             self.send_response(status)
             self.send_header("Content-Type", "application/json; charset=UTF-8")
             self.send_header("Content-Length", str(len(payload)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["Timing"]
@@ -21,9 +22,11 @@ class Timing:
     """Default and maximum list page size (the client may ask for less)."""
 
     def __post_init__(self) -> None:
-        for name in ("create_seconds", "delete_seconds", "stockout_seconds"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"Timing.{name} must be >= 0")
+        for name in ("create_seconds", "delete_seconds", "stockout_seconds", "tick_seconds"):
+            value = getattr(self, name)
+            # NaN compares false with everything, so `< 0` alone would let it through.
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value!r}")
         if self.tick_seconds <= 0 or self.page_size < 1:
             raise ValueError("Timing.tick_seconds must be > 0 and page_size >= 1")
 
