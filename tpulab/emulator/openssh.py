@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpulab import errors as E
 from tpulab.emulator.hostenv import (
     NODE_TAG_VAR,
     ImageEnv,
@@ -42,7 +43,13 @@ from tpulab.emulator.hostenv import (
 )
 from tpulab.emulator.hosts import HostEndpoint
 
-__all__ = ["DEFAULT_SSHD", "OpenSshHostBackend", "SshdStartError", "find_sftp_server"]
+__all__ = [
+    "DEFAULT_SSHD",
+    "OpenSshHostBackend",
+    "OpenSshMissingError",
+    "SshdStartError",
+    "find_sftp_server",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +62,20 @@ _SFTP_CANDIDATES = (
     "/usr/lib/ssh/sftp-server",
 )
 _LISTEN_WAIT = 10.0
+_INSTALL_HINT = (
+    "Install OpenSSH's server (it provides both): sudo apt-get install -y openssh-server "
+    "(Debian/Ubuntu; dnf install openssh-server on Fedora), or use --ssh embedded, "
+    "which needs nothing installed."
+)
 
 
 class SshdStartError(RuntimeError):
     """sshd did not come up; the message carries the tail of its log."""
+
+
+class OpenSshMissingError(E.ConfigError):
+    """sshd or sftp-server is not installed: refused when the backend is built, not
+    discovered by each run after waiting minutes for a host that can never start."""
 
 
 def find_sftp_server() -> str | None:
@@ -92,7 +109,19 @@ class OpenSshHostBackend:
         self.state_dir = state_dir
         self.sshd = sshd
         self.image = image if image is not None else default_image_env()
-        self.sftp_server = sftp_server or find_sftp_server() or _SFTP_CANDIDATES[0]
+        if not os.access(sshd, os.X_OK):
+            raise OpenSshMissingError(
+                f"The OpenSSH server {sshd} is not installed (or not executable).",
+                hint=_INSTALL_HINT,
+            )
+        found = sftp_server or find_sftp_server()
+        if found is None or not os.access(found, os.X_OK):
+            where = found or " or ".join(_SFTP_CANDIDATES)
+            raise OpenSshMissingError(
+                f"OpenSSH's sftp-server is not installed (looked for {where}).",
+                hint=_INSTALL_HINT,
+            )
+        self.sftp_server = found
         self.login_user = pwd.getpwuid(os.getuid()).pw_name
         self._nodes: dict[str, _Sshd] = {}
         self._lock = threading.Lock()
