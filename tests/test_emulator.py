@@ -265,3 +265,39 @@ def test_two_emulators_on_one_state_agree(start_emulator: EmulatorStarter, tmp_p
     while served.node_names():
         assert time.monotonic() < deadline
         time.sleep(0.02)
+
+
+def test_clearing_delete_hangs_lets_the_hung_delete_finish(emulator: Emulator) -> None:
+    wait_done(emulator, create(emulator, "hung"))
+    emulator.faults.delete_hangs = True
+    status, operation = call(emulator, "DELETE", f"{BASE}/nodes/hung")
+    assert status == 200
+    time.sleep(0.5)  # several delete_seconds of Timing.fast()
+    _, node = call(emulator, "GET", f"{BASE}/nodes/hung")
+    assert node["state"] == "DELETING"
+    emulator.faults.delete_hangs = False
+    done = wait_done(emulator, operation)
+    assert "error" not in done
+    assert call(emulator, "GET", f"{BASE}/nodes/hung")[0] == 404
+
+
+def _strict_json(raw: bytes) -> Any:
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(raw, parse_constant=refuse)
+
+
+def test_faults_endpoint_speaks_only_valid_json(emulator: Emulator) -> None:
+    for body in (b'{"ssh_refuse_for": 1e999}', b'{"guest_attributes_delay": Infinity}'):
+        request = urllib.request.Request(
+            emulator.url + "/_emulator/faults", data=body, method="POST"
+        )
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=10)
+        assert caught.value.code == 400
+        assert "error" in _strict_json(caught.value.read())
+    with urllib.request.urlopen(emulator.url + "/_emulator/faults", timeout=10) as response:
+        faults = _strict_json(response.read())
+    assert faults["ssh_refuse_for"] == 0.0
+    assert faults["guest_attributes_delay"] == 0.0

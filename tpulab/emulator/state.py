@@ -108,8 +108,13 @@ class CloudState:
                 node["health"] = "HEALTH_UNSPECIFIED"
             if state == "DELETING":
                 operation = self.operations.get(node["delete_op"])
+                if operation is not None and operation["done_at"] is None:
+                    if self.faults.delete_hangs:
+                        continue
+                    # The hang was cleared: the delete now runs its normal course.
+                    operation["done_at"] = now + self.timing.delete_seconds
                 done_at = operation["done_at"] if operation else now
-                if done_at is not None and now >= done_at:
+                if now >= done_at:
                     if operation is not None and operation["error"]:
                         node["state"] = node.pop("state_before_delete", "READY")
                         if node["ready_time"] is None:  # deleted while still CREATING
