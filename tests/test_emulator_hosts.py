@@ -128,3 +128,49 @@ def test_ssh_refusal_fault_reaches_the_backend(
         assert ready_host["host"]["port"] == target.port
     finally:
         backend.close()
+
+
+# Each published type, and the host-key algorithm a client pinning it negotiates (an RSA
+# key is served with SHA-2 signatures: OpenSSH >= 8.8 no longer accepts "ssh-rsa" SHA-1).
+HOST_KEY_ALGORITHMS = {
+    "ssh-ed25519": "ssh-ed25519",
+    "ecdsa-sha2-nistp256": "ecdsa-sha2-nistp256",
+    "ssh-rsa": "rsa-sha2-512",
+}
+
+
+def test_every_published_host_key_type_is_the_one_the_server_presents(
+    start_emulator: EmulatorStarter, host_backend: HostBackend, tmp_path: Path
+) -> None:
+    import base64
+
+    import paramiko
+    from emulator_fixtures import api_for, node_request
+
+    emulator = start_emulator(tmp_path / "state", host_backend=host_backend)
+    api = api_for(emulator)
+    key = RunKey()
+    api.create_node(ZONE, "keys", node_request(ssh_keys=key.metadata_entry(USER)))
+    target, _ = _connect_target(api, host_backend, "keys")
+    published = {
+        name.removeprefix("hostkeys/"): value
+        for name, value in api.guest_attributes(ZONE, "keys").items()
+        if name.startswith("hostkeys/")
+    }
+    assert sorted(published) == sorted(HOST_KEY_ALGORITHMS)
+    for key_type, algorithm in HOST_KEY_ALGORITHMS.items():
+        # A real client restricted to the one algorithm a pin of this type implies.
+        transport = paramiko.Transport((target.host, target.port))
+        try:
+            transport.get_security_options().key_types = (algorithm,)
+            transport.start_client(timeout=20)
+            presented = transport.get_remote_server_key()
+        finally:
+            transport.close()
+        assert presented.get_name() == key_type
+        assert presented.asbytes() == base64.b64decode(published[key_type])
+    # tpulab's own client, pinning a non-default type, logs in end to end.
+    ecdsa = HostKey("ecdsa-sha2-nistp256", published["ecdsa-sha2-nistp256"])
+    pinned = SshTarget(target.host, target.port, target.user, ecdsa)
+    with Connection(pinned, key, connect_timeout=20) as connection:
+        assert connection.run("echo ok", timeout=20, check=True).stdout.strip() == "ok"

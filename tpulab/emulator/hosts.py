@@ -8,19 +8,32 @@ which is the session's HOME.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["HostBackend", "HostEndpoint"]
+__all__ = ["PRIMARY_HOST_KEY_TYPE", "HostBackend", "HostEndpoint"]
+
+# The type tpulab pins (DESIGN §3.6); the others are published for other clients.
+PRIMARY_HOST_KEY_TYPE = "ssh-ed25519"
 
 
 @dataclass(frozen=True)
 class HostEndpoint:
     host: str
     port: int
-    host_key_type: str  # e.g. "ssh-ed25519"
-    host_key_b64: str  # the key body, as published in guest attributes
+    host_keys: Mapping[str, str]
+    """Every host key the server presents: type ("ssh-ed25519", "ecdsa-sha2-nistp256",
+    "ssh-rsa") -> base64 body, as the guest agent publishes them (`hostkeys/<type>`)."""
+
+    @property
+    def host_key_type(self) -> str:
+        return PRIMARY_HOST_KEY_TYPE
+
+    @property
+    def host_key_b64(self) -> str:
+        return self.host_keys[PRIMARY_HOST_KEY_TYPE]
 
 
 class HostBackend(Protocol):

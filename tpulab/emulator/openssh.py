@@ -2,7 +2,7 @@
 
 The embedded asyncssh host is the default; this backend exists so the end-to-end tests
 also speak to the server real TPU VMs run. Per node: a private sshd on a free loopback
-port, a fresh ed25519 host key, an AuthorizedKeysFile built from the node's
+port, fresh ed25519, ECDSA and RSA host keys, an AuthorizedKeysFile built from the node's
 `metadata["ssh-keys"]`, no passwords, no PAM.
 
 sshd only logs in accounts that exist, so every metadata user maps onto the account
@@ -35,7 +35,7 @@ from tpulab.emulator.hostenv import (
     ImageEnv,
     default_image_env,
     kill_tagged,
-    new_host_key,
+    new_host_keys,
     new_node_tag,
     parse_ssh_keys,
     reserve_port,
@@ -144,9 +144,13 @@ class OpenSshHostBackend:
         shutil.rmtree(node_dir, ignore_errors=True)
         node_dir.mkdir(parents=True, mode=0o700)
 
-        pair = new_host_key()
-        host_key = node_dir / "ssh_host_ed25519_key"
-        _write(host_key, pair.private_openssh, 0o600)
+        pairs = new_host_keys()
+        host_key_files = []
+        for pair in pairs:
+            # sshd's own naming: ssh_host_<ed25519|ecdsa|rsa>_key
+            short = pair.key_type.removeprefix("ssh-").split("-")[0]
+            host_key_files.append(node_dir / f"ssh_host_{short}_key")
+            _write(host_key_files[-1], pair.private_openssh, 0o600)
         keys = parse_ssh_keys(ssh_keys_metadata)
         authorized = node_dir / "authorized_keys"
         _write(authorized, "".join(k.openssh_line + "\n" for k in keys).encode(), 0o600)
@@ -157,7 +161,7 @@ class OpenSshHostBackend:
         sock = reserve_port()
         port = sock.getsockname()[1]
         config = node_dir / "sshd_config"
-        config.write_text(self._config(node_dir, port, host_key, authorized, wrapper))
+        config.write_text(self._config(node_dir, port, host_key_files, authorized, wrapper))
         node = _Sshd(node_dir=node_dir, config=config, port=port, sock=sock, tag=tag)
         with self._lock:
             self._nodes[node_key] = node
@@ -172,7 +176,7 @@ class OpenSshHostBackend:
                 self.stop(node_key)
                 raise
         log.info("sshd for %s on 127.0.0.1:%d (listening in %.1fs)", node_key, port, refuse_for)
-        return HostEndpoint("127.0.0.1", port, pair.key_type, pair.b64)
+        return HostEndpoint("127.0.0.1", port, {pair.key_type: pair.b64 for pair in pairs})
 
     def stop(self, node_key: str) -> None:
         with self._lock:
@@ -259,13 +263,18 @@ class OpenSshHostBackend:
         )
 
     def _config(
-        self, node_dir: Path, port: int, host_key: Path, authorized: Path, wrapper: Path
+        self,
+        node_dir: Path,
+        port: int,
+        host_keys: list[Path],
+        authorized: Path,
+        wrapper: Path,
     ) -> str:
         options = [
             ("Port", str(port)),
             ("ListenAddress", "127.0.0.1"),
             ("AddressFamily", "inet"),
-            ("HostKey", _quote(host_key)),
+            *(("HostKey", _quote(path)) for path in host_keys),
             ("PidFile", _quote(node_dir / "sshd.pid")),
             ("AuthorizedKeysFile", _quote(authorized).replace("%", "%%")),
             ("StrictModes", "no"),  # the state dir's owner/modes are not sshd's business

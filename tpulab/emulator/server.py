@@ -335,8 +335,9 @@ class Emulator:
                     "host": endpoint.host,
                     "port": endpoint.port,
                 }
+                # As the guest agent does: one `hostkeys/<type>` per key sshd serves.
                 current["guest_attributes"] = {
-                    f"{HOST_KEY_NAMESPACE}/{endpoint.host_key_type}": endpoint.host_key_b64,
+                    **{f"{HOST_KEY_NAMESPACE}/{t}": b64 for t, b64 in endpoint.host_keys.items()},
                     EMULATOR_SSH_PORT_ATTRIBUTE: str(endpoint.port),
                 }
                 login_user = getattr(self.host_backend, "login_user", None)
