@@ -301,3 +301,47 @@ def test_faults_endpoint_speaks_only_valid_json(emulator: Emulator) -> None:
         faults = _strict_json(response.read())
     assert faults["ssh_refuse_for"] == 0.0
     assert faults["guest_attributes_delay"] == 0.0
+
+
+def test_update_node_applies_only_the_mask_when_its_operation_ends(emulator: Emulator) -> None:
+    wait_done(emulator, create(emulator, "u1", labels={"a": "1"}, description="before"))
+    body = {"labels": {"a": "2", "b": "3"}, "description": "not in the mask", "tags": ["t"]}
+    status, operation = call(emulator, "PATCH", f"{BASE}/nodes/u1?updateMask=labels,tags", body)
+    assert status == 200, operation
+    assert operation["done"] is False
+    assert operation["metadata"]["verb"] == "update"
+    # A second update while the first is in flight is refused (gcloud expects a 409).
+    status, answer = call(emulator, "PATCH", f"{BASE}/nodes/u1?updateMask=labels", body)
+    assert (status, answer["error"]["status"]) == (409, "ABORTED")
+    done = wait_done(emulator, operation)
+    assert "error" not in done
+    node = done["response"]
+    assert node["@type"] == "type.googleapis.com/google.cloud.tpu.v2.Node"
+    assert node["labels"] == {"a": "2", "b": "3"}
+    assert node["tags"] == ["t"]
+    assert node["description"] == "before"
+    assert call(emulator, "GET", f"{BASE}/nodes/u1")[1]["labels"] == {"a": "2", "b": "3"}
+
+
+@pytest.mark.parametrize(
+    ("query", "code", "status", "words"),
+    [
+        ("", 400, "INVALID_ARGUMENT", "updateMask is required"),
+        ("?updateMask=acceleratorType", 400, "INVALID_ARGUMENT", "acceleratorType"),
+        ("?updateMask=data_disks", 400, "INVALID_ARGUMENT", "data_disks"),
+    ],
+)
+def test_update_node_refuses_what_it_cannot_update(
+    emulator: Emulator, query: str, code: int, status: str, words: str
+) -> None:
+    wait_done(emulator, create(emulator, "u2"))
+    got, answer = call(emulator, "PATCH", f"{BASE}/nodes/u2{query}", {"labels": {}})
+    assert (got, answer["error"]["status"]) == (code, status)
+    assert words in answer["error"]["message"]
+
+
+def test_update_node_needs_a_ready_node(emulator: Emulator) -> None:
+    create(emulator, "u3")  # still CREATING
+    got, answer = call(emulator, "PATCH", f"{BASE}/nodes/u3?updateMask=labels", {"labels": {}})
+    assert (got, answer["error"]["status"]) == (400, "FAILED_PRECONDITION")
+    assert call(emulator, "PATCH", f"{BASE}/nodes/nope?updateMask=labels", {})[0] == 404

@@ -174,3 +174,62 @@ def test_every_published_host_key_type_is_the_one_the_server_presents(
     pinned = SshTarget(target.host, target.port, target.user, ecdsa)
     with Connection(pinned, key, connect_timeout=20) as connection:
         assert connection.run("echo ok", timeout=20, check=True).stdout.strip() == "ok"
+
+
+def test_update_node_through_the_client_library_adds_a_key_the_host_then_accepts(
+    start_emulator: EmulatorStarter, host_backend: HostBackend, tmp_path: Path
+) -> None:
+    """What gcloud `tpu-vm ssh` does: PATCH ?updateMask=metadata with one more ssh-keys
+    line; the operation returns the updated node and the live host takes the new key."""
+    from emulator_fixtures import api_for, node_request
+    from google.api_core.client_options import ClientOptions
+    from google.api_core.exceptions import BadRequest
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import tpu_v2
+    from google.protobuf import field_mask_pb2
+
+    from tpulab.errors import AuthError
+
+    emulator = start_emulator(tmp_path / "state", host_backend=host_backend)
+    api = api_for(emulator)
+    first, second = RunKey(), RunKey()
+    api.create_node(ZONE, "upd", node_request(ssh_keys=first.metadata_entry(USER)))
+    target, _ = _connect_target(api, host_backend, "upd")
+    with pytest.raises(AuthError):
+        Connection(target, second, connect_timeout=10).run("true", timeout=10)
+
+    client = tpu_v2.TpuClient(
+        credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
+        transport="rest",
+        client_options=ClientOptions(api_endpoint=emulator.url),
+    )
+    name = f"projects/{PROJECT}/locations/{ZONE}/nodes/upd"
+    node = client.get_node(name=name)
+    node.metadata["ssh-keys"] += "\n" + second.metadata_entry(USER)
+    node.labels["outside-the-mask"] = "ignored"
+    operation = client.update_node(
+        node=node, update_mask=field_mask_pb2.FieldMask(paths=["metadata"])
+    )
+    assert operation.metadata.verb == "update"
+    updated = operation.result(timeout=20)
+    assert updated.name == name
+    assert second.metadata_entry(USER) in updated.metadata["ssh-keys"]
+    assert "outside-the-mask" not in updated.labels
+    assert updated.state == tpu_v2.Node.State.READY
+
+    deadline = time.monotonic() + 10
+    while True:  # the host re-reads ssh-keys within a tick or two of the operation
+        try:
+            with Connection(target, second, connect_timeout=10) as connection:
+                assert connection.run("echo new", timeout=20, check=True).stdout == "new\n"
+            break
+        except AuthError:
+            assert time.monotonic() < deadline, "the SSH host never took the new key"
+            time.sleep(0.1)
+    with Connection(target, first, connect_timeout=10) as connection:
+        assert connection.run("echo old", timeout=20, check=True).stdout == "old\n"
+
+    with pytest.raises(BadRequest, match="updateMask"):
+        client.update_node(
+            node=node, update_mask=field_mask_pb2.FieldMask(paths=["runtime_version"])
+        )

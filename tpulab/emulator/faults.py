@@ -20,6 +20,7 @@ METHODS = (
     "get_node",
     "list_nodes",
     "delete_node",
+    "update_node",
     "get_guest_attributes",
     "get_operation",
     "list_operations",

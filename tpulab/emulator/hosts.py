@@ -1,9 +1,10 @@
 """The seam between the emulated API and the SSH servers that stand in for TPU VMs.
 
-The emulator calls `start` when a node becomes READY and `stop` when it is deleted (or
-its state is reloaded after a restart). A backend runs a real SSH server on loopback
-that accepts only the node's `metadata["ssh-keys"]` and runs commands in `sandbox`,
-which is the session's HOME.
+The emulator calls `start` when a node becomes READY, `update_keys` when UpdateNode has
+changed its `ssh-keys` (the guest agent re-reads metadata on a live VM), and `stop` when
+it is deleted (or its state is reloaded after a restart). A backend runs a real SSH
+server on loopback that accepts only the node's `metadata["ssh-keys"]` and runs
+commands in `sandbox`, which is the session's HOME.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class HostBackend(Protocol):
         """Start an SSH host for a node; `ssh_keys_metadata` is the raw metadata value
         ("user:ssh-ed25519 AAAA... comment" lines). `refuse_for` delays listening, to
         emulate an sshd that lags READY."""
+        ...
+
+    def update_keys(self, node_key: str, ssh_keys_metadata: str) -> None:
+        """Accept exactly these keys from now on (new sessions; open ones stay)."""
         ...
 
     def stop(self, node_key: str) -> None:

@@ -151,9 +151,8 @@ class OpenSshHostBackend:
             short = pair.key_type.removeprefix("ssh-").split("-")[0]
             host_key_files.append(node_dir / f"ssh_host_{short}_key")
             _write(host_key_files[-1], pair.private_openssh, 0o600)
-        keys = parse_ssh_keys(ssh_keys_metadata)
         authorized = node_dir / "authorized_keys"
-        _write(authorized, "".join(k.openssh_line + "\n" for k in keys).encode(), 0o600)
+        _write_authorized_keys(authorized, ssh_keys_metadata)
         tag = new_node_tag(node_key)
         wrapper = node_dir / "session.sh"
         _write(wrapper, self._wrapper(sandbox, tag).encode(), 0o755)
@@ -177,6 +176,13 @@ class OpenSshHostBackend:
                 raise
         log.info("sshd for %s on 127.0.0.1:%d (listening in %.1fs)", node_key, port, refuse_for)
         return HostEndpoint("127.0.0.1", port, {pair.key_type: pair.b64 for pair in pairs})
+
+    def update_keys(self, node_key: str, ssh_keys_metadata: str) -> None:
+        # sshd reads AuthorizedKeysFile at each login, so replacing the file is enough.
+        with self._lock:
+            node = self._nodes.get(node_key)
+        if node is not None:
+            _write_authorized_keys(node.node_dir / "authorized_keys", ssh_keys_metadata)
 
     def stop(self, node_key: str) -> None:
         with self._lock:
@@ -305,6 +311,14 @@ def _quote(path: Path) -> str:
     if '"' in text or "\n" in text:
         raise SshdStartError(f"path {text!r} cannot be written into an sshd_config")
     return f'"{text}"' if any(c.isspace() for c in text) else text
+
+
+def _write_authorized_keys(path: Path, ssh_keys_metadata: str) -> None:
+    lines = "".join(k.openssh_line + "\n" for k in parse_ssh_keys(ssh_keys_metadata))
+    # Written aside then renamed, so a login racing an update reads one whole file.
+    partial = path.with_name(path.name + ".new")
+    _write(partial, lines.encode(), 0o600)
+    os.replace(partial, path)
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:

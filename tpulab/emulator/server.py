@@ -65,6 +65,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("POST", r"/locations/" + _Z + r"/nodes", "create_node"),
         ("GET", r"/locations/" + _Z + r"/nodes/(?P<node>[^/:]+)", "get_node"),
         ("DELETE", r"/locations/" + _Z + r"/nodes/(?P<node>[^/:]+)", "delete_node"),
+        ("PATCH", r"/locations/" + _Z + r"/nodes/(?P<node>[^/:]+)", "update_node"),
         (
             "POST",
             r"/locations/" + _Z + r"/nodes/(?P<node>[^/:]+):getGuestAttributes",
@@ -275,10 +276,15 @@ class Emulator:
         """Apply due transitions, then start or stop SSH hosts to match node states."""
         to_start: list[Record] = []
         to_stop: list[str] = []
+        to_rekey: list[tuple[str, str]] = []
         with self._transaction() as cloud:
             for key, node in cloud.nodes.items():
                 host = node.get("host") or {}
                 mine = host.get("owner") == self._owner
+                ssh_keys = self._authorized_keys(node["metadata"])
+                if mine and "port" in host and host.get("ssh_keys") != ssh_keys:
+                    host["ssh_keys"] = ssh_keys  # UpdateNode (or OS Login) changed them
+                    to_rekey.append((key, ssh_keys))
                 if mine and node["state"] not in {"READY", "DELETING"}:
                     to_stop.append(key)
                     node["host"] = None
@@ -293,6 +299,8 @@ class Emulator:
                     to_start.append(dict(node))
         for key in to_stop:
             self._stop_host(key)
+        for key, ssh_keys in to_rekey:
+            self._rekey_host(key, ssh_keys)
         for node in to_start:
             self._start_host(node)
 
@@ -304,17 +312,22 @@ class Emulator:
             return ""
         return metadata.get(SSH_KEYS_METADATA, "")
 
+    def _rekey_host(self, key: str, ssh_keys: str) -> None:
+        assert self.host_backend is not None
+        try:
+            self.host_backend.update_keys(key, ssh_keys)
+        except Exception:
+            log.exception("could not give the SSH host of %s its new ssh-keys", key)
+
     def _start_host(self, node: Record) -> None:
         assert self.host_backend is not None
         key = node_key(node["project"], node["zone"], node["name"])
         sandbox = self.sandbox(node["project"], node["zone"], node["name"])
         sandbox.mkdir(parents=True, exist_ok=True)
+        ssh_keys = self._authorized_keys(node["metadata"])
         try:
             endpoint = self.host_backend.start(
-                key,
-                sandbox,
-                self._authorized_keys(node["metadata"]),
-                refuse_for=self.faults.ssh_refuse_for,
+                key, sandbox, ssh_keys, refuse_for=self.faults.ssh_refuse_for
             )
         except Exception as error:
             log.exception("could not start an SSH host for %s", key)
@@ -334,6 +347,7 @@ class Emulator:
                     "owner": self._owner,
                     "host": endpoint.host,
                     "port": endpoint.port,
+                    "ssh_keys": ssh_keys,  # what it accepts; the ticker compares
                 }
                 # As the guest agent does: one `hostkeys/<type>` per key sshd serves.
                 current["guest_attributes"] = {
@@ -454,6 +468,22 @@ class Emulator:
                 request.project, request.zone, request.params["node"], now
             )
             answer = operation_json(operation, None, now=now, as_int=request.as_int)
+        self._wake.set()
+        return 200, answer
+
+    def _api_update_node(self, request: _Request) -> tuple[int, Record]:
+        now = self._clock()
+        with self._transaction() as cloud:
+            operation = cloud.update_node(
+                request.project,
+                request.zone,
+                request.params["node"],
+                request.body,
+                request.arg("updateMask"),
+                now,
+            )
+            node = cloud.nodes.get(node_key(request.project, request.zone, operation["node"]))
+            answer = operation_json(operation, node, now=now, as_int=request.as_int)
         self._wake.set()
         return 200, answer
 

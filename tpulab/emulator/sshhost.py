@@ -98,9 +98,7 @@ class EmbeddedHostBackend:
 
         self.stop(node_key)  # a restart replaces the old server, never doubles it
         sandbox.mkdir(parents=True, exist_ok=True)
-        authorized: dict[str, set[bytes]] = {}
-        for entry in parse_ssh_keys(ssh_keys_metadata):
-            authorized.setdefault(entry.user, set()).add(_blob(entry.b64))
+        authorized = _authorized(ssh_keys_metadata)
         pairs = new_host_keys()
         host_keys = [asyncssh.import_private_key(pair.private_openssh) for pair in pairs]
         node = _Node(
@@ -117,6 +115,13 @@ class EmbeddedHostBackend:
             refuse_for,
         )
         return HostEndpoint("127.0.0.1", port, {pair.key_type: pair.b64 for pair in pairs})
+
+    def update_keys(self, node_key: str, ssh_keys_metadata: str) -> None:
+        authorized = _authorized(ssh_keys_metadata)
+        with self._lock:
+            node = self._nodes.get(node_key)
+            if node is not None:
+                node.authorized = authorized  # one assignment: auth sees old or new, whole
 
     def stop(self, node_key: str) -> None:
         with self._lock:
@@ -289,6 +294,13 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncssh.SSHWriter[bytes])
         with contextlib.suppress(Exception):
             writer.write(chunk)
             await writer.drain()
+
+
+def _authorized(ssh_keys_metadata: str) -> dict[str, set[bytes]]:
+    authorized: dict[str, set[bytes]] = {}
+    for entry in parse_ssh_keys(ssh_keys_metadata):
+        authorized.setdefault(entry.user, set()).add(_blob(entry.b64))
+    return authorized
 
 
 def _blob(b64: str) -> bytes:
