@@ -211,7 +211,7 @@ def test_update_node_through_the_client_library_adds_a_key_the_host_then_accepts
         node=node, update_mask=field_mask_pb2.FieldMask(paths=["metadata"])
     )
     assert operation.metadata.verb == "update"
-    updated = operation.result(timeout=20)
+    updated = operation.result(timeout=20)  # type: ignore[no-untyped-call]
     assert updated.name == name
     assert second.metadata_entry(USER) in updated.metadata["ssh-keys"]
     assert "outside-the-mask" not in updated.labels
