@@ -125,9 +125,10 @@ def test_accelerator_config_and_int_enums_are_accepted_on_input(emulator: Emulat
         "acceleratorConfig": {"type": 11, "topology": "2x2"},  # V6E as a number
         "runtimeVersion": "v2-alpha-tpuv6e",
     }
-    status, _ = call(emulator, "POST", f"{BASE}/nodes?nodeId=n3", body)
+    v6e_zone = "/v2/projects/p/locations/us-central1-b"  # us-central1-a hosts no v6e
+    status, _ = call(emulator, "POST", f"{v6e_zone}/nodes?nodeId=n3", body)
     assert status == 200
-    _, node = call(emulator, "GET", f"{BASE}/nodes/n3")
+    _, node = call(emulator, "GET", f"{v6e_zone}/nodes/n3")
     assert node["acceleratorType"] == "v6e-4"
 
 
@@ -345,3 +346,22 @@ def test_update_node_needs_a_ready_node(emulator: Emulator) -> None:
     got, answer = call(emulator, "PATCH", f"{BASE}/nodes/u3?updateMask=labels", {"labels": {}})
     assert (got, answer["error"]["status"]) == (400, "FAILED_PRECONDITION")
     assert call(emulator, "PATCH", f"{BASE}/nodes/nope?updateMask=labels", {})[0] == 404
+
+
+@pytest.mark.parametrize(
+    ("zone", "offered", "refused"),
+    [
+        # cloud.google.com/tpu/docs/regions-zones, North America
+        ("us-central1-a", {"v5litepod-4", "v5p-8", "v3-8", "v2-32"}, {"v6e-4", "v4-8", "v2-8"}),
+        ("us-central1-b", {"v6e-4", "v2-8", "v3-8"}, {"v5litepod-4", "v5p-8", "v2-32"}),
+        ("us-east5-b", {"v6e-8"}, {"v5litepod-4", "v5p-8"}),
+        ("us-central2-b", {"v4-8", "v4-32"}, {"v5litepod-4"}),
+    ],
+)
+def test_zones_offer_what_the_regions_page_lists(
+    emulator: Emulator, zone: str, offered: set[str], refused: set[str]
+) -> None:
+    _, listed = call(emulator, "GET", f"/v2/projects/p/locations/{zone}/acceleratorTypes")
+    names = {t["type"] for t in listed["acceleratorTypes"]}
+    assert offered <= names
+    assert not refused & names
