@@ -296,6 +296,12 @@ class OpenSshHostBackend:
             ("X11Forwarding", "no"),
             ("PermitTTY", "no"),
             ("PermitUserEnvironment", "no"),
+            # sshd runs ForceCommand through the login account's shell, and Debian's bash
+            # then sources that account's ~/.bashrc (it does for ssh sessions of a
+            # "top-level" shell, SHLVL < 2): the emulator machine's own rc files, not the
+            # image's. Seen here: a pyenv-rehash lock left by a killed session made every
+            # session wait a minute. SHLVL=1 makes the shell level 2, so bash skips it.
+            ("SetEnv", "SHLVL=1"),
             ("PrintMotd", "no"),
             ("UseDNS", "no"),
             ("MaxStartups", "100"),  # clients probe and retry while we start up
