@@ -88,6 +88,17 @@ def test_a_state_path_naming_a_file_is_reported_as_such(tmp_path: Path) -> None:
     assert done.returncode == EXIT_CONFIG
     assert f"{a_file} is a file, not a directory" in done.stderr
     assert "Cannot listen" not in done.stderr  # the port was never the problem
+    below = refused("--state", str(a_file / "below"))
+    assert below.returncode == EXIT_CONFIG
+    assert f"Cannot create the emulator state directory {a_file / 'below'}" in below.stderr
+
+
+def test_a_state_json_that_is_a_directory_is_not_blamed_on_the_port(tmp_path: Path) -> None:
+    (tmp_path / "state" / "state.json").mkdir(parents=True)
+    done = refused("--state", str(tmp_path / "state"))
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert f"Cannot read the emulator state in {tmp_path / 'state'}" in done.stderr
+    assert "Cannot listen" not in done.stderr
 
 
 @pytest.mark.parametrize(

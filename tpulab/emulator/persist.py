@@ -48,7 +48,11 @@ class StateFile:
     def transaction(self) -> Iterator[dict[str, Any]]:
         """Yield the whole state; write it back (atomically) if the body changed it."""
         self.ensure_dir()
-        with self._thread_lock, open(self._lock_path, "a+") as lock:
+        try:
+            lock = open(self._lock_path, "a+")  # noqa: SIM115 (the with below closes it)
+        except OSError as error:
+            raise self._unusable(error, "lock") from None
+        with self._thread_lock, lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 before = self._read_text()
@@ -108,13 +112,29 @@ class StateFile:
         with self.transaction() as state:
             return json.loads(json.dumps(state))  # type: ignore[no-any-return]
 
+    def _unusable(self, error: OSError, action: str) -> EmulatorStateError:
+        # An OSError here is about the state directory; left as it is, the CLI would
+        # blame the port it was about to listen on.
+        return EmulatorStateError(
+            f"Cannot {action} the emulator state in {self.state_dir}: {error.strerror or error}.",
+            hint="Pass --state a directory you can read and write.",
+        )
+
     def _read_text(self) -> str:
         try:
             return self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return ""
+        except OSError as error:  # e.g. state.json is a directory
+            raise self._unusable(error, "read") from None
 
     def _write_text(self, text: str) -> None:
+        try:
+            self._replace_file(text)
+        except OSError as error:
+            raise self._unusable(error, "write") from None
+
+    def _replace_file(self, text: str) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".json", dir=self.state_dir)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
