@@ -365,3 +365,11 @@ def test_zones_offer_what_the_regions_page_lists(
     names = {t["type"] for t in listed["acceleratorTypes"]}
     assert offered <= names
     assert not refused & names
+
+
+def test_a_non_finite_value_set_in_process_still_gets_a_json_answer(emulator: Emulator) -> None:
+    emulator.faults.preempt_after = float("inf")  # in-process writes bypass validation
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(emulator.url + "/_emulator/faults", timeout=10)
+    assert caught.value.code == 500
+    assert "not JSON" in _strict_json(caught.value.read())["error"]["message"]

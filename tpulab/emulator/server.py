@@ -658,7 +658,15 @@ def _make_handler(emulator: Emulator) -> type[BaseHTTPRequestHandler]:
                         500,
                         error_body(ApiError(500, "INTERNAL", f"Emulator error: {error}")),
                     )
-            payload = json.dumps(answer, allow_nan=False).encode("utf-8")
+            try:
+                payload = json.dumps(answer, allow_nan=False).encode("utf-8")
+            except ValueError as error:  # NaN/inf set in-process (a test): still speak JSON
+                log.error(
+                    "emulator answer to %s %s is not JSON: %s", self.command, self.path, error
+                )
+                status = 500
+                refusal = ApiError(500, "INTERNAL", f"Emulator error: answer not JSON: {error}")
+                payload = json.dumps(error_body(refusal)).encode("utf-8")
             self.send_response(status)
             self.send_header("Content-Type", "application/json; charset=UTF-8")
             self.send_header("Content-Length", str(len(payload)))
