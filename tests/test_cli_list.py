@@ -52,9 +52,10 @@ def populate(api: GoogleTpuApi) -> None:
     from emulator_fixtures import node_request
 
     api.create_node(ZONE, "mine-a", node_request(run_id="run-a"))
-    api.create_node(ZONE, "mine-spot", node_request("v6e-8", runtime="v2-alpha-tpuv6e", spot=True))
+    api.create_node(ZONE, "mine-spot", node_request("v5p-8", runtime="v2-alpha-tpuv5", spot=True))
     api.create_node(ZONE, "someone-elses", node_request(run_id=None))
-    api.create_node("us-central1-b", "mine-b", node_request(run_id="run-b"))
+    v6e = node_request("v6e-4", runtime="v2-alpha-tpuv6e", run_id="run-b")  # no v5e in -b
+    api.create_node("us-central1-b", "mine-b", v6e)
 
 
 def test_list_json_shows_only_tpulab_nodes_with_cost(
@@ -75,7 +76,7 @@ def test_list_json_shows_only_tpulab_nodes_with_cost(
     assert set(nodes) == {"mine-a", "mine-spot"}
     spot = nodes["mine-spot"]
     assert (spot.project, spot.zone) == (PROJECT, ZONE)
-    assert spot.accelerator_type == "v6e-8"
+    assert spot.accelerator_type == "v5p-8"
     assert spot.spot is True
     assert spot.managed_by_tpulab is True
     assert spot.run_id == "run-1"
@@ -85,7 +86,7 @@ def test_list_json_shows_only_tpulab_nodes_with_cost(
     # createTime: recompute it independently.
     assert spot.create_time is not None
     age = (datetime.now(timezone.utc) - spot.create_time).total_seconds()
-    price = lookup("v6e-8").price_per_hour(spot=True)
+    price = lookup("v5p-8").price_per_hour(spot=True)
     assert spot.price_per_hour_usd == price
     assert spot.estimated_cost_usd == pytest.approx(price * age / 3600, abs=0.001)
     assert envelope.estimated_total_usd == pytest.approx(
@@ -127,7 +128,7 @@ def test_list_table_for_people(emulator: Emulator, tpu_api: GoogleTpuApi) -> Non
     lines = out.splitlines()
     assert lines[0].split()[:5] == ["NAME", "ZONE", "TYPE", "STATE", "AGE"]
     assert any(line.startswith("mine-a ") and "run-a" in line for line in lines)
-    assert any("v6e-8 (spot)" in line for line in lines)
+    assert any("v5p-8 (spot)" in line for line in lines)
     assert not any("someone-elses" in line for line in lines)
     assert "1 non-tpulab node(s) hidden" in out
     assert "Estimated cost so far" in out

@@ -120,9 +120,9 @@ def test_stockout_arrives_on_the_create_operation(
 
 
 def test_stockout_in_one_zone_only(emulator: Emulator, tpu_api: GoogleTpuApi) -> None:
-    emulator.faults.stockout_zones = ["us-central1-b"]
+    emulator.faults.stockout_zones = ["us-west4-a"]  # another zone offering v5e
     with pytest.raises(E.StockoutError):
-        tpu_api.wait_operation(tpu_api.create_node("us-central1-b", "n1", _request()), timeout=10)
+        tpu_api.wait_operation(tpu_api.create_node("us-west4-a", "n1", _request()), timeout=10)
     tpu_api.wait_operation(tpu_api.create_node(ZONE, "n1", _request()), timeout=10)
 
 

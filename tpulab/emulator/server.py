@@ -36,7 +36,7 @@ from tpulab.contract import (
 )
 from tpulab.emulator.faults import FaultPlan
 from tpulab.emulator.hosts import HostBackend
-from tpulab.emulator.persist import StateFile
+from tpulab.emulator.persist import EmulatorStateError, StateFile
 from tpulab.emulator.state import CloudState, node_json, node_key, operation_json, zone_or_403
 from tpulab.emulator.timing import Timing
 from tpulab.emulator.wire import ApiError, error_body
@@ -65,6 +65,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("POST", r"/locations/" + _Z + r"/nodes", "create_node"),
         ("GET", r"/locations/" + _Z + r"/nodes/(?P<node>[^/:]+)", "get_node"),
         ("DELETE", r"/locations/" + _Z + r"/nodes/(?P<node>[^/:]+)", "delete_node"),
+        ("PATCH", r"/locations/" + _Z + r"/nodes/(?P<node>[^/:]+)", "update_node"),
         (
             "POST",
             r"/locations/" + _Z + r"/nodes/(?P<node>[^/:]+):getGuestAttributes",
@@ -136,16 +137,28 @@ class Emulator:
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
         self.url = ""
-        faults_file = self.state_dir / "faults.json"
-        if faults_file.is_file():
+        self.failure: EmulatorStateError | None = None
+        """Set when the state on disk became unusable while serving; the owner stops."""
+        self._seed_faults(self.state_dir / "faults.json")
+
+    def _seed_faults(self, faults_file: Path) -> None:
+        if not faults_file.is_file():
+            return
+        try:
             self.faults.update(json.loads(faults_file.read_text(encoding="utf-8")))
+        except ValueError as error:
+            raise EmulatorStateError(
+                f"The emulator faults file {faults_file} is not a valid fault plan ({error}).",
+                hint="Fix it (field names as GET /_emulator/faults shows) or delete it.",
+            ) from None
 
     # -- lifecycle -------------------------------------------------------------------
 
     def start(self) -> str:
         if self._server is not None:
             return self.url
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._file.read()  # an unusable state directory fails here, before anything runs
+        self.failure = None
         with _LIVE_LOCK:
             _LIVE_OWNERS.add(self._owner)
         self._stopping.clear()
@@ -153,7 +166,7 @@ class Emulator:
         server.daemon_threads = True
         self._server = server
         host, port = server.server_address[:2]
-        self.url = f"http://{host!s}:{port}"
+        self.url = f"http://{_reachable(str(host))}:{port}"
         serve = threading.Thread(
             target=server.serve_forever,
             kwargs={"poll_interval": 0.05},  # so stop() returns promptly
@@ -188,7 +201,9 @@ class Emulator:
             owned, self._hosts = set(self._hosts), set()
         for key in owned:
             self._stop_host(key)
-        with self._file.transaction() as data:
+        # A state file that went bad cannot record that our hosts are gone; the next
+        # emulator restarts them anyway (their owner is no longer alive).
+        with suppress(EmulatorStateError), self._file.transaction() as data:
             for key in owned:
                 node = data["nodes"].get(key)
                 if node is not None and (node.get("host") or {}).get("owner") == self._owner:
@@ -249,6 +264,11 @@ class Emulator:
                 return
             try:
                 self.tick()
+            except EmulatorStateError as error:
+                # Every further tick would fail the same way: say it once and stop.
+                log.error("%s %s", error, error.hint)
+                self.failure = error
+                return
             except Exception:
                 log.exception("emulator tick failed")
 
@@ -256,10 +276,15 @@ class Emulator:
         """Apply due transitions, then start or stop SSH hosts to match node states."""
         to_start: list[Record] = []
         to_stop: list[str] = []
+        to_rekey: list[tuple[str, str]] = []
         with self._transaction() as cloud:
             for key, node in cloud.nodes.items():
                 host = node.get("host") or {}
                 mine = host.get("owner") == self._owner
+                ssh_keys = self._authorized_keys(node["metadata"])
+                if mine and "port" in host and host.get("ssh_keys") != ssh_keys:
+                    host["ssh_keys"] = ssh_keys  # UpdateNode (or OS Login) changed them
+                    to_rekey.append((key, ssh_keys))
                 if mine and node["state"] not in {"READY", "DELETING"}:
                     to_stop.append(key)
                     node["host"] = None
@@ -274,6 +299,8 @@ class Emulator:
                     to_start.append(dict(node))
         for key in to_stop:
             self._stop_host(key)
+        for key, ssh_keys in to_rekey:
+            self._rekey_host(key, ssh_keys)
         for node in to_start:
             self._start_host(node)
 
@@ -285,17 +312,22 @@ class Emulator:
             return ""
         return metadata.get(SSH_KEYS_METADATA, "")
 
+    def _rekey_host(self, key: str, ssh_keys: str) -> None:
+        assert self.host_backend is not None
+        try:
+            self.host_backend.update_keys(key, ssh_keys)
+        except Exception:
+            log.exception("could not give the SSH host of %s its new ssh-keys", key)
+
     def _start_host(self, node: Record) -> None:
         assert self.host_backend is not None
         key = node_key(node["project"], node["zone"], node["name"])
         sandbox = self.sandbox(node["project"], node["zone"], node["name"])
         sandbox.mkdir(parents=True, exist_ok=True)
+        ssh_keys = self._authorized_keys(node["metadata"])
         try:
             endpoint = self.host_backend.start(
-                key,
-                sandbox,
-                self._authorized_keys(node["metadata"]),
-                refuse_for=self.faults.ssh_refuse_for,
+                key, sandbox, ssh_keys, refuse_for=self.faults.ssh_refuse_for
             )
         except Exception as error:
             log.exception("could not start an SSH host for %s", key)
@@ -315,9 +347,11 @@ class Emulator:
                     "owner": self._owner,
                     "host": endpoint.host,
                     "port": endpoint.port,
+                    "ssh_keys": ssh_keys,  # what it accepts; the ticker compares
                 }
+                # As the guest agent does: one `hostkeys/<type>` per key sshd serves.
                 current["guest_attributes"] = {
-                    f"{HOST_KEY_NAMESPACE}/{endpoint.host_key_type}": endpoint.host_key_b64,
+                    **{f"{HOST_KEY_NAMESPACE}/{t}": b64 for t, b64 in endpoint.host_keys.items()},
                     EMULATOR_SSH_PORT_ATTRIBUTE: str(endpoint.port),
                 }
                 login_user = getattr(self.host_backend, "login_user", None)
@@ -437,6 +471,22 @@ class Emulator:
         self._wake.set()
         return 200, answer
 
+    def _api_update_node(self, request: _Request) -> tuple[int, Record]:
+        now = self._clock()
+        with self._transaction() as cloud:
+            operation = cloud.update_node(
+                request.project,
+                request.zone,
+                request.params["node"],
+                request.body,
+                request.arg("updateMask"),
+                now,
+            )
+            node = cloud.nodes.get(node_key(request.project, request.zone, operation["node"]))
+            answer = operation_json(operation, node, now=now, as_int=request.as_int)
+        self._wake.set()
+        return 200, answer
+
     def _api_get_guest_attributes(self, request: _Request) -> tuple[int, Record]:
         query_path = str(request.body.get("queryPath") or request.body.get("query_path") or "")
         with self._transaction() as cloud:
@@ -539,6 +589,18 @@ def _location(project: str, zone: str) -> Record:
     return {"name": f"projects/{project}/locations/{zone}", "locationId": zone}
 
 
+def _reachable(bound: str) -> str:
+    """An address clients can connect to: a wildcard bind is reachable on loopback."""
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(bound, bound)
+    return f"[{host}]" if ":" in host else host
+
+
+def _refuse_constant(name: str) -> Any:
+    # json.loads accepts NaN and Infinity, which are not JSON; refuse them on input so
+    # they can never come back out (as the faults endpoint used to echo `Infinity`).
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def _owner_alive(owner: str | None) -> bool:
     """Is the emulator that started this node's SSH host still running?"""
     if not owner:
@@ -577,7 +639,7 @@ def _make_handler(emulator: Emulator) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             try:
-                body = json.loads(raw) if raw.strip() else {}
+                body = json.loads(raw, parse_constant=_refuse_constant) if raw.strip() else {}
                 if not isinstance(body, dict):
                     raise ValueError("the request body must be a JSON object")
             except ValueError as bad:
@@ -588,13 +650,23 @@ def _make_handler(emulator: Emulator) -> type[BaseHTTPRequestHandler]:
             else:
                 try:
                     status, answer = emulator.handle(self.command, self.path, body)
+                except EmulatorStateError as error:
+                    status, answer = 500, error_body(ApiError(500, "INTERNAL", str(error)))
                 except Exception as error:  # a bug in the emulator: say so on the wire
                     log.exception("emulator failed on %s %s", self.command, self.path)
                     status, answer = (
                         500,
                         error_body(ApiError(500, "INTERNAL", f"Emulator error: {error}")),
                     )
-            payload = json.dumps(answer).encode("utf-8")
+            try:
+                payload = json.dumps(answer, allow_nan=False).encode("utf-8")
+            except ValueError as error:  # NaN/inf set in-process (a test): still speak JSON
+                log.error(
+                    "emulator answer to %s %s is not JSON: %s", self.command, self.path, error
+                )
+                status = 500
+                refusal = ApiError(500, "INTERNAL", f"Emulator error: answer not JSON: {error}")
+                payload = json.dumps(error_body(refusal)).encode("utf-8")
             self.send_response(status)
             self.send_header("Content-Type", "application/json; charset=UTF-8")
             self.send_header("Content-Length", str(len(payload)))
