@@ -255,6 +255,11 @@ def test_the_plan_runs_the_lifecycle_and_shows_its_teardown_once() -> None:
     assert operation.poll is not None
     assert operation.poll.schedule.startswith("Backoff(initial=1.0, cap=10.0")
     assert operation.poll.timeout_seconds == spec.timeouts.create
+    # Teardown lists until nothing of the run remains, on teardown.py's own schedule.
+    listing = next(s for s in steps if s.action == "ListNodes")
+    assert listing.poll is not None
+    assert listing.poll.schedule.startswith("Backoff(initial=2.0, cap=10.0, factor=1.5")
+    assert listing.poll.timeout_seconds == spec.timeouts.teardown
     # The journal row is written (here: recorded) before CreateNode leaves.
     kinds = [(s.kind, s.action) for s in steps]
     journal = next(i for i, (k, a) in enumerate(kinds) if a.startswith("journal row"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -28,6 +29,7 @@ __all__ = [
     "ActiveWait",
     "Backoff",
     "active_wait",
+    "announce_wait",
     "operation_schedule",
     "poll_until",
     "wait_for_state",
@@ -95,8 +97,18 @@ _ACTIVE_WAIT: ContextVar[ActiveWait | None] = ContextVar("tpulab_active_wait", d
 
 
 def active_wait() -> ActiveWait | None:
-    """The innermost `poll_until` whose probe is running now, if any."""
+    """The innermost poll loop whose probe is running now, if any."""
     return _ACTIVE_WAIT.get()
+
+
+@contextmanager
+def announce_wait(wait: ActiveWait) -> Iterator[None]:
+    """Run a probe as part of the poll loop `wait` (for loops other than `poll_until`)."""
+    token = _ACTIVE_WAIT.set(wait)
+    try:
+        yield
+    finally:
+        _ACTIVE_WAIT.reset(token)
 
 
 def poll_until(
@@ -126,11 +138,8 @@ def poll_until(
     )
     last: T | None = None
     while True:
-        token = _ACTIVE_WAIT.set(loop)
-        try:
+        with announce_wait(loop):
             last = probe()
-        finally:
-            _ACTIVE_WAIT.reset(token)
         if done(last):
             return last
         remaining = deadline - clock()
