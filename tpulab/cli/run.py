@@ -61,6 +61,8 @@ def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
             out.print(f"{head} {step.action} {escape(where)}".rstrip())
             if step.command:
                 out.print(escape(textwrap.indent(step.command, "      $ ")))
+            if step.detail:
+                out.print(f"      [dim]{escape(step.detail)}[/]")
         else:
             out.print(f"{head} {escape(step.action)}")
         if step.poll is not None:

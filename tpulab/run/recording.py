@@ -107,6 +107,7 @@ class PlanStep(_Model):
     command: str | None = None  # the exact line the remote shell receives
     remote_path: str | None = None
     target: str | None = None
+    detail: str | None = None  # what the step relies on, in words (e.g. the pinned key)
     poll: PollCadence | None = None
 
 
@@ -329,8 +330,9 @@ class RecordingSession:
             "ssh",
             "connect",
             target=self._target_text(),
-            command=f"key {self.key.fingerprint}; host key pinned to the published "
-            f"{self.target.host_key.key_type} (RejectPolicy: any other key aborts)",
+            detail=f"authenticates with the run's key ({PLACEHOLDER_PUBLIC_KEY}); trusts only "
+            f"the {self.target.host_key.key_type} host key the API published (any other "
+            "aborts before anything is sent)",
         )
 
     def close(self) -> None:
