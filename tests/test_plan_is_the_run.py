@@ -13,7 +13,9 @@ address and port, the remote home directory, and the bootstrap's remaining-time 
 from __future__ import annotations
 
 import itertools
+import json
 import re
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -186,8 +188,11 @@ def _budgets_within(real: list[Event], plan: list[Event], slack: float) -> None:
 
 
 def test_dry_run_sends_what_a_real_run_sends(embedded_rig: Rig) -> None:
-    spec = embedded_rig.spec("v5litepod-1")
-    marks = PhaseMarks(embedded_rig.emulator)
+    # The embedded SSH host only: the connection code is the same against sshd, where one
+    # run takes minutes (tests/test_lifecycle.py covers that backend).
+    rig = embedded_rig
+    spec = rig.spec("v5litepod-1")
+    marks = PhaseMarks(rig.emulator)
     events: list[Event] = []
     sessions: list[TracingConnection] = []
 
@@ -196,7 +201,7 @@ def test_dry_run_sends_what_a_real_run_sends(embedded_rig: Rig) -> None:
         sessions.append(session)
         return session
 
-    life, _recorder, error = embedded_rig.run(spec, marks, connect=connect)
+    life, _recorder, error = rig.run(spec, marks, connect=connect)
     assert error is None, error
     assert life.outcome.succeeded
     (session,) = sessions
@@ -207,10 +212,12 @@ def test_dry_run_sends_what_a_real_run_sends(embedded_rig: Rig) -> None:
     replacements = {
         life.nonce: PLACEHOLDER_NONCE,
         life.key.public_b64: PLACEHOLDER_PUBLIC_KEY,
-        f"@{life.target.host}:{life.target.port}": f"@{PLACEHOLDER_NODE_IP}:{PLACEHOLDER_SSH_PORT}",
+        f"{life.target.user}@{life.target.host}:{life.target.port}": (
+            f"{spec.ssh_user}@{PLACEHOLDER_NODE_IP}:{PLACEHOLDER_SSH_PORT}"
+        ),
         home: PLACEHOLDER_REMOTE_HOME,
     }
-    real_api = _normalise(_wire_by_phase(embedded_rig.emulator.requests(), marks.marks), {})
+    real_api = _normalise(_wire_by_phase(rig.emulator.requests(), marks.marks), {})
     real_ssh = _normalise(_fold_transfers(events), replacements)
     real_api = _normalise(real_api, replacements)
 
@@ -225,7 +232,7 @@ def test_dry_run_sends_what_a_real_run_sends(embedded_rig: Rig) -> None:
     assert phases == {p.value for p in Phase} - {"validate", "verify"}
 
 
-def test_the_plan_runs_the_lifecycle_and_shows_its_teardown_once() -> None:
+def test_the_plan_runs_the_lifecycle_and_shows_its_teardown_once(tpulab_home: Path) -> None:
     from tpulab.config import build_run_spec
 
     spec = build_run_spec(accelerator="v6e-1", project="p-123456", zone="us-east5-b", env={})
@@ -264,6 +271,8 @@ def test_the_plan_runs_the_lifecycle_and_shows_its_teardown_once() -> None:
     kinds = [(s.kind, s.action) for s in steps]
     journal = next(i for i, (k, a) in enumerate(kinds) if a.startswith("journal row"))
     assert journal < kinds.index(("api", "CreateNode"))
+    # ... and nothing was written: no journal, no receipt, no key file.
+    assert not tpulab_home.exists() or not any(tpulab_home.rglob("*"))
 
 
 def test_wire_builders_match_what_the_client_sends(
@@ -309,3 +318,6 @@ def test_wire_builders_match_what_the_client_sends(
     assert log == [(w.method, w.target, w.body) for w in expected]
     (op_get,) = {_target(e) for e in emulator.requests() if "/operations/" in e["path"]}
     assert op_get == rest.get_operation(operation).target
+    # Another process reads the same log over HTTP.
+    with urllib.request.urlopen(f"{emulator.url}/_emulator/requests", timeout=10) as answer:
+        assert json.load(answer)["requests"] == emulator.requests()
