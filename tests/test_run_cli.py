@@ -16,6 +16,7 @@ import pytest
 from tpulab import paths
 from tpulab.cli import EXIT_CLOUD, EXIT_CONFIG, EXIT_OK, EXIT_TEARDOWN
 from tpulab.emulator import Emulator, Timing
+from tpulab.run.plan import PlanEnvelope
 from tpulab.run.report import RunEnvelope
 
 if TYPE_CHECKING:
@@ -293,7 +294,9 @@ def test_dry_run_json_is_a_versioned_plan() -> None:
     assert plan["dry_run"] is True
     assert plan["emulated"] is True
     assert plan["accelerator_type"] == "v6e-1"
-    assert plan["project"] == {"value": "tpulab-emulated", "source": "emulator"}
+    assert (plan["project"], plan["project_source"]) == ("tpulab-emulated", "emulator")
+    assert plan["node_name"].startswith("tpulab-")
+    PlanEnvelope.model_validate_json(done.stdout)  # what printed is the pinned contract
     kinds = [(step["phase"], step["kind"]) for step in plan["steps"]]
     assert kinds[0] == ("validate", "local")
     assert ("verify", "local") in kinds

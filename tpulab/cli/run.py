@@ -45,9 +45,10 @@ def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
     tag = " (EMULATED)" if plan.emulated else ""
     out.print(
         f"[bold]Plan for run {plan.run_id}[/]{tag}: {plan.accelerator_type} as node "
-        f"{plan.node}, project {escape(plan.project.value)} ({escape(plan.project.source)}), "
-        f"zone {plan.zone.value} ({escape(plan.zone.source)}); est. "
-        f"${plan.estimated_cost_per_hour_usd:.2f}/h. Recorded from the run itself over "
+        f"{plan.node_name}, project {escape(plan.project)} ({escape(plan.project_source)}), "
+        f"zone {plan.zone} ({escape(plan.zone_source)}); est. "
+        f"${plan.estimated_cost_per_hour_usd:.2f}/h (list prices of {plan.price_date}). "
+        "Recorded from the run itself over "
         f"recording seams: nothing is contacted. API base {escape(plan.endpoint)}."
     )
     for number, step in enumerate(plan.steps, 1):

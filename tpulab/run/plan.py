@@ -13,9 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
-from tpulab.config import RunSpec
+from tpulab.catalog import PRICE_DATE
+from tpulab.config import Mode, RunSpec
 from tpulab.envelope import Envelope
 from tpulab.remote import bootstrap as boot
 from tpulab.run.lifecycle import Lifecycle
@@ -27,28 +26,21 @@ GOOGLE_ENDPOINT = "https://tpu.googleapis.com"
 EMBEDDED_ENDPOINT = "<embedded emulator>"
 
 
-class ResolvedValue(BaseModel):
-    """A value of the spec and where it came from (a flag, the environment, gcloud...)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    value: str
-    source: str
-
-
 class PlanEnvelope(Envelope):
     """`tpulab run --dry-run --json`: the resolved spec and the ordered steps of its run."""
 
-    command: str = "run"
+    command: Literal["run"] = "run"
     ok: bool = True
     dry_run: Literal[True] = True
     run_id: str
-    mode: str
+    mode: Mode
     emulated: bool
     endpoint: str  # the API's base URL; each step's path follows it
-    project: ResolvedValue
-    zone: ResolvedValue
-    node: str
+    project: str
+    project_source: str  # where the value came from: a flag, the environment, gcloud...
+    zone: str
+    zone_source: str
+    node_name: str
     accelerator_type: str
     runtime_version: str
     spot: bool
@@ -57,6 +49,7 @@ class PlanEnvelope(Envelope):
     installer: str
     timeouts_seconds: dict[str, float]
     estimated_cost_per_hour_usd: float
+    price_date: str
     placeholders: dict[str, str]  # marker -> the real value it stands for
     steps: list[PlanStep]
 
@@ -101,9 +94,11 @@ def plan_envelope(
         mode=spec.mode,
         emulated=spec.emulated,
         endpoint=endpoint,
-        project=ResolvedValue(value=spec.project.value, source=spec.project.source),
-        zone=ResolvedValue(value=spec.zone.value, source=spec.zone.source),
-        node=spec.node_name,
+        project=spec.project.value,
+        project_source=spec.project.source,
+        zone=spec.zone.value,
+        zone_source=spec.zone.source,
+        node_name=spec.node_name,
         accelerator_type=accel.name,
         runtime_version=accel.runtime_version,
         spot=spec.spot,
@@ -112,6 +107,7 @@ def plan_envelope(
         installer=installer,
         timeouts_seconds=dataclasses.asdict(spec.timeouts),
         estimated_cost_per_hour_usd=accel.price_per_hour(spot=spec.spot),
+        price_date=PRICE_DATE,
         placeholders={
             marker: meaning
             for marker, meaning in PLACEHOLDERS.items()
