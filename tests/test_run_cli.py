@@ -16,6 +16,7 @@ import pytest
 from tpulab import paths
 from tpulab.cli import EXIT_CLOUD, EXIT_CONFIG, EXIT_OK, EXIT_TEARDOWN
 from tpulab.emulator import Emulator, Timing
+from tpulab.run.plan import PlanEnvelope
 from tpulab.run.report import RunEnvelope
 
 if TYPE_CHECKING:
@@ -233,22 +234,33 @@ def test_dry_run_prints_every_step_and_imports_nothing_heavy(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "HEAVY []" in out
-    base = "https://tpu.googleapis.com/v2/projects/my-proj-1/locations/us-east5-b"
+    assert "Recorded from the run itself" in out
+    assert "API base https://tpu.googleapis.com" in out
+    base = "/v2/projects/my-proj-1/locations/us-east5-b"
     order = [
+        "journal row for run",
         f"POST {base}/nodes?nodeId=tpulab-",
+        f"GET {base}/operations/<CREATE-OPERATION-ID>",
+        "every Backoff(initial=1.0, cap=10.0",
         f"GET {base}/nodes/tpulab-",
         ":getGuestAttributes",
-        "sftp put jax-tpu-lab/verify_tpu.py",
-        "JAX_PLATFORMS=tpu",
-        "--platform tpu",
-        "sftp get jax-tpu-lab/receipt.json",
+        "connect tpulab@<NODE-IP>:22",
+        "put @REMOTE-HOME@/jax-tpu-lab/verify_tpu.py",
+        "sha256sum < @REMOTE-HOME@/jax-tpu-lab/verify_tpu.py",
+        "timeout --signal=KILL 600.000 /bin/sh -c 'export JAX_PLATFORMS=tpu;",
+        "--platform tpu --nonce PLACEHOLDER-NONCE",
+        "get @REMOTE-HOME@/jax-tpu-lab/receipt.json",
+        "judge the receipt",
         f"DELETE {base}/nodes/tpulab-",
-        f"GET {base}/nodes (all pages) until no node has tpulab-run=",
+        f"GET {base}/operations/<DELETE-OPERATION-ID>",
+        f"GET {base}/nodes?$alt=json;enum-encoding=int",
+        "Placeholders",
     ]
     positions = [out.find(text) for text in order]
     assert all(p >= 0 for p in positions), list(zip(order, positions, strict=True))
     assert positions == sorted(positions)
-    assert '"spot": true' in out
+    assert '"schedulingConfig": {"spot": true}' in out
+    assert '"networkConfig": {"enableExternalIps": true}' in out
     assert "jax[tpu]" in out
 
 
@@ -277,14 +289,38 @@ def test_dry_run_json_is_a_versioned_plan() -> None:
     assert done.returncode == EXIT_OK, done.stderr
     plan = envelope(done)
     assert plan["schema_version"] == 1
+    assert plan["command"] == "run"
+    assert plan["ok"] is True
     assert plan["dry_run"] is True
     assert plan["emulated"] is True
+    assert plan["accelerator_type"] == "v6e-1"
+    assert (plan["project"], plan["project_source"]) == ("tpulab-emulated", "emulator")
+    assert plan["node_name"].startswith("tpulab-")
+    PlanEnvelope.model_validate_json(done.stdout)  # what printed is the pinned contract
     kinds = [(step["phase"], step["kind"]) for step in plan["steps"]]
     assert kinds[0] == ("validate", "local")
-    assert kinds[-1] == ("teardown", "api")
+    assert ("verify", "local") in kinds
+    assert kinds.index(("verify", "local")) < kinds.index(("teardown", "api"))
+    create = next(step for step in plan["steps"] if step["action"] == "CreateNode")
+    assert create["method"] == "POST"
+    assert create["body"]["labels"] == {"managed-by": "tpulab", "tpulab-run": plan["run_id"]}
+    assert create["body"]["metadata"]["ssh-keys"] == (
+        "tpulab:ssh-ed25519 <PER-RUN-PUBLIC-KEY> tpulab"
+    )
     execute = next(step for step in plan["steps"] if step["phase"] == "execute")
-    assert "JAX_PLATFORMS=cpu" in execute["action"]
-    assert "--xla_force_host_platform_device_count=1" in execute["action"]
+    assert execute["env"] == {
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+    }
+    assert execute["command"].startswith("timeout --signal=KILL 600.000 /bin/sh -c ")
+    assert "--nonce PLACEHOLDER-NONCE-made-per-run" in execute["command"]
+    # The emulator's quick operation schedule, as GoogleTpuApi would poll it.
+    operation = next(step for step in plan["steps"] if step["action"] == "GetOperation")
+    assert operation["poll"]["schedule"].startswith("Backoff(initial=0.05, cap=0.5")
+    # Every placeholder shown is explained.
+    shown = json.dumps(plan["steps"])
+    assert "<PER-RUN-PUBLIC-KEY>" in plan["placeholders"]
+    assert all(marker in shown for marker in plan["placeholders"])
     assert not paths.emulator_state_dir().exists(), "a dry run must not start the emulator"
 
 

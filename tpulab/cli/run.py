@@ -7,12 +7,14 @@ this module wires the progress display, the signals, the journal and the target
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+import json
+import textwrap
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
 from tpulab import errors as E
-from tpulab.cli._console import console, print_json, print_lines, print_stderr
+from tpulab.cli._console import console, print_lines, print_stderr
 from tpulab.cli._exit import (
     EXIT_TEARDOWN,
     error_report,
@@ -34,25 +36,44 @@ def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
 
     from tpulab.run.plan import build_plan, plan_envelope
 
-    steps = build_plan(spec, installer="pip" if installer == "pip" else "uv")
+    chosen: Literal["uv", "pip"] = "pip" if installer == "pip" else "uv"
+    plan = plan_envelope(spec, build_plan(spec, installer=chosen), installer=chosen)
     if as_json:
-        print_json(plan_envelope(spec, steps))
+        typer.echo(plan.to_json())
         return
     out = console()
-    accel = spec.accelerator
-    tag = " (EMULATED)" if spec.emulated else ""
+    tag = " (EMULATED)" if plan.emulated else ""
     out.print(
-        f"[bold]Plan for run {spec.run_id}[/]{tag}: {accel.name} as node {spec.node_name}, "
-        f"project {escape(spec.project.value)} ({escape(spec.project.source)}), zone "
-        f"{spec.zone.value} ({escape(spec.zone.source)}); est. "
-        f"${accel.price_per_hour(spot=spec.spot):.2f}/h. Nothing is contacted."
+        f"[bold]Plan for run {plan.run_id}[/]{tag}: {plan.accelerator_type} as node "
+        f"{plan.node_name}, project {escape(plan.project)} ({escape(plan.project_source)}), "
+        f"zone {plan.zone} ({escape(plan.zone_source)}); est. "
+        f"${plan.estimated_cost_per_hour_usd:.2f}/h (list prices of {plan.price_date}). "
+        "Recorded from the run itself over "
+        f"recording seams: nothing is contacted. API base {escape(plan.endpoint)}."
     )
-    for number, step in enumerate(steps, 1):
-        out.print(
-            f"{number:>2}. [cyan]{step.kind:<5}[/] [bold]{step.phase}[/] {escape(step.action)}"
-        )
-        if step.why:
-            out.print(f"          [dim]{escape(step.why)}[/]")
+    for number, step in enumerate(plan.steps, 1):
+        head = f"{number:>2}. [cyan]{step.kind:<5}[/] [bold]{step.phase:<9}[/]"
+        if step.kind == "api":
+            out.print(f"{head} {step.method} {escape(step.path or '')}")
+            if step.body is not None:
+                out.print(f"      body {escape(json.dumps(step.body, sort_keys=True))}")
+        elif step.kind == "ssh":
+            where = step.target or step.remote_path or ""
+            out.print(f"{head} {step.action} {escape(where)}".rstrip())
+            if step.command:
+                out.print(escape(textwrap.indent(step.command, "      $ ")))
+            if step.detail:
+                out.print(f"      [dim]{escape(step.detail)}[/]")
+        else:
+            out.print(f"{head} {escape(step.action)}")
+        if step.poll is not None:
+            out.print(
+                f"      [dim]repeated until {escape(step.poll.until)}: every "
+                f"{escape(step.poll.schedule)}, at most {step.poll.timeout_seconds:g} s[/]"
+            )
+    out.print("[dim]Placeholders (only a real run has these values):[/]")
+    for marker, meaning in plan.placeholders.items():
+        out.print(f"  [dim]{escape(marker)}: {escape(meaning)}[/]")
 
 
 def _run(

@@ -4,7 +4,9 @@ A stdlib `ThreadingHTTPServer` speaks the Cloud TPU v2 REST paths (DESIGN.md §5
 the state machine in `state.py`, persisted by `persist.py`. A background ticker applies
 time-based transitions and, when a node is READY, asks the `HostBackend` for an SSH
 server and publishes its host key and port as guest attributes. Admin endpoints under
-`/_emulator/` let another process inject faults and inspect state.
+`/_emulator/` let another process inject faults and inspect state. Every API request is
+also kept, as it arrived on the wire, in a bounded log (`Emulator.requests()`, `GET
+/_emulator/requests`): tests compare it with what `tpulab run --dry-run` says it sends.
 """
 
 from __future__ import annotations
@@ -18,14 +20,14 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, parse_qsl, unquote, urlsplit
 
 from tpulab.contract import (
     EMULATOR_SSH_PORT_ATTRIBUTE,
@@ -53,6 +55,8 @@ Handler = Callable[["_Request"], tuple[int, Record]]
 # an emulator that is no longer here (stopped, or its process died) gets a new one.
 _LIVE_OWNERS: set[str] = set()
 _LIVE_LOCK = threading.Lock()
+# Enough for any single run (a few hundred requests); old entries fall off the front.
+_REQUEST_LOG_SIZE = 10_000
 
 _P = r"(?P<project>[^/]+)"
 _Z = r"(?P<zone>[^/]+)"
@@ -124,6 +128,8 @@ class Emulator:
         self.timing = timing if timing is not None else Timing()
         self.faults = FaultPlan()
         self.calls: Counter[str] = Counter()
+        self._requests: deque[Record] = deque(maxlen=_REQUEST_LOG_SIZE)
+        self._requests_lock = threading.Lock()
         self._bind = (host, port)
         self._clock = clock
         self._file = StateFile(self.state_dir)
@@ -236,6 +242,18 @@ class Emulator:
 
     def sandbox(self, project: str, zone: str, node: str) -> Path:
         return self.state_dir / "sandboxes" / project / zone / node
+
+    def requests(self) -> list[Record]:
+        """The API requests received so far, oldest first, as they arrived on the wire:
+        `method`, `path` (percent-decoded), `query` (decoded [name, value] pairs in the
+        order sent) and `body` (the parsed JSON object, None when there was none).
+        Admin calls under /_emulator/ are not API requests and are not logged."""
+        with self._requests_lock:
+            return json.loads(json.dumps(list(self._requests)))  # type: ignore[no-any-return]
+
+    def clear_requests(self) -> None:
+        with self._requests_lock:
+            self._requests.clear()
 
     # -- state and hosts -------------------------------------------------------------
 
@@ -373,13 +391,24 @@ class Emulator:
 
     # -- request handling --------------------------------------------------------------
 
-    def handle(self, method: str, raw_path: str, body: Record) -> tuple[int, Record]:
-        """Answer one API request: (HTTP status, JSON body)."""
+    def handle(
+        self, method: str, raw_path: str, body: Record, *, has_body: bool = True
+    ) -> tuple[int, Record]:
+        """Answer one API request: (HTTP status, JSON body). `has_body` is False when
+        the request carried no body at all (the log tells that apart from `{}`)."""
         split = urlsplit(raw_path)
         path = unquote(split.path)
         query = parse_qs(split.query, keep_blank_values=True)
         if path.startswith("/_emulator/"):
             return self._admin(method, path, body)
+        entry: Record = {
+            "method": method,
+            "path": path,
+            "query": [list(pair) for pair in parse_qsl(split.query, keep_blank_values=True)],
+            "body": body if has_body else None,
+        }
+        with self._requests_lock:
+            self._requests.append(json.loads(json.dumps(entry)))
         for route_method, pattern, name in _ROUTES:
             match = pattern.match(path)
             if match and route_method == method:
@@ -573,6 +602,11 @@ class Emulator:
             return 200, self.faults.to_dict()
         if path == "/_emulator/state" and method == "GET":
             return 200, {**self.snapshot(), "calls": dict(self.calls)}
+        if path == "/_emulator/requests" and method == "GET":
+            return 200, {"requests": self.requests()}
+        if path == "/_emulator/requests" and method == "DELETE":
+            self.clear_requests()
+            return 200, {}
         return 404, error_body(ApiError(404, "NOT_FOUND", f"No such admin call: {method} {path}"))
 
     # -- connection bookkeeping (so stop() can end keep-alive sessions) ----------------
@@ -649,7 +683,9 @@ def _make_handler(emulator: Emulator) -> type[BaseHTTPRequestHandler]:
                 )
             else:
                 try:
-                    status, answer = emulator.handle(self.command, self.path, body)
+                    status, answer = emulator.handle(
+                        self.command, self.path, body, has_body=bool(raw.strip())
+                    )
                 except EmulatorStateError as error:
                     status, answer = 500, error_body(ApiError(500, "INTERNAL", str(error)))
                 except Exception as error:  # a bug in the emulator: say so on the wire

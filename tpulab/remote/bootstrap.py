@@ -1,6 +1,6 @@
 """Make `~/jax-tpu-lab/.venv` on the VM hold a working JAX, idempotently.
 
-Steps, each one remote command (so `--dry-run` can print them and tests can run them):
+Steps, each one remote command (`--dry-run` records them as the run sends them):
 
 1. `venv`: create the directory and the venv unless a working one exists. TPU VM images
    may lack ensurepip ("ensurepip is not available"); the fallbacks are tried in order
@@ -22,7 +22,6 @@ parameters ("$@"), never pasted into the shell text.
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,16 +31,18 @@ from tpulab.errors import CommandFailedError, RemoteError
 
 __all__ = [
     "INSTALLERS",
+    "INSTALLER_MARKER",
     "LAB_DIR",
     "RECEIPT_PATH",
     "STAGED_PAYLOAD",
     "VENV_DIR",
+    "VENV_MARKER",
     "VENV_PYTHON",
+    "VERSIONS_MARKER",
     "BootstrapResult",
     "CommandResult",
     "RemoteShell",
     "bootstrap",
-    "describe",
     "install_command",
     "probe_command",
     "requirements_for",
@@ -58,9 +59,10 @@ RECEIPT_PATH = f"{LAB_DIR}/receipt.json"
 
 Installer = Literal["uv", "pip"]
 INSTALLERS: tuple[Installer, ...] = ("uv", "pip")
-_VERSIONS_PREFIX = "TPULAB_VERSIONS "
-_VENV_PREFIX = "TPULAB_VENV "
-_INSTALLER_PREFIX = "TPULAB_INSTALLER "
+# The lines by which the remote scripts report back (the dry run answers with them too).
+VERSIONS_MARKER = "TPULAB_VERSIONS "
+VENV_MARKER = "TPULAB_VENV "
+INSTALLER_MARKER = "TPULAB_INSTALLER "
 
 
 class CommandResult(Protocol):
@@ -153,7 +155,7 @@ _PROBE = (
     "found = {n: v(n) for n in ('jax', 'jaxlib', 'numpy')}\n"
     "found['libtpu'] = v('libtpu') or v('libtpu-nightly')\n"
     "found['python'] = platform.python_version()\n"
-    f"print({_VERSIONS_PREFIX!r} + json.dumps(found, sort_keys=True))\n"
+    f"print({VERSIONS_MARKER!r} + json.dumps(found, sort_keys=True))\n"
 )
 
 
@@ -172,15 +174,6 @@ def probe_command() -> list[str]:
 
 def install_command(platform: str, installer: Installer = "uv") -> list[str]:
     return ["sh", "-c", _INSTALL_SCRIPT, "sh", VENV_DIR, installer, *requirements_for(platform)]
-
-
-def describe(argv: Sequence[str]) -> str:
-    """A short human form of a command for the plan (scripts elided, not the arguments)."""
-    if len(argv) > 2 and argv[0] == "sh" and argv[1] == "-c":
-        return "sh -c <script> " + shlex.join(argv[4:])
-    if len(argv) > 2 and argv[1] == "-c":
-        return f"{argv[0]} -c <probe>"
-    return shlex.join(argv)
 
 
 @dataclass
@@ -210,7 +203,7 @@ def _missing(versions: Mapping[str, str | None], platform: str) -> list[str]:
 
 def _probe(shell: RemoteShell, timeout: float) -> dict[str, str | None]:
     result = shell.run(probe_command(), timeout=timeout)
-    found = _marker(result.stdout, _VERSIONS_PREFIX)
+    found = _marker(result.stdout, VERSIONS_MARKER)
     if result.exit_status != 0 or found is None:
         raise CommandFailedError(
             "The venv's python could not report its packages.",
@@ -250,7 +243,7 @@ def bootstrap(
         return remaining
 
     made = shell.run(venv_command(installer), timeout=left(), on_line=on_line)
-    venv_path = _marker(made.stdout, _VENV_PREFIX)
+    venv_path = _marker(made.stdout, VENV_MARKER)
     if made.exit_status != 0 or venv_path is None:
         raise CommandFailedError(
             f"Could not create the remote venv {VENV_DIR} (exit {made.exit_status}).",
@@ -269,7 +262,7 @@ def bootstrap(
         )
     tell(f"installing {' '.join(requirements_for(platform))} (missing: {', '.join(missing)})")
     done = shell.run(install_command(platform, installer), timeout=left(), on_line=on_line)
-    used = _marker(done.stdout, _INSTALLER_PREFIX) or installer
+    used = _marker(done.stdout, INSTALLER_MARKER) or installer
     if done.exit_status != 0:
         raise CommandFailedError(
             f"Installing {' '.join(requirements_for(platform))} with {used} failed "

@@ -12,7 +12,9 @@ delete is sent; success needs a verified receipt AND a confirmed teardown; a tea
 that cannot be confirmed raises TeardownError, which outranks every other failure.
 
 The seams are arguments: `api` (a TpuApi: Google or an emulator), `connect` (an SSH
-connection factory), `journal`, `observer`, `shield`, `clock` and `sleep`.
+connection factory), `journal`, `observer`, `shield`, `clock`, `sleep`, and `new_key` /
+`new_nonce` (the run's secrets). `tpulab run --dry-run` is this class over recording
+seams (tpulab.run.recording), so the plan cannot drift from the run.
 """
 
 from __future__ import annotations
@@ -191,6 +193,8 @@ class Lifecycle:
         teardown_poll: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        new_key: Callable[[], RunKey] | None = None,
+        new_nonce: Callable[[], str] = lambda: secrets.token_hex(16),
     ) -> None:
         self.spec = spec
         self.api = api
@@ -204,6 +208,8 @@ class Lifecycle:
         self.teardown_poll = teardown_poll
         self.clock = clock
         self.sleep = sleep
+        self.new_key = new_key
+        self.new_nonce = new_nonce
         self.outcome = RunOutcome(spec)
         self.nonce = ""
         self.payload_bytes = b""
@@ -370,8 +376,8 @@ class Lifecycle:
                 hint="Reinstall tpulab (the verifier ships inside it), or pass a readable file.",
             ) from None
         self._receipt_store().check_writable()  # a receipt that cannot be kept = a wasted VM
-        self.nonce = check_nonce(secrets.token_hex(16))
-        self.key = RunKey()
+        self.nonce = check_nonce(self.new_nonce())
+        self.key = self.new_key() if self.new_key is not None else RunKey()
         return f"{self.spec.accelerator.name} in {self.spec.zone.value}, payload {source.name}"
 
     def create(self) -> str:
