@@ -39,7 +39,7 @@ def make_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Bac
 
     def make(image: ImageEnv) -> HostBackend:
         if request.param == "openssh":
-            from conftest import require_tool
+            from helpers import require_tool
             from ssh_fixtures import sshd_available
 
             from tpulab.emulator.openssh import OpenSshHostBackend

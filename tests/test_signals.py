@@ -22,26 +22,19 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 import pytest
+from helpers import FakeClock
 
 from tpulab.errors import InterruptedRun, TeardownError
 from tpulab.run.signals import SignalInterrupt, interrupted, shield, signals_to_teardown
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _guard(notes: list[str], clock: Clock | None = None) -> AbstractContextManager[None]:
+def _guard(notes: list[str], clock: FakeClock | None = None) -> AbstractContextManager[None]:
     return signals_to_teardown(
-        notes.append, force_exit_status=6, window=2.0, clock=clock or Clock()
+        notes.append, force_exit_status=6, window=2.0, clock=clock or FakeClock(now=100.0)
     )
 
 
-def _guarded(body: Callable[[], None], notes: list[str], clock: Clock | None = None) -> None:
+def _guarded(body: Callable[[], None], notes: list[str], clock: FakeClock | None = None) -> None:
     with _guard(notes, clock):
         body()
 
@@ -75,7 +68,7 @@ def test_a_signal_unwinds_through_finally_and_becomes_interrupted_run(
 
 def test_signals_during_teardown_are_refused_with_what_is_being_deleted() -> None:
     notes: list[str] = []
-    clock = Clock()
+    clock = FakeClock(now=100.0)
     events: list[str] = []
 
     def body() -> None:
