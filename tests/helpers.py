@@ -96,7 +96,9 @@ def create_ready_node(
     api: GoogleTpuApi, name: str, labels: Mapping[str, str], zone: str = ZONE
 ) -> None:
     """Create a node through the real client and wait until its operation is done."""
-    request = NodeRequest(accelerator_type=ACCELERATOR, runtime_version=RUNTIME, labels=dict(labels))
+    request = NodeRequest(
+        accelerator_type=ACCELERATOR, runtime_version=RUNTIME, labels=dict(labels)
+    )
     api.wait_operation(api.create_node(zone, name, request), timeout=30)
 
 
