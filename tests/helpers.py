@@ -6,6 +6,7 @@ imports by name lives here, once:
 - `require_tool`: skip locally, fail in CI, when a system tool is missing;
 - `FakeClock`: time that moves only when the code under test sleeps (or a test says so);
 - `tpulab`: the CLI as a user runs it, a real `python -m tpulab` subprocess;
+- `invoke`: the same CLI in this process (typer's runner), when no subprocess is needed;
 - `create_ready_node`, `killed_run`: what the cloud and the journal hold after a run
   was killed with SIGKILL, for the sweep and `teardown --verify` to find.
 """
@@ -17,18 +18,21 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import pytest
 
 from tpulab.cleanup.journal import Journal, RunRow, target_for
-from tpulab.cloud.google import GoogleTpuApi
 from tpulab.models import NodeRequest, tpulab_labels
+
+if TYPE_CHECKING:  # the Google client is heavy; tests that need it import it themselves
+    from tpulab.cloud.google import GoogleTpuApi
 
 __all__ = [
     "IN_CI",
     "FakeClock",
     "create_ready_node",
+    "invoke",
     "killed_run",
     "require_tool",
     "tpulab",
@@ -90,6 +94,19 @@ def tpulab(
         env={**os.environ, "COLUMNS": "200", **(env or {})},
         check=False,
     )
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    """Run the CLI in this process: (exit status, stdout, stderr). An exception the CLI
+    did not turn into an exit status is re-raised, so a crash never reads as a status."""
+    from typer.testing import CliRunner
+
+    from tpulab.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
 
 
 def create_ready_node(
