@@ -32,12 +32,19 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy", "--strict")
 
 
+# pytest-xdist workers for `nox -s tests`. The tests are independent (each has its own
+# TPULAB_HOME and tmp dirs, servers on port 0), so they can share the cores; "auto" is
+# one worker per core. `nox -s tests -- -n 0` runs them in one process (the last -n wins).
+TEST_WORKERS = "auto"
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole suite, end-to-end tests included (they need sshd and gcloud in CI)."""
+    """The whole suite, end-to-end tests included (they need sshd and gcloud in CI),
+    spread over TEST_WORKERS processes."""
     session.install("-e", ".[test]")
     _payload_python_310(session)
-    session.run("pytest", *session.posargs)
+    session.run("pytest", "-n", TEST_WORKERS, *session.posargs)
 
 
 def _payload_python_310(session: nox.Session) -> None:
