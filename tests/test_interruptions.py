@@ -129,6 +129,9 @@ class RefusingHosts:
             refuse_for = HOLD_LIMIT_SECONDS
         return self.inner.start(node_key, sandbox, ssh_keys_metadata, refuse_for=refuse_for)
 
+    def update_keys(self, node_key: str, ssh_keys_metadata: str) -> None:
+        self.inner.update_keys(node_key, ssh_keys_metadata)
+
     def stop(self, node_key: str) -> None:
         self.inner.stop(node_key)
 
