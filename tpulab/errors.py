@@ -14,6 +14,8 @@
     │   ├── NotFoundError                404 NOT_FOUND
     │   ├── PermissionDeniedError        403 PERMISSION_DENIED / 401
     │   ├── TransientError               5xx or rate limiting; worth retrying
+    │   │   ├── UnreachableError             never sent (refused, DNS): nothing happened
+    │   │   └── OutcomeUnknownError          sent, no answer (timeout, reset): may have acted
     │   ├── DeadlineError                an operation or state did not arrive in time
     │   └── PreemptedError               a spot node was preempted under the run
     ├── RemoteError                  talking to the VM over SSH went wrong
@@ -57,6 +59,7 @@ __all__ = [
     "LocalRunError",
     "LocationError",
     "NotFoundError",
+    "OutcomeUnknownError",
     "PermissionDeniedError",
     "PreemptedError",
     "QuotaError",
@@ -70,6 +73,7 @@ __all__ = [
     "TpuLabError",
     "TransientError",
     "UnknownAcceleratorError",
+    "UnreachableError",
     "UnsupportedAcceleratorError",
     "VerificationError",
     "shown",
@@ -162,6 +166,18 @@ class PermissionDeniedError(CloudError):
 
 class TransientError(CloudError):
     pass
+
+
+class UnreachableError(TransientError):
+    """The request never left: connection refused, DNS failure, connect timeout.
+
+    The server cannot have acted on it, so after a CreateNode nothing exists."""
+
+
+class OutcomeUnknownError(TransientError):
+    """The request was sent but no answer came (read timeout, connection reset).
+
+    The server may have acted: after a CreateNode the node may exist."""
 
 
 class DeadlineError(CloudError):

@@ -23,14 +23,17 @@ from typing import Any, TypeVar
 from tpulab.cloud import rest
 from tpulab.cloud.api import TpuApi
 from tpulab.cloud.classify import HTTP_STATUS, RPC_STATUS, error_for_status, hint_for
-from tpulab.cloud.polling import Backoff, operation_schedule, poll_until
+from tpulab.cloud.polling import operation_schedule
 from tpulab.config.endpoint import classify_endpoint
 from tpulab.errors import (
     ConfigError,
+    OutcomeUnknownError,
     PermissionDeniedError,
     TransientError,
+    UnreachableError,
 )
 from tpulab.models import NodeInfo, NodeRequest, NodeState
+from tpulab.polling import Backoff, poll_until, retry_call
 
 __all__ = ["GoogleTpuApi", "TpuApi", "adc_project", "error_for_status"]
 
@@ -76,22 +79,63 @@ def _translate(error: Exception, what: str, endpoint: str) -> Exception:
             api_message=str(error),
             hint="Check the network and retry; offline, rehearse with --emulate.",
         )
+    if isinstance(error, http_exceptions.ConnectionError | http_exceptions.Timeout):
+        return _network_error(error, what, endpoint)
+    return error
+
+
+def _network_error(error: OSError, what: str, endpoint: str) -> TransientError:
+    """No HTTP answer: tell "never sent" (nothing can have happened) from "sent, no
+    answer" (the server may have acted), because after a CreateNode the first means
+    nothing exists and the second means a node may."""
+    from requests import exceptions as http_exceptions
+    from urllib3 import exceptions as url_exceptions
+
+    cause = error.args[0] if error.args else None
+    if isinstance(cause, url_exceptions.MaxRetryError):
+        cause = cause.reason
+    # urllib3 raises NewConnectionError (refused) and NameResolutionError (DNS), both
+    # ConnectTimeoutError subclasses, before a byte of the request is written.
+    if isinstance(error, http_exceptions.ConnectTimeout) or isinstance(
+        cause, url_exceptions.ConnectTimeoutError
+    ):
+        return UnreachableError(
+            f"Could not {what}: cannot reach {endpoint} ({_reason(cause or error)}); "
+            "the request was never sent.",
+            status="UNAVAILABLE",
+            api_message=str(error),
+            hint="Check the network, the --api-endpoint URL (or that the emulator is "
+            "running, for a local one) and retry.",
+        )
     if isinstance(error, http_exceptions.Timeout):
-        return TransientError(
-            f"Could not {what}: {endpoint} did not answer in time.",
+        return OutcomeUnknownError(
+            f"Could not {what}: {endpoint} did not answer in time; the request was sent, "
+            "so it may have taken effect.",
             status="DEADLINE_EXCEEDED",
             api_message=str(error),
             hint=hint_for(TransientError),
         )
-    if isinstance(error, http_exceptions.ConnectionError):
-        return TransientError(
-            f"Could not {what}: cannot reach {endpoint}.",
-            status="UNAVAILABLE",
-            api_message=str(error),
-            hint="Check the network (or that the emulator is running, for a local "
-            "--api-endpoint) and retry.",
-        )
-    return error
+    return OutcomeUnknownError(
+        f"Could not {what}: the connection to {endpoint} broke after the request was "
+        f"sent ({_reason(cause or error)}), so it may have taken effect.",
+        status="UNAVAILABLE",
+        api_message=str(error),
+        hint="Check the network and retry; `tpulab list` shows what exists.",
+    )
+
+
+def _reason(error: BaseException) -> str:
+    """The OS's own words ("Connection refused") when it said any, not urllib3's wrapping."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.strerror:
+            return str(seen.strerror)
+        seen = seen.__cause__ or seen.__context__
+    return str(error)[:160]
+
+
+def _worth_retrying(error: Exception) -> bool:
+    return isinstance(error, TransientError) and not isinstance(error, UnreachableError)
 
 
 def _status_and_message(error: Any) -> tuple[str, str]:
@@ -136,10 +180,16 @@ class GoogleTpuApi:
     local endpoint (the REST transport keeps an explicit `http://` scheme). Application
     Default Credentials are attached only where `classify_endpoint` says so (Google over
     https); every other endpoint is called anonymously unless `credentials` are passed.
-    Idempotent calls (get, list, guest attributes, operation get) are retried on
-    TransientError up to `retries` times; create and delete are not, since a lost reply
-    could otherwise create twice. `poll` makes the operation-polling schedule (default:
-    about 1 s growing with jitter to 10 s; faster for a local endpoint).
+    Idempotent calls (get, list, guest attributes, operation get) ride out
+    TransientErrors (503s, rate-limit 429s, lost replies) with backoff for up to
+    `retry_for` seconds -- less when an enclosing wait's deadline comes sooner, so the
+    phase's deadline is what ends them (see `tpulab.polling`). An UnreachableError is not
+    retried here: a one-shot call to an endpoint where nothing listens fails at once,
+    and the waits that must outlast a network blip retry it under their own deadline.
+    Create and delete are sent once: whether resending is safe is the caller's call
+    (the lifecycle checks the node does not exist first). `poll` makes the
+    operation-polling schedule (default: about 1 s growing with jitter to 10 s; faster
+    for a local endpoint).
     """
 
     def __init__(
@@ -151,7 +201,7 @@ class GoogleTpuApi:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         poll: Callable[[], Iterable[float]] | None = None,
-        retries: int = 4,
+        retry_for: float = 60.0,
         retry_backoff: Callable[[], Iterable[float]] | None = None,
         request_timeout: float = 60.0,
         list_page_size: int = 0,
@@ -168,7 +218,7 @@ class GoogleTpuApi:
         self.api_endpoint = api_endpoint
         self._sleep = sleep
         self._clock = clock
-        self._retries = retries
+        self._retry_for = retry_for
         self._request_timeout = request_timeout
         self._list_page_size = list_page_size
         self._calls = 0
@@ -252,6 +302,7 @@ class GoogleTpuApi:
             clock=self._clock,
             sleep=self._sleep,
             backoff=self._poll(),
+            retry_if=lambda error: isinstance(error, TransientError),
             describe=lambda _op: f"operation {operation_name} to finish",
         )
         if operation.HasField("error") and operation.error.code != 0:
@@ -331,11 +382,9 @@ class GoogleTpuApi:
     # -- plumbing --------------------------------------------------------------------
 
     def _call(self, send: Callable[[], T], what: str, *, idempotent: bool) -> T:
-        """Send one request (counted); retry TransientError if the call is idempotent."""
-        delays = iter(self._retry_backoff())
-        attempt = 0
-        while True:
-            attempt += 1
+        """Send one request (each try counted); retry an idempotent one (class doc)."""
+
+        def attempt() -> T:
             with self._calls_lock:
                 self._calls += 1
             try:
@@ -344,10 +393,18 @@ class GoogleTpuApi:
                 error = _translate(raw, what, self._endpoint_text)
                 if error is raw:
                     raise
-                if isinstance(error, TransientError) and idempotent and attempt <= self._retries:
-                    self._sleep(next(delays))
-                    continue
                 raise error from None
+
+        if not idempotent:
+            return attempt()
+        return retry_call(
+            attempt,
+            retry_if=_worth_retrying,
+            timeout=self._retry_for,
+            clock=self._clock,
+            sleep=self._sleep,
+            backoff=self._retry_backoff(),
+        )
 
     def _to_info(self, node: Any, zone: str) -> NodeInfo:
         parts = str(node.name).split("/")
