@@ -64,6 +64,10 @@ def _short_sleep(seconds: float) -> None:
     time.sleep(min(seconds, 0.05))  # keep the sweep's retry and poll schedule, not its waits
 
 
+# How long the sweep rides out a failing list: long enough for a short 503 burst.
+_LIST_FOR = 2.0
+
+
 def _fast_sweep(
     api: GoogleTpuApi,
     journal: Journal,
@@ -79,10 +83,18 @@ def _fast_sweep(
         run_id=run_id,
         journal=journal,
         include_live=include_live,
+        list_for=_LIST_FOR,
         sleep=_short_sleep,
     )
     result = sweep(
-        api, plan, journal=journal, timeout=20, poll=0.05, max_poll=0.2, sleep=_short_sleep
+        api,
+        plan,
+        journal=journal,
+        timeout=20,
+        poll=0.05,
+        max_poll=0.2,
+        list_for=_LIST_FOR,
+        sleep=_short_sleep,
     )
     return plan, result
 
@@ -170,7 +182,7 @@ def test_rows_without_nodes_are_closed_only_when_their_zone_was_listed(
     api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
 ) -> None:
     killed_run(api, "never-created", journal=journal, pid=dead_pid, create=False)
-    api = GoogleTpuApi(PROJECT, api_endpoint=emulator.url, retries=0)  # fail fast
+    api = GoogleTpuApi(PROJECT, api_endpoint=emulator.url, retry_for=0)  # fail fast
     emulator.faults.update({"transient": {"list_nodes": 1000}})
     plan, result = _fast_sweep(api, journal, zones=[ZONE])
     assert ZONE in plan.list_errors

@@ -39,6 +39,7 @@ from tpulab.errors import (
     UnknownAcceleratorError,
 )
 from tpulab.models import NodeInfo
+from tpulab.polling import Backoff, retry_call
 from tpulab.run.teardown import delete_and_confirm
 
 __all__ = [
@@ -131,18 +132,22 @@ def sweep_command_for(row: RunRow) -> str:
 
 
 def _list_zone(
-    api: TpuApi, zone: str, *, attempts: int, sleep: Callable[[float], None]
+    api: TpuApi,
+    zone: str,
+    *,
+    list_for: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
 ) -> list[NodeInfo]:
-    delay = 0.5
-    for attempt in range(attempts):
-        try:
-            return api.list_nodes(zone)
-        except TransientError:
-            if attempt == attempts - 1:
-                raise
-            sleep(delay)
-            delay *= 2
-    raise AssertionError("unreachable")
+    """List a zone, riding out transient errors for `list_for` seconds."""
+    return retry_call(
+        lambda: api.list_nodes(zone),
+        retry_if=lambda error: isinstance(error, TransientError),
+        timeout=list_for,
+        clock=clock,
+        sleep=sleep,
+        backoff=Backoff(initial=0.5, cap=8.0, factor=2.0),
+    )
 
 
 def _age_and_cost(
@@ -171,7 +176,8 @@ def find_orphans(
     journal: Journal | None = None,
     include_live: bool = False,
     now: datetime | None = None,
-    list_attempts: int = 4,
+    list_for: float = 60.0,
+    clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> SweepPlan:
     """Look (journal, then every zone's `list`) and say what a sweep would do.
@@ -179,7 +185,8 @@ def find_orphans(
     `target` is the journal's name for `api` (see `journal.target_for`); rows of other
     targets or projects are reported in `other_rows`, never acted on. `zones` are searched
     in addition to the zones of this target's open journal rows. A journal that cannot
-    be read is reported in `journal_error` and the search goes on by labels alone.
+    be read is reported in `journal_error` and the search goes on by labels alone. A zone
+    whose list keeps failing transiently for `list_for` seconds lands in `list_errors`.
     """
     now = now or datetime.now(timezone.utc)
     journal = journal or Journal()
@@ -212,7 +219,7 @@ def find_orphans(
     labelled_runs: set[str] = set()
     for zone in plan.zones:
         try:
-            listed = _list_zone(api, zone, attempts=list_attempts, sleep=sleep)
+            listed = _list_zone(api, zone, list_for=list_for, clock=clock, sleep=sleep)
         except CloudError as error:
             plan.list_errors[zone] = error.message
             continue
@@ -257,7 +264,8 @@ def verify_clean(
     zones: Iterable[str],
     *,
     run_id: str | None = None,
-    list_attempts: int = 4,
+    list_for: float = 60.0,
+    clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[list[NodeInfo], dict[str, str]]:
     """tpulab nodes (of `run_id`, if given) still listed, and zones that failed to list."""
@@ -265,7 +273,7 @@ def verify_clean(
     errors: dict[str, str] = {}
     for zone in zones:
         try:
-            listed = _list_zone(api, zone, attempts=list_attempts, sleep=sleep)
+            listed = _list_zone(api, zone, list_for=list_for, clock=clock, sleep=sleep)
         except CloudError as error:
             errors[zone] = error.message
             continue
@@ -286,6 +294,7 @@ def sweep(
     poll: float = 2.0,
     max_poll: float = 10.0,
     parallel: int = 4,
+    list_for: float = 60.0,
     notify: Callable[[str], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
@@ -352,7 +361,9 @@ def sweep(
         detail = f"no node labelled tpulab-run={row.run_id} in {row.zone} (teardown --verify)"
         if _close(journal, row.run_id, detail, result.journal_warnings):
             result.closed_rows.append(row.run_id)
-    listed, result.list_errors = verify_clean(api, plan.zones, run_id=plan.run_id, sleep=sleep)
+    listed, result.list_errors = verify_clean(
+        api, plan.zones, run_id=plan.run_id, list_for=list_for, clock=clock, sleep=sleep
+    )
     owned = {(c.node.zone, c.node.name) for c in plan.live}
     result.live = [node for node in listed if (node.zone, node.name) in owned]
     result.remaining = [node for node in listed if (node.zone, node.name) not in owned]

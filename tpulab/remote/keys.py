@@ -20,13 +20,21 @@ import os
 import re
 import struct
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from tpulab.contract import EMULATOR_SSH_PORT_ATTRIBUTE, HOST_KEY_ATTRIBUTE
-from tpulab.errors import ConfigError, ConnectError, HostKeyMismatchError, TransientError
+from tpulab.errors import (
+    CloudError,
+    ConfigError,
+    ConnectError,
+    HostKeyMismatchError,
+    NotFoundError,
+    TransientError,
+)
+from tpulab.polling import Backoff, Tries, poll_until
 
 __all__ = [
     "HOST_KEY_ATTRIBUTE",
@@ -214,23 +222,42 @@ def wait_for_host_key(
     timeout: float,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    backoff: Iterable[float] | None = None,
 ) -> HostKey:
-    """Poll guest attributes until the host key appears (it may lag READY). Transient API
-    errors while polling are retried under the same deadline."""
-    deadline = clock() + timeout
-    delay = 0.5
-    while True:
-        try:
-            return host_key_from(fetch_attrs())
-        except (HostKeyNotPublishedError, TransientError) as exc:
-            log.debug("host key not available yet: %s", exc)
-            remaining = deadline - clock()
-            if remaining <= 0:
-                raise HostKeyNotPublishedError(
-                    f"The node did not publish its SSH host key ({HOST_KEY_ATTRIBUTE}) "
-                    f"within {timeout:g}s",
-                    hint="Check the node in the console (serial port output); raise the "
-                    "timeout if the image boots slowly. Nothing was sent to the VM.",
-                ) from exc
-            sleep(min(delay, remaining))
-            delay = min(delay * 2, 5.0)
+    """Poll guest attributes until the host key appears (it may lag READY).
+
+    Until the deadline, "not yet" is: no key in the attributes, a transient API error,
+    or getGuestAttributes answering NOT_FOUND or FAILED_PRECONDITION -- which the API
+    does before the guest agent has published anything (gcloud's `tpu-vm ssh` treats any
+    HTTP error there as "not yet"; we keep permission and argument errors fatal)."""
+
+    def not_published(tries: Tries[HostKey]) -> Exception:
+        error = HostKeyNotPublishedError(
+            f"The node did not publish its SSH host key ({HOST_KEY_ATTRIBUTE}) "
+            f"within {tries.timeout:g}s",
+            hint="Check the node in the console (serial port output); raise the "
+            "timeout if the image boots slowly. Nothing was sent to the VM.",
+        )
+        error.__cause__ = tries.error
+        return error
+
+    def on_retry(error: Exception, delay: float) -> None:
+        log.debug("host key not available yet (%s); next look in %.1fs", error, delay)
+
+    return poll_until(
+        lambda: host_key_from(fetch_attrs()),
+        lambda _key: True,
+        timeout=timeout,
+        clock=clock,
+        sleep=sleep,
+        backoff=backoff if backoff is not None else Backoff(0.5, 5.0, factor=2.0),
+        retry_if=_not_published_yet,
+        on_retry=on_retry,
+        expired=not_published,
+    )
+
+
+def _not_published_yet(error: Exception) -> bool:
+    if isinstance(error, HostKeyNotPublishedError | TransientError | NotFoundError):
+        return True
+    return isinstance(error, CloudError) and error.status == "FAILED_PRECONDITION"

@@ -54,6 +54,7 @@ from tpulab.errors import (
     TpuBusyError,
     TpuLabError,
 )
+from tpulab.polling import Backoff, Tries, poll_until, time_left
 from tpulab.remote.cmdline import SHA256_TIMEOUT, remote_command, remote_path, sha256_command
 from tpulab.remote.keys import (
     HOST_KEY_ATTRIBUTE,
@@ -85,6 +86,15 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+class _KeyNotInstalledYet(Exception):
+    """The server refused our key inside the `auth_retry_for` window: try again."""
+
+
+def _said(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
 
 _CHUNK = 32 * 1024
 _TAIL = 2000
@@ -214,20 +224,16 @@ class Connection:
         listening some seconds after the node is READY."""
         if self._client is not None:
             return
-        import paramiko
-
         t = self.target
-        deadline = self._clock() + self.connect_timeout
-        delay, attempts, last = 0.25, 0, "no attempt was made"
-        refused_at: float | None = None
-        while True:
-            attempts += 1
-            remaining = max(deadline - self._clock(), 0.1)
+        refused_at: list[float] = []  # when the key was first refused, if it was
+
+        def attempt() -> paramiko.SSHClient:
+            import paramiko
+
+            remaining = max(time_left(self.connect_timeout), 0.1)
             try:
                 self._probe(min(remaining, self.banner_timeout))
-                self._client = self._handshake(remaining)
-                log.debug("ssh connected to %s after %d attempt(s)", t, attempts)
-                return
+                return self._handshake(remaining)
             except paramiko.BadHostKeyException as exc:
                 presented = f"{exc.key.get_name()} {fingerprint(exc.key.asbytes())}"
                 raise self._mismatch(presented) from exc
@@ -236,40 +242,61 @@ class Connection:
                 # seconds after sshd starts; the host key was verified before auth, so
                 # retrying for a bounded window trusts nothing new.
                 now = self._clock()
-                refused_at = now if refused_at is None else refused_at
-                if now - refused_at < self.auth_retry_for and now < deadline:
-                    log.debug("ssh to %s: key refused; retrying (keys may lag boot)", t)
-                    self._sleep(min(delay, deadline - now))
-                    delay = min(delay * 2, 5.0)
-                    continue
-                raise AuthError(
-                    f"{t} refused this run's SSH key ({self._key.fingerprint})",
-                    hint=f"The node's metadata ssh-keys must list this run's key for user "
-                    f"{t.user!r}; tpulab injects it at create time (with enable-oslogin: "
-                    "FALSE), so a node created elsewhere cannot be used. If your "
-                    "organisation enforces OS Login (policy compute.requireOsLogin), the "
-                    "VM ignores ssh-keys whatever the node says: ask an admin to exempt "
-                    "the project, or grant yourself roles/compute.osAdminLogin and use "
-                    "`gcloud compute tpus tpu-vm ssh`.",
-                ) from exc
+                refused_at[:1] = refused_at[:1] or [now]
+                if now - refused_at[0] < self.auth_retry_for:
+                    raise _KeyNotInstalledYet(str(exc)) from exc
+                raise self._refused() from exc
             except paramiko.SSHException as exc:
                 if "not found in known_hosts" in str(exc):
                     # The server offered no key of the pinned type: also a mismatch.
                     raise self._mismatch("no key of the pinned type") from exc
-                last = f"{type(exc).__name__}: {exc}"
-            except (OSError, EOFError) as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            remaining = deadline - self._clock()
-            log.debug("ssh to %s not ready (%s); %.1fs left", t, last, remaining)
-            if remaining <= 0:
-                raise ConnectError(
-                    f"Could not open an SSH session to {t} within "
-                    f"{self.connect_timeout:g}s ({attempts} attempts; last error: {last})",
-                    hint="Check that the node is READY and reachable on that port from "
-                    "this machine; raise the connect timeout if the VM boots slowly.",
-                )
-            self._sleep(min(delay, remaining))
-            delay = min(delay * 2, 5.0)
+                raise
+
+        def not_ready(error: Exception) -> bool:
+            import paramiko
+
+            retryable = (_KeyNotInstalledYet, paramiko.SSHException, OSError, EOFError)
+            return isinstance(error, retryable)
+
+        def on_retry(error: Exception, delay: float) -> None:
+            log.debug("ssh to %s not ready (%s); next try in %.1fs", t, _said(error), delay)
+
+        def gave_up(tries: Tries[paramiko.SSHClient]) -> Exception:
+            if isinstance(tries.error, _KeyNotInstalledYet):
+                return self._refused()
+            last = _said(tries.error) if tries.error is not None else "no attempt was made"
+            return ConnectError(
+                f"Could not open an SSH session to {t} within "
+                f"{tries.timeout:g}s ({tries.attempts} attempts; last error: {last})",
+                hint="Check that the node is READY and reachable on that port from "
+                "this machine; raise the connect timeout if the VM boots slowly.",
+            )
+
+        self._client = poll_until(
+            attempt,
+            lambda _client: True,
+            timeout=self.connect_timeout,
+            clock=self._clock,
+            sleep=self._sleep,
+            backoff=Backoff(initial=0.25, cap=5.0, factor=2.0, jitter=0.1),
+            retry_if=not_ready,
+            on_retry=on_retry,
+            expired=gave_up,
+        )
+        log.debug("ssh connected to %s", t)
+
+    def _refused(self) -> AuthError:
+        t = self.target
+        return AuthError(
+            f"{t} refused this run's SSH key ({self._key.fingerprint})",
+            hint=f"The node's metadata ssh-keys must list this run's key for user "
+            f"{t.user!r}; tpulab injects it at create time (with enable-oslogin: "
+            "FALSE), so a node created elsewhere cannot be used. If your "
+            "organisation enforces OS Login (policy compute.requireOsLogin), the "
+            "VM ignores ssh-keys whatever the node says: ask an admin to exempt "
+            "the project, or grant yourself roles/compute.osAdminLogin and use "
+            "`gcloud compute tpus tpu-vm ssh`.",
+        )
 
     def _mismatch(self, presented: str) -> HostKeyMismatchError:
         t = self.target

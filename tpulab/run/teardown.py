@@ -29,7 +29,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tpulab.cloud.api import TpuApi
-from tpulab.cloud.polling import ActiveWait, Backoff, announce_wait
 from tpulab.errors import (
     CloudError,
     DeadlineError,
@@ -39,6 +38,7 @@ from tpulab.errors import (
     TransientError,
 )
 from tpulab.models import NodeInfo, NodeState
+from tpulab.polling import ActiveWait, Backoff, Tries, announce_wait, poll_until
 
 __all__ = ["TeardownReport", "delete_and_confirm", "manual_delete_command"]
 
@@ -100,6 +100,15 @@ class _Teardown:
         # Time kept back from waiting on a delete operation for the `list` that proves it.
         self.reserve = min(30.0, timeout * 0.25)
         self.report = TeardownReport(api.project, zone, node_name, run_id)
+        self.first_round = True
+        self._last_notified = ""
+        # No jitter: one controller's teardown has nobody to fall into step with, and a
+        # dry run shows the schedule as it is.
+        self.schedule = Backoff(poll, max(poll, max_poll), factor=1.5, jitter=0.0)
+        # Named so a dry run shows this loop's cadence (tpulab.polling.active_wait).
+        self.listing = ActiveWait(
+            f"no node of this run is listed in {zone}", self.schedule, timeout
+        )
 
     def remaining(self) -> float:
         return self.deadline - self.clock()
@@ -113,7 +122,10 @@ class _Teardown:
 
     def problem(self, text: str) -> None:
         self.report.problems.append(text)
-        self.notify(text)
+        # A dead endpoint fails every round the same way: say so once, not 300 times.
+        if text != self._last_notified:
+            self._last_notified = text
+            self.notify(text)
 
     def delete(self, name: str) -> None:
         """Send one DeleteNode and wait for its operation within the deadline's share."""
@@ -173,32 +185,45 @@ class _Teardown:
             return
         self.delete(node.name)
 
-    def run(self) -> TeardownReport:
-        if self.known_ours:
-            self.delete_by_name()
-        schedule = Backoff(self.poll, max(self.poll, self.max_poll), factor=1.5, jitter=0.0)
-        delays = iter(schedule)
-        # Named so a dry run shows this loop's cadence (tpulab.cloud.polling.active_wait).
-        listing = ActiveWait(
-            f"no node of this run is listed in {self.zone}", schedule, self.deadline - self.started
-        )
-        while True:
-            with announce_wait(listing):
-                nodes = self.leftovers()
-            if nodes == [] and self.clock() < self.settled_at:
-                # Empty, but too early to believe it: look again before confirming.
-                self.sleep(max(0.0, min(next(delays), self.settled_at - self.clock())))
-                continue
-            if nodes == []:
-                self.report.confirmed = True
-                self.report.seconds = self.clock() - self.started
-                return self.report
-            if self.remaining() <= 0:
-                raise self.failure(nodes)
-            for node in nodes or ():
+    def step(self) -> list[NodeInfo] | None:
+        """One round: (first time) delete by name, list, delete what is not DELETING."""
+        if self.first_round:
+            self.first_round = False
+            if self.known_ours:
+                self.delete_by_name()
+        # Only the list is the poll: a dry run shows its cadence, the deletes as sent once.
+        with announce_wait(self.listing):
+            nodes = self.leftovers()
+        if nodes and self.clock() < self.deadline:
+            for node in nodes:
                 if node.state != NodeState.DELETING:
                     self.delete(node.name)
-            self.sleep(max(0.0, min(next(delays), self.remaining())))
+        return nodes
+
+    def confirmed(self, nodes: list[NodeInfo] | None) -> bool:
+        # An empty list before `settled_at` is too early to believe (the create's outcome
+        # is unknown): look again before confirming.
+        return nodes == [] and self.clock() >= self.settled_at
+
+    def run(self) -> TeardownReport:
+        def gone_too_late(tries: Tries[list[NodeInfo] | None]) -> Exception:
+            return self.failure(tries.last)
+
+        # Every round, its DeleteNode waits and the API's own retries run inside this one
+        # deadline (tpulab.polling nests them), so nothing outlives `timeout`.
+        poll_until(
+            self.step,
+            self.confirmed,
+            timeout=max(0.0, self.deadline - self.clock()),
+            clock=self.clock,
+            sleep=self.sleep,
+            backoff=self.schedule,
+            expired=gone_too_late,
+            announce=False,
+        )
+        self.report.confirmed = True
+        self.report.seconds = self.clock() - self.started
+        return self.report
 
     def failure(self, nodes: list[NodeInfo] | None) -> TeardownError:
         names = [node.name for node in nodes] if nodes else [self.name]
