@@ -49,15 +49,19 @@ from tpulab.errors import (
     LeakedNode,
     LocationError,
     NotFoundError,
+    OutcomeUnknownError,
     PermissionDeniedError,
     PreemptedError,
     QuotaError,
     RemoteError,
     TeardownError,
     TpuLabError,
+    TransientError,
+    UnreachableError,
     VerificationError,
 )
 from tpulab.models import NodeInfo, NodeRequest, NodeState
+from tpulab.polling import Backoff, retry_call
 from tpulab.remote import bootstrap as boot
 from tpulab.run.progress import NullObserver, Phase, RunJournal, RunObserver, TeardownStatus
 from tpulab.run.teardown import TeardownReport, delete_and_confirm, manual_delete_command
@@ -405,22 +409,89 @@ class Lifecycle:
             spot=self.spec.spot,
             description=f"tpulab run {self.spec.run_id}",
         )
+        zone, name = self.spec.zone.value, self.spec.node_name
+        deadline = self.clock() + self.spec.timeouts.create
+        attempts = 0
+
+        def send() -> str | None:
+            """One CreateNode; None when an earlier attempt's node turns out to exist."""
+            nonlocal attempts
+            attempts += 1
+            try:
+                return self.api.create_node(zone, name, request)
+            except AlreadyExistsError:
+                # A resend after a refusal meets the node an earlier attempt created
+                # after all (the API acted, then failed to answer): ours by run label.
+                if attempts > 1 and self._ours_exists():
+                    return None
+                raise
+
+        def refused_and_absent(error: Exception) -> bool:
+            # Resend only an ANSWERED refusal (503, rate-limit 429): never a request whose
+            # fate is unknown (timeout, reset) -- and only once GetNode proves no node of
+            # this name exists, or that it is this run's (the resend then hears 409 and
+            # adopts it). The name is ours to choose, so a resend cannot make a second
+            # node; the check is what keeps us from mistaking someone else's for ours.
+            if not isinstance(error, TransientError) or isinstance(
+                error, UnreachableError | OutcomeUnknownError
+            ):
+                return False
+            try:
+                return not self._exists_but_not_ours()
+            except CloudError:
+                return False  # cannot prove anything: leave it to the full teardown
+
+        def on_retry(error: Exception, delay: float) -> None:
+            message = error.message if isinstance(error, TpuLabError) else str(error)
+            self.observer.note(
+                f"create of {name} refused ({message}); no such node exists, "
+                f"sending it again in {delay:.1f} s"
+            )
+
         self.outcome.create_sent = True
         self._milestone("create_sent")
         try:
-            operation = self.api.create_node(self.spec.zone.value, self.spec.node_name, request)
-        except _REFUSED:
-            self.outcome.create_sent = False  # refused synchronously: nothing exists
+            operation = retry_call(
+                send,
+                retry_if=refused_and_absent,
+                timeout=self.spec.timeouts.create,
+                clock=self.clock,
+                sleep=self.sleep,
+                backoff=self.poll if self.poll is not None else Backoff(1.0, 10.0),
+                on_retry=on_retry,
+            )
+        except (*_REFUSED, UnreachableError):
+            # Refused synchronously, or never sent (connection refused, DNS): every
+            # earlier attempt was proven absent before resending, so nothing exists.
+            self.outcome.create_sent = False
             raise
         self.outcome.create_accepted = True
+        if operation is None:
+            self.observer.note(f"node {name} was created by an earlier attempt; using it")
+            return f"node {name} (adopted after a refused create)"
         try:
-            self.api.wait_operation(operation, timeout=self.spec.timeouts.create)
+            self.api.wait_operation(operation, timeout=max(0.0, deadline - self.clock()))
         except AlreadyExistsError:
             # The name belongs to a node someone else created: it is not ours, so the
             # teardown must only confirm that nothing with this run's label exists.
             self.outcome.create_accepted = False
             raise
-        return f"node {self.spec.node_name}" + (" (spot)" if self.spec.spot else "")
+        return f"node {name}" + (" (spot)" if self.spec.spot else "")
+
+    def _exists_but_not_ours(self) -> bool:
+        """GetNode: True if a node of our name exists without this run's label."""
+        try:
+            node = self.api.get_node(self.spec.zone.value, self.spec.node_name)
+        except NotFoundError:
+            return False
+        return node.run_id != self.spec.run_id or not node.managed_by_tpulab
+
+    def _ours_exists(self) -> bool:
+        try:
+            node = self.api.get_node(self.spec.zone.value, self.spec.node_name)
+        except NotFoundError:
+            return False
+        return node.managed_by_tpulab and node.run_id == self.spec.run_id
 
     def wait_ready(self) -> str:
         """Poll the node until READY; PreemptedError if a spot node is reclaimed."""
@@ -650,6 +721,9 @@ class Lifecycle:
                     else min(_CREATE_SETTLE_SECONDS, self.spec.timeouts.teardown / 4),
                     timeout=self.spec.timeouts.teardown,
                     poll=self.teardown_poll,
+                    # The cap scales with the first interval (10 s for the default 2 s),
+                    # so a fast-polling caller rides out a DeleteNode storm just as fast.
+                    max_poll=min(10.0, self.teardown_poll * 5),
                     clock=self.clock,
                     sleep=self.sleep,
                     notify=self.observer.note,
