@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["METHODS", "FaultPlan"]
+__all__ = ["GUEST_ATTRIBUTE_ERRORS", "METHODS", "FaultPlan"]
 
 # The method names `transient` understands ("*" means any call).
 METHODS = (
@@ -31,6 +31,9 @@ METHODS = (
     "list_runtime_versions",
     "get_runtime_version",
 )
+
+# What `guest_attributes_error` may be: the HTTP status and google.rpc status it answers.
+GUEST_ATTRIBUTE_ERRORS = {"NOT_FOUND": 404, "FAILED_PRECONDITION": 400}
 
 
 @dataclass
@@ -57,6 +60,11 @@ class FaultPlan:
     """Spot nodes turn PREEMPTED this many seconds after READY."""
     guest_attributes_delay: float = 0.0
     """Guest attributes (the host key) appear this many seconds after READY."""
+    guest_attributes_error_for: float = 0.0
+    """getGuestAttributes answers `guest_attributes_error` (instead of an empty list)
+    until this many seconds after READY, as the API can before the agent publishes."""
+    guest_attributes_error: str = "NOT_FOUND"
+    """NOT_FOUND (404) or FAILED_PRECONDITION (400), for `guest_attributes_error_for`."""
     ssh_refuse_for: float = 0.0
     """Passed to the host backend: the SSH server refuses connections this long."""
     project_os_login: bool = False
@@ -106,6 +114,12 @@ class FaultPlan:
         checked: dict[str, Any] = {}
         for name, value in values.items():
             checked[name] = _checked(name, value, getattr(defaults, name))
+        error = checked.get("guest_attributes_error", self.guest_attributes_error)
+        if error not in GUEST_ATTRIBUTE_ERRORS:
+            raise ValueError(
+                f"guest_attributes_error cannot be {error!r}; "
+                f"known: {sorted(GUEST_ATTRIBUTE_ERRORS)}"
+            )
         for name in ("transient", "rate_limited"):
             bad = sorted(set(checked.get(name, {})) - {*METHODS, "*"})
             if bad:
@@ -144,6 +158,9 @@ def _checked(name: str, value: Any, default: Any) -> Any:
             return float(value)
     elif isinstance(default, int):
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    elif isinstance(default, str):
+        if isinstance(value, str):
             return value
     elif isinstance(default, list):
         if isinstance(value, list) and all(isinstance(v, str) for v in value):

@@ -36,7 +36,7 @@ from tpulab.contract import (
     OS_LOGIN_METADATA,
     SSH_KEYS_METADATA,
 )
-from tpulab.emulator.faults import FaultPlan
+from tpulab.emulator.faults import GUEST_ATTRIBUTE_ERRORS, FaultPlan
 from tpulab.emulator.hosts import HostBackend
 from tpulab.emulator.persist import EmulatorStateError, StateFile
 from tpulab.emulator.state import CloudState, node_json, node_key, operation_json, zone_or_403
@@ -518,14 +518,29 @@ class Emulator:
 
     def _api_get_guest_attributes(self, request: _Request) -> tuple[int, Record]:
         query_path = str(request.body.get("queryPath") or request.body.get("query_path") or "")
+        now = self._clock()
         with self._transaction() as cloud:
             node = cloud.get_node(request.project, request.zone, request.params["node"])
-            attributes = cloud.guest_attributes(node, query_path, self._clock())
+            self._guest_attributes_fault(node, now)
+            attributes = cloud.guest_attributes(node, query_path, now)
         items = [
             {"namespace": k.split("/", 1)[0], "key": k.split("/", 1)[1], "value": v}
             for k, v in sorted(attributes.items())
         ]
         return 200, {"guestAttributes": [{"queryPath": query_path, "queryValue": {"items": items}}]}
+
+    def _guest_attributes_fault(self, node: Record, now: float) -> None:
+        """The `guest_attributes_error_for` fault: an error until that long after READY."""
+        error_for = self.faults.guest_attributes_error_for
+        ready_time = node.get("ready_time")
+        if error_for <= 0 or (ready_time is not None and now >= ready_time + error_for):
+            return
+        status = self.faults.guest_attributes_error
+        raise ApiError(
+            GUEST_ATTRIBUTE_ERRORS[status],
+            status,
+            f"Guest attributes of node {node['name']} are not available yet.",
+        )
 
     def _api_get_operation(self, request: _Request) -> tuple[int, Record]:
         name = (
