@@ -217,17 +217,39 @@ def test_rate_limit_429_is_transient_not_quota(emulator: Emulator, tpu_api: Goog
     assert "per minute" in caught.value.api_message.lower()
 
 
-def test_create_is_not_retried_and_retries_are_bounded(emulator: Emulator) -> None:
-    api = _api(emulator, retries=2)
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_create_is_sent_once_and_idempotent_calls_retry_until_their_deadline(
+    emulator: Emulator,
+) -> None:
+    clock = FakeClock()
+    api = _api(emulator, retry_for=5.0, clock=clock, sleep=clock.sleep)
     emulator.faults.transient = {"create_node": 1}
     with pytest.raises(E.TransientError) as caught:
         api.create_node(ZONE, "node-c", _request())
     assert caught.value.status == "UNAVAILABLE"
-    assert api.call_count == 1  # a lost reply must not create twice
-    emulator.faults.transient = {"get_node": 10}
+    assert api.call_count == 1  # whether a resend is safe is the lifecycle's call
+    # A storm far longer than the old four tries is ridden out...
+    emulator.faults.transient = {"get_node": 15}
+    with pytest.raises(E.NotFoundError):
+        api.get_node(ZONE, "node-c")
+    assert api.call_count == 1 + 16
+    # ...and only the deadline ends one that does not stop.
+    emulator.faults.transient = {"get_node": 10**6}
+    before, start = api.call_count, clock.now
     with pytest.raises(E.TransientError):
         api.get_node(ZONE, "node-c")
-    assert api.call_count == 1 + 3  # first try + 2 retries
+    assert clock.now == pytest.approx(start + 5.0)
+    assert api.call_count - before > 16
 
 
 def test_failed_delete_operation_leaves_the_node_for_a_retry(
@@ -294,13 +316,63 @@ def test_guest_attributes_appear_late_when_told_to(
     assert tpu_api.guest_attributes(ZONE, "node-g", "hostkeys/") == {}
 
 
-def test_unreachable_endpoint_is_transient(emulator: Emulator) -> None:
-    api = _api(emulator, retries=1)
+def test_an_endpoint_where_nothing_listens_is_unreachable_at_once(emulator: Emulator) -> None:
+    api = _api(emulator)
     emulator.stop()
-    with pytest.raises(E.TransientError, match="cannot reach") as caught:
+    with pytest.raises(E.UnreachableError, match="never sent") as caught:
         api.list_nodes(ZONE)
+    assert "refused" in caught.value.message.lower()
+    assert api.call_count == 1  # nothing listens: no point hammering it
     assert caught.value.hint
     assert "emulator" in caught.value.hint
+
+
+class SilentServer:
+    """A real TCP server that reads the request and then answers nothing (`hang`) or
+    drops the connection: what a request lost after it was sent looks like."""
+
+    def __init__(self, *, hang: bool) -> None:
+        import socket
+        import threading
+
+        self.hang = hang
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            if self.hang:
+                self.held.append(conn)
+            else:
+                conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.mark.parametrize("hang", [True, False], ids=["timeout", "dropped"])
+def test_a_request_lost_after_sending_has_an_unknown_outcome(hang: bool) -> None:
+    server = SilentServer(hang=hang)
+    try:
+        api = GoogleTpuApi(PROJECT, api_endpoint=server.url, request_timeout=0.3)
+        with pytest.raises(E.OutcomeUnknownError, match="may have taken effect") as caught:
+            api.create_node(ZONE, "node-u", _request())
+        assert not isinstance(caught.value, E.UnreachableError)
+        assert api.call_count == 1  # never resent: a second create could be the one
+    finally:
+        server.close()
 
 
 def test_persistence_across_an_emulator_restart(

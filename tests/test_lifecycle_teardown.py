@@ -194,3 +194,33 @@ def test_another_runs_node_with_our_name_is_never_deleted(
     )
     assert emulator.node_names() == ["tpulab-x"]
     assert report.spared == ["tpulab-x"]
+
+
+def test_a_dead_endpoint_is_reported_once_not_every_round() -> None:
+    # Issue 10 #3: a teardown against an endpoint where nothing listens printed ~300
+    # "list of zone failed" lines. It still tries until its deadline (a node may exist
+    # and bill), but says each distinct problem once.
+    import socket
+
+    from tpulab.cloud.google import GoogleTpuApi
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    api = GoogleTpuApi("p", api_endpoint=f"http://127.0.0.1:{port}", clock=lambda: now[0])
+    notes: list[str] = []
+    with pytest.raises(TeardownError, match="could not be listed") as caught:
+        delete_and_confirm(
+            api, ZONE, "gone", run_id="run-dead", timeout=120, poll=0.5,
+            clock=lambda: now[0], sleep=sleep, notify=notes.append,
+        )  # fmt: skip
+    assert now[0] == pytest.approx(120)
+    assert api.call_count > 10  # kept trying all along...
+    assert len(notes) == 2  # ...but said "get failed" and "list failed" once each
+    assert all("cannot reach" in note for note in notes)
+    assert [node.name for node in caught.value.leaked] == ["gone"]

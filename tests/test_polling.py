@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -12,8 +13,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tpulab.cloud.polling import Backoff, poll_until, wait_for_state
-from tpulab.errors import DeadlineError, PreemptedError
+from tpulab.errors import (
+    DeadlineError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    PreemptedError,
+    QuotaError,
+    TransientError,
+)
 from tpulab.models import NodeInfo, NodeRequest, NodeState
+from tpulab.polling import retry_call, time_left
+from tpulab.remote.keys import (
+    HOST_KEY_ATTRIBUTE,
+    HostKey,
+    HostKeyNotPublishedError,
+    RunKey,
+    wait_for_host_key,
+)
+
+_ED25519_BODY = RunKey().public_b64
 
 
 @dataclass
@@ -210,3 +229,219 @@ def test_wait_for_state_deadline_names_the_last_state() -> None:
     with pytest.raises(DeadlineError, match=r"READY.*last state CREATING"):
         wait_for_state(api, "z", "n", {NodeState.READY}, timeout=60, clock=clock, sleep=clock.sleep)
     assert clock.now == pytest.approx(1060)
+
+
+# -- retrying calls, nested deadlines (issue 9 item 5, issue 10 #2) ----------------------
+
+
+class Flaky:
+    """Fails with `error` the first `failures` times, then answers `value`."""
+
+    def __init__(self, failures: int, error: Exception, value: str = "ok") -> None:
+        self.failures = failures
+        self.error = error
+        self.value = value
+        self.calls = 0
+
+    def __call__(self) -> str:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error
+        return self.value
+
+
+def _unavailable() -> TransientError:
+    return TransientError("Could not get node: unavailable.", status="UNAVAILABLE")
+
+
+def _transient(error: Exception) -> bool:
+    return isinstance(error, TransientError)
+
+
+def test_retry_call_rides_out_a_storm_of_any_length_within_the_deadline() -> None:
+    clock = FakeClock()
+    call = Flaky(20, _unavailable())
+    result = retry_call(
+        call,
+        retry_if=_transient,
+        timeout=600,
+        clock=clock,
+        sleep=clock.sleep,
+        backoff=Backoff(rng=random.Random(1)),
+    )
+    assert result == "ok"
+    assert call.calls == 21  # not a fixed count of tries: twenty failures, then success
+    assert len(clock.sleeps) == 20
+
+
+def test_retry_call_raises_the_last_error_exactly_at_the_deadline() -> None:
+    clock = FakeClock()
+    start = clock.now
+    seen: list[float] = []
+
+    def call() -> str:
+        seen.append(clock.now)
+        raise _unavailable()
+
+    heard: list[float] = []
+    with pytest.raises(TransientError, match="unavailable"):
+        retry_call(
+            call,
+            retry_if=_transient,
+            timeout=45,
+            clock=clock,
+            sleep=clock.sleep,
+            backoff=Backoff(rng=random.Random(2)),
+            on_retry=lambda _error, delay: heard.append(delay),
+        )
+    assert seen[0] == start
+    assert seen[-1] == pytest.approx(start + 45)  # one last try at the deadline
+    assert clock.now == pytest.approx(start + 45)  # and never a sleep past it
+    assert heard == clock.sleeps
+
+
+def test_retry_call_passes_other_errors_through_at_once() -> None:
+    clock = FakeClock()
+    call = Flaky(5, QuotaError("quota", status="RESOURCE_EXHAUSTED"))
+    with pytest.raises(QuotaError):
+        retry_call(call, retry_if=_transient, timeout=600, clock=clock, sleep=clock.sleep)
+    assert call.calls == 1
+    assert clock.sleeps == []
+
+
+def test_an_inner_retry_never_outlives_the_enclosing_deadline() -> None:
+    # A GoogleTpuApi call (retry budget 1000 s here) inside the wait for READY (30 s):
+    # the phase's deadline ends both, on whichever clock each runs.
+    clock = FakeClock()
+    start = clock.now
+    inner_clock = FakeClock(now=5.0)  # another clock: deadlines must not mix their values
+
+    def inner_sleep(seconds: float) -> None:
+        inner_clock.sleep(seconds)
+        clock.sleep(seconds)
+
+    def probe() -> str:
+        return retry_call(
+            Flaky(10**6, _unavailable()),
+            retry_if=_transient,
+            timeout=1000,
+            clock=inner_clock,
+            sleep=inner_sleep,
+        )
+
+    with pytest.raises(DeadlineError, match="last error: Could not get node"):
+        poll_until(
+            probe,
+            lambda state: state == "READY",
+            timeout=30,
+            clock=clock,
+            sleep=clock.sleep,
+            retry_if=_transient,
+        )
+    assert clock.now == pytest.approx(start + 30)
+
+
+def test_time_left_is_the_timeout_outside_a_loop_and_the_rest_inside() -> None:
+    assert time_left(12.5) == 12.5
+    clock = FakeClock()
+    left: list[float] = []
+
+    def probe() -> bool:
+        left.append(time_left(1000))
+        return len(left) == 2
+
+    poll_until(probe, bool, timeout=20, clock=clock, sleep=clock.sleep, backoff=[4.0])
+    assert left == [20, 16]
+
+
+def test_poll_until_counts_retryable_errors_as_not_yet() -> None:
+    clock = FakeClock()
+    states: Iterator[str | Exception] = iter([_unavailable(), "CREATING", _unavailable(), "READY"])
+
+    def probe() -> str:
+        state = next(states)
+        if isinstance(state, Exception):
+            raise state
+        return state
+
+    assert (
+        poll_until(
+            probe,
+            lambda s: s == "READY",
+            timeout=60,
+            clock=clock,
+            sleep=clock.sleep,
+            retry_if=_transient,
+        )
+        == "READY"
+    )
+
+
+class StormyApi(ScriptedApi):
+    """get_node answers 503 for the first `storm` calls."""
+
+    def __init__(self, clock: FakeClock, script: list[tuple[float, NodeState]], storm: int):
+        super().__init__(clock, script)
+        self.storm = storm
+
+    def get_node(self, zone: str, node_id: str) -> NodeInfo:
+        if self.storm > 0:
+            self.storm -= 1
+            self.gets += 1
+            raise _unavailable()
+        return super().get_node(zone, node_id)
+
+
+def test_wait_for_state_rides_out_a_storm_until_its_deadline() -> None:
+    clock = FakeClock()
+    api = StormyApi(clock, [(0, NodeState.READY)], storm=15)
+    node = wait_for_state(
+        api, "z", "n", {NodeState.READY}, timeout=900, clock=clock, sleep=clock.sleep
+    )
+    assert node.state is NodeState.READY
+    assert api.gets == 16
+    endless = StormyApi(clock, [(0, NodeState.READY)], storm=10**6)
+    start = clock.now
+    with pytest.raises(DeadlineError, match="unavailable"):
+        wait_for_state(
+            endless, "z", "n", {NodeState.READY}, timeout=120, clock=clock, sleep=clock.sleep
+        )
+    assert clock.now == pytest.approx(start + 120)
+
+
+# -- the host-key wait (issue 11 #3) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "not_yet",
+    [
+        NotFoundError("Could not read guest attributes: not found.", status="NOT_FOUND"),
+        InvalidArgumentError("precondition", status="FAILED_PRECONDITION"),
+        _unavailable(),
+    ],
+    ids=["404", "FAILED_PRECONDITION", "503"],
+)
+def test_host_key_wait_treats_early_api_errors_as_not_published(not_yet: Exception) -> None:
+    clock = FakeClock()
+    fetch = Flaky(8, not_yet)
+    key = HostKey("ssh-ed25519", _ED25519_BODY)
+
+    def attrs() -> dict[str, str]:
+        fetch()
+        return {HOST_KEY_ATTRIBUTE: _ED25519_BODY}
+
+    assert wait_for_host_key(attrs, timeout=60, clock=clock, sleep=clock.sleep) == key
+    assert fetch.calls == 9
+
+
+def test_host_key_wait_gives_up_at_its_deadline_and_keeps_fatal_errors_fatal() -> None:
+    clock = FakeClock()
+    start = clock.now
+    missing = Flaky(10**6, NotFoundError("not found", status="NOT_FOUND"))
+    with pytest.raises(HostKeyNotPublishedError, match="within 30s"):
+        wait_for_host_key(lambda: {"x": missing()}, timeout=30, clock=clock, sleep=clock.sleep)
+    assert clock.now == pytest.approx(start + 30)
+    denied = Flaky(10**6, PermissionDeniedError("denied", status="PERMISSION_DENIED"))
+    with pytest.raises(PermissionDeniedError):
+        wait_for_host_key(lambda: {"x": denied()}, timeout=30, clock=clock, sleep=clock.sleep)
+    assert denied.calls == 1

@@ -1,0 +1,176 @@
+"""Transient storms and dead endpoints, end to end (issue 10 #2, #3; issue 11 #3).
+
+A burst of 503s or rate-limit 429s -- 10 to 20 in a row, on any call -- during any phase
+that talks to the API must end in a verified run with nothing left: only a deadline ends
+the retrying. An endpoint where nothing listens must fail within seconds, create nothing
+and leave no open journal row. The real client, the emulator and its SSH hosts; nothing
+mocked.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tpulab.cleanup.journal import Journal, RunJournalAdapter
+from tpulab.cloud.google import GoogleTpuApi
+from tpulab.errors import TeardownError, UnreachableError
+from tpulab.run.lifecycle import Lifecycle
+from tpulab.run.progress import NullObserver, Phase
+
+if TYPE_CHECKING:
+    from run_rig import Rig
+
+pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
+
+
+class StormAt(NullObserver):
+    """Unleashes `faults` on the emulator the moment the run enters `phase`, and keeps
+    the notes the run makes (its retries say why they wait)."""
+
+    def __init__(self, rig: Rig, phase: Phase, faults: dict[str, Any]) -> None:
+        self.rig = rig
+        self.phase = phase
+        self.faults = faults
+        self.notes: list[str] = []
+
+    def phase_started(self, phase: Phase) -> None:
+        if phase is self.phase:
+            self.rig.emulator.faults.update(self.faults)
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+
+def _assert_verified_and_clean(rig: Rig, life: Lifecycle, error: BaseException | None) -> None:
+    assert error is None, f"run failed: {error!r}"
+    assert life.outcome.succeeded
+    assert life.outcome.teardown_status == "confirmed"
+    assert rig.leftovers() == []
+
+
+# The API-calling phases: Create (CreateNode, GetOperation), Wait for READY (GetNode),
+# Host key (getGuestAttributes, GetNode) and Teardown (GetNode, DeleteNode, GetOperation,
+# ListNodes). "*" hits whichever call comes next, so each storm lands on all of them.
+STORMS = {
+    "503x15": {"transient": {"*": 15}},
+    "429x15": {"rate_limited": {"*": 15}},
+}
+
+
+@pytest.mark.parametrize("storm", STORMS.values(), ids=list(STORMS))
+@pytest.mark.parametrize(
+    "phase", [Phase.CREATE, Phase.WAIT_READY, Phase.HOST_KEY, Phase.TEARDOWN], ids=str
+)
+def test_a_storm_in_any_phase_ends_in_a_verified_run(
+    embedded_rig: Rig, phase: Phase, storm: dict[str, Any]
+) -> None:
+    observer = StormAt(embedded_rig, phase, storm)
+    life, _, error = embedded_rig.run(embedded_rig.spec("v5litepod-1"), observer)
+    _assert_verified_and_clean(embedded_rig, life, error)
+    left = embedded_rig.emulator.faults.to_dict()
+    assert sum(left["transient"].values()) + sum(left["rate_limited"].values()) == 0
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [
+        # Issue 10 #2's three reports, and longer bursts on single calls.
+        {"transient": {"get_node": 5}},
+        {"transient": {"get_operation": 15}},
+        {"rate_limited": {"*": 10}},
+        {"transient": {"create_node": 12}},
+        {"rate_limited": {"create_node": 20}},
+        {"transient": {"get_guest_attributes": 20}},
+        {"transient": {"list_nodes": 15, "delete_node": 15}},
+    ],
+    ids=str,
+)
+def test_storms_on_single_calls_are_ridden_out(embedded_rig: Rig, faults: dict[str, Any]) -> None:
+    embedded_rig.emulator.faults.update(faults)
+    life, _, error = embedded_rig.run(embedded_rig.spec("v5litepod-1"))
+    _assert_verified_and_clean(embedded_rig, life, error)
+
+
+def test_a_refused_create_is_resent_only_after_get_proves_no_node(embedded_rig: Rig) -> None:
+    embedded_rig.emulator.faults.update({"rate_limited": {"create_node": 3}})
+    observer = StormAt(embedded_rig, Phase.VALIDATE, {})
+    life, _, error = embedded_rig.run(embedded_rig.spec("v5litepod-1"), observer)
+    _assert_verified_and_clean(embedded_rig, life, error)
+    calls = embedded_rig.emulator.calls
+    assert calls["create_node"] == 4  # three refusals, then the one that created
+    # Each resend was preceded by a GetNode that answered NOT_FOUND.
+    resends = [note for note in observer.notes if "sending it again" in note]
+    assert len(resends) == 3
+    assert all("no such node exists" in note for note in resends)
+
+
+def test_a_storm_longer_than_the_deadline_still_fails_and_leaves_nothing(
+    embedded_rig: Rig,
+) -> None:
+    # Only the deadline ends the retrying: a storm that outlasts Wait for READY fails
+    # there (exit 3), and the teardown -- after the storm -- confirms the node gone.
+    embedded_rig.emulator.faults.update({"transient": {"get_node": 100_000}})
+
+    class Calm(NullObserver):
+        def phase_started(self, phase: Phase) -> None:
+            if phase is Phase.TEARDOWN:
+                embedded_rig.emulator.faults.update({"transient": {}})
+
+    started = time.monotonic()
+    life, _, error = embedded_rig.run(embedded_rig.spec("v5litepod-1", ready=2.0), Calm())
+    from tpulab.errors import DeadlineError
+
+    assert isinstance(error, DeadlineError)
+    assert "temporarily unavailable" in error.message
+    assert time.monotonic() - started < 2.0 + 8.0 + 5.0  # ready deadline + teardown + slack
+    assert life.outcome.teardown_status == "confirmed"
+    assert embedded_rig.leftovers() == []
+
+
+@pytest.mark.parametrize("status", ["NOT_FOUND", "FAILED_PRECONDITION"])
+def test_guest_attributes_answering_errors_at_first_are_not_yet(
+    embedded_rig: Rig, status: str
+) -> None:
+    # Before the guest agent publishes, getGuestAttributes may answer 404 or 400
+    # FAILED_PRECONDITION; gcloud waits that out, and so must the host-key wait.
+    embedded_rig.emulator.faults.update(
+        {"guest_attributes_error_for": 1.0, "guest_attributes_error": status}
+    )
+    life, _, error = embedded_rig.run(embedded_rig.spec("v5litepod-1"))
+    _assert_verified_and_clean(embedded_rig, life, error)
+
+
+def _closed_port() -> int:
+    """A loopback port with nothing listening (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_dead_endpoint_fails_in_seconds_creates_nothing_and_closes_the_row(
+    embedded_rig: Rig,
+) -> None:
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    spec = embedded_rig.spec("v5litepod-4")
+    journal = Journal()
+    life = Lifecycle(
+        spec,
+        api=GoogleTpuApi(spec.project.value, api_endpoint=endpoint),
+        journal=RunJournalAdapter(journal),
+        teardown_poll=0.05,
+    )
+    started = time.monotonic()
+    with pytest.raises(UnreachableError, match="never sent") as caught:
+        life.run()
+    assert time.monotonic() - started < 5.0
+    assert not isinstance(caught.value, TeardownError)
+    assert "billing" not in caught.value.message.lower()
+    assert life.outcome.teardown_status == "not-created"
+    assert journal.open_runs() == []
+    row = journal.get(spec.run_id)
+    assert row is not None
+    assert row.teardown == "not-created"
