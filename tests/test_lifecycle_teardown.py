@@ -80,7 +80,8 @@ def test_transient_list_and_delete_errors_are_ridden_out(
     emulator: Emulator, tpu_api: GoogleTpuApi
 ) -> None:
     create(tpu_api, "flaky", "run-d")
-    # More 503s than the client's own retries absorb: the teardown loop must go on.
+    # The client rides out the ListNodes storm itself; DeleteNode it never resends, so
+    # the teardown loop must go on.
     emulator.faults.transient = {"delete_node": 2, "list_nodes": 12}
     notes: list[str] = []
     report = delete_and_confirm(

@@ -108,6 +108,37 @@ def test_a_refused_create_is_resent_only_after_get_proves_no_node(embedded_rig: 
     assert all("no such node exists" in note for note in resends)
 
 
+def test_a_create_that_acted_but_answered_503_is_adopted_not_duplicated(
+    embedded_rig: Rig,
+) -> None:
+    # The API created the node and then lost its reply. GetNode finds this run's node,
+    # the resend hears 409, and the run carries on with the one node it has.
+    embedded_rig.emulator.faults.update({"create_lost_replies": 1})
+    observer = StormAt(embedded_rig, Phase.VALIDATE, {})
+    life, _, error = embedded_rig.run(embedded_rig.spec("v5litepod-1"), observer)
+    _assert_verified_and_clean(embedded_rig, life, error)
+    assert embedded_rig.emulator.calls["create_node"] == 2  # the lost one, the 409
+    assert any("created by an earlier attempt" in note for note in observer.notes)
+
+
+def test_a_refused_create_is_never_resent_over_a_strangers_node(embedded_rig: Rig) -> None:
+    # A 503 on create, and a node of our name that is not ours: resending could only
+    # hear 409 about someone else's node, so the run fails and the stranger survives.
+    from emulator_fixtures import ZONE, node_request
+
+    spec = embedded_rig.spec("v5litepod-1")
+    api = embedded_rig.api
+    api.wait_operation(api.create_node(ZONE, spec.node_name, node_request(run_id=None)), timeout=10)
+    embedded_rig.emulator.faults.update({"transient": {"create_node": 1}})
+    life, _, error = embedded_rig.run(spec)
+    from tpulab.errors import TransientError
+
+    assert isinstance(error, TransientError)
+    assert embedded_rig.emulator.calls["create_node"] == 2  # ours above, the run's one
+    assert embedded_rig.leftovers() == [spec.node_name]
+    assert life.outcome.teardown_status == "confirmed"  # by label: nothing of this run
+
+
 def test_a_storm_longer_than_the_deadline_still_fails_and_leaves_nothing(
     embedded_rig: Rig,
 ) -> None:

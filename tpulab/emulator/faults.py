@@ -2,7 +2,8 @@
 
 A `FaultPlan` is plain data: tests mutate `emulator.faults` directly, and an
 out-of-process user POSTs the same field names as JSON to `/_emulator/faults`.
-Counted faults (`transient`, `delete_failures`) are consumed as they fire.
+Counted faults (`transient`, `rate_limited`, `create_lost_replies`, `delete_failures`)
+are consumed as they fire.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class FaultPlan:
     """method name (or "*") -> how many of the next calls answer 503 UNAVAILABLE."""
     rate_limited: dict[str, int] = field(default_factory=dict)
     """method name (or "*") -> how many of the next calls answer 429 (requests/minute)."""
+    create_lost_replies: int = 0
+    """The next N CreateNode calls create the node, then answer 503 UNAVAILABLE: the API
+    acted but its reply was lost (what a resend must notice, by the node's labels)."""
     delete_failures: int = 0
     """The next N delete operations end with an INTERNAL error; the node stays."""
     delete_hangs: bool = False
@@ -88,6 +92,13 @@ class FaultPlan:
                 if counts.get(key, 0) > 0:
                     counts[key] -= 1
                     return True
+            return False
+
+    def take_create_lost_reply(self) -> bool:
+        with self._lock:
+            if self.create_lost_replies > 0:
+                self.create_lost_replies -= 1
+                return True
             return False
 
     def take_delete_failure(self) -> bool:

@@ -443,7 +443,12 @@ class Emulator:
                 503, "UNAVAILABLE", "The service is currently unavailable.", reason="UNAVAILABLE"
             )
         handler: Callable[[_Request], tuple[int, Record]] = getattr(self, f"_api_{name}")
-        return handler(request)
+        answer = handler(request)
+        if name == "create_node" and self.faults.take_create_lost_reply():
+            raise ApiError(
+                503, "UNAVAILABLE", "The service is currently unavailable.", reason="UNAVAILABLE"
+            )
+        return answer
 
     def _page(self, request: _Request, items: list[Record], key: str) -> Record:
         size = self.timing.page_size
