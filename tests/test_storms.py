@@ -205,3 +205,35 @@ def test_a_dead_endpoint_fails_in_seconds_creates_nothing_and_closes_the_row(
     row = journal.get(spec.run_id)
     assert row is not None
     assert row.teardown == "not-created"
+
+
+def test_tpulab_run_against_a_dead_endpoint_exits_3_in_seconds_without_billing_talk() -> None:
+    # Issue 10 #3 as the user typed it: it ran 600 s, warned "Resources may still be
+    # billing" and exited 6. Nothing was ever sent, so nothing can bill.
+    import os
+    import subprocess
+    import sys
+
+    command = [
+        sys.executable, "-m", "tpulab", "run", "--accelerator", "v5litepod-4",
+        "--api-endpoint", f"http://127.0.0.1:{_closed_port()}", "--zone", "us-central1-a",
+    ]  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+        check=False,
+    )
+    seconds = time.monotonic() - started
+    said = done.stdout + done.stderr
+    assert done.returncode == 3, said
+    assert seconds < 20, f"took {seconds:.1f} s"  # interpreter start-up included
+    assert "never sent" in said
+    assert "billing" not in said.lower()
+    journal = Journal()
+    assert journal.open_runs() == []
+    (row,) = journal.all_runs()
+    assert row.teardown == "not-created"

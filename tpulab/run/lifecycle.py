@@ -419,12 +419,26 @@ class Lifecycle:
             attempts += 1
             try:
                 return self.api.create_node(zone, name, request)
-            except AlreadyExistsError:
+            except AlreadyExistsError as taken:
+                if attempts == 1:
+                    raise
                 # A resend after a refusal meets the node an earlier attempt created
                 # after all (the API acted, then failed to answer): ours by run label.
-                if attempts > 1 and self._ours_exists():
+                try:
+                    ours = self._ours_exists()
+                except CloudError as check:
+                    # Ours or not, something exists: never report "nothing created".
+                    raise OutcomeUnknownError(
+                        f"{taken.message} Whether the node is this run's could not be "
+                        f"checked ({check.message}).",
+                        status=taken.status,
+                        api_message=taken.api_message,
+                    ) from None
+                if ours:
                     return None
                 raise
+
+        seen_before_resend = ""
 
         def refused_and_absent(error: Exception) -> bool:
             # Resend only an ANSWERED refusal (503, rate-limit 429): never a request whose
@@ -432,19 +446,27 @@ class Lifecycle:
             # this name exists, or that it is this run's (the resend then hears 409 and
             # adopts it). The name is ours to choose, so a resend cannot make a second
             # node; the check is what keeps us from mistaking someone else's for ours.
+            nonlocal seen_before_resend
             if not isinstance(error, TransientError) or isinstance(
                 error, UnreachableError | OutcomeUnknownError
             ):
                 return False
             try:
-                return not self._exists_but_not_ours()
+                node = self._node_named_like_ours()
             except CloudError:
                 return False  # cannot prove anything: leave it to the full teardown
+            if node is None:
+                seen_before_resend = "no such node exists"
+                return True
+            if node.managed_by_tpulab and node.run_id == self.spec.run_id:
+                seen_before_resend = "this run's node exists after all"
+                return True
+            return False  # a stranger's node has the name: resending cannot help
 
         def on_retry(error: Exception, delay: float) -> None:
             message = error.message if isinstance(error, TpuLabError) else str(error)
             self.observer.note(
-                f"create of {name} refused ({message}); no such node exists, "
+                f"create of {name} refused ({message}); {seen_before_resend}, "
                 f"sending it again in {delay:.1f} s"
             )
 
@@ -478,20 +500,16 @@ class Lifecycle:
             raise
         return f"node {name}" + (" (spot)" if self.spec.spot else "")
 
-    def _exists_but_not_ours(self) -> bool:
-        """GetNode: True if a node of our name exists without this run's label."""
+    def _node_named_like_ours(self) -> NodeInfo | None:
+        """GetNode by this run's node name; None on NOT_FOUND."""
         try:
-            node = self.api.get_node(self.spec.zone.value, self.spec.node_name)
+            return self.api.get_node(self.spec.zone.value, self.spec.node_name)
         except NotFoundError:
-            return False
-        return node.run_id != self.spec.run_id or not node.managed_by_tpulab
+            return None
 
     def _ours_exists(self) -> bool:
-        try:
-            node = self.api.get_node(self.spec.zone.value, self.spec.node_name)
-        except NotFoundError:
-            return False
-        return node.managed_by_tpulab and node.run_id == self.spec.run_id
+        node = self._node_named_like_ours()
+        return node is not None and node.managed_by_tpulab and node.run_id == self.spec.run_id
 
     def wait_ready(self) -> str:
         """Poll the node until READY; PreemptedError if a spot node is reclaimed."""
