@@ -145,7 +145,7 @@ def test_the_rig_sees_credentials_when_they_are_attached(
 def test_google_tpu_api_sends_no_credentials_to_a_non_google_endpoint(
     logging_server: LoggingServer, adc_env: Path
 ) -> None:
-    api = GoogleTpuApi(PROJECT, api_endpoint=logging_server.url, retries=0)
+    api = GoogleTpuApi(PROJECT, api_endpoint=logging_server.url, retry_for=0)
     assert api.list_nodes(ZONE) == []
     paths = [r.path for r in logging_server.requests]
     assert any(f"/projects/{PROJECT}/locations/{ZONE}/nodes" in p for p in paths), paths
