@@ -253,6 +253,8 @@ def wait_for_host_key(
         backoff=backoff if backoff is not None else Backoff(0.5, 5.0, factor=2.0),
         retry_if=_not_published_yet,
         on_retry=on_retry,
+        # Also what a dry run shows as this poll's goal.
+        describe=lambda _key: f"the node to publish its SSH host key ({HOST_KEY_ATTRIBUTE})",
         expired=not_published,
     )
 
