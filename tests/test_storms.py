@@ -157,7 +157,9 @@ def test_a_storm_longer_than_the_deadline_still_fails_and_leaves_nothing(
 
     assert isinstance(error, DeadlineError)
     assert "temporarily unavailable" in error.message
-    assert time.monotonic() - started < 2.0 + 8.0 + 5.0  # ready deadline + teardown + slack
+    # The ready deadline + the teardown's + slack for a loaded runner: far below the 60 s
+    # a client retry budget would take if it outlived the phase's deadline.
+    assert time.monotonic() - started < 2.0 + 8.0 + 20.0
     assert life.outcome.teardown_status == "confirmed"
     assert embedded_rig.leftovers() == []
 
