@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from tpulab.cloud.google import GoogleTpuApi
-from tpulab.cloud.polling import Backoff
 from tpulab.emulator import Emulator, Timing
 from tpulab.models import NodeRequest, tpulab_labels
+from tpulab.polling import Backoff
 
 __all__ = [
     "PROJECT",

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpulab.cloud.polling import Backoff, poll_until, wait_for_state
+from tpulab.cloud.polling import wait_for_state
 from tpulab.errors import (
     DeadlineError,
     InvalidArgumentError,
@@ -23,7 +23,7 @@ from tpulab.errors import (
     TransientError,
 )
 from tpulab.models import NodeInfo, NodeRequest, NodeState
-from tpulab.polling import retry_call, time_left
+from tpulab.polling import Backoff, poll_until, retry_call, time_left
 from tpulab.remote.keys import (
     HOST_KEY_ATTRIBUTE,
     HostKey,

@@ -1,8 +1,7 @@
 """Waiting for the cloud: a node reaching a state, and how often operations are polled.
 
 The loop itself (backoff, deadline, retries, the `ActiveWait` a dry run records) is
-`tpulab.polling`, a leaf so that `tpulab.remote` can wait with it too; its names are
-re-exported here for the callers that think of them as the cloud's. Transient API
+`tpulab.polling`, a leaf so that `tpulab.remote` can wait with it too. Transient API
 errors (503s, rate limits, an unreachable endpoint) while waiting count as "not yet": a
 storm must not end a wait that only its deadline should end.
 """
@@ -14,21 +13,13 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from tpulab.errors import PreemptedError, TransientError
-from tpulab.polling import ActiveWait, Backoff, active_wait, announce_wait, poll_until
+from tpulab.polling import Backoff, poll_until
 
 if TYPE_CHECKING:
     from tpulab.cloud.api import TpuApi
     from tpulab.models import NodeInfo, NodeState
 
-__all__ = [
-    "ActiveWait",
-    "Backoff",
-    "active_wait",
-    "announce_wait",
-    "operation_schedule",
-    "poll_until",
-    "wait_for_state",
-]
+__all__ = ["operation_schedule", "wait_for_state"]
 
 
 def operation_schedule(*, local: bool) -> Backoff:

@@ -32,13 +32,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from tpulab.cloud import rest
-from tpulab.cloud.polling import active_wait, operation_schedule, poll_until
+from tpulab.cloud.polling import operation_schedule
 from tpulab.config import RunSpec
 from tpulab.config.endpoint import classify_endpoint
 from tpulab.contract import HOST_KEY_ATTRIBUTE
 from tpulab.errors import NotFoundError
 from tpulab.evidence.store import ReceiptStore
 from tpulab.models import NodeInfo, NodeRequest, NodeState
+from tpulab.polling import active_wait, poll_until
 from tpulab.remote import bootstrap as boot
 from tpulab.remote.cmdline import SHA256_TIMEOUT, remote_command, remote_path, sha256_command
 from tpulab.remote.keys import RunKey, SshTarget
