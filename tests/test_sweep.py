@@ -219,7 +219,7 @@ def test_a_hanging_delete_is_never_reported_as_success(
     assert not result.ok
     assert [c.node.name for c, _ in result.failed] == [name]
     assert [n.name for n in result.remaining] == [name]
-    leaked = result.leaked()
+    leaked = result.leaked(plan.target)
     assert [n.name for n in leaked] == [name]
     assert f"delete {name} --project={PROJECT} --zone={ZONE}" in leaked[0].manual_delete_command()
     row = journal.get("stuck")
@@ -259,7 +259,10 @@ def test_a_refused_delete_is_a_leak_with_its_command_not_an_api_error(
     assert result.deleted == []
     assert [c.node.name for c, _ in result.failed] == [name]
     assert "PERMISSION_DENIED" in result.failed[0][1].message
-    assert [n.manual_delete_command() for n in result.leaked()] == [
+    # The node lives behind a served emulator: the command must reach that endpoint.
+    assert [n.manual_delete_command() for n in result.leaked(plan.target)] == [
+        f"CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU={emulator.url.rstrip('/')}/ "
+        "CLOUDSDK_AUTH_DISABLE_CREDENTIALS=true "
         f"gcloud compute tpus tpu-vm delete {name} --project={PROJECT} --zone={ZONE} --quiet"
     ]
     assert emulator.node_names(PROJECT) == [name]

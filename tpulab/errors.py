@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 __all__ = [
+    "TARGET_EMULATE",
+    "TARGET_GOOGLE",
     "AlreadyExistsError",
     "AuthError",
     "CloudError",
@@ -263,26 +265,67 @@ class VerificationError(TpuLabError):
         self.failures = list(failures)
 
 
+# Which API a node lives behind, as the journal records it: Google, the embedded emulator
+# of `--emulate`, or else the URL of an `--api-endpoint`.
+TARGET_GOOGLE = "google"
+TARGET_EMULATE = "emulate"
+
+
 @dataclass(frozen=True)
 class LeakedNode:
-    """A node that may still exist (and bill) after a teardown that was not confirmed."""
+    """A node that may still exist (and bill) after a teardown that was not confirmed.
+
+    The commands it prints work as printed for the API the node lives behind: gcloud for
+    Google, gcloud pointed at the endpoint for a served emulator, and tpulab itself for
+    the embedded emulator (which lives only inside tpulab processes).
+    """
 
     project: str
     zone: str
     name: str
+    target: str = TARGET_GOOGLE
+    run_id: str | None = None
 
     def manual_delete_command(self) -> str:
-        return (
+        if self.target == TARGET_EMULATE:
+            return self.sweep_command() + " --yes"
+        gcloud = (
             f"gcloud compute tpus tpu-vm delete {self.name} "
             f"--project={self.project} --zone={self.zone} --quiet"
         )
+        if self.target == TARGET_GOOGLE:
+            return gcloud
+        # gcloud against the endpoint, as in the README's emulator section.
+        return (
+            f"CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU={self.target.rstrip('/')}/ "
+            f"CLOUDSDK_AUTH_DISABLE_CREDENTIALS=true {gcloud}"
+        )
+
+    def sweep_command(self) -> str:
+        """`tpulab teardown --verify` for this node's API, zone and run."""
+        if self.target == TARGET_EMULATE:
+            where = "--emulate"
+        elif self.target == TARGET_GOOGLE:
+            where = ""
+        else:
+            where = f"--api-endpoint {self.target}"
+        parts = ["tpulab teardown --verify", where, f"--project {self.project}"]
+        parts.append(f"--zone {self.zone}")
+        if self.run_id:
+            parts.append(f"--run-id {self.run_id}")
+        return " ".join(part for part in parts if part)
+
+    def what_to_do(self) -> str:
+        """Every way to finish this node's teardown by hand, one per line."""
+        delete, sweep = self.manual_delete_command(), self.sweep_command()
+        return delete if delete.startswith(sweep) else f"{delete}\n  or: {sweep}"
 
 
 class TeardownError(TpuLabError):
     """Deletion could not be confirmed: resources may still be billing."""
 
     def __init__(self, message: str, leaked: Sequence[LeakedNode]) -> None:
-        commands = "\n".join(node.manual_delete_command() for node in leaked)
+        commands = "\n".join(node.what_to_do() for node in leaked)
         super().__init__(message, hint="Delete by hand:\n" + commands if commands else None)
         self.leaked = list(leaked)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from tpulab import paths
-from tpulab.errors import JournalError
+from tpulab.errors import TARGET_EMULATE, TARGET_GOOGLE, JournalError
 from tpulab.models import NodeInfo
 
 if TYPE_CHECKING:
@@ -48,10 +48,9 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-TARGET_GOOGLE = "google"
 # The embedded emulator listens on a random port per process, so its rows are keyed by
-# this name rather than by a URL that no later process could reach.
-TARGET_EMULATE = "emulate"
+# TARGET_EMULATE (tpulab.errors, beside LeakedNode) rather than by a URL no later process
+# could reach.
 
 TeardownResult = Literal["confirmed", "unconfirmed", "not-created"]
 _TEARDOWN_RESULTS = ("confirmed", "unconfirmed", "not-created")

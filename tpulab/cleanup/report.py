@@ -170,7 +170,7 @@ def teardown_error(
     if result is not None:
         if result.ok:
             return None
-        leaked = result.leaked()
+        leaked = result.leaked(plan.target)
         problems = [f"{c.node.name}: {err.message}" for c, err in result.failed]
         errors = result.list_errors
         if result.remaining:

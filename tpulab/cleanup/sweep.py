@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from tpulab import catalog
-from tpulab.cleanup.journal import TARGET_EMULATE, TARGET_GOOGLE, Journal, RunRow, row_is_live
+from tpulab.cleanup.journal import Journal, RunRow, row_is_live
 from tpulab.cloud.api import TpuApi
 from tpulab.errors import (
+    TARGET_GOOGLE,
     CloudError,
     ConfigError,
     JournalError,
@@ -62,6 +63,7 @@ class Candidate:
     live: bool
     age_seconds: float | None
     estimated_cost: float | None
+    target: str = TARGET_GOOGLE  # the API it lives behind (journal vocabulary)
 
     @property
     def run_id(self) -> str | None:
@@ -72,7 +74,8 @@ class Candidate:
         return "journal+labels" if self.row is not None else "labels"
 
     def leaked(self) -> LeakedNode:
-        return LeakedNode(self.node.project, self.node.zone, self.node.name)
+        node = self.node
+        return LeakedNode(node.project, node.zone, node.name, self.target, self.run_id)
 
 
 @dataclass
@@ -112,23 +115,18 @@ class SweepResult:
     def ok(self) -> bool:
         return not (self.failed or self.remaining or self.list_errors)
 
-    def leaked(self) -> list[LeakedNode]:
+    def leaked(self, target: str) -> list[LeakedNode]:
+        """What may remain, with the commands that work against `target`."""
         seen = {(n.project, n.zone, n.name): n for n in self.remaining}
         for candidate, _error in self.failed:
             node = candidate.node
             seen.setdefault((node.project, node.zone, node.name), node)
-        return [LeakedNode(p, z, n) for (p, z, n) in seen]
+        return [LeakedNode(p, z, name, target, node.run_id) for (p, z, name), node in seen.items()]
 
 
 def sweep_command_for(row: RunRow) -> str:
     """The command that sweeps a journal row's target (shown for rows out of scope)."""
-    if row.target == TARGET_EMULATE:
-        where = f"--emulate --project {row.project}"
-    elif row.target == TARGET_GOOGLE:
-        where = f"--project {row.project}"
-    else:
-        where = f"--api-endpoint {row.target} --project {row.project}"
-    return f"tpulab teardown --verify {where} --zone {row.zone} --run-id {row.run_id}"
+    return LeakedNode(row.project, row.zone, row.node_name, row.target, row.run_id).sweep_command()
 
 
 def _list_zone(
@@ -236,7 +234,7 @@ def find_orphans(
             known = rows_by_run.get(node.run_id or "")
             live = known is not None and known.teardown is None and row_is_live(known)
             age, cost = _age_and_cost(node, known, now)
-            candidate = Candidate(node, known, live, age, cost)
+            candidate = Candidate(node, known, live, age, cost, target)
             if live and not include_live:
                 plan.live.append(candidate)
             else:

@@ -28,7 +28,7 @@ from tpulab.config.resolve import (
     resolve_zone,
     zone_flags,
 )
-from tpulab.errors import ConfigError
+from tpulab.errors import TARGET_EMULATE, TARGET_GOOGLE, ConfigError, LeakedNode
 from tpulab.models import check_node_name, check_run_id, tpulab_labels
 
 __all__ = [
@@ -114,6 +114,19 @@ class RunSpec:
     @property
     def labels(self) -> dict[str, str]:
         return tpulab_labels(self.run_id)
+
+    @property
+    def target(self) -> str:
+        """The API the node lives behind, as the journal and LeakedNode name it."""
+        if self.mode == "emulate":
+            return TARGET_EMULATE
+        return self.api_endpoint.rstrip("/") if self.api_endpoint else TARGET_GOOGLE
+
+    def leaked_node(self) -> LeakedNode:
+        """This run's node as a possible leak, with commands that work for its API."""
+        return LeakedNode(
+            self.project.value, self.zone.value, self.node_name, self.target, self.run_id
+        )
 
 
 def build_run_spec(

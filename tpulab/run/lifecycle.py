@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -64,7 +64,7 @@ from tpulab.models import NodeInfo, NodeRequest, NodeState
 from tpulab.polling import Backoff, retry_call
 from tpulab.remote import bootstrap as boot
 from tpulab.run.progress import NullObserver, Phase, RunJournal, RunObserver, TeardownStatus
-from tpulab.run.teardown import TeardownReport, delete_and_confirm, manual_delete_command
+from tpulab.run.teardown import TeardownReport, delete_and_confirm
 
 if TYPE_CHECKING:
     from tpulab.evidence.judge import Judgement, Verdict
@@ -300,8 +300,7 @@ class Lifecycle:
                     break
         # Recording the end and choosing the verdict are shielded too: a first signal
         # arriving now must not turn "teardown NOT confirmed" into "interrupted".
-        zone, name = self.spec.zone.value, self.spec.node_name
-        manual = manual_delete_command(self.spec.project.value, zone, name)
+        manual = self.spec.leaked_node().what_to_do()
         with self.shield(f"recording the end of run {self.spec.run_id}", manual=manual):
             self._finish(primary, leaked)
             if leaked is not None:
@@ -713,7 +712,7 @@ class Lifecycle:
         second Ctrl-C cannot cut it short.
         """
         zone, name = self.spec.zone.value, self.spec.node_name
-        manual = manual_delete_command(self.spec.project.value, zone, name)
+        manual = self.spec.leaked_node().what_to_do()
         with self.shield(f"deleting node {name} in {zone}", manual=manual):
             if self.session is not None:
                 session, self.session = self.session, None
@@ -769,12 +768,14 @@ class Lifecycle:
         self, primary: BaseException | None, why: str, leaked: Sequence[LeakedNode] = ()
     ) -> TeardownError:
         self.outcome.teardown_status = "unconfirmed"
-        node = LeakedNode(self.spec.project.value, self.spec.zone.value, self.spec.node_name)
+        ours = self.spec.leaked_node()
+        # The teardown knows which names it saw; the run knows their API and run id.
+        nodes = [replace(ours, name=node.name) for node in leaked] or [ours]
         message = why
         if primary is not None and not isinstance(primary, TeardownError):
             earlier = primary.message if isinstance(primary, TpuLabError) else repr(primary)
             message += f" (The run had already failed: {earlier})"
-        return TeardownError(message, list(leaked) or [node])
+        return TeardownError(message, nodes)
 
     def _finish(self, primary: BaseException | None, leaked: TeardownError | None) -> None:
         outcome = self.outcome

@@ -18,7 +18,6 @@ from tpulab.envelope import Envelope, ErrorReport
 from tpulab.evidence.judge import Verdict
 from tpulab.run.lifecycle import RunOutcome
 from tpulab.run.progress import Recorder, TeardownStatus
-from tpulab.run.teardown import manual_delete_command
 
 __all__ = [
     "BootstrapSummary",
@@ -139,7 +138,7 @@ def run_envelope(
             seconds=round(teardown.seconds, 3) if teardown else None,
             manual_command=None
             if outcome.teardown_status != "unconfirmed"
-            else manual_delete_command(spec.project.value, spec.zone.value, spec.node_name),
+            else spec.leaked_node().manual_delete_command(),
         ),
         estimated_cost_usd=round(outcome.estimated_cost, 4),
         price_date=PRICE_DATE,

@@ -111,8 +111,9 @@ class _Guard:
     def _force_exit(self) -> None:
         lines = [f"Forced quit while {self.describe}: the node may still exist and bill."]
         if self.manual:
-            lines.append(f"Delete it by hand:\n  {self.manual}")
-        lines.append("Or run `tpulab teardown --verify` (the journal row is still open).")
+            lines.append(f"Finish it by hand (the journal row is still open):\n  {self.manual}")
+        else:
+            lines.append("Run `tpulab teardown --verify` (the journal row is still open).")
         self.say("\n".join(lines))
         for stream in (sys.stdout, sys.stderr):
             with suppress(Exception):

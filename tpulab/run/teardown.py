@@ -40,7 +40,7 @@ from tpulab.errors import (
 from tpulab.models import NodeInfo, NodeState
 from tpulab.polling import ActiveWait, Backoff, Tries, announce_wait, poll_until
 
-__all__ = ["TeardownReport", "delete_and_confirm", "manual_delete_command"]
+__all__ = ["TeardownReport", "delete_and_confirm"]
 
 
 @dataclass
@@ -59,10 +59,6 @@ class TeardownReport:
     delete_sent_at: float | None = None
     problems: list[str] = field(default_factory=list)
     spared: list[str] = field(default_factory=list)  # named like ours, not our labels
-
-
-def manual_delete_command(project: str, zone: str, name: str) -> str:
-    return LeakedNode(project, zone, name).manual_delete_command()
 
 
 class _Teardown:
