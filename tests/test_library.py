@@ -131,8 +131,9 @@ def test_sweep_deletes_what_a_dead_run_left(start_emulator: EmulatorStarter) -> 
         tpulab.sweep(emulate=True, project=PROJECT, dry_run=True)
     looked = tpulab.sweep(emulate=True, project=PROJECT, dry_run=True, check=False)
     assert (looked.ok, looked.dry_run, [n.name for n in looked.found]) == (False, True, [orphan])
+    # gcloud cannot reach the embedded emulator: the command is tpulab's own sweep.
     assert looked.manual_commands == [
-        f"gcloud compute tpus tpu-vm delete {orphan} --project={PROJECT} --zone={ZONE} --quiet"
+        f"tpulab teardown --verify --emulate --project {PROJECT} --zone {ZONE} --run-id dead --yes"
     ]
     swept = tpulab.sweep(emulate=True, project=PROJECT, timeout=30)
     assert (swept.ok, swept.deleted, swept.remaining) == (True, [orphan], [])

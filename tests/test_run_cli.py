@@ -198,6 +198,8 @@ def test_unconfirmed_teardown_has_its_own_status_and_the_manual_command(bare: Em
     assert result.node_name == "stuck-node"
     assert result.teardown.status == "unconfirmed"
     manual = (
+        f"CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU={bare.url.rstrip('/')}/ "
+        "CLOUDSDK_AUTH_DISABLE_CREDENTIALS=true "
         f"gcloud compute tpus tpu-vm delete stuck-node --project={PROJECT} --zone={ZONE} --quiet"
     )
     assert result.teardown.manual_command == manual

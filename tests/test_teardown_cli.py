@@ -136,7 +136,8 @@ def test_dry_run_reports_and_touches_nothing(emulator: Emulator) -> None:
     assert data.remaining is None
     assert [node.name for node in data.found] == [orphan]
     manual = f"gcloud compute tpus tpu-vm delete {orphan} --project={PROJECT} --zone={ZONE} --quiet"
-    assert data.manual_commands == [manual]
+    endpoint = f"CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU={emulator.url.rstrip('/')}/ "
+    assert data.manual_commands == [endpoint + "CLOUDSDK_AUTH_DISABLE_CREDENTIALS=true " + manual]
     assert data.error is not None
     assert data.error.type == "TeardownError"
     assert data.error.exit_status == EXIT_TEARDOWN
