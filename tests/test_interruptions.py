@@ -40,7 +40,7 @@ import pytest
 
 from tpulab.cleanup.journal import Journal, RunRow
 from tpulab.cloud.google import GoogleTpuApi
-from tpulab.emulator.hostenv import ImageEnv, default_image_env
+from tpulab.emulator.hostenv import ImageEnv, preloaded_image_env
 from tpulab.emulator.server import Emulator
 from tpulab.emulator.sshhost import EmbeddedHostBackend
 from tpulab.emulator.timing import Timing
@@ -270,7 +270,7 @@ def _served(tmp_path: Path, timing: Timing, faults: dict[str, Any]) -> Iterator[
     slow_dir = tmp_path / "slow"
     slow_dir.mkdir()
     bin_dir, site_dir = _install_slow_image(tmp_path / "image")
-    base = default_image_env()
+    base = preloaded_image_env()
     image = ImageEnv(
         path=(str(bin_dir), *base.path),
         pythonpath=(str(site_dir), *base.pythonpath),

@@ -162,6 +162,18 @@ def run_command(
             "--ssh-backend", help="With --emulate: embedded (default) or openssh.", hidden=True
         ),
     ] = "embedded",
+    python: Annotated[
+        str | None,
+        typer.Option(
+            "--python",
+            help="The VM venv's python: X.Y (uv-managed; default 3.12, emulated >=3.11), "
+            ">=X.Y, or system (the image's 3.10, which limits jax to 0.6.x).",
+        ),
+    ] = None,
+    jax_version: Annotated[
+        str | None,
+        typer.Option("--jax-version", help="Pin jax on the VM (default: the newest)."),
+    ] = None,
 ) -> None:
     """Create a TPU VM, run the JAX verifier on it, check the receipt, delete the VM.
 
@@ -196,6 +208,8 @@ def run_command(
             api_endpoint=api_endpoint,
             payload_timeout=timeout,
             adc_project=None if dry_run else adc_project,
+            python=python,
+            jax_version=jax_version,
         )
         if dry_run:
             _run_dry(spec, installer, as_json)

@@ -296,6 +296,7 @@ class Emulator:
                 sandbox,
                 self._authorized_keys(node["metadata"]),
                 refuse_for=self.faults.ssh_refuse_for,
+                ensurepip_missing=self.faults.ensurepip_missing,
             )
         except Exception as error:
             log.exception("could not start an SSH host for %s", key)

@@ -119,11 +119,24 @@ def build_plan(spec: RunSpec, *, installer: boot.Installer = "uv") -> list[PlanS
             f"{spec.ssh_user}@{address} (pinned host key, per-run key)",
             f"retried until sshd answers (timeout {t.connect:g} s)",
         ),
+        *(
+            [
+                PlanStep(
+                    "bootstrap",
+                    "ssh",
+                    boot.describe(boot.uv_command()),
+                    "find uv, else python3 -m pip install --user uv",
+                )
+            ]
+            if boot.needs_uv(spec.python, installer)
+            else []
+        ),
         PlanStep(
             "bootstrap",
             "ssh",
-            boot.describe(boot.venv_command(installer)),
-            "create ~/jax-tpu-lab/.venv unless it exists (ensurepip fallbacks)",
+            boot.describe(boot.venv_command(installer, spec.python)),
+            f"create ~/jax-tpu-lab/.venv with python {spec.python} ({spec.python_source}) "
+            "unless it exists with it",
         ),
         PlanStep(
             "bootstrap",
@@ -134,7 +147,7 @@ def build_plan(spec: RunSpec, *, installer: boot.Installer = "uv") -> list[PlanS
         PlanStep(
             "bootstrap",
             "ssh",
-            boot.describe(boot.install_command(spec.platform, installer)),
+            boot.describe(boot.install_command(spec.platform, installer, spec.jax_version)),
             "only when the probe shows something missing",
         ),
         PlanStep(
