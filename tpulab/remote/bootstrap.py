@@ -129,19 +129,21 @@ echo "TPULAB_UV none (python3 -m pip install --user uv failed; see above)"
 """
 )
 
-# Does the interpreter running this satisfy the request ("3.12" or ">=3.11")?
+# Does the interpreter running this satisfy the request ("3.12" or ">=3.11")? A constant
+# (no single quotes), so the venv script carries it as a quoted literal.
 _MATCHES = (
-    "import sys\n"
-    "want = sys.argv[1]\n"
-    "have = sys.version_info[:2]\n"
-    "need = tuple(int(p) for p in want.lstrip('>=').split('.')[:2])\n"
-    "sys.exit(0 if (have >= need if want.startswith('>=') else have == need) else 1)\n"
+    "import sys; want = sys.argv[1]; have = sys.version_info[:2]; "
+    'need = tuple(int(p) for p in want.lstrip(">=").split(".")[:2]); '
+    'sys.exit(0 if (have >= need if want.startswith(">=") else have == need) else 1)'
 )
+assert "'" not in _MATCHES
 
 _VENV_SCRIPT = (
     r"""
-lab=$1; venv=$2; want=$3; prefer=$4; matches=$5; kind_var=$6
-mkdir -p "$lab" || exit 30
+lab=$1; venv=$2; want=$3; prefer=$4
+"""
+    + f"matches='{_MATCHES}'; kind_var={EMULATED_IMAGE_ENV}\n"
+    + r"""mkdir -p "$lab" || exit 30
 """
     + _FIND_UV
     + r"""
@@ -271,8 +273,6 @@ def venv_command(installer: Installer = "uv", python: str = SYSTEM_PYTHON) -> li
         VENV_DIR,
         check_python_request(python),
         installer,
-        _MATCHES,
-        EMULATED_IMAGE_ENV,
     ]
 
 
