@@ -64,14 +64,20 @@ def embedded_bare(tmp_path: Path) -> Iterator[HostBackend]:
     backend.close()
 
 
-def host_on(backend: HostBackend, sandbox: Path, *, ensurepip_missing: bool = False) -> SshHost:
+def host_on(
+    backend: HostBackend,
+    sandbox: Path,
+    *,
+    ensurepip_missing: bool = False,
+    node_key: str = "node-1",
+) -> SshHost:
     from ssh_fixtures import METADATA_USER, SshHost, login_user
 
     from tpulab.remote.keys import RunKey
 
     key = RunKey()
     endpoint = backend.start(
-        "node-1", sandbox, key.metadata_entry(METADATA_USER), ensurepip_missing=ensurepip_missing
+        node_key, sandbox, key.metadata_entry(METADATA_USER), ensurepip_missing=ensurepip_missing
     )
     return SshHost(backend, endpoint, sandbox, key, login_user(backend, METADATA_USER))
 
@@ -262,3 +268,45 @@ def test_a_malformed_python_request_never_reaches_a_script() -> None:
 
     with pytest.raises(ConfigError, match="--python"):
         boot.venv_command("uv", "3.12; rm -rf ~")
+
+
+@pytest.mark.slow
+def test_nodes_installing_at_once_share_one_cold_cache_then_hit_it(tmp_path: Path) -> None:
+    """uv's and pip's caches are shared by every node (the bare image points them at one
+    directory): several nodes filling an empty one at once must all end with a working
+    venv, and a later node must install from it without downloading anything."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tpulab.emulator.sshhost import EmbeddedHostBackend
+
+    cache = tmp_path / "cache"  # empty: the cold case, where concurrent writers meet
+    backend = EmbeddedHostBackend(tmp_path / "hosts", cache_dir=cache)
+    try:
+        hosts = [
+            host_on(backend, tmp_path / f"vm{number}", node_key=f"node-{number}")
+            for number in range(4)
+        ]
+
+        def install(host: SshHost) -> tuple[boot.BootstrapResult, str]:
+            lines: list[str] = []
+            with host.connect() as shell:
+                result = boot.bootstrap(
+                    shell,
+                    platform="cpu",
+                    python=EMULATED_PYTHON,
+                    timeout=900,
+                    on_line=lambda _stream, line: lines.append(line),
+                )
+            return result, "\n".join(lines)
+
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            at_once = list(pool.map(install, hosts[:3]))
+        later, later_output = install(hosts[3])
+    finally:
+        backend.close()
+    for result, _ in at_once:
+        assert result.install == "uv"
+        assert result.versions == at_once[0][0].versions
+    assert later.versions == at_once[0][0].versions
+    assert any((cache / "uv").iterdir())
+    assert "Downloading" not in later_output, later_output  # all from the shared cache
