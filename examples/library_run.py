@@ -1,31 +1,24 @@
-"""Drive one run from Python against an in-process emulator, printing each phase.
+"""Drive one run from Python with the library facade, printing each phase as it ends.
 
     python examples/library_run.py
 
-The lifecycle's seams are constructor arguments: the TPU API client (here the real
-google-cloud-tpu REST client pointed at the emulator), an observer, and optionally an
-SSH connect factory, a journal and a signal shield. Nothing is patched.
+`tpulab.run_tpu` is `tpulab run`: here against the embedded emulator (`emulate=True`,
+the CLI's `--emulate`), so it runs offline; drop `emulate` and pass `zone`/`project` for
+a real TPU VM. The observer is the one seam this example uses; the lifecycle under the
+facade (`tpulab.run.lifecycle.Lifecycle`) takes every other one -- the API client, the
+SSH connect factory, the journal -- as constructor arguments too. Nothing is patched.
 """
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
-from tpulab.cloud.google import GoogleTpuApi
-from tpulab.config import build_run_spec
-from tpulab.emulator import Emulator, Timing
-from tpulab.emulator.backends import make_host_backend
-from tpulab.evidence.store import ReceiptStore
-from tpulab.run.lifecycle import Lifecycle
-from tpulab.run.progress import NullObserver, Phase
+import tpulab
 
 
-class Printer(NullObserver):
-    def phase_finished(self, phase: Phase, seconds: float, detail: str) -> None:
+class Printer(tpulab.NullObserver):
+    def phase_finished(self, phase: tpulab.Phase, seconds: float, detail: str) -> None:
         print(f"ok    {phase.label:<24} {seconds:6.2f}s  {detail}")
 
-    def phase_failed(self, phase: Phase, seconds: float, error: BaseException) -> None:
+    def phase_failed(self, phase: tpulab.Phase, seconds: float, error: BaseException) -> None:
         print(f"FAIL  {phase.label:<24} {seconds:6.2f}s  {error}")
 
     def note(self, message: str) -> None:
@@ -33,23 +26,15 @@ class Printer(NullObserver):
 
 
 def main() -> None:
-    scratch = Path(tempfile.mkdtemp(prefix="tpulab-example-"))
-    backend = make_host_backend("embedded", scratch / "hosts")
-    timing = Timing(create_seconds=1.0, delete_seconds=0.5)
-    try:
-        with Emulator(scratch / "emulator", host_backend=backend, timing=timing) as emulator:
-            spec = build_run_spec(
-                accelerator="v5litepod-4", mode="endpoint", api_endpoint=emulator.url
-            )
-            api = GoogleTpuApi(spec.project.value, api_endpoint=emulator.url)
-            life = Lifecycle(
-                spec, api=api, observer=Printer(), store=ReceiptStore(scratch / "receipts")
-            )
-            outcome = life.run()
-            print(f"receipt {outcome.verdict}: sums {outcome.per_device_sums}")
-            print(f"teardown {outcome.teardown_status}; nodes left: {emulator.node_names()}")
-    finally:
-        backend.close()
+    # Raises the run's error (a TeardownError first of all) unless it verified AND the
+    # VM's deletion was confirmed by a list.
+    outcome = tpulab.run_tpu(accelerator="v5litepod-4", emulate=True, observer=Printer())
+    print(f"receipt {outcome.verdict}: sums {outcome.per_device_sums}")
+    print(f"teardown {outcome.teardown_status}")
+    # Independent proof, as `tpulab teardown --verify` gives it: nothing of tpulab's is
+    # left in the emulator's zone.
+    report = tpulab.sweep(emulate=True)
+    print(f"nodes left: {report.remaining}")
 
 
 if __name__ == "__main__":

@@ -59,7 +59,6 @@ class Rig:
     ) -> RunSpec:
         return build_run_spec(
             accelerator=accelerator,
-            mode="endpoint",
             api_endpoint=self.emulator.url,
             project=PROJECT,
             zone=ZONE,

@@ -184,7 +184,7 @@ def test_missing_ensurepip_with_the_system_python_falls_back_and_names_it(
     assert refused.exit_status != 0
     assert "ensurepip is not" in refused.stdout + refused.stderr
     assert result.uv is None  # neither the python nor the installer asked for uv
-    assert result.venv_path == "venv --without-pip + the image's pip (ensurepip missing)"
+    assert result.venv_path == "venv --without-pip + the image pip (ensurepip missing)"
     assert result.install == "pip"
     assert str(result.image_kind).endswith("without ensurepip")
     assert any("ensurepip is not" in line for _, line in lines)
@@ -226,10 +226,10 @@ def test_without_uv_the_venv_falls_back_to_the_image_python_and_says_so(
     finally:
         backend.close()
     _, image_version = find_image_python()
-    assert "TPULAB_UV none (the image's python3 has no pip to install uv with)" in uv.stdout
+    assert "TPULAB_UV none (the image python3 has no pip to install uv with)" in uv.stdout
     assert made.exit_status == 0, made.stderr
     assert "TPULAB_VENV python3 -m venv" in made.stdout
-    note = f"TPULAB_NOTE uv unavailable: the image's python3 {image_version} instead of python 3.12"
+    note = f"TPULAB_NOTE uv unavailable: the image python3 {image_version} instead of python 3.12"
     assert note in made.stdout
     assert "expect an older jax" in made.stderr
     # Still unable to honour 3.12, the fallback venv is kept, not rebuilt on every run.

@@ -97,3 +97,12 @@ def test_closed_form_matches_brute_force(devices: int) -> None:
 
 def test_closed_form_values_of_the_lesson() -> None:
     assert [catalog.closed_form_sum_of_squares(d) for d in (1, 4, 8)] == [140, 10416, 85344]
+
+
+def test_a_huge_accelerator_flag_is_refused_without_being_echoed_whole() -> None:
+    huge = "v5litepod-" + "x" * 100_000
+    with pytest.raises(UnknownAcceleratorError) as caught:
+        catalog.lookup(huge)
+    assert caught.value.suggestion is None
+    assert len(caught.value.message) < 300
+    assert "100010 characters" in caught.value.message

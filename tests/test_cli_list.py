@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from tpulab import paths
 from tpulab.catalog import lookup
+from tpulab.cleanup.report import ListEnvelope
 from tpulab.cli import EXIT_CLOUD, EXIT_CONFIG, app
 
 if TYPE_CHECKING:
@@ -51,9 +52,10 @@ def populate(api: GoogleTpuApi) -> None:
     from emulator_fixtures import node_request
 
     api.create_node(ZONE, "mine-a", node_request(run_id="run-a"))
-    api.create_node(ZONE, "mine-spot", node_request("v6e-8", runtime="v2-alpha-tpuv6e", spot=True))
+    api.create_node(ZONE, "mine-spot", node_request("v5p-8", runtime="v2-alpha-tpuv5", spot=True))
     api.create_node(ZONE, "someone-elses", node_request(run_id=None))
-    api.create_node("us-central1-b", "mine-b", node_request(run_id="run-b"))
+    v6e = node_request("v6e-4", runtime="v2-alpha-tpuv6e", run_id="run-b")  # no v5e in -b
+    api.create_node("us-central1-b", "mine-b", v6e)
 
 
 def test_list_json_shows_only_tpulab_nodes_with_cost(
@@ -64,28 +66,31 @@ def test_list_json_shows_only_tpulab_nodes_with_cost(
         "list", "--json", "--api-endpoint", emulator.url, "--project", PROJECT, "--zone", ZONE
     )
     assert code == 0
-    envelope = json.loads(out)
-    assert envelope["schema_version"] == 1
-    assert envelope["command"] == "list"
-    assert envelope["ok"] is True
-    assert envelope["zones"] == [ZONE]
-    assert envelope["hidden"] == 1
-    nodes = {n["name"]: n for n in envelope["nodes"]}
+    envelope = ListEnvelope.model_validate_json(out)  # the printed output is the contract
+    assert envelope.command == "list"
+    assert envelope.ok is True
+    assert envelope.error is None
+    assert envelope.zones == [ZONE]
+    assert envelope.hidden == 1
+    nodes = {n.name: n for n in envelope.nodes}
     assert set(nodes) == {"mine-a", "mine-spot"}
     spot = nodes["mine-spot"]
-    assert spot["accelerator_type"] == "v6e-8"
-    assert spot["spot"] is True
-    assert spot["run_id"] == "run-1"
-    assert spot["state"] in {"CREATING", "READY"}
+    assert (spot.project, spot.zone) == (PROJECT, ZONE)
+    assert spot.accelerator_type == "v5p-8"
+    assert spot.spot is True
+    assert spot.managed_by_tpulab is True
+    assert spot.run_id == "run-1"
+    assert spot.state in {"CREATING", "READY"}
+    assert spot.journal == "not in this machine's journal"
     # The estimate is the catalog's spot price times the node's age, from the API's
     # createTime: recompute it independently.
-    created = datetime.fromisoformat(spot["create_time"])
-    age = (datetime.now(timezone.utc) - created).total_seconds()
-    price = lookup("v6e-8").price_per_hour(spot=True)
-    assert spot["price_per_hour_usd"] == price
-    assert spot["estimated_cost_usd"] == pytest.approx(price * age / 3600, abs=0.001)
-    assert envelope["estimated_total_usd"] == pytest.approx(
-        sum(n["estimated_cost_usd"] for n in nodes.values()), abs=1e-3
+    assert spot.create_time is not None
+    age = (datetime.now(timezone.utc) - spot.create_time).total_seconds()
+    price = lookup("v5p-8").price_per_hour(spot=True)
+    assert spot.price_per_hour_usd == price
+    assert spot.estimated_cost_usd == pytest.approx(price * age / 3600, abs=0.001)
+    assert envelope.estimated_total_usd == pytest.approx(
+        sum(n.estimated_cost_usd or 0 for n in nodes.values()), abs=1e-3
     )
 
 
@@ -123,7 +128,7 @@ def test_list_table_for_people(emulator: Emulator, tpu_api: GoogleTpuApi) -> Non
     lines = out.splitlines()
     assert lines[0].split()[:5] == ["NAME", "ZONE", "TYPE", "STATE", "AGE"]
     assert any(line.startswith("mine-a ") and "run-a" in line for line in lines)
-    assert any("v6e-8 (spot)" in line for line in lines)
+    assert any("v5p-8 (spot)" in line for line in lines)
     assert not any("someone-elses" in line for line in lines)
     assert "1 non-tpulab node(s) hidden" in out
     assert "Estimated cost so far" in out
@@ -172,9 +177,9 @@ def test_list_emulate_reads_the_embedded_emulators_state(
     left.stop()
     code, out, _ = run_cli("list", "--emulate", "--json")
     assert code == 0
-    envelope = json.loads(out)
-    assert envelope["project"] == "tpulab-emulated"
-    assert [(n["name"], n["run_id"]) for n in envelope["nodes"]] == [("left-behind", "killed-run")]
+    envelope = ListEnvelope.model_validate_json(out)
+    assert envelope.project == "tpulab-emulated"
+    assert [(n.name, n.run_id) for n in envelope.nodes] == [("left-behind", "killed-run")]
 
 
 def test_emulator_serve_runs_until_sigterm(tmp_path: Path) -> None:
@@ -244,5 +249,7 @@ def test_list_reports_open_journal_rows_only_for_the_api_it_listed(emulator: Emu
         "list", "--api-endpoint", emulator.url, "--project", PROJECT, "--zone", ZONE, "--json"
     )
     assert status == 0
-    missing = json.loads(out)["journal_missing"]
-    assert [row["run_id"] for row in missing] == ["run-here"]
+    missing = ListEnvelope.model_validate_json(out).journal_missing
+    assert [(row.run_id, row.node_name, row.project) for row in missing] == [
+        ("run-here", "tpulab-run-here", PROJECT)
+    ]

@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tpulab.cli import EXIT_CONFIG, EXIT_OK, EXIT_VERIFY, app
-from tpulab.evidence.store import ReceiptStore
+from tpulab.evidence.judge import Verdict
+from tpulab.evidence.store import ReceiptStore, Source
 
 
 def tpulab(*args: str) -> tuple[int, str, str]:
@@ -33,9 +34,12 @@ def test_verify_local_accelerator_passes_and_keeps_the_receipt(tpulab_home: Path
     assert "VERIFIED" in out
     kept = ReceiptStore().list()
     assert len(kept) == 1
-    assert kept[0].verdict == "verified"
-    assert kept[0].accelerator == "v5litepod-4"
-    assert kept[0].emulated
+    record = kept[0].record
+    assert record is not None
+    assert record.judgement.verdict is Verdict.VERIFIED
+    assert record.provenance.source is Source.VERIFY
+    assert record.provenance.accelerator_type == "v5litepod-4"
+    assert record.provenance.emulated
     assert kept[0].id in out
     assert kept[0].path.is_relative_to(tpulab_home)
 
@@ -59,7 +63,7 @@ def test_expect_tpu_on_this_machine_fails_saying_the_backend_is_unavailable() ->
     assert "REJECTED" in out
     assert "FAIL ok" in out
     kept = ReceiptStore().list()
-    assert [r.verdict for r in kept] == ["rejected"]
+    assert [r.record.judgement.verdict for r in kept if r.record] == [Verdict.REJECTED]
 
 
 def test_verify_json_envelope(tpulab_home: Path) -> None:
@@ -71,7 +75,8 @@ def test_verify_json_envelope(tpulab_home: Path) -> None:
     assert document["verdict"] == "verified"
     assert document["receipt"]["pmap"]["observed_total"] == 140.0
     assert document["expectation"]["local_devices"] == 1
-    assert all(item["passed"] for item in document["requirements"])
+    assert all(item["passed"] for item in document["judgement"]["requirements"])
+    assert document["judgement"]["per_device_sums"] == [140.0]
     assert document["error"] is None
 
     status, out, _ = tpulab("receipts", "list", "--json")
@@ -80,8 +85,11 @@ def test_verify_json_envelope(tpulab_home: Path) -> None:
     assert [r["id"] for r in listed["receipts"]] == [document["receipt_id"]]
     status, out, _ = tpulab("receipts", "show", document["receipt_id"], "--json")
     shown = json.loads(out)
+    assert status == EXIT_OK
+    assert shown["ok"] is True
     assert shown["receipt"] == document["receipt"]
-    assert all(item["passed"] for item in shown["recheck"])
+    assert shown["receipt_entry"]["integrity"] == "intact"
+    assert all(item["passed"] for item in shown["judgement"]["requirements"])
 
 
 def test_rejection_json_envelope_names_the_failure() -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tpulab import errors as E
-from tpulab.cloud.google import GoogleTpuApi, error_for_status, is_local_endpoint
+from tpulab.cloud.google import GoogleTpuApi, error_for_status
 from tpulab.cloud.polling import wait_for_state
 from tpulab.models import NodeRequest, NodeState
 
@@ -120,9 +120,9 @@ def test_stockout_arrives_on_the_create_operation(
 
 
 def test_stockout_in_one_zone_only(emulator: Emulator, tpu_api: GoogleTpuApi) -> None:
-    emulator.faults.stockout_zones = ["us-central1-b"]
+    emulator.faults.stockout_zones = ["us-west4-a"]  # another zone offering v5e
     with pytest.raises(E.StockoutError):
-        tpu_api.wait_operation(tpu_api.create_node("us-central1-b", "n1", _request()), timeout=10)
+        tpu_api.wait_operation(tpu_api.create_node("us-west4-a", "n1", _request()), timeout=10)
     tpu_api.wait_operation(tpu_api.create_node(ZONE, "n1", _request()), timeout=10)
 
 
@@ -350,11 +350,10 @@ def test_error_for_status_maps_every_class() -> None:
     assert type(error_for_status("DATA_LOSS", "x", "do it")) is E.CloudError
 
 
-def test_local_endpoints_are_recognised() -> None:
-    assert is_local_endpoint("http://127.0.0.1:8470")
-    assert is_local_endpoint("localhost:8470")
-    assert not is_local_endpoint("https://tpu.googleapis.com")
-    assert not is_local_endpoint(None)
+def test_a_malformed_endpoint_is_a_config_error_before_any_request() -> None:
+    # The client is never built for a URL the endpoint rule refuses (no scheme here).
+    with pytest.raises(E.ConfigError, match="Invalid API endpoint"):
+        GoogleTpuApi("p-1", api_endpoint="localhost:8470")
 
 
 def test_missing_project_is_a_config_error() -> None:
@@ -362,15 +361,16 @@ def test_missing_project_is_a_config_error() -> None:
         GoogleTpuApi("", api_endpoint="http://127.0.0.1:1")
 
 
+@pytest.mark.parametrize("endpoint", [None, "https://tpu.googleapis.com"])
 def test_google_path_without_credentials_is_a_config_error(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, endpoint: str | None
 ) -> None:
     # No ADC file, no key file, and no probing of the GCE metadata server.
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud"))
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
     monkeypatch.setenv("NO_GCE_CHECK", "True")
     with pytest.raises(E.ConfigError, match="credentials") as caught:
-        GoogleTpuApi("some-project")
+        GoogleTpuApi("some-project", api_endpoint=endpoint)
     assert caught.value.hint
     assert "application-default login" in caught.value.hint
 

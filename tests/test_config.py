@@ -9,14 +9,32 @@ import pytest
 from tpulab.config import (
     EMULATED_PROJECT,
     EMULATED_ZONE,
+    Scope,
     Timeouts,
     build_run_spec,
+    choose_target,
+    classify_endpoint,
     gcloud_config_value,
+    list_scope,
+    local_verify_inputs,
     resolve_project,
     resolve_zone,
     resolve_zones,
+    run_inputs,
+    teardown_inputs,
 )
 from tpulab.errors import ConfigError, UnknownAcceleratorError, UnsupportedAcceleratorError
+from tpulab.models import check_zone
+
+
+@pytest.fixture(autouse=True)
+def no_home_gcloud(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A HOME of our own: env={} must not read this machine's gcloud configuration."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("CLOUDSDK_CONFIG", raising=False)
+    return home
 
 
 def write_gcloud(root: Path, name: str, body: str, *, active: str | None = None) -> None:
@@ -132,7 +150,7 @@ def test_corrupt_gcloud_file_is_ignored(tmp_path: Path) -> None:
 
 
 def test_emulated_spec_defaults_and_labels() -> None:
-    spec = build_run_spec(accelerator="v5litepod-4", mode="emulate", env={})
+    spec = build_run_spec(accelerator="v5litepod-4", emulate=True, env={})
     assert (spec.project.value, spec.zone.value) == (EMULATED_PROJECT, EMULATED_ZONE)
     assert spec.emulated
     assert spec.platform == "cpu"
@@ -141,14 +159,11 @@ def test_emulated_spec_defaults_and_labels() -> None:
 
 
 def test_endpoint_mode_is_emulated_only_on_loopback() -> None:
-    local = build_run_spec(
-        accelerator="v5litepod-4", mode="endpoint", api_endpoint="http://127.0.0.1:8470", env={}
-    )
+    local = build_run_spec(accelerator="v5litepod-4", api_endpoint="http://127.0.0.1:8470", env={})
     assert local.emulated
     assert local.platform == "cpu"
     remote = build_run_spec(
         accelerator="v5litepod-4",
-        mode="endpoint",
         api_endpoint="https://tpu.example.com",
         project="p-1",
         zone="us-central1-a",
@@ -161,9 +176,9 @@ def test_endpoint_mode_is_emulated_only_on_loopback() -> None:
 def test_google_mode_requires_project_and_zone(tmp_path: Path) -> None:
     env = {"CLOUDSDK_CONFIG": str(tmp_path / "none")}
     with pytest.raises(ConfigError, match="No zone"):
-        build_run_spec(accelerator="v5litepod-4", mode="google", project="p-1", env=env)
+        build_run_spec(accelerator="v5litepod-4", project="p-1", env=env)
     spec = build_run_spec(
-        accelerator="v6e-1", mode="google", zone="us-east5-b", env=env, adc_project=lambda: "adc-p"
+        accelerator="v6e-1", zone="us-east5-b", env=env, adc_project=lambda: "adc-p"
     )
     assert spec.project.value == "adc-p"
     assert not spec.emulated
@@ -180,14 +195,14 @@ def test_google_mode_requires_project_and_zone(tmp_path: Path) -> None:
         ({"project": "https://console.cloud.google.com"}, ConfigError, "Invalid project"),
         ({"payload_timeout": 0.0}, ConfigError, "payload timeout"),
         ({"payload_timeout": float("nan")}, ConfigError, "payload timeout"),
-        ({"api_endpoint": "http://127.0.0.1:1"}, ConfigError, "cannot be combined"),
+        ({"api_endpoint": "http://127.0.0.1:1"}, ConfigError, "exclude each other"),
         ({"payload": Path("/nonexistent/payload.py")}, ConfigError, "does not exist"),
     ],
 )
 def test_bad_input_is_refused_before_anything(
     kwargs: dict[str, object], error: type[Exception], words: str
 ) -> None:
-    arguments: dict[str, object] = {"accelerator": "v5litepod-4", "mode": "emulate", "env": {}}
+    arguments: dict[str, object] = {"accelerator": "v5litepod-4", "emulate": True, "env": {}}
     arguments.update(kwargs)
     with pytest.raises(error) as caught:
         build_run_spec(**arguments)  # type: ignore[arg-type]
@@ -197,13 +212,13 @@ def test_bad_input_is_refused_before_anything(
 
 def test_endpoint_url_is_checked() -> None:
     with pytest.raises(ConfigError, match="Invalid API endpoint"):
-        build_run_spec(accelerator="v5litepod-4", mode="endpoint", api_endpoint="127.0.0.1:80")
+        build_run_spec(accelerator="v5litepod-4", api_endpoint="127.0.0.1:80")
 
 
 def test_timeouts_override_only_the_payload() -> None:
     spec = build_run_spec(
         accelerator="v5litepod-1",
-        mode="emulate",
+        emulate=True,
         env={},
         timeouts=Timeouts(teardown=5.0),
         payload_timeout=42.0,
@@ -213,6 +228,298 @@ def test_timeouts_override_only_the_payload() -> None:
 
 def test_run_ids_are_unique_label_values() -> None:
     ids = {
-        build_run_spec(accelerator="v5litepod-1", mode="emulate", env={}).run_id for _ in range(50)
+        build_run_spec(accelerator="v5litepod-1", emulate=True, env={}).run_id for _ in range(50)
     }
     assert len(ids) == 50
+
+
+# -- the endpoint rule (issue 9 item 4, issue 10 #1) --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "kind", "credentials"),
+    [
+        (None, "google", True),
+        ("https://tpu.googleapis.com", "google", True),
+        ("https://tpu.googleapis.com:443/", "google", True),
+        ("https://private.p.googleapis.com", "google", True),
+        ("http://127.0.0.1:8470", "loopback", False),
+        ("http://127.0.0.2:8470", "loopback", False),
+        ("http://127.255.1.9:1", "loopback", False),
+        ("http://localhost:8470", "loopback", False),
+        ("http://[::1]:8470", "loopback", False),
+        ("https://127.0.0.2:8470", "loopback", False),
+        ("http://10.0.0.5:8470", "other", False),
+        ("https://tpu.example.com", "other", False),
+        ("https://tpu.googleapis.com.evil.example", "other", False),
+        ("https://notgoogleapis.com", "other", False),
+    ],
+)
+def test_one_rule_says_what_an_endpoint_is_and_who_gets_credentials(
+    url: str | None, kind: str, credentials: bool
+) -> None:
+    endpoint = classify_endpoint(url)
+    assert endpoint.kind == kind
+    assert endpoint.sends_credentials is credentials
+    # The platform decision follows the same rule: only loopback runs are emulated.
+    target = choose_target(emulate=False, api_endpoint=url)
+    assert target.emulated is (kind == "loopback")
+
+
+def test_run_on_any_loopback_address_is_emulated_and_anonymous() -> None:
+    # 127.0.0.2 used to be emulated (CPU) by config while the client sent it ADC.
+    spec = build_run_spec(accelerator="v5litepod-4", api_endpoint="http://127.0.0.2:9", env={})
+    assert spec.emulated
+    assert spec.platform == "cpu"
+    assert not classify_endpoint(spec.api_endpoint).sends_credentials
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("", "--api-endpoint is empty"),
+        ("   ", "--api-endpoint is empty"),
+        ("127.0.0.1:80", "Invalid API endpoint"),
+        ("ftp://127.0.0.1", "Invalid API endpoint"),
+        ("http://127.0.0.1:99999", "Invalid API endpoint"),
+        ("http://user:secret@127.0.0.1:1", "user name or password"),
+        ("http://127.0.0.1:1/v2?x=1", "only a scheme, host and port"),
+        ("http://tpu.googleapis.com", "cleartext"),
+    ],
+)
+def test_malformed_endpoints_are_refused(url: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=words) as caught:
+        classify_endpoint(url)
+    assert caught.value.hint
+
+
+def test_emulate_and_endpoint_conflict_is_one_check_for_every_command() -> None:
+    for call in (
+        lambda: build_run_spec(accelerator="v5litepod-4", emulate=True, api_endpoint="", env={}),
+        lambda: list_scope(project=None, zones=[], emulate=True, api_endpoint="http://[::1]:1"),
+        lambda: teardown_inputs(
+            verify=True,
+            project=None,
+            zones=[],
+            emulate=True,
+            api_endpoint="http://127.0.0.1:1",
+            run_id=None,
+            timeout=60,
+        ),
+    ):
+        with pytest.raises(ConfigError, match="exclude each other"):
+            call()
+
+
+# -- scopes of list and teardown (moved from test_sweep) -----------------------------
+
+
+def test_scope_validation_happens_before_any_call() -> None:
+    def scope(**kwargs: object) -> Scope:
+        arguments: dict[str, object] = {
+            "verify": True,
+            "project": "p",
+            "zones": [],
+            "emulate": True,
+            "api_endpoint": None,
+            "run_id": None,
+            "timeout": 60.0,
+            "env": {},
+        }
+        arguments.update(kwargs)
+        return teardown_inputs(**arguments).scope  # type: ignore[arg-type]
+
+    with pytest.raises(ConfigError, match="Invalid zone"):
+        scope(zones=["Mars"])
+    with pytest.raises(ConfigError, match="Invalid label"):
+        scope(run_id="Bad Id")
+    with pytest.raises(ConfigError, match="Invalid API endpoint"):
+        scope(emulate=False, api_endpoint="ftp://x")
+    with pytest.raises(ConfigError, match="needs --verify"):
+        scope(verify=False)
+    for bad in (0.0, -1.0, float("inf"), 86401.0):
+        with pytest.raises(ConfigError, match="--timeout"):
+            scope(timeout=bad)
+    found = scope(project=None)
+    assert (found.project, found.zones, found.emulate) == (EMULATED_PROJECT, [EMULATED_ZONE], True)
+    found = scope(project=None, emulate=False, api_endpoint="http://127.0.0.1:9/")
+    assert (found.zones, found.api_endpoint) == ([EMULATED_ZONE], "http://127.0.0.1:9/")
+    # A non-loopback endpoint is no emulator: it needs a real project and gets no ADC.
+    with pytest.raises(ConfigError, match="No Google Cloud project"):
+        scope(project=None, emulate=False, api_endpoint="https://tpu.example.com")
+
+
+def test_list_needs_a_zone_and_checks_it() -> None:
+    with pytest.raises(ConfigError, match="No zone to list"):
+        list_scope(project="p-1", zones=[], emulate=False, api_endpoint=None, env={})
+    with pytest.raises(ConfigError, match="--zone is empty"):
+        list_scope(project="p-1", zones=[""], emulate=False, api_endpoint=None, env={})
+    found = list_scope(project="p-1", zones=["us-south1-ai1b"], emulate=False, api_endpoint=None)
+    assert (found.project, found.zones, found.api_endpoint) == ("p-1", ["us-south1-ai1b"], None)
+
+
+# -- issue 10 #4: an empty or malformed value never widens or moves the scope --------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"name": ""}, "--name is empty"),
+        ({"project": ""}, "--project is empty"),
+        ({"zone": ""}, "--zone is empty"),
+        ({"zone": "  "}, "--zone is empty"),
+        ({"project": "Bad Project"}, "Invalid project id 'Bad Project'"),
+    ],
+)
+def test_empty_flags_are_errors_not_defaults(kwargs: dict[str, str], words: str) -> None:
+    google = {"project": "p-1", "zone": "us-central1-a"}  # all else resolved: Google too
+    for target in ({"emulate": True}, {"api_endpoint": "http://127.0.0.1:1"}, google):
+        arguments: dict[str, object] = {"accelerator": "v5litepod-4", "env": {}, **target}
+        with pytest.raises(ConfigError, match=words):
+            build_run_spec(**{**arguments, **kwargs})  # type: ignore[arg-type]
+
+
+def test_a_bogus_configured_zone_is_not_replaced_by_the_emulator_default() -> None:
+    env = {"TPULAB_ZONE": "bogus"}
+    with pytest.raises(ConfigError, match=r"Invalid zone 'bogus' \(from \$TPULAB_ZONE\)"):
+        build_run_spec(accelerator="v5litepod-4", api_endpoint="http://127.0.0.1:1", env=env)
+    with pytest.raises(ConfigError, match="TPULAB_ZONE"):
+        list_scope(
+            project=None, zones=[], emulate=False, api_endpoint="http://127.0.0.1:1", env=env
+        )
+
+
+@pytest.mark.parametrize("name", ["TPULAB_ZONE", "CLOUDSDK_COMPUTE_ZONE"])
+def test_an_empty_zone_variable_is_an_error(name: str) -> None:
+    with pytest.raises(ConfigError, match=f"\\${name} is set but empty"):
+        resolve_zone(None, env={name: ""})
+
+
+@pytest.mark.parametrize(
+    "name", ["TPULAB_PROJECT", "CLOUDSDK_CORE_PROJECT", "GOOGLE_CLOUD_PROJECT"]
+)
+def test_empty_or_malformed_project_variables_are_errors(name: str) -> None:
+    with pytest.raises(ConfigError, match=f"\\${name} is set but empty"):
+        resolve_project(None, env={name: " "})
+    with pytest.raises(ConfigError, match=f"Invalid project id 'My Project' \\(from \\${name}\\)"):
+        resolve_project(None, env={name: "My Project"})
+
+
+def test_empty_or_malformed_values_in_the_gcloud_file_are_errors(tmp_path: Path) -> None:
+    root = tmp_path / "gcloud"
+    write_gcloud(root, "default", "[core]\nproject =\n\n[compute]\nzone = Mars\n")
+    env = {"CLOUDSDK_CONFIG": str(root)}
+    with pytest.raises(ConfigError, match="core/project is empty"):
+        resolve_project(None, env=env)
+    with pytest.raises(ConfigError, match="Invalid zone 'Mars' \\(from gcloud configuration"):
+        resolve_zone(None, env=env)
+
+
+def test_teardown_run_id_and_project_are_checked() -> None:
+    base: dict[str, object] = {
+        "verify": True,
+        "zones": [],
+        "emulate": False,
+        "api_endpoint": "http://127.0.0.1:1",
+        "timeout": 60.0,
+        "env": {},
+    }
+    with pytest.raises(ConfigError, match="run id is empty"):
+        teardown_inputs(**{**base, "project": None, "run_id": ""})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="Invalid project id 'Bad Project'"):
+        teardown_inputs(**{**base, "project": "Bad Project", "run_id": None})  # type: ignore[arg-type]
+
+
+# -- zones (issue 11 #4) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "zone", ["us-central1-a", "us-central1-ai1a", "us-south1-ai1b", "europe-west4-b"]
+)
+def test_documented_zones_are_accepted(zone: str) -> None:
+    assert check_zone(zone) == zone
+
+
+@pytest.mark.parametrize(
+    "zone", ["", "us-central1", "US-central1-a", "us-central1-", "us_central1-a"]
+)
+def test_malformed_zones_are_refused(zone: str) -> None:
+    with pytest.raises(ConfigError, match="Invalid zone"):
+        check_zone(zone)
+
+
+# -- run and verify flags ----------------------------------------------------------------
+
+
+def _run_flags(**kwargs: object) -> dict[str, object]:
+    flags: dict[str, object] = {
+        "accelerator": "v5litepod-4",
+        "emulate": True,
+        "api_endpoint": None,
+        "project": None,
+        "zone": None,
+        "name": None,
+        "spot": False,
+        "timeout": 600.0,
+        "teardown_timeout": 600.0,
+        "installer": "uv",
+        "ssh_backend": "embedded",
+        "env": {},
+    }
+    flags.update(kwargs)
+    return flags
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"installer": "conda"}, "Unknown installer"),
+        ({"ssh_backend": "dropbear"}, "Unknown SSH backend"),
+        ({"timeout": 0.0}, "--timeout"),
+        ({"teardown_timeout": float("nan")}, "--teardown-timeout"),
+    ],
+)
+def test_run_flags_are_validated_in_config(kwargs: dict[str, object], words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        run_inputs(**_run_flags(**kwargs))  # type: ignore[arg-type]
+    inputs = run_inputs(**_run_flags(installer="pip", timeout=42.0))  # type: ignore[arg-type]
+    assert (inputs.installer, inputs.spec.timeouts.payload) == ("pip", 42.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"local": False}, "pass --local"),
+        ({"accelerator": "v5litepod-4", "devices": 4}, "both set the device count"),
+        ({"expect_platform": "npu"}, "Unknown platform"),
+        ({"devices": 0}, "out of range"),
+        ({"devices": 65}, "out of range"),
+        ({"accelerator": "v5litepod-3"}, "Unknown accelerator"),
+        ({"accelerator": "v5litepod-4", "expect_platform": "gpu"}, "is a TPU"),
+        ({"timeout": -1.0}, "--timeout"),
+    ],
+)
+def test_verify_flags_are_validated_in_config(kwargs: dict[str, object], words: str) -> None:
+    flags: dict[str, object] = {
+        "local": True,
+        "accelerator": None,
+        "devices": None,
+        "expect_platform": None,
+        "timeout": 300.0,
+    }
+    flags.update(kwargs)
+    with pytest.raises(ConfigError, match=words):
+        local_verify_inputs(**flags)  # type: ignore[arg-type]
+
+
+def test_the_embedded_emulator_never_reads_a_real_configuration(no_home_gcloud: Path) -> None:
+    # A gcloud configuration (even a broken one) and env are a real project's, not
+    # the embedded emulator's: --emulate takes only its flags.
+    write_gcloud(no_home_gcloud / ".config" / "gcloud", "default", "[core]\nproject =\n")
+    env = {"TPULAB_ZONE": "bogus", "TPULAB_PROJECT": ""}
+    spec = build_run_spec(accelerator="v5litepod-4", emulate=True, env=env)
+    assert (spec.project.value, spec.zone.value) == (EMULATED_PROJECT, EMULATED_ZONE)
+    scope = list_scope(project=None, zones=[], emulate=True, api_endpoint=None, env=env)
+    assert (scope.project, scope.zones) == (EMULATED_PROJECT, [EMULATED_ZONE])
+    spec = build_run_spec(accelerator="v5litepod-4", emulate=True, zone="us-south1-ai1b", env=env)
+    assert (spec.zone.value, spec.zone.source) == ("us-south1-ai1b", "--zone")

@@ -125,9 +125,10 @@ def test_accelerator_config_and_int_enums_are_accepted_on_input(emulator: Emulat
         "acceleratorConfig": {"type": 11, "topology": "2x2"},  # V6E as a number
         "runtimeVersion": "v2-alpha-tpuv6e",
     }
-    status, _ = call(emulator, "POST", f"{BASE}/nodes?nodeId=n3", body)
+    v6e_zone = "/v2/projects/p/locations/us-central1-b"  # us-central1-a hosts no v6e
+    status, _ = call(emulator, "POST", f"{v6e_zone}/nodes?nodeId=n3", body)
     assert status == 200
-    _, node = call(emulator, "GET", f"{BASE}/nodes/n3")
+    _, node = call(emulator, "GET", f"{v6e_zone}/nodes/n3")
     assert node["acceleratorType"] == "v6e-4"
 
 
@@ -265,3 +266,110 @@ def test_two_emulators_on_one_state_agree(start_emulator: EmulatorStarter, tmp_p
     while served.node_names():
         assert time.monotonic() < deadline
         time.sleep(0.02)
+
+
+def test_clearing_delete_hangs_lets_the_hung_delete_finish(emulator: Emulator) -> None:
+    wait_done(emulator, create(emulator, "hung"))
+    emulator.faults.delete_hangs = True
+    status, operation = call(emulator, "DELETE", f"{BASE}/nodes/hung")
+    assert status == 200
+    time.sleep(0.5)  # several delete_seconds of Timing.fast()
+    _, node = call(emulator, "GET", f"{BASE}/nodes/hung")
+    assert node["state"] == "DELETING"
+    emulator.faults.delete_hangs = False
+    done = wait_done(emulator, operation)
+    assert "error" not in done
+    assert call(emulator, "GET", f"{BASE}/nodes/hung")[0] == 404
+
+
+def _strict_json(raw: bytes) -> Any:
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(raw, parse_constant=refuse)
+
+
+def test_faults_endpoint_speaks_only_valid_json(emulator: Emulator) -> None:
+    for body in (b'{"ssh_refuse_for": 1e999}', b'{"guest_attributes_delay": Infinity}'):
+        request = urllib.request.Request(
+            emulator.url + "/_emulator/faults", data=body, method="POST"
+        )
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=10)
+        assert caught.value.code == 400
+        assert "error" in _strict_json(caught.value.read())
+    with urllib.request.urlopen(emulator.url + "/_emulator/faults", timeout=10) as response:
+        faults = _strict_json(response.read())
+    assert faults["ssh_refuse_for"] == 0.0
+    assert faults["guest_attributes_delay"] == 0.0
+
+
+def test_update_node_applies_only_the_mask_when_its_operation_ends(emulator: Emulator) -> None:
+    wait_done(emulator, create(emulator, "u1", labels={"a": "1"}, description="before"))
+    body = {"labels": {"a": "2", "b": "3"}, "description": "not in the mask", "tags": ["t"]}
+    status, operation = call(emulator, "PATCH", f"{BASE}/nodes/u1?updateMask=labels,tags", body)
+    assert status == 200, operation
+    assert operation["done"] is False
+    assert operation["metadata"]["verb"] == "update"
+    # A second update while the first is in flight is refused (gcloud expects a 409).
+    status, answer = call(emulator, "PATCH", f"{BASE}/nodes/u1?updateMask=labels", body)
+    assert (status, answer["error"]["status"]) == (409, "ABORTED")
+    done = wait_done(emulator, operation)
+    assert "error" not in done
+    node = done["response"]
+    assert node["@type"] == "type.googleapis.com/google.cloud.tpu.v2.Node"
+    assert node["labels"] == {"a": "2", "b": "3"}
+    assert node["tags"] == ["t"]
+    assert node["description"] == "before"
+    assert call(emulator, "GET", f"{BASE}/nodes/u1")[1]["labels"] == {"a": "2", "b": "3"}
+
+
+@pytest.mark.parametrize(
+    ("query", "code", "status", "words"),
+    [
+        ("", 400, "INVALID_ARGUMENT", "updateMask is required"),
+        ("?updateMask=acceleratorType", 400, "INVALID_ARGUMENT", "acceleratorType"),
+        ("?updateMask=data_disks", 400, "INVALID_ARGUMENT", "data_disks"),
+    ],
+)
+def test_update_node_refuses_what_it_cannot_update(
+    emulator: Emulator, query: str, code: int, status: str, words: str
+) -> None:
+    wait_done(emulator, create(emulator, "u2"))
+    got, answer = call(emulator, "PATCH", f"{BASE}/nodes/u2{query}", {"labels": {}})
+    assert (got, answer["error"]["status"]) == (code, status)
+    assert words in answer["error"]["message"]
+
+
+def test_update_node_needs_a_ready_node(emulator: Emulator) -> None:
+    create(emulator, "u3")  # still CREATING
+    got, answer = call(emulator, "PATCH", f"{BASE}/nodes/u3?updateMask=labels", {"labels": {}})
+    assert (got, answer["error"]["status"]) == (400, "FAILED_PRECONDITION")
+    assert call(emulator, "PATCH", f"{BASE}/nodes/nope?updateMask=labels", {})[0] == 404
+
+
+@pytest.mark.parametrize(
+    ("zone", "offered", "refused"),
+    [
+        # cloud.google.com/tpu/docs/regions-zones, North America
+        ("us-central1-a", {"v5litepod-4", "v5p-8", "v3-8", "v2-32"}, {"v6e-4", "v4-8", "v2-8"}),
+        ("us-central1-b", {"v6e-4", "v2-8", "v3-8"}, {"v5litepod-4", "v5p-8", "v2-32"}),
+        ("us-east5-b", {"v6e-8"}, {"v5litepod-4", "v5p-8"}),
+        ("us-central2-b", {"v4-8", "v4-32"}, {"v5litepod-4"}),
+    ],
+)
+def test_zones_offer_what_the_regions_page_lists(
+    emulator: Emulator, zone: str, offered: set[str], refused: set[str]
+) -> None:
+    _, listed = call(emulator, "GET", f"/v2/projects/p/locations/{zone}/acceleratorTypes")
+    names = {t["type"] for t in listed["acceleratorTypes"]}
+    assert offered <= names
+    assert not refused & names
+
+
+def test_a_non_finite_value_set_in_process_still_gets_a_json_answer(emulator: Emulator) -> None:
+    emulator.faults.preempt_after = float("inf")  # in-process writes bypass validation
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(emulator.url + "/_emulator/faults", timeout=10)
+    assert caught.value.code == 500
+    assert "not JSON" in _strict_json(caught.value.read())["error"]["message"]

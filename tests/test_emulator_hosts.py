@@ -128,3 +128,108 @@ def test_ssh_refusal_fault_reaches_the_backend(
         assert ready_host["host"]["port"] == target.port
     finally:
         backend.close()
+
+
+# Each published type, and the host-key algorithm a client pinning it negotiates (an RSA
+# key is served with SHA-2 signatures: OpenSSH >= 8.8 no longer accepts "ssh-rsa" SHA-1).
+HOST_KEY_ALGORITHMS = {
+    "ssh-ed25519": "ssh-ed25519",
+    "ecdsa-sha2-nistp256": "ecdsa-sha2-nistp256",
+    "ssh-rsa": "rsa-sha2-512",
+}
+
+
+def test_every_published_host_key_type_is_the_one_the_server_presents(
+    start_emulator: EmulatorStarter, host_backend: HostBackend, tmp_path: Path
+) -> None:
+    import base64
+
+    import paramiko
+    from emulator_fixtures import api_for, node_request
+
+    emulator = start_emulator(tmp_path / "state", host_backend=host_backend)
+    api = api_for(emulator)
+    key = RunKey()
+    api.create_node(ZONE, "keys", node_request(ssh_keys=key.metadata_entry(USER)))
+    target, _ = _connect_target(api, host_backend, "keys")
+    published = {
+        name.removeprefix("hostkeys/"): value
+        for name, value in api.guest_attributes(ZONE, "keys").items()
+        if name.startswith("hostkeys/")
+    }
+    assert sorted(published) == sorted(HOST_KEY_ALGORITHMS)
+    for key_type, algorithm in HOST_KEY_ALGORITHMS.items():
+        # A real client restricted to the one algorithm a pin of this type implies.
+        transport = paramiko.Transport((target.host, target.port))
+        try:
+            transport.get_security_options().key_types = (algorithm,)
+            transport.start_client(timeout=20)
+            presented = transport.get_remote_server_key()
+        finally:
+            transport.close()
+        assert presented.get_name() == key_type
+        assert presented.asbytes() == base64.b64decode(published[key_type])
+    # tpulab's own client, pinning a non-default type, logs in end to end.
+    ecdsa = HostKey("ecdsa-sha2-nistp256", published["ecdsa-sha2-nistp256"])
+    pinned = SshTarget(target.host, target.port, target.user, ecdsa)
+    with Connection(pinned, key, connect_timeout=20) as connection:
+        assert connection.run("echo ok", timeout=20, check=True).stdout.strip() == "ok"
+
+
+def test_update_node_through_the_client_library_adds_a_key_the_host_then_accepts(
+    start_emulator: EmulatorStarter, host_backend: HostBackend, tmp_path: Path
+) -> None:
+    """What gcloud `tpu-vm ssh` does: PATCH ?updateMask=metadata with one more ssh-keys
+    line; the operation returns the updated node and the live host takes the new key."""
+    from emulator_fixtures import api_for, node_request
+    from google.api_core.client_options import ClientOptions
+    from google.api_core.exceptions import BadRequest
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import tpu_v2
+    from google.protobuf import field_mask_pb2
+
+    from tpulab.errors import AuthError
+
+    emulator = start_emulator(tmp_path / "state", host_backend=host_backend)
+    api = api_for(emulator)
+    first, second = RunKey(), RunKey()
+    api.create_node(ZONE, "upd", node_request(ssh_keys=first.metadata_entry(USER)))
+    target, _ = _connect_target(api, host_backend, "upd")
+    with pytest.raises(AuthError):
+        Connection(target, second, connect_timeout=10).run("true", timeout=10)
+
+    client = tpu_v2.TpuClient(
+        credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
+        transport="rest",
+        client_options=ClientOptions(api_endpoint=emulator.url),
+    )
+    name = f"projects/{PROJECT}/locations/{ZONE}/nodes/upd"
+    node = client.get_node(name=name)
+    node.metadata["ssh-keys"] += "\n" + second.metadata_entry(USER)
+    node.labels["outside-the-mask"] = "ignored"
+    operation = client.update_node(
+        node=node, update_mask=field_mask_pb2.FieldMask(paths=["metadata"])
+    )
+    assert operation.metadata.verb == "update"
+    updated = operation.result(timeout=20)  # type: ignore[no-untyped-call]
+    assert updated.name == name
+    assert second.metadata_entry(USER) in updated.metadata["ssh-keys"]
+    assert "outside-the-mask" not in updated.labels
+    assert updated.state == tpu_v2.Node.State.READY
+
+    deadline = time.monotonic() + 10
+    while True:  # the host re-reads ssh-keys within a tick or two of the operation
+        try:
+            with Connection(target, second, connect_timeout=10) as connection:
+                assert connection.run("echo new", timeout=20, check=True).stdout == "new\n"
+            break
+        except AuthError:
+            assert time.monotonic() < deadline, "the SSH host never took the new key"
+            time.sleep(0.1)
+    with Connection(target, first, connect_timeout=10) as connection:
+        assert connection.run("echo old", timeout=20, check=True).stdout == "old\n"
+
+    with pytest.raises(BadRequest, match="updateMask"):
+        client.update_node(
+            node=node, update_mask=field_mask_pb2.FieldMask(paths=["runtime_version"])
+        )

@@ -106,3 +106,39 @@ def test_gcloud_create_describe_list_delete(emulator: Emulator, tmp_path: Path) 
     missing = gcloud("describe", "gc-node")
     assert missing.returncode != 0
     assert "NOT_FOUND" in missing.stderr
+
+
+def test_gcloud_update_patches_labels_and_metadata(emulator: Emulator, tmp_path: Path) -> None:
+    """`gcloud compute tpus tpu-vm update` reads the node, then PATCHes it with an
+    updateMask (the call `tpu-vm ssh` makes to add its key) and waits for the operation."""
+    require_tool(shutil.which("gcloud") is not None, "gcloud (Google Cloud SDK)")
+    from emulator_fixtures import api_for, node_request
+
+    api = api_for(emulator)
+    api.wait_operation(
+        api.create_node(ZONE, "gc-upd", node_request(ssh_keys="tpulab:ssh-ed25519 AAAAC3Nza a")),
+        timeout=20,
+    )
+    updated = subprocess.run(
+        [
+            "gcloud",
+            "compute",
+            "tpus",
+            "tpu-vm",
+            "update",
+            "gc-upd",
+            f"--zone={ZONE}",
+            "--update-labels=added=yes",
+            "--update-metadata=ssh-keys=gcloud:ssh-ed25519 AAAAC3NzaB gcloud",
+        ],
+        env=gcloud_env(emulator, tmp_path / "gcloud-config"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert updated.returncode == 0, updated.stderr
+    node = api.get_node(ZONE, "gc-upd")
+    assert node.labels["added"] == "yes"
+    assert node.labels["tpulab-run"] == "run-1"  # read-modify-write kept the others
+    assert node.metadata["ssh-keys"] == "gcloud:ssh-ed25519 AAAAC3NzaB gcloud"
+    assert emulator.calls["update_node"] == 1

@@ -337,3 +337,36 @@ def test_journal_view_reports_missing_nodes_only_for_the_listed_api(tmp_path: Pa
     assert [row.run_id for row in view.missing] == ["here"]
     view = journal_view([], zones=[ZONE], project="proj", target=TARGET_EMULATE, journal=journal)
     assert [row.run_id for row in view.missing] == ["emulated"]
+
+
+def test_a_locked_journal_costs_one_short_wait_and_one_warning_per_run(tmp_path: Path) -> None:
+    """While another process holds the journal, a run's phase updates must neither stall
+    the run (each used to wait the full busy timeout while the VM billed) nor repeat the
+    same warning per phase; the final write is still attempted and lands once free."""
+    import sqlite3
+    import time
+
+    from tpulab.cleanup.journal import RunJournalAdapter
+
+    path = tmp_path / "j.sqlite3"
+    journal = Journal(path, busy_timeout=5.0)
+    journal.open_run(_row("locked-run"))
+    adapter = RunJournalAdapter(journal)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    started = time.monotonic()
+    for phase in ("create", "wait-ready", "host-key", "connect", "bootstrap", "stage"):
+        adapter.phase_changed("locked-run", phase)
+    waited = time.monotonic() - started
+    assert len(adapter.warnings) == 1, adapter.warnings
+    assert "locked" in adapter.warnings[0]
+    assert "skipped" in adapter.warnings[0]
+    # One short wait for the first update, not 6 x 5 s.
+    assert waited < 4.0, waited
+    holder.execute("ROLLBACK")
+    holder.close()
+    adapter.run_finished("locked-run", "confirmed", "ok")
+    row = journal.get("locked-run")
+    assert row is not None
+    assert row.teardown == "confirmed"
+    assert len(adapter.warnings) == 1

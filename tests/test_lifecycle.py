@@ -261,7 +261,7 @@ def test_stale_receipt_planted_by_a_failing_payload_is_rejected_by_nonce(
     assert outcome.verdict == "rejected"
     assert any(failure.startswith("nonce") for failure in outcome.failures), outcome.failures
     assert outcome.receipt is not None  # kept, as evidence, marked rejected
-    assert json.loads(outcome.receipt.meta_path.read_text())["verdict"] == "rejected"
+    assert json.loads(outcome.receipt.record_path.read_text())["judgement"]["verdict"] == "rejected"
     assert outcome.teardown_status == "confirmed"
     assert embedded_rig.leftovers() == []
 

@@ -29,7 +29,6 @@ from tpulab.remote.payload import (
     extract_receipt_line,
     payload_command,
     payload_env,
-    remote_command,
 )
 
 PAYLOAD = paths.payload_path()
@@ -158,17 +157,6 @@ def test_command_and_environment_builders() -> None:
     ]
     assert payload_env("tpu", 4) == {"JAX_PLATFORMS": "tpu"}
     assert payload_env("cpu", 8)["XLA_FLAGS"] == "--xla_force_host_platform_device_count=8"
-    line = remote_command(
-        "/home/u/x y/python",
-        "/p/v.py",
-        platform="cpu",
-        devices=4,
-        nonce="abcdefgh",
-        out="/o",
-        emulated=False,
-    )
-    assert line.startswith("env JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device")
-    assert "'/home/u/x y/python'" in line
     assert extract_receipt_line(f"noise\n{RECEIPT_PREFIX}{{}}\n") == b"{}"
 
 

@@ -16,6 +16,7 @@ from tpulab.cli import EXIT_CONFIG, EXIT_OK
 from tpulab.config import build_run_spec
 from tpulab.config.python import EMULATED_PYTHON, REAL_PYTHON
 from tpulab.errors import ConfigError
+from tpulab.remote import bootstrap as boot
 from tpulab.remote.bootstrap import BootstrapResult
 from tpulab.run.lifecycle import RunOutcome
 from tpulab.run.report import summary_lines
@@ -42,7 +43,6 @@ def tpulab(*args: str) -> subprocess.CompletedProcess[str]:
 def real_spec(**kwargs: str) -> RunSpec:
     return build_run_spec(
         accelerator="v5litepod-4",
-        mode="google",
         project="my-project",
         zone="us-central1-a",
         env={},
@@ -55,7 +55,7 @@ def test_real_runs_default_to_a_uv_managed_3_12_and_emulated_ones_to_the_newest_
     assert (real.python, real.jax_version) == (REAL_PYTHON, None)
     assert REAL_PYTHON == "3.12"
     assert "uv-managed" in real.python_source
-    emulated = build_run_spec(accelerator="v5litepod-4", mode="emulate", env={})
+    emulated = build_run_spec(accelerator="v5litepod-4", emulate=True, env={})
     assert emulated.python == EMULATED_PYTHON == ">=3.11"
     assert "newest local python >= 3.11" in emulated.python_source
 
@@ -95,20 +95,22 @@ def test_a_bad_python_flag_creates_nothing(start_emulator: EmulatorStarter, tmp_
 
 
 def test_the_dry_run_shows_the_python_and_the_pin() -> None:
-    done = tpulab(
-        "run", "--accelerator", "v5litepod-4", "--project", "p", "--zone", "us-central1-a",
-        "--python", "3.11", "--jax-version", "0.6.2", "--dry-run", "--json",
-    )  # fmt: skip
-    assert done.returncode == EXIT_OK, done.stderr
-    text = json.dumps(json.loads(done.stdout))
-    assert "jax-tpu-lab/.venv 3.11 uv" in text
-    assert "with python 3.11 (--python)" in text
-    assert "'jax[tpu]==0.6.2' numpy" in text
-    assert "python3 -m pip install --user uv" in text
+    flags = ("run", "--accelerator", "v5litepod-4", "--project", "p", "--zone", "us-central1-a",
+             "--python", "3.11", "--jax-version", "0.6.2", "--dry-run")  # fmt: skip
+    done = tpulab(*flags, "--json")
+    assert done.returncode == EXIT_OK, done.stderr + done.stdout
+    # The remote argv lists the run would send, as it would send them.
+    argvs = [step["argv"] or [] for step in json.loads(done.stdout)["steps"]]
+    assert any("python3 -m pip install --user uv" in " ".join(argv) for argv in argvs)
+    assert [boot.LAB_DIR, boot.VENV_DIR, "3.11", "uv"] in [argv[-4:] for argv in argvs]
+    assert ["uv", "jax[tpu]==0.6.2", "numpy"] in [argv[-3:] for argv in argvs]
+    human = tpulab(*flags)
+    assert human.returncode == EXIT_OK, human.stderr
+    assert "The VM's venv: python 3.11 (--python), jax 0.6.2." in human.stdout
 
 
 def _outcome(jax: str) -> RunOutcome:
-    spec = build_run_spec(accelerator="v5litepod-4", mode="emulate", env={})
+    spec = build_run_spec(accelerator="v5litepod-4", emulate=True, env={})
     outcome = RunOutcome(spec)
     outcome.bootstrap = BootstrapResult(
         "uv venv --python >=3.11",
@@ -117,7 +119,7 @@ def _outcome(jax: str) -> RunOutcome:
         python_request=spec.python,
         image_python="3.10.13",
         image_kind="bare (python3 3.10.13, no jax, no uv)",
-        notes=["uv unavailable: the image's python3 3.10.13 instead of python 3.12"],
+        notes=["uv unavailable: the image python3 3.10.13 instead of python 3.12"],
     )
     return outcome
 

@@ -16,6 +16,8 @@ import pytest
 from tpulab import paths
 from tpulab.cli import EXIT_CLOUD, EXIT_CONFIG, EXIT_OK, EXIT_TEARDOWN
 from tpulab.emulator import Emulator, Timing
+from tpulab.run.plan import PlanEnvelope
+from tpulab.run.report import RunEnvelope
 
 if TYPE_CHECKING:
     from emulator_fixtures import EmulatorStarter
@@ -50,49 +52,46 @@ def envelope(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return data
 
 
-# The --json contract of `tpulab run` (schema_version 1): changing it breaks scripts.
-ENVELOPE_KEYS = {
-    "schema_version": int, "command": str, "ok": bool, "run_id": str, "mode": str,
-    "emulated": bool, "project": str, "zone": str, "node": str, "accelerator": str,
-    "spot": bool, "seconds": float, "api_calls": int, "phases": list, "bootstrap": dict,
-    "receipt": dict, "teardown": dict, "estimated_cost_usd": float, "price_date": str,
-    "notes": list, "error": type(None),
-}  # fmt: skip
-RECEIPT_KEYS = {
-    "verdict", "id", "path", "failures", "per_device_sums", "observed_total",
-    "expected_total", "payload_exit_status",
-}  # fmt: skip
+def run_document(done: subprocess.CompletedProcess[str]) -> RunEnvelope:
+    """The printed `--json` document, parsed by its model: the printed output is the
+    contract (its schema is pinned by test_envelopes)."""
+    try:
+        return RunEnvelope.model_validate_json(done.stdout)
+    except ValueError:
+        pytest.fail(
+            f"stdout is no RunEnvelope (exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
+        )
 
 
-def check_verified_v5litepod_4(result: dict[str, Any]) -> None:
-    assert {key: type(value) for key, value in result.items()} == ENVELOPE_KEYS
-    assert set(result["receipt"]) == RECEIPT_KEYS
-    assert set(result["bootstrap"]) == {"venv", "install", "versions"}
-    assert result["schema_version"] == 1
-    assert result["command"] == "run"
-    assert result["ok"] is True
-    assert result["accelerator"] == "v5litepod-4"
-    assert result["emulated"] is True
-    receipt = result["receipt"]
-    assert receipt["verdict"] == "verified"
-    assert receipt["per_device_sums"] == [140.0, 1100.0, 3084.0, 6092.0]
-    assert receipt["observed_total"] == 10416.0
-    assert receipt["expected_total"] == 10416
-    assert Path(receipt["path"]).is_file()
-    assert result["teardown"] == {
-        "status": "confirmed",
-        "confirmed": True,
-        "delete_attempts": 1,
-        "seconds": result["teardown"]["seconds"],
-        "manual_command": None,
-    }
-    phases = [p["phase"] for p in result["phases"]]
+def check_verified_v5litepod_4(result: RunEnvelope) -> None:
+    assert result.schema_version == 1
+    assert result.command == "run"
+    assert result.ok is True
+    assert result.error is None
+    assert result.dry_run is False
+    assert result.accelerator_type == "v5litepod-4"
+    assert result.node_name.startswith("tpulab-")
+    assert result.emulated is True
+    assert result.bootstrap is not None
+    assert result.bootstrap.versions["jax"]
+    receipt = result.receipt
+    assert receipt.verdict == "verified"
+    assert receipt.per_device_sums == [140.0, 1100.0, 3084.0, 6092.0]
+    assert receipt.observed_total == 10416.0
+    assert receipt.expected_total == 10416
+    assert receipt.payload_exit_status == 0
+    assert receipt.path is not None
+    assert Path(receipt.path).is_file()
+    teardown = result.teardown
+    assert (teardown.status, teardown.confirmed, teardown.delete_attempts) == ("confirmed", True, 1)
+    assert teardown.manual_command is None
+    phases = [p.phase for p in result.phases]
     assert phases == [
         "validate", "create", "wait-ready", "host-key", "connect", "bootstrap", "stage",
         "execute", "collect", "verify", "teardown",
     ]  # fmt: skip
-    assert all(p["ok"] and p["seconds"] >= 0 for p in result["phases"])
-    assert result["api_calls"] > 5
+    assert all(p.ok and p.seconds >= 0 for p in result.phases)
+    assert result.api_calls > 5
 
 
 @pytest.fixture
@@ -122,9 +121,9 @@ def test_run_emulate(fast_embedded_emulator: Path, backend: str) -> None:
         "run", "--accelerator", "v5litepod-4", "--emulate", "--json", "--ssh-backend", backend
     )
     assert done.returncode == EXIT_OK, done.stderr
-    result = envelope(done)
+    result = run_document(done)
     check_verified_v5litepod_4(result)
-    assert result["mode"] == "emulate"
+    assert result.mode == "emulate"
     assert embedded_leftovers(fast_embedded_emulator) == []
 
 
@@ -140,9 +139,9 @@ def test_run_against_a_served_emulator(served: Emulator) -> None:
         "--project", PROJECT, "--zone", ZONE, "--json",
     )  # fmt: skip
     assert done.returncode == EXIT_OK, done.stderr
-    result = envelope(done)
+    result = run_document(done)
     check_verified_v5litepod_4(result)
-    assert result["mode"] == "endpoint"
+    assert result.mode == "endpoint"
     assert served.node_names() == []
 
 
@@ -194,16 +193,20 @@ def test_unconfirmed_teardown_has_its_own_status_and_the_manual_command(bare: Em
         "--spot", "--name", "stuck-node", "--teardown-timeout", "1", "--json",
     )  # fmt: skip
     assert done.returncode == EXIT_TEARDOWN, done.stderr
-    result = envelope(done)
-    assert result["ok"] is False
-    assert result["teardown"]["status"] == "unconfirmed"
+    result = run_document(done)
+    assert result.ok is False
+    assert result.node_name == "stuck-node"
+    assert result.teardown.status == "unconfirmed"
     manual = (
         f"gcloud compute tpus tpu-vm delete stuck-node --project={PROJECT} --zone={ZONE} --quiet"
     )
-    assert result["teardown"]["manual_command"] == manual
-    assert result["error"]["type"] == "TeardownError"
-    assert manual in result["error"]["hint"]
-    assert "preempted" in result["error"]["message"]  # the first failure is kept too
+    assert result.teardown.manual_command == manual
+    assert result.error is not None
+    assert result.error.type == "TeardownError"
+    assert result.error.exit_status == EXIT_TEARDOWN
+    assert result.error.hint is not None
+    assert manual in result.error.hint
+    assert "preempted" in result.error.message  # the first failure is kept too
     assert bare.node_names() == ["stuck-node"]  # left, and said so
 
 
@@ -231,22 +234,33 @@ def test_dry_run_prints_every_step_and_imports_nothing_heavy(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "HEAVY []" in out
-    base = "https://tpu.googleapis.com/v2/projects/my-proj-1/locations/us-east5-b"
+    assert "Recorded from the run itself" in out
+    assert "API base https://tpu.googleapis.com" in out
+    base = "/v2/projects/my-proj-1/locations/us-east5-b"
     order = [
+        "journal row for run",
         f"POST {base}/nodes?nodeId=tpulab-",
+        f"GET {base}/operations/<CREATE-OPERATION-ID>",
+        "every Backoff(initial=1.0, cap=10.0",
         f"GET {base}/nodes/tpulab-",
         ":getGuestAttributes",
-        "sftp put jax-tpu-lab/verify_tpu.py",
-        "JAX_PLATFORMS=tpu",
-        "--platform tpu",
-        "sftp get jax-tpu-lab/receipt.json",
+        "connect tpulab@<NODE-IP>:22",
+        "put @REMOTE-HOME@/jax-tpu-lab/verify_tpu.py",
+        "sha256sum < @REMOTE-HOME@/jax-tpu-lab/verify_tpu.py",
+        "timeout --signal=KILL 600.000 /bin/sh -c 'export JAX_PLATFORMS=tpu;",
+        "--platform tpu --nonce PLACEHOLDER-NONCE",
+        "get @REMOTE-HOME@/jax-tpu-lab/receipt.json",
+        "judge the receipt",
         f"DELETE {base}/nodes/tpulab-",
-        f"GET {base}/nodes (all pages) until no node has tpulab-run=",
+        f"GET {base}/operations/<DELETE-OPERATION-ID>",
+        f"GET {base}/nodes?$alt=json;enum-encoding=int",
+        "Placeholders",
     ]
     positions = [out.find(text) for text in order]
     assert all(p >= 0 for p in positions), list(zip(order, positions, strict=True))
     assert positions == sorted(positions)
-    assert '"spot": true' in out
+    assert '"schedulingConfig": {"spot": true}' in out
+    assert '"networkConfig": {"enableExternalIps": true}' in out
     assert "jax[tpu]" in out
 
 
@@ -275,14 +289,38 @@ def test_dry_run_json_is_a_versioned_plan() -> None:
     assert done.returncode == EXIT_OK, done.stderr
     plan = envelope(done)
     assert plan["schema_version"] == 1
+    assert plan["command"] == "run"
+    assert plan["ok"] is True
     assert plan["dry_run"] is True
     assert plan["emulated"] is True
+    assert plan["accelerator_type"] == "v6e-1"
+    assert (plan["project"], plan["project_source"]) == ("tpulab-emulated", "emulator")
+    assert plan["node_name"].startswith("tpulab-")
+    PlanEnvelope.model_validate_json(done.stdout)  # what printed is the pinned contract
     kinds = [(step["phase"], step["kind"]) for step in plan["steps"]]
     assert kinds[0] == ("validate", "local")
-    assert kinds[-1] == ("teardown", "api")
+    assert ("verify", "local") in kinds
+    assert kinds.index(("verify", "local")) < kinds.index(("teardown", "api"))
+    create = next(step for step in plan["steps"] if step["action"] == "CreateNode")
+    assert create["method"] == "POST"
+    assert create["body"]["labels"] == {"managed-by": "tpulab", "tpulab-run": plan["run_id"]}
+    assert create["body"]["metadata"]["ssh-keys"] == (
+        "tpulab:ssh-ed25519 <PER-RUN-PUBLIC-KEY> tpulab"
+    )
     execute = next(step for step in plan["steps"] if step["phase"] == "execute")
-    assert "JAX_PLATFORMS=cpu" in execute["action"]
-    assert "--xla_force_host_platform_device_count=1" in execute["action"]
+    assert execute["env"] == {
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+    }
+    assert execute["command"].startswith("timeout --signal=KILL 600.000 /bin/sh -c ")
+    assert "--nonce PLACEHOLDER-NONCE-made-per-run" in execute["command"]
+    # The emulator's quick operation schedule, as GoogleTpuApi would poll it.
+    operation = next(step for step in plan["steps"] if step["action"] == "GetOperation")
+    assert operation["poll"]["schedule"].startswith("Backoff(initial=0.05, cap=0.5")
+    # Every placeholder shown is explained.
+    shown = json.dumps(plan["steps"])
+    assert "<PER-RUN-PUBLIC-KEY>" in plan["placeholders"]
+    assert all(marker in shown for marker in plan["placeholders"])
     assert not paths.emulator_state_dir().exists(), "a dry run must not start the emulator"
 
 
@@ -304,3 +342,31 @@ def test_missing_project_for_a_real_run_is_a_config_error(tmp_path: Path) -> Non
     assert done.returncode == EXIT_CONFIG
     assert "No Google Cloud project" in done.stderr
     assert "--project" in done.stderr
+
+
+def test_a_run_whose_api_cannot_be_set_up_reports_nothing_created(tmp_path: Path) -> None:
+    # Credentials that point at a missing file: the Google client refuses before any
+    # request, so the run fails before a Lifecycle exists. Its envelope is still a whole
+    # RunEnvelope, saying plainly that nothing was created.
+    env = {
+        **os.environ,
+        "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "missing-adc.json"),
+        "CLOUDSDK_CONFIG": str(tmp_path / "no-gcloud"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "tpulab", "run", "--accelerator", "v5litepod-4",
+         "--project", "my-proj-1", "--zone", ZONE, "--name", "never-made", "--json"],
+        capture_output=True, text=True, timeout=60, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    result = run_document(done)
+    assert result.ok is False
+    assert result.mode == "google"
+    assert result.node_name == "never-made"
+    assert (result.teardown.status, result.teardown.confirmed) == ("not-created", False)
+    assert result.receipt.verdict is None
+    assert result.phases == []
+    assert result.api_calls == 0
+    assert result.error is not None
+    assert result.error.type == "ConfigError"
+    assert "missing-adc.json" in result.error.message

@@ -8,12 +8,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tpulab import paths
 from tpulab.cleanup.journal import TARGET_EMULATE, Journal, RunRow, target_for
+from tpulab.cleanup.report import TeardownEnvelope
 from tpulab.cli._embedded import emulated_target
 from tpulab.cloud.google import GoogleTpuApi
 from tpulab.emulator.server import Emulator
@@ -67,11 +67,13 @@ def tpulab(*args: str, stdin: int | None = subprocess.DEVNULL) -> subprocess.Com
     )
 
 
-def _json(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    data = json.loads(done.stdout)
-    assert data["schema_version"] == 1
-    assert data["command"] == "teardown"
-    return data  # type: ignore[no-any-return]
+def _json(done: subprocess.CompletedProcess[str]) -> TeardownEnvelope:
+    """The printed `--json` document, parsed by its model (the printed output is the
+    contract; its schema is pinned by test_envelopes)."""
+    data = TeardownEnvelope.model_validate_json(done.stdout)
+    assert data.schema_version == 1
+    assert data.command == "teardown"
+    return data
 
 
 def test_teardown_without_verify_is_a_usage_error() -> None:
@@ -90,13 +92,16 @@ def test_verify_deletes_orphans_closes_rows_and_spares_foreign_nodes(emulator: E
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = _json(done)
-    assert data["ok"] is True
-    assert data["deleted"] == [orphan]
-    assert data["remaining"] == []
-    assert data["closed_journal_rows"] == ["killed-cli"]
-    assert data["untouched_unlabelled"] == ["tpulab-not-ours"]
-    assert data["found"][0]["source"] == "journal+labels"
-    assert data["found"][0]["estimated_cost_usd"] is not None
+    assert data.ok is True
+    assert data.error is None
+    assert data.deleted == [orphan]
+    assert data.remaining == []
+    assert data.closed_journal_rows == ["killed-cli"]
+    assert data.untouched_unlabelled == ["tpulab-not-ours"]
+    [found] = data.found
+    assert (found.name, found.run_id, found.source) == (orphan, "killed-cli", "journal+labels")
+    assert found.accelerator_type == "v5litepod-4"
+    assert found.estimated_cost_usd is not None
     assert emulator.node_names(PROJECT) == ["tpulab-not-ours"]
     assert Journal().open_runs() == []
     again = tpulab("teardown", "--verify", "--api-endpoint", emulator.url, "--project", PROJECT)
@@ -125,13 +130,16 @@ def test_dry_run_reports_and_touches_nothing(emulator: Emulator) -> None:
     )  # fmt: skip
     assert done.returncode == EXIT_TEARDOWN
     data = _json(done)
-    assert data["ok"] is False
-    assert data["dry_run"] is True
-    assert data["deleted"] == []
-    assert [node["name"] for node in data["found"]] == [orphan]
-    assert data["manual_commands"] == [
-        f"gcloud compute tpus tpu-vm delete {orphan} --project={PROJECT} --zone={ZONE} --quiet"
-    ]
+    assert data.ok is False
+    assert data.dry_run is True
+    assert data.deleted == []
+    assert data.remaining is None
+    assert [node.name for node in data.found] == [orphan]
+    manual = f"gcloud compute tpus tpu-vm delete {orphan} --project={PROJECT} --zone={ZONE} --quiet"
+    assert data.manual_commands == [manual]
+    assert data.error is not None
+    assert data.error.type == "TeardownError"
+    assert data.error.exit_status == EXIT_TEARDOWN
     assert emulator.node_names(PROJECT) == [orphan]
 
 
@@ -179,6 +187,33 @@ def test_emulate_sweeps_the_embedded_emulators_state() -> None:
         _create(target.api, "foreign", {})
     done = tpulab("teardown", "--verify", "--emulate", "--project", PROJECT, "--yes", "--json")
     assert done.returncode == 0, done.stderr
-    assert _json(done)["deleted"] == [orphan]
+    assert _json(done).deleted == [orphan]
     with emulated_target(PROJECT) as target:
         assert target.emulator.node_names(PROJECT) == ["foreign"]
+
+
+def test_a_live_run_is_skipped_not_reported_as_billing(emulator: Emulator) -> None:
+    """A run still in progress here tears its own node down: skipping it is not a leak,
+    so no exit 6, no "may still be billing", no delete command for its node."""
+    api = GoogleTpuApi(PROJECT, api_endpoint=emulator.url)
+    name = "tpulab-live-cli"
+    Journal().open_run(
+        RunRow.for_this_process(  # this test process is the run's (live) owner
+            run_id="live-cli",
+            project=PROJECT,
+            zone=ZONE,
+            node_name=name,
+            accelerator="v5litepod-4",
+            target=target_for(emulator.url),
+            emulated=True,
+            phase="execute",
+        )
+    )
+    _create(api, name, tpulab_labels("live-cli"))
+    done = tpulab("teardown", "--verify", "--yes", "--api-endpoint", emulator.url,
+                  "--project", PROJECT)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "still in progress" in done.stdout
+    assert "billing" not in done.stdout + done.stderr
+    assert "gcloud compute tpus tpu-vm delete" not in done.stdout + done.stderr
+    assert emulator.node_names(PROJECT) == [name]  # left to its own run

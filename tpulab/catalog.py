@@ -98,6 +98,8 @@ def _suggest(name: str) -> str | None:
         ]
         if same_family:
             return min(same_family)[2]
+    if len(name) > 32:
+        return None  # no type name is that long; difflib on it would only be slow
     close = difflib.get_close_matches(name.lower(), list(CATALOG), n=1, cutoff=0.5)
     return close[0] if close else None
 

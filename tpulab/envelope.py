@@ -2,18 +2,42 @@
 
 Every `--json` output is a subclass of `Envelope` (pipx's `result.py` is the anchor): a
 `schema_version`, the `command`, `ok`, and an `error` when it failed; the command's own
-fields follow. A test pins each model's JSON schema, so a field renamed or dropped is a
-visible, deliberate change. Field names agree across commands (`accelerator_type`, the
-Cloud TPU API's own word, wherever an accelerator is named).
+fields follow. A test pins each model's JSON schema (tests/schemas/<Model>.json), so a
+field renamed or dropped is a visible, deliberate change.
+
+    Envelope                 schema_version, command, ok, error: ErrorReport | None
+    ├── ErrorEnvelope        a command that failed before it had anything else to say
+    └── <Command>Envelope    one per command, defined next to the code that fills it in
+
+Field names agree across commands, so a script reads every output the same way:
+
+- `accelerator_type` wherever an accelerator is named (the Cloud TPU API's own word);
+- `name` is a node's own name inside a node object (`NodeReport`, as the API says it);
+  anything else that refers to a node says `node_name`;
+- `project`, `zone`, `zones`, `run_id` mean the same thing everywhere;
+- money is `*_usd` and comes with the `price_date` of the list prices it estimates from;
+  durations are `*seconds`.
+
+Parse a printed document back with `Model.model_validate_json(text)`: the models are
+strict (unknown fields are rejected), so what parses is exactly the contract.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["SCHEMA_VERSION", "Envelope", "ErrorReport", "FailedRequirement"]
+from tpulab.errors import TpuLabError, VerificationError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Envelope",
+    "ErrorEnvelope",
+    "ErrorReport",
+    "FailedRequirement",
+    "NodeReport",
+]
 
 SCHEMA_VERSION = 1
 
@@ -35,9 +59,26 @@ class ErrorReport(_Strict):
 
     type: str
     message: str
-    hint: str
+    hint: str | None
     exit_status: int
     failures: list[FailedRequirement] = []
+
+    @classmethod
+    def from_error(cls, error: TpuLabError, *, exit_status: int) -> ErrorReport:
+        """The report of `error`; the exit status is the CLI's choice, passed in."""
+        failures = error.failures if isinstance(error, VerificationError) else []
+        return cls(
+            type=type(error).__name__,
+            message=error.message,
+            hint=error.hint,
+            exit_status=exit_status,
+            failures=[
+                FailedRequirement(
+                    requirement=f.requirement, expected=f.expected, observed=f.observed
+                )
+                for f in failures
+            ],
+        )
 
 
 class Envelope(_Strict):
@@ -51,3 +92,24 @@ class Envelope(_Strict):
     def to_json(self) -> str:
         """The document as printed: keys in declaration order, two-space indent."""
         return self.model_dump_json(indent=2)
+
+
+class ErrorEnvelope(Envelope):
+    """What any command prints with `--json` when it failed before its own result existed
+    (bad input, an unreachable API...): the common fields, `ok` false, and the error."""
+
+    ok: Literal[False] = False
+    error: ErrorReport
+
+
+class NodeReport(_Strict):
+    """A TPU node as `list` and `teardown` report it; each adds its own fields."""
+
+    project: str
+    zone: str
+    name: str
+    accelerator_type: str
+    state: str
+    run_id: str | None
+    age_seconds: float | None
+    estimated_cost_usd: float | None

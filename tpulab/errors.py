@@ -23,9 +23,12 @@
     │   ├── CommandFailedError           a remote command exited non-zero
     │   │   └── TpuBusyError                 another process owns the TPU
     │   └── RemoteTimeoutError           a remote command ran past its timeout
+    ├── LocalRunError                the payload run on this machine (verify --local)
+    │                                    gave no receipt: did not start, timed out, TPU busy
     ├── VerificationError            the receipt does not prove the run (.failures)
     ├── TeardownError                deletion could not be confirmed (.leaked)
     ├── JournalError                 the local run journal is unreadable
+    ├── ReceiptStoreError            the local receipt store cannot be read or written
     └── InterruptedRun               a signal stopped the run (teardown still ran)
 
 Only `tpulab.cli` turns these into exit statuses and text on the terminal; the core raises.
@@ -33,8 +36,10 @@ Only `tpulab.cli` turns these into exit statuses and text on the terminal; the c
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 __all__ = [
     "AlreadyExistsError",
@@ -49,11 +54,13 @@ __all__ = [
     "InvalidArgumentError",
     "JournalError",
     "LeakedNode",
+    "LocalRunError",
     "LocationError",
     "NotFoundError",
     "PermissionDeniedError",
     "PreemptedError",
     "QuotaError",
+    "ReceiptStoreError",
     "RemoteError",
     "RemoteTimeoutError",
     "RequirementFailure",
@@ -65,6 +72,7 @@ __all__ = [
     "UnknownAcceleratorError",
     "UnsupportedAcceleratorError",
     "VerificationError",
+    "shown",
 ]
 
 
@@ -77,6 +85,14 @@ class TpuLabError(Exception):
         self.hint = hint
 
 
+def shown(value: str, limit: int = 60) -> str:
+    """`value` as error messages quote user input: repr'd, and cut short when long, so
+    that a pasted file or a 100 kB flag does not flood the terminal."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
 class ConfigError(TpuLabError):
     """Input or configuration is wrong or missing. Raised before any API call."""
 
@@ -85,7 +101,7 @@ class UnknownAcceleratorError(ConfigError):
     def __init__(self, name: str, suggestion: str | None, valid: Sequence[str]) -> None:
         guess = f" Did you mean {suggestion!r}?" if suggestion else ""
         super().__init__(
-            f"Unknown accelerator type {name!r}.{guess}",
+            f"Unknown accelerator type {shown(name)}.{guess}",
             hint="Valid types: " + ", ".join(valid),
         )
         self.name = name
@@ -184,6 +200,28 @@ class CommandFailedError(RemoteError):
 class TpuBusyError(CommandFailedError):
     """libtpu reported that another process holds the TPU (a stale run)."""
 
+    # libtpu's words when another process owns the chips (DESIGN.md §7). Kept with the
+    # error so that every place that reads command output (the SSH layer, the receipt
+    # judgement, the local run) recognises the same words.
+    PATTERN: ClassVar[re.Pattern[str]] = re.compile(
+        r"TPU is already in use by process[^\n]*|/dev/vfio/\S*:? Device or resource busy|"
+        r"open\(/dev/vfio/\S*\) failed[^\n]*busy",
+        re.IGNORECASE,
+    )
+    HINT: ClassVar[str] = (
+        "A stale process from an earlier run owns the TPU. On the VM run "
+        "`sudo lsof -w /dev/vfio/*` and kill it, or delete the VM and run again."
+    )
+
+    @classmethod
+    def evidence_in(cls, *texts: str) -> str | None:
+        """libtpu's complaint, quoted from the first of `texts` that contains it."""
+        for text in texts:
+            found = cls.PATTERN.search(text)
+            if found:
+                return found.group(0)
+        return None
+
 
 class RemoteTimeoutError(RemoteError):
     pass
@@ -235,6 +273,25 @@ class TeardownError(TpuLabError):
 
 class JournalError(TpuLabError):
     pass
+
+
+class ReceiptStoreError(TpuLabError):
+    """The receipts directory (or one receipt in it) cannot be read or written."""
+
+
+class LocalRunError(TpuLabError):
+    """The verifier payload run on this machine produced no receipt to judge.
+
+    Not a RemoteError: nothing ran on a VM. `exit_status` is the payload's (-1 when it
+    never started or was stopped) and `output_tail` the end of its stderr.
+    """
+
+    def __init__(
+        self, message: str, *, exit_status: int, output_tail: str = "", hint: str | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.exit_status = exit_status
+        self.output_tail = output_tail
 
 
 class InterruptedRun(TpuLabError):

@@ -19,19 +19,28 @@ from tpulab.errors import ConfigError
 __all__ = [
     "MANAGED_BY_LABEL",
     "MANAGED_BY_VALUE",
+    "PLATFORMS",
     "RUN_ID_LABEL",
     "NodeInfo",
     "NodeRequest",
     "NodeState",
     "check_label",
     "check_node_name",
+    "check_project",
+    "check_run_id",
     "check_zone",
     "tpulab_labels",
 ]
 
+# The JAX platforms a payload can be required to run on (`jax.devices(platform)`).
+PLATFORMS: tuple[str, ...] = ("cpu", "tpu", "gpu")
 
 _NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+# Documented TPU zones include "AI zones" such as us-central1-ai1a and us-south1-ai1b.
+_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$")
+# Project ids are 6-30 of [a-z0-9-], a letter first; legacy ones carry a "domain:" prefix.
+# Shorter ids are let through because a local emulator accepts any (tests use "p").
+_PROJECT = re.compile(r"^(?:[a-z][a-z0-9.-]*[a-z0-9]:)?[a-z](?:[a-z0-9-]*[a-z0-9])?$")
 # GCP label rules: keys start with a lowercase letter; both <= 63 of [a-z0-9_-].
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -116,9 +125,31 @@ def check_zone(zone: str) -> str:
     if not _ZONE.match(zone):
         raise ConfigError(
             f"Invalid zone {zone!r}.",
-            hint="A zone looks like us-central1-a (region, then a zone letter).",
+            hint="A zone looks like us-central1-a or us-central1-ai1a (region, then the "
+            "zone's suffix); see `gcloud compute tpus locations list`.",
         )
     return zone
+
+
+def check_project(project: str) -> str:
+    if len(project) > 100 or not _PROJECT.match(project):
+        raise ConfigError(
+            f"Invalid project id {project!r}.",
+            hint="A project id looks like my-project-123: 6-30 lowercase letters, digits "
+            "or hyphens, starting with a letter (the id, not the display name).",
+        )
+    return project
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id names one run; empty would match every run, so it is refused."""
+    if not run_id:
+        raise ConfigError(
+            "The run id is empty.",
+            hint="Pass the id of one run (`tpulab list` shows them), or leave "
+            "--run-id out to look at every run.",
+        )
+    return check_label(RUN_ID_LABEL, run_id)
 
 
 def check_label(key: str, value: str) -> str:

@@ -55,7 +55,6 @@ class Clocked(Recorder):
 def _one_run(emulator: Emulator, tmp_path: Path) -> dict[str, float]:
     spec = build_run_spec(
         accelerator="v5litepod-4",
-        mode="endpoint",
         api_endpoint=emulator.url,
         project="bench-project",
         zone="us-central1-a",

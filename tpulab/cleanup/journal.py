@@ -294,8 +294,9 @@ class Journal:
                     hint="Run ids must be unique; let tpulab generate one.",
                 ) from None
 
-    def set_phase(self, run_id: str, phase: str) -> None:
-        with self._transaction(write=True) as conn:
+    def set_phase(self, run_id: str, phase: str, *, busy_timeout: float | None = None) -> None:
+        """Record progress; `busy_timeout` overrides how long a lock is waited for."""
+        with self._transaction(write=True, busy_timeout=busy_timeout) as conn:
             cursor = conn.execute(
                 "UPDATE runs SET phase = ?, updated = ? WHERE run_id = ?",
                 (phase, _iso(self._now()), run_id),
@@ -350,11 +351,11 @@ class Journal:
                 "still finds the run's node by its labels.",
             )
 
-    def _error(self, error: sqlite3.Error) -> JournalError:
+    def _error(self, error: sqlite3.Error, busy_timeout: float) -> JournalError:
         text = str(error)
         if isinstance(error, sqlite3.OperationalError) and "locked" in text:
             return JournalError(
-                f"The run journal {self.path} stayed locked for {self.busy_timeout:g} s.",
+                f"The run journal {self.path} stayed locked for {busy_timeout:g} s.",
                 hint="Another tpulab process holds it; retry when it finishes.",
             )
         if isinstance(error, sqlite3.OperationalError) and "unable to open" in text:
@@ -370,7 +371,7 @@ class Journal:
             "`tpulab teardown --verify --zone ZONE` for each zone you used.",
         )
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, busy_timeout: float) -> sqlite3.Connection:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -380,8 +381,8 @@ class Journal:
             ) from None
         # isolation_level=None: transactions are ours (BEGIN IMMEDIATE below), not the
         # module's implicit ones, so a write never upgrades a read lock and deadlocks.
-        conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
-        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+        conn = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
         return conn
 
     def _ensure_schema(self, conn: sqlite3.Connection) -> None:
@@ -412,10 +413,13 @@ class Journal:
         self._ready = True
 
     @contextmanager
-    def _transaction(self, *, write: bool = False) -> Iterator[sqlite3.Connection]:
+    def _transaction(
+        self, *, write: bool = False, busy_timeout: float | None = None
+    ) -> Iterator[sqlite3.Connection]:
         conn: sqlite3.Connection | None = None
+        timeout = self.busy_timeout if busy_timeout is None else busy_timeout
         try:
-            conn = self._connect()
+            conn = self._connect(timeout)
             self._ensure_schema(conn)
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
@@ -426,7 +430,7 @@ class Journal:
                 raise
             conn.execute("COMMIT")
         except sqlite3.Error as error:
-            raise self._error(error) from None
+            raise self._error(error, timeout) from None
         finally:
             if conn is not None:
                 conn.close()
@@ -497,17 +501,27 @@ def journal_view(
     return JournalView(states=states, missing=missing)
 
 
+_PHASE_BUSY_TIMEOUT = 1.0
+
+
 class RunJournalAdapter:
     """The journal seen through the lifecycle's `progress.RunJournal` protocol.
 
     `run_started` raises (JournalError) so that a run which cannot be recorded never
     creates a node. Later writes only warn: a locked journal must not fail a run whose
-    node teardown already handles; an unclosed row is later closed by a sweep.
+    node teardown already handles; an unclosed row is later closed by a sweep. After the
+    first failed phase update the rest are skipped (each would wait for the lock again
+    while the VM bills, and say the same thing); the final write is always attempted.
     """
 
     def __init__(self, journal: Journal | None = None) -> None:
         self.journal = journal or Journal()
         self.warnings: list[str] = []
+        self._skip_phases = False
+
+    def _warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
 
     def run_started(self, spec: RunSpec) -> None:
         self.journal.open_run(
@@ -524,13 +538,18 @@ class RunJournalAdapter:
         )
 
     def phase_changed(self, run_id: str, phase: str) -> None:
+        if self._skip_phases:
+            return
         try:
-            self.journal.set_phase(run_id, phase)
+            # Progress is best effort: it is written while the VM bills and nothing
+            # depends on it, so a lock is waited for a second at most.
+            self.journal.set_phase(run_id, phase, busy_timeout=_PHASE_BUSY_TIMEOUT)
         except JournalError as error:
-            self.warnings.append(error.message)
+            self._skip_phases = True
+            self._warn(f"{error.message} Phase updates are skipped for the rest of this run.")
 
     def run_finished(self, run_id: str, teardown: TeardownResult, detail: str) -> None:
         try:
             self.journal.close_run(run_id, teardown, detail)
         except JournalError as error:
-            self.warnings.append(error.message)
+            self._warn(error.message)

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
 
 from tpulab import catalog
 from tpulab.cloud.api import TpuApi
@@ -27,26 +26,6 @@ class ListedNode:
     age_seconds: float | None
     price_per_hour: float | None  # None when the type is not in tpulab's catalog
     estimated_cost: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        node = self.node
-        return {
-            "project": node.project,
-            "zone": node.zone,
-            "name": node.name,
-            "accelerator_type": node.accelerator_type,
-            "state": node.state.value,
-            "spot": node.spot,
-            "managed_by_tpulab": node.managed_by_tpulab,
-            "run_id": node.run_id,
-            "create_time": node.create_time.isoformat() if node.create_time else None,
-            "age_seconds": None if self.age_seconds is None else round(self.age_seconds, 1),
-            "price_per_hour_usd": self.price_per_hour,
-            "estimated_cost_usd": (
-                None if self.estimated_cost is None else round(self.estimated_cost, 4)
-            ),
-            "external_ip": node.external_ip,
-        }
 
 
 @dataclass(frozen=True)

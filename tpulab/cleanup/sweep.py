@@ -7,7 +7,8 @@ that was lost or corrupted). Rules (invariant 4 of DESIGN.md):
 
 - a node without tpulab's labels is never a candidate, whatever its name;
 - a run whose process is still alive on this machine is left to finish its own
-  teardown (unless the caller says otherwise), and is reported as remaining;
+  teardown (unless the caller says otherwise): its node is reported as live, not as
+  remaining -- its own teardown is running, so nothing is left unattended;
 - a journal row is closed only on evidence: its node was deleted and confirmed gone,
   or its zone was listed and no node carries its run label.
 
@@ -19,11 +20,10 @@ every zone could be listed.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from urllib.parse import urlsplit
 
 from tpulab import catalog
 from tpulab.cleanup.journal import TARGET_EMULATE, TARGET_GOOGLE, Journal, RunRow, row_is_live
@@ -43,11 +43,9 @@ from tpulab.run.teardown import delete_and_confirm
 
 __all__ = [
     "Candidate",
-    "Scope",
     "SweepPlan",
     "SweepResult",
     "find_orphans",
-    "resolve_scope",
     "sweep",
     "sweep_command_for",
     "verify_clean",
@@ -94,8 +92,8 @@ class SweepPlan:
 
     @property
     def clean(self) -> bool:
-        """Nothing to delete, nothing live, every zone listed."""
-        return not (self.candidates or self.live or self.list_errors)
+        """Nothing to delete and every zone listed (live runs delete their own nodes)."""
+        return not (self.candidates or self.list_errors)
 
 
 @dataclass
@@ -105,6 +103,7 @@ class SweepResult:
     failed: list[tuple[Candidate, TeardownError]] = field(default_factory=list)
     closed_rows: list[str] = field(default_factory=list)
     remaining: list[NodeInfo] = field(default_factory=list)  # from the final list
+    live: list[NodeInfo] = field(default_factory=list)  # listed, but a live run owns them
     list_errors: dict[str, str] = field(default_factory=dict)
     journal_warnings: list[str] = field(default_factory=list)
 
@@ -353,79 +352,8 @@ def sweep(
         detail = f"no node labelled tpulab-run={row.run_id} in {row.zone} (teardown --verify)"
         if _close(journal, row.run_id, detail, result.journal_warnings):
             result.closed_rows.append(row.run_id)
-    result.remaining, result.list_errors = verify_clean(
-        api, plan.zones, run_id=plan.run_id, sleep=sleep
-    )
+    listed, result.list_errors = verify_clean(api, plan.zones, run_id=plan.run_id, sleep=sleep)
+    owned = {(c.node.zone, c.node.name) for c in plan.live}
+    result.live = [node for node in listed if (node.zone, node.name) in owned]
+    result.remaining = [node for node in listed if (node.zone, node.name) not in owned]
     return result
-
-
-@dataclass(frozen=True)
-class Scope:
-    """Which API, project and zones a `teardown --verify` looks at."""
-
-    project: str
-    target: str  # the journal's name for the API (journal.target_for)
-    zones: list[str]  # from flags or configuration; journal zones are added by find_orphans
-    api_endpoint: str | None
-    emulate: bool
-
-
-def resolve_scope(
-    *,
-    project: str | None,
-    zones: Sequence[str],
-    emulate: bool,
-    api_endpoint: str | None,
-    run_id: str | None = None,
-    env: Mapping[str, str] | None = None,
-    adc_project: Callable[[], str | None] | None = None,
-) -> Scope:
-    """Validate the flags of `teardown --verify` before any API call.
-
-    A missing zone is not an error here: the journal's open rows may supply them (the
-    error comes from `find_orphans` if nothing does).
-    """
-    from tpulab import config
-    from tpulab.cleanup.journal import target_for
-    from tpulab.models import RUN_ID_LABEL, check_label, check_zone
-
-    if emulate and api_endpoint:
-        raise ConfigError(
-            "--emulate and --api-endpoint both choose the API.",
-            hint="Use --emulate for the embedded emulator, or --api-endpoint URL for one "
-            "served by `tpulab emulator serve`.",
-        )
-    if api_endpoint is not None:
-        parts = urlsplit(api_endpoint)
-        if parts.scheme not in {"http", "https"} or not parts.hostname:
-            raise ConfigError(
-                f"Invalid API endpoint {api_endpoint!r}.",
-                hint="Give a URL such as http://127.0.0.1:8470.",
-            )
-    if run_id is not None:
-        check_label(RUN_ID_LABEL, run_id)
-    checked = [check_zone(zone) for zone in dict.fromkeys(zones)]
-    if emulate:
-        name = project or config.EMULATED_PROJECT
-        checked = checked or [config.EMULATED_ZONE]
-    else:
-        try:
-            lookup = adc_project if api_endpoint is None else None
-            name = config.resolve_project(project, env=env, adc_project=lookup).value
-        except ConfigError:
-            if api_endpoint is None:
-                raise
-            name = config.EMULATED_PROJECT  # a local emulator accepts any project
-        if not checked:
-            try:
-                checked = [config.resolve_zone(None, env=env).value]
-            except ConfigError:
-                local = api_endpoint is not None and config.is_loopback_endpoint(api_endpoint)
-                checked = [config.EMULATED_ZONE] if local else []
-    return Scope(
-        project=name,
-        target=target_for(api_endpoint, embedded_emulator=emulate),
-        zones=checked,
-        api_endpoint=api_endpoint,
-        emulate=emulate,
-    )

@@ -9,12 +9,17 @@ app and registers the commands in the order `tpulab --help` lists them.
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
+import typer.core
+import typer.main
 
 from tpulab import __version__
+from tpulab import errors as E
 from tpulab.cli import emulator, listing, receipts, run, teardown, verify
+from tpulab.cli._console import print_stderr
 from tpulab.cli._exit import (
     EXIT_CLOUD,
     EXIT_CODES,
@@ -29,8 +34,14 @@ from tpulab.cli._exit import (
     EXIT_VERIFY,
     exit_status_for,
     guarded,
+    json_or_guarded,
     report_error,
 )
+
+try:  # recent typer vendors click; older releases use the click package
+    from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click.exceptions import UsageError  # type: ignore[assignment]
 
 __all__ = [
     "EXIT_CLOUD",
@@ -91,5 +102,53 @@ app.add_typer(receipts.receipts_app, name="receipts")
 app.add_typer(emulator.emulator_app, name="emulator")
 
 
+def _name_the_values(command: object) -> None:
+    """Help shows `--zone ZONE` and a bare `--spot`, not typer's `--zone <str>` and
+    `--spot <bool>`, which read as if every flag took a value of that type."""
+    params = list(getattr(command, "params", []))
+    context_class = getattr(command, "context_class", None)
+    if context_class is not None:
+        # The --help option is made (once, then cached) when help is first rendered.
+        params.append(command.get_help_option(context_class(command)))  # type: ignore[attr-defined]
+    for param in params:
+        if isinstance(param, typer.core.TyperOption) and param.metavar is None:
+            param.metavar = "" if param.is_flag else (param.name or "value").upper()
+    for sub in getattr(command, "commands", {}).values():
+        _name_the_values(sub)
+
+
 def main() -> None:
-    app(prog_name="tpulab")
+    from tpulab.cli._streams import install_forgiving_streams
+
+    # A closed pipe or terminal must not fail a run that is creating or deleting a VM.
+    install_forgiving_streams()
+    command = typer.main.get_command(app)
+    _name_the_values(command)
+    try:
+        status = command.main(prog_name="tpulab", standalone_mode=False)
+    except UsageError as error:
+        raise SystemExit(_usage_error(error)) from None
+    except typer.Abort:
+        # Ctrl-C at a prompt (e.g. teardown's "Delete 1 node(s)?"): nothing was done.
+        print_stderr("Interrupted at the prompt; nothing was changed.")
+        raise SystemExit(EXIT_INTERRUPTED) from None
+    raise SystemExit(status if isinstance(status, int) else EXIT_OK)
+
+
+def _usage_error(error: UsageError) -> int:
+    """Bad flags exit 2 as any ConfigError does; with --json, as an error envelope."""
+    if "--json" not in sys.argv[1:]:
+        error.show()  # typer's own box (or the help, for a bare `tpulab`)
+        return int(error.exit_code)
+    path = error.ctx.command_path if error.ctx is not None else "tpulab"
+    name = path.removeprefix("tpulab").strip() or "tpulab"
+    failure = E.ConfigError(error.format_message(), hint="See `tpulab " + name + " --help`.")
+
+    def fail() -> None:
+        raise failure
+
+    try:
+        json_or_guarded(name, True, fail)
+    except typer.Exit as done:
+        return int(done.exit_code)
+    return EXIT_CONFIG

@@ -2,4 +2,7 @@
 
 from tpulab.cli import main
 
-main()
+# Guarded so that importing every module (the envelope schema test walks the package)
+# does not start the CLI.
+if __name__ == "__main__":
+    main()

@@ -6,13 +6,16 @@ it without importing the package that registers them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NoReturn, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import typer
 
 from tpulab import errors as E
 from tpulab.cli._console import print_json, print_stderr
+
+if TYPE_CHECKING:
+    from tpulab.envelope import Envelope, ErrorReport
 
 __all__ = [
     "EXIT_CLOUD",
@@ -26,7 +29,7 @@ __all__ = [
     "EXIT_REMOTE",
     "EXIT_TEARDOWN",
     "EXIT_VERIFY",
-    "error_json",
+    "error_report",
     "exit_status_for",
     "guarded",
     "json_or_guarded",
@@ -67,7 +70,9 @@ _EXIT_FOR_ERROR: tuple[tuple[type[E.TpuLabError], int], ...] = (
     (E.CloudError, EXIT_CLOUD),
     (E.RemoteError, EXIT_REMOTE),
     (E.VerificationError, EXIT_VERIFY),
+    (E.LocalRunError, EXIT_VERIFY),  # verify --local got no receipt: nothing verified
     (E.JournalError, EXIT_LOCAL_STATE),
+    (E.ReceiptStoreError, EXIT_LOCAL_STATE),
 )
 
 T = TypeVar("T")
@@ -89,7 +94,7 @@ def report_error(error: E.TpuLabError) -> NoReturn:
         lines.append(f"  API said: {escape(error.api_message)}")
     if isinstance(error, E.VerificationError):
         lines.extend(f"  - {escape(str(failure))}" for failure in error.failures)
-    if isinstance(error, E.CommandFailedError) and error.output_tail:
+    if isinstance(error, (E.CommandFailedError, E.LocalRunError)) and error.output_tail:
         lines.append("  last output:\n" + escape(error.output_tail))
     if error.hint:
         lines.append(f"[yellow]hint:[/] {escape(error.hint)}")
@@ -105,24 +110,23 @@ def guarded(action: Callable[[], T]) -> T:
         report_error(error)
 
 
-def error_json(error: E.TpuLabError) -> dict[str, object]:
-    """An error as the `error` member of a JSON envelope."""
-    failures = error.failures if isinstance(error, E.VerificationError) else []
-    return {
-        "type": type(error).__name__,
-        "message": error.message,
-        "hint": error.hint,
-        "exit_status": exit_status_for(error),
-        "failures": [
-            {"requirement": f.requirement, "expected": f.expected, "observed": f.observed}
-            for f in failures
-        ],
-    }
+def error_report(error: E.TpuLabError) -> ErrorReport:
+    """An error as the `error` member of a JSON envelope, with the exit status it causes."""
+    from tpulab.envelope import ErrorReport
+
+    return ErrorReport.from_error(error, exit_status=exit_status_for(error))
 
 
-def print_envelope(document: object, failure: E.TpuLabError | None) -> None:
+def print_envelope(
+    document: Envelope | Mapping[str, object], failure: E.TpuLabError | None
+) -> None:
     """Print a --json envelope on stdout; exit with the failure's status if there is one."""
-    print_json(document)
+    from tpulab.envelope import Envelope
+
+    if isinstance(document, Envelope):
+        typer.echo(document.to_json())
+    else:
+        print_json(document)
     if failure is not None:
         raise typer.Exit(exit_status_for(failure))
 
@@ -132,7 +136,7 @@ def json_or_guarded(command: str, as_json: bool, action: Callable[[], None]) -> 
     if not as_json:
         guarded(action)
         return
-    from tpulab.evidence.report import envelope
+    from tpulab.envelope import ErrorEnvelope
 
     try:
         action()
@@ -140,4 +144,4 @@ def json_or_guarded(command: str, as_json: bool, action: Callable[[], None]) -> 
         failure = error
     else:
         return
-    print_envelope(envelope(command, ok=False, error=error_json(failure)), failure)
+    print_envelope(ErrorEnvelope(command=command, error=error_report(failure)), failure)

@@ -54,14 +54,14 @@ class RunDisplay:
         self._current = (phase, time.monotonic())
         if self.quiet:
             return
+        # Off a terminal (a pipe, a log file) there is no spinner and no start line: the
+        # phase's one line, with its duration and result, is printed when it ends.
         if self.console.is_terminal and self._live is None:
             from rich.live import Live
 
             live = Live(self, console=self.console, refresh_per_second=10, transient=True)
             live.start()
             self._live = live
-        elif not self.console.is_terminal:
-            self.console.print(f"... {phase.label}")
 
     def _done(self, phase: Phase, seconds: float, mark: str, detail: str) -> None:
         from rich.markup import escape
@@ -77,7 +77,7 @@ class RunDisplay:
         self._done(phase, seconds, "[green]✓[/]", detail)
 
     def phase_failed(self, phase: Phase, seconds: float, error: BaseException) -> None:
-        message = error.message if isinstance(error, E.TpuLabError) else type(error).__name__
+        message = _why(error)
         self._done(phase, seconds, "[red]✗[/]", message)
 
     def remote_output(self, stream: str, line: str) -> None:
@@ -100,3 +100,13 @@ class RunDisplay:
         live, self._live = self._live, None
         if live is not None:
             live.stop()
+
+
+def _why(error: BaseException) -> str:
+    """What stopped a phase, in words: a signal reads "interrupted by SIGTERM", not the
+    name of the exception class that carries it."""
+    if isinstance(error, E.TpuLabError):
+        return error.message
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted by SIGINT (Ctrl-C)"
+    return str(error) or type(error).__name__

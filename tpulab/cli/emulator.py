@@ -63,26 +63,33 @@ def _serve(
 
     if ssh not in {"embedded", "openssh", "none"}:
         raise E.ConfigError(f"Unknown --ssh {ssh!r}.", hint="Use embedded, openssh or none.")
-    if create_seconds < 0 or delete_seconds < 0 or not 0 <= port <= 65535:
+    if not 0 <= port <= 65535:
+        raise E.ConfigError(f"Invalid --port {port}.", hint="Use 0..65535 (0: any free port).")
+    if not host.strip():
+        # An empty address would bind every interface, silently.
         raise E.ConfigError(
-            "Invalid --port, --create-seconds or --delete-seconds.",
-            hint="Seconds must be >= 0 and the port 0..65535.",
+            "--host is empty.",
+            hint="Give the address to listen on: 127.0.0.1 (the default: this machine only) "
+            "or 0.0.0.0 (every interface; the emulator has no authentication).",
         )
+    try:
+        timing = Timing(create_seconds=create_seconds, delete_seconds=delete_seconds)
+    except ValueError as error:
+        raise E.ConfigError(
+            f"Invalid --create-seconds or --delete-seconds: {error}.",
+            hint="Give a finite number of seconds >= 0, e.g. --create-seconds 3.",
+        ) from None
     state_dir = Path(state).expanduser() if state else paths.emulator_state_dir()
+    emulator = Emulator(state_dir, timing=timing, host=host, port=port)
     backend = None
     if ssh != "none":
         from tpulab.emulator.backends import make_host_backend
 
+        # Built before anything listens: a missing sshd is refused here, at start.
         backend = make_host_backend("openssh" if ssh == "openssh" else "embedded", state_dir)
+        emulator.host_backend = backend
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    emulator = Emulator(
-        state_dir,
-        host_backend=backend,
-        timing=Timing(create_seconds=create_seconds, delete_seconds=delete_seconds),
-        host=host,
-        port=port,
-    )
     try:
         try:
             url = emulator.start()
@@ -111,7 +118,8 @@ def _serve(
         sys.stdout.flush()
         try:
             while not stop.wait(0.5):
-                pass
+                if emulator.failure is not None:
+                    raise emulator.failure  # e.g. state.json was corrupted under us
         except KeyboardInterrupt:
             pass
     finally:

@@ -10,10 +10,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tpulab import errors as E
-from tpulab.cli._console import age_text, cost_text, print_json, print_stderr, table_console
-from tpulab.cli._exit import json_or_guarded
-from tpulab.cli._target import api_context
+from tpulab.cli._console import age_text, cost_text, print_stderr, table_console
+from tpulab.cli._exit import json_or_guarded, print_envelope
+from tpulab.cli._target import adc_project, api_context
 
 if TYPE_CHECKING:
     from tpulab.cleanup.listing import Listing
@@ -69,50 +68,29 @@ def _list(
     api_endpoint: str | None,
     project: str | None,
 ) -> None:
-    from tpulab.cleanup.journal import journal_view
+    from tpulab.cleanup.journal import journal_view, target_for
     from tpulab.cleanup.listing import list_nodes
-    from tpulab.cleanup.sweep import resolve_scope
+    from tpulab.config import list_scope
 
-    scope = resolve_scope(project=project, zones=zones, emulate=emulate, api_endpoint=api_endpoint)
-    if not scope.zones:
-        raise E.ConfigError(
-            "No zone to list.",
-            hint="Pass --zone (repeatable), set TPULAB_ZONE, or run `gcloud config set "
-            "compute/zone ZONE`.",
-        )
+    scope = list_scope(
+        project=project,
+        zones=zones,
+        emulate=emulate,
+        api_endpoint=api_endpoint,
+        adc_project=adc_project,
+    )
     with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
         listing = list_nodes(api, scope.zones, include_all=include_all)
     view = journal_view(
         [item.node for item in listing.nodes],
         zones=scope.zones,
         project=scope.project,
-        target=scope.target,
+        target=target_for(scope.api_endpoint, embedded_emulator=scope.emulate),
     )
     if as_json:
-        from tpulab.catalog import PRICE_DATE
-        from tpulab.evidence.report import envelope
+        from tpulab.cleanup.report import list_envelope
 
-        nodes = []
-        for item in listing.nodes:
-            key = (item.node.project, item.node.zone, item.node.name)
-            nodes.append({**item.to_json(), "journal": view.states.get(key)})
-        print_json(
-            envelope(
-                "list",
-                ok=True,
-                project=listing.project,
-                zones=listing.zones,
-                include_all=include_all,
-                nodes=nodes,
-                hidden=listing.hidden,
-                estimated_total_usd=round(listing.estimated_total, 4),
-                price_date=PRICE_DATE,
-                journal_missing=[
-                    {"run_id": r.run_id, "zone": r.zone, "node": r.node_name} for r in view.missing
-                ],
-                journal_error=view.error,
-            )
-        )
+        print_envelope(list_envelope(listing, view), None)
         return
     _list_table(listing, view.states)
     for row in view.missing:

@@ -7,15 +7,17 @@ this module wires the progress display, the signals, the journal and the target
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+import json
+import textwrap
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
 from tpulab import errors as E
-from tpulab.cli._console import console, print_json, print_lines, print_stderr
+from tpulab.cli._console import console, print_lines, print_stderr
 from tpulab.cli._exit import (
     EXIT_TEARDOWN,
-    error_json,
+    error_report,
     json_or_guarded,
     print_envelope,
     report_error,
@@ -34,25 +36,46 @@ def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
 
     from tpulab.run.plan import build_plan, plan_envelope
 
-    steps = build_plan(spec, installer="pip" if installer == "pip" else "uv")
+    chosen: Literal["uv", "pip"] = "pip" if installer == "pip" else "uv"
+    plan = plan_envelope(spec, build_plan(spec, installer=chosen), installer=chosen)
     if as_json:
-        print_json(plan_envelope(spec, steps))
+        typer.echo(plan.to_json())
         return
     out = console()
-    accel = spec.accelerator
-    tag = " (EMULATED)" if spec.emulated else ""
+    tag = " (EMULATED)" if plan.emulated else ""
     out.print(
-        f"[bold]Plan for run {spec.run_id}[/]{tag}: {accel.name} as node {spec.node_name}, "
-        f"project {escape(spec.project.value)} ({escape(spec.project.source)}), zone "
-        f"{spec.zone.value} ({escape(spec.zone.source)}); est. "
-        f"${accel.price_per_hour(spot=spec.spot):.2f}/h. Nothing is contacted."
+        f"[bold]Plan for run {plan.run_id}[/]{tag}: {plan.accelerator_type} as node "
+        f"{plan.node_name}, project {escape(plan.project)} ({escape(plan.project_source)}), "
+        f"zone {plan.zone} ({escape(plan.zone_source)}); est. "
+        f"${plan.estimated_cost_per_hour_usd:.2f}/h (list prices of {plan.price_date}). "
+        "Recorded from the run itself over "
+        f"recording seams: nothing is contacted. API base {escape(plan.endpoint)}."
     )
-    for number, step in enumerate(steps, 1):
-        out.print(
-            f"{number:>2}. [cyan]{step.kind:<5}[/] [bold]{step.phase}[/] {escape(step.action)}"
-        )
-        if step.why:
-            out.print(f"          [dim]{escape(step.why)}[/]")
+    pin = f", jax {spec.jax_version}" if spec.jax_version else ""
+    out.print(f"The VM's venv: python {escape(spec.python)} ({escape(spec.python_source)}){pin}.")
+    for number, step in enumerate(plan.steps, 1):
+        head = f"{number:>2}. [cyan]{step.kind:<5}[/] [bold]{step.phase:<9}[/]"
+        if step.kind == "api":
+            out.print(f"{head} {step.method} {escape(step.path or '')}")
+            if step.body is not None:
+                out.print(f"      body {escape(json.dumps(step.body, sort_keys=True))}")
+        elif step.kind == "ssh":
+            where = step.target or step.remote_path or ""
+            out.print(f"{head} {step.action} {escape(where)}".rstrip())
+            if step.command:
+                out.print(escape(textwrap.indent(step.command, "      $ ")))
+            if step.detail:
+                out.print(f"      [dim]{escape(step.detail)}[/]")
+        else:
+            out.print(f"{head} {escape(step.action)}")
+        if step.poll is not None:
+            out.print(
+                f"      [dim]repeated until {escape(step.poll.until)}: every "
+                f"{escape(step.poll.schedule)}, at most {step.poll.timeout_seconds:g} s[/]"
+            )
+    out.print("[dim]Placeholders (only a real run has these values):[/]")
+    for marker, meaning in plan.placeholders.items():
+        out.print(f"  [dim]{escape(marker)}: {escape(meaning)}[/]")
 
 
 def _run(
@@ -64,7 +87,7 @@ def _run(
     verbose: bool,
 ) -> None:
     from tpulab.cleanup.journal import RunJournalAdapter
-    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.lifecycle import Lifecycle, RunOutcome
     from tpulab.run.progress import FanOut, Recorder
     from tpulab.run.report import run_envelope, summary_lines
     from tpulab.run.signals import shield, signals_to_teardown
@@ -98,14 +121,11 @@ def _run(
     for warning in journal.warnings:
         print_stderr(f"[yellow]warning:[/] {warning}")
     if as_json:
-        report = error_json(failure) if failure else None
-        if life is None:
-            from tpulab.evidence.report import envelope
-
-            document = envelope("run", ok=False, run_id=spec.run_id, error=report)
-        else:
-            document = run_envelope(life.outcome, recorder, error=report)
-        print_envelope(document, failure)
+        # No Lifecycle (the API could not be set up): nothing was created, and the
+        # envelope says so in the same shape as any other run's.
+        outcome = life.outcome if life is not None else RunOutcome(spec)
+        report = error_report(failure) if failure else None
+        print_envelope(run_envelope(outcome, recorder, error=report), failure)
         return
     if life is not None and (life.outcome.create_sent or life.outcome.verdict):
         print_lines(summary_lines(life.outcome))
@@ -181,43 +201,32 @@ def run_command(
     """
 
     def action() -> None:
-        from tpulab.config import build_run_spec
+        from tpulab.config import run_inputs
 
-        if installer not in ("uv", "pip"):
-            raise E.ConfigError(f"Unknown installer {installer!r}.", hint="Use uv or pip.")
-        if ssh_backend not in ("embedded", "openssh"):
-            raise E.ConfigError(
-                f"Unknown SSH backend {ssh_backend!r}.", hint="Use embedded or openssh."
-            )
-        if emulate and api_endpoint:
-            raise E.ConfigError(
-                "--emulate and --api-endpoint exclude each other.",
-                hint="--emulate starts an emulator in this process; --api-endpoint uses one "
-                "served by `tpulab emulator serve`.",
-            )
-        from tpulab.config import Timeouts
-
-        spec = build_run_spec(
-            timeouts=Timeouts(teardown=teardown_timeout),
+        inputs = run_inputs(
             accelerator=accelerator,
-            mode="emulate" if emulate else "endpoint" if api_endpoint else "google",
+            emulate=emulate,
+            api_endpoint=api_endpoint,
             project=project,
             zone=zone,
             name=name,
             spot=spot,
-            api_endpoint=api_endpoint,
-            payload_timeout=timeout,
+            timeout=timeout,
+            teardown_timeout=teardown_timeout,
+            installer=installer,
+            ssh_backend=ssh_backend,
             adc_project=None if dry_run else adc_project,
             python=python,
             jax_version=jax_version,
         )
+        spec = inputs.spec
         if dry_run:
-            _run_dry(spec, installer, as_json)
+            _run_dry(spec, inputs.installer, as_json)
             return
         _run(
             spec=spec,
-            ssh_backend=ssh_backend,
-            installer=installer,
+            ssh_backend=inputs.ssh_backend,
+            installer=inputs.installer,
             as_json=as_json,
             verbose=verbose,
         )

@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tpulab import errors as E
 from tpulab.cli._console import age_text, cost_text, print_stderr, table_console
 from tpulab.cli._exit import (
     EXIT_TEARDOWN,
-    error_json,
+    error_report,
     json_or_guarded,
     print_envelope,
     report_error,
@@ -23,25 +22,9 @@ from tpulab.cli._exit import (
 from tpulab.cli._target import adc_project, api_context
 
 if TYPE_CHECKING:
-    from tpulab.cleanup.sweep import Candidate, SweepPlan, SweepResult
+    from tpulab.cleanup.sweep import SweepPlan, SweepResult
 
 __all__ = ["teardown_command"]
-
-
-def _candidate_json(candidate: Candidate) -> dict[str, object]:
-    node = candidate.node
-    return {
-        "project": node.project,
-        "zone": node.zone,
-        "name": node.name,
-        "run_id": node.run_id,
-        "state": node.state.value,
-        "accelerator": node.accelerator_type,
-        "age_seconds": candidate.age_seconds,
-        "estimated_cost_usd": candidate.estimated_cost,
-        "source": candidate.source,
-        "live": candidate.live,
-    }
 
 
 def _print_plan(plan: SweepPlan) -> None:
@@ -73,6 +56,8 @@ def _print_plan(plan: SweepPlan) -> None:
             )
         console.print(table)
         console.print(f"Costs are estimates from list prices ({PRICE_DATE}).")
+    elif plan.list_errors:
+        console.print("No tpulab node found in the zones that could be listed.")
     else:
         console.print("No tpulab node found.")
     for c in plan.live:
@@ -101,6 +86,7 @@ def _print_plan(plan: SweepPlan) -> None:
 
 def _teardown_verify(
     *,
+    verify: bool,
     zones: list[str],
     run_id: str | None,
     yes: bool,
@@ -112,29 +98,31 @@ def _teardown_verify(
     include_live: bool,
     timeout: float,
 ) -> None:
-    from tpulab.cleanup.journal import Journal
-    from tpulab.cleanup.sweep import find_orphans, resolve_scope, sweep
+    from tpulab.cleanup.journal import Journal, target_for
+    from tpulab.cleanup.sweep import find_orphans, sweep
+    from tpulab.config import teardown_inputs
     from tpulab.run.signals import shield, signals_to_teardown
 
-    if not 0 < timeout <= 86400:
-        raise E.ConfigError(f"--timeout {timeout:g} is out of range.", hint="Use 1 to 86400 s.")
-    scope = resolve_scope(
+    inputs = teardown_inputs(
+        verify=verify,
         project=project,
         zones=zones,
         emulate=emulate,
         api_endpoint=api_endpoint,
         run_id=run_id,
+        timeout=timeout,
         adc_project=adc_project,
     )
+    scope, timeout = inputs.scope, inputs.timeout
     journal = Journal()
     result: SweepResult | None = None
     declined = ""
     with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
         plan = find_orphans(
             api,
-            target=scope.target,
+            target=target_for(scope.api_endpoint, embedded_emulator=scope.emulate),
             zones=scope.zones,
-            run_id=run_id,
+            run_id=scope.run_id,
             journal=journal,
             include_live=include_live,
         )
@@ -155,66 +143,19 @@ def _teardown_verify(
                 shield(f"deleting {names}", manual=commands or None),
             ):
                 result = sweep(api, plan, journal=journal, timeout=timeout, notify=print_stderr)
-    _teardown_report(plan, result, declined, as_json)
-
-
-def _teardown_error(
-    plan: SweepPlan, result: SweepResult | None, declined: str
-) -> E.TeardownError | None:
-    """None when verified clean; otherwise the error naming every node that may remain."""
-    if result is not None:
-        if result.ok:
-            return None
-        leaked = result.leaked()
-        problems = [f"{c.node.name}: {err.message}" for c, err in result.failed]
-        errors = result.list_errors
-        if result.remaining:
-            problems.append("still listed: " + ", ".join(n.name for n in result.remaining))
-    else:
-        if plan.clean:
-            return None
-        leaked = [c.leaked() for c in [*plan.candidates, *plan.live]]
-        problems = [f"{len(leaked)} tpulab node(s) remain ({declined})"] if declined else []
-        if plan.live:
-            problems.append(f"{len(plan.live)} belong to runs still in progress")
-        errors = plan.list_errors
-    problems += [f"zone {zone} could not be listed ({message})" for zone, message in errors.items()]
-    return E.TeardownError(
-        "Teardown NOT confirmed, resources may still be billing: " + "; ".join(problems) + ".",
-        leaked,
-    )
+    _teardown_report(plan, result, declined, dry_run, as_json)
 
 
 def _teardown_report(
-    plan: SweepPlan, result: SweepResult | None, declined: str, as_json: bool
+    plan: SweepPlan, result: SweepResult | None, declined: str, dry_run: bool, as_json: bool
 ) -> None:
-    from tpulab.cleanup.sweep import sweep_command_for
-    from tpulab.evidence.report import envelope
+    from tpulab.cleanup.report import teardown_envelope, teardown_error
 
-    error = _teardown_error(plan, result, declined)
+    error = teardown_error(plan, result, declined)
     if as_json:
-        failures = result.failed if result else []
-        failed = [{"name": c.node.name, "error": e.message} for c, e in failures]
-        document = envelope(
-            "teardown",
-            ok=error is None,
-            dry_run=declined.startswith("dry run"),
-            project=plan.project,
-            target=plan.target,
-            zones=plan.zones,
-            run_id=plan.run_id,
-            found=[_candidate_json(c) for c in [*plan.candidates, *plan.live]],
-            deleted=[c.node.name for c in result.deleted] if result else [],
-            failed=failed,
-            remaining=[n.name for n in result.remaining] if result else None,
-            closed_journal_rows=result.closed_rows if result else [],
-            untouched_unlabelled=[n.name for n in plan.lookalikes],
-            list_errors=result.list_errors if result else plan.list_errors,
-            other_targets=[sweep_command_for(row) for row in plan.other_rows],
-            journal_error=plan.journal_error,
-            not_deleted_because=declined or None,
-            manual_commands=[n.manual_delete_command() for n in error.leaked] if error else [],
-            error=error_json(error) if error else None,
+        report = error_report(error) if error else None
+        document = teardown_envelope(
+            plan, result, declined, dry_run=dry_run, error=error, report=report
         )
         print_envelope(document, error)  # a TeardownError exits EXIT_TEARDOWN
         return
@@ -228,7 +169,10 @@ def _teardown_report(
     if error is not None:
         report_error(error)
     scope = f" for run {plan.run_id}" if plan.run_id else ""
-    typer.echo(f"Verified: no tpulab node remains{scope} in {', '.join(plan.zones)}.")
+    live = ""
+    if plan.live:
+        live = f"; {len(plan.live)} node(s) of runs still in progress delete themselves"
+    typer.echo(f"Verified: no tpulab node remains{scope} in {', '.join(plan.zones)}{live}.")
 
 
 def teardown_command(
@@ -276,12 +220,8 @@ def teardown_command(
     """
 
     def action() -> None:
-        if not verify:
-            raise E.ConfigError(
-                "teardown needs --verify.",
-                hint="Run `tpulab teardown --verify` (add --dry-run to only look).",
-            )
         _teardown_verify(
+            verify=verify,
             zones=list(zone or []),
             run_id=run_id,
             yes=yes,

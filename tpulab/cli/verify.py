@@ -12,116 +12,69 @@ import typer
 
 from tpulab import errors as E
 from tpulab.cli._console import print_lines
-from tpulab.cli._exit import error_json, json_or_guarded, print_envelope
+from tpulab.cli._exit import error_report, guarded
 
 if TYPE_CHECKING:
+    from tpulab.config import LocalVerifyInputs
+    from tpulab.envelope import Envelope
+    from tpulab.evidence.localrun import LocalVerification
     from tpulab.evidence.receipt import Expectation
+    from tpulab.evidence.report import VerifyEnvelope
 
 __all__ = ["verify_command"]
 
-_LOCAL_MAX_DEVICES = 64
 _DEFAULT_LOCAL_DEVICES = 4
 
 
-def _local_expectation(
-    accelerator: str | None, devices: int | None, expect_platform: str | None
-) -> tuple[Expectation, str]:
+def _local_expectation(inputs: LocalVerifyInputs) -> Expectation:
+    """The expectation of validated inputs (tpulab.config.local_verify_inputs)."""
     from tpulab.evidence.localrun import new_nonce
-    from tpulab.evidence.receipt import PLATFORMS, Expectation, expectation_for
+    from tpulab.evidence.receipt import Expectation, expectation_for
 
-    if accelerator is not None and devices is not None:
-        raise E.ConfigError(
-            "--accelerator and --devices both set the device count.",
-            hint="Give one: --accelerator v5litepod-4, or --devices 4.",
-        )
-    if expect_platform is not None and expect_platform not in PLATFORMS:
-        raise E.ConfigError(
-            f"Unknown platform {expect_platform!r} for --expect-platform.",
-            hint="Use one of: " + ", ".join(PLATFORMS),
-        )
-    if devices is not None and not 1 <= devices <= _LOCAL_MAX_DEVICES:
-        raise E.ConfigError(
-            f"--devices {devices} is out of range for a local run.",
-            hint=f"Use 1 to {_LOCAL_MAX_DEVICES} devices.",
-        )
     nonce = new_nonce()
-    if accelerator is not None:
-        if expect_platform == "gpu":
-            raise E.ConfigError(
-                f"{accelerator} is a TPU; it cannot be expected on gpu.",
-                hint="Use --expect-platform tpu, or cpu to emulate it (the default).",
-            )
+    if inputs.accelerator is not None:
         # Locally, an accelerator is emulated on CPU unless the user insists on the
         # real TPU backend, which must then be present.
-        emulated = expect_platform in (None, "cpu")
-        return expectation_for(accelerator, emulated=emulated, nonce=nonce), nonce
-    platform = expect_platform or "cpu"
-    count = devices if devices is not None else _DEFAULT_LOCAL_DEVICES
-    return Expectation(platform=platform, local_devices=count, nonce=nonce), nonce
+        emulated = inputs.expect_platform in (None, "cpu")
+        return expectation_for(inputs.accelerator, emulated=emulated, nonce=nonce)
+    platform = inputs.expect_platform or "cpu"
+    count = inputs.devices if inputs.devices is not None else _DEFAULT_LOCAL_DEVICES
+    return Expectation(platform=platform, local_devices=count, nonce=nonce)
 
 
-def _verify_local(
-    accelerator: str | None,
-    devices: int | None,
-    expect_platform: str | None,
-    timeout: float,
-    as_json: bool,
-) -> None:
-    import json
-
+def _print_report(done: LocalVerification) -> None:
     from tpulab.evidence import report as render
-    from tpulab.evidence.localrun import run_local_payload
-    from tpulab.evidence.store import check_and_keep
 
-    expectation, nonce = _local_expectation(accelerator, devices, expect_platform)
-    if timeout <= 0:
-        raise E.ConfigError(f"--timeout {timeout:g} must be positive.", hint="Try 300.")
-    result = run_local_payload(
-        devices=expectation.local_devices,
-        platform=expectation.platform,
-        nonce=nonce,
-        emulated=expectation.emulated,
-        timeout=timeout,
+    expectation, judgement = done.expectation, done.judgement
+    lines = [[(f"tpulab verify --local: {expectation.describe()}", "bold")]]
+    if judgement.receipt is not None:
+        lines += render.receipt_lines(judgement.receipt, expectation)
+    lines += [
+        *render.requirement_lines(judgement.requirements),
+        render.verdict_line(judgement, expectation),
+        *render.stored_lines(done.stored),
+    ]
+    print_lines(lines)
+    if done.error is not None:
+        raise done.error
+
+
+def _envelope(done: LocalVerification) -> VerifyEnvelope:
+    from tpulab.evidence import report as render
+
+    return render.VerifyEnvelope(
+        ok=done.error is None,
+        error=error_report(done.error) if done.error else None,
+        verdict=done.judgement.verdict,
+        expectation=done.expectation,
+        judgement=done.judgement,
+        receipt_id=done.stored.id,
+        receipt_path=str(done.stored.path),
+        payload=render.LocalPayload(
+            exit_status=done.result.exit_status, duration_seconds=round(done.result.duration, 3)
+        ),
+        receipt=render.receipt_document(done.result.raw),
     )
-    checked = check_and_keep(
-        result.raw,
-        expectation,
-        source="local",
-        extra_meta={
-            "payload_exit_status": result.exit_status,
-            "duration_s": round(result.duration, 3),
-        },
-    )
-    receipt, results, kept = checked.receipt, checked.results, checked.stored
-    if receipt is None:  # unreadable bytes: kept, and there is nothing to report on
-        assert checked.error is not None
-        raise checked.error
-    if as_json:
-        document = render.envelope(
-            "verify",
-            ok=checked.verified,
-            verdict=kept.verdict,
-            expectation=expectation.to_dict(),
-            requirements=[r.to_dict() for r in results],
-            receipt_id=kept.id,
-            receipt_path=str(kept.path),
-            payload={"exit_status": result.exit_status, "duration_s": result.duration},
-            receipt=json.loads(result.raw),
-            error=error_json(checked.error) if checked.error else None,
-        )
-        print_envelope(document, checked.error)
-        return
-    title = f"tpulab verify --local: {expectation.describe()}"
-    print_lines(
-        [
-            [(title, "bold")],
-            *render.receipt_lines(receipt, expectation),
-            *render.requirement_lines(results),
-            render.verdict_line(results, expectation),
-            *render.stored_lines(kept),
-        ]
-    )
-    checked.raise_for_failure()
 
 
 def verify_command(
@@ -157,13 +110,27 @@ def verify_command(
 ) -> None:
     """Run the verifier payload locally and check its receipt (the CPU reference run)."""
 
-    def action() -> None:
-        if not local:
-            raise E.ConfigError(
-                "Only local verification is a separate command: pass --local.",
-                hint="Remote verification is `tpulab run --accelerator TYPE`, which checks "
-                "the receipt on the TPU VM before deleting it.",
-            )
-        _verify_local(accelerator, devices, expect_platform, timeout, as_json)
+    def verified() -> LocalVerification:
+        from tpulab.config import local_verify_inputs
+        from tpulab.evidence.localrun import verify_local
 
-    json_or_guarded("verify", as_json, action)
+        inputs = local_verify_inputs(
+            local=local,
+            accelerator=accelerator,
+            devices=devices,
+            expect_platform=expect_platform,
+            timeout=timeout,
+        )
+        return verify_local(_local_expectation(inputs), timeout=inputs.timeout)
+
+    if not as_json:
+        guarded(lambda: _print_report(verified()))
+        return
+    from tpulab.cli.receipts import emit_envelope
+    from tpulab.evidence.report import VerifyEnvelope
+
+    def build() -> tuple[Envelope, E.TpuLabError | None]:
+        done = verified()
+        return _envelope(done), done.error
+
+    emit_envelope(build, lambda error: VerifyEnvelope(ok=False, error=error))

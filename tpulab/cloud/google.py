@@ -6,21 +6,25 @@ the emulator: the same `TpuClient` with the REST transport, differing only in th
 endpoint URL and the credentials (Application Default Credentials vs anonymous).
 Errors from google.api_core, google.auth, requests and failed long-running operations
 are translated here (with `tpulab.cloud.classify`) into the `tpulab.errors` tree,
-keeping the API's words in `api_message`.
+keeping the API's words in `api_message`. What each call sends is built by
+`tpulab.cloud.rest` (the same builders `--dry-run` prints); this module only parses
+those messages into the client's request types.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
+from tpulab.cloud import rest
 from tpulab.cloud.api import TpuApi
 from tpulab.cloud.classify import HTTP_STATUS, RPC_STATUS, error_for_status, hint_for
-from tpulab.cloud.polling import Backoff, poll_until
+from tpulab.cloud.polling import Backoff, operation_schedule, poll_until
+from tpulab.config.endpoint import classify_endpoint
 from tpulab.errors import (
     ConfigError,
     PermissionDeniedError,
@@ -28,7 +32,7 @@ from tpulab.errors import (
 )
 from tpulab.models import NodeInfo, NodeRequest, NodeState
 
-__all__ = ["GoogleTpuApi", "TpuApi", "adc_project", "error_for_status", "is_local_endpoint"]
+__all__ = ["GoogleTpuApi", "TpuApi", "adc_project", "error_for_status"]
 
 T = TypeVar("T")
 
@@ -47,14 +51,6 @@ def adc_project() -> str | None:
     except auth_exceptions.DefaultCredentialsError:
         return None
     return str(project) if project else None
-
-
-def is_local_endpoint(api_endpoint: str | None) -> bool:
-    """True for an endpoint on this machine (the emulator), which gets no credentials."""
-    if not api_endpoint:
-        return False
-    host = urlsplit(api_endpoint if "//" in api_endpoint else f"//{api_endpoint}").hostname
-    return host in {"127.0.0.1", "localhost", "::1"}
 
 
 def _translate(error: Exception, what: str, endpoint: str) -> Exception:
@@ -127,15 +123,23 @@ def _operation_what(operation: Any) -> str:
     return f"complete operation {operation.name}"
 
 
+def _parse(message_type: Any, wire: rest.WireRequest) -> Any:
+    """The client's request proto of `wire.message`; unknown fields are an error, so a
+    builder cannot say something the client would silently drop."""
+    return message_type.from_json(json.dumps(wire.message), ignore_unknown_fields=False)
+
+
 class GoogleTpuApi:
     """`TpuApi` over `google.cloud.tpu_v2.TpuClient` (REST), for Google or an emulator.
 
     `api_endpoint` is None for Google, or a URL such as `http://127.0.0.1:8470` for a
-    local endpoint (anonymous credentials; the REST transport keeps an explicit
-    `http://` scheme). Idempotent calls (get, list, guest attributes, operation get) are
-    retried on TransientError up to `retries` times; create and delete are not, since a
-    lost reply could otherwise create twice. `poll` makes the operation-polling schedule
-    (default: about 1 s growing with jitter to 10 s; faster for a local endpoint).
+    local endpoint (the REST transport keeps an explicit `http://` scheme). Application
+    Default Credentials are attached only where `classify_endpoint` says so (Google over
+    https); every other endpoint is called anonymously unless `credentials` are passed.
+    Idempotent calls (get, list, guest attributes, operation get) are retried on
+    TransientError up to `retries` times; create and delete are not, since a lost reply
+    could otherwise create twice. `poll` makes the operation-polling schedule (default:
+    about 1 s growing with jitter to 10 s; faster for a local endpoint).
     """
 
     def __init__(
@@ -169,21 +173,17 @@ class GoogleTpuApi:
         self._list_page_size = list_page_size
         self._calls = 0
         self._calls_lock = threading.Lock()  # `tpulab list` lists zones concurrently
-        local = is_local_endpoint(api_endpoint)
-        if poll is not None:
-            self._poll = poll
-        elif local:
-            # The emulator answers in milliseconds: cloud-paced polling would only make
-            # the offline demo and the tests slow.
-            self._poll = lambda: Backoff(initial=0.05, cap=0.5)
-        else:
-            self._poll = lambda: Backoff(initial=1.0, cap=10.0)
+        endpoint = classify_endpoint(api_endpoint)  # the one rule; ConfigError if malformed
+        local = endpoint.is_loopback
+        self._poll = poll if poll is not None else (lambda: operation_schedule(local=local))
         self._retry_backoff = retry_backoff or (
             (lambda: Backoff(initial=0.05, cap=0.5)) if local else (lambda: Backoff(0.5, 8.0))
         )
         self._endpoint_text = api_endpoint or "tpu.googleapis.com"
         if credentials is None:
-            credentials = self._anonymous() if local else self._default_credentials()
+            credentials = (
+                self._default_credentials() if endpoint.sends_credentials else self._anonymous()
+            )
         options = ClientOptions(api_endpoint=api_endpoint) if api_endpoint else None
         self._client = tpu_v2.TpuClient(
             credentials=credentials, transport="rest", client_options=options
@@ -216,30 +216,13 @@ class GoogleTpuApi:
     def call_count(self) -> int:
         return self._calls
 
-    # -- paths ---------------------------------------------------------------------
-
-    def _parent(self, zone: str) -> str:
-        return f"projects/{self.project}/locations/{zone}"
-
-    def _node_path(self, zone: str, node_id: str) -> str:
-        return f"{self._parent(zone)}/nodes/{node_id}"
-
     # -- the calls -------------------------------------------------------------------
 
     def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
         from google.cloud import tpu_v2
 
-        node = tpu_v2.Node(
-            accelerator_type=request.accelerator_type,
-            runtime_version=request.runtime_version,
-            description=request.description,
-            labels=dict(request.labels),
-            metadata=dict(request.metadata),
-            # An external IP is what lets the laptop reach the VM over SSH.
-            network_config=tpu_v2.NetworkConfig(enable_external_ips=True),
-            scheduling_config=tpu_v2.SchedulingConfig(spot=request.spot),
-        )
-        create = tpu_v2.CreateNodeRequest(parent=self._parent(zone), node_id=node_id, node=node)
+        wire = rest.create_node(self.project, zone, node_id, request)
+        create = _parse(tpu_v2.CreateNodeRequest, wire)
         operation = self._call(
             lambda: self._client.create_node(
                 request=create, retry=None, timeout=self._request_timeout
@@ -250,10 +233,13 @@ class GoogleTpuApi:
         return str(operation.operation.name)
 
     def wait_operation(self, operation_name: str, *, timeout: float) -> None:
+        # The operations mixin takes its request as a plain dict of the message.
+        request = rest.get_operation(operation_name).message
+
         def probe() -> Any:
             return self._call(
                 lambda: self._client.get_operation(
-                    request={"name": operation_name}, retry=None, timeout=self._request_timeout
+                    request=request, retry=None, timeout=self._request_timeout
                 ),
                 f"read operation {operation_name}",
                 idempotent=True,
@@ -266,16 +252,20 @@ class GoogleTpuApi:
             clock=self._clock,
             sleep=self._sleep,
             backoff=self._poll(),
-            describe=lambda _op: f"operation {operation_name}",
+            describe=lambda _op: f"operation {operation_name} to finish",
         )
         if operation.HasField("error") and operation.error.code != 0:
             status = RPC_STATUS.get(operation.error.code, "UNKNOWN")
             raise error_for_status(status, operation.error.message, _operation_what(operation))
 
     def get_node(self, zone: str, node_id: str) -> NodeInfo:
-        name = self._node_path(zone, node_id)
+        from google.cloud import tpu_v2
+
+        request = _parse(tpu_v2.GetNodeRequest, rest.get_node(self.project, zone, node_id))
         node = self._call(
-            lambda: self._client.get_node(name=name, retry=None, timeout=self._request_timeout),
+            lambda: self._client.get_node(
+                request=request, retry=None, timeout=self._request_timeout
+            ),
             f"get node {node_id} in {zone}",
             idempotent=True,
         )
@@ -287,9 +277,10 @@ class GoogleTpuApi:
         nodes: list[NodeInfo] = []
         token = ""
         while True:
-            request = tpu_v2.ListNodesRequest(
-                parent=self._parent(zone), page_size=self._list_page_size, page_token=token
+            wire = rest.list_nodes(
+                self.project, zone, page_size=self._list_page_size, page_token=token
             )
+            request = _parse(tpu_v2.ListNodesRequest, wire)
             # One page per call, never the pager's own iteration, so that every HTTP
             # request is counted and retried individually.
             page = self._call(
@@ -308,9 +299,13 @@ class GoogleTpuApi:
                 return nodes
 
     def delete_node(self, zone: str, node_id: str) -> str:
-        name = self._node_path(zone, node_id)
+        from google.cloud import tpu_v2
+
+        request = _parse(tpu_v2.DeleteNodeRequest, rest.delete_node(self.project, zone, node_id))
         operation = self._call(
-            lambda: self._client.delete_node(name=name, retry=None, timeout=self._request_timeout),
+            lambda: self._client.delete_node(
+                request=request, retry=None, timeout=self._request_timeout
+            ),
             f"delete node {node_id} in {zone}",
             idempotent=False,
         )
@@ -319,9 +314,8 @@ class GoogleTpuApi:
     def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
         from google.cloud import tpu_v2
 
-        request = tpu_v2.GetGuestAttributesRequest(
-            name=self._node_path(zone, node_id), query_path=query_path, worker_ids=["0"]
-        )
+        wire = rest.get_guest_attributes(self.project, zone, node_id, query_path)
+        request = _parse(tpu_v2.GetGuestAttributesRequest, wire)
         response = self._call(
             lambda: self._client.get_guest_attributes(
                 request=request, retry=None, timeout=self._request_timeout

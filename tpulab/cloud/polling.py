@@ -3,6 +3,10 @@
 Everything takes its clock and sleep as arguments so that tests can drive the schedule
 with a fake clock and prove two promises: a change is noticed within one poll interval,
 and the deadline is honoured (we never sleep past it, and we probe once more at it).
+
+While a probe runs, `active_wait()` names the loop it belongs to (its schedule object,
+timeout and goal): `tpulab run --dry-run` records each polled request once, with the
+cadence the real loop would keep, instead of a prose description of it.
 """
 
 from __future__ import annotations
@@ -10,6 +14,9 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from tpulab.errors import DeadlineError, PreemptedError
@@ -18,7 +25,15 @@ if TYPE_CHECKING:
     from tpulab.cloud.api import TpuApi
     from tpulab.models import NodeInfo, NodeState
 
-__all__ = ["Backoff", "poll_until", "wait_for_state"]
+__all__ = [
+    "ActiveWait",
+    "Backoff",
+    "active_wait",
+    "announce_wait",
+    "operation_schedule",
+    "poll_until",
+    "wait_for_state",
+]
 
 T = TypeVar("T")
 
@@ -63,6 +78,39 @@ class Backoff:
         )
 
 
+def operation_schedule(*, local: bool) -> Backoff:
+    """How often a long-running operation is polled: cloud-paced, or quick for a local
+    emulator, which answers in milliseconds (cloud pacing would only slow tests)."""
+    return Backoff(initial=0.05, cap=0.5) if local else Backoff(initial=1.0, cap=10.0)
+
+
+@dataclass(frozen=True)
+class ActiveWait:
+    """The poll loop a probe is running in: what it waits for, how often, how long."""
+
+    until: str
+    schedule: object  # the delays' iterable itself (a Backoff shows its parameters)
+    timeout: float
+
+
+_ACTIVE_WAIT: ContextVar[ActiveWait | None] = ContextVar("tpulab_active_wait", default=None)
+
+
+def active_wait() -> ActiveWait | None:
+    """The innermost poll loop whose probe is running now, if any."""
+    return _ACTIVE_WAIT.get()
+
+
+@contextmanager
+def announce_wait(wait: ActiveWait) -> Iterator[None]:
+    """Run a probe as part of the poll loop `wait` (for loops other than `poll_until`)."""
+    token = _ACTIVE_WAIT.set(wait)
+    try:
+        yield
+    finally:
+        _ACTIVE_WAIT.reset(token)
+
+
 def poll_until(
     probe: Callable[[], T],
     done: Callable[[T], bool],
@@ -83,10 +131,15 @@ def poll_until(
     if timeout < 0:
         raise ValueError(f"timeout must be >= 0, got {timeout}")
     deadline = clock() + timeout
-    delays = iter(backoff if backoff is not None else Backoff())
+    schedule = backoff if backoff is not None else Backoff()
+    delays = iter(schedule)
+    loop = ActiveWait(
+        describe(None) if describe is not None else "the awaited condition", schedule, timeout
+    )
     last: T | None = None
     while True:
-        last = probe()
+        with announce_wait(loop):
+            last = probe()
         if done(last):
             return last
         remaining = deadline - clock()
@@ -132,8 +185,8 @@ def wait_for_state(
         return False
 
     def describe(node: NodeInfo | None) -> str:
-        seen = node.state.value if node is not None else "unknown"
-        return f"node {node_id} in {zone} to reach {_names(want)} (last state {seen})"
+        seen = f" (last state {node.state.value})" if node is not None else ""
+        return f"node {node_id} in {zone} to reach {_names(want)}{seen}"
 
     return poll_until(
         lambda: api.get_node(zone, node_id),

@@ -1,12 +1,27 @@
-"""Input: flags + environment + files -> a validated `RunSpec` (the one validation place).
+"""Input: flags + environment + files -> validated specs (the one validation place).
 
-`resolve` finds the project and zone; `spec` validates a run's inputs into a `RunSpec`.
-Nothing in this package contacts the cloud.
+`endpoint` is the one rule for which API a command talks to (and whether credentials
+go there); `resolve` finds the project and zone; `spec` validates a run's inputs into a
+`RunSpec`; `commands` has one function per command turning its raw flags into a
+validated spec. Nothing in this package contacts the cloud.
 """
 
+from tpulab.config.commands import (
+    LocalVerifyInputs,
+    RunInputs,
+    Scope,
+    TeardownInputs,
+    list_scope,
+    local_verify_inputs,
+    run_inputs,
+    teardown_inputs,
+)
+from tpulab.config.endpoint import Endpoint, Target, choose_target, classify_endpoint
 from tpulab.config.resolve import (
     AdcProject,
     Resolved,
+    find_project,
+    find_zone,
     gcloud_config_value,
     resolve_project,
     resolve_zone,
@@ -20,7 +35,7 @@ from tpulab.config.spec import (
     RunSpec,
     Timeouts,
     build_run_spec,
-    is_loopback_endpoint,
+    check_seconds,
     new_run_id,
 )
 
@@ -29,15 +44,29 @@ __all__ = [
     "EMULATED_ZONE",
     "SSH_USER",
     "AdcProject",
+    "Endpoint",
+    "LocalVerifyInputs",
     "Mode",
     "Resolved",
+    "RunInputs",
     "RunSpec",
+    "Scope",
+    "Target",
+    "TeardownInputs",
     "Timeouts",
     "build_run_spec",
+    "check_seconds",
+    "choose_target",
+    "classify_endpoint",
+    "find_project",
+    "find_zone",
     "gcloud_config_value",
-    "is_loopback_endpoint",
+    "list_scope",
+    "local_verify_inputs",
     "new_run_id",
     "resolve_project",
     "resolve_zone",
     "resolve_zones",
+    "run_inputs",
+    "teardown_inputs",
 ]

@@ -11,6 +11,10 @@ The gcloud configuration is read as a file (`$CLOUDSDK_CONFIG` or ~/.config/gclo
 works offline. ADC is consulted last and only through a callable the caller passes,
 because asking google-auth may touch the network (the GCE metadata server) and only
 `tpulab.cloud.google` may import google.*.
+
+A value that is present but empty or malformed is an error naming where it came from,
+wherever it came from (flag, environment, gcloud file): falling through to the next
+source or to a default would quietly widen or move what a command acts on.
 """
 
 from __future__ import annotations
@@ -22,18 +26,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpulab.errors import ConfigError
-from tpulab.models import check_zone
+from tpulab.models import check_project, check_zone
 
 __all__ = [
     "AdcProject",
     "Resolved",
+    "find_project",
+    "find_zone",
     "gcloud_config_value",
+    "given",
+    "project_flag",
     "resolve_project",
     "resolve_zone",
     "resolve_zones",
+    "zone_flags",
 ]
 
 AdcProject = Callable[[], "str | None"]
+
+_PROJECT_ENV = ("TPULAB_PROJECT", "CLOUDSDK_CORE_PROJECT", "GOOGLE_CLOUD_PROJECT")
+_ZONE_ENV = ("TPULAB_ZONE", "CLOUDSDK_COMPUTE_ZONE")
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,24 @@ class Resolved:
 
     value: str
     source: str
+
+
+def given(value: str | None, option: str, *, hint: str) -> str | None:
+    """A flag's value, None when it was not passed; an empty value is an error, because
+    "not given" must be said by leaving the flag out, never by ''."""
+    if value is not None and not value.strip():
+        raise ConfigError(f"{option} is empty.", hint=hint)
+    return value
+
+
+def _validated(found: Resolved, check: Callable[[str], str]) -> Resolved:
+    try:
+        check(found.value)
+    except ConfigError as error:
+        raise ConfigError(
+            f"{error.message.rstrip('.')} (from {found.source}).", hint=error.hint
+        ) from None
+    return found
 
 
 def _gcloud_dir(env: Mapping[str, str]) -> Path:
@@ -54,7 +84,11 @@ def _gcloud_dir(env: Mapping[str, str]) -> Path:
 def gcloud_config_value(
     section: str, key: str, env: Mapping[str, str] | None = None
 ) -> Resolved | None:
-    """`[section] key` of the active gcloud configuration, read from disk, or None."""
+    """`[section] key` of the active gcloud configuration, read from disk, or None.
+
+    A key that is present but empty is a ConfigError: gcloud removes unset keys, so an
+    empty one is a broken file, not a choice to fall back.
+    """
     env = os.environ if env is None else env
     root = _gcloud_dir(env)
     name = env.get("CLOUDSDK_ACTIVE_CONFIG_NAME", "").strip()
@@ -70,18 +104,57 @@ def gcloud_config_value(
     except (configparser.Error, UnicodeDecodeError):
         # A file gcloud itself could not parse either; treat it as absent, not fatal.
         return None
-    value = parser.get(section, key, fallback="").strip()
-    if not value:
+    raw = parser.get(section, key, fallback=None)
+    if raw is None:
         return None
-    return Resolved(value, f"gcloud configuration '{name}' ({path})")
+    source = f"gcloud configuration '{name}' ({path})"
+    if not raw.strip():
+        raise ConfigError(
+            f"{section}/{key} is empty in the {source}.",
+            hint=f"Run `gcloud config set {section}/{key} VALUE` or "
+            f"`gcloud config unset {section}/{key}`.",
+        )
+    return Resolved(raw.strip(), source)
 
 
 def _first_env(env: Mapping[str, str], names: Sequence[str]) -> Resolved | None:
     for name in names:
-        value = env.get(name, "").strip()
-        if value:
-            return Resolved(value, f"${name}")
+        if name not in env:
+            continue
+        value = env[name].strip()
+        if not value:
+            raise ConfigError(
+                f"${name} is set but empty.",
+                hint=f"Give it a value, or unset it (`unset {name}`).",
+            )
+        return Resolved(value, f"${name}")
     return None
+
+
+def project_flag(flag: str | None) -> Resolved | None:
+    """--project alone, validated; None when it was not passed."""
+    if given(flag, "--project", hint="Pass a project id, or leave --project out.") is None:
+        return None
+    return _validated(Resolved(str(flag), "--project"), check_project)
+
+
+def find_project(
+    flag: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    adc_project: AdcProject | None = None,
+) -> Resolved | None:
+    """The first configured project, validated; None when no place names one."""
+    env = os.environ if env is None else env
+    found = project_flag(flag)
+    if found is not None:
+        return found
+    found = _first_env(env, _PROJECT_ENV) or gcloud_config_value("core", "project", env)
+    if found is None and adc_project is not None:
+        project = adc_project()
+        if project:
+            found = Resolved(project, "Application Default Credentials")
+    return None if found is None else _validated(found, check_project)
 
 
 def resolve_project(
@@ -91,15 +164,7 @@ def resolve_project(
     adc_project: AdcProject | None = None,
 ) -> Resolved:
     """The project for API calls; ConfigError naming every place that was looked at."""
-    env = os.environ if env is None else env
-    if flag:
-        return Resolved(flag, "--project")
-    found = _first_env(env, ("TPULAB_PROJECT", "CLOUDSDK_CORE_PROJECT", "GOOGLE_CLOUD_PROJECT"))
-    found = found or gcloud_config_value("core", "project", env)
-    if found is None and adc_project is not None:
-        project = adc_project()
-        if project:
-            found = Resolved(project, "Application Default Credentials")
+    found = find_project(flag, env=env, adc_project=adc_project)
     if found is None:
         raise ConfigError(
             "No Google Cloud project is configured.",
@@ -111,24 +176,40 @@ def resolve_project(
     return found
 
 
+def zone_flags(flags: Sequence[str]) -> list[str]:
+    """The --zone values (repeatable), each validated, duplicates dropped."""
+    zones = []
+    for zone in dict.fromkeys(flags):
+        given(zone, "--zone", hint="Pass a zone such as us-central1-a, or leave --zone out.")
+        zones.append(_validated(Resolved(zone, "--zone"), check_zone).value)
+    return zones
+
+
+def find_zone(flag: str | None = None, *, env: Mapping[str, str] | None = None) -> Resolved | None:
+    """The first configured zone, validated; None when no place names one."""
+    env = os.environ if env is None else env
+    if flag is not None:
+        return Resolved(zone_flags([flag])[0], "--zone")
+    found = _first_env(env, _ZONE_ENV) or gcloud_config_value("compute", "zone", env)
+    return None if found is None else _validated(found, check_zone)
+
+
 def resolve_zone(flag: str | None = None, *, env: Mapping[str, str] | None = None) -> Resolved:
     """The zone for a run, validated; ConfigError naming where it was looked for."""
-    env = os.environ if env is None else env
-    found = Resolved(flag, "--zone") if flag else None
-    found = found or _first_env(env, ("TPULAB_ZONE", "CLOUDSDK_COMPUTE_ZONE"))
-    found = found or gcloud_config_value("compute", "zone", env)
+    found = find_zone(flag, env=env)
     if found is None:
         raise ConfigError(
             "No zone is configured.",
             hint="Pass --zone (e.g. --zone us-central1-a), set TPULAB_ZONE, or run "
             "`gcloud config set compute/zone ZONE`.",
         )
-    check_zone(found.value)
     return found
 
 
 def resolve_zones(flags: Sequence[str] = (), *, env: Mapping[str, str] | None = None) -> list[str]:
-    """Zones for commands that scan (list, teardown): the flags, else the one resolved zone."""
+    """Zones for commands that scan (list, teardown): the flags (each validated), else the
+    configured zone, else none (the caller decides whether the journal can supply some)."""
     if flags:
-        return [check_zone(zone) for zone in dict.fromkeys(flags)]
-    return [resolve_zone(None, env=env).value]
+        return zone_flags(flags)
+    found = find_zone(None, env=env)
+    return [] if found is None else [found.value]

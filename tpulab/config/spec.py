@@ -14,13 +14,23 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from tpulab import catalog
+from tpulab.config.endpoint import Mode, Target, choose_target
 from tpulab.config.python import REAL_PYTHON, check_jax_version, choose_python
-from tpulab.config.resolve import AdcProject, Resolved, resolve_project, resolve_zone
+from tpulab.config.resolve import (
+    AdcProject,
+    Resolved,
+    find_project,
+    find_zone,
+    given,
+    project_flag,
+    resolve_project,
+    resolve_zone,
+    zone_flags,
+)
 from tpulab.errors import ConfigError
-from tpulab.models import check_label, check_node_name, check_zone, tpulab_labels
+from tpulab.models import check_node_name, check_run_id, tpulab_labels
 
 __all__ = [
     "EMULATED_PROJECT",
@@ -30,11 +40,9 @@ __all__ = [
     "RunSpec",
     "Timeouts",
     "build_run_spec",
-    "is_loopback_endpoint",
+    "check_seconds",
     "new_run_id",
 ]
-
-Mode = Literal["google", "emulate", "endpoint"]
 
 # The embedded emulator's defaults (the same ones `tpulab list --emulate` uses).
 EMULATED_PROJECT = "tpulab-emulated"
@@ -49,12 +57,19 @@ def new_run_id(now: float | None = None) -> str:
     return f"{stamp}-{secrets.token_hex(3)}"
 
 
-def is_loopback_endpoint(url: str) -> bool:
-    """True for an emulator served on this machine (its nodes are CPU hosts)."""
-    from urllib.parse import urlsplit
-
-    host = (urlsplit(url).hostname or "").lower()
-    return host in {"localhost", "127.0.0.1", "::1"} or host.startswith("127.")
+def check_seconds(option: str, value: float) -> float:
+    """A duration in seconds: finite, above 0 and at most a day (the one range rule)."""
+    if not (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 < value <= 86400
+    ):
+        raise ConfigError(
+            f"Invalid {option} {value!r}.",
+            hint="Timeouts are positive numbers of seconds, at most 86400 (a day).",
+        )
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -72,11 +87,7 @@ class Timeouts:
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if not (isinstance(value, int | float) and math.isfinite(value) and 0 < value <= 86400):
-                raise ConfigError(
-                    f"Invalid {name} timeout {value!r}.",
-                    hint="Timeouts are seconds, greater than 0 and at most 86400 (a day).",
-                )
+            check_seconds(f"{name} timeout", value)
 
 
 @dataclass(frozen=True)
@@ -114,12 +125,12 @@ class RunSpec:
 def build_run_spec(
     *,
     accelerator: str,
-    mode: Mode,
+    emulate: bool = False,
+    api_endpoint: str | None = None,
     project: str | None = None,
     zone: str | None = None,
     name: str | None = None,
     spot: bool = False,
-    api_endpoint: str | None = None,
     payload_timeout: float | None = None,
     timeouts: Timeouts | None = None,
     payload: Path | None = None,
@@ -131,70 +142,35 @@ def build_run_spec(
 ) -> RunSpec:
     """Validate every input of a run before anything contacts the cloud (invariant 1).
 
-    `mode` "emulate" defaults project and zone to the embedded emulator's; "endpoint"
-    resolves them like a real run but falls back to those defaults (a local emulator
-    accepts any project); "google" needs both resolved, ADC's project included.
+    `emulate` and `api_endpoint` are the raw flags; `choose_target` decides what they
+    mean. The embedded emulator defaults project and zone to its own; a loopback
+    endpoint (a local emulator accepts any project) resolves them like a real run and
+    falls back to those defaults only when nothing is configured; Google and any other
+    endpoint need both resolved, and only Google consults ADC for the project.
     """
+    target = choose_target(emulate=emulate, api_endpoint=api_endpoint)
     accel = catalog.lookup_single_host(accelerator.strip())
-    if mode == "endpoint":
-        if not api_endpoint:
-            raise ConfigError("--api-endpoint needs a URL.", hint="e.g. http://127.0.0.1:8470")
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(api_endpoint)
-        if parts.scheme not in {"http", "https"} or not parts.hostname:
-            raise ConfigError(
-                f"Invalid API endpoint {api_endpoint!r}.",
-                hint="Give a URL such as http://127.0.0.1:8470 (`tpulab emulator serve` "
-                "prints it).",
-            )
-    elif api_endpoint:
-        raise ConfigError(
-            "--api-endpoint cannot be combined with --emulate.",
-            hint="Use --emulate for the embedded emulator, or --api-endpoint URL for one "
-            "served by `tpulab emulator serve`.",
-        )
     env = os.environ if env is None else env
-    if mode == "emulate":
-        proj = Resolved(project, "--project") if project else Resolved(EMULATED_PROJECT, "emulator")
-        zn = Resolved(check_zone(zone), "--zone") if zone else Resolved(EMULATED_ZONE, "emulator")
-    elif mode == "endpoint":
-        try:
-            proj = resolve_project(project, env=env)
-        except ConfigError:
-            proj = Resolved(EMULATED_PROJECT, "emulator default")
-        try:
-            zn = resolve_zone(zone, env=env)
-        except ConfigError as error:
-            if zone:
-                raise error from None
-            zn = Resolved(EMULATED_ZONE, "emulator default")
-    else:
-        zn = resolve_zone(zone, env=env)
-        proj = resolve_project(project, env=env, adc_project=adc_project)
-    _check_project(proj.value)
-    rid = run_id or new_run_id()
-    check_label("tpulab-run", rid)
-    node_name = check_node_name(name if name else f"tpulab-{rid}")
+    proj, zn = _project_and_zone(target, project, zone, env, adc_project)
+    rid = check_run_id(run_id) if run_id is not None else new_run_id()
+    given(name, "--name", hint="Pass a node name, or leave --name out for tpulab-<run id>.")
+    node_name = check_node_name(name if name is not None else f"tpulab-{rid}")
     timeouts = timeouts or Timeouts()
     if payload_timeout is not None:
         timeouts = dataclasses.replace(timeouts, payload=payload_timeout)
     if payload is not None and not payload.is_file():
         raise ConfigError(f"Payload {payload} does not exist.", hint="Pass an existing file.")
-    emulated = mode == "emulate" or (
-        mode == "endpoint" and is_loopback_endpoint(api_endpoint or "")
-    )
-    python_request, python_source = choose_python(python, emulated=emulated)
+    python_request, python_source = choose_python(python, emulated=target.emulated)
     return RunSpec(
         run_id=rid,
         accelerator=accel,
         project=proj,
         zone=zn,
         node_name=node_name,
-        mode=mode,
+        mode=target.mode,
         spot=spot,
-        api_endpoint=api_endpoint,
-        emulated=emulated,
+        api_endpoint=target.api_endpoint,
+        emulated=target.emulated,
         payload=payload,
         timeouts=timeouts,
         python=python_request,
@@ -203,12 +179,23 @@ def build_run_spec(
     )
 
 
-def _check_project(project: str) -> None:
-    # Project ids: 6-30 chars of lowercase letters, digits, hyphens (older ones may carry a
-    # "domain:" prefix). We only refuse what could never be one, e.g. a pasted URL.
-    allowed = set("abcdefghijklmnopqrstuvwxyz0123456789-.:")
-    if not project or not set(project) <= allowed or len(project) > 100:
-        raise ConfigError(
-            f"Invalid project id {project!r}.",
-            hint="A project id looks like my-project-123 (lowercase letters, digits, hyphens).",
-        )
+def _project_and_zone(
+    target: Target,
+    project: str | None,
+    zone: str | None,
+    env: Mapping[str, str],
+    adc_project: AdcProject | None,
+) -> tuple[Resolved, Resolved]:
+    if target.emulate:
+        # The embedded emulator is this process's own: only the flags are asked, never
+        # the environment or the gcloud configuration of a real project.
+        proj = project_flag(project) or Resolved(EMULATED_PROJECT, "emulator")
+        zn = Resolved(zone_flags([zone])[0], "--zone") if zone is not None else None
+        return proj, zn or Resolved(EMULATED_ZONE, "emulator")
+    if target.emulated:
+        proj = find_project(project, env=env) or Resolved(EMULATED_PROJECT, "emulator default")
+        return proj, find_zone(zone, env=env) or Resolved(EMULATED_ZONE, "emulator default")
+    # Only Google's endpoint receives credentials, so only it may name the project.
+    adc = adc_project if target.mode == "google" else None
+    zn = resolve_zone(zone, env=env)
+    return resolve_project(project, env=env, adc_project=adc), zn

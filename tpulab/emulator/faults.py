@@ -7,6 +7,7 @@ Counted faults (`transient`, `delete_failures`) are consumed as they fire.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -19,6 +20,7 @@ METHODS = (
     "get_node",
     "list_nodes",
     "delete_node",
+    "update_node",
     "get_guest_attributes",
     "get_operation",
     "list_operations",
@@ -136,7 +138,12 @@ def _checked(name: str, value: Any, default: Any) -> Any:
         if isinstance(value, bool):
             return value
     elif isinstance(default, float):
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        if (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value >= 0
+        ):
             return float(value)
     elif isinstance(default, int):
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:

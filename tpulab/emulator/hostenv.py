@@ -8,7 +8,8 @@
   into an Ubuntu image lacking python3-venv. Each image names itself to its sessions
   (`contract.EMULATED_IMAGE_ENV`), so a run's summary can say which one a node had.
 - `parse_ssh_keys`: the node's `metadata["ssh-keys"]` as the guest agent reads it.
-- `new_host_key`: a fresh ed25519 host key per node, as a VM's first boot makes one.
+- `new_host_keys`: fresh ed25519, ECDSA P-256 and RSA host keys per node, the set the
+  guest agent generates at a VM's first boot (its `host_key_types = ecdsa,ed25519,rsa`).
 - `reserve_port`: a loopback port held (bound, not listening) so it can be published
   before the server accepts connections.
 - `NODE_TAG_VAR` / `kill_tagged`: every session process carries the node's tag in its
@@ -34,7 +35,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from tpulab.contract import EMULATED_IMAGE_ENV
 
@@ -52,7 +53,7 @@ __all__ = [
     "image_env",
     "kill_tagged",
     "local_pythons",
-    "new_host_key",
+    "new_host_keys",
     "new_node_tag",
     "parse_ssh_keys",
     "preloaded_image_env",
@@ -407,11 +408,27 @@ class HostKeyPair:
         return f"HostKeyPair({self.key_type} {self.b64[:16]}...)"
 
 
-def new_host_key() -> HostKeyPair:
-    from cryptography.hazmat.primitives import serialization
+# RSA size: ssh-keygen's default is 3072 bits, but generating one costs ~0.3 s per node
+# start here (2048: ~0.08 s) and no client's choice depends on the size.
+_RSA_BITS = 2048
+
+
+def new_host_keys() -> list[HostKeyPair]:
+    """One fresh key per type the guest agent publishes: ssh-ed25519 (tpulab pins this),
+    ecdsa-sha2-nistp256 (ssh-keygen's default ECDSA curve) and ssh-rsa."""
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    private = Ed25519PrivateKey.generate()
+    return [
+        _pair(Ed25519PrivateKey.generate()),
+        _pair(ec.generate_private_key(ec.SECP256R1())),
+        _pair(rsa.generate_private_key(public_exponent=65537, key_size=_RSA_BITS)),
+    ]
+
+
+def _pair(private: Any) -> HostKeyPair:
+    from cryptography.hazmat.primitives import serialization
+
     pem = private.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.OpenSSH,

@@ -1,26 +1,40 @@
 """The seam between the emulated API and the SSH servers that stand in for TPU VMs.
 
-The emulator calls `start` when a node becomes READY and `stop` when it is deleted (or
-its state is reloaded after a restart). A backend runs a real SSH server on loopback
-that accepts only the node's `metadata["ssh-keys"]` and runs commands in `sandbox`,
-which is the session's HOME.
+The emulator calls `start` when a node becomes READY, `update_keys` when UpdateNode has
+changed its `ssh-keys` (the guest agent re-reads metadata on a live VM), and `stop` when
+it is deleted (or its state is reloaded after a restart). A backend runs a real SSH
+server on loopback that accepts only the node's `metadata["ssh-keys"]` and runs
+commands in `sandbox`, which is the session's HOME.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["HostBackend", "HostEndpoint"]
+__all__ = ["PRIMARY_HOST_KEY_TYPE", "HostBackend", "HostEndpoint"]
+
+# The type tpulab pins (DESIGN §3.6); the others are published for other clients.
+PRIMARY_HOST_KEY_TYPE = "ssh-ed25519"
 
 
 @dataclass(frozen=True)
 class HostEndpoint:
     host: str
     port: int
-    host_key_type: str  # e.g. "ssh-ed25519"
-    host_key_b64: str  # the key body, as published in guest attributes
+    host_keys: Mapping[str, str]
+    """Every host key the server presents: type ("ssh-ed25519", "ecdsa-sha2-nistp256",
+    "ssh-rsa") -> base64 body, as the guest agent publishes them (`hostkeys/<type>`)."""
+
+    @property
+    def host_key_type(self) -> str:
+        return PRIMARY_HOST_KEY_TYPE
+
+    @property
+    def host_key_b64(self) -> str:
+        return self.host_keys[PRIMARY_HOST_KEY_TYPE]
 
 
 class HostBackend(Protocol):
@@ -37,6 +51,10 @@ class HostBackend(Protocol):
         ("user:ssh-ed25519 AAAA... comment" lines). `refuse_for` delays listening, to
         emulate an sshd that lags READY; `ensurepip_missing` gives the node an image
         whose python3 lacks ensurepip (Ubuntu without python3-venv)."""
+        ...
+
+    def update_keys(self, node_key: str, ssh_keys_metadata: str) -> None:
+        """Accept exactly these keys from now on (new sessions; open ones stay)."""
         ...
 
     def stop(self, node_key: str) -> None:

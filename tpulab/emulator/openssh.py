@@ -2,7 +2,7 @@
 
 The embedded asyncssh host is the default; this backend exists so the end-to-end tests
 also speak to the server real TPU VMs run. Per node: a private sshd on a free loopback
-port, a fresh ed25519 host key, an AuthorizedKeysFile built from the node's
+port, fresh ed25519, ECDSA and RSA host keys, an AuthorizedKeysFile built from the node's
 `metadata["ssh-keys"]`, no passwords, no PAM.
 
 sshd only logs in accounts that exist, so every metadata user maps onto the account
@@ -29,13 +29,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpulab import errors as E
 from tpulab.emulator.hostenv import (
     NODE_TAG_VAR,
     BackendImage,
     ImageEnv,
     ImageKind,
     kill_tagged,
-    new_host_key,
+    new_host_keys,
     new_node_tag,
     parse_ssh_keys,
     reserve_port,
@@ -43,7 +44,13 @@ from tpulab.emulator.hostenv import (
 )
 from tpulab.emulator.hosts import HostEndpoint
 
-__all__ = ["DEFAULT_SSHD", "OpenSshHostBackend", "SshdStartError", "find_sftp_server"]
+__all__ = [
+    "DEFAULT_SSHD",
+    "OpenSshHostBackend",
+    "OpenSshMissingError",
+    "SshdStartError",
+    "find_sftp_server",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +63,20 @@ _SFTP_CANDIDATES = (
     "/usr/lib/ssh/sftp-server",
 )
 _LISTEN_WAIT = 10.0
+_INSTALL_HINT = (
+    "Install OpenSSH's server (it provides both): sudo apt-get install -y openssh-server "
+    "(Debian/Ubuntu; dnf install openssh-server on Fedora), or use --ssh embedded, "
+    "which needs nothing installed."
+)
 
 
 class SshdStartError(RuntimeError):
     """sshd did not come up; the message carries the tail of its log."""
+
+
+class OpenSshMissingError(E.ConfigError):
+    """sshd or sftp-server is not installed: refused when the backend is built, not
+    discovered by each run after waiting minutes for a host that can never start."""
 
 
 def find_sftp_server() -> str | None:
@@ -93,9 +110,21 @@ class OpenSshHostBackend:
     ) -> None:
         self.state_dir = state_dir
         self.sshd = sshd
+        if not os.access(sshd, os.X_OK):
+            raise OpenSshMissingError(
+                f"The OpenSSH server {sshd} is not installed (or not executable).",
+                hint=_INSTALL_HINT,
+            )
+        found = sftp_server or find_sftp_server()
+        if found is None or not os.access(found, os.X_OK):
+            where = found or " or ".join(_SFTP_CANDIDATES)
+            raise OpenSshMissingError(
+                f"OpenSSH's sftp-server is not installed (looked for {where}).",
+                hint=_INSTALL_HINT,
+            )
+        self.sftp_server = found
         self.images = BackendImage(image, state_dir / "image", cache_dir=cache_dir)
         self.image = self.images.base
-        self.sftp_server = sftp_server or find_sftp_server() or _SFTP_CANDIDATES[0]
         self.login_user = pwd.getpwuid(os.getuid()).pw_name
         self._nodes: dict[str, _Sshd] = {}
         self._lock = threading.Lock()
@@ -119,12 +148,15 @@ class OpenSshHostBackend:
         shutil.rmtree(node_dir, ignore_errors=True)
         node_dir.mkdir(parents=True, mode=0o700)
 
-        pair = new_host_key()
-        host_key = node_dir / "ssh_host_ed25519_key"
-        _write(host_key, pair.private_openssh, 0o600)
-        keys = parse_ssh_keys(ssh_keys_metadata)
+        pairs = new_host_keys()
+        host_key_files = []
+        for pair in pairs:
+            # sshd's own naming: ssh_host_<ed25519|ecdsa|rsa>_key
+            short = pair.key_type.removeprefix("ssh-").split("-")[0]
+            host_key_files.append(node_dir / f"ssh_host_{short}_key")
+            _write(host_key_files[-1], pair.private_openssh, 0o600)
         authorized = node_dir / "authorized_keys"
-        _write(authorized, "".join(k.openssh_line + "\n" for k in keys).encode(), 0o600)
+        _write_authorized_keys(authorized, ssh_keys_metadata)
         tag = new_node_tag(node_key)
         wrapper = node_dir / "session.sh"
         image = self.images.for_node(ensurepip_missing=ensurepip_missing)
@@ -133,7 +165,7 @@ class OpenSshHostBackend:
         sock = reserve_port()
         port = sock.getsockname()[1]
         config = node_dir / "sshd_config"
-        config.write_text(self._config(node_dir, port, host_key, authorized, wrapper))
+        config.write_text(self._config(node_dir, port, host_key_files, authorized, wrapper))
         node = _Sshd(node_dir=node_dir, config=config, port=port, sock=sock, tag=tag)
         with self._lock:
             self._nodes[node_key] = node
@@ -148,7 +180,14 @@ class OpenSshHostBackend:
                 self.stop(node_key)
                 raise
         log.info("sshd for %s on 127.0.0.1:%d (listening in %.1fs)", node_key, port, refuse_for)
-        return HostEndpoint("127.0.0.1", port, pair.key_type, pair.b64)
+        return HostEndpoint("127.0.0.1", port, {pair.key_type: pair.b64 for pair in pairs})
+
+    def update_keys(self, node_key: str, ssh_keys_metadata: str) -> None:
+        # sshd reads AuthorizedKeysFile at each login, so replacing the file is enough.
+        with self._lock:
+            node = self._nodes.get(node_key)
+        if node is not None:
+            _write_authorized_keys(node.node_dir / "authorized_keys", ssh_keys_metadata)
 
     def stop(self, node_key: str) -> None:
         with self._lock:
@@ -235,13 +274,18 @@ class OpenSshHostBackend:
         )
 
     def _config(
-        self, node_dir: Path, port: int, host_key: Path, authorized: Path, wrapper: Path
+        self,
+        node_dir: Path,
+        port: int,
+        host_keys: list[Path],
+        authorized: Path,
+        wrapper: Path,
     ) -> str:
         options = [
             ("Port", str(port)),
             ("ListenAddress", "127.0.0.1"),
             ("AddressFamily", "inet"),
-            ("HostKey", _quote(host_key)),
+            *(("HostKey", _quote(path)) for path in host_keys),
             ("PidFile", _quote(node_dir / "sshd.pid")),
             ("AuthorizedKeysFile", _quote(authorized).replace("%", "%%")),
             ("StrictModes", "no"),  # the state dir's owner/modes are not sshd's business
@@ -257,6 +301,12 @@ class OpenSshHostBackend:
             ("X11Forwarding", "no"),
             ("PermitTTY", "no"),
             ("PermitUserEnvironment", "no"),
+            # sshd runs ForceCommand through the login account's shell, and Debian's bash
+            # then sources that account's ~/.bashrc (it does for ssh sessions of a
+            # "top-level" shell, SHLVL < 2): the emulator machine's own rc files, not the
+            # image's. Seen here: a pyenv-rehash lock left by a killed session made every
+            # session wait a minute. SHLVL=1 makes the shell level 2, so bash skips it.
+            ("SetEnv", "SHLVL=1"),
             ("PrintMotd", "no"),
             ("UseDNS", "no"),
             ("MaxStartups", "100"),  # clients probe and retry while we start up
@@ -272,6 +322,14 @@ def _quote(path: Path) -> str:
     if '"' in text or "\n" in text:
         raise SshdStartError(f"path {text!r} cannot be written into an sshd_config")
     return f'"{text}"' if any(c.isspace() for c in text) else text
+
+
+def _write_authorized_keys(path: Path, ssh_keys_metadata: str) -> None:
+    lines = "".join(k.openssh_line + "\n" for k in parse_ssh_keys(ssh_keys_metadata))
+    # Written aside then renamed, so a login racing an update reads one whole file.
+    partial = path.with_name(path.name + ".new")
+    _write(partial, lines.encode(), 0o600)
+    os.replace(partial, path)
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:

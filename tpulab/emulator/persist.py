@@ -18,13 +18,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["StateFile"]
+from tpulab import errors as E
+
+__all__ = ["EmulatorStateError", "StateFile"]
 
 _VERSION = 1
 
 
 def _empty() -> dict[str, Any]:
     return {"version": _VERSION, "nodes": {}, "operations": {}, "next_id": 1}
+
+
+class EmulatorStateError(E.ConfigError):
+    """The state directory cannot be used: not a directory, or `state.json` unreadable.
+
+    Retrying never helps (the ticker used to log this 20 times a second), so whoever
+    meets it stops and shows the message, which names the file and what to do."""
 
 
 class StateFile:
@@ -38,17 +47,16 @@ class StateFile:
     @contextmanager
     def transaction(self) -> Iterator[dict[str, Any]]:
         """Yield the whole state; write it back (atomically) if the body changed it."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with self._thread_lock, open(self._lock_path, "a+") as lock:
+        self.ensure_dir()
+        try:
+            lock = open(self._lock_path, "a+")  # noqa: SIM115 (the with below closes it)
+        except OSError as error:
+            raise self._unusable(error, "lock") from None
+        with self._thread_lock, lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 before = self._read_text()
-                state = json.loads(before) if before else _empty()
-                if state.get("version") != _VERSION:
-                    raise RuntimeError(
-                        f"emulator state {self.path} has version {state.get('version')}, "
-                        f"expected {_VERSION}; remove the directory to start afresh"
-                    )
+                state = self._parse(before) if before else _empty()
                 yield state
                 after = json.dumps(state, sort_keys=True, indent=1)
                 if after != before:
@@ -56,17 +64,77 @@ class StateFile:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
+    def ensure_dir(self) -> None:
+        """Create the state directory, or say plainly why it cannot be one."""
+        if self.state_dir.exists() and not self.state_dir.is_dir():
+            raise EmulatorStateError(
+                f"The emulator state path {self.state_dir} is a file, not a directory.",
+                hint="Pass --state a directory (it is created if missing), or move the file.",
+            )
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise EmulatorStateError(
+                f"Cannot create the emulator state directory {self.state_dir}: "
+                f"{error.strerror or error}.",
+                hint="Pass --state a directory you can write to.",
+            ) from None
+
+    def _parse(self, text: str) -> dict[str, Any]:
+        afresh = (
+            f"Move {self.path} aside (or delete it) to start with an empty emulated cloud; "
+            "the nodes it recorded are then forgotten."
+        )
+        try:
+            state = json.loads(text)
+        except ValueError as error:
+            raise EmulatorStateError(
+                f"The emulator state file {self.path} is not valid JSON ({error}).",
+                hint=afresh,
+            ) from None
+        if not isinstance(state, dict) or not all(
+            isinstance(state.get(k), dict) for k in ("nodes", "operations")
+        ):
+            raise EmulatorStateError(
+                f"The emulator state file {self.path} is not an emulator state "
+                "(no 'nodes' and 'operations' maps).",
+                hint=afresh,
+            )
+        if state.get("version") != _VERSION:
+            raise EmulatorStateError(
+                f"The emulator state file {self.path} has version {state.get('version')!r}; "
+                f"this tpulab reads version {_VERSION}.",
+                hint=afresh,
+            )
+        return state
+
     def read(self) -> dict[str, Any]:
         with self.transaction() as state:
             return json.loads(json.dumps(state))  # type: ignore[no-any-return]
+
+    def _unusable(self, error: OSError, action: str) -> EmulatorStateError:
+        # An OSError here is about the state directory; left as it is, the CLI would
+        # blame the port it was about to listen on.
+        return EmulatorStateError(
+            f"Cannot {action} the emulator state in {self.state_dir}: {error.strerror or error}.",
+            hint="Pass --state a directory you can read and write.",
+        )
 
     def _read_text(self) -> str:
         try:
             return self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return ""
+        except OSError as error:  # e.g. state.json is a directory
+            raise self._unusable(error, "read") from None
 
     def _write_text(self, text: str) -> None:
+        try:
+            self._replace_file(text)
+        except OSError as error:
+            raise self._unusable(error, "write") from None
+
+    def _replace_file(self, text: str) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".json", dir=self.state_dir)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:

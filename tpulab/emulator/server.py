@@ -4,7 +4,9 @@ A stdlib `ThreadingHTTPServer` speaks the Cloud TPU v2 REST paths (DESIGN.md §5
 the state machine in `state.py`, persisted by `persist.py`. A background ticker applies
 time-based transitions and, when a node is READY, asks the `HostBackend` for an SSH
 server and publishes its host key and port as guest attributes. Admin endpoints under
-`/_emulator/` let another process inject faults and inspect state.
+`/_emulator/` let another process inject faults and inspect state. Every API request is
+also kept, as it arrived on the wire, in a bounded log (`Emulator.requests()`, `GET
+/_emulator/requests`): tests compare it with what `tpulab run --dry-run` says it sends.
 """
 
 from __future__ import annotations
@@ -18,14 +20,14 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, parse_qsl, unquote, urlsplit
 
 from tpulab.contract import (
     EMULATOR_SSH_PORT_ATTRIBUTE,
@@ -36,7 +38,7 @@ from tpulab.contract import (
 )
 from tpulab.emulator.faults import FaultPlan
 from tpulab.emulator.hosts import HostBackend
-from tpulab.emulator.persist import StateFile
+from tpulab.emulator.persist import EmulatorStateError, StateFile
 from tpulab.emulator.state import CloudState, node_json, node_key, operation_json, zone_or_403
 from tpulab.emulator.timing import Timing
 from tpulab.emulator.wire import ApiError, error_body
@@ -53,6 +55,8 @@ Handler = Callable[["_Request"], tuple[int, Record]]
 # an emulator that is no longer here (stopped, or its process died) gets a new one.
 _LIVE_OWNERS: set[str] = set()
 _LIVE_LOCK = threading.Lock()
+# Enough for any single run (a few hundred requests); old entries fall off the front.
+_REQUEST_LOG_SIZE = 10_000
 
 _P = r"(?P<project>[^/]+)"
 _Z = r"(?P<zone>[^/]+)"
@@ -65,6 +69,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("POST", r"/locations/" + _Z + r"/nodes", "create_node"),
         ("GET", r"/locations/" + _Z + r"/nodes/(?P<node>[^/:]+)", "get_node"),
         ("DELETE", r"/locations/" + _Z + r"/nodes/(?P<node>[^/:]+)", "delete_node"),
+        ("PATCH", r"/locations/" + _Z + r"/nodes/(?P<node>[^/:]+)", "update_node"),
         (
             "POST",
             r"/locations/" + _Z + r"/nodes/(?P<node>[^/:]+):getGuestAttributes",
@@ -123,6 +128,8 @@ class Emulator:
         self.timing = timing if timing is not None else Timing()
         self.faults = FaultPlan()
         self.calls: Counter[str] = Counter()
+        self._requests: deque[Record] = deque(maxlen=_REQUEST_LOG_SIZE)
+        self._requests_lock = threading.Lock()
         self._bind = (host, port)
         self._clock = clock
         self._file = StateFile(self.state_dir)
@@ -136,16 +143,28 @@ class Emulator:
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
         self.url = ""
-        faults_file = self.state_dir / "faults.json"
-        if faults_file.is_file():
+        self.failure: EmulatorStateError | None = None
+        """Set when the state on disk became unusable while serving; the owner stops."""
+        self._seed_faults(self.state_dir / "faults.json")
+
+    def _seed_faults(self, faults_file: Path) -> None:
+        if not faults_file.is_file():
+            return
+        try:
             self.faults.update(json.loads(faults_file.read_text(encoding="utf-8")))
+        except ValueError as error:
+            raise EmulatorStateError(
+                f"The emulator faults file {faults_file} is not a valid fault plan ({error}).",
+                hint="Fix it (field names as GET /_emulator/faults shows) or delete it.",
+            ) from None
 
     # -- lifecycle -------------------------------------------------------------------
 
     def start(self) -> str:
         if self._server is not None:
             return self.url
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._file.read()  # an unusable state directory fails here, before anything runs
+        self.failure = None
         with _LIVE_LOCK:
             _LIVE_OWNERS.add(self._owner)
         self._stopping.clear()
@@ -153,7 +172,7 @@ class Emulator:
         server.daemon_threads = True
         self._server = server
         host, port = server.server_address[:2]
-        self.url = f"http://{host!s}:{port}"
+        self.url = f"http://{_reachable(str(host))}:{port}"
         serve = threading.Thread(
             target=server.serve_forever,
             kwargs={"poll_interval": 0.05},  # so stop() returns promptly
@@ -188,7 +207,9 @@ class Emulator:
             owned, self._hosts = set(self._hosts), set()
         for key in owned:
             self._stop_host(key)
-        with self._file.transaction() as data:
+        # A state file that went bad cannot record that our hosts are gone; the next
+        # emulator restarts them anyway (their owner is no longer alive).
+        with suppress(EmulatorStateError), self._file.transaction() as data:
             for key in owned:
                 node = data["nodes"].get(key)
                 if node is not None and (node.get("host") or {}).get("owner") == self._owner:
@@ -222,6 +243,18 @@ class Emulator:
     def sandbox(self, project: str, zone: str, node: str) -> Path:
         return self.state_dir / "sandboxes" / project / zone / node
 
+    def requests(self) -> list[Record]:
+        """The API requests received so far, oldest first, as they arrived on the wire:
+        `method`, `path` (percent-decoded), `query` (decoded [name, value] pairs in the
+        order sent) and `body` (the parsed JSON object, None when there was none).
+        Admin calls under /_emulator/ are not API requests and are not logged."""
+        with self._requests_lock:
+            return json.loads(json.dumps(list(self._requests)))  # type: ignore[no-any-return]
+
+    def clear_requests(self) -> None:
+        with self._requests_lock:
+            self._requests.clear()
+
     # -- state and hosts -------------------------------------------------------------
 
     @contextmanager
@@ -249,6 +282,11 @@ class Emulator:
                 return
             try:
                 self.tick()
+            except EmulatorStateError as error:
+                # Every further tick would fail the same way: say it once and stop.
+                log.error("%s %s", error, error.hint)
+                self.failure = error
+                return
             except Exception:
                 log.exception("emulator tick failed")
 
@@ -256,10 +294,15 @@ class Emulator:
         """Apply due transitions, then start or stop SSH hosts to match node states."""
         to_start: list[Record] = []
         to_stop: list[str] = []
+        to_rekey: list[tuple[str, str]] = []
         with self._transaction() as cloud:
             for key, node in cloud.nodes.items():
                 host = node.get("host") or {}
                 mine = host.get("owner") == self._owner
+                ssh_keys = self._authorized_keys(node["metadata"])
+                if mine and "port" in host and host.get("ssh_keys") != ssh_keys:
+                    host["ssh_keys"] = ssh_keys  # UpdateNode (or OS Login) changed them
+                    to_rekey.append((key, ssh_keys))
                 if mine and node["state"] not in {"READY", "DELETING"}:
                     to_stop.append(key)
                     node["host"] = None
@@ -274,6 +317,8 @@ class Emulator:
                     to_start.append(dict(node))
         for key in to_stop:
             self._stop_host(key)
+        for key, ssh_keys in to_rekey:
+            self._rekey_host(key, ssh_keys)
         for node in to_start:
             self._start_host(node)
 
@@ -285,16 +330,24 @@ class Emulator:
             return ""
         return metadata.get(SSH_KEYS_METADATA, "")
 
+    def _rekey_host(self, key: str, ssh_keys: str) -> None:
+        assert self.host_backend is not None
+        try:
+            self.host_backend.update_keys(key, ssh_keys)
+        except Exception:
+            log.exception("could not give the SSH host of %s its new ssh-keys", key)
+
     def _start_host(self, node: Record) -> None:
         assert self.host_backend is not None
         key = node_key(node["project"], node["zone"], node["name"])
         sandbox = self.sandbox(node["project"], node["zone"], node["name"])
         sandbox.mkdir(parents=True, exist_ok=True)
+        ssh_keys = self._authorized_keys(node["metadata"])
         try:
             endpoint = self.host_backend.start(
                 key,
                 sandbox,
-                self._authorized_keys(node["metadata"]),
+                ssh_keys,
                 refuse_for=self.faults.ssh_refuse_for,
                 ensurepip_missing=self.faults.ensurepip_missing,
             )
@@ -316,9 +369,11 @@ class Emulator:
                     "owner": self._owner,
                     "host": endpoint.host,
                     "port": endpoint.port,
+                    "ssh_keys": ssh_keys,  # what it accepts; the ticker compares
                 }
+                # As the guest agent does: one `hostkeys/<type>` per key sshd serves.
                 current["guest_attributes"] = {
-                    f"{HOST_KEY_NAMESPACE}/{endpoint.host_key_type}": endpoint.host_key_b64,
+                    **{f"{HOST_KEY_NAMESPACE}/{t}": b64 for t, b64 in endpoint.host_keys.items()},
                     EMULATOR_SSH_PORT_ATTRIBUTE: str(endpoint.port),
                 }
                 login_user = getattr(self.host_backend, "login_user", None)
@@ -340,13 +395,24 @@ class Emulator:
 
     # -- request handling --------------------------------------------------------------
 
-    def handle(self, method: str, raw_path: str, body: Record) -> tuple[int, Record]:
-        """Answer one API request: (HTTP status, JSON body)."""
+    def handle(
+        self, method: str, raw_path: str, body: Record, *, has_body: bool = True
+    ) -> tuple[int, Record]:
+        """Answer one API request: (HTTP status, JSON body). `has_body` is False when
+        the request carried no body at all (the log tells that apart from `{}`)."""
         split = urlsplit(raw_path)
         path = unquote(split.path)
         query = parse_qs(split.query, keep_blank_values=True)
         if path.startswith("/_emulator/"):
             return self._admin(method, path, body)
+        entry: Record = {
+            "method": method,
+            "path": path,
+            "query": [list(pair) for pair in parse_qsl(split.query, keep_blank_values=True)],
+            "body": body if has_body else None,
+        }
+        with self._requests_lock:
+            self._requests.append(json.loads(json.dumps(entry)))
         for route_method, pattern, name in _ROUTES:
             match = pattern.match(path)
             if match and route_method == method:
@@ -438,6 +504,22 @@ class Emulator:
         self._wake.set()
         return 200, answer
 
+    def _api_update_node(self, request: _Request) -> tuple[int, Record]:
+        now = self._clock()
+        with self._transaction() as cloud:
+            operation = cloud.update_node(
+                request.project,
+                request.zone,
+                request.params["node"],
+                request.body,
+                request.arg("updateMask"),
+                now,
+            )
+            node = cloud.nodes.get(node_key(request.project, request.zone, operation["node"]))
+            answer = operation_json(operation, node, now=now, as_int=request.as_int)
+        self._wake.set()
+        return 200, answer
+
     def _api_get_guest_attributes(self, request: _Request) -> tuple[int, Record]:
         query_path = str(request.body.get("queryPath") or request.body.get("query_path") or "")
         with self._transaction() as cloud:
@@ -524,6 +606,11 @@ class Emulator:
             return 200, self.faults.to_dict()
         if path == "/_emulator/state" and method == "GET":
             return 200, {**self.snapshot(), "calls": dict(self.calls)}
+        if path == "/_emulator/requests" and method == "GET":
+            return 200, {"requests": self.requests()}
+        if path == "/_emulator/requests" and method == "DELETE":
+            self.clear_requests()
+            return 200, {}
         return 404, error_body(ApiError(404, "NOT_FOUND", f"No such admin call: {method} {path}"))
 
     # -- connection bookkeeping (so stop() can end keep-alive sessions) ----------------
@@ -538,6 +625,18 @@ class Emulator:
 
 def _location(project: str, zone: str) -> Record:
     return {"name": f"projects/{project}/locations/{zone}", "locationId": zone}
+
+
+def _reachable(bound: str) -> str:
+    """An address clients can connect to: a wildcard bind is reachable on loopback."""
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(bound, bound)
+    return f"[{host}]" if ":" in host else host
+
+
+def _refuse_constant(name: str) -> Any:
+    # json.loads accepts NaN and Infinity, which are not JSON; refuse them on input so
+    # they can never come back out (as the faults endpoint used to echo `Infinity`).
+    raise ValueError(f"{name} is not valid JSON")
 
 
 def _owner_alive(owner: str | None) -> bool:
@@ -578,7 +677,7 @@ def _make_handler(emulator: Emulator) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             try:
-                body = json.loads(raw) if raw.strip() else {}
+                body = json.loads(raw, parse_constant=_refuse_constant) if raw.strip() else {}
                 if not isinstance(body, dict):
                     raise ValueError("the request body must be a JSON object")
             except ValueError as bad:
@@ -588,14 +687,26 @@ def _make_handler(emulator: Emulator) -> type[BaseHTTPRequestHandler]:
                 )
             else:
                 try:
-                    status, answer = emulator.handle(self.command, self.path, body)
+                    status, answer = emulator.handle(
+                        self.command, self.path, body, has_body=bool(raw.strip())
+                    )
+                except EmulatorStateError as error:
+                    status, answer = 500, error_body(ApiError(500, "INTERNAL", str(error)))
                 except Exception as error:  # a bug in the emulator: say so on the wire
                     log.exception("emulator failed on %s %s", self.command, self.path)
                     status, answer = (
                         500,
                         error_body(ApiError(500, "INTERNAL", f"Emulator error: {error}")),
                     )
-            payload = json.dumps(answer).encode("utf-8")
+            try:
+                payload = json.dumps(answer, allow_nan=False).encode("utf-8")
+            except ValueError as error:  # NaN/inf set in-process (a test): still speak JSON
+                log.error(
+                    "emulator answer to %s %s is not JSON: %s", self.command, self.path, error
+                )
+                status = 500
+                refusal = ApiError(500, "INTERNAL", f"Emulator error: answer not JSON: {error}")
+                payload = json.dumps(error_body(refusal)).encode("utf-8")
             self.send_response(status)
             self.send_header("Content-Type", "application/json; charset=UTF-8")
             self.send_header("Content-Length", str(len(payload)))

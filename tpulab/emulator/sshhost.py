@@ -33,7 +33,7 @@ from tpulab.emulator.hostenv import (
     ImageEnv,
     ImageKind,
     kill_tagged,
-    new_host_key,
+    new_host_keys,
     new_node_tag,
     parse_ssh_keys,
     reserve_port,
@@ -108,11 +108,9 @@ class EmbeddedHostBackend:
 
         self.stop(node_key)  # a restart replaces the old server, never doubles it
         sandbox.mkdir(parents=True, exist_ok=True)
-        authorized: dict[str, set[bytes]] = {}
-        for entry in parse_ssh_keys(ssh_keys_metadata):
-            authorized.setdefault(entry.user, set()).add(_blob(entry.b64))
-        pair = new_host_key()
-        host_key = asyncssh.import_private_key(pair.private_openssh)
+        authorized = _authorized(ssh_keys_metadata)
+        pairs = new_host_keys()
+        host_keys = [asyncssh.import_private_key(pair.private_openssh) for pair in pairs]
         node = _Node(
             node_key, sandbox.resolve(), authorized, reserve_port(), new_node_tag(node_key)
         )
@@ -120,14 +118,21 @@ class EmbeddedHostBackend:
         port = node.sock.getsockname()[1]
         with self._lock:
             self._nodes[node_key] = node
-        self._call(self._open(node, host_key, refuse_for))
+        self._call(self._open(node, host_keys, refuse_for))
         log.info(
             "embedded ssh host for %s on 127.0.0.1:%d (listening in %.1fs)",
             node_key,
             port,
             refuse_for,
         )
-        return HostEndpoint("127.0.0.1", port, pair.key_type, pair.b64)
+        return HostEndpoint("127.0.0.1", port, {pair.key_type: pair.b64 for pair in pairs})
+
+    def update_keys(self, node_key: str, ssh_keys_metadata: str) -> None:
+        authorized = _authorized(ssh_keys_metadata)
+        with self._lock:
+            node = self._nodes.get(node_key)
+            if node is not None:
+                node.authorized = authorized  # one assignment: auth sees old or new, whole
 
     def stop(self, node_key: str) -> None:
         with self._lock:
@@ -153,18 +158,18 @@ class EmbeddedHostBackend:
     def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(_CALL_TIMEOUT)
 
-    async def _open(self, node: _Node, host_key: asyncssh.SSHKey, refuse_for: float) -> None:
+    async def _open(self, node: _Node, host_keys: list[asyncssh.SSHKey], refuse_for: float) -> None:
         if refuse_for <= 0:
-            await self._listen(node, host_key)
+            await self._listen(node, host_keys)
             return
 
         def later() -> None:
             node.pending = None
-            node.listening = asyncio.ensure_future(self._listen(node, host_key))
+            node.listening = asyncio.ensure_future(self._listen(node, host_keys))
 
         node.pending = asyncio.get_running_loop().call_later(refuse_for, later)
 
-    async def _listen(self, node: _Node, host_key: asyncssh.SSHKey) -> None:
+    async def _listen(self, node: _Node, host_keys: list[asyncssh.SSHKey]) -> None:
         import asyncssh
 
         backend = self
@@ -205,7 +210,7 @@ class EmbeddedHostBackend:
         node.acceptor = await asyncssh.listen(
             sock=node.sock,
             server_factory=_Server,
-            server_host_keys=[host_key],
+            server_host_keys=host_keys,  # each client gets the type it asks (pins) for
             process_factory=run_session,
             sftp_factory=lambda chan: _SandboxSFTP(chan),
             encoding=None,
@@ -300,6 +305,13 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncssh.SSHWriter[bytes])
         with contextlib.suppress(Exception):
             writer.write(chunk)
             await writer.drain()
+
+
+def _authorized(ssh_keys_metadata: str) -> dict[str, set[bytes]]:
+    authorized: dict[str, set[bytes]] = {}
+    for entry in parse_ssh_keys(ssh_keys_metadata):
+        authorized.setdefault(entry.user, set()).add(_blob(entry.b64))
+    return authorized
 
 
 def _blob(b64: str) -> bytes:

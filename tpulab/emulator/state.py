@@ -1,8 +1,9 @@
 """The emulated cloud's state machine over plain JSON records.
 
 Nodes go CREATING -> READY -> DELETING -> gone; spot nodes may turn PREEMPTED and stay
-listed until deleted. Transitions are computed from timestamps (`advance(now)`), so an
-emulator restarted on the same state carries on where the dead one stopped. This module
+listed until deleted. UpdateNode changes the masked fields when its operation ends.
+Transitions are computed from timestamps (`advance(now)`), so an emulator restarted on
+the same state carries on where the dead one stopped. This module
 knows nothing about HTTP or SSH: `server.py` feeds it requests and starts hosts.
 """
 
@@ -42,6 +43,18 @@ _CONFIG_FAMILY = {
     "V6E": ("v6e", 1),
 }
 _FAMILY_CONFIG = {family: name for name, (family, _) in _CONFIG_FAMILY.items()}
+# UpdateNode's updateMask paths (snake_case as gcloud sends them, camelCase as FieldMask
+# JSON has them) -> the node record field. gcloud's update hook builds exactly these
+# (command_lib/compute/tpus/tpu_vm/util.py GenerateUpdateMask), plus data_disks, which
+# the emulator has no disks to model.
+_UPDATE_MASK = {
+    "description": "description",
+    "labels": "labels",
+    "metadata": "metadata",
+    "tags": "tags",
+    "network_config.enable_external_ips": "external_ips",
+    "networkConfig.enableExternalIps": "external_ips",
+}
 
 
 def node_key(project: str, zone: str, name: str) -> str:
@@ -108,8 +121,13 @@ class CloudState:
                 node["health"] = "HEALTH_UNSPECIFIED"
             if state == "DELETING":
                 operation = self.operations.get(node["delete_op"])
+                if operation is not None and operation["done_at"] is None:
+                    if self.faults.delete_hangs:
+                        continue
+                    # The hang was cleared: the delete now runs its normal course.
+                    operation["done_at"] = now + self.timing.delete_seconds
                 done_at = operation["done_at"] if operation else now
-                if done_at is not None and now >= done_at:
+                if now >= done_at:
                     if operation is not None and operation["error"]:
                         node["state"] = node.pop("state_before_delete", "READY")
                         if node["ready_time"] is None:  # deleted while still CREATING
@@ -119,6 +137,13 @@ class CloudState:
                         gone.append(node)
         for name, operation in list(self.operations.items()):
             done_at = operation["done_at"]
+            if operation.get("changes") is not None and done_at is not None and now >= done_at:
+                target = self.nodes.get(
+                    node_key(operation["project"], operation["zone"], operation["node"])
+                )
+                if target is not None:
+                    target.update(operation["changes"])
+                operation["changes"] = None  # applied once
             if done_at is not None and now - done_at > _OP_RETENTION_SECONDS:
                 del self.operations[name]
         return gone
@@ -255,6 +280,43 @@ class CloudState:
         node["delete_op"] = operation["name"]
         return operation
 
+    def update_node(
+        self, project: str, zone: str, node_id: str, body: Record, mask: str, now: float
+    ) -> Record:
+        """UpdateNode: the masked fields of `body` (a Node) replace the node's when the
+        operation ends; fields outside the mask are ignored, as the API does."""
+        node = self.get_node(project, zone, node_id)
+        paths = [p.strip() for p in mask.split(",") if p.strip()]
+        if not paths:
+            raise ApiError(400, "INVALID_ARGUMENT", "updateMask is required: name the fields.")
+        unknown = [p for p in paths if p not in _UPDATE_MASK]
+        if unknown:
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f"Invalid updateMask path(s) {unknown}; the emulator can update "
+                "description, labels, metadata, tags, network_config.enable_external_ips.",
+            )
+        if node["state"] != "READY":
+            raise ApiError(
+                400,
+                "FAILED_PRECONDITION",
+                f"Node {node_id} is {node['state']}; only a READY node can be updated.",
+            )
+        pending = self.operations.get(node.get("update_op") or "")
+        if pending is not None and pending.get("changes") is not None:
+            # gcloud's `tpu-vm ssh` expects 409 while another UpdateNode is in flight.
+            raise ApiError(
+                409, "ABORTED", f"Node {node_id} is being updated by {pending['name']}; retry."
+            )
+        changes = {_UPDATE_MASK[p]: _update_value(_UPDATE_MASK[p], body) for p in paths}
+        operation = self._new_operation(
+            project, zone, node_id, "update", now, now + self.timing.update_seconds, None
+        )
+        operation["changes"] = changes
+        node["update_op"] = operation["name"]
+        return operation
+
     def guest_attributes(self, node: Record, query_path: str, now: float) -> dict[str, str]:
         ready_time = node.get("ready_time")
         if ready_time is None or now < ready_time + self.faults.guest_attributes_delay:
@@ -324,6 +386,20 @@ def _accelerator_type(body: Record) -> str:
     return "v2-8"  # the API's (and gcloud's) default type
 
 
+def _update_value(field: str, body: Record) -> Any:
+    if field == "external_ips":
+        network = body.get("networkConfig") or body.get("network_config") or {}
+        return bool(network.get("enableExternalIps", network.get("enable_external_ips", False)))
+    if field in {"labels", "metadata"}:
+        return _string_map(body.get(field), field)
+    if field == "tags":
+        tags = body.get("tags") or []
+        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+            raise ApiError(400, "INVALID_ARGUMENT", "Invalid value at 'node.tags': want strings.")
+        return list(tags)
+    return str(body.get(field) or "")
+
+
 def _string_map(value: Any, field: str) -> dict[str, str]:
     if value is None:
         return {}
@@ -369,6 +445,7 @@ def node_json(node: Record, *, as_int: bool) -> Record:
         "schedulingConfig": {"preemptible": node["preemptible"], "spot": node["spot"]},
         "labels": dict(node["labels"]),
         "metadata": dict(node["metadata"]),
+        **({"tags": list(node["tags"])} if node.get("tags") else {}),
         "id": node["id"],
         "apiVersion": enum_value(API_VERSIONS, "V2", as_int=as_int),
     }

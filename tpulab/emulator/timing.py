@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["Timing"]
@@ -13,6 +14,8 @@ class Timing:
     """CREATING -> READY (the create operation finishes at the same moment)."""
     delete_seconds: float = 1.0
     """DELETING -> gone (the delete operation finishes then)."""
+    update_seconds: float = 1.0
+    """How long an UpdateNode operation runs; its changes apply when it ends."""
     stockout_seconds: float = 0.5
     """How long a create operation runs before failing with a stockout."""
     tick_seconds: float = 0.05
@@ -21,13 +24,27 @@ class Timing:
     """Default and maximum list page size (the client may ask for less)."""
 
     def __post_init__(self) -> None:
-        for name in ("create_seconds", "delete_seconds", "stockout_seconds"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"Timing.{name} must be >= 0")
+        for name in (
+            "create_seconds",
+            "delete_seconds",
+            "update_seconds",
+            "stockout_seconds",
+            "tick_seconds",
+        ):
+            value = getattr(self, name)
+            # NaN compares false with everything, so `< 0` alone would let it through.
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value!r}")
         if self.tick_seconds <= 0 or self.page_size < 1:
             raise ValueError("Timing.tick_seconds must be > 0 and page_size >= 1")
 
     @classmethod
     def fast(cls) -> Timing:
         """The timing tests use: every transition within a fraction of a second."""
-        return cls(create_seconds=0.2, delete_seconds=0.1, stockout_seconds=0.1, tick_seconds=0.02)
+        return cls(
+            create_seconds=0.2,
+            delete_seconds=0.1,
+            update_seconds=0.1,
+            stockout_seconds=0.1,
+            tick_seconds=0.02,
+        )

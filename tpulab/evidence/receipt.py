@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tpulab import catalog
 from tpulab.errors import ConfigError, RequirementFailure, VerificationError
+from tpulab.models import PLATFORMS
 
 __all__ = [
     "MAX_RECEIPT_BYTES",
@@ -49,13 +50,13 @@ __all__ = [
     "parse_receipt",
     "read_receipt_file",
     "receipt_digest",
+    "rejection",
     "verify_raw",
     "verify_receipt",
 ]
 
 MAX_RECEIPT_BYTES = 1024 * 1024
 Platform = Literal["cpu", "tpu", "gpu"]
-PLATFORMS: tuple[str, ...] = ("cpu", "tpu", "gpu")
 _ROW_WIDTH = 8
 _MAX_SCHEMA_PROBLEMS = 20
 
@@ -258,7 +259,7 @@ class Expectation:
     local_devices: int
     nonce: str
     emulated: bool = False
-    accelerator: str | None = None
+    accelerator_type: str | None = None
     tolerance: float = 1e-5
 
     def __post_init__(self) -> None:
@@ -283,38 +284,10 @@ class Expectation:
                 f"Invalid tolerance {self.tolerance}.", hint="Use a small positive number."
             )
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form, kept beside stored receipts so they can be re-checked later."""
-        return {
-            "platform": self.platform,
-            "local_devices": self.local_devices,
-            "nonce": self.nonce,
-            "emulated": self.emulated,
-            "accelerator": self.accelerator,
-            "tolerance": self.tolerance,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Expectation:
-        """Inverse of to_dict; ConfigError if the record is not one."""
-        try:
-            return cls(
-                platform=str(data["platform"]),
-                local_devices=int(data["local_devices"]),
-                nonce=str(data["nonce"]),
-                emulated=bool(data["emulated"]),
-                accelerator=None if data.get("accelerator") is None else str(data["accelerator"]),
-                tolerance=float(data.get("tolerance", 1e-5)),
-            )
-        except (KeyError, TypeError, ValueError) as error:
-            raise ConfigError(
-                f"Not a stored expectation ({error}).", hint="The sidecar file was altered."
-            ) from None
-
     def describe(self) -> str:
         what = f"{self.local_devices} {self.platform} device(s)"
-        if self.accelerator:
-            what += f" of {self.accelerator}"
+        if self.accelerator_type:
+            what += f" of {self.accelerator_type}"
         return what + (" (EMULATED)" if self.emulated else "")
 
 
@@ -326,7 +299,7 @@ def expectation_for(accelerator: str, *, emulated: bool, nonce: str) -> Expectat
         local_devices=entry.devices_per_host,
         nonce=nonce,
         emulated=emulated,
-        accelerator=entry.name,
+        accelerator_type=entry.name,
     )
 
 
@@ -342,9 +315,10 @@ def expected_predictions(bias: Fraction = Fraction(1, 8)) -> list[float]:
     return [float(sum(x * w for x, w in zip(row, weights, strict=True)) + bias) for row in rows]
 
 
-@dataclass(frozen=True)
-class RequirementResult:
+class RequirementResult(BaseModel):
     """One named requirement, passed or not, with both sides as text for the report."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
     passed: bool
@@ -353,14 +327,6 @@ class RequirementResult:
 
     def failure(self) -> RequirementFailure:
         return RequirementFailure(self.name, self.expected, self.observed)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "passed": self.passed,
-            "expected": self.expected,
-            "observed": self.observed,
-        }
 
 
 def _num(value: float) -> str:
@@ -384,7 +350,9 @@ class _Checks:
         self.results: list[RequirementResult] = []
 
     def add(self, name: str, passed: bool, expected: str, observed: str) -> None:
-        self.results.append(RequirementResult(name, passed, expected, observed))
+        self.results.append(
+            RequirementResult(name=name, passed=passed, expected=expected, observed=observed)
+        )
 
     def platforms(self, name: str, observed: Sequence[str], platform: str) -> None:
         self.add(name, list(observed) == [platform], platform, ", ".join(observed) or "none")
@@ -534,9 +502,11 @@ def check_receipt(receipt: Receipt, expectation: Expectation) -> list[Requiremen
     return [r.failure() for r in evaluate_receipt(receipt, expectation) if not r.passed]
 
 
-def _rejection(
-    receipt: Receipt, expectation: Expectation, failures: list[RequirementFailure]
+def rejection(
+    receipt: Receipt, expectation: Expectation, failures: Sequence[RequirementFailure]
 ) -> VerificationError:
+    """The error for a parsed receipt whose `failures` (all of them, already checked)
+    keep it from proving the run; a payload that could not reach JAX says so first."""
     error = receipt.error
     if not receipt.ok and error is not None and error.phase in ("import", "backend"):
         platform = expectation.platform.upper()
@@ -566,7 +536,7 @@ def verify_receipt(receipt: Receipt, expectation: Expectation) -> None:
     """Raise VerificationError naming every failed requirement; return if all hold."""
     failures = check_receipt(receipt, expectation)
     if failures:
-        raise _rejection(receipt, expectation, failures)
+        raise rejection(receipt, expectation, failures)
 
 
 def verify_raw(data: bytes, expectation: Expectation) -> Receipt:

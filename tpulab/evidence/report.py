@@ -1,38 +1,49 @@
 """Reports about receipts, as data: styled lines for the terminal and JSON envelopes.
 
 Nothing here prints and nothing imports rich: a report is a list of lines, each a list of
-(text, style) segments whose style names are rich's ("green", "bold red", ""). `cli.py`
-turns them into terminal output; tests read them as plain text.
+(text, style) segments whose style names are rich's ("green", "bold red", ""). `cli/`
+turns them into terminal output; tests read them as plain text. The `--json` outputs of
+`verify --local` and `receipts list|show` are the Envelope models at the end.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from tpulab import catalog
+from tpulab.envelope import Envelope
+from tpulab.evidence.judge import Judgement, Verdict
 from tpulab.evidence.receipt import (
     Expectation,
     Receipt,
     RequirementResult,
     expected_per_device_sums,
 )
-from tpulab.evidence.store import StoredReceipt
+from tpulab.evidence.store import Integrity, KeptReceipt, Provenance, Recheck, Source
 
 __all__ = [
-    "ENVELOPE_SCHEMA_VERSION",
     "Line",
+    "LocalPayload",
+    "ReceiptEntry",
+    "ReceiptsListEnvelope",
+    "ReceiptsShowEnvelope",
+    "VerifyEnvelope",
     "bar_chart",
-    "envelope",
     "plain",
+    "receipt_document",
     "receipt_lines",
     "receipts_table",
+    "recheck_lines",
     "requirement_lines",
     "stored_lines",
     "verdict_line",
 ]
 
-ENVELOPE_SCHEMA_VERSION = 1
 Line = list[tuple[str, str]]
 _BLOCKS = " ▏▎▍▌▋▊▉█"
 # The payload's phases in the order they run (its JSON sorts keys alphabetically).
@@ -193,43 +204,190 @@ def requirement_lines(results: Sequence[RequirementResult]) -> list[Line]:
     return lines
 
 
-def verdict_line(results: Sequence[RequirementResult], expectation: Expectation) -> Line:
-    failed = sum(not r.passed for r in results)
-    if results and not failed:
-        return [
-            ("VERIFIED", "bold green"),
-            (f": {expectation.describe()}, {len(results)} requirements hold", ""),
-        ]
-    return [
-        ("REJECTED", "bold red"),
-        (f": {failed} of {len(results)} requirements failed for {expectation.describe()}", ""),
-    ]
+def _verdict_style(verdict: Verdict) -> str:
+    return "bold green" if verdict is Verdict.VERIFIED else "bold red"
 
 
-def stored_lines(stored: StoredReceipt) -> list[Line]:
-    return [[("receipt kept: ", "dim"), (stored.id, "bold"), (f"  {stored.path}", "dim")]]
+def verdict_line(judgement: Judgement, expectation: Expectation) -> Line:
+    """The verdict, spelled from the Verdict enum, with what it is about."""
+    verdict = judgement.verdict
+    shown = str(verdict).upper()
+    total = len(judgement.requirements)
+    if verdict is Verdict.VERIFIED:
+        detail = f": {expectation.describe()}, {total} requirements hold"
+    elif verdict is Verdict.REJECTED:
+        failed = len(judgement.failures)
+        detail = f": {failed} of {total} requirements failed for {expectation.describe()}"
+    else:
+        detail = f": {judgement.unreadable_reason}"
+    return [(shown, _verdict_style(verdict)), (detail, "")]
 
 
-def receipts_table(kept: Sequence[StoredReceipt]) -> list[Line]:
+def stored_lines(kept: KeptReceipt) -> list[Line]:
+    return [[("receipt kept: ", "dim"), (kept.id, "bold"), (f"  {kept.path}", "dim")]]
+
+
+def _state(entry: KeptReceipt) -> tuple[str, str]:
+    """The VERDICT column: the kept verdict when intact, else what is wrong with it."""
+    if entry.integrity is Integrity.INTACT and entry.record is not None:
+        verdict = entry.record.judgement.verdict
+        return str(verdict), "green" if verdict is Verdict.VERIFIED else "red"
+    return str(entry.integrity).upper(), "bold red"
+
+
+def receipts_table(kept: Sequence[KeptReceipt]) -> list[Line]:
     if not kept:
         return [[("No receipts kept yet. `tpulab verify --local` makes one.", "dim")]]
     id_width = max(len(r.id) for r in kept)
     lines: list[Line] = [
-        [(f"{'ID':<{id_width}}  {'VERDICT':<10} {'ACCELERATOR':<14} {'MODE':<9} RUN", "bold")]
+        [(f"{'ID':<{id_width}}  {'VERDICT':<10} {'ACCELERATOR':<14} {'SOURCE':<9} RUN", "bold")]
     ]
-    for r in kept:
-        style = "green" if r.verdict == "verified" else "red"
-        mode = "emulated" if r.emulated else str(r.meta.get("source") or "real")
+    for entry in kept:
+        text, style = _state(entry)
+        origin = entry.record.provenance if entry.record else None
+        accelerator = (origin.accelerator_type if origin else None) or "-"
+        source = "-" if origin is None else str(origin.source)
+        if origin is not None and origin.emulated:
+            source += "*"
         lines.append(
             [
-                (f"{r.id:<{id_width}}  ", ""),
-                (f"{r.verdict:<10} ", style),
-                (f"{r.accelerator or '-':<14} {mode:<9} {r.run_id or '-'}", ""),
+                (f"{entry.id:<{id_width}}  ", ""),
+                (f"{text:<10} ", style),
+                (f"{accelerator:<14} {source:<9} {(origin.run_id if origin else None) or '-'}", ""),
             ]
         )
+    problems = [entry for entry in kept if entry.problem]
+    for entry in problems:
+        lines.append([(f"  {entry.id}: ", "bold red"), (str(entry.problem), "red")])
+    if any(e.record and e.record.provenance.emulated for e in kept):
+        lines.append([("  * emulated: CPU devices stood in for a TPU", "dim")])
     return lines
 
 
-def envelope(command: str, *, ok: bool, **fields: Any) -> dict[str, Any]:
-    """The versioned JSON result every `--json` output is wrapped in."""
-    return {"schema_version": ENVELOPE_SCHEMA_VERSION, "command": command, "ok": ok, **fields}
+def _provenance_text(origin: Provenance) -> str:
+    parts = [f"from {origin.source}"]
+    if origin.run_id:
+        parts.append(f"run {origin.run_id}")
+    if origin.node_name:
+        parts.append(f"node {origin.node_name}")
+    if origin.zone:
+        parts.append(f"zone {origin.zone}")
+    parts.append(f"accelerator {origin.accelerator_type or '-'}")
+    if origin.payload_exit_status is not None:
+        parts.append(f"payload exit {origin.payload_exit_status}")
+    return ", ".join(parts)
+
+
+def recheck_lines(checked: Recheck) -> list[Line]:
+    """`receipts show`: where the receipt came from, its integrity, and the verdict now."""
+    entry, record, judgement = checked.entry, checked.record, checked.judgement
+    lines: list[Line] = [
+        [("receipt ", "dim"), (entry.id, "bold"), (f"  {judgement.verdict}", "bold")],
+        [("  kept ", "dim"), (f"{record.kept_at.isoformat()}  {entry.path}", "")],
+        [("  ", ""), (_provenance_text(record.provenance), "")],
+    ]
+    if entry.integrity is not Integrity.INTACT:
+        lines.append(
+            [(f"  {str(entry.integrity).upper()}: ", "bold red"), (f"{entry.problem}", "red")]
+        )
+    kept_verdict = record.judgement.verdict
+    if kept_verdict is not judgement.verdict:
+        lines.append(
+            [
+                ("  kept as ", "dim"),
+                (str(kept_verdict), _verdict_style(kept_verdict)),
+                (", judged again now: ", "dim"),
+                (str(judgement.verdict), _verdict_style(judgement.verdict)),
+            ]
+        )
+    receipt = judgement.receipt
+    if receipt is not None:
+        lines += receipt_lines(receipt, record.expectation)
+    lines += requirement_lines(judgement.requirements)
+    lines.append(verdict_line(judgement, record.expectation))
+    if entry.integrity is Integrity.TAMPERED:
+        lines.append([("ALTERED AFTER IT WAS KEPT: this receipt proves nothing", "bold red")])
+    return lines
+
+
+def receipt_document(raw: bytes) -> dict[str, Any] | None:
+    """The receipt as JSON for an envelope; None when the bytes are not a JSON object."""
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        return None
+    return document if isinstance(document, dict) else None
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReceiptEntry(_Part):
+    """One kept receipt as listed: its verdict as kept and whether it is still intact."""
+
+    id: str
+    integrity: Integrity
+    verdict: Verdict | None  # as judged when kept; None when the record is damaged
+    kept_at: datetime
+    source: Source | None
+    run_id: str | None
+    accelerator_type: str | None
+    emulated: bool | None
+    path: str
+    problem: str | None
+
+    @classmethod
+    def of(cls, entry: KeptReceipt) -> ReceiptEntry:
+        record = entry.record
+        origin = record.provenance if record else None
+        return cls(
+            id=entry.id,
+            integrity=entry.integrity,
+            verdict=record.judgement.verdict if record else None,
+            kept_at=entry.kept_at,
+            source=origin.source if origin else None,
+            run_id=origin.run_id if origin else None,
+            accelerator_type=origin.accelerator_type if origin else None,
+            emulated=origin.emulated if origin else None,
+            path=str(entry.path),
+            problem=entry.problem,
+        )
+
+
+class ReceiptsListEnvelope(Envelope):
+    """`tpulab receipts list --json`: every kept receipt, newest first."""
+
+    command: Literal["receipts list"] = "receipts list"
+    receipts: list[ReceiptEntry] = Field(default_factory=list)
+
+
+class ReceiptsShowEnvelope(Envelope):
+    """`tpulab receipts show ID --json`: one receipt, re-judged now; ok only when its
+    bytes are intact AND it verifies."""
+
+    command: Literal["receipts show"] = "receipts show"
+    receipt_entry: ReceiptEntry | None = None
+    expectation: Expectation | None = None
+    provenance: Provenance | None = None
+    kept_judgement: Judgement | None = None
+    judgement: Judgement | None = None
+    receipt: dict[str, Any] | None = None
+
+
+class LocalPayload(_Part):
+    exit_status: int
+    duration_seconds: float
+
+
+class VerifyEnvelope(Envelope):
+    """`tpulab verify --local --json`: the local payload run, judged and kept."""
+
+    command: Literal["verify"] = "verify"
+    verdict: Verdict | None = None
+    expectation: Expectation | None = None
+    judgement: Judgement | None = None
+    receipt_id: str | None = None
+    receipt_path: str | None = None
+    payload: LocalPayload | None = None
+    receipt: dict[str, Any] | None = None

@@ -5,7 +5,7 @@ Why not the image's python: TPU VM images are Ubuntu 22.04 with Python 3.10, and
 0.6.2. Like MaxText, the venv gets a uv-managed Python (`uv venv --python 3.12`); the
 request ("3.12", ">=3.11" or "system" for the image's own) is chosen in config.
 
-Steps, each one remote command (so `--dry-run` can print them and tests can run them):
+Steps, each one remote command (`--dry-run` records them as the run sends them):
 
 1. `uv`: find uv (PATH, then `~/.local/bin`) or install it user-level with the image's
    `python3 -m pip install --user uv`. When that is impossible the venv falls back to
@@ -30,7 +30,6 @@ parameters ("$@"), never pasted into the shell text.
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,17 +41,19 @@ from tpulab.errors import CommandFailedError, RemoteError
 
 __all__ = [
     "INSTALLERS",
+    "INSTALLER_MARKER",
     "LAB_DIR",
     "RECEIPT_PATH",
     "STAGED_PAYLOAD",
     "SYSTEM_PYTHON",
     "VENV_DIR",
+    "VENV_MARKER",
     "VENV_PYTHON",
+    "VERSIONS_MARKER",
     "BootstrapResult",
     "CommandResult",
     "RemoteShell",
     "bootstrap",
-    "describe",
     "install_command",
     "needs_uv",
     "probe_command",
@@ -70,9 +71,10 @@ STAGED_PAYLOAD = f"{LAB_DIR}/verify_tpu.py"
 RECEIPT_PATH = f"{LAB_DIR}/receipt.json"
 Installer = Literal["uv", "pip"]
 INSTALLERS: tuple[Installer, ...] = ("uv", "pip")
-_VERSIONS_PREFIX = "TPULAB_VERSIONS "
-_VENV_PREFIX = "TPULAB_VENV "
-_INSTALLER_PREFIX = "TPULAB_INSTALLER "
+# The lines by which the remote scripts report back (the dry run answers with them too).
+VERSIONS_MARKER = "TPULAB_VERSIONS "
+VENV_MARKER = "TPULAB_VENV "
+INSTALLER_MARKER = "TPULAB_INSTALLER "
 _UV_PREFIX = "TPULAB_UV "
 _NOTE_PREFIX = "TPULAB_NOTE "
 _IMAGE_PREFIX = "TPULAB_IMAGE "
@@ -116,7 +118,7 @@ _UV_SCRIPT = (
     + r"""
 if [ -n "$uv" ] && "$uv" --version >/dev/null 2>&1; then echo "TPULAB_UV found $uv"; exit 0; fi
 if ! python3 -m pip --version >/dev/null 2>&1; then
-  echo "TPULAB_UV none (the image's python3 has no pip to install uv with)"; exit 0
+  echo "TPULAB_UV none (the image python3 has no pip to install uv with)"; exit 0
 fi
 # Ubuntu 22.04's pip needs no flag; a PEP 668 image (24.04) refuses without one.
 if python3 -m pip install -q --user uv >&2 ||
@@ -147,17 +149,17 @@ lab=$1; venv=$2; want=$3; prefer=$4
 """
     + _FIND_UV
     + r"""
-image=$(python3 -c 'import platform; print(platform.python_version())' 2>/dev/null) || image=""
+image=$(python3 -c "import platform; print(platform.python_version())" 2>/dev/null) || image=""
 echo "TPULAB_IMAGE python3 ${image:-missing}"
 kind=$(printenv "$kind_var") && echo "TPULAB_IMAGE_KIND $kind"
 target=$want
 if [ "$want" = system ] || [ -z "$uv" ]; then
   if [ "$want" != system ]; then
     echo "uv is not available, so python $want cannot be provided; falling back to" \
-      "the image's python3 ${image:-?} (expect an older jax)" >&2
-    echo "TPULAB_NOTE uv unavailable: the image's python3 ${image:-?} instead of python $want"
+      "the image python3 ${image:-?} (expect an older jax)" >&2
+    echo "TPULAB_NOTE uv unavailable: the image python3 ${image:-?} instead of python $want"
   fi
-  target=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])') || target=none
+  target=$(python3 -c "import sys; print(*sys.version_info[:2], sep=chr(46))") || target=none
 fi
 if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "$matches" "$target" 2>/dev/null; then
   echo "TPULAB_VENV existing"; exit 0
@@ -177,7 +179,7 @@ if [ "$prefer" = uv ] && [ -n "$uv" ]; then
   rm -rf "$venv"
 fi
 if out=$(python3 -m venv "$venv" 2>&1); then echo "TPULAB_VENV python3 -m venv"; exit 0; fi
-printf '%s\n' "$out" >&2
+printf "%s\n" "$out" >&2
 rm -rf "$venv"
 case "$out" in *ensurepip*) ;; *) exit 31 ;; esac
 echo "python3 -m venv failed because ensurepip is not available; trying fallbacks" >&2
@@ -187,10 +189,10 @@ fi
 rm -rf "$venv"
 # The image's own pip (python3-pip) can seed a pip-less venv: run as a directory it is
 # a self-contained installer, so no download of get-pip is needed.
-pipdir=$(python3 -c 'import os, pip; print(os.path.dirname(pip.__file__))' 2>/dev/null) || pipdir=""
+pipdir=$(python3 -c "import os, pip; print(os.path.dirname(pip.__file__))" 2>/dev/null) || pipdir=""
 if [ -n "$pipdir" ] && python3 -m venv --without-pip "$venv" >&2; then
   if "$venv/bin/python" "$pipdir" install -q pip >&2; then
-    echo "TPULAB_VENV venv --without-pip + the image's pip (ensurepip missing)"; exit 0
+    echo "TPULAB_VENV venv --without-pip + the image pip (ensurepip missing)"; exit 0
   fi
 fi
 rm -rf "$venv"
@@ -244,7 +246,7 @@ _PROBE = (
     "found = {n: v(n) for n in ('jax', 'jaxlib', 'numpy')}\n"
     "found['libtpu'] = v('libtpu') or v('libtpu-nightly')\n"
     "found['python'] = platform.python_version()\n"
-    f"print({_VERSIONS_PREFIX!r} + json.dumps(found, sort_keys=True))\n"
+    f"print({VERSIONS_MARKER!r} + json.dumps(found, sort_keys=True))\n"
 )
 
 
@@ -294,15 +296,6 @@ def install_command(
     ]
 
 
-def describe(argv: Sequence[str]) -> str:
-    """A short human form of a command for the plan (scripts elided, not the arguments)."""
-    if len(argv) > 2 and argv[0] == "sh" and argv[1] == "-c":
-        return "sh -c <script> " + shlex.join(argv[4:])
-    if len(argv) > 2 and argv[1] == "-c":
-        return f"{argv[0]} -c <probe>"
-    return shlex.join(argv)
-
-
 @dataclass
 class BootstrapResult:
     venv_path: str  # how the venv came to be: "existing", "uv venv --python 3.12"...
@@ -344,7 +337,7 @@ def _missing(
 
 def _probe(shell: RemoteShell, timeout: float) -> dict[str, str | None]:
     result = shell.run(probe_command(), timeout=timeout)
-    found = _marker(result.stdout, _VERSIONS_PREFIX)
+    found = _marker(result.stdout, VERSIONS_MARKER)
     if result.exit_status != 0 or found is None:
         raise CommandFailedError(
             "The venv's python could not report its packages.",
@@ -391,7 +384,7 @@ def bootstrap(
         result.uv = _marker(found.stdout, _UV_PREFIX) or "none (the uv step said nothing)"
         tell(f"uv: {result.uv}")
     made = shell.run(venv_command(installer, python), timeout=left(), on_line=on_line)
-    venv_path = _marker(made.stdout, _VENV_PREFIX)
+    venv_path = _marker(made.stdout, VENV_MARKER)
     result.image_python = (_marker(made.stdout, _IMAGE_PREFIX) or "").removeprefix("python3 ")
     result.image_kind = _marker(made.stdout, _IMAGE_KIND_PREFIX)
     result.notes = _markers(made.stdout, _NOTE_PREFIX)
@@ -425,7 +418,7 @@ def bootstrap(
     done = shell.run(
         install_command(platform, installer, jax_version), timeout=left(), on_line=on_line
     )
-    used = _marker(done.stdout, _INSTALLER_PREFIX) or installer
+    used = _marker(done.stdout, INSTALLER_MARKER) or installer
     if done.exit_status != 0:
         raise CommandFailedError(
             f"Installing {wanted} with {used} failed (exit {done.exit_status}).",

@@ -8,7 +8,6 @@ device count forced to what the accelerator would show.
 
 from __future__ import annotations
 
-import shlex
 import string
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,7 +22,6 @@ __all__ = [
     "merged_env",
     "payload_command",
     "payload_env",
-    "remote_command",
 ]
 
 PAYLOAD_NAME = "verify_tpu.py"
@@ -85,24 +83,6 @@ def payload_env(platform: str, devices: int) -> dict[str, str]:
     if platform == "cpu":
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     return env
-
-
-def remote_command(
-    python: str,
-    payload: str,
-    *,
-    platform: str,
-    devices: int,
-    nonce: str,
-    out: str,
-    emulated: bool,
-) -> str:
-    """One shell line for a remote host: `env K=V ... python payload ...`, all quoted."""
-    env = [f"{key}={value}" for key, value in sorted(payload_env(platform, devices).items())]
-    argv = payload_command(
-        python, payload, platform=platform, nonce=nonce, out=out, emulated=emulated
-    )
-    return shlex.join(["env", *env, *argv])
 
 
 def extract_receipt_line(output: bytes | str) -> bytes | None:

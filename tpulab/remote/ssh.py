@@ -54,6 +54,7 @@ from tpulab.errors import (
     TpuBusyError,
     TpuLabError,
 )
+from tpulab.remote.cmdline import SHA256_TIMEOUT, remote_command, remote_path, sha256_command
 from tpulab.remote.keys import (
     HOST_KEY_ATTRIBUTE,
     HostKey,
@@ -85,12 +86,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_TPU_BUSY_RE = re.compile(
-    r"TPU is already in use by process|/dev/vfio/\S*:? Device or resource busy|"
-    r"open\(/dev/vfio/\S*\) failed[^\n]*busy",
-    re.IGNORECASE,
-)
 _CHUNK = 32 * 1024
 _TAIL = 2000
 
@@ -110,40 +105,6 @@ class RunResult:
     @property
     def output_tail(self) -> str:
         return (self.stdout + self.stderr)[-_TAIL:]
-
-
-def remote_command(
-    argv: Sequence[str] | str,
-    *,
-    env: Mapping[str, str] | None = None,
-    timeout: float | None = None,
-) -> str:
-    """The exact string the remote shell receives.
-
-    A list is joined with `shlex.join`, so each element is one argument whatever it
-    contains; a plain string is taken as a shell snippet written by tpulab itself. `env`
-    becomes `export K=V;` (quoted) because servers commonly refuse SSH setenv requests.
-    """
-    if isinstance(argv, str):
-        if not argv.strip():
-            raise ConfigError("Empty remote command")
-        inner = argv
-    else:
-        if not argv:
-            raise ConfigError("Empty remote command")
-        inner = shlex.join(argv)
-    for name, value in (env or {}).items():
-        if not _ENV_NAME_RE.fullmatch(name):
-            raise ConfigError(f"Environment variable name {name!r} is not valid for a shell")
-        if "\0" in value:
-            raise ConfigError(f"Environment variable {name} contains a NUL byte")
-    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
-    inner = exports + inner
-    if timeout is None:
-        return inner
-    if timeout <= 0:
-        raise ConfigError(f"Remote command timeout must be positive, got {timeout}")
-    return f"timeout --signal=KILL {timeout:.3f} /bin/sh -c {shlex.quote(inner)}"
 
 
 class _LineSplitter:
@@ -425,7 +386,8 @@ class Connection:
                 hint="The VM may have been preempted or rebooted; check its state.",
             )
         if check and status != 0:
-            cls = TpuBusyError if _TPU_BUSY_RE.search(result.output_tail) else CommandFailedError
+            busy = TpuBusyError.evidence_in(result.output_tail)
+            cls = TpuBusyError if busy else CommandFailedError
             raise cls(
                 f"{shown!r} on {self.target} exited with status {status}",
                 exit_status=status,
@@ -502,21 +464,13 @@ class Connection:
 
     def remote_path(self, remote: str) -> str:
         """Resolve `~`, `~/x` and relative paths against the SFTP home directory."""
-        if not remote or "\0" in remote:
-            raise ConfigError(f"Remote path {remote!r} is empty or contains NUL")
+        remote_path(".", remote)  # refuse a bad path before opening SFTP for it
         self._sftp_client()
         assert self._home is not None
-        if remote == "~":
-            return self._home
-        if remote.startswith("~/"):
-            remote = remote[2:]
-        elif remote.startswith("~"):
-            raise ConfigError(f"Remote path {remote!r}: only '~' and '~/...' are supported")
-        return str(PurePosixPath(self._home, remote))
+        return remote_path(self._home, remote)
 
     def _remote_sha256(self, path: str) -> str:
-        # Hash stdin, not a named file: sha256sum escapes names holding "\\" or newlines.
-        result = self.run(f"sha256sum < {shlex.quote(path)}", timeout=120, check=True)
+        result = self.run(sha256_command(path), timeout=SHA256_TIMEOUT, check=True)
         digest = result.stdout.split(maxsplit=1)[0] if result.stdout else ""
         if not re.fullmatch(r"[0-9a-f]{64}", digest):
             raise RemoteError(f"sha256sum on {self.target} printed {result.stdout[:80]!r}")

@@ -12,7 +12,9 @@ delete is sent; success needs a verified receipt AND a confirmed teardown; a tea
 that cannot be confirmed raises TeardownError, which outranks every other failure.
 
 The seams are arguments: `api` (a TpuApi: Google or an emulator), `connect` (an SSH
-connection factory), `journal`, `observer`, `shield`, `clock` and `sleep`.
+connection factory), `journal`, `observer`, `shield`, `clock`, `sleep`, and `new_key` /
+`new_nonce` (the run's secrets). `tpulab run --dry-run` is this class over recording
+seams (tpulab.run.recording), so the plan cannot drift from the run.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tpulab import paths
 from tpulab.cloud.api import TpuApi
@@ -61,8 +63,9 @@ from tpulab.run.progress import NullObserver, Phase, RunJournal, RunObserver, Te
 from tpulab.run.teardown import TeardownReport, delete_and_confirm, manual_delete_command
 
 if TYPE_CHECKING:
+    from tpulab.evidence.judge import Judgement, Verdict
     from tpulab.evidence.receipt import Expectation
-    from tpulab.evidence.store import ReceiptStore, StoredReceipt
+    from tpulab.evidence.store import KeptReceipt, ReceiptStore
     from tpulab.remote.ssh import RunKey, SshTarget
 
 __all__ = [
@@ -129,12 +132,8 @@ class RunOutcome:
     create_accepted: bool = False
     bootstrap: boot.BootstrapResult | None = None
     payload_exit: int | None = None
-    receipt: StoredReceipt | None = None
-    verdict: str | None = None  # verified | rejected | unreadable | None (never collected)
-    failures: list[str] = field(default_factory=list)
-    per_device_sums: list[float] = field(default_factory=list)
-    observed_total: float | None = None
-    expected_total: int | None = None
+    receipt: KeptReceipt | None = None
+    judgement: Judgement | None = None  # None until a receipt was collected and judged
     teardown: TeardownReport | None = None
     teardown_status: TeardownStatus = "not-created"
     error: BaseException | None = None
@@ -144,8 +143,32 @@ class RunOutcome:
     milestones: dict[str, float] = field(default_factory=dict)
 
     @property
+    def verdict(self) -> Verdict | None:
+        return self.judgement.verdict if self.judgement else None
+
+    @property
+    def failures(self) -> list[str]:
+        return [str(f) for f in self.judgement.failures] if self.judgement else []
+
+    @property
+    def per_device_sums(self) -> list[float]:
+        return list(self.judgement.per_device_sums) if self.judgement else []
+
+    @property
+    def observed_total(self) -> float | None:
+        return self.judgement.observed_total if self.judgement else None
+
+    @property
+    def expected_total(self) -> int | None:
+        return self.judgement.expected_total if self.judgement else None
+
+    @property
     def succeeded(self) -> bool:
-        return self.verdict == "verified" and self.teardown_status == "confirmed"
+        return (
+            self.judgement is not None
+            and self.judgement.verified
+            and self.teardown_status == "confirmed"
+        )
 
     @property
     def estimated_cost(self) -> float:
@@ -170,6 +193,8 @@ class Lifecycle:
         teardown_poll: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        new_key: Callable[[], RunKey] | None = None,
+        new_nonce: Callable[[], str] = lambda: secrets.token_hex(16),
     ) -> None:
         self.spec = spec
         self.api = api
@@ -183,6 +208,8 @@ class Lifecycle:
         self.teardown_poll = teardown_poll
         self.clock = clock
         self.sleep = sleep
+        self.new_key = new_key
+        self.new_nonce = new_nonce
         self.outcome = RunOutcome(spec)
         self.nonce = ""
         self.payload_bytes = b""
@@ -335,7 +362,8 @@ class Lifecycle:
     # -- phases -------------------------------------------------------------------------
 
     def validate(self) -> str:
-        """Read the payload, make the run's nonce and SSH key. Sends nothing anywhere."""
+        """Read the payload, probe that its receipt can be kept, make the run's nonce and
+        SSH key. Sends nothing anywhere."""
         from tpulab.remote.payload import check_nonce
         from tpulab.remote.ssh import RunKey
 
@@ -347,8 +375,9 @@ class Lifecycle:
                 f"Cannot read the payload: {error}",
                 hint="Reinstall tpulab (the verifier ships inside it), or pass a readable file.",
             ) from None
-        self.nonce = check_nonce(secrets.token_hex(16))
-        self.key = RunKey()
+        self._receipt_store().check_writable()  # a receipt that cannot be kept = a wasted VM
+        self.nonce = check_nonce(self.new_nonce())
+        self.key = self.new_key() if self.new_key is not None else RunKey()
         return f"{self.spec.accelerator.name} in {self.spec.zone.value}, payload {source.name}"
 
     def create(self) -> str:
@@ -532,6 +561,7 @@ class Lifecycle:
                     f"fetching {boot.RECEIPT_PATH} failed: {error.message}",
                     exit_status=self.outcome.payload_exit,
                     output=self.payload_output,
+                    where="vm",
                 ) from None
             self.raw_receipt = local.read_bytes()
         return f"{len(self.raw_receipt)} bytes"
@@ -548,12 +578,13 @@ class Lifecycle:
             self.spec.accelerator.name, emulated=self.spec.emulated, nonce=self.nonce
         )
         judgement = judge(self.raw_receipt, expectation)
-        self.outcome.per_device_sums = judgement.per_device_sums
-        self.outcome.observed_total = judgement.observed_total
-        self.outcome.expected_total = judgement.expected_total
-        self._keep(judgement.verdict, [str(f) for f in judgement.failures], expectation)
+        self._keep(judgement, expectation)
         problem = failure_of(
-            judgement, payload_exit=self.outcome.payload_exit, output=self.payload_output
+            judgement,
+            expectation,
+            payload_exit=self.outcome.payload_exit,
+            output=self.payload_output,
+            where="vm",
         )
         if problem is not None:
             raise problem
@@ -561,25 +592,30 @@ class Lifecycle:
 
     # -- helpers of the phases ----------------------------------------------------------
 
-    def _keep(self, verdict: str, failures: list[str], expectation: Expectation) -> None:
-        from tpulab.evidence.store import ReceiptStore
+    def _receipt_store(self) -> ReceiptStore:
+        if self.store is None:
+            from tpulab.evidence.store import ReceiptStore
 
-        store = self.store or ReceiptStore()
-        meta: dict[str, Any] = {
-            "source": "run",
-            "run_id": self.spec.run_id,
-            "accelerator": self.spec.accelerator.name,
-            "emulated": self.spec.emulated,
-            "expectation": expectation.to_dict(),
-            "node": self.spec.node_name,
-            "project": self.spec.project.value,
-            "zone": self.spec.zone.value,
-            "payload_exit_status": self.outcome.payload_exit,
-            "failures": failures,
-        }
-        self.outcome.receipt = store.save(self.raw_receipt, verdict=verdict, meta=meta)
-        self.outcome.verdict = verdict
-        self.outcome.failures = failures
+            self.store = ReceiptStore()
+        return self.store
+
+    def _keep(self, judgement: Judgement, expectation: Expectation) -> None:
+        from tpulab.evidence.store import Provenance, Source
+
+        provenance = Provenance(
+            source=Source.RUN,
+            run_id=self.spec.run_id,
+            node_name=self.spec.node_name,
+            project=self.spec.project.value,
+            zone=self.spec.zone.value,
+            accelerator_type=self.spec.accelerator.name,
+            emulated=self.spec.emulated,
+            payload_exit_status=self.outcome.payload_exit,
+        )
+        self.outcome.judgement = judgement
+        self.outcome.receipt = self._receipt_store().keep(
+            self.raw_receipt, expectation, judgement, provenance
+        )
         self._milestone("receipt_saved")
 
     # -- teardown -----------------------------------------------------------------------

@@ -1,74 +1,148 @@
 """What `tpulab run` reports: the `--json` envelope and the end-of-run summary lines.
 
 Builders only (no printing): the CLI prints the lines with rich and dumps the envelope.
-The envelope is a contract (schema_version 1, pinned by a test): run id, node, phases
-with durations, API call count, receipt path and verdict, teardown confirmation and the
-estimated cost.
+The envelope is a contract (`RunEnvelope`, schema_version 1, its JSON schema pinned by
+tests/test_envelopes.py): run id, node, phases with durations, API call count, receipt
+path and verdict, teardown confirmation and the estimated cost.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from tpulab.catalog import PRICE_DATE
+from tpulab.config import Mode
+from tpulab.envelope import Envelope, ErrorReport
+from tpulab.evidence.judge import Verdict
 from tpulab.run.lifecycle import RunOutcome
-from tpulab.run.progress import Recorder
+from tpulab.run.progress import Recorder, TeardownStatus
 from tpulab.run.teardown import manual_delete_command
 
-__all__ = ["Line", "laptop_jax_version", "run_envelope", "summary_lines"]
+__all__ = [
+    "BootstrapSummary",
+    "Line",
+    "PhaseSummary",
+    "ReceiptSummary",
+    "RunEnvelope",
+    "TeardownSummary",
+    "laptop_jax_version",
+    "run_envelope",
+    "summary_lines",
+]
 
 Line = list[tuple[str, str]]  # (text, rich style) segments, as tpulab.evidence.report uses
 
 
-def run_envelope(
-    outcome: RunOutcome, recorder: Recorder, *, error: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    from tpulab.evidence.report import envelope
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
+
+class PhaseSummary(_Part):
+    phase: str
+    seconds: float
+    ok: bool
+    detail: str
+
+
+class BootstrapSummary(_Part):
+    venv: str  # how the venv came to be ("existing", "uv venv", ...)
+    install: str
+    versions: dict[str, str | None]
+
+
+class ReceiptSummary(_Part):
+    verdict: Verdict | None  # None: no receipt was collected
+    id: str | None
+    path: str | None
+    failures: list[str]
+    per_device_sums: list[float]
+    observed_total: float | None
+    expected_total: int | None
+    payload_exit_status: int | None
+
+
+class TeardownSummary(_Part):
+    status: TeardownStatus
+    confirmed: bool
+    delete_attempts: int
+    seconds: float | None
+    manual_command: str | None  # set only when the deletion was NOT confirmed
+
+
+class RunEnvelope(Envelope):
+    """`tpulab run --json` (a real or emulated run, not `--dry-run`)."""
+
+    command: Literal["run"] = "run"
+    dry_run: Literal[False] = False
+    run_id: str
+    mode: Mode
+    emulated: bool
+    project: str
+    zone: str
+    node_name: str
+    accelerator_type: str
+    spot: bool
+    seconds: float
+    api_calls: int
+    phases: list[PhaseSummary]
+    bootstrap: BootstrapSummary | None
+    receipt: ReceiptSummary
+    teardown: TeardownSummary
+    estimated_cost_usd: float
+    price_date: str
+    notes: list[str]
+
+
+def run_envelope(
+    outcome: RunOutcome, recorder: Recorder, *, error: ErrorReport | None = None
+) -> RunEnvelope:
+    """The envelope of a run, from what it got to (a run that failed early has an
+    outcome with nothing created: teardown status "not-created", no receipt)."""
     spec = outcome.spec
     receipt = outcome.receipt
     teardown = outcome.teardown
     boot = outcome.bootstrap
-    return envelope(
-        "run",
+    return RunEnvelope(
         ok=outcome.succeeded and error is None,
         run_id=spec.run_id,
         mode=spec.mode,
         emulated=spec.emulated,
         project=spec.project.value,
         zone=spec.zone.value,
-        node=spec.node_name,
-        accelerator=spec.accelerator.name,
+        node_name=spec.node_name,
+        accelerator_type=spec.accelerator.name,
         spot=spec.spot,
         seconds=round(outcome.seconds, 3),
         api_calls=outcome.api_calls,
         phases=[
-            {"phase": p.phase.value, "seconds": round(p.seconds, 3), "ok": p.ok, "detail": p.detail}
+            PhaseSummary(phase=p.phase.value, seconds=round(p.seconds, 3), ok=p.ok, detail=p.detail)
             for p in recorder.phases
         ],
         bootstrap=None
         if boot is None
-        else {"venv": boot.venv_path, "install": boot.install, "versions": boot.versions},
-        receipt={
-            "verdict": outcome.verdict,
-            "id": receipt.id if receipt else None,
-            "path": str(receipt.path) if receipt else None,
-            "failures": outcome.failures,
-            "per_device_sums": outcome.per_device_sums,
-            "observed_total": outcome.observed_total,
-            "expected_total": outcome.expected_total,
-            "payload_exit_status": outcome.payload_exit,
-        },
-        teardown={
-            "status": outcome.teardown_status,
-            "confirmed": outcome.teardown_status == "confirmed",
-            "delete_attempts": teardown.delete_attempts if teardown else 0,
-            "seconds": round(teardown.seconds, 3) if teardown else None,
-            "manual_command": None
+        else BootstrapSummary(venv=boot.venv_path, install=boot.install, versions=boot.versions),
+        receipt=ReceiptSummary(
+            verdict=outcome.verdict,
+            id=receipt.id if receipt else None,
+            path=str(receipt.path) if receipt else None,
+            failures=outcome.failures,
+            per_device_sums=outcome.per_device_sums,
+            observed_total=outcome.observed_total,
+            expected_total=outcome.expected_total,
+            payload_exit_status=outcome.payload_exit,
+        ),
+        teardown=TeardownSummary(
+            status=outcome.teardown_status,
+            confirmed=outcome.teardown_status == "confirmed",
+            delete_attempts=teardown.delete_attempts if teardown else 0,
+            seconds=round(teardown.seconds, 3) if teardown else None,
+            manual_command=None
             if outcome.teardown_status != "unconfirmed"
             else manual_delete_command(spec.project.value, spec.zone.value, spec.node_name),
-        },
+        ),
         estimated_cost_usd=round(outcome.estimated_cost, 4),
         price_date=PRICE_DATE,
         notes=recorder.notes,
@@ -144,9 +218,10 @@ def summary_lines(
     ]
     if outcome.bootstrap is not None:
         lines.extend(_bootstrap_lines(outcome, laptop_jax))
-    verdict = outcome.verdict or "not collected"
-    style = "bold green" if verdict == "verified" else "bold red"
-    lines.append([("  receipt   ", "dim"), (verdict.upper(), style)])
+    verdict = outcome.verdict
+    style = "bold green" if outcome.judgement and outcome.judgement.verified else "bold red"
+    shown = str(verdict).upper() if verdict else "NOT COLLECTED"
+    lines.append([("  receipt   ", "dim"), (shown, style)])
     if outcome.per_device_sums:
         total = f"{outcome.observed_total:g}" if outcome.observed_total is not None else "?"
         lines.append(

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tpulab.cloud.api import TpuApi
+from tpulab.cloud.polling import ActiveWait, Backoff, announce_wait
 from tpulab.errors import (
     CloudError,
     DeadlineError,
@@ -175,13 +176,18 @@ class _Teardown:
     def run(self) -> TeardownReport:
         if self.known_ours:
             self.delete_by_name()
-        delay = self.poll
+        schedule = Backoff(self.poll, max(self.poll, self.max_poll), factor=1.5, jitter=0.0)
+        delays = iter(schedule)
+        # Named so a dry run shows this loop's cadence (tpulab.cloud.polling.active_wait).
+        listing = ActiveWait(
+            f"no node of this run is listed in {self.zone}", schedule, self.deadline - self.started
+        )
         while True:
-            nodes = self.leftovers()
+            with announce_wait(listing):
+                nodes = self.leftovers()
             if nodes == [] and self.clock() < self.settled_at:
                 # Empty, but too early to believe it: look again before confirming.
-                self.sleep(max(0.0, min(delay, self.settled_at - self.clock())))
-                delay = min(delay * 1.5, self.max_poll)
+                self.sleep(max(0.0, min(next(delays), self.settled_at - self.clock())))
                 continue
             if nodes == []:
                 self.report.confirmed = True
@@ -192,8 +198,7 @@ class _Teardown:
             for node in nodes or ():
                 if node.state != NodeState.DELETING:
                     self.delete(node.name)
-            self.sleep(max(0.0, min(delay, self.remaining())))
-            delay = min(delay * 1.5, self.max_poll)
+            self.sleep(max(0.0, min(next(delays), self.remaining())))
 
     def failure(self, nodes: list[NodeInfo] | None) -> TeardownError:
         names = [node.name for node in nodes] if nodes else [self.name]

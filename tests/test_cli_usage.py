@@ -1,0 +1,81 @@
+"""The CLI's own edges: usage errors under --json, and Ctrl-C at a confirmation prompt."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tpulab.cli import EXIT_CONFIG, EXIT_INTERRUPTED
+from tpulab.cloud.google import GoogleTpuApi
+from tpulab.emulator.server import Emulator
+from tpulab.emulator.timing import Timing
+from tpulab.models import NodeRequest, tpulab_labels
+
+ENV = {**os.environ, "COLUMNS": "200"}
+
+
+def test_a_usage_error_under_json_is_a_json_envelope_with_status_2() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tpulab", "run", "--json", "--spot"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == EXIT_CONFIG
+    document = json.loads(done.stdout)
+    assert document["ok"] is False
+    assert document["command"] == "run"
+    assert document["error"]["exit_status"] == EXIT_CONFIG
+    assert "--accelerator" in document["error"]["message"]
+
+
+def test_ctrl_c_at_the_delete_prompt_deletes_nothing_and_exits_130(tmp_path: Path) -> None:
+    with Emulator(tmp_path / "served", timing=Timing.fast()) as emulator:
+        api = GoogleTpuApi("prompt-proj", api_endpoint=emulator.url)
+        request = NodeRequest(
+            accelerator_type="v5litepod-4",
+            runtime_version="v2-alpha-tpuv5-lite",
+            labels=tpulab_labels("20261201t000000-abcdef"),
+        )
+        api.wait_operation(api.create_node("us-central1-a", "tpulab-left", request), timeout=30)
+        # The prompt needs a terminal on stdin; the test holds the other end.
+        controller, terminal = pty.openpty()
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tpulab", "teardown", "--verify", "--api-endpoint",
+             emulator.url, "--project", "prompt-proj", "--zone", "us-central1-a"],
+            stdin=terminal,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+        )  # fmt: skip
+        os.close(terminal)
+        try:
+            assert child.stdout is not None
+            seen = ""
+            deadline = time.monotonic() + 60
+            while "[y/N]" not in seen and time.monotonic() < deadline:
+                chunk = os.read(child.stdout.fileno(), 4096).decode()
+                if not chunk:
+                    break
+                seen += chunk
+            assert "[y/N]" in seen, seen
+            child.send_signal(signal.SIGINT)
+            status = child.wait(timeout=60)
+        finally:
+            os.close(controller)
+            if child.poll() is None:
+                child.kill()
+        assert child.stderr is not None
+        stderr = child.stderr.read()
+        assert status == EXIT_INTERRUPTED, stderr
+        assert "nothing was changed" in stderr
+        assert emulator.node_names() == ["tpulab-left"]

@@ -1,0 +1,45 @@
+"""What `tpulab run` prints per phase when its output is not a terminal (a pipe, a log)."""
+
+from __future__ import annotations
+
+import io
+import signal
+
+from rich.console import Console
+
+from tpulab import errors as E
+from tpulab.cli._run_display import RunDisplay
+from tpulab.run.progress import Phase
+from tpulab.run.signals import SignalInterrupt
+
+
+def _display() -> tuple[RunDisplay, io.StringIO]:
+    out = io.StringIO()
+    display = RunDisplay(verbose=False, quiet=False)
+    display.console = Console(file=out, force_terminal=False, highlight=False, width=200)
+    return display, out
+
+
+def test_off_a_terminal_each_phase_is_one_line() -> None:
+    display, out = _display()
+    display.phase_started(Phase.CREATE)
+    display.phase_finished(Phase.CREATE, 1.4, "node n")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1, lines
+    assert "Create TPU VM" in lines[0]
+    assert "node n" in lines[0]
+
+
+def test_a_phase_stopped_by_a_signal_says_so_in_words() -> None:
+    display, out = _display()
+    display.phase_started(Phase.EXECUTE)
+    display.phase_failed(Phase.EXECUTE, 2.0, SignalInterrupt(signal.SIGTERM))
+    display.phase_started(Phase.COLLECT)
+    display.phase_failed(Phase.COLLECT, 0.1, KeyboardInterrupt())
+    display.phase_started(Phase.VERIFY)
+    display.phase_failed(Phase.VERIFY, 0.1, E.VerificationError("bad sums", []))
+    text = out.getvalue()
+    assert "SignalInterrupt" not in text
+    assert "interrupted by SIGTERM" in text
+    assert "interrupted by SIGINT" in text
+    assert "bad sums" in text

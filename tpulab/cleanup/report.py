@@ -1,0 +1,235 @@
+"""What `tpulab list` and `tpulab teardown --verify` report, as typed envelopes.
+
+Builders only: the CLI prints them (`--json`) and the library facade returns them
+(`tpulab.sweep`). `teardown_error` is the one judgement of whether a sweep proved the
+scope clean; the CLI's exit status and the envelope's `ok` both come from it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from tpulab.catalog import PRICE_DATE
+from tpulab.cleanup.journal import JournalView
+from tpulab.cleanup.listing import ListedNode, Listing
+from tpulab.cleanup.sweep import Candidate, SweepPlan, SweepResult, sweep_command_for
+from tpulab.envelope import Envelope, ErrorReport, NodeReport
+from tpulab.errors import TeardownError
+from tpulab.models import NodeInfo
+
+__all__ = [
+    "FailedDelete",
+    "FoundNode",
+    "JournalMissingRow",
+    "ListEnvelope",
+    "ListedNodeReport",
+    "TeardownEnvelope",
+    "list_envelope",
+    "teardown_envelope",
+    "teardown_error",
+]
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _age(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 1)
+
+
+def _cost(usd: float | None) -> float | None:
+    return None if usd is None else round(usd, 4)
+
+
+class ListedNodeReport(NodeReport):
+    spot: bool
+    managed_by_tpulab: bool
+    create_time: datetime | None
+    price_per_hour_usd: float | None  # None when the type is not in tpulab's catalog
+    external_ip: str | None
+    journal: str | None  # this machine's journal's view of the node, if it has one
+
+
+class JournalMissingRow(_Part):
+    """An open journal row whose node the API did not list."""
+
+    run_id: str
+    project: str
+    zone: str
+    node_name: str
+
+
+class ListEnvelope(Envelope):
+    """`tpulab list --json`."""
+
+    command: Literal["list"] = "list"
+    project: str
+    zones: list[str]
+    include_all: bool
+    nodes: list[ListedNodeReport]
+    hidden: int  # nodes listed by the API but not tpulab's (shown with --all)
+    estimated_total_usd: float
+    price_date: str
+    journal_missing: list[JournalMissingRow]
+    journal_error: str | None
+
+
+def _node_fields(node: NodeInfo, age: float | None, cost: float | None) -> dict[str, object]:
+    """The fields every NodeReport shares, rounded the same way for every command."""
+    return {
+        "project": node.project,
+        "zone": node.zone,
+        "name": node.name,
+        "accelerator_type": node.accelerator_type,
+        "state": node.state.value,
+        "run_id": node.run_id,
+        "age_seconds": _age(age),
+        "estimated_cost_usd": _cost(cost),
+    }
+
+
+def _listed(item: ListedNode, journal: str | None) -> ListedNodeReport:
+    node = item.node
+    return ListedNodeReport.model_validate(
+        {
+            **_node_fields(node, item.age_seconds, item.estimated_cost),
+            "spot": node.spot,
+            "managed_by_tpulab": node.managed_by_tpulab,
+            "create_time": node.create_time,
+            "price_per_hour_usd": item.price_per_hour,
+            "external_ip": node.external_ip,
+            "journal": journal,
+        }
+    )
+
+
+def list_envelope(listing: Listing, view: JournalView) -> ListEnvelope:
+    return ListEnvelope(
+        ok=True,
+        project=listing.project,
+        zones=listing.zones,
+        include_all=listing.include_all,
+        nodes=[
+            _listed(item, view.states.get((item.node.project, item.node.zone, item.node.name)))
+            for item in listing.nodes
+        ],
+        hidden=listing.hidden,
+        estimated_total_usd=round(listing.estimated_total, 4),
+        price_date=PRICE_DATE,
+        journal_missing=[
+            JournalMissingRow(
+                run_id=row.run_id, project=row.project, zone=row.zone, node_name=row.node_name
+            )
+            for row in view.missing
+        ],
+        journal_error=view.error,
+    )
+
+
+class FoundNode(NodeReport):
+    source: Literal["journal+labels", "labels"]
+    live: bool  # its run is still in progress on this machine: left to finish
+
+
+class FailedDelete(_Part):
+    node_name: str
+    error: str
+
+
+class TeardownEnvelope(Envelope):
+    """`tpulab teardown --verify --json`: what was found, deleted, and what may remain."""
+
+    command: Literal["teardown"] = "teardown"
+    dry_run: bool
+    project: str
+    target: str  # the API: "google", "emulate" or an endpoint URL (the journal's name)
+    zones: list[str]
+    run_id: str | None
+    found: list[FoundNode]
+    deleted: list[str]
+    failed: list[FailedDelete]
+    remaining: list[str] | None  # None: nothing was deleted, so no final list was made
+    closed_journal_rows: list[str]
+    untouched_unlabelled: list[str]
+    list_errors: dict[str, str]  # zone -> why it could not be listed
+    other_targets: list[str]  # commands that sweep open journal rows of other targets
+    journal_error: str | None
+    not_deleted_because: str | None
+    manual_commands: list[str]
+    price_date: str
+
+
+def teardown_error(
+    plan: SweepPlan, result: SweepResult | None, declined: str
+) -> TeardownError | None:
+    """None when verified clean; otherwise the error naming every node that may remain."""
+    if result is not None:
+        if result.ok:
+            return None
+        leaked = result.leaked()
+        problems = [f"{c.node.name}: {err.message}" for c, err in result.failed]
+        errors = result.list_errors
+        if result.remaining:
+            problems.append("still listed: " + ", ".join(n.name for n in result.remaining))
+    else:
+        if plan.clean:
+            return None
+        leaked = [c.leaked() for c in plan.candidates]
+        problems = [f"{len(leaked)} tpulab node(s) remain ({declined})"] if declined else []
+        errors = plan.list_errors
+    problems += [f"zone {zone} could not be listed ({message})" for zone, message in errors.items()]
+    return TeardownError(
+        "Teardown NOT confirmed, resources may still be billing: " + "; ".join(problems) + ".",
+        leaked,
+    )
+
+
+def _found(candidate: Candidate) -> FoundNode:
+    return FoundNode.model_validate(
+        {
+            **_node_fields(candidate.node, candidate.age_seconds, candidate.estimated_cost),
+            "source": candidate.source,
+            "live": candidate.live,
+        }
+    )
+
+
+def teardown_envelope(
+    plan: SweepPlan,
+    result: SweepResult | None,
+    declined: str,
+    *,
+    dry_run: bool,
+    error: TeardownError | None,
+    report: ErrorReport | None,
+) -> TeardownEnvelope:
+    """`error` is `teardown_error(plan, result, declined)`; `report` is its ErrorReport
+    (the exit status inside it is the CLI's choice, so the caller builds it)."""
+    return TeardownEnvelope(
+        ok=error is None,
+        dry_run=dry_run,
+        project=plan.project,
+        target=plan.target,
+        zones=plan.zones,
+        run_id=plan.run_id,
+        found=[_found(c) for c in [*plan.candidates, *plan.live]],
+        deleted=[c.node.name for c in result.deleted] if result else [],
+        failed=[
+            FailedDelete(node_name=c.node.name, error=e.message)
+            for c, e in (result.failed if result else [])
+        ],
+        remaining=[n.name for n in result.remaining] if result else None,
+        closed_journal_rows=result.closed_rows if result else [],
+        untouched_unlabelled=[n.name for n in plan.lookalikes],
+        list_errors=result.list_errors if result else plan.list_errors,
+        other_targets=[sweep_command_for(row) for row in plan.other_rows],
+        journal_error=plan.journal_error,
+        not_deleted_because=declined or None,
+        manual_commands=[n.manual_delete_command() for n in error.leaked] if error else [],
+        price_date=PRICE_DATE,
+        error=report,
+    )

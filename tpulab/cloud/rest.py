@@ -1,0 +1,179 @@
+"""Each Cloud TPU v2 call tpulab makes, as the request that goes on the wire. No google.*.
+
+One builder per call returns a `WireRequest`: the request *message* as JSON (camelCase,
+default values left out, exactly as protobuf's JSON printer writes it) and, derived from
+it by the call's HTTP rule, the method, path, query and body that google-cloud-tpu's REST
+transport sends. `GoogleTpuApi` parses `message` into the client's request proto, so the
+client sends what these builders say; `tpulab run --dry-run` prints the same objects.
+tests/test_plan_is_the_run.py holds them against what the emulator receives.
+
+    create_node   POST   /v2/{parent}/nodes?nodeId=N     body: the Node
+    get_node      GET    /v2/{name}
+    list_nodes    GET    /v2/{parent}/nodes?pageSize=&pageToken=
+    delete_node   DELETE /v2/{name}
+    guest attrs   POST   /v2/{name}:getGuestAttributes   body: {queryPath, workerIds}
+    operation     GET    /v2/{name}                      (the operations mixin)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tpulab.models import NodeRequest
+
+__all__ = [
+    "API_VERSION",
+    "TRANSPORT_ALT",
+    "WireRequest",
+    "create_node",
+    "delete_node",
+    "get_guest_attributes",
+    "get_node",
+    "get_operation",
+    "list_nodes",
+    "node_body",
+    "node_path",
+    "parent_path",
+]
+
+API_VERSION = "v2"
+# The REST transport appends this to every TpuClient call (so enums may come back as
+# ints); the operations mixin's GetOperation goes without it.
+TRANSPORT_ALT = ("$alt", "json;enum-encoding=int")
+
+Method = Literal["GET", "POST", "DELETE"]
+
+
+@dataclass(frozen=True)
+class WireRequest:
+    """One HTTP request of the Cloud TPU API, and the message it was transcoded from."""
+
+    rpc: str  # "CreateNode", ...
+    method: Method
+    path: str  # "/v2/projects/p/locations/z/nodes", percent-decoded
+    query: tuple[tuple[str, str], ...] = ()
+    body: dict[str, Any] | None = None
+    message: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def target(self) -> str:
+        """Path and query as one readable string (not percent-encoded)."""
+        if not self.query:
+            return self.path
+        return self.path + "?" + "&".join(f"{k}={v}" for k, v in self.query)
+
+
+def parent_path(project: str, zone: str) -> str:
+    return f"projects/{project}/locations/{zone}"
+
+
+def node_path(project: str, zone: str, node_id: str) -> str:
+    return f"{parent_path(project, zone)}/nodes/{node_id}"
+
+
+def node_body(request: NodeRequest) -> dict[str, Any]:
+    """The Node of a CreateNode, as JSON. Empty fields are left out: protobuf's printer
+    drops them too, so what is here is what the wire carries."""
+    node: dict[str, Any] = {
+        "acceleratorType": request.accelerator_type,
+        "runtimeVersion": request.runtime_version,
+    }
+    if request.description:
+        node["description"] = request.description
+    if request.labels:
+        node["labels"] = dict(request.labels)
+    if request.metadata:
+        node["metadata"] = dict(request.metadata)
+    # An external IP is what lets the laptop reach the VM over SSH.
+    node["networkConfig"] = {"enableExternalIps": True}
+    # Sent even when empty (on-demand): the client always set a SchedulingConfig, and an
+    # explicit submessage is printed as {} rather than dropped.
+    node["schedulingConfig"] = {"spot": True} if request.spot else {}
+    return node
+
+
+def _transcode(
+    rpc: str,
+    method: Method,
+    message: Mapping[str, Any],
+    *,
+    resource: str,
+    suffix: str = "",
+    body: str | None = None,
+    alt: bool = True,
+) -> WireRequest:
+    """Apply an HTTP rule: `resource` names the field bound into the path, `body` the
+    field sent as the body ("*" = every field not in the path); the rest is the query."""
+    path = f"/{API_VERSION}/{message[resource]}{suffix}"
+    rest = {k: v for k, v in message.items() if k != resource}
+    payload: dict[str, Any] | None
+    if body == "*":
+        payload, rest = dict(rest), {}
+    elif body is not None:
+        payload = dict(rest.pop(body))
+    else:
+        payload = None
+    query = [(key, str(value)) for key, value in rest.items()]
+    if alt:
+        query.append(TRANSPORT_ALT)
+    return WireRequest(rpc, method, path, tuple(query), payload, dict(message))
+
+
+def create_node(project: str, zone: str, node_id: str, request: NodeRequest) -> WireRequest:
+    message = {
+        "parent": parent_path(project, zone),
+        "nodeId": node_id,
+        "node": node_body(request),
+    }
+    return _transcode(
+        "CreateNode", "POST", message, resource="parent", suffix="/nodes", body="node"
+    )
+
+
+def get_node(project: str, zone: str, node_id: str) -> WireRequest:
+    message = {"name": node_path(project, zone, node_id)}
+    return _transcode("GetNode", "GET", message, resource="name")
+
+
+def list_nodes(project: str, zone: str, *, page_size: int = 0, page_token: str = "") -> WireRequest:
+    message: dict[str, Any] = {"parent": parent_path(project, zone)}
+    if page_size:
+        message["pageSize"] = page_size
+    if page_token:
+        message["pageToken"] = page_token
+    return _transcode("ListNodes", "GET", message, resource="parent", suffix="/nodes")
+
+
+def delete_node(project: str, zone: str, node_id: str) -> WireRequest:
+    message = {"name": node_path(project, zone, node_id)}
+    return _transcode("DeleteNode", "DELETE", message, resource="name")
+
+
+def get_guest_attributes(
+    project: str,
+    zone: str,
+    node_id: str,
+    query_path: str = "",
+    worker_ids: tuple[str, ...] = ("0",),
+) -> WireRequest:
+    """Worker 0 only: a single-host node has one worker, and asking for it by id keeps
+    the answer to one entry."""
+    message: dict[str, Any] = {"name": node_path(project, zone, node_id)}
+    if query_path:
+        message["queryPath"] = query_path
+    if worker_ids:
+        message["workerIds"] = list(worker_ids)
+    return _transcode(
+        "GetGuestAttributes",
+        "POST",
+        message,
+        resource="name",
+        suffix=":getGuestAttributes",
+        body="*",
+    )
+
+
+def get_operation(operation_name: str) -> WireRequest:
+    return _transcode("GetOperation", "GET", {"name": operation_name}, resource="name", alt=False)

@@ -1,0 +1,271 @@
+"""One function per command: its raw flag values in, a validated spec out.
+
+The CLI passes what typer parsed, unchanged, and maps ConfigError to exit 2; every check
+(conflicts, ranges, URLs, zones, project ids, names, run ids, timeouts) happens here,
+before anything is contacted, so a bad value can never create, list or delete anything.
+
+    run_inputs            tpulab run       -> RunInputs (a RunSpec + how to run it)
+    list_scope            tpulab list      -> Scope
+    teardown_inputs       tpulab teardown  -> TeardownInputs (a Scope + its timeout)
+    local_verify_inputs   tpulab verify    -> LocalVerifyInputs
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from tpulab import catalog
+from tpulab.config.endpoint import Target, choose_target
+from tpulab.config.resolve import (
+    AdcProject,
+    find_project,
+    given,
+    project_flag,
+    resolve_project,
+    resolve_zones,
+    zone_flags,
+)
+from tpulab.config.spec import (
+    EMULATED_PROJECT,
+    EMULATED_ZONE,
+    RunSpec,
+    Timeouts,
+    build_run_spec,
+    check_seconds,
+)
+from tpulab.errors import ConfigError
+from tpulab.models import PLATFORMS, check_run_id
+
+__all__ = [
+    "LOCAL_MAX_DEVICES",
+    "Installer",
+    "LocalVerifyInputs",
+    "RunInputs",
+    "Scope",
+    "SshBackend",
+    "TeardownInputs",
+    "list_scope",
+    "local_verify_inputs",
+    "run_inputs",
+    "teardown_inputs",
+]
+
+Installer = Literal["uv", "pip"]
+SshBackend = Literal["embedded", "openssh"]
+LOCAL_MAX_DEVICES = 64
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    spec: RunSpec
+    installer: Installer
+    ssh_backend: SshBackend
+
+
+def run_inputs(
+    *,
+    accelerator: str,
+    emulate: bool,
+    api_endpoint: str | None,
+    project: str | None,
+    zone: str | None,
+    name: str | None,
+    spot: bool,
+    timeout: float,
+    teardown_timeout: float,
+    installer: str,
+    ssh_backend: str,
+    env: Mapping[str, str] | None = None,
+    adc_project: AdcProject | None = None,
+    python: str | None = None,
+    jax_version: str | None = None,
+) -> RunInputs:
+    """`tpulab run`'s flags, validated. `adc_project` None (a dry run) never asks ADC."""
+    if installer not in ("uv", "pip"):
+        raise ConfigError(f"Unknown installer {installer!r}.", hint="Use uv or pip.")
+    if ssh_backend not in ("embedded", "openssh"):
+        raise ConfigError(f"Unknown SSH backend {ssh_backend!r}.", hint="Use embedded or openssh.")
+    spec = build_run_spec(
+        accelerator=accelerator,
+        emulate=emulate,
+        api_endpoint=api_endpoint,
+        project=project,
+        zone=zone,
+        name=name,
+        spot=spot,
+        timeouts=Timeouts(teardown=check_seconds("--teardown-timeout", teardown_timeout)),
+        payload_timeout=check_seconds("--timeout", timeout),
+        env=env,
+        adc_project=adc_project,
+        python=python,
+        jax_version=jax_version,
+    )
+    return RunInputs(
+        spec=spec,
+        installer="pip" if installer == "pip" else "uv",
+        ssh_backend="openssh" if ssh_backend == "openssh" else "embedded",
+    )
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which API, project and zones a scanning command (list, teardown) looks at."""
+
+    project: str
+    zones: list[str]  # teardown may start empty: the journal's open rows add zones
+    target: Target
+    run_id: str | None = None
+
+    @property
+    def emulate(self) -> bool:
+        return self.target.emulate
+
+    @property
+    def api_endpoint(self) -> str | None:
+        return self.target.api_endpoint
+
+
+def _scope(
+    *,
+    project: str | None,
+    zones: Sequence[str],
+    emulate: bool,
+    api_endpoint: str | None,
+    run_id: str | None,
+    env: Mapping[str, str] | None,
+    adc_project: AdcProject | None,
+) -> Scope:
+    target = choose_target(emulate=emulate, api_endpoint=api_endpoint)
+    if run_id is not None:
+        check_run_id(run_id)
+    if target.emulate:  # only the flags: never a real project's configuration
+        found = project_flag(project)
+        name = found.value if found else EMULATED_PROJECT
+        return Scope(name, zone_flags(zones) or [EMULATED_ZONE], target, run_id)
+    checked = resolve_zones(zones, env=env)
+    if target.emulated:  # a local emulator: any project, and its default zone
+        found = find_project(project, env=env)
+        name = found.value if found else EMULATED_PROJECT
+        return Scope(name, checked or [EMULATED_ZONE], target, run_id)
+    # Only Google's endpoint receives credentials, so only it may name the project.
+    adc = adc_project if target.mode == "google" else None
+    name = resolve_project(project, env=env, adc_project=adc).value
+    return Scope(name, checked, target, run_id)
+
+
+def list_scope(
+    *,
+    project: str | None,
+    zones: Sequence[str],
+    emulate: bool,
+    api_endpoint: str | None,
+    env: Mapping[str, str] | None = None,
+    adc_project: AdcProject | None = None,
+) -> Scope:
+    """`tpulab list`'s flags, validated; at least one zone (listing has no journal)."""
+    scope = _scope(
+        project=project,
+        zones=zones,
+        emulate=emulate,
+        api_endpoint=api_endpoint,
+        run_id=None,
+        env=env,
+        adc_project=adc_project,
+    )
+    if not scope.zones:
+        raise ConfigError(
+            "No zone to list.",
+            hint="Pass --zone (repeatable), set TPULAB_ZONE, or run `gcloud config set "
+            "compute/zone ZONE`.",
+        )
+    return scope
+
+
+@dataclass(frozen=True)
+class TeardownInputs:
+    scope: Scope
+    timeout: float
+
+
+def teardown_inputs(
+    *,
+    verify: bool,
+    project: str | None,
+    zones: Sequence[str],
+    emulate: bool,
+    api_endpoint: str | None,
+    run_id: str | None,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    adc_project: AdcProject | None = None,
+) -> TeardownInputs:
+    """`tpulab teardown`'s flags, validated. No zone is not an error here: the journal's
+    open rows may supply them (`find_orphans` says so if nothing does)."""
+    if not verify:
+        raise ConfigError(
+            "teardown needs --verify.",
+            hint="Run `tpulab teardown --verify` (add --dry-run to only look).",
+        )
+    seconds = check_seconds("--timeout", timeout)
+    scope = _scope(
+        project=project,
+        zones=zones,
+        emulate=emulate,
+        api_endpoint=api_endpoint,
+        run_id=run_id,
+        env=env,
+        adc_project=adc_project,
+    )
+    return TeardownInputs(scope, seconds)
+
+
+@dataclass(frozen=True)
+class LocalVerifyInputs:
+    accelerator: str | None  # a single-host catalog name
+    devices: int | None
+    expect_platform: str | None
+    timeout: float
+
+
+def local_verify_inputs(
+    *,
+    local: bool,
+    accelerator: str | None,
+    devices: int | None,
+    expect_platform: str | None,
+    timeout: float,
+) -> LocalVerifyInputs:
+    """`tpulab verify`'s flags, validated."""
+    if not local:
+        raise ConfigError(
+            "Only local verification is a separate command: pass --local.",
+            hint="Remote verification is `tpulab run --accelerator TYPE`, which checks "
+            "the receipt on the TPU VM before deleting it.",
+        )
+    if accelerator is not None and devices is not None:
+        raise ConfigError(
+            "--accelerator and --devices both set the device count.",
+            hint="Give one: --accelerator v5litepod-4, or --devices 4.",
+        )
+    if expect_platform is not None and expect_platform not in PLATFORMS:
+        raise ConfigError(
+            f"Unknown platform {expect_platform!r} for --expect-platform.",
+            hint="Use one of: " + ", ".join(PLATFORMS),
+        )
+    if devices is not None and not 1 <= devices <= LOCAL_MAX_DEVICES:
+        raise ConfigError(
+            f"--devices {devices} is out of range for a local run.",
+            hint=f"Use 1 to {LOCAL_MAX_DEVICES} devices.",
+        )
+    name = None
+    if accelerator is not None:
+        given(accelerator, "--accelerator", hint="Pass a type such as v5litepod-4.")
+        name = catalog.lookup_single_host(accelerator.strip()).name
+        if expect_platform == "gpu":
+            raise ConfigError(
+                f"{name} is a TPU; it cannot be expected on gpu.",
+                hint="Use --expect-platform tpu, or cpu to emulate it (the default).",
+            )
+    return LocalVerifyInputs(name, devices, expect_platform, check_seconds("--timeout", timeout))

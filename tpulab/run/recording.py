@@ -1,0 +1,422 @@
+"""Recording seams: the `Lifecycle` of `tpulab run --dry-run` runs against these.
+
+`PlanRecorder` hands the real lifecycle a `TpuApi`, an SSH `connect` factory, a journal,
+an observer, a clock and the run's secrets, all of which record instead of acting:
+
+- `RecordingTpuApi` turns each call into the request the real client would send (built
+  by `tpulab.cloud.rest`, the builders `GoogleTpuApi` uses) and answers as the API would:
+  operations done, the node READY at a placeholder address, a placeholder host key
+  published, nothing listed once the delete went out. A request made inside a poll loop
+  is recorded once, with that loop's schedule and timeout (`polling.active_wait`).
+- `RecordingSession` records the exact command line `tpulab.remote.ssh.Connection` would
+  execute for each `run` (`tpulab.remote.cmdline`) and each transfer with its sha256
+  check, and answers as a freshly booted image would.
+- The plan stops where a real run's evidence begins: downloading the receipt records the
+  transfer and the local judgement that would follow, then raises `PlanEnds`. The
+  lifecycle treats that like any failure after create, so the teardown in the plan is
+  the one `Lifecycle.run()`'s finally path really sends.
+
+Nothing is contacted and nothing is written: no journal row, no receipt, no key file.
+Values only a real run makes are placeholders, listed in `PLACEHOLDERS`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from tpulab.cloud import rest
+from tpulab.cloud.polling import active_wait, operation_schedule, poll_until
+from tpulab.config import RunSpec
+from tpulab.config.endpoint import classify_endpoint
+from tpulab.contract import HOST_KEY_ATTRIBUTE
+from tpulab.errors import NotFoundError
+from tpulab.evidence.store import ReceiptStore
+from tpulab.models import NodeInfo, NodeRequest, NodeState
+from tpulab.remote import bootstrap as boot
+from tpulab.remote.cmdline import SHA256_TIMEOUT, remote_command, remote_path, sha256_command
+from tpulab.remote.keys import RunKey, SshTarget
+from tpulab.run.progress import Phase, TeardownStatus
+
+__all__ = [
+    "PLACEHOLDERS",
+    "PLACEHOLDER_NONCE",
+    "PlanEnds",
+    "PlanRecorder",
+    "PlanStep",
+    "PollCadence",
+]
+
+# Stand-ins for what only a real run has; each satisfies the validator of the real value.
+PLACEHOLDER_NONCE = "PLACEHOLDER-NONCE-made-per-run"
+PLACEHOLDER_PUBLIC_KEY = "<PER-RUN-PUBLIC-KEY>"
+PLACEHOLDER_NODE_IP = "<NODE-IP>"
+PLACEHOLDER_SSH_PORT = "<EMULATOR-SSH-PORT>"
+# Shell-safe (shlex.quote leaves it alone), so a command line quotes it as a real path.
+PLACEHOLDER_REMOTE_HOME = "@REMOTE-HOME@"
+PLACEHOLDER_CREATE_OPERATION = "<CREATE-OPERATION-ID>"
+PLACEHOLDER_DELETE_OPERATION = "<DELETE-OPERATION-ID>"
+PLACEHOLDER_FROM_VM = "<reported by the VM>"
+PLACEHOLDERS: dict[str, str] = {
+    PLACEHOLDER_NONCE: "the run's random nonce (secrets.token_hex), made at validate",
+    PLACEHOLDER_PUBLIC_KEY: "the public half of the run's fresh ed25519 key pair",
+    PLACEHOLDER_NODE_IP: "the node's address, known once it is READY",
+    PLACEHOLDER_SSH_PORT: "the emulated node's loopback SSH port (a guest attribute)",
+    PLACEHOLDER_REMOTE_HOME: "the login directory on the VM (SFTP's '.')",
+    PLACEHOLDER_CREATE_OPERATION: "the operation id CreateNode answers with",
+    PLACEHOLDER_DELETE_OPERATION: "the operation id DeleteNode answers with",
+    PLACEHOLDER_FROM_VM: "whatever the VM's bootstrap scripts report",
+}
+# A well-formed ed25519 key blob (type string + 32 zero bytes) that no host presents:
+# the lifecycle validates the published key, so the stand-in must parse.
+_PLACEHOLDER_HOST_KEY = base64.b64encode(
+    b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + bytes(32)
+).decode("ascii")
+
+Kind = Literal["api", "ssh", "local"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PollCadence(_Model):
+    """How a polled request repeats in a real run (shown once in the plan)."""
+
+    until: str
+    schedule: str  # the schedule object's repr, e.g. Backoff(initial=1.0, cap=10.0, ...)
+    timeout_seconds: float
+
+
+class PlanStep(_Model):
+    """One thing a run does, in order: an API request, a remote action or a local one."""
+
+    phase: str
+    kind: Kind
+    action: str  # the RPC, the SSH action (connect, exec, put, get) or what is done locally
+    method: str | None = None
+    path: str | None = None  # with the query, as sent (not percent-encoded)
+    body: dict[str, Any] | None = None
+    argv: list[str] | None = None  # as the lifecycle passed it (None: a shell snippet)
+    env: dict[str, str] | None = None
+    command: str | None = None  # the exact line the remote shell receives
+    remote_path: str | None = None
+    target: str | None = None
+    detail: str | None = None  # what the step relies on, in words (e.g. the pinned key)
+    poll: PollCadence | None = None
+
+
+class PlanEnds(Exception):
+    """Raised where the run would need evidence only a real VM makes (the receipt)."""
+
+
+class PlaceholderKey(RunKey):
+    """The per-run key's stand-in: a marked public half, and no private half at all."""
+
+    def __init__(self) -> None:  # no key generation: nothing secret exists in a plan
+        self._b64 = PLACEHOLDER_PUBLIC_KEY
+
+    @property
+    def fingerprint(self) -> str:
+        return "SHA256:" + PLACEHOLDER_PUBLIC_KEY
+
+    def openssh_private_bytes(self) -> bytes:
+        raise TypeError("a plan's stand-in key has no private half")
+
+
+class PlanRecorder:
+    """The seams of one dry run, and the steps they recorded."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.steps: list[PlanStep] = []
+        self.phase = Phase.VALIDATE.value
+        self.now = 0.0
+        self.api = RecordingTpuApi(self)
+        self.journal = RecordingJournal(self)
+        self.store = RecordingStore(self)
+
+    # -- recording ------------------------------------------------------------------------
+
+    def add(self, kind: Kind, action: str, *, phase: str | None = None, **fields: Any) -> None:
+        self.steps.append(PlanStep(phase=phase or self.phase, kind=kind, action=action, **fields))
+
+    def local(self, action: str, *, phase: str | None = None) -> None:
+        self.add("local", action, phase=phase)
+
+    # -- the lifecycle's seams ------------------------------------------------------------
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)  # answers come at once; a wait would only advance
+
+    def new_key(self) -> RunKey:
+        self.local(
+            "generate the run's ed25519 key pair (in memory; public half "
+            f"{PLACEHOLDER_PUBLIC_KEY} goes into the node's ssh-keys metadata)"
+        )
+        return PlaceholderKey()
+
+    def new_nonce(self) -> str:
+        self.local(f"draw the run's nonce {PLACEHOLDER_NONCE} (the payload must echo it)")
+        return PLACEHOLDER_NONCE
+
+    def connect(self, target: SshTarget, key: RunKey) -> RecordingSession:
+        return RecordingSession(self, target, key)
+
+    # The observer: only the phase matters here.
+
+    def phase_started(self, phase: Phase) -> None:
+        self.phase = phase.value
+
+    def phase_finished(self, phase: Phase, seconds: float, detail: str) -> None:
+        pass
+
+    def phase_failed(self, phase: Phase, seconds: float, error: BaseException) -> None:
+        pass
+
+    def remote_output(self, stream: str, line: str) -> None:
+        pass
+
+    def note(self, message: str) -> None:
+        pass
+
+    def milestone(self, name: str, at: float) -> None:
+        pass
+
+
+class RecordingStore(ReceiptStore):
+    """The receipt store of a plan: shows the writability probe, touches no disk."""
+
+    def __init__(self, recorder: PlanRecorder) -> None:
+        super().__init__(Path("<receipts directory>"))
+        self.recorder = recorder
+
+    def check_writable(self) -> None:
+        self.recorder.local(
+            "check that the receipt store is writable (a receipt that cannot be kept "
+            "would make the VM a waste)"
+        )
+
+
+class RecordingJournal:
+    """Records what the journal would be told; writes no row."""
+
+    def __init__(self, recorder: PlanRecorder) -> None:
+        self.recorder = recorder
+
+    def run_started(self, spec: RunSpec) -> None:
+        self.recorder.local(
+            f"journal row for run {spec.run_id}: node {spec.node_name} in {spec.zone.value} "
+            "(committed before CreateNode, so `tpulab teardown --verify` can find it)"
+        )
+
+    def phase_changed(self, run_id: str, phase: str) -> None:
+        pass
+
+    def run_finished(self, run_id: str, teardown: TeardownStatus, detail: str) -> None:
+        self.recorder.local(f"journal row for run {run_id} closed with the teardown's status")
+
+
+class RecordingTpuApi:
+    """A TpuApi that records the wire request of each call and answers as the API would."""
+
+    def __init__(self, recorder: PlanRecorder) -> None:
+        self.recorder = recorder
+        spec = recorder.spec
+        self.project = spec.project.value
+        self.calls = 0
+        self.created: NodeRequest | None = None
+        self.deleted = False
+        # The schedule GoogleTpuApi would poll operations with: the endpoint rule's.
+        self.local_endpoint = (
+            spec.mode == "emulate" or classify_endpoint(spec.api_endpoint).is_loopback
+        )
+
+    @property
+    def call_count(self) -> int:
+        return self.calls
+
+    def _send(self, wire: rest.WireRequest) -> None:
+        self.calls += 1
+        wait = active_wait()  # answers come at once, so each loop probes exactly once
+        poll = (
+            PollCadence(
+                until=wait.until, schedule=repr(wait.schedule), timeout_seconds=wait.timeout
+            )
+            if wait is not None
+            else None
+        )
+        self.recorder.add(
+            "api", wire.rpc, method=wire.method, path=wire.target, body=wire.body, poll=poll
+        )
+
+    def _node(self, zone: str, node_id: str) -> NodeInfo:
+        if self.created is None or self.deleted:
+            raise NotFoundError(f"Node {node_id} in {zone} was not found.", status="NOT_FOUND")
+        request = self.created
+        return NodeInfo(
+            project=self.project,
+            zone=zone,
+            name=node_id,
+            accelerator_type=request.accelerator_type,
+            runtime_version=request.runtime_version,
+            state=NodeState.READY,
+            labels=dict(request.labels),
+            metadata=dict(request.metadata),
+            external_ip=PLACEHOLDER_NODE_IP,
+            spot=request.spot,
+        )
+
+    def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
+        self._send(rest.create_node(self.project, zone, node_id, request))
+        self.created = request
+        return f"{rest.parent_path(self.project, zone)}/operations/{PLACEHOLDER_CREATE_OPERATION}"
+
+    def wait_operation(self, operation_name: str, *, timeout: float) -> None:
+        # The loop GoogleTpuApi.wait_operation runs, with its schedule; done at once.
+        poll_until(
+            lambda: self._send(rest.get_operation(operation_name)),
+            lambda _answer: True,
+            timeout=timeout,
+            clock=self.recorder.clock,
+            sleep=self.recorder.sleep,
+            backoff=operation_schedule(local=self.local_endpoint),
+            describe=lambda _answer: f"operation {operation_name} to finish",
+        )
+
+    def get_node(self, zone: str, node_id: str) -> NodeInfo:
+        self._send(rest.get_node(self.project, zone, node_id))
+        return self._node(zone, node_id)
+
+    def list_nodes(self, zone: str) -> list[NodeInfo]:
+        self._send(rest.list_nodes(self.project, zone))
+        if self.created is None or self.deleted:
+            return []
+        return [self._node(zone, self.recorder.spec.node_name)]
+
+    def delete_node(self, zone: str, node_id: str) -> str:
+        self._send(rest.delete_node(self.project, zone, node_id))
+        self._node(zone, node_id)  # NOT_FOUND, as the API would, if there is none
+        self.deleted = True
+        return f"{rest.parent_path(self.project, zone)}/operations/{PLACEHOLDER_DELETE_OPERATION}"
+
+    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
+        self._send(rest.get_guest_attributes(self.project, zone, node_id, query_path))
+        return {HOST_KEY_ATTRIBUTE: _PLACEHOLDER_HOST_KEY}
+
+
+class _Reply:
+    """What a command printed, as `boot.CommandResult`."""
+
+    def __init__(self, stdout: str = "", exit_status: int = 0) -> None:
+        self.exit_status = exit_status
+        self.stdout = stdout
+        self.stderr = ""
+
+
+class RecordingSession:
+    """A RemoteSession that records the command lines a `Connection` would execute.
+
+    Answers as a fresh image would: the bootstrap's scripts report success, a real TPU
+    image has no jax until the install ran (an emulated image ships it), the payload
+    exits 0. The receipt download ends the plan (`PlanEnds`).
+    """
+
+    def __init__(self, recorder: PlanRecorder, target: SshTarget, key: RunKey) -> None:
+        self.recorder = recorder
+        self.target = target
+        self.key = key
+        self.installed = recorder.spec.emulated
+
+    def _target_text(self) -> str:
+        port = PLACEHOLDER_SSH_PORT if self.recorder.spec.emulated else str(self.target.port)
+        return f"{self.target.user}@{self.target.host}:{port}"
+
+    def open(self) -> None:
+        self.recorder.add(
+            "ssh",
+            "connect",
+            target=self._target_text(),
+            detail=f"authenticates with the run's key ({PLACEHOLDER_PUBLIC_KEY}); trusts only "
+            f"the {self.target.host_key.key_type} host key the API published (any other "
+            "aborts before anything is sent)",
+        )
+
+    def close(self) -> None:
+        pass
+
+    def run(
+        self,
+        argv: Sequence[str] | str,
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float,
+        on_line: Callable[[str, str], None] | None = None,
+        check: bool = False,
+    ) -> _Reply:
+        command = remote_command(argv, env=env, timeout=timeout)
+        self.recorder.add(
+            "ssh",
+            "exec",
+            argv=None if isinstance(argv, str) else list(argv),
+            env=dict(env) if env else None,
+            command=command,
+        )
+        return self._reply(argv)
+
+    def _reply(self, argv: Sequence[str] | str) -> _Reply:
+        if isinstance(argv, str):
+            return _Reply()
+        argv = list(argv)
+        spec = self.recorder.spec
+        if argv in (boot.venv_command(i, spec.python) for i in boot.INSTALLERS):
+            return _Reply(boot.VENV_MARKER + PLACEHOLDER_FROM_VM + "\n")
+        if argv == boot.probe_command():
+            have = PLACEHOLDER_FROM_VM if self.installed else None
+            names = ("jax", "jaxlib", "numpy", "libtpu")
+            versions = {name: have for name in names} | {"python": PLACEHOLDER_FROM_VM}
+            if self.installed and spec.jax_version:
+                versions["jax"] = spec.jax_version  # what a pinned install resolves
+            return _Reply(boot.VERSIONS_MARKER + json.dumps(versions) + "\n")
+        if argv[:2] == ["sh", "-c"] and any(
+            argv == boot.install_command(spec.platform, i, spec.jax_version)
+            for i in boot.INSTALLERS
+        ):
+            self.installed = True
+            return _Reply(boot.INSTALLER_MARKER + argv[5] + "\n")
+        return _Reply()
+
+    def _transfer(self, action: str, remote: str) -> None:
+        path = remote_path(PLACEHOLDER_REMOTE_HOME, remote)
+        check = remote_command(sha256_command(path), timeout=SHA256_TIMEOUT)
+        self.recorder.add("ssh", action, remote_path=path, command=check)
+
+    def put(self, local: Path | bytes, remote: str) -> str:
+        data = local if isinstance(local, bytes) else local.read_bytes()
+        self._transfer("put", remote)
+        return hashlib.sha256(data).hexdigest()  # what the check would find
+
+    def get(self, remote: str, local: Path, *, max_bytes: int) -> str:
+        from tpulab.evidence.receipt import expectation_for
+
+        self._transfer("get", remote)
+        spec = self.recorder.spec
+        expectation = expectation_for(
+            spec.accelerator.name, emulated=spec.emulated, nonce=PLACEHOLDER_NONCE
+        )
+        self.recorder.local(
+            f"judge the receipt (at most {max_bytes} bytes): {expectation.describe()}, "
+            "nonce, sha256, numbers against the closed form; keep it in the receipt store "
+            "before the teardown starts",
+            phase=Phase.VERIFY.value,
+        )
+        raise PlanEnds("the receipt exists only after a real run")
