@@ -32,12 +32,22 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy", "--strict")
 
 
+# pytest-xdist workers for `nox -s tests`. The tests are independent (each has its own
+# TPULAB_HOME and tmp dirs, servers on port 0), so they can share the cores. They mostly
+# wait (on SSH hosts, subprocesses, emulated operations), so more workers than cores
+# pay: on a 2-core machine shared with other jobs, whole suite, -n 4 took 291 s and
+# -n 2 took 713 s, 325 s of it two OpenSSH sessions hung until their timeouts (2026-12-01).
+# `nox -s tests -- -n 0` runs them in one process (the last -n wins).
+TEST_WORKERS = "4"
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole suite, end-to-end tests included (they need sshd and gcloud in CI)."""
+    """The whole suite, end-to-end tests included (they need sshd and gcloud in CI),
+    spread over TEST_WORKERS processes."""
     session.install("-e", ".[test]")
     _payload_python_310(session)
-    session.run("pytest", *session.posargs)
+    session.run("pytest", "-n", TEST_WORKERS, *session.posargs)
 
 
 def _payload_python_310(session: nox.Session) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
-from conftest import require_tool
+from helpers import require_tool
 
 from tpulab.emulator.backends import HostBackendKind, make_host_backend
 from tpulab.emulator.hosts import HostBackend, HostEndpoint

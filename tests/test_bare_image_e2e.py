@@ -56,7 +56,7 @@ def test_run_on_the_bare_image_installs_jax_and_verifies(
     fast_embedded_emulator: Path, backend: str
 ) -> None:
     if backend == "openssh":
-        from conftest import require_tool
+        from helpers import require_tool
         from ssh_fixtures import sshd_available
 
         require_tool(sshd_available(), "OpenSSH server")

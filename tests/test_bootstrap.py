@@ -36,7 +36,7 @@ def make_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Bac
 
     def make(image: ImageEnv | ImageKind) -> HostBackend:
         if request.param == "openssh":
-            from conftest import require_tool
+            from helpers import require_tool
             from ssh_fixtures import sshd_available
 
             from tpulab.emulator.openssh import OpenSshHostBackend

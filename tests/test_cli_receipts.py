@@ -6,21 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import invoke
 from receipt_runs import real_run
-from typer.testing import CliRunner
 
 from tpulab import paths
-from tpulab.cli import EXIT_LOCAL_STATE, EXIT_OK, EXIT_VERIFY, app
+from tpulab.cli import EXIT_LOCAL_STATE, EXIT_OK, EXIT_VERIFY
 from tpulab.evidence.judge import judge
 from tpulab.evidence.receipt import expectation_for
 from tpulab.evidence.store import KeptReceipt, Provenance, ReceiptStore, Source
-
-
-def tpulab(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(app, list(args))
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
 
 
 def keep_real_receipt() -> KeptReceipt:
@@ -35,11 +28,11 @@ def keep_real_receipt() -> KeptReceipt:
 
 def test_an_intact_verified_receipt_shows_and_lists_as_verified() -> None:
     kept = keep_real_receipt()
-    status, out, err = tpulab("receipts", "show", kept.id)
+    status, out, err = invoke("receipts", "show", kept.id)
     assert status == EXIT_OK, err
     assert "VERIFIED" in out
     assert "TAMPERED" not in out
-    status, out, _ = tpulab("receipts", "list")
+    status, out, _ = invoke("receipts", "list")
     assert status == EXIT_OK
     row = next(line for line in out.splitlines() if line.startswith(kept.id))
     assert "verified" in row
@@ -51,7 +44,7 @@ def test_a_receipt_edited_after_keeping_is_reported_as_tampered() -> None:
     document["pmap"]["per_device_sums"][0] = 141
     kept.path.write_bytes(json.dumps(document).encode())
 
-    status, out, err = tpulab("receipts", "show", kept.id)
+    status, out, err = invoke("receipts", "show", kept.id)
     assert status == EXIT_VERIFY
     assert "TAMPERED" in out
     assert "VERIFIED" not in out
@@ -59,7 +52,7 @@ def test_a_receipt_edited_after_keeping_is_reported_as_tampered() -> None:
     assert "receipt.file_sha256" in err
     assert "pmap.per_device_sums[0]" in err
 
-    status, out, _ = tpulab("receipts", "show", kept.id, "--json")
+    status, out, _ = invoke("receipts", "show", kept.id, "--json")
     assert status == EXIT_VERIFY
     shown = json.loads(out)
     assert shown["ok"] is False
@@ -69,12 +62,12 @@ def test_a_receipt_edited_after_keeping_is_reported_as_tampered() -> None:
     assert shown["error"]["exit_status"] == EXIT_VERIFY
     assert shown["error"]["failures"][0]["requirement"] == "receipt.file_sha256"
 
-    status, out, _ = tpulab("receipts", "list")
+    status, out, _ = invoke("receipts", "list")
     assert status == EXIT_OK
     row = next(line for line in out.splitlines() if line.startswith(kept.id))
     assert "TAMPERED" in row
     assert "verified" not in row
-    status, out, _ = tpulab("receipts", "list", "--json")
+    status, out, _ = invoke("receipts", "list", "--json")
     (entry,) = json.loads(out)["receipts"]
     assert entry["integrity"] == "tampered"
 
@@ -82,12 +75,12 @@ def test_a_receipt_edited_after_keeping_is_reported_as_tampered() -> None:
 def test_a_truncated_receipt_is_unreadable_and_fails_show() -> None:
     kept = keep_real_receipt()
     kept.path.write_bytes(kept.path.read_bytes()[:200])
-    status, out, err = tpulab("receipts", "show", kept.id)
+    status, out, err = invoke("receipts", "show", kept.id)
     assert status == EXIT_VERIFY
     assert "UNREADABLE" in out
     assert "truncated" in out
     assert "altered after it was kept" in err
-    status, out, _ = tpulab("receipts", "show", kept.id, "--json")
+    status, out, _ = invoke("receipts", "show", kept.id, "--json")
     assert status == EXIT_VERIFY
     shown = json.loads(out)
     assert (shown["ok"], shown["judgement"]["verdict"]) == (False, "unreadable")
@@ -100,7 +93,7 @@ def test_a_receipt_kept_unreadable_does_not_show_as_a_success() -> None:
     cut = run.raw[:200]
     provenance = Provenance(source=Source.VERIFY, emulated=True)
     kept = ReceiptStore().keep(cut, expectation, judge(cut, expectation), provenance)
-    status, out, _ = tpulab("receipts", "show", kept.id)
+    status, out, _ = invoke("receipts", "show", kept.id)
     assert status == EXIT_VERIFY
     assert "UNREADABLE" in out
     assert "TAMPERED" not in out  # kept as it came: unreadable, not altered
@@ -112,21 +105,21 @@ def test_a_truncated_sidecar_spoils_only_its_own_entry() -> None:
     text = bad.record_path.read_text()
     bad.record_path.write_text(text[:40])
 
-    status, out, err = tpulab("receipts", "list")
+    status, out, err = invoke("receipts", "list")
     assert status == EXIT_OK, err
     rows = {line.split()[0]: line for line in out.splitlines() if line[:1].isdigit()}
     assert "verified" in rows[good.id]
     assert "DAMAGED" in rows[bad.id]
     assert bad.record_path.name in out  # the damage is named
-    status, out, _ = tpulab("receipts", "list", "--json")
+    status, out, _ = invoke("receipts", "list", "--json")
     assert status == EXIT_OK
     states = {e["id"]: e["integrity"] for e in json.loads(out)["receipts"]}
     assert states == {good.id: "intact", bad.id: "damaged"}
 
-    status, out, err = tpulab("receipts", "show", good.id)
+    status, out, err = invoke("receipts", "show", good.id)
     assert status == EXIT_OK, err
     assert "VERIFIED" in out
-    status, _, err = tpulab("receipts", "show", bad.id)
+    status, _, err = invoke("receipts", "show", bad.id)
     assert status == EXIT_LOCAL_STATE
     assert "cannot be re-checked" in err
 
@@ -136,7 +129,7 @@ def test_an_unreadable_receipts_directory_is_an_error_not_an_empty_list(as_json:
     where = paths.receipts_dir()
     where.parent.mkdir(parents=True, exist_ok=True)
     where.write_text("a file where the receipts directory should be")
-    status, out, err = tpulab("receipts", "list", *(["--json"] if as_json else []))
+    status, out, err = invoke("receipts", "list", *(["--json"] if as_json else []))
     assert status == EXIT_LOCAL_STATE
     assert "No receipts kept yet" not in out
     if as_json:
@@ -154,7 +147,7 @@ def test_verify_local_refuses_an_unwritable_store_before_running_the_payload() -
     where.write_text("a file where the receipts directory should be")
     # A payload that started would be stopped by this timeout (exit 5, "ran past"); the
     # store's probe must answer first.
-    status, _out, err = tpulab("verify", "--local", "--devices", "1", "--timeout", "0.001")
+    status, _out, err = invoke("verify", "--local", "--devices", "1", "--timeout", "0.001")
     assert status == EXIT_LOCAL_STATE, err
     assert "Cannot keep receipts" in err
     assert "ran past" not in err

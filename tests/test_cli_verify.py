@@ -6,22 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from helpers import invoke
 
-from tpulab.cli import EXIT_CONFIG, EXIT_OK, EXIT_VERIFY, app
+from tpulab.cli import EXIT_CONFIG, EXIT_OK, EXIT_VERIFY
 from tpulab.evidence.judge import Verdict
 from tpulab.evidence.store import ReceiptStore, Source
 
 
-def tpulab(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(app, list(args))
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
-
-
 def test_verify_local_accelerator_passes_and_keeps_the_receipt(tpulab_home: Path) -> None:
-    status, out, err = tpulab("verify", "--local", "--accelerator", "v5litepod-4")
+    status, out, err = invoke("verify", "--local", "--accelerator", "v5litepod-4")
     assert status == EXIT_OK, err
     assert "EMULATED" in out
     assert "closed form S(4) = 10416" in out
@@ -43,20 +36,20 @@ def test_verify_local_accelerator_passes_and_keeps_the_receipt(tpulab_home: Path
     assert kept[0].id in out
     assert kept[0].path.is_relative_to(tpulab_home)
 
-    status, out, _ = tpulab("receipts", "list")
+    status, out, _ = invoke("receipts", "list")
     assert status == EXIT_OK
     assert kept[0].id in out
     assert "verified" in out
-    status, out, _ = tpulab("receipts", "show", kept[0].id[:20])
+    status, out, _ = invoke("receipts", "show", kept[0].id[:20])
     assert status == EXIT_OK
     assert "VERIFIED" in out
     assert "10416" in out
-    status, out, _ = tpulab("receipts")  # bare group lists too
+    status, out, _ = invoke("receipts")  # bare group lists too
     assert kept[0].id in out
 
 
 def test_expect_tpu_on_this_machine_fails_saying_the_backend_is_unavailable() -> None:
-    status, out, err = tpulab("verify", "--local", "--expect-platform", "tpu", "--devices", "4")
+    status, out, err = invoke("verify", "--local", "--expect-platform", "tpu", "--devices", "4")
     assert status == EXIT_VERIFY
     assert "TPU backend is unavailable" in err
     assert "VERIFIED" not in out
@@ -67,7 +60,7 @@ def test_expect_tpu_on_this_machine_fails_saying_the_backend_is_unavailable() ->
 
 
 def test_verify_json_envelope(tpulab_home: Path) -> None:
-    status, out, _ = tpulab("verify", "--local", "--devices", "1", "--json")
+    status, out, _ = invoke("verify", "--local", "--devices", "1", "--json")
     assert status == EXIT_OK
     document = json.loads(out)
     assert (document["schema_version"], document["command"]) == (1, "verify")
@@ -79,11 +72,11 @@ def test_verify_json_envelope(tpulab_home: Path) -> None:
     assert document["judgement"]["per_device_sums"] == [140.0]
     assert document["error"] is None
 
-    status, out, _ = tpulab("receipts", "list", "--json")
+    status, out, _ = invoke("receipts", "list", "--json")
     listed = json.loads(out)
     assert listed["command"] == "receipts list"
     assert [r["id"] for r in listed["receipts"]] == [document["receipt_id"]]
-    status, out, _ = tpulab("receipts", "show", document["receipt_id"], "--json")
+    status, out, _ = invoke("receipts", "show", document["receipt_id"], "--json")
     shown = json.loads(out)
     assert status == EXIT_OK
     assert shown["ok"] is True
@@ -93,7 +86,7 @@ def test_verify_json_envelope(tpulab_home: Path) -> None:
 
 
 def test_rejection_json_envelope_names_the_failure() -> None:
-    status, out, _ = tpulab("verify", "--local", "--expect-platform", "tpu", "--json")
+    status, out, _ = invoke("verify", "--local", "--expect-platform", "tpu", "--json")
     assert status == EXIT_VERIFY
     document = json.loads(out)
     assert document["ok"] is False
@@ -117,14 +110,14 @@ def test_rejection_json_envelope_names_the_failure() -> None:
     ],
 )
 def test_bad_input_is_refused_before_anything_runs(args: list[str], message: str) -> None:
-    status, _out, err = tpulab(*args)
+    status, _out, err = invoke(*args)
     assert status == EXIT_CONFIG
     assert message in err
     assert ReceiptStore().list() == []
 
 
 def test_config_error_with_json_is_an_envelope_too() -> None:
-    status, out, _ = tpulab("verify", "--local", "--devices", "999", "--json")
+    status, out, _ = invoke("verify", "--local", "--devices", "999", "--json")
     assert status == EXIT_CONFIG
     document = json.loads(out)
     assert document["ok"] is False
@@ -133,6 +126,6 @@ def test_config_error_with_json_is_an_envelope_too() -> None:
 
 
 def test_empty_store_lists_helpfully() -> None:
-    status, out, _ = tpulab("receipts", "list")
+    status, out, _ = invoke("receipts", "list")
     assert status == EXIT_OK
     assert "No receipts kept yet" in out

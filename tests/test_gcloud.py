@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from conftest import require_tool
+from helpers import require_tool
 
 from tpulab.models import NodeState
 

@@ -175,7 +175,7 @@ def test_payload_on_python_310_with_the_jax_a_tpu_vm_gets() -> None:
     # TPU VM images ship Python 3.10, where the newest jax is 0.6.x. Point
     # TPULAB_TEST_PY310 at such an interpreter (e.g. `uv venv -p 3.10` + `jax[cpu]<0.7`).
     # `nox -s tests` builds one when a python3.10 is on PATH; CI must run this test.
-    from conftest import require_tool
+    from helpers import require_tool
 
     python = os.environ.get("TPULAB_TEST_PY310", "")
     require_tool(bool(python), "a Python 3.10 with jax (TPULAB_TEST_PY310)")

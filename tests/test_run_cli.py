@@ -113,7 +113,7 @@ def embedded_leftovers(state: Path) -> list[str]:
 )
 def test_run_emulate(fast_embedded_emulator: Path, backend: str) -> None:
     if backend == "openssh":
-        from conftest import require_tool
+        from helpers import require_tool
         from ssh_fixtures import sshd_available
 
         require_tool(sshd_available(), "OpenSSH server")

@@ -2,11 +2,16 @@
 
 Delivery is tested with real signals: in this process via `signal.raise_signal` (the
 handler logic, with an injected clock), and in child processes sent by `os.kill` (a real
-sleeping main thread, stdout as the user would see it, the exit status, os._exit).
+blocked main thread, stdout as the user would see it, the exit status, os._exit). The
+children never sleep a fixed time: their work and their teardown each block on a pipe
+that the test releases, so a slow machine changes how long a test takes, never which
+phase a signal lands in.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
 import signal
 import subprocess
@@ -17,26 +22,19 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 import pytest
+from helpers import FakeClock
 
 from tpulab.errors import InterruptedRun, TeardownError
 from tpulab.run.signals import SignalInterrupt, interrupted, shield, signals_to_teardown
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _guard(notes: list[str], clock: Clock | None = None) -> AbstractContextManager[None]:
+def _guard(notes: list[str], clock: FakeClock | None = None) -> AbstractContextManager[None]:
     return signals_to_teardown(
-        notes.append, force_exit_status=6, window=2.0, clock=clock or Clock()
+        notes.append, force_exit_status=6, window=2.0, clock=clock or FakeClock(now=100.0)
     )
 
 
-def _guarded(body: Callable[[], None], notes: list[str], clock: Clock | None = None) -> None:
+def _guarded(body: Callable[[], None], notes: list[str], clock: FakeClock | None = None) -> None:
     with _guard(notes, clock):
         body()
 
@@ -70,7 +68,7 @@ def test_a_signal_unwinds_through_finally_and_becomes_interrupted_run(
 
 def test_signals_during_teardown_are_refused_with_what_is_being_deleted() -> None:
     notes: list[str] = []
-    clock = Clock()
+    clock = FakeClock(now=100.0)
     events: list[str] = []
 
     def body() -> None:
@@ -188,11 +186,12 @@ def test_signal_interrupt_is_not_an_exception() -> None:
 
 CHILD = textwrap.dedent(
     """
-    import signal, sys, time
+    import os, signal, sys
     from tpulab.errors import InterruptedRun
     from tpulab.run.signals import shield, signals_to_teardown
 
-    window, teardown_seconds = float(sys.argv[1]), float(sys.argv[2])
+    window = float(sys.argv[1])
+    work_gate, teardown_gate = int(sys.argv[2]), int(sys.argv[3])
     # A foreground process, whatever the test runner inherited (a background job in a
     # non-interactive shell starts with SIGINT ignored, which tpulab rightly respects).
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -203,19 +202,24 @@ CHILD = textwrap.dedent(
     def notify(message):
         print("NOTIFY " + message.replace("\\n", " | "), flush=True)
 
+    def wait_for_release(gate):
+        # Blocks until the test writes a byte (or dies: EOF). A signal whose handler
+        # returns (a refusal) resumes the read (PEP 475); one that raises ends it.
+        os.read(gate, 1)
+
     try:
         with signals_to_teardown(notify, force_exit_status=6, window=window):
             try:
                 print("WORKING", flush=True)
                 if "fail" in sys.argv:  # teardown begun by an error, not by a signal
                     raise RuntimeError("payload failed")
-                time.sleep(1.0)
+                wait_for_release(work_gate)
                 print("WORK-DONE", flush=True)
             finally:
                 with shield("deleting node n1 in us-central1-a",
                             manual="gcloud compute tpus tpu-vm delete n1 --quiet"):
                     print("TEARDOWN-START", flush=True)
-                    time.sleep(teardown_seconds)
+                    wait_for_release(teardown_gate)
                     print("TEARDOWN-DONE", flush=True)
     except InterruptedRun as error:
         print("INTERRUPTED " + error.signal_name, flush=True)
@@ -226,14 +230,27 @@ CHILD = textwrap.dedent(
     """
 )
 
+# Long enough that a loaded machine never lets three quick presses drift apart: whether
+# a press forces is then decided by the counting rule alone (the window itself is
+# tested in-process above, with an injected clock).
+WIDE_WINDOW = "60"
+
 
 class Child:
-    def __init__(self, *args: str) -> None:
+    """A child process whose work and teardown each block until the test releases them,
+    so every signal lands in the phase the test names, however slow the machine."""
+
+    def __init__(self, window: str, *flags: str) -> None:
+        work_read, self._work = os.pipe()
+        teardown_read, self._teardown = os.pipe()
         self.process = subprocess.Popen(
-            [sys.executable, "-c", CHILD, *args],
+            [sys.executable, "-c", CHILD, window, str(work_read), str(teardown_read), *flags],
             stdout=subprocess.PIPE,
             text=True,
+            pass_fds=(work_read, teardown_read),
         )
+        os.close(work_read)
+        os.close(teardown_read)
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
@@ -253,6 +270,12 @@ class Child:
     def send(self, signum: signal.Signals) -> None:
         self.process.send_signal(signum)
 
+    def release_work(self) -> None:
+        os.write(self._work, b"w")
+
+    def release_teardown(self) -> None:
+        os.write(self._teardown, b"t")
+
     def finish(self) -> tuple[int, list[str]]:
         status = self.process.wait(timeout=20)
         while True:
@@ -261,25 +284,33 @@ class Child:
             except queue.Empty:
                 return status, self.seen
 
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for gate in (self._work, self._teardown):
+            with contextlib.suppress(OSError):
+                os.close(gate)
+
 
 @pytest.fixture
 def children() -> Iterator[list[Child]]:
     started: list[Child] = []
     yield started
     for child in started:
-        if child.process.poll() is None:
-            child.process.kill()
-            child.process.wait()
+        child.close()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_real_signal_mid_phase_tears_down_and_exits_130(
     signum: signal.Signals, children: list[Child]
 ) -> None:
-    child = Child("2.0", "0.2")
+    child = Child(WIDE_WINDOW)
     children.append(child)
     child.wait_for("WORKING")
-    child.send(signum)
+    child.send(signum)  # the work is never released: only the signal can end it
+    child.wait_for("TEARDOWN-START")
+    child.release_teardown()
     status, lines = child.finish()
     assert status == 130
     assert "WORK-DONE" not in lines
@@ -287,14 +318,15 @@ def test_real_signal_mid_phase_tears_down_and_exits_130(
 
 
 def test_real_second_ctrl_c_is_refused_and_teardown_completes(children: list[Child]) -> None:
-    child = Child("0.3", "1.5")
+    child = Child(WIDE_WINDOW)
     children.append(child)
     child.wait_for("WORKING")
     child.send(signal.SIGINT)
     child.wait_for("TEARDOWN-START")
-    child.send(signal.SIGINT)
+    child.send(signal.SIGINT)  # well inside the window, and still refused
     refusal = child.wait_for("NOTIFY")
     assert "deleting node n1 in us-central1-a" in refusal
+    child.release_teardown()
     status, lines = child.finish()
     assert status == 130
     assert lines[-2:] == ["TEARDOWN-DONE", "INTERRUPTED SIGINT"]
@@ -303,14 +335,14 @@ def test_real_second_ctrl_c_is_refused_and_teardown_completes(children: list[Chi
 def test_real_third_ctrl_c_in_the_window_force_quits_with_the_manual_command(
     children: list[Child],
 ) -> None:
-    child = Child("5.0", "10")
+    child = Child(WIDE_WINDOW)
     children.append(child)
     child.wait_for("WORKING")
     child.send(signal.SIGINT)
     child.wait_for("TEARDOWN-START")
     child.send(signal.SIGINT)
     child.wait_for("NOTIFY")
-    child.send(signal.SIGINT)
+    child.send(signal.SIGINT)  # the teardown is never released: only forcing ends it
     status, lines = child.finish()
     assert status == 6
     assert "TEARDOWN-DONE" not in lines
@@ -325,26 +357,27 @@ def test_real_two_ctrl_c_cannot_abort_a_teardown_begun_by_an_error(
 ) -> None:
     # A failed payload (or `teardown --verify`) starts teardown with no Ctrl-C: the user's
     # first two presses, however quick, are both refused and the node is still deleted.
-    child = Child("5.0", "1.5", "fail")
+    child = Child(WIDE_WINDOW, "fail")
     children.append(child)
     child.wait_for("TEARDOWN-START")
     child.send(signal.SIGINT)
     first = child.wait_for("NOTIFY")
     child.send(signal.SIGINT)
     second = child.wait_for("NOTIFY")
+    child.release_teardown()
     status, lines = child.finish()
     assert status == 1
     assert lines[-2:] == ["TEARDOWN-DONE", "FAILED payload failed"]
     assert first.startswith("NOTIFY SIGINT ignored: deleting node n1 in us-central1-a")
     # Only the refusal after which one more quick Ctrl-C really forces says so.
     assert "force quit" not in first
-    assert "Ctrl-C again within 5 s to force quit" in second
+    assert f"Ctrl-C again within {WIDE_WINDOW} s to force quit" in second
 
 
 def test_real_third_ctrl_c_force_quits_a_teardown_begun_by_an_error(
     children: list[Child],
 ) -> None:
-    child = Child("5.0", "10", "fail")
+    child = Child(WIDE_WINDOW, "fail")
     children.append(child)
     child.wait_for("TEARDOWN-START")
     for _ in range(2):
@@ -359,8 +392,8 @@ def test_real_third_ctrl_c_force_quits_a_teardown_begun_by_an_error(
 
 def test_real_sigterm_then_two_ctrl_c_does_not_force(children: list[Child]) -> None:
     # A supervisor's SIGTERM began teardown; it is not a Ctrl-C press, so two more do not
-    # add up to three.
-    child = Child("5.0", "1.5")
+    # add up to three, even well inside the window.
+    child = Child(WIDE_WINDOW)
     children.append(child)
     child.wait_for("WORKING")
     child.send(signal.SIGTERM)
@@ -368,13 +401,14 @@ def test_real_sigterm_then_two_ctrl_c_does_not_force(children: list[Child]) -> N
     for _ in range(2):
         child.send(signal.SIGINT)
         child.wait_for("NOTIFY SIGINT ignored")
+    child.release_teardown()
     status, lines = child.finish()
     assert status == 130
     assert lines[-2:] == ["TEARDOWN-DONE", "INTERRUPTED SIGTERM"]
 
 
 def test_real_repeated_sigterm_never_forces(children: list[Child]) -> None:
-    child = Child("5.0", "1.0")
+    child = Child(WIDE_WINDOW)
     children.append(child)
     child.wait_for("WORKING")
     child.send(signal.SIGTERM)
@@ -382,16 +416,22 @@ def test_real_repeated_sigterm_never_forces(children: list[Child]) -> None:
     for _ in range(3):
         child.send(signal.SIGTERM)
         child.wait_for("NOTIFY SIGTERM ignored")
+    child.release_teardown()
     status, lines = child.finish()
     assert status == 130
     assert lines[-2:] == ["TEARDOWN-DONE", "INTERRUPTED SIGTERM"]
 
 
 def test_real_sighup_under_nohup_is_ignored(children: list[Child]) -> None:
-    child = Child("2.0", "0.1", "ignore-hup")
+    child = Child(WIDE_WINDOW, "ignore-hup")
     children.append(child)
     child.wait_for("WORKING")
+    # Sent while the work is blocked: were SIGHUP caught, it would end the read at once
+    # (the kernel marks it pending before kill() returns), long before the release.
     child.send(signal.SIGHUP)
+    child.release_work()
+    child.wait_for("TEARDOWN-START")
+    child.release_teardown()
     status, lines = child.finish()
     assert status == 0
     assert lines[-3:] == ["WORK-DONE", "TEARDOWN-START", "TEARDOWN-DONE"]

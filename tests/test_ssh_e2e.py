@@ -292,7 +292,7 @@ def test_sessions_see_the_image_environment_only(
 @pytest.mark.openssh
 def test_keys_installed_late_by_the_guest_agent_are_waited_for(tmp_path: Path) -> None:
     """Like a real VM: sshd is up before the guest agent writes authorized_keys."""
-    from conftest import require_tool
+    from helpers import require_tool
     from ssh_fixtures import sshd_available
 
     from tpulab.emulator.openssh import OpenSshHostBackend

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
+from helpers import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,23 +35,6 @@ from tpulab.remote.ssh import (
     ssh_port_from,
     wait_for_host_key,
 )
-
-
-class FakeClock:
-    """Time that only moves when the code under test sleeps."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        assert seconds >= 0
-        self.sleeps.append(seconds)
-        self.now += seconds
-
 
 # -- keys ------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from delegating_api import DelegatingTpuApi
+from helpers import create_ready_node, killed_run
 
 from tpulab.cleanup.journal import TARGET_EMULATE, Journal, RunRow, target_for
 from tpulab.cleanup.sweep import (
@@ -27,7 +28,7 @@ from tpulab.cloud.google import GoogleTpuApi
 from tpulab.emulator.server import Emulator
 from tpulab.emulator.timing import Timing
 from tpulab.errors import ConfigError, PermissionDeniedError
-from tpulab.models import MANAGED_BY_LABEL, MANAGED_BY_VALUE, NodeRequest, tpulab_labels
+from tpulab.models import MANAGED_BY_LABEL, MANAGED_BY_VALUE, tpulab_labels
 
 PROJECT = "sweep-proj"
 ZONE = "us-central1-a"
@@ -59,45 +60,6 @@ def journal(tmp_path: Path) -> Journal:
     return Journal(tmp_path / "journal.sqlite3")
 
 
-def _create(api: GoogleTpuApi, name: str, labels: dict[str, str], zone: str = ZONE) -> None:
-    request = NodeRequest(accelerator_type=ACCEL, runtime_version=RUNTIME, labels=labels)
-    api.wait_operation(api.create_node(zone, name, request), timeout=30)
-
-
-def _killed_run(
-    api: GoogleTpuApi,
-    journal: Journal,
-    run_id: str,
-    pid: int,
-    *,
-    zone: str = ZONE,
-    create: bool = True,
-    target: str | None = None,
-) -> str:
-    """What a run killed with SIGKILL leaves: an open row and (usually) a labelled node."""
-    name = f"tpulab-{run_id}"
-    row = RunRow.for_this_process(
-        run_id=run_id,
-        project=api.project,
-        zone=zone,
-        node_name=name,
-        accelerator=ACCEL,
-        target=target or target_for(api_endpoint_of(api)),
-        emulated=True,
-        phase="execute",
-    )
-    journal.open_run(RunRow(**{**row.__dict__, "pid": pid, "proc_start": None}))
-    if create:
-        _create(api, name, tpulab_labels(run_id), zone)
-    return name
-
-
-def api_endpoint_of(api: GoogleTpuApi) -> str:
-    endpoint = getattr(api, "api_endpoint", None) or getattr(api, "_api_endpoint", None)
-    assert isinstance(endpoint, str), "GoogleTpuApi should expose its endpoint"
-    return endpoint
-
-
 def _short_sleep(seconds: float) -> None:
     time.sleep(min(seconds, 0.05))  # keep the sweep's retry and poll schedule, not its waits
 
@@ -112,7 +74,7 @@ def _fast_sweep(
 ) -> tuple[SweepPlan, SweepResult]:
     plan = find_orphans(
         api,
-        target=target_for(api_endpoint_of(api)),
+        target=target_for(api.api_endpoint),
         zones=zones,
         run_id=run_id,
         journal=journal,
@@ -128,10 +90,10 @@ def _fast_sweep(
 def test_journal_and_labels_find_orphans_and_foreign_nodes_survive(
     api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
 ) -> None:
-    killed = _killed_run(api, journal, "killed-1", dead_pid)
-    _create(api, "tpulab-from-laptop-2", tpulab_labels("elsewhere-1"))  # no row here
-    _create(api, "tpulab-lookalike", {"team": "research"})  # our naming, not our labels
-    _create(api, "users-own-node", {})
+    killed = killed_run(api, "killed-1", journal=journal, pid=dead_pid)
+    create_ready_node(api, "tpulab-from-laptop-2", tpulab_labels("elsewhere-1"))  # no row here
+    create_ready_node(api, "tpulab-lookalike", {"team": "research"})  # our naming, not our labels
+    create_ready_node(api, "users-own-node", {})
     plan, result = _fast_sweep(api, journal, zones=[ZONE])
     assert {c.node.name: c.source for c in plan.candidates} == {
         killed: "journal+labels",
@@ -153,8 +115,8 @@ def test_journal_and_labels_find_orphans_and_foreign_nodes_survive(
 def test_run_id_touches_exactly_one_run(
     api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
 ) -> None:
-    first = _killed_run(api, journal, "run-a", dead_pid)
-    second = _killed_run(api, journal, "run-b", dead_pid)
+    first = killed_run(api, "run-a", journal=journal, pid=dead_pid)
+    second = killed_run(api, "run-b", journal=journal, pid=dead_pid)
     plan, result = _fast_sweep(api, journal, run_id="run-a")  # zone comes from the journal
     assert plan.zones == [ZONE]
     assert [c.node.name for c in plan.candidates] == [first]
@@ -166,7 +128,7 @@ def test_run_id_touches_exactly_one_run(
 def test_journal_zones_are_searched_beyond_the_configured_one(
     api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
 ) -> None:
-    _killed_run(api, journal, "east-run", dead_pid, zone=ZONE_B)
+    killed_run(api, "east-run", journal=journal, pid=dead_pid, zone=ZONE_B)
     plan, result = _fast_sweep(api, journal, zones=[ZONE])
     assert plan.zones == [ZONE, ZONE_B]
     assert result.ok
@@ -176,7 +138,7 @@ def test_journal_zones_are_searched_beyond_the_configured_one(
 def test_a_live_run_is_left_to_tear_itself_down(
     api: GoogleTpuApi, journal: Journal, emulator: Emulator
 ) -> None:
-    live = _killed_run(api, journal, "live-run", os.getpid())  # this process is alive
+    live = killed_run(api, "live-run", journal=journal, pid=os.getpid())  # this process is alive
     journal.open_run(
         RunRow.for_this_process(
             run_id="live-creating",
@@ -184,7 +146,7 @@ def test_a_live_run_is_left_to_tear_itself_down(
             zone=ZONE,
             node_name="tpulab-live-creating",
             accelerator=ACCEL,
-            target=target_for(api_endpoint_of(api)),
+            target=target_for(api.api_endpoint),
             emulated=True,
         )
     )
@@ -207,7 +169,7 @@ def test_a_live_run_is_left_to_tear_itself_down(
 def test_rows_without_nodes_are_closed_only_when_their_zone_was_listed(
     api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
 ) -> None:
-    _killed_run(api, journal, "never-created", dead_pid, create=False)
+    killed_run(api, "never-created", journal=journal, pid=dead_pid, create=False)
     api = GoogleTpuApi(PROJECT, api_endpoint=emulator.url, retries=0)  # fail fast
     emulator.faults.update({"transient": {"list_nodes": 1000}})
     plan, result = _fast_sweep(api, journal, zones=[ZONE])
@@ -227,7 +189,7 @@ def test_rows_without_nodes_are_closed_only_when_their_zone_was_listed(
 def test_transient_errors_on_list_and_delete_still_converge(
     api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
 ) -> None:
-    _killed_run(api, journal, "flaky", dead_pid)
+    killed_run(api, "flaky", journal=journal, pid=dead_pid)
     emulator.faults.update({"transient": {"list_nodes": 3, "delete_node": 2}, "delete_failures": 1})
     _plan, result = _fast_sweep(api, journal, zones=[ZONE])
     assert result.ok, (result.failed, result.list_errors)
@@ -238,9 +200,9 @@ def test_transient_errors_on_list_and_delete_still_converge(
 def test_a_hanging_delete_is_never_reported_as_success(
     api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
 ) -> None:
-    name = _killed_run(api, journal, "stuck", dead_pid)
+    name = killed_run(api, "stuck", journal=journal, pid=dead_pid)
     emulator.faults.update({"delete_hangs": True})
-    plan = find_orphans(api, target=target_for(api_endpoint_of(api)), zones=[ZONE], journal=journal)
+    plan = find_orphans(api, target=target_for(api.api_endpoint), zones=[ZONE], journal=journal)
     result = sweep(api, plan, journal=journal, timeout=1.5, poll=0.05, max_poll=0.2)
     assert not result.ok
     assert [c.node.name for c, _ in result.failed] == [name]
@@ -272,11 +234,11 @@ def test_a_refused_delete_is_a_leak_with_its_command_not_an_api_error(
     api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int, run_label: bool
 ) -> None:
     if run_label:
-        name = _killed_run(api, journal, "refused", dead_pid)
+        name = killed_run(api, "refused", journal=journal, pid=dead_pid)
     else:
         name = "tpulab-unlabelled-run"
-        _create(api, name, {MANAGED_BY_LABEL: MANAGED_BY_VALUE})
-    plan = find_orphans(api, target=target_for(api_endpoint_of(api)), zones=[ZONE], journal=journal)
+        create_ready_node(api, name, {MANAGED_BY_LABEL: MANAGED_BY_VALUE})
+    plan = find_orphans(api, target=target_for(api.api_endpoint), zones=[ZONE], journal=journal)
     assert [c.node.name for c in plan.candidates] == [name]
     refusing = RefusingDeletes(api)
     result = sweep(refusing, plan, journal=journal, timeout=0.6, poll=0.05, sleep=_short_sleep)
@@ -299,12 +261,14 @@ def test_a_node_that_lost_our_labels_before_the_sweep_is_spared(
     api: GoogleTpuApi, journal: Journal, emulator: Emulator
 ) -> None:
     name = "tpulab-renamed-away"
-    _create(api, name, {MANAGED_BY_LABEL: MANAGED_BY_VALUE})  # no run label: matched by name
-    plan = find_orphans(api, target=target_for(api_endpoint_of(api)), zones=[ZONE], journal=journal)
+    create_ready_node(
+        api, name, {MANAGED_BY_LABEL: MANAGED_BY_VALUE}
+    )  # no run label: matched by name
+    plan = find_orphans(api, target=target_for(api.api_endpoint), zones=[ZONE], journal=journal)
     assert [c.node.name for c in plan.candidates] == [name]
     # Between the look and the delete, the node goes and a stranger's takes its name.
     api.wait_operation(api.delete_node(ZONE, name), timeout=30)
-    _create(api, name, {"team": "research"})
+    create_ready_node(api, name, {"team": "research"})
     result = sweep(api, plan, journal=journal, timeout=5, poll=0.05, sleep=_short_sleep)
     assert emulator.node_names(PROJECT) == [name]
     assert [c.node.name for c in result.spared] == [name]
@@ -315,7 +279,7 @@ def test_a_node_that_lost_our_labels_before_the_sweep_is_spared(
 def test_a_corrupted_journal_still_finds_nodes_by_label(
     api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
 ) -> None:
-    name = _killed_run(api, journal, "before-corruption", dead_pid)
+    name = killed_run(api, "before-corruption", journal=journal, pid=dead_pid)
     for suffix in ("", "-wal", "-shm"):
         Path(f"{journal.path}{suffix}").unlink(missing_ok=True)
     journal.path.write_bytes(b"not sqlite at all " * 64)
@@ -331,7 +295,9 @@ def test_a_corrupted_journal_still_finds_nodes_by_label(
 def test_rows_of_other_targets_are_reported_not_touched(
     api: GoogleTpuApi, journal: Journal, emulator: Emulator, dead_pid: int
 ) -> None:
-    name = _killed_run(api, journal, "emulated-elsewhere", dead_pid, target=TARGET_EMULATE)
+    name = killed_run(
+        api, "emulated-elsewhere", journal=journal, pid=dead_pid, target=TARGET_EMULATE
+    )
     plan, result = _fast_sweep(api, journal, zones=[ZONE_B])
     assert [row.run_id for row in plan.other_rows] == ["emulated-elsewhere"]
     assert "--emulate" in sweep_command_for(plan.other_rows[0])
@@ -348,7 +314,9 @@ def test_no_zone_anywhere_is_a_config_error(
         find_orphans(api, target="google", journal=journal)
     assert caught.value.hint is not None
     assert "--zone" in caught.value.hint
-    _killed_run(api, journal, "emulated-run", dead_pid, create=False, target=TARGET_EMULATE)
+    killed_run(
+        api, "emulated-run", journal=journal, pid=dead_pid, create=False, target=TARGET_EMULATE
+    )
     with pytest.raises(ConfigError, match="no open run emulated-run") as caught:
         find_orphans(api, target="google", journal=journal, run_id="emulated-run")
     assert caught.value.hint is not None
@@ -356,8 +324,8 @@ def test_no_zone_anywhere_is_a_config_error(
 
 
 def test_verify_clean_counts_only_tpulab_nodes(api: GoogleTpuApi) -> None:
-    _create(api, "tpulab-x", tpulab_labels("x"))
-    _create(api, "other", {})
+    create_ready_node(api, "tpulab-x", tpulab_labels("x"))
+    create_ready_node(api, "other", {})
     remaining, errors = verify_clean(api, [ZONE])
     assert [n.name for n in remaining] == ["tpulab-x"]
     assert errors == {}
@@ -368,10 +336,10 @@ def test_verify_clean_counts_only_tpulab_nodes(api: GoogleTpuApi) -> None:
 def test_age_and_cost_come_from_the_node(
     api: GoogleTpuApi, journal: Journal, dead_pid: int
 ) -> None:
-    _killed_run(api, journal, "aged", dead_pid)
+    killed_run(api, "aged", journal=journal, pid=dead_pid)
     later = datetime.now(timezone.utc) + timedelta(hours=2)
     plan = find_orphans(
-        api, target=target_for(api_endpoint_of(api)), zones=[ZONE], journal=journal, now=later
+        api, target=target_for(api.api_endpoint), zones=[ZONE], journal=journal, now=later
     )
     (candidate,) = plan.candidates
     assert candidate.age_seconds is not None

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from conftest import require_tool
+from helpers import require_tool
 
 from tpulab.cloud.google import GoogleTpuApi
 from tpulab.emulator import Emulator, Timing

@@ -1,0 +1,150 @@
+"""Helpers the test modules share: plain functions and classes, no fixtures.
+
+Fixtures live in conftest.py (and the `*_fixtures.py` plugins); anything a test module
+imports by name lives here, once:
+
+- `require_tool`: skip locally, fail in CI, when a system tool is missing;
+- `FakeClock`: time that moves only when the code under test sleeps (or a test says so);
+- `tpulab`: the CLI as a user runs it, a real `python -m tpulab` subprocess;
+- `invoke`: the same CLI in this process (typer's runner), when no subprocess is needed;
+- `create_ready_node`, `killed_run`: what the cloud and the journal hold after a run
+  was killed with SIGKILL, for the sweep and `teardown --verify` to find.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING
+
+import pytest
+
+from tpulab.cleanup.journal import Journal, RunRow, target_for
+from tpulab.models import NodeRequest, tpulab_labels
+
+if TYPE_CHECKING:  # the Google client is heavy; tests that need it import it themselves
+    from tpulab.cloud.google import GoogleTpuApi
+
+__all__ = [
+    "IN_CI",
+    "FakeClock",
+    "create_ready_node",
+    "invoke",
+    "killed_run",
+    "require_tool",
+    "tpulab",
+]
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+ACCELERATOR = "v5litepod-4"
+RUNTIME = "v2-alpha-tpuv5-lite"
+ZONE = "us-central1-a"
+
+
+def require_tool(available: bool, what: str) -> None:
+    """Skip locally when a system tool is missing, but FAIL in CI: CI must run everything."""
+    if available:
+        return
+    if IN_CI:
+        pytest.fail(f"{what} is required in CI (CI=true) but is not installed")
+    pytest.skip(f"{what} is not installed")
+
+
+@dataclass
+class FakeClock:
+    """Time that only moves when the code under test sleeps, or a test sets `now`.
+
+    Pass the instance itself (or `.clock`) where a `clock()` is wanted and `.sleep` where
+    a `sleep(seconds)` is; every sleep is recorded, so a test can assert the schedule.
+    """
+
+    now: float = 0.0
+    sleeps: list[float] = field(default_factory=list)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def tpulab(
+    *args: str,
+    timeout: float = 120,
+    env: Mapping[str, str] | None = None,
+    stdin: int | IO[str] | None = subprocess.DEVNULL,
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m tpulab ARGS` as a user would, with a wide terminal and no stdin
+    (a test must never wait on a prompt); `env` adds to this process's environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "tpulab", *args],
+        stdin=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+        check=False,
+    )
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    """Run the CLI in this process: (exit status, stdout, stderr). An exception the CLI
+    did not turn into an exit status is re-raised, so a crash never reads as a status."""
+    from typer.testing import CliRunner
+
+    from tpulab.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def create_ready_node(
+    api: GoogleTpuApi, name: str, labels: Mapping[str, str], zone: str = ZONE
+) -> None:
+    """Create a node through the real client and wait until its operation is done."""
+    request = NodeRequest(
+        accelerator_type=ACCELERATOR, runtime_version=RUNTIME, labels=dict(labels)
+    )
+    api.wait_operation(api.create_node(zone, name, request), timeout=30)
+
+
+def killed_run(
+    api: GoogleTpuApi,
+    run_id: str,
+    *,
+    journal: Journal | None = None,
+    pid: int | None = None,
+    zone: str = ZONE,
+    phase: str = "execute",
+    target: str | None = None,
+    create: bool = True,
+) -> str:
+    """What a run killed with SIGKILL leaves: an open journal row whose process is gone
+    (`pid`: a dead one, or None) and, unless `create=False`, its labelled node.
+    Returns the node's name."""
+    name = f"tpulab-{run_id}"
+    row = RunRow.for_this_process(
+        run_id=run_id,
+        project=api.project,
+        zone=zone,
+        node_name=name,
+        accelerator=ACCELERATOR,
+        target=target or target_for(api.api_endpoint),
+        emulated=True,
+        phase=phase,
+    )
+    (journal or Journal()).open_run(RunRow(**{**row.__dict__, "pid": pid, "proc_start": None}))
+    if create:
+        create_ready_node(api, name, tpulab_labels(run_id), zone)
+    return name
