@@ -109,7 +109,7 @@ def rig(host_backend: HostBackend, start_emulator: EmulatorStarter, tmp_path: Pa
 
 @pytest.fixture
 def embedded_rig(start_emulator: EmulatorStarter, tmp_path: Path) -> Iterator[Rig]:
-    backend = make_host_backend("embedded", tmp_path / "ssh-hosts")
+    backend = make_host_backend("embedded", tmp_path / "ssh-hosts", image="preloaded")
     emulator: Emulator | None = None
     try:
         emulator = start_emulator(tmp_path / "emulator", host_backend=backend)

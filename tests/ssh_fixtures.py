@@ -66,7 +66,9 @@ def host_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Hos
     kind: HostBackendKind = request.param
     if kind == "openssh":
         require_tool(sshd_available(), f"OpenSSH server ({DEFAULT_SSHD} and sftp-server)")
-    backend = make_host_backend(kind, tmp_path / "ssh-hosts")
+    # Preloaded (the controller's jax): these tests are about SSH and the lifecycle, not
+    # the install; tests/test_bootstrap.py and test_bare_image_e2e.py use the bare image.
+    backend = make_host_backend(kind, tmp_path / "ssh-hosts", image="preloaded")
     try:
         yield backend
     finally:

@@ -47,7 +47,7 @@ from helpers import tpulab
 
 from tpulab.cleanup.journal import Journal, RunRow
 from tpulab.cloud.google import GoogleTpuApi
-from tpulab.emulator.hostenv import ImageEnv, default_image_env
+from tpulab.emulator.hostenv import ImageEnv, preloaded_image_env
 from tpulab.emulator.hosts import HostEndpoint
 from tpulab.emulator.server import Emulator
 from tpulab.emulator.sshhost import EmbeddedHostBackend
@@ -123,11 +123,23 @@ class RefusingHosts:
         self.refused: set[str] = set()
 
     def start(
-        self, node_key: str, sandbox: Path, ssh_keys_metadata: str, *, refuse_for: float = 0.0
+        self,
+        node_key: str,
+        sandbox: Path,
+        ssh_keys_metadata: str,
+        *,
+        refuse_for: float = 0.0,
+        ensurepip_missing: bool = False,
     ) -> HostEndpoint:
         if node_key.rsplit("/", 1)[-1] in self.refused:
             refuse_for = HOLD_LIMIT_SECONDS
-        return self.inner.start(node_key, sandbox, ssh_keys_metadata, refuse_for=refuse_for)
+        return self.inner.start(
+            node_key,
+            sandbox,
+            ssh_keys_metadata,
+            refuse_for=refuse_for,
+            ensurepip_missing=ensurepip_missing,
+        )
 
     def update_keys(self, node_key: str, ssh_keys_metadata: str) -> None:
         self.inner.update_keys(node_key, ssh_keys_metadata)
@@ -349,7 +361,7 @@ def _served(tmp_path: Path, timing: Timing, faults: dict[str, Any]) -> Iterator[
     slow_dir = tmp_path / "slow"
     slow_dir.mkdir()
     bin_dir, site_dir = _install_slow_image(tmp_path / "image")
-    base = default_image_env()
+    base = preloaded_image_env()
     image = ImageEnv(
         path=(str(bin_dir), *base.path),
         pythonpath=(str(site_dir), *base.pythonpath),

@@ -252,10 +252,12 @@ def test_the_plan_runs_the_lifecycle_and_shows_its_teardown_once(tpulab_home: Pa
     verify = [s for s in steps if s.phase == "verify"]
     assert [s.kind for s in verify] == ["local"]
     assert "1 tpu device(s) of v6e-1" in verify[0].action
-    # A real TPU image has no jax: the plan installs jax[tpu], then probes again.
+    # A real TPU image has neither uv nor jax: the plan installs uv, makes the venv with
+    # python 3.12, installs jax[tpu], then probes again.
     bootstrap = [s.argv for s in steps if s.phase == "bootstrap"]
-    assert len(bootstrap) == 4
-    assert "jax[tpu]" in (bootstrap[2] or [])
+    assert len(bootstrap) == 5
+    assert (bootstrap[1] or [])[-2:] == ["3.12", "uv"]
+    assert "jax[tpu]" in (bootstrap[3] or [])
     # The create operation is polled on the cloud's schedule, with the create timeout.
     operation = steps[[s.action for s in steps].index("GetOperation")]
     assert PLACEHOLDER_CREATE_OPERATION in (operation.path or "")

@@ -285,7 +285,8 @@ def test_sessions_see_the_image_environment_only(
     names = {line.split("=", 1)[0] for line in result.stdout.splitlines() if "=" in line}
     image = {"HOME", "USER", "LOGNAME", "SHELL", "LANG", "PATH", "PYTHONPATH"}
     assert image <= names
-    assert names - image <= {"TPULAB_EMULATED_NODE", "SSH_CONNECTION", "PWD", "SHLVL", "_"}
+    emulator = {"TPULAB_EMULATED_NODE", "TPULAB_EMULATED_IMAGE"}  # node tag, image name
+    assert names - image <= {*emulator, "SSH_CONNECTION", "PWD", "SHLVL", "_"}
 
 
 @pytest.mark.openssh

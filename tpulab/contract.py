@@ -9,6 +9,7 @@ so neither side can drift from the other.
 from __future__ import annotations
 
 __all__ = [
+    "EMULATED_IMAGE_ENV",
     "EMULATOR_SSH_PORT_ATTRIBUTE",
     "EMULATOR_SSH_USER_ATTRIBUTE",
     "GUEST_ATTRIBUTES_METADATA",
@@ -44,3 +45,7 @@ HOST_KEY_ATTRIBUTE = f"{HOST_KEY_NAMESPACE}/ssh-ed25519"
 # users). The controller honours the user attribute for emulated runs only.
 EMULATOR_SSH_PORT_ATTRIBUTE = "tpulab-emulator/ssh-port"
 EMULATOR_SSH_USER_ATTRIBUTE = "tpulab-emulator/ssh-user"
+
+# Set only by the emulator in every session's environment: which image a node booted
+# ("bare ..." like a real TPU VM image, or "preloaded ..."), so a run can say which it had.
+EMULATED_IMAGE_ENV = "TPULAB_EMULATED_IMAGE"

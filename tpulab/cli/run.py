@@ -51,6 +51,8 @@ def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
         "Recorded from the run itself over "
         f"recording seams: nothing is contacted. API base {escape(plan.endpoint)}."
     )
+    pin = f", jax {spec.jax_version}" if spec.jax_version else ""
+    out.print(f"The VM's venv: python {escape(spec.python)} ({escape(spec.python_source)}){pin}.")
     for number, step in enumerate(plan.steps, 1):
         head = f"{number:>2}. [cyan]{step.kind:<5}[/] [bold]{step.phase:<9}[/]"
         if step.kind == "api":
@@ -180,6 +182,18 @@ def run_command(
             "--ssh-backend", help="With --emulate: embedded (default) or openssh.", hidden=True
         ),
     ] = "embedded",
+    python: Annotated[
+        str | None,
+        typer.Option(
+            "--python",
+            help="The VM venv's python: X.Y (uv-managed; default 3.12, emulated >=3.11), "
+            ">=X.Y, or system (the image's 3.10, which limits jax to 0.6.x).",
+        ),
+    ] = None,
+    jax_version: Annotated[
+        str | None,
+        typer.Option("--jax-version", help="Pin jax on the VM (default: the newest)."),
+    ] = None,
 ) -> None:
     """Create a TPU VM, run the JAX verifier on it, check the receipt, delete the VM.
 
@@ -202,6 +216,8 @@ def run_command(
             installer=installer,
             ssh_backend=ssh_backend,
             adc_project=None if dry_run else adc_project,
+            python=python,
+            jax_version=jax_version,
         )
         spec = inputs.spec
         if dry_run:

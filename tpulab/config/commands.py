@@ -79,6 +79,8 @@ def run_inputs(
     ssh_backend: str,
     env: Mapping[str, str] | None = None,
     adc_project: AdcProject | None = None,
+    python: str | None = None,
+    jax_version: str | None = None,
 ) -> RunInputs:
     """`tpulab run`'s flags, validated. `adc_project` None (a dry run) never asks ADC."""
     if installer not in ("uv", "pip"):
@@ -97,6 +99,8 @@ def run_inputs(
         payload_timeout=check_seconds("--timeout", timeout),
         env=env,
         adc_project=adc_project,
+        python=python,
+        jax_version=jax_version,
     )
     return RunInputs(
         spec=spec,

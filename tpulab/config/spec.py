@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tpulab import catalog
 from tpulab.config.endpoint import Mode, Target, choose_target
+from tpulab.config.python import REAL_PYTHON, check_jax_version, choose_python
 from tpulab.config.resolve import (
     AdcProject,
     Resolved,
@@ -105,6 +106,11 @@ class RunSpec:
     payload: Path | None = None  # None: the packaged verify_tpu.py
     timeouts: Timeouts = field(default_factory=Timeouts)
     ssh_user: str = SSH_USER
+    # The venv's python ("3.12", ">=3.11", "system"), chosen by config/python.py, and
+    # where that choice came from; a pinned jax version, or None for the newest.
+    python: str = REAL_PYTHON
+    python_source: str = "default"
+    jax_version: str | None = None
 
     @property
     def platform(self) -> str:
@@ -144,6 +150,8 @@ def build_run_spec(
     run_id: str | None = None,
     env: Mapping[str, str] | None = None,
     adc_project: AdcProject | None = None,
+    python: str | None = None,
+    jax_version: str | None = None,
 ) -> RunSpec:
     """Validate every input of a run before anything contacts the cloud (invariant 1).
 
@@ -165,6 +173,7 @@ def build_run_spec(
         timeouts = dataclasses.replace(timeouts, payload=payload_timeout)
     if payload is not None and not payload.is_file():
         raise ConfigError(f"Payload {payload} does not exist.", hint="Pass an existing file.")
+    python_request, python_source = choose_python(python, emulated=target.emulated)
     return RunSpec(
         run_id=rid,
         accelerator=accel,
@@ -177,6 +186,9 @@ def build_run_spec(
         emulated=target.emulated,
         payload=payload,
         timeouts=timeouts,
+        python=python_request,
+        python_source=python_source,
+        jax_version=check_jax_version(jax_version) if jax_version is not None else None,
     )
 
 

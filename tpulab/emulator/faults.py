@@ -74,6 +74,9 @@ class FaultPlan:
     project_os_login: bool = False
     """Project metadata says enable-oslogin=TRUE: a node's ssh-keys are ignored (no key
     logs in) unless its own metadata says enable-oslogin: FALSE."""
+    ensurepip_missing: bool = False
+    """Passed to the host backend: nodes that become READY get an image whose python3
+    lacks ensurepip, like Ubuntu without python3-venv (`python3 -m venv` refuses)."""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()

@@ -1,9 +1,12 @@
 """What an emulated TPU VM looks like from the inside, shared by both SSH host backends.
 
-- `ImageEnv`: the environment the "VM image" gives every session. Real TPU VM images
-  carry no jax; our emulated image pretends jax and numpy are baked in by pointing
-  `PYTHONPATH` at the controller's own site-packages, so `python3 -m venv` followed by
-  `import jax` works offline without downloading anything.
+- `ImageEnv`: the environment the "VM image" gives every session. Two named images:
+  `bare_image_env` starts like a real TPU VM image (an old `python3`, no jax, no uv on
+  PATH, nothing of the controller's), so the bootstrap installs for real from the
+  package index; `preloaded_image_env` points `PYTHONPATH` at the controller's own jax
+  (kept for tests whose subject is not the install). `without_ensurepip` turns either
+  into an Ubuntu image lacking python3-venv. Each image names itself to its sessions
+  (`contract.EMULATED_IMAGE_ENV`), so a run's summary can say which one a node had.
 - `parse_ssh_keys`: the node's `metadata["ssh-keys"]` as the guest agent reads it.
 - `new_host_keys`: fresh ed25519, ECDSA P-256 and RSA host keys per node, the set the
   guest agent generates at a VM's first boot (its `host_key_types = ecdsa,ed25519,rsa`).
@@ -17,50 +20,74 @@
 from __future__ import annotations
 
 import base64
+import functools
+import glob
 import importlib.util
 import logging
 import os
+import re
 import secrets
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from tpulab.contract import EMULATED_IMAGE_ENV
 
 __all__ = [
+    "IMAGE_KINDS",
     "NODE_TAG_VAR",
     "AuthorizedKey",
+    "BackendImage",
     "HostKeyPair",
     "ImageEnv",
-    "default_image_env",
+    "ImageKind",
+    "bare_image_env",
+    "default_cache_dir",
+    "find_image_python",
+    "image_env",
     "kill_tagged",
+    "local_pythons",
     "new_host_keys",
     "new_node_tag",
     "parse_ssh_keys",
+    "preloaded_image_env",
     "reserve_port",
     "session_env",
+    "without_ensurepip",
 ]
 
 log = logging.getLogger(__name__)
 
 NODE_TAG_VAR = "TPULAB_EMULATED_NODE"
 
+ImageKind = Literal["bare", "preloaded"]
+IMAGE_KINDS: tuple[ImageKind, ...] = ("bare", "preloaded")
+
+# TPU VM images ship Python 3.10 (Ubuntu 22.04); no older python can run the payloads.
+IMAGE_PYTHON = (3, 10)
+
 
 @dataclass(frozen=True)
 class ImageEnv:
     """Environment variables of the emulated image, layered under HOME/USER per session.
 
-    `path` and `pythonpath` are joined with ':'; `extra` is added verbatim.
+    `path` and `pythonpath` are joined with ':'; `extra` is added verbatim. `name` is
+    what the image calls itself to its sessions (and so in a run's summary).
     """
 
     path: tuple[str, ...]
     pythonpath: tuple[str, ...] = ()
     extra: Mapping[str, str] = field(default_factory=dict)
+    name: str = "custom"
 
     def as_env(self) -> dict[str, str]:
-        env = {"PATH": ":".join(self.path)}
+        env = {"PATH": ":".join(self.path), EMULATED_IMAGE_ENV: self.name}
         if self.pythonpath:
             env["PYTHONPATH"] = ":".join(self.pythonpath)
         env.update(self.extra)
@@ -75,16 +102,254 @@ def _site_dir_of(module: str) -> str | None:
     return str(Path(next(iter(spec.submodule_search_locations))).resolve().parent)
 
 
-def default_image_env() -> ImageEnv:
-    """The running interpreter first on PATH, and the site-packages holding jax and numpy
-    on PYTHONPATH, so a venv made on the "VM" sees them like a jax-baked image."""
+def preloaded_image_env() -> ImageEnv:
+    """NOT like a real image: the running interpreter first on PATH (with uv beside it)
+    and the site-packages holding jax and numpy on PYTHONPATH, so a venv made on the
+    "VM" sees the controller's jax and the install is skipped. Named as such."""
     site_dirs: list[str] = []
     for module in ("jax", "jaxlib", "numpy"):
         site = _site_dir_of(module)
         if site is not None and site not in site_dirs:
             site_dirs.append(site)
     bin_dir = str(Path(sys.executable).parent)
-    return ImageEnv(path=(bin_dir, "/usr/bin", "/bin"), pythonpath=tuple(site_dirs))
+    return ImageEnv(
+        path=(bin_dir, "/usr/bin", "/bin"),
+        pythonpath=tuple(site_dirs),
+        name="preloaded (the controller's jax on PYTHONPATH)",
+    )
+
+
+# -- the bare image --------------------------------------------------------------------
+
+_VERSIONED = re.compile(r"python(3\.\d+)$")
+
+
+def _candidate_interpreters() -> list[Path]:
+    """Real (non-venv) CPython 3 interpreters on this machine: the system's and pyenv's.
+    Not the controller's PATH, which may lead into a venv holding tpulab and jax."""
+    pyenv_root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+    patterns = [
+        "/usr/bin/python3.*",
+        "/usr/local/bin/python3.*",
+        f"{glob.escape(pyenv_root)}/versions/*/bin/python3.*",
+    ]
+    found: list[Path] = []
+    for pattern in patterns:
+        for name in sorted(glob.glob(pattern)):
+            path = Path(name)
+            if _VERSIONED.search(path.name) and os.access(path, os.X_OK):
+                found.append(path)
+    return found
+
+
+@functools.cache
+def _version_of(interpreter: Path) -> tuple[int, int, int] | None:
+    try:
+        done = subprocess.run(
+            [str(interpreter), "-c", "import sys; print(*sys.version_info[:3])"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        )
+    except OSError:
+        return None
+    parts = done.stdout.split()
+    if done.returncode != 0 or len(parts) != 3:
+        return None
+    major, minor, micro = (int(p) for p in parts)
+    return major, minor, micro
+
+
+def _interpreters() -> dict[tuple[int, int], tuple[Path, str]]:
+    """One working interpreter per minor version (the first found), with its version."""
+    best: dict[tuple[int, int], tuple[Path, str]] = {}
+    for path in _candidate_interpreters():
+        version = _version_of(path)
+        if version is None or version[:2] < IMAGE_PYTHON or version[:2] in best:
+            continue
+        best[version[:2]] = (path, ".".join(map(str, version)))
+    return best
+
+
+def find_image_python() -> tuple[Path, str]:
+    """The image's python3: 3.10 (as on TPU VM images) where this machine has one, else
+    the oldest >= 3.10 (logged, since then the image is newer than a real one)."""
+    found = _interpreters()
+    if not found:
+        raise RuntimeError(
+            "no CPython >= 3.10 found in /usr/bin, /usr/local/bin or pyenv for the "
+            "emulated image's python3"
+        )
+    oldest = min(found)
+    path, version = found[oldest]
+    if oldest != IMAGE_PYTHON:
+        log.warning(
+            "no python3.10 on this machine: the emulated image's python3 is %s (%s), "
+            "newer than a real TPU VM image's 3.10",
+            version,
+            path,
+        )
+    return path, version
+
+
+def local_pythons() -> dict[str, Path]:
+    """Interpreters newer than the image's, by "3.X": what a real VM's uv would download
+    (uv's managed-Python download cannot run offline, so the bare image offers these)."""
+    image = min(_interpreters(), default=IMAGE_PYTHON)
+    return {f"{m}.{n}": p for (m, n), (p, _) in sorted(_interpreters().items()) if (m, n) > image}
+
+
+def default_cache_dir() -> Path:
+    """The package caches every emulated node shares (uv's and pip's own, both safe for
+    concurrent installs), so a second run does not download jax again."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tpulab" / "emulated-image"
+
+
+def _link(directory: Path, name: str, target: Path) -> None:
+    link = directory / name
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target)
+
+
+def _script(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+# On a real VM `sudo apt-get install python3-venv` is the last fallback; here it would
+# change the emulator's own machine, so the image's sudo refuses (as with no sudo rights).
+_SUDO = '#!/bin/sh\necho "sudo: the emulated image grants no sudo" >&2\nexit 1\n'
+
+
+# Kept from the emulator's environment: the machine's certificate trust and proxies,
+# which a real VM has configured for itself (a TLS-inspecting proxy needs its CA).
+_NETWORK_VARS = (
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "PIP_CERT",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "NO_PROXY",
+    "no_proxy",
+)
+
+
+def bare_image_env(root: Path, *, cache_dir: Path | None = None) -> ImageEnv:
+    """Like a real TPU VM image: `python3` of the image's version first on PATH, newer
+    interpreters only under their versioned names (uv's managed pythons, offline), the
+    system's tools, and no jax, no uv, no controller bin dir. `root` holds the image's
+    bin directories; `cache_dir` (default `default_cache_dir()`) is shared by nodes."""
+    python, version = find_image_python()
+    image_bin = root / "image-bin"
+    managed_bin = root / "uv-managed-pythons"
+    image_bin.mkdir(parents=True, exist_ok=True)
+    managed_bin.mkdir(parents=True, exist_ok=True)
+    minor = ".".join(version.split(".")[:2])
+    for name in ("python3", f"python{minor}"):
+        _link(image_bin, name, python)
+    _script(image_bin / "sudo", _SUDO)
+    for stale in managed_bin.iterdir():
+        stale.unlink()
+    for later, path in local_pythons().items():
+        _link(managed_bin, f"python{later}", path)
+    cache = cache_dir if cache_dir is not None else default_cache_dir()
+    (cache / "uv").mkdir(parents=True, exist_ok=True)
+    (cache / "pip").mkdir(parents=True, exist_ok=True)
+    log.info("bare emulated image: python3 %s (%s), caches in %s", version, python, cache)
+    return ImageEnv(
+        # The stand-ins for uv's managed pythons come before /usr/bin, as uv prefers
+        # managed interpreters; /usr/bin has the machine's curl, tar (and maybe another
+        # python3.X, findable by that name like a distribution package).
+        path=(str(image_bin), str(managed_bin), "/usr/bin", "/bin"),
+        extra={
+            **{name: os.environ[name] for name in _NETWORK_VARS if name in os.environ},
+            "UV_CACHE_DIR": str(cache / "uv"),
+            "PIP_CACHE_DIR": str(cache / "pip"),
+            # A managed-Python download cannot succeed offline: fail at once, not after
+            # a network timeout, when the request matches no local interpreter.
+            "UV_PYTHON_DOWNLOADS": "never",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            # Resolve from the package index as a real VM does, not from this machine's
+            # pip.conf mirrors or wheel directories.
+            "PIP_CONFIG_FILE": os.devnull,
+        },
+        name=f"bare (python3 {version}, no jax, no uv)",
+    )
+
+
+_NO_ENSUREPIP = r"""#!/bin/sh
+# Ubuntu's python3 without the python3-venv package: no ensurepip, so `-m venv` (with
+# pip) refuses in Debian's words; `-m venv --without-pip` and everything else work.
+if [ "$1" = -m ] && [ "$2" = ensurepip ]; then
+  echo "/usr/bin/python3: No module named ensurepip" >&2; exit 1
+fi
+if [ "$1" = -m ] && [ "$2" = venv ]; then
+  case " $* " in *" --without-pip "*) ;;
+    *) printf '%s\n' \
+         "The virtual environment was not created successfully because ensurepip is not" \
+         "available.  On Debian/Ubuntu systems, you need to install the python3-venv" \
+         "package using the following command." "" "    apt install python3.10-venv"
+       exit 1 ;;
+  esac
+fi
+exec "$TPULAB_IMAGE_PYTHON3" "$@"
+"""
+
+
+def without_ensurepip(image: ImageEnv, root: Path) -> ImageEnv:
+    """`image` whose python3 lacks ensurepip, as Ubuntu without python3-venv (the
+    emulator's `ensurepip_missing` fault)."""
+    real = shutil.which("python3", path=":".join(image.path))
+    if real is None:
+        raise RuntimeError("the emulated image has no python3 to take ensurepip from")
+    bin_dir = root / "no-ensurepip-bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    _script(bin_dir / "python3", _NO_ENSUREPIP)
+    return ImageEnv(
+        path=(str(bin_dir), *image.path),
+        pythonpath=image.pythonpath,
+        extra={**image.extra, "TPULAB_IMAGE_PYTHON3": os.path.realpath(real)},
+        name=f"{image.name}, without ensurepip",
+    )
+
+
+def image_env(kind: ImageKind, root: Path, *, cache_dir: Path | None = None) -> ImageEnv:
+    """The named image: "bare" (like a real TPU VM) or "preloaded" (the controller's jax)."""
+    if kind == "bare":
+        return bare_image_env(root, cache_dir=cache_dir)
+    if kind == "preloaded":
+        return preloaded_image_env()
+    raise ValueError(f"unknown emulated image {kind!r}; choose one of {IMAGE_KINDS}")
+
+
+class BackendImage:
+    """The image a host backend gives its nodes, and its per-node fault variants.
+
+    `image` is a kind ("bare", the default, or "preloaded") or an explicit `ImageEnv`;
+    `root` holds the image's bin directories (under the backend's state directory).
+    """
+
+    def __init__(
+        self, image: ImageEnv | ImageKind, root: Path, *, cache_dir: Path | None = None
+    ) -> None:
+        self.root = root
+        self.base = (
+            image if isinstance(image, ImageEnv) else image_env(image, root, cache_dir=cache_dir)
+        )
+        self._no_ensurepip: ImageEnv | None = None
+
+    def for_node(self, *, ensurepip_missing: bool = False) -> ImageEnv:
+        if not ensurepip_missing:
+            return self.base
+        if self._no_ensurepip is None:
+            self._no_ensurepip = without_ensurepip(self.base, self.root)
+        return self._no_ensurepip
 
 
 def session_env(image: ImageEnv, home: Path, user: str) -> dict[str, str]:

@@ -32,8 +32,9 @@ from pathlib import Path
 from tpulab import errors as E
 from tpulab.emulator.hostenv import (
     NODE_TAG_VAR,
+    BackendImage,
     ImageEnv,
-    default_image_env,
+    ImageKind,
     kill_tagged,
     new_host_keys,
     new_node_tag,
@@ -103,12 +104,12 @@ class OpenSshHostBackend:
         state_dir: Path,
         sshd: str = DEFAULT_SSHD,
         *,
-        image: ImageEnv | None = None,
+        image: ImageEnv | ImageKind = "bare",
         sftp_server: str | None = None,
+        cache_dir: Path | None = None,
     ) -> None:
         self.state_dir = state_dir
         self.sshd = sshd
-        self.image = image if image is not None else default_image_env()
         if not os.access(sshd, os.X_OK):
             raise OpenSshMissingError(
                 f"The OpenSSH server {sshd} is not installed (or not executable).",
@@ -122,6 +123,8 @@ class OpenSshHostBackend:
                 hint=_INSTALL_HINT,
             )
         self.sftp_server = found
+        self.images = BackendImage(image, state_dir / "image", cache_dir=cache_dir)
+        self.image = self.images.base
         self.login_user = pwd.getpwuid(os.getuid()).pw_name
         self._nodes: dict[str, _Sshd] = {}
         self._lock = threading.Lock()
@@ -133,6 +136,7 @@ class OpenSshHostBackend:
         ssh_keys_metadata: str,
         *,
         refuse_for: float = 0.0,
+        ensurepip_missing: bool = False,
     ) -> HostEndpoint:
         self.stop(node_key)
         if not os.access(self.sshd, os.X_OK):
@@ -155,7 +159,8 @@ class OpenSshHostBackend:
         _write_authorized_keys(authorized, ssh_keys_metadata)
         tag = new_node_tag(node_key)
         wrapper = node_dir / "session.sh"
-        _write(wrapper, self._wrapper(sandbox, tag).encode(), 0o755)
+        image = self.images.for_node(ensurepip_missing=ensurepip_missing)
+        _write(wrapper, self._wrapper(sandbox, tag, image).encode(), 0o755)
 
         sock = reserve_port()
         port = sock.getsockname()[1]
@@ -247,10 +252,10 @@ class OpenSshHostBackend:
         tail = _tail(node.node_dir / "sshd.log")
         raise SshdStartError(f"sshd did not start listening on port {node.port}: {tail}")
 
-    def _wrapper(self, sandbox: Path, tag: str) -> str:
+    def _wrapper(self, sandbox: Path, tag: str, image: ImageEnv) -> str:
         # `env -i`: sessions see the image environment only, like the embedded host,
         # not whatever the login shell's rc files exported on the emulator's machine.
-        env = session_env(self.image, sandbox, self.login_user)
+        env = session_env(image, sandbox, self.login_user)
         env[NODE_TAG_VAR] = tag
         assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
         home = shlex.quote(str(sandbox))

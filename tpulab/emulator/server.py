@@ -345,7 +345,11 @@ class Emulator:
         ssh_keys = self._authorized_keys(node["metadata"])
         try:
             endpoint = self.host_backend.start(
-                key, sandbox, ssh_keys, refuse_for=self.faults.ssh_refuse_for
+                key,
+                sandbox,
+                ssh_keys,
+                refuse_for=self.faults.ssh_refuse_for,
+                ensurepip_missing=self.faults.ensurepip_missing,
             )
         except Exception as error:
             log.exception("could not start an SSH host for %s", key)

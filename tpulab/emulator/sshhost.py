@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tpulab.emulator.hostenv import (
     NODE_TAG_VAR,
+    BackendImage,
     ImageEnv,
-    default_image_env,
+    ImageKind,
     kill_tagged,
     new_host_keys,
     new_node_tag,
@@ -64,18 +65,26 @@ class _Node:
     listening: asyncio.Future[None] | None = None  # a delayed start in progress
     connections: set[Any] = field(default_factory=set)
     processes: set[asyncio.subprocess.Process] = field(default_factory=set)
+    image: ImageEnv | None = None  # None: the backend's image
 
 
 class EmbeddedHostBackend:
     """`HostBackend` backed by asyncssh servers on 127.0.0.1, one per node.
 
-    `image` is the environment every session starts with (see `ImageEnv`); by default the
-    running interpreter and its jax/numpy stand in for a jax-baked VM image.
+    `image` is the environment every session starts with (see `ImageEnv`): by default
+    "bare", like a real TPU VM image; `cache_dir` is the bare image's package cache.
     """
 
-    def __init__(self, state_dir: Path, *, image: ImageEnv | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        image: ImageEnv | ImageKind = "bare",
+        cache_dir: Path | None = None,
+    ) -> None:
         self.state_dir = state_dir
-        self.image = image if image is not None else default_image_env()
+        self.images = BackendImage(image, state_dir / "image", cache_dir=cache_dir)
+        self.image = self.images.base
         self._nodes: dict[str, _Node] = {}
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -93,6 +102,7 @@ class EmbeddedHostBackend:
         ssh_keys_metadata: str,
         *,
         refuse_for: float = 0.0,
+        ensurepip_missing: bool = False,
     ) -> HostEndpoint:
         import asyncssh
 
@@ -104,6 +114,7 @@ class EmbeddedHostBackend:
         node = _Node(
             node_key, sandbox.resolve(), authorized, reserve_port(), new_node_tag(node_key)
         )
+        node.image = self.images.for_node(ensurepip_missing=ensurepip_missing)
         port = node.sock.getsockname()[1]
         with self._lock:
             self._nodes[node_key] = node
@@ -215,7 +226,7 @@ class EmbeddedHostBackend:
             process.exit(1)
             return
         user = str(process.get_extra_info("username") or "")
-        env = session_env(self.image, node.sandbox, user)
+        env = session_env(node.image or self.image, node.sandbox, user)
         env.update(process.env)  # the client's env requests are honoured
         env[NODE_TAG_VAR] = node.tag
         proc = await asyncio.create_subprocess_exec(

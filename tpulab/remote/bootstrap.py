@@ -1,19 +1,27 @@
 """Make `~/jax-tpu-lab/.venv` on the VM hold a working JAX, idempotently.
 
+Why not the image's python: TPU VM images are Ubuntu 22.04 with Python 3.10, and JAX
+0.7.0 needs 3.11, current JAX 3.12, so `pip install -U "jax[tpu]"` there resolves jax
+0.6.2. Like MaxText, the venv gets a uv-managed Python (`uv venv --python 3.12`); the
+request ("3.12", ">=3.11" or "system" for the image's own) is chosen in config.
+
 Steps, each one remote command (`--dry-run` records them as the run sends them):
 
-1. `venv`: create the directory and the venv unless a working one exists. TPU VM images
-   may lack ensurepip ("ensurepip is not available"); the fallbacks are tried in order
-   and the path taken is reported: `uv venv`, `venv --without-pip` + get-pip,
-   `sudo apt-get install -y python3-venv`. When uv is already on the host we start with
-   `uv venv`: it needs no ensurepip and takes milliseconds instead of seconds.
-2. `probe`: ask the venv's python which versions it resolves (python, jax, jaxlib,
-   libtpu, numpy). If the requirements are met the install is skipped, so re-running
-   the bootstrap on the same VM is a no-op. Emulated hosts ship an "image" whose python
-   already finds jax and numpy (PYTHONPATH), so there the install is normally skipped.
-3. `install`: `jax[tpu]` on a TPU, CPU `jax` on an emulated node, with uv by default
-   (see tests/benchmarks/bench_bootstrap.py for why) and pip as the fallback; then the
-   probe again, to record what was actually resolved.
+1. `uv`: find uv (PATH, then `~/.local/bin`) or install it user-level with the image's
+   `python3 -m pip install --user uv`. When that is impossible the venv falls back to
+   the image's python3 and the result says so. Skipped for `--python system` with pip.
+2. `venv`: create the directory and the venv unless a working one with the requested
+   python exists (a venv of another python is recreated). A managed python comes from
+   `uv venv --python REQUEST`. For the image's python, TPU VM images may lack ensurepip
+   ("ensurepip is not available"); the fallbacks are tried in order and the path taken is
+   reported: `uv venv`, `venv --without-pip` seeded by the image's own pip, get-pip,
+   `sudo apt-get install -y python3-venv`. The step also reports the image's python3.
+3. `probe`: ask the venv's python which versions it resolves (python, jax, jaxlib,
+   libtpu, numpy). If the requirements are met (and a pinned jax matches) the install is
+   skipped, so re-running the bootstrap on the same VM is a no-op.
+4. `install`: `jax[tpu]` on a TPU, CPU `jax` on an emulated node (`==V` when pinned),
+   with uv by default (see tests/benchmarks/bench_bootstrap.py for why) and pip as the
+   fallback; then the probe again, to record what was actually resolved.
 
 Every command is an argv list; scripts get their variable parts as positional
 parameters ("$@"), never pasted into the shell text.
@@ -27,6 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from tpulab.config.python import SYSTEM_PYTHON, check_python_request
+from tpulab.contract import EMULATED_IMAGE_ENV
 from tpulab.errors import CommandFailedError, RemoteError
 
 __all__ = [
@@ -35,6 +45,7 @@ __all__ = [
     "LAB_DIR",
     "RECEIPT_PATH",
     "STAGED_PAYLOAD",
+    "SYSTEM_PYTHON",
     "VENV_DIR",
     "VENV_MARKER",
     "VENV_PYTHON",
@@ -44,8 +55,10 @@ __all__ = [
     "RemoteShell",
     "bootstrap",
     "install_command",
+    "needs_uv",
     "probe_command",
     "requirements_for",
+    "uv_command",
     "venv_command",
 ]
 
@@ -56,13 +69,16 @@ VENV_DIR = f"{LAB_DIR}/.venv"
 VENV_PYTHON = f"{VENV_DIR}/bin/python"
 STAGED_PAYLOAD = f"{LAB_DIR}/verify_tpu.py"
 RECEIPT_PATH = f"{LAB_DIR}/receipt.json"
-
 Installer = Literal["uv", "pip"]
 INSTALLERS: tuple[Installer, ...] = ("uv", "pip")
 # The lines by which the remote scripts report back (the dry run answers with them too).
 VERSIONS_MARKER = "TPULAB_VERSIONS "
 VENV_MARKER = "TPULAB_VENV "
 INSTALLER_MARKER = "TPULAB_INSTALLER "
+_UV_PREFIX = "TPULAB_UV "
+_NOTE_PREFIX = "TPULAB_NOTE "
+_IMAGE_PREFIX = "TPULAB_IMAGE "
+_IMAGE_KIND_PREFIX = "TPULAB_IMAGE_KIND "
 
 
 class CommandResult(Protocol):
@@ -90,24 +106,94 @@ class RemoteShell(Protocol):
     ) -> CommandResult: ...
 
 
-_VENV_SCRIPT = r"""
-lab=$1; venv=$2; prefer=$3
-mkdir -p "$lab" || exit 30
-if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "" 2>/dev/null; then
+# Finding uv: PATH first, then where `pip install --user` puts it (SSH commands do not
+# read ~/.profile, so ~/.local/bin is not on their PATH). Shared by the scripts below.
+_FIND_UV = r"""
+uv=$(command -v uv 2>/dev/null) || uv=""
+if [ -z "$uv" ] && [ -x "$HOME/.local/bin/uv" ]; then uv="$HOME/.local/bin/uv"; fi
+"""
+
+_UV_SCRIPT = (
+    _FIND_UV
+    + r"""
+if [ -n "$uv" ] && "$uv" --version >/dev/null 2>&1; then echo "TPULAB_UV found $uv"; exit 0; fi
+if ! python3 -m pip --version >/dev/null 2>&1; then
+  echo "TPULAB_UV none (the image python3 has no pip to install uv with)"; exit 0
+fi
+# Ubuntu 22.04's pip needs no flag; a PEP 668 image (24.04) refuses without one.
+if python3 -m pip install -q --user uv >&2 ||
+   python3 -m pip install -q --user --break-system-packages uv >&2; then
+  if [ -x "$HOME/.local/bin/uv" ]; then
+    echo "TPULAB_UV installed $HOME/.local/bin/uv (python3 -m pip install --user uv)"; exit 0
+  fi
+fi
+echo "TPULAB_UV none (python3 -m pip install --user uv failed; see above)"
+"""
+)
+
+# Does the interpreter running this satisfy the request ("3.12" or ">=3.11")? A constant
+# (no single quotes), so the venv script carries it as a quoted literal.
+_MATCHES = (
+    "import sys; want = sys.argv[1]; have = sys.version_info[:2]; "
+    'need = tuple(int(p) for p in want.lstrip(">=").split(".")[:2]); '
+    'sys.exit(0 if (have >= need if want.startswith(">=") else have == need) else 1)'
+)
+assert "'" not in _MATCHES
+
+_VENV_SCRIPT = (
+    r"""
+lab=$1; venv=$2; want=$3; prefer=$4
+"""
+    + f"matches='{_MATCHES}'; kind_var={EMULATED_IMAGE_ENV}\n"
+    + r"""mkdir -p "$lab" || exit 30
+"""
+    + _FIND_UV
+    + r"""
+image=$(python3 -c "import platform; print(platform.python_version())" 2>/dev/null) || image=""
+echo "TPULAB_IMAGE python3 ${image:-missing}"
+kind=$(printenv "$kind_var") && echo "TPULAB_IMAGE_KIND $kind"
+target=$want
+if [ "$want" = system ] || [ -z "$uv" ]; then
+  if [ "$want" != system ]; then
+    echo "uv is not available, so python $want cannot be provided; falling back to" \
+      "the image python3 ${image:-?} (expect an older jax)" >&2
+    echo "TPULAB_NOTE uv unavailable: the image python3 ${image:-?} instead of python $want"
+  fi
+  target=$(python3 -c "import sys; print(*sys.version_info[:2], sep=chr(46))") || target=none
+fi
+if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "$matches" "$target" 2>/dev/null; then
   echo "TPULAB_VENV existing"; exit 0
 fi
+if [ -e "$venv" ]; then echo "$venv is not python $target (or is broken); recreating it" >&2; fi
 rm -rf "$venv"
-if [ "$prefer" = uv ] && command -v uv >/dev/null 2>&1; then
-  if uv venv -q --python python3 "$venv" >&2; then echo "TPULAB_VENV uv venv"; exit 0; fi
+if [ "$want" != system ] && [ -n "$uv" ]; then
+  if "$uv" venv -q --python "$want" "$venv" >&2; then
+    echo "TPULAB_VENV uv venv --python $want"; exit 0
+  fi
+  rm -rf "$venv"
+  echo "uv could not provide python $want (see above)" >&2
+  exit 33
+fi
+if [ "$prefer" = uv ] && [ -n "$uv" ]; then
+  if "$uv" venv -q --python python3 "$venv" >&2; then echo "TPULAB_VENV uv venv"; exit 0; fi
   rm -rf "$venv"
 fi
 if out=$(python3 -m venv "$venv" 2>&1); then echo "TPULAB_VENV python3 -m venv"; exit 0; fi
-printf '%s\n' "$out" >&2
+printf "%s\n" "$out" >&2
 rm -rf "$venv"
 case "$out" in *ensurepip*) ;; *) exit 31 ;; esac
 echo "python3 -m venv failed because ensurepip is not available; trying fallbacks" >&2
-if command -v uv >/dev/null 2>&1 && uv venv -q --python python3 "$venv" >&2; then
+if [ -n "$uv" ] && "$uv" venv -q --python python3 "$venv" >&2; then
   echo "TPULAB_VENV uv venv (ensurepip missing)"; exit 0
+fi
+rm -rf "$venv"
+# The image's own pip (python3-pip) can seed a pip-less venv: run as a directory it is
+# a self-contained installer, so no download of get-pip is needed.
+pipdir=$(python3 -c "import os, pip; print(os.path.dirname(pip.__file__))" 2>/dev/null) || pipdir=""
+if [ -n "$pipdir" ] && python3 -m venv --without-pip "$venv" >&2; then
+  if "$venv/bin/python" "$pipdir" install -q pip >&2; then
+    echo "TPULAB_VENV venv --without-pip + the image pip (ensurepip missing)"; exit 0
+  fi
 fi
 rm -rf "$venv"
 if python3 -m venv --without-pip "$venv" >&2; then
@@ -123,18 +209,22 @@ fi
 echo "every way to create a virtual environment failed" >&2
 exit 32
 """
+)
 
-_INSTALL_SCRIPT = r"""
+_INSTALL_SCRIPT = (
+    r"""
 venv=$1; installer=$2; shift 2
+"""
+    + _FIND_UV
+    + r"""
 if [ "$installer" = uv ]; then
-  uv=""
-  if command -v uv >/dev/null 2>&1; then uv=uv
-  elif [ -x "$venv/bin/uv" ]; then uv="$venv/bin/uv"
-  elif "$venv/bin/python" -m pip install -q uv >&2; then uv="$venv/bin/uv"
-  fi
+  if [ -z "$uv" ] && [ -x "$venv/bin/uv" ]; then uv="$venv/bin/uv"; fi
+  if [ -z "$uv" ] && "$venv/bin/python" -m pip install -q uv >&2; then uv="$venv/bin/uv"; fi
   if [ -n "$uv" ]; then
     echo "TPULAB_INSTALLER uv"
-    if "$uv" pip install --python "$venv/bin/python" -U "$@"; then exit 0; fi
+    # No -U: uv's --upgrade refetches every wheel, defeating its cache (10 s vs 2 s);
+    # the install only runs when something is missing or a pinned jax differs.
+    if "$uv" pip install --python "$venv/bin/python" "$@"; then exit 0; fi
   fi
   echo "uv was not usable; falling back to pip" >&2
 fi
@@ -144,6 +234,7 @@ fi
 echo "TPULAB_INSTALLER pip"
 exec "$venv/bin/python" -m pip install -U "$@"
 """
+)
 
 _PROBE = (
     "import importlib.metadata as m, json, platform\n"
@@ -159,29 +250,63 @@ _PROBE = (
 )
 
 
-def requirements_for(platform: str) -> list[str]:
+def requirements_for(platform: str, jax_version: str | None = None) -> list[str]:
     """What the venv must hold: jax[tpu] pulls libtpu from PyPI; CPU jax for emulation."""
-    return ["jax[tpu]", "numpy"] if platform == "tpu" else ["jax", "numpy"]
+    jax = "jax[tpu]" if platform == "tpu" else "jax"
+    return [f"{jax}=={jax_version}" if jax_version else jax, "numpy"]
 
 
-def venv_command(installer: Installer = "uv") -> list[str]:
-    return ["sh", "-c", _VENV_SCRIPT, "sh", LAB_DIR, VENV_DIR, installer]
+def needs_uv(python: str, installer: Installer) -> bool:
+    """The uv step runs unless neither the venv's python nor the install asks for uv."""
+    return python != SYSTEM_PYTHON or installer == "uv"
+
+
+def uv_command() -> list[str]:
+    return ["sh", "-c", _UV_SCRIPT, "sh"]
+
+
+def venv_command(installer: Installer = "uv", python: str = SYSTEM_PYTHON) -> list[str]:
+    return [
+        "sh",
+        "-c",
+        _VENV_SCRIPT,
+        "sh",
+        LAB_DIR,
+        VENV_DIR,
+        check_python_request(python),
+        installer,
+    ]
 
 
 def probe_command() -> list[str]:
     return [VENV_PYTHON, "-c", _PROBE]
 
 
-def install_command(platform: str, installer: Installer = "uv") -> list[str]:
-    return ["sh", "-c", _INSTALL_SCRIPT, "sh", VENV_DIR, installer, *requirements_for(platform)]
+def install_command(
+    platform: str, installer: Installer = "uv", jax_version: str | None = None
+) -> list[str]:
+    return [
+        "sh",
+        "-c",
+        _INSTALL_SCRIPT,
+        "sh",
+        VENV_DIR,
+        installer,
+        *requirements_for(platform, jax_version),
+    ]
 
 
 @dataclass
 class BootstrapResult:
-    venv_path: str  # how the venv came to be: "existing", "uv venv", "python3 -m venv"...
+    venv_path: str  # how the venv came to be: "existing", "uv venv --python 3.12"...
     install: str  # "skipped (already satisfied)" or the installer used
     versions: dict[str, str | None] = field(default_factory=dict)
     seconds: float = 0.0
+    python_request: str = SYSTEM_PYTHON  # what config asked for: "3.12", ">=3.11", "system"
+    image_python: str | None = None  # the image's own python3 version
+    image_kind: str | None = None  # emulated nodes only: "bare" or "preloaded" (+ detail)
+    uv: str | None = None  # how uv was found or installed; None when not needed
+    notes: list[str] = field(default_factory=list)  # fallbacks taken, said plainly
 
 
 def _marker(output: str, prefix: str) -> str | None:
@@ -191,14 +316,23 @@ def _marker(output: str, prefix: str) -> str | None:
     return None
 
 
+def _markers(output: str, prefix: str) -> list[str]:
+    return [line[len(prefix) :].strip() for line in output.splitlines() if line.startswith(prefix)]
+
+
 def _tail(result: CommandResult, lines: int = 20) -> str:
     text = (result.stdout + "\n" + result.stderr).strip().splitlines()
     return "\n".join(text[-lines:])
 
 
-def _missing(versions: Mapping[str, str | None], platform: str) -> list[str]:
+def _missing(
+    versions: Mapping[str, str | None], platform: str, jax_version: str | None = None
+) -> list[str]:
     needed = ["jax", "jaxlib", "numpy"] + (["libtpu"] if platform == "tpu" else [])
-    return [name for name in needed if not versions.get(name)]
+    missing = [name for name in needed if not versions.get(name)]
+    if jax_version and versions.get("jax") and versions.get("jax") != jax_version:
+        missing.append(f"jax=={jax_version} (has {versions.get('jax')})")
+    return missing
 
 
 def _probe(shell: RemoteShell, timeout: float) -> dict[str, str | None]:
@@ -220,18 +354,21 @@ def bootstrap(
     *,
     platform: str,
     installer: Installer = "uv",
+    python: str = SYSTEM_PYTHON,
+    jax_version: str | None = None,
     timeout: float = 1200.0,
     on_line: Callable[[str, str], None] | None = None,
     note: Callable[[str], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> BootstrapResult:
-    """Ensure the remote venv exists and holds JAX for `platform`; report what happened.
+    """Ensure the remote venv exists with `python` and holds JAX for `platform`.
 
     Raises CommandFailedError naming the step that failed, with the output's tail.
     """
     tell = note or (lambda _message: None)
     started = clock()
     deadline = started + timeout
+    result = BootstrapResult("", "", python_request=python)
 
     def left() -> float:
         remaining = deadline - clock()
@@ -242,37 +379,56 @@ def bootstrap(
             )
         return remaining
 
-    made = shell.run(venv_command(installer), timeout=left(), on_line=on_line)
+    if needs_uv(python, installer):
+        found = shell.run(uv_command(), timeout=left(), on_line=on_line)
+        result.uv = _marker(found.stdout, _UV_PREFIX) or "none (the uv step said nothing)"
+        tell(f"uv: {result.uv}")
+    made = shell.run(venv_command(installer, python), timeout=left(), on_line=on_line)
     venv_path = _marker(made.stdout, VENV_MARKER)
+    result.image_python = (_marker(made.stdout, _IMAGE_PREFIX) or "").removeprefix("python3 ")
+    result.image_kind = _marker(made.stdout, _IMAGE_KIND_PREFIX)
+    result.notes = _markers(made.stdout, _NOTE_PREFIX)
+    for fallback in result.notes:
+        tell(fallback)
     if made.exit_status != 0 or venv_path is None:
+        managed = made.exit_status == 33
         raise CommandFailedError(
-            f"Could not create the remote venv {VENV_DIR} (exit {made.exit_status}).",
+            f"Could not create the remote venv {VENV_DIR} with python {python} "
+            f"(exit {made.exit_status}).",
             exit_status=made.exit_status,
             output_tail=_tail(made),
-            hint="Creating a venv needs python3 with venv/ensurepip, uv, network access for "
-            "get-pip, or passwordless sudo for apt-get; see the output above.",
+            hint="uv could not find or download that python; pass another --python X.Y, "
+            "or --python system for the image's own."
+            if managed
+            else "Creating a venv needs python3 with venv/ensurepip, uv, the image's pip, "
+            "network access for get-pip, or passwordless sudo for apt-get; see the output.",
         )
-    tell(f"venv: {venv_path}")
+    result.venv_path = venv_path
+    tell(f"venv: {venv_path} (image python3 {result.image_python or '?'})")
     versions = _probe(shell, left())
-    missing = _missing(versions, platform)
+    missing = _missing(versions, platform, jax_version)
     if not missing:
         tell("install skipped: the venv already has " + _summary(versions))
-        return BootstrapResult(
-            venv_path, "skipped (already satisfied)", versions, clock() - started
-        )
-    tell(f"installing {' '.join(requirements_for(platform))} (missing: {', '.join(missing)})")
-    done = shell.run(install_command(platform, installer), timeout=left(), on_line=on_line)
+        result.install = "skipped (already satisfied)"
+        result.versions = versions
+        result.seconds = clock() - started
+        return result
+    wanted = " ".join(requirements_for(platform, jax_version))
+    tell(f"installing {wanted} (missing: {', '.join(missing)})")
+    done = shell.run(
+        install_command(platform, installer, jax_version), timeout=left(), on_line=on_line
+    )
     used = _marker(done.stdout, INSTALLER_MARKER) or installer
     if done.exit_status != 0:
         raise CommandFailedError(
-            f"Installing {' '.join(requirements_for(platform))} with {used} failed "
-            f"(exit {done.exit_status}).",
+            f"Installing {wanted} with {used} failed (exit {done.exit_status}).",
             exit_status=done.exit_status,
             output_tail=_tail(done),
-            hint="Check the VM's access to PyPI and the resolver output above.",
+            hint="Check the VM's access to PyPI and the resolver output above"
+            + ("; is that jax version published for this python?" if jax_version else "."),
         )
     versions = _probe(shell, left())
-    still = _missing(versions, platform)
+    still = _missing(versions, platform, jax_version)
     if still:
         raise CommandFailedError(
             f"After installing with {used}, the venv still lacks {', '.join(still)}.",
@@ -281,7 +437,10 @@ def bootstrap(
             hint="The resolver picked no wheel for this platform; see the output above.",
         )
     tell(f"installed with {used}: " + _summary(versions))
-    return BootstrapResult(venv_path, used, versions, clock() - started)
+    result.install = used
+    result.versions = versions
+    result.seconds = clock() - started
+    return result
 
 
 def _summary(versions: Mapping[str, str | None]) -> str:

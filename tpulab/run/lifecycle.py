@@ -575,6 +575,8 @@ class Lifecycle:
             self.session,
             platform=self.spec.platform,
             installer=self.installer,
+            python=self.spec.python,
+            jax_version=self.spec.jax_version,
             timeout=self.spec.timeouts.bootstrap,
             on_line=self._on_line,
             note=self.observer.note,
@@ -582,7 +584,8 @@ class Lifecycle:
         )
         self.outcome.bootstrap = result
         jax = result.versions.get("jax") or "?"
-        return f"{result.venv_path}; install {result.install}; jax {jax}"
+        python = result.versions.get("python") or "?"
+        return f"{result.venv_path}; install {result.install}; python {python}, jax {jax}"
 
     def stage(self) -> str:
         """Upload the payload, check its sha256, remove any receipt a past run left."""

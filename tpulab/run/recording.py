@@ -378,15 +378,19 @@ class RecordingSession:
         if isinstance(argv, str):
             return _Reply()
         argv = list(argv)
-        if argv in (boot.venv_command(i) for i in boot.INSTALLERS):
+        spec = self.recorder.spec
+        if argv in (boot.venv_command(i, spec.python) for i in boot.INSTALLERS):
             return _Reply(boot.VENV_MARKER + PLACEHOLDER_FROM_VM + "\n")
         if argv == boot.probe_command():
             have = PLACEHOLDER_FROM_VM if self.installed else None
             names = ("jax", "jaxlib", "numpy", "libtpu")
             versions = {name: have for name in names} | {"python": PLACEHOLDER_FROM_VM}
+            if self.installed and spec.jax_version:
+                versions["jax"] = spec.jax_version  # what a pinned install resolves
             return _Reply(boot.VERSIONS_MARKER + json.dumps(versions) + "\n")
         if argv[:2] == ["sh", "-c"] and any(
-            argv == boot.install_command(self.recorder.spec.platform, i) for i in boot.INSTALLERS
+            argv == boot.install_command(spec.platform, i, spec.jax_version)
+            for i in boot.INSTALLERS
         ):
             self.installed = True
             return _Reply(boot.INSTALLER_MARKER + argv[5] + "\n")

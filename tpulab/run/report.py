@@ -8,6 +8,7 @@ path and verdict, teardown confirmation and the estimated cost.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -26,6 +27,7 @@ __all__ = [
     "ReceiptSummary",
     "RunEnvelope",
     "TeardownSummary",
+    "laptop_jax_version",
     "run_envelope",
     "summary_lines",
 ]
@@ -151,8 +153,61 @@ def _sums(values: list[float]) -> str:
     return "[" + ", ".join(f"{v:g}" for v in values) + "]"
 
 
-def summary_lines(outcome: RunOutcome) -> list[Line]:
-    """The end-of-run summary: node, zone, verdict, per-device sums, teardown, cost."""
+def laptop_jax_version() -> str | None:
+    """The jax installed next to tpulab here, from its metadata (importing jax is slow)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("jax")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _bootstrap_lines(outcome: RunOutcome, laptop_jax: Callable[[], str | None]) -> list[Line]:
+    """venv, python (asked vs resolved), jax/jaxlib/libtpu, the image, and a warning when
+    the VM's jax is not the laptop's (code tested here may behave differently there)."""
+    boot = outcome.bootstrap
+    assert boot is not None
+    spec = outcome.spec
+    versions = boot.versions
+    jax = versions.get("jax")
+    lines: list[Line] = [
+        [("  venv      ", "dim"), (f"{boot.venv_path}; install {boot.install}", "")],
+        [
+            ("  python    ", "dim"),
+            (f"{versions.get('python') or '?'}", ""),
+            (f" (asked {boot.python_request}: {spec.python_source}", "dim"),
+            (f"; image python3 {boot.image_python or '?'})", "dim"),
+        ],
+        [
+            ("  jax       ", "dim"),
+            (f"jax {jax or '?'}, jaxlib {versions.get('jaxlib') or '?'}", ""),
+            (f", libtpu {versions.get('libtpu') or 'none'}", ""),
+            (f" (pinned {spec.jax_version})" if spec.jax_version else "", "dim"),
+        ],
+    ]
+    if spec.emulated:
+        kind = boot.image_kind or "not an emulated image (no name given)"
+        lines.append([("  image     ", "dim"), (kind, "")])
+    for note in boot.notes:
+        lines.append([("  note      ", "dim"), (note, "yellow")])
+    here = laptop_jax()
+    if jax and here and jax != here:
+        lines.append(
+            [
+                ("  warning   ", "bold yellow"),
+                (f"the VM runs jax {jax}, this laptop has jax {here}", "yellow"),
+            ]
+        )
+    return lines
+
+
+def summary_lines(
+    outcome: RunOutcome, *, laptop_jax: Callable[[], str | None] = laptop_jax_version
+) -> list[Line]:
+    """The end-of-run summary: node, zone, verdict, per-device sums, teardown, cost.
+
+    `laptop_jax` tells which jax is installed here (a seam for tests)."""
     spec = outcome.spec
     tag = " EMULATED" if spec.emulated else ""
     lines: list[Line] = [
@@ -161,14 +216,7 @@ def summary_lines(outcome: RunOutcome) -> list[Line]:
         [("  where     ", "dim"), (f"project {spec.project.value}, zone {spec.zone.value}", "")],
     ]
     if outcome.bootstrap is not None:
-        versions = outcome.bootstrap.versions
-        lines.append(
-            [
-                ("  venv      ", "dim"),
-                (f"{outcome.bootstrap.venv_path}; install {outcome.bootstrap.install}; ", ""),
-                (f"jax {versions.get('jax')}, python {versions.get('python')}", ""),
-            ]
-        )
+        lines.extend(_bootstrap_lines(outcome, laptop_jax))
     verdict = outcome.verdict
     style = "bold green" if outcome.judgement and outcome.judgement.verified else "bold red"
     shown = str(verdict).upper() if verdict else "NOT COLLECTED"
