@@ -216,8 +216,7 @@ def poll_until(
     why = f" (last error: {_said(tries.error)})" if tries.error is not None else ""
     raise DeadlineError(
         f"Gave up after {budget:g}s waiting for {what}{why}.",
-        hint="The cloud may just be slow: retry with a longer --timeout, and check the "
-        "resource with `tpulab list`.",
+        hint="The cloud may just be slow: retry later, and check the resource with `tpulab list`.",
     ) from tries.error
 
 

@@ -173,6 +173,19 @@ def run_command(
         float,
         typer.Option("--teardown-timeout", help="Seconds to wait for the deletion to be proven."),
     ] = 600.0,
+    boot_timeout: Annotated[
+        float,
+        typer.Option(
+            "--boot-timeout",
+            help="Seconds a READY VM may take to publish its host key, and then to accept SSH.",
+        ),
+    ] = 180.0,
+    bootstrap_timeout: Annotated[
+        float,
+        typer.Option(
+            "--bootstrap-timeout", help="Seconds for the VM's venv, uv, python and jax install."
+        ),
+    ] = 1200.0,
     installer: Annotated[
         str, typer.Option("--installer", help="Remote package installer: uv (default) or pip.")
     ] = "uv",
@@ -213,6 +226,8 @@ def run_command(
             spot=spot,
             timeout=timeout,
             teardown_timeout=teardown_timeout,
+            boot_timeout=boot_timeout,
+            bootstrap_timeout=bootstrap_timeout,
             installer=installer,
             ssh_backend=ssh_backend,
             adc_project=None if dry_run else adc_project,

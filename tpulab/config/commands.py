@@ -81,6 +81,8 @@ def run_inputs(
     adc_project: AdcProject | None = None,
     python: str | None = None,
     jax_version: str | None = None,
+    boot_timeout: float = Timeouts.connect,
+    bootstrap_timeout: float = Timeouts.bootstrap,
 ) -> RunInputs:
     """`tpulab run`'s flags, validated. `adc_project` None (a dry run) never asks ADC."""
     if installer not in ("uv", "pip"):
@@ -95,7 +97,13 @@ def run_inputs(
         zone=zone,
         name=name,
         spot=spot,
-        timeouts=Timeouts(teardown=check_seconds("--teardown-timeout", teardown_timeout)),
+        timeouts=Timeouts(
+            # After READY the VM boots its guest agent (host keys) and sshd: one budget.
+            host_key=check_seconds("--boot-timeout", boot_timeout),
+            connect=check_seconds("--boot-timeout", boot_timeout),
+            bootstrap=check_seconds("--bootstrap-timeout", bootstrap_timeout),
+            teardown=check_seconds("--teardown-timeout", teardown_timeout),
+        ),
         payload_timeout=check_seconds("--timeout", timeout),
         env=env,
         adc_project=adc_project,

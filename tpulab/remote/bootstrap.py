@@ -375,7 +375,8 @@ def bootstrap(
         if remaining <= 0:
             raise RemoteError(
                 f"The bootstrap did not finish within {timeout:.0f} s.",
-                hint="Check the VM's network access to PyPI, or raise the bootstrap timeout.",
+                hint="Check the VM's network access to PyPI, or give it longer with "
+                "--bootstrap-timeout.",
             )
         return remaining
 

@@ -235,8 +235,9 @@ def wait_for_host_key(
         error = HostKeyNotPublishedError(
             f"The node did not publish its SSH host key ({HOST_KEY_ATTRIBUTE}) "
             f"within {tries.timeout:g}s",
-            hint="Check the node in the console (serial port output); raise the "
-            "timeout if the image boots slowly. Nothing was sent to the VM.",
+            hint="Check the node in the console (serial port output); if the image "
+            "just boots slowly, give it longer with --boot-timeout. Nothing was sent "
+            "to the VM.",
         )
         error.__cause__ = tries.error
         return error

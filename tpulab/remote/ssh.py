@@ -269,7 +269,8 @@ class Connection:
                 f"Could not open an SSH session to {t} within "
                 f"{tries.timeout:g}s ({tries.attempts} attempts; last error: {last})",
                 hint="Check that the node is READY and reachable on that port from "
-                "this machine; raise the connect timeout if the VM boots slowly.",
+                "this machine; if the VM just boots slowly, give it longer with "
+                "--boot-timeout.",
             )
 
         self._client = poll_until(
