@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
@@ -26,7 +27,11 @@ from tpulab.cli._run_display import RunDisplay
 from tpulab.cli._target import adc_project, api_context
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from tpulab.config import RunSpec
+    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.progress import Recorder
 
 __all__ = ["run_command"]
 
@@ -87,9 +92,8 @@ def _run(
     verbose: bool,
 ) -> None:
     from tpulab.cleanup.journal import RunJournalAdapter
-    from tpulab.run.lifecycle import Lifecycle, RunOutcome
+    from tpulab.run.lifecycle import Lifecycle
     from tpulab.run.progress import FanOut, Recorder
-    from tpulab.run.report import run_envelope, summary_lines
     from tpulab.run.signals import shield, signals_to_teardown
 
     recorder = Recorder()
@@ -118,7 +122,25 @@ def _run(
         failure = error
     finally:
         display.stop()
-    for warning in journal.warnings:
+    # The run is over (its node deleted or reported): a signal now must not cut the
+    # summary short or turn the run's status into death by SIGINT.
+    with _signals_ignored():
+        _report(spec, life, recorder, journal.warnings, failure, as_json=as_json)
+
+
+def _report(
+    spec: RunSpec,
+    life: Lifecycle | None,
+    recorder: Recorder,
+    warnings: list[str],
+    failure: E.TpuLabError | None,
+    *,
+    as_json: bool,
+) -> None:
+    from tpulab.run.lifecycle import RunOutcome
+    from tpulab.run.report import run_envelope, summary_lines
+
+    for warning in warnings:
         print_stderr(f"[yellow]warning:[/] {warning}")
     if as_json:
         # No Lifecycle (the API could not be set up): nothing was created, and the
@@ -131,6 +153,20 @@ def _run(
         print_lines(summary_lines(life.outcome))
     if failure is not None:
         report_error(failure)
+
+
+@contextmanager
+def _signals_ignored() -> Iterator[None]:
+    import signal
+
+    names = [name for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    numbers = [getattr(signal, name) for name in names]
+    previous = [signal.signal(number, signal.SIG_IGN) for number in numbers]
+    try:
+        yield
+    finally:
+        for number, handler in zip(numbers, previous, strict=True):
+            signal.signal(number, handler)
 
 
 def run_command(

@@ -302,6 +302,11 @@ class Lifecycle:
         # arriving now must not turn "teardown NOT confirmed" into "interrupted".
         manual = self.spec.leaked_node().what_to_do()
         with self.shield(f"recording the end of run {self.spec.run_id}", manual=manual):
+            if leaked is None and _is_interrupt(primary) and self.outcome.succeeded:
+                # Ctrl-C (or SIGTERM) after the receipt verified: the teardown it asked
+                # for is exactly what ran, and it was confirmed. The run succeeded.
+                self.observer.note("interrupted after the receipt verified: the run is complete")
+                primary = None
             self._finish(primary, leaked)
             if leaked is not None:
                 raise leaked from primary
@@ -792,6 +797,13 @@ class Lifecycle:
         if self.journal is not None and self._journalled:
             detail = "ok" if outcome.error is None else _describe(outcome.error)
             self.journal.run_finished(self.spec.run_id, outcome.teardown_status, detail)
+
+
+def _is_interrupt(error: BaseException | None) -> bool:
+    """Ctrl-C, or a signal that `tpulab.run.signals` turned into an exception."""
+    from tpulab.run.signals import SignalInterrupt
+
+    return isinstance(error, KeyboardInterrupt | SignalInterrupt | InterruptedRun)
 
 
 def _describe(error: BaseException) -> str:
