@@ -76,6 +76,7 @@ class NodeRequest(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     spot: bool = False
     description: str = ""
+    external_ips: bool = True  # what lets a laptop outside the VPC reach the VM
 
 
 class NodeInfo(BaseModel):

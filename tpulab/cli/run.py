@@ -222,6 +222,14 @@ def run_command(
             "--bootstrap-timeout", help="Seconds for the VM's venv, uv, python and jax install."
         ),
     ] = 1200.0,
+    internal_ip: Annotated[
+        bool,
+        typer.Option(
+            "--internal-ip",
+            help="Create the VM without an external IP and connect to its internal address "
+            "(when this machine is inside the VM's VPC).",
+        ),
+    ] = False,
     installer: Annotated[
         str, typer.Option("--installer", help="Remote package installer: uv (default) or pip.")
     ] = "uv",
@@ -264,6 +272,7 @@ def run_command(
             teardown_timeout=teardown_timeout,
             boot_timeout=boot_timeout,
             bootstrap_timeout=bootstrap_timeout,
+            internal_ip=internal_ip,
             installer=installer,
             ssh_backend=ssh_backend,
             adc_project=None if dry_run else adc_project,

@@ -86,8 +86,10 @@ def node_body(request: NodeRequest) -> dict[str, Any]:
         node["labels"] = dict(request.labels)
     if request.metadata:
         node["metadata"] = dict(request.metadata)
-    # An external IP is what lets the laptop reach the VM over SSH.
-    node["networkConfig"] = {"enableExternalIps": True}
+    # An external IP is what lets the laptop reach the VM over SSH (--internal-ip: from
+    # inside the VPC, none is asked for: false is proto3's default, which the REST
+    # transport leaves out of the JSON).
+    node["networkConfig"] = {"enableExternalIps": True} if request.external_ips else {}
     # Sent even when empty (on-demand): the client always set a SchedulingConfig, and an
     # explicit submessage is printed as {} rather than dropped.
     node["schedulingConfig"] = {"spot": True} if request.spot else {}

@@ -83,6 +83,7 @@ def run_inputs(
     jax_version: str | None = None,
     boot_timeout: float = Timeouts.connect,
     bootstrap_timeout: float = Timeouts.bootstrap,
+    internal_ip: bool = False,
 ) -> RunInputs:
     """`tpulab run`'s flags, validated. `adc_project` None (a dry run) never asks ADC."""
     if installer not in ("uv", "pip"):
@@ -109,6 +110,7 @@ def run_inputs(
         adc_project=adc_project,
         python=python,
         jax_version=jax_version,
+        internal_ip=internal_ip,
     )
     return RunInputs(
         spec=spec,

@@ -111,6 +111,7 @@ class RunSpec:
     python: str = REAL_PYTHON
     python_source: str = "default"
     jax_version: str | None = None
+    internal_ip: bool = False  # connect to the node's internal address (inside its VPC)
 
     @property
     def platform(self) -> str:
@@ -152,6 +153,7 @@ def build_run_spec(
     adc_project: AdcProject | None = None,
     python: str | None = None,
     jax_version: str | None = None,
+    internal_ip: bool = False,
 ) -> RunSpec:
     """Validate every input of a run before anything contacts the cloud (invariant 1).
 
@@ -189,6 +191,7 @@ def build_run_spec(
         python=python_request,
         python_source=python_source,
         jax_version=check_jax_version(jax_version) if jax_version is not None else None,
+        internal_ip=internal_ip,
     )
 
 

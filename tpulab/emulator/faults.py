@@ -71,6 +71,9 @@ class FaultPlan:
     """NOT_FOUND (404) or FAILED_PRECONDITION (400), for `guest_attributes_error_for`."""
     ssh_refuse_for: float = 0.0
     """Passed to the host backend: the SSH server refuses connections this long."""
+    no_external_ips: bool = False
+    """An organisation policy strips external IPs: nodes get only an internal address
+    (constraints/compute.vmExternalIpAccess)."""
     project_os_login: bool = False
     """Project metadata says enable-oslogin=TRUE: a node's ssh-keys are ignored (no key
     logs in) unless its own metadata says enable-oslogin: FALSE."""

@@ -215,7 +215,8 @@ class CloudState:
             "preemptible": bool(scheduling.get("preemptible")),
             "external_ips": bool(
                 network.get("enableExternalIps", network.get("enable_external_ips", False))
-            ),
+            )
+            and not self.faults.no_external_ips,
             "state": "CREATING",
             "health": "HEALTH_UNSPECIFIED",
             "create_time": now,

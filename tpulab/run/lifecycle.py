@@ -412,6 +412,7 @@ class Lifecycle:
             },
             spot=self.spec.spot,
             description=f"tpulab run {self.spec.run_id}",
+            external_ips=not self.spec.internal_ip,
         )
         zone, name = self.spec.zone.value, self.spec.node_name
         deadline = self.clock() + self.spec.timeouts.create
@@ -531,6 +532,7 @@ class Lifecycle:
         )
         self._milestone("ready_seen")
         self.outcome.node = node
+        self._check_reachable(node)
         return f"READY at {node.external_ip or node.ip_address or 'no address'}"
 
     def pin_host_key(self) -> str:
@@ -550,12 +552,7 @@ class Lifecycle:
         # The address may be assigned after READY (the emulator does so once the node's
         # SSH host runs); ask again now that the guest agent is up.
         node = self.outcome.node = self.api.get_node(self.spec.zone.value, self.spec.node_name)
-        address = node.external_ip or node.ip_address
-        if not address:
-            raise RemoteError(
-                f"Node {node.name} reports no IP address.",
-                hint="The VM may have no external IP; run from inside its VPC.",
-            )
+        address = self._check_reachable(node)
         user = self.spec.ssh_user
         if self.spec.emulated:
             # An emulated OpenSSH host can only log in an existing account; it says which.
@@ -563,6 +560,26 @@ class Lifecycle:
             user = seen.get(EMULATOR_SSH_USER_ATTRIBUTE) or user
         self.target = SshTarget(address, ssh_port_from(seen), user, host_key)
         return f"{host_key.key_type} pinned for {address}:{self.target.port}"
+
+    def _check_reachable(self, node: NodeInfo) -> str:
+        """The address SSH will use; RemoteError at once (not after the SSH timeouts) when
+        the node has none this machine can reach."""
+        if self.spec.internal_ip:
+            if node.ip_address:
+                return node.ip_address
+            raise RemoteError(
+                f"Node {node.name} reports no internal IP address.",
+                hint="Check the node's network in the console; retry the run.",
+            )
+        if node.external_ip:
+            return node.external_ip
+        raise RemoteError(
+            f"Node {node.name} has no external IP, so this machine cannot reach it over SSH"
+            + (f" (its internal address is {node.ip_address})." if node.ip_address else "."),
+            hint="An organisation policy (constraints/compute.vmExternalIpAccess) or the "
+            "network may forbid external IPs. Run from inside the VM's VPC with "
+            "--internal-ip, or ask an admin to allow external IPs for TPU VMs.",
+        )
 
     def open_session(self) -> str:
         """Open SSH with the per-run key against the pinned host key (waits for sshd)."""

@@ -273,7 +273,9 @@ class RecordingTpuApi:
             state=NodeState.READY,
             labels=dict(request.labels),
             metadata=dict(request.metadata),
-            external_ip=PLACEHOLDER_NODE_IP,
+            # As the API answers: an external address only when the create asked for one.
+            external_ip=PLACEHOLDER_NODE_IP if request.external_ips else None,
+            ip_address=PLACEHOLDER_NODE_IP,
             spot=request.spot,
         )
 
