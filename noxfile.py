@@ -59,7 +59,10 @@ def _payload_python_310(session: nox.Session) -> None:
         return
     venv = Path(".nox") / "payload-py310"
     session.run("uv", "venv", "--quiet", "--allow-existing", "-p", python310, str(venv))
-    python = str((venv / "bin" / "python").resolve())
+    # absolute(), never resolve(): the venv's python is a symlink to the interpreter
+    # itself, and installing into that would put jax into the machine's Python 3.10 --
+    # the one the emulator's bare image is made of.
+    python = str((venv / "bin" / "python").absolute())
     session.run("uv", "pip", "install", "--quiet", "--python", python, "jax[cpu]<0.7", "numpy")
     session.env["TPULAB_TEST_PY310"] = python
 

@@ -43,10 +43,12 @@ def table_console() -> Console:
 
 
 def print_stderr(text: str) -> None:
-    """Rich markup on stderr, wrapped to the terminal (errors, warnings, notes)."""
+    """Rich markup on stderr (errors, warnings, notes). Lines are never broken by rich:
+    they carry commands to paste (a manual delete), which a hard wrap at 80 columns in
+    a log or a pipe would split; a terminal wraps long lines by itself."""
     from rich.console import Console
 
-    Console(stderr=True, highlight=False).print(text)
+    Console(stderr=True, highlight=False, soft_wrap=True).print(text)
 
 
 def print_lines(lines: list[list[tuple[str, str]]]) -> None:
