@@ -180,7 +180,9 @@ def test_stockout_exit_status_and_message(bare: Emulator) -> None:
     assert done.returncode == EXIT_CLOUD, done.stderr
     assert "capacity" in done.stderr.lower()
     assert "teardown" in done.stdout
-    assert "deleted, confirmed by list" in done.stdout
+    # Nothing existed to delete (the create failed): the summary must not say "deleted".
+    assert "nothing to delete (already gone), confirmed by list" in done.stdout
+    assert "deleted, confirmed" not in done.stdout
     assert bare.node_names() == []
 
 

@@ -54,8 +54,8 @@ def wait_for_state(
             raise PreemptedError(
                 f"Node {node_id} in {zone} was preempted while waiting for {_names(want)}.",
                 status="PREEMPTED",
-                hint="Spot capacity was reclaimed. Delete the node (tpulab teardown "
-                "--verify) and retry later, or run without --spot.",
+                hint="Spot capacity was reclaimed by Google; nothing is wrong with the run. "
+                "Retry later, or run without --spot.",
             )
         return False
 

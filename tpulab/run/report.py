@@ -238,7 +238,15 @@ def summary_lines(
         )
     status = outcome.teardown_status
     if status == "confirmed":
-        lines.append([("  teardown  ", "dim"), ("deleted, confirmed by list", "bold green")])
+        gone = outcome.teardown is not None and outcome.teardown.already_gone
+        # A stockout or a node deleted under us left nothing to delete: say that, not
+        # "deleted", though the list still proved nothing of this run remains.
+        done = (
+            "nothing to delete (already gone), confirmed by list"
+            if gone
+            else ("deleted, confirmed by list")
+        )
+        lines.append([("  teardown  ", "dim"), (done, "bold green")])
     elif status == "not-created":
         lines.append([("  teardown  ", "dim"), ("nothing was created", "")])
     else:
