@@ -188,12 +188,10 @@ def sweep(
     """
     from tpulab.cleanup.journal import Journal, target_for
     from tpulab.cleanup.report import teardown_envelope, teardown_error
-    from tpulab.cleanup.sweep import find_orphans
-    from tpulab.cleanup.sweep import sweep as sweep_plan
+    from tpulab.cleanup.sweep import find_orphans, sweep_shielded
     from tpulab.cli._exit import EXIT_TEARDOWN, error_report
     from tpulab.cli._target import api_context
     from tpulab.config import teardown_inputs
-    from tpulab.run.signals import shield, signals_to_teardown
 
     inputs = teardown_inputs(
         verify=True,
@@ -218,14 +216,14 @@ def sweep(
             include_live=include_live,
         )
         if not dry_run:
-            names = ", ".join(c.node.name for c in plan.candidates) or "nothing"
-            # What a forced quit (third Ctrl-C) prints, as `teardown --verify` does.
-            commands = "\n  ".join(c.leaked().manual_delete_command() for c in plan.candidates)
-            with (
-                signals_to_teardown(_say, force_exit_status=EXIT_TEARDOWN),
-                shield(f"deleting {names}", manual=commands or None),
-            ):
-                result = sweep_plan(api, plan, journal=journal, timeout=timeout, notify=_say)
+            result = sweep_shielded(
+                api,
+                plan,
+                journal=journal,
+                timeout=timeout,
+                notify=_say,
+                force_exit_status=EXIT_TEARDOWN,
+            )
     declined = "dry run: nothing was deleted" if dry_run else ""
     error = teardown_error(plan, result, declined)
     if error is not None and check:

@@ -366,3 +366,26 @@ def sweep(
     result.live = [node for node in listed if (node.zone, node.name) in owned]
     result.remaining = [node for node in listed if (node.zone, node.name) not in owned]
     return result
+
+
+def sweep_shielded(
+    api: TpuApi,
+    plan: SweepPlan,
+    *,
+    journal: Journal,
+    timeout: float,
+    notify: Callable[[str], None],
+    force_exit_status: int,
+) -> SweepResult:
+    """`sweep` as `teardown --verify` and `tpulab.sweep` run it: signals turn into this
+    same teardown, a second Ctrl-C is refused, and a forced quit (the third) prints what
+    finishes each candidate by hand, for the API it lives behind."""
+    from tpulab.run.signals import shield, signals_to_teardown
+
+    names = ", ".join(c.node.name for c in plan.candidates) or "nothing"
+    commands = "\n  ".join(c.leaked().what_to_do() for c in plan.candidates)
+    with (
+        signals_to_teardown(notify, force_exit_status=force_exit_status),
+        shield(f"deleting {names}", manual=commands or None),
+    ):
+        return sweep(api, plan, journal=journal, timeout=timeout, notify=notify)

@@ -99,9 +99,8 @@ def _teardown_verify(
     timeout: float,
 ) -> None:
     from tpulab.cleanup.journal import Journal, target_for
-    from tpulab.cleanup.sweep import find_orphans, sweep
+    from tpulab.cleanup.sweep import find_orphans, sweep_shielded
     from tpulab.config import teardown_inputs
-    from tpulab.run.signals import shield, signals_to_teardown
 
     inputs = teardown_inputs(
         verify=verify,
@@ -136,13 +135,14 @@ def _teardown_verify(
             elif not typer.confirm(f"Delete {len(plan.candidates)} node(s)?", default=False):
                 declined = "not deleted: declined at the prompt"
         if not declined:
-            names = ", ".join(c.node.name for c in plan.candidates) or "nothing"
-            commands = "\n  ".join(c.leaked().manual_delete_command() for c in plan.candidates)
-            with (
-                signals_to_teardown(print_stderr, force_exit_status=EXIT_TEARDOWN),
-                shield(f"deleting {names}", manual=commands or None),
-            ):
-                result = sweep(api, plan, journal=journal, timeout=timeout, notify=print_stderr)
+            result = sweep_shielded(
+                api,
+                plan,
+                journal=journal,
+                timeout=timeout,
+                notify=print_stderr,
+                force_exit_status=EXIT_TEARDOWN,
+            )
     _teardown_report(plan, result, declined, dry_run, as_json)
 
 
