@@ -79,6 +79,7 @@ __all__ = [
     "UnsupportedAcceleratorError",
     "VerificationError",
     "shown",
+    "target_for",
 ]
 
 
@@ -269,6 +270,13 @@ class VerificationError(TpuLabError):
 # of `--emulate`, or else the URL of an `--api-endpoint`.
 TARGET_GOOGLE = "google"
 TARGET_EMULATE = "emulate"
+
+
+def target_for(api_endpoint: str | None, *, embedded_emulator: bool = False) -> str:
+    """The name of the API a node lives behind, as the journal records it."""
+    if embedded_emulator:
+        return TARGET_EMULATE
+    return api_endpoint.rstrip("/") if api_endpoint else TARGET_GOOGLE
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from tpulab import paths
-from tpulab.errors import TARGET_EMULATE, TARGET_GOOGLE, JournalError
+from tpulab.errors import TARGET_EMULATE, TARGET_GOOGLE, JournalError, target_for
 from tpulab.models import NodeInfo
 
 if TYPE_CHECKING:
@@ -105,13 +105,6 @@ _SELECT_NODE = (
     "updated, phase, pid, host, proc_start, ended, teardown, detail FROM runs "
     "WHERE project = ? AND zone = ? AND node_name = ? ORDER BY started DESC, rowid DESC"
 )
-
-
-def target_for(api_endpoint: str | None, *, embedded_emulator: bool = False) -> str:
-    """The `target` a row records: which API the node lives behind."""
-    if embedded_emulator:
-        return TARGET_EMULATE
-    return api_endpoint.rstrip("/") if api_endpoint else TARGET_GOOGLE
 
 
 def process_marker(pid: int) -> str | None:
@@ -530,7 +523,7 @@ class RunJournalAdapter:
                 zone=spec.zone.value,
                 node_name=spec.node_name,
                 accelerator=spec.accelerator.name,
-                target=target_for(spec.api_endpoint, embedded_emulator=spec.mode == "emulate"),
+                target=spec.target,
                 emulated=spec.emulated,
                 spot=spec.spot,
             )

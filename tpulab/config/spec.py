@@ -29,7 +29,7 @@ from tpulab.config.resolve import (
     resolve_zone,
     zone_flags,
 )
-from tpulab.errors import TARGET_EMULATE, TARGET_GOOGLE, ConfigError, LeakedNode
+from tpulab.errors import ConfigError, LeakedNode, target_for
 from tpulab.models import check_node_name, check_run_id, tpulab_labels
 
 __all__ = [
@@ -125,9 +125,7 @@ class RunSpec:
     @property
     def target(self) -> str:
         """The API the node lives behind, as the journal and LeakedNode name it."""
-        if self.mode == "emulate":
-            return TARGET_EMULATE
-        return self.api_endpoint.rstrip("/") if self.api_endpoint else TARGET_GOOGLE
+        return target_for(self.api_endpoint, embedded_emulator=self.mode == "emulate")
 
     def leaked_node(self) -> LeakedNode:
         """This run's node as a possible leak, with commands that work for its API."""
