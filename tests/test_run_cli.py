@@ -199,6 +199,9 @@ def test_unconfirmed_teardown_has_its_own_status_and_the_manual_command(bare: Em
     assert result.ok is False
     assert result.node_name == "stuck-node"
     assert result.teardown.status == "unconfirmed"
+    # DeleteNode was sent (and hung): the report must not say no delete was attempted.
+    assert result.teardown.delete_attempts >= 1
+    assert bare.calls["delete_node"] >= result.teardown.delete_attempts
     manual = (
         f"CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU={bare.url.rstrip('/')}/ "
         "CLOUDSDK_AUTH_DISABLE_CREDENTIALS=true "

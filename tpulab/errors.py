@@ -332,10 +332,13 @@ class LeakedNode:
 class TeardownError(TpuLabError):
     """Deletion could not be confirmed: resources may still be billing."""
 
-    def __init__(self, message: str, leaked: Sequence[LeakedNode]) -> None:
+    def __init__(
+        self, message: str, leaked: Sequence[LeakedNode], *, delete_attempts: int = 0
+    ) -> None:
         commands = "\n".join(node.what_to_do() for node in leaked)
         super().__init__(message, hint="Delete by hand:\n" + commands if commands else None)
         self.leaked = list(leaked)
+        self.delete_attempts = delete_attempts  # DeleteNode requests sent before giving up
 
 
 class JournalError(TpuLabError):

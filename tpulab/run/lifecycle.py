@@ -772,7 +772,9 @@ class Lifecycle:
                     on_delete_sent=lambda at: self._milestone("delete_sent", at),
                 )
             except TeardownError as error:
-                failure = self._unconfirmed(primary, error.message, error.leaked)
+                failure = self._unconfirmed(
+                    primary, error.message, error.leaked, delete_attempts=error.delete_attempts
+                )
             except Exception as error:  # any failure here means "not confirmed"
                 failure = self._unconfirmed(primary, f"teardown failed unexpectedly: {error}")
             else:
@@ -790,7 +792,12 @@ class Lifecycle:
             return failure
 
     def _unconfirmed(
-        self, primary: BaseException | None, why: str, leaked: Sequence[LeakedNode] = ()
+        self,
+        primary: BaseException | None,
+        why: str,
+        leaked: Sequence[LeakedNode] = (),
+        *,
+        delete_attempts: int = 0,
     ) -> TeardownError:
         self.outcome.teardown_status = "unconfirmed"
         ours = self.spec.leaked_node()
@@ -800,7 +807,7 @@ class Lifecycle:
         if primary is not None and not isinstance(primary, TeardownError):
             earlier = primary.message if isinstance(primary, TpuLabError) else repr(primary)
             message += f" (The run had already failed: {earlier})"
-        return TeardownError(message, nodes)
+        return TeardownError(message, nodes, delete_attempts=delete_attempts)
 
     def _finish(self, primary: BaseException | None, leaked: TeardownError | None) -> None:
         outcome = self.outcome

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from tpulab.catalog import PRICE_DATE
 from tpulab.config import Mode
 from tpulab.envelope import Envelope, ErrorReport
+from tpulab.errors import TeardownError
 from tpulab.evidence.judge import Verdict
 from tpulab.run.lifecycle import RunOutcome
 from tpulab.run.progress import Recorder, TeardownStatus
@@ -136,7 +137,7 @@ def run_envelope(
         teardown=TeardownSummary(
             status=outcome.teardown_status,
             confirmed=outcome.teardown_status == "confirmed",
-            delete_attempts=teardown.delete_attempts if teardown else 0,
+            delete_attempts=_delete_attempts(outcome),
             seconds=round(teardown.seconds, 3) if teardown else None,
             manual_command=None
             if outcome.teardown_status != "unconfirmed"
@@ -266,3 +267,13 @@ def summary_lines(
         ]
     )
     return lines
+
+
+def _delete_attempts(outcome: RunOutcome) -> int:
+    """DeleteNode requests sent: from the confirmed teardown, or from the error of one
+    that was not confirmed (which still sent them)."""
+    if outcome.teardown is not None:
+        return outcome.teardown.delete_attempts
+    if isinstance(outcome.error, TeardownError):
+        return outcome.error.delete_attempts
+    return 0

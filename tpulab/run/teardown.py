@@ -232,7 +232,9 @@ class _Teardown:
             "Resources may still be billing."
         )
         return TeardownError(
-            message, [LeakedNode(self.api.project, self.zone, name) for name in names]
+            message,
+            [LeakedNode(self.api.project, self.zone, name) for name in names],
+            delete_attempts=self.report.delete_attempts,
         )
 
 
