@@ -15,6 +15,7 @@ __all__ = [
     "GUEST_ATTRIBUTES_METADATA",
     "HOST_KEY_ATTRIBUTE",
     "HOST_KEY_NAMESPACE",
+    "HOST_KEY_TYPES",
     "MANAGED_BY_LABEL",
     "MANAGED_BY_VALUE",
     "OS_LOGIN_METADATA",
@@ -39,6 +40,9 @@ GUEST_ATTRIBUTES_METADATA = "enable-guest-attributes"
 # The guest agent publishes the VM's SSH host keys under this namespace, one key per type.
 HOST_KEY_NAMESPACE = "hostkeys"
 HOST_KEY_ATTRIBUTE = f"{HOST_KEY_NAMESPACE}/ssh-ed25519"
+# The types the GCE guest agent publishes (its host_key_types = ecdsa,ed25519,rsa), in
+# the order the controller prefers to pin them.
+HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")
 
 # Published only by the emulator: the loopback port of a node's SSH server (a real VM
 # listens on 22), and the account an emulated OpenSSH host can log in (it cannot create

@@ -71,6 +71,9 @@ class FaultPlan:
     """NOT_FOUND (404) or FAILED_PRECONDITION (400), for `guest_attributes_error_for`."""
     ssh_refuse_for: float = 0.0
     """Passed to the host backend: the SSH server refuses connections this long."""
+    host_key_types: list[str] = field(default_factory=list)
+    """Publish only these host key types (e.g. ["ssh-rsa"]: an image without ed25519);
+    empty means every type the node's sshd serves."""
     no_external_ips: bool = False
     """An organisation policy strips external IPs: nodes get only an internal address
     (constraints/compute.vmExternalIpAccess)."""

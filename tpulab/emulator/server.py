@@ -373,7 +373,11 @@ class Emulator:
                 }
                 # As the guest agent does: one `hostkeys/<type>` per key sshd serves.
                 current["guest_attributes"] = {
-                    **{f"{HOST_KEY_NAMESPACE}/{t}": b64 for t, b64 in endpoint.host_keys.items()},
+                    **{
+                        f"{HOST_KEY_NAMESPACE}/{t}": b64
+                        for t, b64 in endpoint.host_keys.items()
+                        if not self.faults.host_key_types or t in self.faults.host_key_types
+                    },
                     EMULATOR_SSH_PORT_ATTRIBUTE: str(endpoint.port),
                 }
                 login_user = getattr(self.host_backend, "login_user", None)

@@ -25,7 +25,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpulab.contract import EMULATOR_SSH_PORT_ATTRIBUTE, HOST_KEY_ATTRIBUTE
+from tpulab.contract import (
+    EMULATOR_SSH_PORT_ATTRIBUTE,
+    HOST_KEY_ATTRIBUTE,
+    HOST_KEY_NAMESPACE,
+    HOST_KEY_TYPES,
+)
 from tpulab.errors import (
     CloudError,
     ConfigError,
@@ -202,18 +207,22 @@ def ssh_port_from(attrs: Mapping[str, str]) -> int:
 
 
 def host_key_from(attrs: Mapping[str, str]) -> HostKey:
-    value = attrs.get(HOST_KEY_ATTRIBUTE, "").strip()
-    if not value:
-        raise HostKeyNotPublishedError(
-            "The node has not published its SSH host key yet "
-            f"(guest attribute {HOST_KEY_ATTRIBUTE})",
-            hint="The VM's guest agent publishes it shortly after boot; wait and retry. "
-            "tpulab never connects without a pinned host key.",
-        )
-    # Some images publish "ssh-ed25519 AAAA..." rather than the bare body.
-    parts = value.split()
-    body = parts[1] if len(parts) > 1 and parts[0] == "ssh-ed25519" else parts[0]
-    return HostKey("ssh-ed25519", body)
+    """The host key to pin: ed25519 when published, else the next type the guest agent
+    publishes (ecdsa, then rsa) -- an image whose sshd has no ed25519 key is still a VM
+    we can pin, not one to give up on."""
+    for key_type in HOST_KEY_TYPES:
+        value = attrs.get(f"{HOST_KEY_NAMESPACE}/{key_type}", "").strip()
+        if value:
+            # Some images publish "ssh-ed25519 AAAA..." rather than the bare body.
+            parts = value.split()
+            body = parts[1] if len(parts) > 1 and parts[0] == key_type else parts[0]
+            return HostKey(key_type, body)
+    raise HostKeyNotPublishedError(
+        "The node has not published its SSH host key yet "
+        f"(guest attribute {HOST_KEY_ATTRIBUTE}, or another {HOST_KEY_NAMESPACE}/ type)",
+        hint="The VM's guest agent publishes it shortly after boot; wait and retry. "
+        "tpulab never connects without a pinned host key.",
+    )
 
 
 def wait_for_host_key(
