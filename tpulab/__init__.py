@@ -186,9 +186,9 @@ def sweep(
     `--json` prints; raises TeardownError unless no tpulab node remains in scope (with
     `check=False` the report says so in `ok`, `error` and `manual_commands` instead).
     """
-    from tpulab.cleanup.journal import Journal, target_for
+    from tpulab.cleanup.journal import Journal
     from tpulab.cleanup.report import teardown_envelope, teardown_error
-    from tpulab.cleanup.sweep import find_orphans, sweep_shielded
+    from tpulab.cleanup.sweep import find_in_scope, sweep_shielded
     from tpulab.cli._exit import EXIT_TEARDOWN, error_report
     from tpulab.cli._target import api_context
     from tpulab.config import teardown_inputs
@@ -207,14 +207,7 @@ def sweep(
     journal = Journal()
     result = None
     with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
-        plan = find_orphans(
-            api,
-            target=target_for(scope.api_endpoint, embedded_emulator=scope.emulate),
-            zones=scope.zones,
-            run_id=scope.run_id,
-            journal=journal,
-            include_live=include_live,
-        )
+        plan = find_in_scope(api, scope, journal=journal, include_live=include_live)
         if not dry_run:
             result = sweep_shielded(
                 api,

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from tpulab import catalog
-from tpulab.cleanup.journal import Journal, RunRow, row_is_live
+from tpulab.cleanup.journal import Journal, RunRow, row_is_live, target_for
 from tpulab.cloud.api import TpuApi
+from tpulab.config import Scope
 from tpulab.errors import (
     TARGET_GOOGLE,
     CloudError,
@@ -389,3 +390,15 @@ def sweep_shielded(
         shield(f"deleting {names}", manual=commands or None),
     ):
         return sweep(api, plan, journal=journal, timeout=timeout, notify=notify)
+
+
+def find_in_scope(api: TpuApi, scope: Scope, *, journal: Journal, include_live: bool) -> SweepPlan:
+    """`find_orphans` over a validated teardown scope (`tpulab.config.teardown_inputs`)."""
+    return find_orphans(
+        api,
+        target=target_for(scope.api_endpoint, embedded_emulator=scope.emulate),
+        zones=scope.zones,
+        run_id=scope.run_id,
+        journal=journal,
+        include_live=include_live,
+    )

@@ -98,8 +98,8 @@ def _teardown_verify(
     include_live: bool,
     timeout: float,
 ) -> None:
-    from tpulab.cleanup.journal import Journal, target_for
-    from tpulab.cleanup.sweep import find_orphans, sweep_shielded
+    from tpulab.cleanup.journal import Journal
+    from tpulab.cleanup.sweep import find_in_scope, sweep_shielded
     from tpulab.config import teardown_inputs
 
     inputs = teardown_inputs(
@@ -117,14 +117,7 @@ def _teardown_verify(
     result: SweepResult | None = None
     declined = ""
     with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
-        plan = find_orphans(
-            api,
-            target=target_for(scope.api_endpoint, embedded_emulator=scope.emulate),
-            zones=scope.zones,
-            run_id=scope.run_id,
-            journal=journal,
-            include_live=include_live,
-        )
+        plan = find_in_scope(api, scope, journal=journal, include_live=include_live)
         if not as_json:
             _print_plan(plan)
         if dry_run:
