@@ -29,6 +29,7 @@ from tpulab.config.resolve import (
     resolve_zone,
     zone_flags,
 )
+from tpulab.config.workload import WorkloadSpec
 from tpulab.errors import ConfigError, LeakedNode, target_for
 from tpulab.models import check_node_name, check_run_id, tpulab_labels
 
@@ -112,6 +113,8 @@ class RunSpec:
     python_source: str = "default"
     jax_version: str | None = None
     internal_ip: bool = False  # connect to the node's internal address (inside its VPC)
+    # The user's `-- CMD` (run after the verifier gated it); None: the run is verify-only.
+    workload: WorkloadSpec | None = None
 
     @property
     def platform(self) -> str:
