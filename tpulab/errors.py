@@ -24,7 +24,9 @@
     │   ├── HostKeyMismatchError         host key differs from the pinned one
     │   ├── CommandFailedError           a remote command exited non-zero
     │   │   └── TpuBusyError                 another process owns the TPU
-    │   └── RemoteTimeoutError           a remote command ran past its timeout
+    │   ├── RemoteTimeoutError           a remote command ran past its timeout
+    │   └── NodeVanishedError            the node was deleted under the run (its
+    │                                        watchdog, or someone else)
     ├── LocalRunError                the payload run on this machine (verify --local)
     │                                    gave no receipt: did not start, timed out, TPU busy
     ├── VerificationError            the receipt does not prove the run (.failures)
@@ -60,6 +62,7 @@ __all__ = [
     "LeakedNode",
     "LocalRunError",
     "LocationError",
+    "NodeVanishedError",
     "NotFoundError",
     "OutcomeUnknownError",
     "PermissionDeniedError",
@@ -244,6 +247,10 @@ class TpuBusyError(CommandFailedError):
 
 class RemoteTimeoutError(RemoteError):
     pass
+
+
+class NodeVanishedError(RemoteError):
+    """The node disappeared (gone or DELETING) while the run still needed it."""
 
 
 @dataclass(frozen=True)

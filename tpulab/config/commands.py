@@ -35,6 +35,7 @@ from tpulab.config.spec import (
     build_run_spec,
     check_seconds,
 )
+from tpulab.config.watchdog import WatchdogRequest
 from tpulab.errors import ConfigError
 from tpulab.models import PLATFORMS, check_run_id
 
@@ -84,6 +85,11 @@ def run_inputs(
     boot_timeout: float = Timeouts.connect,
     bootstrap_timeout: float = Timeouts.bootstrap,
     internal_ip: bool = False,
+    lease: str | None = None,
+    boot_grace: str | None = None,
+    max_duration: str | None = None,
+    no_watchdog: bool = False,
+    service_account: str | None = None,
 ) -> RunInputs:
     """`tpulab run`'s flags, validated. `adc_project` None (a dry run) never asks ADC."""
     if installer not in ("uv", "pip"):
@@ -111,6 +117,13 @@ def run_inputs(
         python=python,
         jax_version=jax_version,
         internal_ip=internal_ip,
+        watchdog=WatchdogRequest(
+            enabled=not no_watchdog,
+            lease=lease,
+            boot_grace=boot_grace,
+            max_duration=max_duration,
+        ),
+        service_account=service_account,
     )
     return RunInputs(
         spec=spec,

@@ -29,6 +29,12 @@ from tpulab.config.resolve import (
     resolve_zone,
     zone_flags,
 )
+from tpulab.config.watchdog import (
+    WatchdogRequest,
+    WatchdogSettings,
+    check_service_account,
+    watchdog_settings,
+)
 from tpulab.config.workload import WorkloadSpec
 from tpulab.errors import ConfigError, LeakedNode, target_for
 from tpulab.models import check_node_name, check_run_id, tpulab_labels
@@ -115,6 +121,21 @@ class RunSpec:
     internal_ip: bool = False  # connect to the node's internal address (inside its VPC)
     # The user's `-- CMD` (run after the verifier gated it); None: the run is verify-only.
     workload: WorkloadSpec | None = None
+    # The VM's own dead man's switch (DESIGN.md §10); None: --no-watchdog.
+    watchdog: WatchdogSettings | None = None
+    # The node's service account e-mail; None: the project's default compute account.
+    service_account: str | None = None
+
+    @property
+    def max_duration_seconds(self) -> float | None:
+        """The watchdog's hard deadline (None without a watchdog): --max-duration, else
+        every timeout of this run, the user's command included, plus a margin."""
+        if self.watchdog is None:
+            return None
+        total = sum(vars(self.timeouts).values())
+        if self.workload is not None:
+            total += self.workload.timeout
+        return self.watchdog.deadline(total)
 
     @property
     def platform(self) -> str:
@@ -155,6 +176,8 @@ def build_run_spec(
     python: str | None = None,
     jax_version: str | None = None,
     internal_ip: bool = False,
+    watchdog: WatchdogRequest | None = None,
+    service_account: str | None = None,
 ) -> RunSpec:
     """Validate every input of a run before anything contacts the cloud (invariant 1).
 
@@ -177,6 +200,10 @@ def build_run_spec(
     if payload is not None and not payload.is_file():
         raise ConfigError(f"Payload {payload} does not exist.", hint="Pass an existing file.")
     python_request, python_source = choose_python(python, emulated=target.emulated)
+    # Until its first renewal the watchdog must outwait the controller's own boot waits.
+    dog = watchdog_settings(
+        watchdog or WatchdogRequest(), boot_wait_seconds=timeouts.host_key + timeouts.connect
+    )
     return RunSpec(
         run_id=rid,
         accelerator=accel,
@@ -193,6 +220,8 @@ def build_run_spec(
         python_source=python_source,
         jax_version=check_jax_version(jax_version) if jax_version is not None else None,
         internal_ip=internal_ip,
+        watchdog=dog,
+        service_account=check_service_account(service_account),
     )
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tpulab import paths
+from tpulab.contract import DELETE_NODE_PERMISSION, WATCHDOG_STATE_ATTRIBUTE
 
 __all__ = [
     "DELETE_ROLE",
@@ -34,9 +35,8 @@ __all__ = [
 ]
 
 WATCHDOG_PAYLOAD = "watchdog.py"
-# Where the watchdog publishes how it is (namespace/key, as getGuestAttributes keys them).
-STATE_ATTRIBUTE = "tpulab/watchdog"
-DELETE_PERMISSION = "tpu.nodes.delete"
+STATE_ATTRIBUTE = WATCHDOG_STATE_ATTRIBUTE
+DELETE_PERMISSION = DELETE_NODE_PERMISSION
 DELETE_ROLE = "roles/tpu.admin"
 # Ends the heredoc that carries the source; the builder refuses a source containing it.
 _SOURCE_END = "TPULAB_WATCHDOG_SOURCE_END"
@@ -150,6 +150,13 @@ class WatchdogState:
         """Will it delete the node? "unverified" is armed, just not proven."""
         return self.kind in ("armed", "unverified", "firing")
 
+    @property
+    def reason(self) -> str:
+        """Why it is not armed (or what it is doing), in words."""
+        if self.kind == "unpublished":
+            return "it published no state (the node's startup-script may not have run)"
+        return self.detail
+
     def describe(self) -> str:
         if self.kind == "armed":
             return "armed (its identity may delete the node)"
@@ -157,9 +164,7 @@ class WatchdogState:
             return f"armed, permission unverified ({self.detail})"
         if self.kind == "firing":
             return f"firing ({self.detail}): it is deleting the node"
-        if self.kind == "unpublished":
-            return "NOT ARMED: it published no state (the startup-script may not have run)"
-        return f"NOT ARMED: {self.detail}"
+        return f"NOT ARMED: {self.reason}"
 
     def fix(self, service_account: str | None) -> str | None:
         """What to do when it is not armed, naming the identity to grant to."""

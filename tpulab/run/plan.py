@@ -69,6 +69,8 @@ def build_plan(spec: RunSpec, *, installer: boot.Installer = "uv") -> list[PlanS
         sleep=recorder.sleep,
         new_key=recorder.new_key,
         new_nonce=recorder.new_nonce,
+        # The plan shows the first renewal; a thread would add more at random moments.
+        renew_in_background=False,
     )
     try:
         life.run()

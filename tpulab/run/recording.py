@@ -35,7 +35,7 @@ from tpulab.cloud import rest
 from tpulab.cloud.polling import operation_schedule
 from tpulab.config import RunSpec
 from tpulab.config.endpoint import classify_endpoint
-from tpulab.contract import HOST_KEY_ATTRIBUTE
+from tpulab.contract import HOST_KEY_ATTRIBUTE, STARTUP_SCRIPT_METADATA, WATCHDOG_STATE_ATTRIBUTE
 from tpulab.errors import NotFoundError
 from tpulab.evidence.store import ReceiptStore
 from tpulab.models import NodeInfo, NodeRequest, NodeState
@@ -314,7 +314,10 @@ class RecordingTpuApi:
 
     def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
         self._send(rest.get_guest_attributes(self.project, zone, node_id, query_path))
-        return {HOST_KEY_ATTRIBUTE: _PLACEHOLDER_HOST_KEY}
+        published = {HOST_KEY_ATTRIBUTE: _PLACEHOLDER_HOST_KEY}
+        if self.created is not None and STARTUP_SCRIPT_METADATA in self.created.metadata:
+            published[WATCHDOG_STATE_ATTRIBUTE] = "armed"  # as a permitted watchdog says
+        return published
 
 
 class _Reply:
