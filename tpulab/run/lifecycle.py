@@ -348,7 +348,8 @@ class Lifecycle:
 
     def _vanished(self, error: TpuLabError) -> TpuLabError | None:
         """A node its watchdog (or anyone) deleted under us: say so, not the symptom."""
-        if self.watchdog is None or not self.outcome.create_accepted:
+        # Only a node that booted has a watchdog that could have fired.
+        if self.watchdog is None or "ready_seen" not in self.outcome.milestones:
             return None
         created = self.outcome.milestones.get("create_sent", self._t0)
         return vanished(
