@@ -239,9 +239,9 @@ class Emulator:
         with _LIVE_LOCK:
             _LIVE_OWNERS.discard(self._owner)
         with self._hosts_lock:
-            owned, self._hosts = set(self._hosts), set()
+            owned = set(self._hosts)
         for key in owned:
-            self._stop_host(key)
+            self._stop_host(key)  # (it skips keys no longer in _hosts: take no copy first)
         # A state file that went bad cannot record that our hosts are gone; the next
         # emulator restarts them anyway (their owner is no longer alive).
         with suppress(EmulatorStateError), self._file.transaction() as data:
