@@ -277,33 +277,34 @@ def test_emulator_stop_kills_them_and_a_restart_boots_again(
     assert (sandbox / "boots.txt").read_text().split() == ["boot", "boot"]
 
 
-_SERVE = textwrap.dedent(
-    """\
-    import sys, time
-    from pathlib import Path
-    from tpulab.emulator import Emulator, Timing
-    emulator = Emulator(Path(sys.argv[1]), timing=Timing.fast(), guests=True)
-    print(emulator.start(), flush=True)
-    while True:
-        time.sleep(1)
-    """
-)
-
-
 def test_a_killed_emulator_takes_its_nodes_processes_along(
     start_emulator: EmulatorStarter, tmp_path: Path
 ) -> None:
     state = tmp_path / "state"
+    # The real `tpulab emulator serve` (embedded SSH hosts: guests on), as a test of the
+    # watchdog would run it so that the cloud outlives a killed controller.
     served = subprocess.Popen(
-        [sys.executable, "-c", _SERVE, str(state)],
+        [
+            sys.executable,
+            "-m",
+            "tpulab",
+            "emulator",
+            "serve",
+            "--port=0",
+            f"--state={state}",
+            "--ssh=embedded",
+            "--create-seconds=0.2",
+            "--delete-seconds=0.2",
+        ],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
     try:
         assert served.stdout is not None
-        url = served.stdout.readline().strip()
-        assert url.startswith("http://"), url
+        first = served.stdout.readline()
+        assert "listening on http://" in first, first
+        url = first.rsplit(" ", 1)[-1].strip()
         _create(url, "n1", {"startup-script": _DAEMONS})
         sandbox = state / "sandboxes" / PROJECT / ZONE / "n1"
         pids = _pids(sandbox)
