@@ -94,12 +94,15 @@ def _kill_all(entry: bytes) -> None:
     for _ in range(100):
         victims = _victims(entry)
         if not victims:
-            return
+            break
         for pid in victims:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.02)
         _reap()
+    # The last of them were re-parented to us as they died: no zombies left behind.
+    time.sleep(0.02)
+    _reap()
 
 
 def main(argv: list[str]) -> int:

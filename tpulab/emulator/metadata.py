@@ -227,7 +227,7 @@ def _make_handler(link: NodeLink) -> type[BaseHTTPRequestHandler]:
                 return
             parts, query, _ = self._parts()
             if parts is None:
-                self._answer(404, "Not found\n")
+                self._answer(*_above_root(urlsplit(self.path).path))
                 return
             node = link.node()
             if node is None:
@@ -299,6 +299,12 @@ def _make_handler(link: NodeLink) -> type[BaseHTTPRequestHandler]:
             log.debug("metadata %s - %s", self.address_string(), format % args)
 
     return _Handler
+
+
+def _above_root(path: str) -> tuple[int, str]:
+    # GCE lists the versions above /computeMetadata/v1/; google-auth's ping GETs "/".
+    listing = {"/": "computeMetadata/\n", "/computeMetadata": "v1/\n"}.get(path.rstrip("/") or "/")
+    return (200, listing) if listing is not None else (404, "Not found\n")
 
 
 def _is_token(parts: list[str]) -> bool:

@@ -158,7 +158,7 @@ class Emulator:
     ) -> None:
         self.state_dir = Path(state_dir)
         self.host_backend = host_backend
-        self.guests = host_backend is not None if guests is None else guests
+        self._guests_choice = guests
         self._guests: dict[str, Guest] = {}
         self.timing = timing if timing is not None else Timing()
         self.faults = FaultPlan()
@@ -181,6 +181,14 @@ class Emulator:
         self.failure: EmulatorStateError | None = None
         """Set when the state on disk became unusable while serving; the owner stops."""
         self._seed_faults(self.state_dir / "faults.json")
+
+    @property
+    def guests(self) -> bool:
+        """Boot READY nodes' insides? Asked late: a caller may set `host_backend` after
+        construction (`tpulab emulator serve` does)."""
+        if self._guests_choice is None:
+            return self.host_backend is not None
+        return self._guests_choice
 
     def _seed_faults(self, faults_file: Path) -> None:
         if not faults_file.is_file():
@@ -239,9 +247,9 @@ class Emulator:
         with _LIVE_LOCK:
             _LIVE_OWNERS.discard(self._owner)
         with self._hosts_lock:
-            owned, self._hosts = set(self._hosts), set()
+            owned = set(self._hosts)
         for key in owned:
-            self._stop_host(key)
+            self._stop_host(key)  # (it skips keys no longer in _hosts: take no copy first)
         # A state file that went bad cannot record that our hosts are gone; the next
         # emulator restarts them anyway (their owner is no longer alive).
         with suppress(EmulatorStateError), self._file.transaction() as data:
