@@ -134,7 +134,7 @@ def _target(entry: Mapping[str, Any]) -> str:
 
 def _by_the_vm(entry: Mapping[str, Any]) -> bool:
     """A request the node's own watchdog made (with its token), not the controller."""
-    return bool(entry.get("caller")) or str(entry["path"]).endswith(":testIamPermissions")
+    return "caller" in entry
 
 
 def _wire_by_phase(log: list[dict[str, Any]], marks: list[tuple[str, int]]) -> list[Event]:

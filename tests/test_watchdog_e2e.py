@@ -5,8 +5,8 @@ serve it a metadata server. Nothing is patched: the controller is killed, stoppe
 left alive, and the emulator's own state and request log say what happened.
 
 Who deleted a node is read from the emulator's request log: the watchdog's DELETE
-carries its node's metadata token (`caller` names the node), the controller's carries
-none. Phases are held the way tests/test_interruptions.py holds them (its Matrix).
+carries its node's metadata token (the log's `caller` names the node), the controller's
+carries none. Phases are held the way tests/test_interruptions.py holds them (its Matrix).
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ def _deletes(m: Matrix, node: str) -> list[dict[str, Any]]:
 
 
 def _by_watchdog(entry: dict[str, Any], node: str) -> bool:
-    return entry.get("caller") == f"node {node}"
+    """Sent with the node's own metadata token (the emulator logs who by resource name)."""
+    return entry.get("caller") == f"projects/{PROJECT}/locations/{ZONE}/nodes/{node}"
 
 
 def _report(m: Matrix, node: str) -> dict[str, Any]:

@@ -526,9 +526,6 @@ class Emulator:
             "path": path,
             "query": [list(pair) for pair in parse_qsl(split.query, keep_blank_values=True)],
             "body": body if has_body else None,
-            # Who sent it: "node NAME" for a node's metadata token (its watchdog, say),
-            # None for the controller (no token), so a test can tell who deleted what.
-            "caller": self._caller_name(authorization),
         }
         with self._requests_lock:
             self._requests.append(json.loads(json.dumps(entry)))
@@ -574,13 +571,6 @@ class Emulator:
                 503, "UNAVAILABLE", "The service is currently unavailable.", reason="UNAVAILABLE"
             )
         return answer
-
-    def _caller_name(self, authorization: str) -> str | None:
-        try:
-            caller = self._caller(authorization)
-        except ApiError:
-            return "unknown token"
-        return None if caller is None else f"node {caller['name']}"
 
     def _caller(self, authorization: str) -> Record | None:
         if TOKEN_PREFIX not in authorization:
