@@ -43,6 +43,7 @@ from tpulab.polling import active_wait, poll_until
 from tpulab.remote import bootstrap as boot
 from tpulab.remote.cmdline import SHA256_TIMEOUT, remote_command, remote_path, sha256_command
 from tpulab.remote.keys import RunKey, SshTarget
+from tpulab.remote.workspace import planned_answer
 from tpulab.run.progress import Phase, TeardownStatus
 
 __all__ = [
@@ -389,6 +390,9 @@ class RecordingSession:
         self.recorder.add(
             "ssh", "exec", argv=list(argv), env=dict(env) if env else None, command=command
         )
+        answer = planned_answer(argv)  # the transfers' stdout; nothing is read from stdin
+        if answer is not None and stdout is not None:
+            stdout.write(answer)
         return _Reply()
 
     def _reply(self, argv: Sequence[str] | str) -> _Reply:
