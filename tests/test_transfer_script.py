@@ -157,7 +157,7 @@ def test_upload_then_fetch_round_trip_is_byte_identical(tmp_path: Path, gzip: bo
     got = fetch_artifacts(
         shell,
         workspace="work/ws",
-        patterns=["pkg/**/*.py", "data", "nothing-*"],
+        patterns=["pkg/**/*.py", "data", "nothing-*", "absent/**"],
         run_dir=str(run_dir),
         log_path="~/cmd.log",
         out=out,
@@ -176,8 +176,8 @@ def test_upload_then_fetch_round_trip_is_byte_identical(tmp_path: Path, gzip: bo
     on_disk = _snapshot(out)
     manifest = json.loads(on_disk.pop("manifest.json"))
     assert on_disk == expected
-    assert got.missing == ("nothing-*",)
-    assert manifest["missing"] == ["nothing-*"]
+    assert got.missing == ("nothing-*", "absent/**")
+    assert manifest["missing"] == ["nothing-*", "absent/**"]
     assert {e["path"]: e["sha256"] for e in manifest["files"]} == {
         rel: hashlib.sha256(data).hexdigest() for rel, data in expected.items()
     }
