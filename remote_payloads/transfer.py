@@ -144,6 +144,10 @@ def _extract(stream: io.RawIOBase, staging: str, gzip: bool) -> list[dict[str, o
 
 def unpack(dest: str, gzip: bool) -> None:
     dest = _resolve(dest)
+    home = os.path.realpath(os.path.expanduser("~"))
+    if _inside(home, dest) or _inside(os.getcwd(), dest):
+        # The whole directory is replaced: never the login's home (its .ssh) or above.
+        raise Refused(f"{dest} is the login directory or one of its parents")
     if os.path.lexists(dest) and (os.path.islink(dest) or not os.path.isdir(dest)):
         raise Refused(f"{dest} exists and is not a directory")
     parent = os.path.dirname(dest)

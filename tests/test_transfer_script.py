@@ -22,7 +22,7 @@ from typing import BinaryIO
 import pytest
 from helpers import require_tool
 
-from tpulab.errors import RemoteError
+from tpulab.errors import RemoteError, WorkspaceError
 from tpulab.remote.workspace import (
     fetch_artifacts,
     select_workspace,
@@ -380,3 +380,24 @@ def test_fetch_refuses_files_that_differ_from_the_vms_manifest(tmp_path: Path) -
             timeout=60,
         )
     assert list(out.iterdir()) == []  # nothing kept, no manifest.json
+
+
+@pytest.mark.parametrize("dest", ["~", ".", "..", "/"])
+def test_unpack_never_replaces_the_login_directory_or_above(tmp_path: Path, dest: str) -> None:
+    python = python310()
+    home = tmp_path / "home"
+    _tree(home, {".ssh/authorized_keys": b"ssh-ed25519 AAAA"})
+    argv = unpack_command(dest, python=python)
+    result = subprocess.run(
+        argv,
+        cwd=home,
+        input=_archive([(_member("a.txt"), b"a")]),
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "HOME": str(home)},
+    )
+    assert result.returncode == 3
+    assert b"login directory" in result.stderr
+    assert _snapshot(home) == {".ssh/authorized_keys": b"ssh-ed25519 AAAA"}
+    with pytest.raises(WorkspaceError, match="login directory"):
+        upload_workspace(LocalShell(home), select_workspace(home), dest, timeout=60)
