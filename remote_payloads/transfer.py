@@ -339,3 +339,5 @@ if __name__ == "__main__":
         main(sys.argv[1:])
     except Refused as refused:
         _fail(REFUSED, str(refused))
+    except OSError as error:  # unreadable file, full disk: one line, not a traceback
+        _fail(1, f"{type(error).__name__}: {error}")
