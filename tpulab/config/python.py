@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from tpulab.config.resolve import Resolved
 from tpulab.errors import ConfigError
 
 __all__ = [
@@ -55,10 +56,22 @@ def check_jax_version(version: str) -> str:
     )
 
 
-def choose_python(requested: str | None, *, emulated: bool) -> tuple[str, str]:
-    """(request, where the choice came from), for the RunSpec, the dry run and summary."""
+def choose_python(
+    requested: str | None, *, emulated: bool, from_file: Resolved | None = None
+) -> tuple[str, str]:
+    """(request, where the choice came from), for the RunSpec, the dry run and summary.
+
+    `from_file` is the workspace's [tool.tpulab] python, used when --python is absent.
+    """
     if requested is not None:
         return check_python_request(requested), "--python"
+    if from_file is not None:
+        try:
+            return check_python_request(from_file.value), from_file.source
+        except ConfigError as error:
+            raise ConfigError(
+                f"{error.message.rstrip('.')} (from {from_file.source}).", hint=error.hint
+            ) from None
     if emulated:
         return EMULATED_PYTHON, "emulated default: the newest local python >= 3.11"
     return REAL_PYTHON, "default: uv-managed, as current jax needs python >= 3.12"
