@@ -33,13 +33,13 @@ _REQUEST = re.compile(r"^(>=)?3\.(1[0-9])$")
 _JAX_VERSION = re.compile(r"^[0-9]+(\.[0-9]+){1,3}((a|b|rc)[0-9]+)?(\.post[0-9]+)?$")
 
 
-def check_python_request(request: str) -> str:
+def check_python_request(request: str, option: str = "--python") -> str:
     """`request` if the bootstrap understands it, else ConfigError saying what would."""
     value = request.strip()
     if value == SYSTEM_PYTHON or _REQUEST.match(value):
         return value
     raise ConfigError(
-        f"Invalid --python {request!r}.",
+        f"Invalid {option} {request!r}.",
         hint="Give X.Y (3.10 or newer, e.g. 3.12), >=X.Y, or 'system' for the image's own "
         "python3 (3.10 on TPU VM images, which limits jax to 0.6.x).",
     )
@@ -67,7 +67,7 @@ def choose_python(
         return check_python_request(requested), "--python"
     if from_file is not None:
         try:
-            return check_python_request(from_file.value), from_file.source
+            return check_python_request(from_file.value, "python"), from_file.source
         except ConfigError as error:
             raise ConfigError(
                 f"{error.message.rstrip('.')} (from {from_file.source}).", hint=error.hint

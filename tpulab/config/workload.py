@@ -328,6 +328,8 @@ def _requirements(
     if not flag.strip():
         raise ConfigError("--requirements is empty.", hint="Pass a file, or leave it out.")
     path = (cwd / Path(flag).expanduser()).resolve()
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"--requirements {flag} is not a file.", hint="Pass a file.")
     try:
         with path.open("rb"):
             pass
@@ -336,8 +338,6 @@ def _requirements(
             f"--requirements {flag}: cannot read {path} ({error.strerror}).",
             hint="Pass an existing, readable requirements file.",
         ) from None
-    if not path.is_file():
-        raise ConfigError(f"--requirements {flag} is not a file.", hint="Pass a file.")
     sources["requirements"] = "--requirements"
     return path
 
