@@ -26,7 +26,7 @@ from tpulab.config.workload import (
 from tpulab.errors import ConfigError
 
 
-def spec_for(tmp_path: Path, cwd: Path | None = None, **workload: object) -> RunSpec:
+def spec_for(tmp_path: Path, **workload: object) -> RunSpec:
     flags = WorkloadFlags(**{"command": ("python", "train.py"), **workload})  # type: ignore[arg-type]
     return run_inputs(
         accelerator="v5litepod-4",
@@ -41,7 +41,7 @@ def spec_for(tmp_path: Path, cwd: Path | None = None, **workload: object) -> Run
         ssh_backend="embedded",
         env={},
         workload=flags,
-        cwd=cwd or tmp_path,
+        cwd=tmp_path,
     ).spec
 
 

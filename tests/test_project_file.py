@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tpulab.config import load_project_file, run_inputs
+from tpulab.config import RunInputs, load_project_file, run_inputs
 from tpulab.config.project_file import ALLOWED_KEYS, NO_PROJECT_FILE
 from tpulab.config.workload import WorkloadFlags
 from tpulab.errors import ConfigError
@@ -35,7 +35,7 @@ def inputs(
     command: tuple[str, ...] = ("python", "train.py"),
     env: dict[str, str] | None = None,
     **kwargs: object,
-) -> object:
+) -> RunInputs:
     flags: dict[str, object] = {
         "accelerator": None,
         "emulate": False,
@@ -75,7 +75,7 @@ WANDB_MODE = "offline"
 def test_pyproject_supplies_every_default_with_its_source(tmp_path: Path) -> None:
     write(tmp_path / "reqs" / "extra.txt", "numpy\n")
     pyproject(tmp_path, FULL)
-    spec = inputs(tmp_path).spec  # type: ignore[attr-defined]
+    spec = inputs(tmp_path).spec
     assert spec.accelerator.name == "v5litepod-8"
     assert (spec.project.value, spec.zone.value, spec.python) == (
         "lab-project",
@@ -83,6 +83,7 @@ def test_pyproject_supplies_every_default_with_its_source(tmp_path: Path) -> Non
         "3.11",
     )
     work = spec.workload
+    assert work is not None
     assert work.with_packages == ("flax", "optax>=0.2")
     assert work.requirements == (tmp_path / "reqs" / "extra.txt").resolve()
     assert work.fetch == ("ckpt/", "metrics.jsonl")
@@ -107,7 +108,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
             fetch=("out/",),
             env=("WANDB_MODE=online", "SEED=3"),
         ),
-    ).spec  # type: ignore[attr-defined]
+    ).spec
     assert spec.accelerator.name == "v6e-1"
     assert (spec.project.value, spec.zone.value, spec.python) == (
         "flag-project",
@@ -115,9 +116,11 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         "3.12",
     )
     # A list flag replaces the file's list; env names merge, the flag's value winning.
-    assert spec.workload.with_packages == ("numpy",)
-    assert spec.workload.fetch == ("out/",)
-    assert dict(spec.workload.env) == {"WANDB_MODE": "online", "SEED": "3"}
+    work = spec.workload
+    assert work is not None
+    assert work.with_packages == ("numpy",)
+    assert work.fetch == ("out/",)
+    assert dict(work.env) == {"WANDB_MODE": "online", "SEED": "3"}
     assert spec.sources["accelerator"] == "--accelerator"
     assert spec.sources["with_packages"] == "--with"
     assert spec.sources["env"] == f"{PYPROJECT_SOURCE} + --env"
@@ -133,21 +136,21 @@ def test_file_sits_between_environment_and_gcloud_in_the_order(tmp_path: Path) -
         "[core]\nproject = gcloud-p\n[compute]\nzone = us-central1-b\n",
     )
     env = {"CLOUDSDK_CONFIG": str(gcloud)}
-    spec = inputs(tmp_path, env=env).spec  # type: ignore[attr-defined]
+    spec = inputs(tmp_path, env=env).spec
     # The file beats the gcloud configuration...
     assert (spec.project.value, spec.zone.value) == ("file-p", "us-east5-a")
     assert spec.project.source == PYPROJECT_SOURCE
     # ...and loses to the environment.
     spec = inputs(
         tmp_path, env={**env, "GOOGLE_CLOUD_PROJECT": "env-p", "TPULAB_ZONE": "us-south1-a"}
-    ).spec  # type: ignore[attr-defined]
+    ).spec
     assert (spec.project.value, spec.project.source) == ("env-p", "$GOOGLE_CLOUD_PROJECT")
     assert (spec.zone.value, spec.zone.source) == ("us-south1-a", "$TPULAB_ZONE")
 
 
 def test_accelerator_from_the_file_also_serves_a_run_without_a_command(tmp_path: Path) -> None:
     write(tmp_path / "tpulab.toml", 'accelerator = "v6e-4"\nzone = "us-east5-b"\n')
-    spec = inputs(tmp_path, command=(), project="p-1").spec  # type: ignore[attr-defined]
+    spec = inputs(tmp_path, command=(), project="p-1").spec
     assert (spec.accelerator.name, spec.accelerator_source) == ("v6e-4", "tpulab.toml")
     assert spec.zone.source == "tpulab.toml"
     assert spec.workload is None
@@ -162,7 +165,7 @@ def test_no_accelerator_anywhere_says_where_to_put_one(tmp_path: Path) -> None:
 def test_the_embedded_emulator_ignores_the_files_project_and_zone(tmp_path: Path) -> None:
     # Like the environment: a real project's settings must not steer the local emulator.
     pyproject(tmp_path, FULL.replace('requirements = "reqs/extra.txt"\n', ""))
-    spec = inputs(tmp_path, emulate=True).spec  # type: ignore[attr-defined]
+    spec = inputs(tmp_path, emulate=True).spec
     assert (spec.project.source, spec.zone.source) == ("emulator", "emulator")
     assert spec.accelerator_source == PYPROJECT_SOURCE
 
@@ -219,12 +222,10 @@ def test_unknown_keys_name_the_file_the_key_and_the_allowed_ones(tmp_path: Path)
 )
 def test_wrong_values_are_refused_naming_the_file(tmp_path: Path, body: str, words: str) -> None:
     pyproject(tmp_path, "[tool.tpulab]\n" + body + "\n")
-    flags = {
-        "accelerator": None if "accelerator" in body else "v5litepod-4",
-        "zone": None if "zone" in body else "us-central1-a",
-    }
+    accelerator = None if "accelerator" in body else "v5litepod-4"
+    zone = None if "zone" in body else "us-central1-a"
     with pytest.raises(ConfigError, match=words) as caught:
-        inputs(tmp_path, project="p-1", **flags)
+        inputs(tmp_path, project="p-1", accelerator=accelerator, zone=zone)
     assert "pyproject.toml" in caught.value.message
 
 

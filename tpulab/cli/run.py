@@ -58,10 +58,10 @@ def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
     )
     pin = f", jax {spec.jax_version}" if spec.jax_version else ""
     out.print(f"The VM's venv: python {escape(spec.python)} ({escape(spec.python_source)}){pin}.")
-    chosen = [f"{key} ({where})" for key, where in plan.sources.items() if where != "default"]
+    given = [f"{key} ({where})" for key, where in plan.sources.items() if where != "default"]
     left = [key for key, where in plan.sources.items() if where == "default"]
     rest = f"; defaults: {', '.join(left)}" if left else ""
-    out.print(f"[dim]Where values came from: {escape(', '.join(chosen) + rest)}.[/]")
+    out.print(f"[dim]Where values came from: {escape(', '.join(given) + rest)}.[/]")
     for number, step in enumerate(plan.steps, 1):
         head = f"{number:>2}. [cyan]{step.kind:<5}[/] [bold]{step.phase:<9}[/]"
         if step.kind == "api":
