@@ -234,7 +234,8 @@ def _accelerator(
     found = _from_file(defaults, "accelerator")
     if found is None:
         raise ConfigError(
-            "No accelerator type given.",
+            "No accelerator type: --accelerator is missing and the workspace's "
+            "[tool.tpulab] names none.",
             hint="Pass --accelerator (e.g. v5litepod-4), or set accelerator in the "
             "workspace's pyproject.toml [tool.tpulab] or tpulab.toml.",
         )
