@@ -47,6 +47,11 @@ def spec_for(tmp_path: Path, **workload: object) -> RunSpec:
 
 def test_a_run_without_a_command_has_no_workload(tmp_path: Path) -> None:
     assert spec_for(tmp_path, command=()).workload is None
+    # --workdir alone is fine: it names the workspace whose [tool.tpulab] is read.
+    (tmp_path / "lab").mkdir()
+    assert spec_for(tmp_path, command=(), workdir="lab").workload is None
+    with pytest.raises(ConfigError, match="does not exist"):
+        spec_for(tmp_path, command=(), workdir="missing")
 
 
 def test_defaults(tmp_path: Path) -> None:
@@ -124,7 +129,6 @@ def test_every_flag_lands_in_the_spec_with_its_source(tmp_path: Path) -> None:
     ("option", "value"),
     [
         ("--fetch", "--fetch"),
-        ("--workdir", "--workdir"),
         ("--out", "--out"),
         ("--env", "--env"),
         ("--with", "--with"),
@@ -141,7 +145,6 @@ def test_workload_flags_without_a_command_are_refused(
 ) -> None:
     field = {
         "--fetch": ("fetch", ("x",)),
-        "--workdir": ("workdir", "."),
         "--out": ("out", "o"),
         "--env": ("env", ("A=1",)),
         "--with": ("with_packages", ("flax",)),

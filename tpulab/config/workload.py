@@ -206,9 +206,9 @@ class WorkloadFlags:
             )
 
     def given(self) -> list[str]:
-        """The workload options that were set, by name."""
+        """The workload options that were set, by name. Not --workdir: it also says whose
+        [tool.tpulab] defaults a verify-only run takes."""
         named = {
-            "--workdir": self.workdir is not None,
             "--out": self.out is not None,
             "--env": bool(self.env),
             "--with": bool(self.with_packages),
