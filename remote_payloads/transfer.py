@@ -243,8 +243,9 @@ def _human(size: int) -> str:
 
 def pack(workspace: str, patterns: list[str], run_dir: str, log: str, cap: int, gzip: bool) -> None:
     workspace, run_dir, log = _resolve(workspace), _resolve(run_dir), _resolve(log)
-    for pattern in patterns:
-        _safe_name(pattern)  # the controller checked; a hand-made call gets the same rule
+    for pattern in patterns:  # the controller checked; a hand-made call gets the same rule
+        if pattern.startswith(("/", "~")) or ".." in pattern.split("/"):
+            raise Refused(f"fetch pattern {pattern!r} is not inside the workspace")
     chosen, missing = _select(workspace, patterns, run_dir, log)
     sizes = {name: os.path.getsize(path) for name, path in chosen.items()}
     total = sum(sizes.values())

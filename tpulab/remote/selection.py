@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpulab.errors import WorkspaceError
+from tpulab.config.workload import check_workspace_pattern
+from tpulab.errors import ConfigError, WorkspaceError
 from tpulab.remote.ignore import IgnoreRule, IgnoreRules, parse_ignore_lines
 
 __all__ = [
@@ -158,23 +159,16 @@ def _rules_of(directory: Path, base: str) -> list[IgnoreRule]:
     return rules
 
 
-def _normalised_relative(path: str, what: str) -> str:
-    if not path or "\0" in path:
-        raise WorkspaceError(f"{what} {path!r} is empty or contains NUL")
-    if path.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", path):
-        raise WorkspaceError(
-            f"{what} {path!r} is absolute; name it relative to the workspace",
-            hint="e.g. `outputs/metrics.json` or `checkpoints/**`",
-        )
-    parts = [part for part in path.replace("\\", "/").split("/") if part not in ("", ".")]
-    if any(part == ".." for part in parts):
-        raise WorkspaceError(
-            f"{what} {path!r} leaves the workspace ('..')",
-            hint="Only paths inside the workspace can be named.",
-        )
-    if not parts:
-        raise WorkspaceError(f"{what} {path!r} names the workspace itself, not a path in it")
-    return "/".join(parts)
+def _normalised_relative(path: str, option: str) -> str:
+    """The config layer's one rule for workspace paths, raised as a WorkspaceError."""
+    if "\0" in path:
+        raise WorkspaceError(f"{option} {path!r} contains a NUL byte")
+    try:
+        return check_workspace_pattern(path, option)
+    except WorkspaceError:
+        raise
+    except ConfigError as error:
+        raise WorkspaceError(error.message, hint=error.hint) from error
 
 
 def select_workspace(
@@ -202,7 +196,7 @@ def select_workspace(
     if not root.is_dir():
         raise WorkspaceError(f"Workspace {root} is not a directory", hint="Pass --workdir DIR.")
     root = root.resolve()
-    allowed = {_normalised_relative(path, "--allow-secret path") for path in allow_secrets}
+    allowed = {_normalised_relative(path, "--allow-secret") for path in allow_secrets}
     base_rules = IgnoreRules(parse_ignore_lines(ALWAYS_EXCLUDED))
     user_rules = IgnoreRules(parse_ignore_lines(exclude))
     files: list[tuple[str, int]] = []
@@ -282,4 +276,4 @@ def select_workspace(
 
 def check_fetch_patterns(patterns: Sequence[str]) -> tuple[str, ...]:
     """`--fetch` patterns, normalised; WorkspaceError for empty, absolute or `..`."""
-    return tuple(_normalised_relative(pattern, "--fetch pattern") for pattern in patterns)
+    return tuple(_normalised_relative(pattern, "--fetch") for pattern in patterns)
