@@ -58,3 +58,10 @@ def test_transfers_are_recorded_with_the_exact_command_and_answered(
     )
     assert down.argv == pack
     assert down.command == remote_command(pack, timeout=60)
+
+
+def test_the_inline_script_fits_one_command_line_argument() -> None:
+    # sshd hands the whole line to the login shell as ONE argument; Linux caps a single
+    # argument at 128 KiB (MAX_ARG_STRLEN). Keep well under it, quoting included.
+    line = remote_command(unpack_command("~/work"), timeout=60)
+    assert len(line) < 64 * 1024
