@@ -84,6 +84,8 @@ def run_inputs(
     boot_timeout: float = Timeouts.connect,
     bootstrap_timeout: float = Timeouts.bootstrap,
     internal_ip: bool = False,
+    queued: bool = False,
+    valid_for: str | None = None,
 ) -> RunInputs:
     """`tpulab run`'s flags, validated. `adc_project` None (a dry run) never asks ADC."""
     if installer not in ("uv", "pip"):
@@ -111,6 +113,8 @@ def run_inputs(
         python=python,
         jax_version=jax_version,
         internal_ip=internal_ip,
+        queued=queued,
+        valid_for=valid_for,
     )
     return RunInputs(
         spec=spec,

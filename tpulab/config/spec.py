@@ -20,6 +20,7 @@ from tpulab.config.endpoint import Mode, Target, choose_target
 from tpulab.config.python import REAL_PYTHON, check_jax_version, choose_python
 from tpulab.config.resolve import (
     AdcProject,
+    parse_duration,
     Resolved,
     find_project,
     find_zone,
@@ -112,6 +113,10 @@ class RunSpec:
     python_source: str = "default"
     jax_version: str | None = None
     internal_ip: bool = False  # connect to the node's internal address (inside its VPC)
+    # --queued: ask for the node through a QueuedResource (named like the node) and let
+    # the service wait for capacity, at most `valid_for` seconds when given.
+    queued: bool = False
+    valid_for: int | None = None
 
     @property
     def platform(self) -> str:
@@ -152,6 +157,8 @@ def build_run_spec(
     python: str | None = None,
     jax_version: str | None = None,
     internal_ip: bool = False,
+    queued: bool = False,
+    valid_for: str | None = None,
 ) -> RunSpec:
     """Validate every input of a run before anything contacts the cloud (invariant 1).
 
@@ -174,6 +181,7 @@ def build_run_spec(
     if payload is not None and not payload.is_file():
         raise ConfigError(f"Payload {payload} does not exist.", hint="Pass an existing file.")
     python_request, python_source = choose_python(python, emulated=target.emulated)
+    window = check_valid_for(valid_for, queued=queued)
     return RunSpec(
         run_id=rid,
         accelerator=accel,
@@ -190,7 +198,32 @@ def build_run_spec(
         python_source=python_source,
         jax_version=check_jax_version(jax_version) if jax_version is not None else None,
         internal_ip=internal_ip,
+        queued=queued,
+        valid_for=window,
     )
+
+
+# How long a queued resource may wait for capacity. The API documents no bound of its
+# own; a week keeps a typo ("30d" for "30m") from queueing a request for a month.
+MAX_VALID_FOR_SECONDS = 7 * 86400
+
+
+def check_valid_for(text: str | None, *, queued: bool) -> int | None:
+    """--valid-for as whole seconds (what validUntilDuration carries), or None."""
+    if text is None:
+        return None
+    if not queued:
+        raise ConfigError(
+            "--valid-for applies only to queued resources.",
+            hint="Add --queued, or leave --valid-for out.",
+        )
+    seconds = parse_duration("--valid-for", text)
+    if seconds > MAX_VALID_FOR_SECONDS:
+        raise ConfigError(
+            f"Invalid --valid-for {text!r}: at most 7d (a week).",
+            hint="Pass how long the queued resource may wait for capacity, e.g. 30m or 6h.",
+        )
+    return max(1, math.ceil(seconds))
 
 
 def _project_and_zone(
