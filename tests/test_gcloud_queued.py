@@ -150,7 +150,7 @@ def test_tpu_client_create_queued_resource_over_rest(emulator: Emulator) -> None
     operation = client.create_queued_resource(
         parent=parent, queued_resource=resource, queued_resource_id="cl-qr"
     )
-    made = operation.result(timeout=20)
+    made = operation.result(timeout=20)  # type: ignore[no-untyped-call]
     assert made.name == f"{parent}/queuedResources/cl-qr"
     assert made.tpu.node_spec[0].node_id == "cl-node"
 
@@ -168,7 +168,7 @@ def test_tpu_client_create_queued_resource_over_rest(emulator: Emulator) -> None
         request=tpu_v2.DeleteQueuedResourceRequest(
             name=f"{parent}/queuedResources/cl-qr", force=True
         )
-    ).result(timeout=20)
+    ).result(timeout=20)  # type: ignore[no-untyped-call]
     assert list(client.list_queued_resources(parent=parent)) == []
 
 
@@ -177,4 +177,5 @@ def test_qr_state_numbers_match_the_client() -> None:
 
     from tpulab.emulator.queued import QR_STATES
 
-    assert {s.name: s.value for s in tpu_v2.QueuedResourceState.State} == QR_STATES
+    states = tpu_v2.QueuedResourceState.State
+    assert {name: int(getattr(states, name)) for name in states.__members__} == QR_STATES

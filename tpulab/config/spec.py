@@ -20,11 +20,11 @@ from tpulab.config.endpoint import Mode, Target, choose_target
 from tpulab.config.python import REAL_PYTHON, check_jax_version, choose_python
 from tpulab.config.resolve import (
     AdcProject,
-    parse_duration,
     Resolved,
     find_project,
     find_zone,
     given,
+    parse_duration,
     project_flag,
     resolve_project,
     resolve_zone,
