@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 
 from tpulab import catalog
 from tpulab.cleanup.journal import Journal, RunRow, row_is_live, target_for
+from tpulab.cleanup.listing import queued_as_node
 from tpulab.cloud.api import QueuedResourceInfo, TpuApi
 from tpulab.config import Scope
 from tpulab.errors import (
@@ -171,20 +172,6 @@ def _list_queued(
         clock=clock,
         sleep=sleep,
         backoff=Backoff(initial=0.5, cap=8.0, factor=2.0),
-    )
-
-
-def queued_as_node(found: QueuedResourceInfo) -> NodeInfo:
-    """A queued resource's node as listings show it, before (or without) the node: the
-    node id it makes, its labels, and the queued resource's state and age."""
-    return NodeInfo(
-        project=found.project,
-        zone=found.zone,
-        name=found.node_id or found.name,
-        accelerator_type=found.accelerator_type,
-        labels=dict(found.labels),
-        spot=found.spot,
-        create_time=found.create_time,
     )
 
 
