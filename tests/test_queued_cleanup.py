@@ -69,9 +69,9 @@ def _start_waiting_run(emulator: Emulator, name: str, tmp: Path) -> subprocess.P
         assert process.poll() is None, (tmp / f"{name}.err").read_text()[-2000:]
         record = _queued(emulator).get(f"{PROJECT}/{ZONE}/{name}")
         rows = Journal().runs_for_node(PROJECT, ZONE, name)
-        if record and record["state"] == "WAITING_FOR_RESOURCES" and rows:
-            if rows[0].phase == "create" and rows[0].queued_resource == name:
-                return process
+        waiting = bool(record) and record["state"] == "WAITING_FOR_RESOURCES"  # type: ignore[index]
+        if waiting and rows and (rows[0].phase, rows[0].queued_resource) == ("create", name):
+            return process
         time.sleep(0.05)
     process.kill()
     raise AssertionError(f"{name} never waited for capacity")
@@ -118,7 +118,8 @@ def test_sigkill_while_waiting_then_teardown_verify_deletes_the_queued_resource(
     assert shown["estimated_cost_usd"] == 0.0  # waiting is not billing
 
     swept = tpulab("teardown", "--verify", "--yes", "--json", "--run-id", row.run_id,
-                   "--api-endpoint", served.url, "--project", PROJECT, "--timeout", "60")  # fmt: skip
+                   "--api-endpoint", served.url, "--project", PROJECT,
+                   "--timeout", "60")  # fmt: skip
     assert swept.returncode == 0, swept.stderr + swept.stdout
     assert _queued(served) == {}
     assert served.node_names() == []
