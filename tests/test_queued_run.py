@@ -127,6 +127,10 @@ def test_valid_for_needs_queued_and_a_sane_window(embedded_rig: Rig) -> None:
             build_run_spec(**base, queued=True, valid_for=bad)  # type: ignore[arg-type]
     spec = build_run_spec(**base, queued=True, valid_for="1m30s")  # type: ignore[arg-type]
     assert spec.valid_for == 90
+    # A leak of a queued run is finished by deleting the queued resource with --force
+    # (the command tests/test_gcloud_queued.py runs against the emulator).
+    manual = spec.leaked_node().manual_delete_command()
+    assert f"gcloud compute tpus queued-resources delete {spec.node_name} --force" in manual
     assert rig.emulator.requests() == []  # validation sends nothing
 
 

@@ -83,7 +83,8 @@ class Candidate:
 
     def leaked(self) -> LeakedNode:
         node = self.node
-        return LeakedNode(node.project, node.zone, node.name, self.target, self.run_id)
+        queued = self.queued.name if self.queued else None
+        return LeakedNode(node.project, node.zone, node.name, self.target, self.run_id, queued)
 
 
 @dataclass

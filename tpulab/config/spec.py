@@ -135,7 +135,12 @@ class RunSpec:
     def leaked_node(self) -> LeakedNode:
         """This run's node as a possible leak, with commands that work for its API."""
         return LeakedNode(
-            self.project.value, self.zone.value, self.node_name, self.target, self.run_id
+            self.project.value,
+            self.zone.value,
+            self.node_name,
+            self.target,
+            self.run_id,
+            queued_resource=self.node_name if self.queued else None,
         )
 
 
