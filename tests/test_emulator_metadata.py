@@ -284,6 +284,15 @@ def test_the_node_token_deletes_its_node(guest_emulator: Emulator) -> None:
     while "n1" in guest_emulator.node_names() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert guest_emulator.node_names() == []
+    # The request log tells the node's own calls from the controller's.
+    callers = [(r["method"], r.get("caller")) for r in guest_emulator.requests()]
+    node = f"projects/{PROJECT}/locations/{ZONE}/nodes/n1"
+    assert callers == [
+        ("POST", None),  # the create, by the controller
+        ("POST", node),  # testIamPermissions
+        ("DELETE", "an invalid or expired node token"),
+        ("DELETE", node),
+    ]
 
 
 def test_without_the_delete_permission_the_node_token_gets_the_real_403(
