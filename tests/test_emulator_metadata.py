@@ -389,6 +389,11 @@ def test_guest_attribute_writes_reach_the_tpu_api(guest_emulator: Emulator) -> N
     assert _md(address, "instance/guest-attributes/tpulab/watchdog", "PUT", "armed") == (200, "")
     assert _md(address, "instance/guest-attributes/tpulab/watchdog") == (200, "armed")
     assert _md(address, "instance/guest-attributes/tpulab/")[1] == "watchdog\n"
+    # As GCE: not in recursive dumps, yet readable as a directory of their own.
+    assert "guestAttributes" not in json.loads(_md(address, "instance/?recursive=true")[1])
+    assert "guestAttributes" not in json.loads(_md(address, "?recursive=true")[1])["instance"]
+    everything = _md(address, "instance/guest-attributes/?recursive=true")[1]
+    assert json.loads(everything) == {"tpulab": {"watchdog": "armed"}}
     # Only namespace/key is writable.
     assert _md(address, "instance/attributes/ssh-keys", "PUT", "x")[0] == 405
 
