@@ -284,6 +284,15 @@ def test_the_node_token_deletes_its_node(guest_emulator: Emulator) -> None:
     while "n1" in guest_emulator.node_names() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert guest_emulator.node_names() == []
+    # The request log tells the node's own calls from the controller's.
+    callers = [(r["method"], r.get("caller")) for r in guest_emulator.requests()]
+    node = f"projects/{PROJECT}/locations/{ZONE}/nodes/n1"
+    assert callers == [
+        ("POST", None),  # the create, by the controller
+        ("POST", node),  # testIamPermissions
+        ("DELETE", "an invalid or expired node token"),
+        ("DELETE", node),
+    ]
 
 
 def test_without_the_delete_permission_the_node_token_gets_the_real_403(
@@ -380,6 +389,11 @@ def test_guest_attribute_writes_reach_the_tpu_api(guest_emulator: Emulator) -> N
     assert _md(address, "instance/guest-attributes/tpulab/watchdog", "PUT", "armed") == (200, "")
     assert _md(address, "instance/guest-attributes/tpulab/watchdog") == (200, "armed")
     assert _md(address, "instance/guest-attributes/tpulab/")[1] == "watchdog\n"
+    # As GCE: not in recursive dumps, yet readable as a directory of their own.
+    assert "guestAttributes" not in json.loads(_md(address, "instance/?recursive=true")[1])
+    assert "guestAttributes" not in json.loads(_md(address, "?recursive=true")[1])["instance"]
+    everything = _md(address, "instance/guest-attributes/?recursive=true")[1]
+    assert json.loads(everything) == {"tpulab": {"watchdog": "armed"}}
     # Only namespace/key is writable.
     assert _md(address, "instance/attributes/ssh-keys", "PUT", "x")[0] == 405
 

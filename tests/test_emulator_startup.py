@@ -235,7 +235,7 @@ def test_daemonised_children_die_when_the_controller_deletes_the_node(
     api.wait_operation(api.delete_node(ZONE, "n1"), timeout=20)
     _wait("the node to go", lambda: guest_emulator.node_names() == [])
     _wait("every process of the node to die", lambda: not any(map(_alive, pids)), timeout=10)
-    assert not _alive(init_pid)
+    _wait("the node's init to exit after them", lambda: not _alive(init_pid), timeout=10)
 
 
 def test_preemption_powers_the_node_off(guest_emulator: Emulator) -> None:

@@ -101,6 +101,10 @@ ROUTE_PERMISSIONS = {
     "get_accelerator_type": "tpu.acceleratortypes.get",
     "list_runtime_versions": "tpu.runtimeversions.list",
     "get_runtime_version": "tpu.runtimeversions.get",
+    "list_queued_resources": "tpu.queuedresources.list",
+    "create_queued_resource": "tpu.queuedresources.create",
+    "get_queued_resource": "tpu.queuedresources.get",
+    "delete_queued_resource": "tpu.queuedresources.delete",
 }
 
 

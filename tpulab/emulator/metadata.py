@@ -125,7 +125,8 @@ def _as_json(value: Any) -> Any:
     if isinstance(value, _Verbatim):
         return {k: _as_json(v) for k, v in value.items()}
     if isinstance(value, dict):
-        return {_camel(k): _as_json(v) for k, v in value.items()}
+        # GCE keeps guest attributes out of recursive dumps (ask for them by path).
+        return {_camel(k): _as_json(v) for k, v in value.items() if k != "guest-attributes"}
     return value
 
 

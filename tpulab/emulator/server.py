@@ -3,7 +3,10 @@
 A stdlib `ThreadingHTTPServer` speaks the Cloud TPU v2 REST paths (DESIGN.md §5) over
 the state machine in `state.py`, persisted by `persist.py`. A background ticker applies
 time-based transitions and, when a node is READY, asks the `HostBackend` for an SSH
-server and publishes its host key and port as guest attributes. Admin endpoints under
+server and publishes its host key and port as guest attributes; before that it boots the
+node's inside (`guest.py`: a metadata server of its own and its startup-script), whose
+token the API accepts as the node's identity (`iam.py`; Resource Manager's
+testIamPermissions answers for it too). Admin endpoints under
 `/_emulator/` let another process inject faults and inspect state. Every API request is
 also kept, as it arrived on the wire, in a bounded log (`Emulator.requests()`, `GET
 /_emulator/requests`): tests compare it with what `tpulab run --dry-run` says it sends.
@@ -51,7 +54,14 @@ from tpulab.emulator.iam import (
 )
 from tpulab.emulator.persist import EmulatorStateError, StateFile
 from tpulab.emulator.startup import startup_log
-from tpulab.emulator.state import CloudState, node_json, node_key, operation_json, zone_or_403
+from tpulab.emulator.state import (
+    CloudState,
+    node_json,
+    node_key,
+    node_path,
+    operation_json,
+    zone_or_403,
+)
 from tpulab.emulator.timing import Timing
 from tpulab.emulator.wire import ApiError, error_body
 from tpulab.emulator.zones import ZONES
@@ -303,6 +313,9 @@ class Emulator:
         """The API requests received so far, oldest first, as they arrived on the wire:
         `method`, `path` (percent-decoded), `query` (decoded [name, value] pairs in the
         order sent) and `body` (the parsed JSON object, None when there was none).
+        A request made with a node's metadata-server token (its own processes: the
+        watchdog) also has `caller`, that node's resource name; the controller's have no
+        `caller`, so what a controller sent is `[r for r in requests() if "caller" not in r]`.
         Admin calls under /_emulator/ are not API requests and are not logged."""
         with self._requests_lock:
             return json.loads(json.dumps(list(self._requests)))  # type: ignore[no-any-return]
@@ -538,6 +551,16 @@ class Emulator:
             "query": [list(pair) for pair in parse_qsl(split.query, keep_blank_values=True)],
             "body": body if has_body else None,
         }
+        caller: Record | None = None
+        refused: ApiError | None = None
+        try:
+            caller = self._caller(authorization)
+        except ApiError as error:
+            refused = error
+        if caller is not None:
+            entry["caller"] = node_path(caller["project"], caller["zone"], caller["name"])
+        elif refused is not None:
+            entry["caller"] = "an invalid or expired node token"
         with self._requests_lock:
             self._requests.append(json.loads(json.dumps(entry)))
         for route_method, pattern, name in _ROUTES:
@@ -545,7 +568,8 @@ class Emulator:
             if match and route_method == method:
                 self.calls[name] += 1
                 try:
-                    caller = self._caller(authorization)
+                    if refused is not None:
+                        raise refused
                     request = _Request(match.groupdict(), query, body, path=path, caller=caller)
                     return self._dispatch(name, request)
                 except ApiError as error:
