@@ -145,7 +145,6 @@ def test_run_inputs_pass_the_flags_through() -> None:
         zone=None,
         name=None,
         spot=False,
-        timeout=600,
         teardown_timeout=600,
         installer="uv",
         ssh_backend="embedded",
