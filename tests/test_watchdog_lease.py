@@ -127,3 +127,15 @@ def test_lapsed_means_no_renewal_for_a_whole_lease(config: WatchdogConfig) -> No
     assert not renewer.lapsed()
     clock.sleep(1)
     assert renewer.lapsed()
+
+    # A renewal after waking up does not hide that the lease lapsed while asleep.
+    class Working:
+        def run(self, argv: object, **_: object) -> object:
+            return None
+
+    awake = LeaseRenewer(Working(), config, background=False, clock=clock)
+    awake.start()
+    assert not awake.lapsed()
+    clock.sleep(config.lease_seconds + 5)  # SIGSTOP
+    awake.renew()  # SIGCONT: the first renewal goes through
+    assert awake.lapsed()

@@ -95,6 +95,7 @@ class LeaseRenewer:
     renewals: int = 0
     failures: list[str] = field(default_factory=list)
     last_renewed: float | None = None
+    longest_gap: float = 0.0  # the longest stretch between two renewals so far
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
@@ -125,7 +126,10 @@ class LeaseRenewer:
             except Exception as error:  # a broken transport, seen from this thread
                 return self._failed(f"{type(error).__name__}: {error}")
             self.renewals += 1
-            self.last_renewed = self.clock()
+            now = self.clock()
+            if self.last_renewed is not None:
+                self.longest_gap = max(self.longest_gap, now - self.last_renewed)
+            self.last_renewed = now
             if self._failing_since is not None:
                 self._failing_since = None
                 self.note("lease renewals work again")
@@ -143,9 +147,14 @@ class LeaseRenewer:
         return False
 
     def lapsed(self) -> bool:
-        """Has the lease possibly run out on the VM (no renewal for a whole lease)?"""
+        """Has the lease possibly run out on the VM: no renewal for a whole lease, now or
+        at any time since the first (a suspended laptop may renew again on waking, into
+        a session that has not noticed yet that its VM is gone)?"""
         last = self.last_renewed
-        return last is None or self.clock() - last >= self.config.lease_seconds
+        if last is None:
+            return True
+        gap = max(self.longest_gap, self.clock() - last)
+        return gap >= self.config.lease_seconds
 
     def _loop(self) -> None:
         while not self._stop.wait(self.config.renew_seconds):
