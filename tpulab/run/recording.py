@@ -25,9 +25,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -375,6 +375,21 @@ class RecordingSession:
             command=command,
         )
         return self._reply(argv)
+
+    def run_streaming(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: BinaryIO | Iterable[bytes] | None,
+        stdout: BinaryIO | None,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+    ) -> _Reply:
+        command = remote_command(argv, env=env, timeout=timeout)
+        self.recorder.add(
+            "ssh", "exec", argv=list(argv), env=dict(env) if env else None, command=command
+        )
+        return _Reply()
 
     def _reply(self, argv: Sequence[str] | str) -> _Reply:
         if isinstance(argv, str):
