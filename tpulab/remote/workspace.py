@@ -3,40 +3,63 @@
 Pure Python, no paramiko: the archive is written to (and read from) a `StreamShell`,
 which `tpulab.remote.ssh.Connection` implements over one SSH channel. The remote half is
 `remote_payloads/transfer.py` (stdlib only, Python 3.10), run as `python3 -c <source>`
-so that nothing has to be staged first.
+so that nothing has to be staged first. Which files go up is decided here, before
+anything is created (`select_workspace`); the gitignore rules are `tpulab.remote.ignore`.
 
 Upload, `upload_workspace`:
-    laptop: `select_workspace` (ignore rules, secrets, cap; before anything is created)
-            -> tar stream (one pass: each file hashed as it is archived)
+    laptop: tar stream built file by file (each file hashed as it is archived, read once)
             -> trailer: the archive's sha256
     VM:     `transfer.py unpack`: extracts into a staging directory next to `remote_dir`
-            (no absolute names, no `..`, no links, no devices), checks the trailer and
-            each file, then swaps the staging directory in for `remote_dir` and prints
-            its manifest; the laptop's manifest must equal it.
+            (no absolute names, no `..`, no links, no devices), checks the trailer,
+            swaps the staging directory in for `remote_dir` and prints its manifest of
+            what it wrote; the laptop's manifest must equal it.
 
 Fetch, `fetch_artifacts`:
     VM:     `transfer.py pack`: globs the patterns inside the workspace, adds the run
             directory and the log, refuses over the cap BEFORE sending (listing the
             largest entries), streams the tar; its last member is the manifest
             (path, bytes, sha256), hashed as each file was read.
-    laptop: spools the stream (counted against the cap), extracts safely into `out`,
-            checks every file against the manifest, writes `out/manifest.json`.
+    laptop: spools the stream into `out` (counted against the cap), extracts it safely
+            into a staging directory, checks every file against the manifest, moves
+            them into place and writes `out/manifest.json`. Layout of `out`:
+            `run/...` (the run directory), `workspace/<path>` (the `--fetch` matches),
+            `<basename of the log>`.
+
+Uncompressed tar is the default: on the links these run over (loopback, a VM's NIC)
+gzip costs more CPU time than it saves wire time; `gzip=True` is there to measure that
+(tests/benchmarks/bench_transfer.py) and for slow links.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+import hashlib
+import io
+import json
+import os
+import posixpath
+import re
+import shutil
+import stat
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol, cast
 
-from tpulab.errors import WorkspaceError
+from tpulab import paths
+from tpulab.errors import RemoteError, WorkspaceError
 from tpulab.remote.bootstrap import CommandResult
+from tpulab.remote.ignore import IgnoreRule, IgnoreRules, parse_ignore_lines
 
 __all__ = [
     "ALWAYS_EXCLUDED",
     "DEFAULT_MAX_FETCH",
     "DEFAULT_MAX_UPLOAD",
+    "IGNORE_FILE",
+    "MANIFEST_FILE",
     "Manifest",
     "ManifestEntry",
     "StreamShell",
@@ -44,12 +67,17 @@ __all__ = [
     "WorkspaceError",
     "check_fetch_patterns",
     "fetch_artifacts",
+    "fetch_command",
     "select_workspace",
+    "transfer_source",
+    "unpack_command",
     "upload_workspace",
 ]
 
 DEFAULT_MAX_UPLOAD = 256 * 2**20
 DEFAULT_MAX_FETCH = 2**30
+IGNORE_FILE = ".tpulabignore"
+MANIFEST_FILE = "manifest.json"  # in `out`, next to the fetched files
 
 # Never uploaded, whatever the ignore files say (gitignore syntax; a directory holding a
 # `pyvenv.cfg` is a virtualenv whatever its name and is excluded too).
@@ -69,6 +97,16 @@ ALWAYS_EXCLUDED: tuple[str, ...] = (
     "tpulab-runs/",
 )
 
+# The transfer script's wire conventions (remote_payloads/transfer.py says the same).
+_TRAILER_PREFIX = b"TPULAB-ARCHIVE-SHA256:"
+_MANIFEST_MEMBER = ".tpulab-manifest.json"
+_REFUSED = 3
+_CHUNK = 1 << 20
+_BLOCK = tarfile.BLOCKSIZE
+# The archive may exceed the sum of its files by headers and padding; past this much
+# more the VM is not sending what `pack` would, and the download stops.
+_FETCH_OVERHEAD = 64 * 2**20
+
 
 class StreamShell(Protocol):
     """What the transfers need from `tpulab.remote.ssh.Connection`: one command whose
@@ -86,6 +124,9 @@ class StreamShell(Protocol):
     ) -> CommandResult: ...
 
 
+# -- manifests ------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class ManifestEntry:
     path: str  # posix, relative to the archive's root
@@ -96,7 +137,7 @@ class ManifestEntry:
 @dataclass(frozen=True)
 class Manifest:
     entries: tuple[ManifestEntry, ...]
-    missing: tuple[str, ...] = ()  # fetch patterns that matched nothing
+    missing: tuple[str, ...] = ()  # what a fetch asked for and did not find
 
     @property
     def total_bytes(self) -> int:
@@ -114,7 +155,39 @@ class Manifest:
 
     @classmethod
     def from_json_obj(cls, obj: object, *, missing: Sequence[str] = ()) -> Manifest:
-        raise NotImplementedError
+        """The inverse of `to_json_obj`, sorted by path; ValueError when malformed."""
+        if not isinstance(obj, list):
+            raise ValueError(f"a manifest is a list of entries, got {type(obj).__name__}")
+        entries: list[ManifestEntry] = []
+        for item in obj:
+            if not isinstance(item, dict) or set(item) != {"path", "bytes", "sha256"}:
+                raise ValueError(f"malformed manifest entry {str(item)[:100]}")
+            path, size, digest = item["path"], item["bytes"], item["sha256"]
+            if not isinstance(path, str) or not isinstance(size, int) or size < 0:
+                raise ValueError(f"malformed manifest entry {str(item)[:100]}")
+            if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+                raise ValueError(f"malformed sha256 in manifest entry for {path!r}")
+            entries.append(ManifestEntry(path, size, digest))
+        entries.sort(key=lambda entry: entry.path)
+        return cls(tuple(entries), tuple(missing))
+
+
+def _human(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    value = float(size)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def _count(n: int) -> str:
+    return f"{n:,}".replace(",", " ")
+
+
+# -- choosing what goes up ------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -125,10 +198,106 @@ class UploadSelection:
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
 
     def largest(self, n: int = 10) -> list[tuple[str, int]]:
-        raise NotImplementedError
+        return sorted(self.files, key=lambda item: (-item[1], item[0]))[:n]
 
     def describe(self) -> str:
-        raise NotImplementedError
+        noun = "file" if len(self.files) == 1 else "files"
+        text = f"{_count(len(self.files))} {noun}, {_human(self.total_bytes)}"
+        if self.skipped:
+            text += " (skipped: " + ", ".join(f"{n} {why}" for why, n in self.skipped.items())
+            text += ")"
+        return text
+
+
+# File names that hold credentials by convention, whatever their content.
+_SECRET_NAMES = frozenset(
+    {
+        "id_rsa",
+        "id_dsa",
+        "id_ecdsa",
+        "id_ed25519",
+        "id_ecdsa_sk",
+        "id_ed25519_sk",
+        ".netrc",
+        "_netrc",
+        ".pypirc",
+        ".npmrc",
+        ".git-credentials",
+        ".env",
+        "credentials",  # ~/.aws/credentials
+        "credentials.json",
+        "application_default_credentials.json",
+        "client_secret.json",
+    }
+)
+_SECRET_SUFFIXES = (".pem", ".key", ".p12", ".pfx", ".jks", ".keystore", ".ppk")
+_PRIVATE_KEY = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
+_CREDENTIAL_TYPES = ("service_account", "authorized_user", "external_account")
+_SNIFF = 64 * 1024  # bytes of each file read for a private key header
+_JSON_SNIFF = 4 * 2**20  # JSON files up to this size are parsed for credentials
+
+
+def _secret_reason(path: Path, name: str) -> str | None:
+    """Why the file at `path` looks like a secret, or None."""
+    lower = name.lower()
+    if lower in _SECRET_NAMES or lower.startswith(".env."):
+        return "a credentials file by name"
+    if lower.endswith(_SECRET_SUFFIXES):
+        return f"a key file by name (*{Path(lower).suffix})"
+    if lower.startswith(("service-account", "service_account")) and lower.endswith(".json"):
+        return "a service-account file by name"
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(_SNIFF)
+    except OSError as exc:
+        raise WorkspaceError(f"Cannot read {path}: {exc.strerror}") from exc
+    if _PRIVATE_KEY.search(head):
+        return "contains a private key (-----BEGIN ... PRIVATE KEY-----)"
+    if lower.endswith(".json") and (b'"private_key' in head or b'"type"' in head):
+        size = path.stat().st_size
+        if size <= _JSON_SNIFF:
+            try:
+                data = json.loads(path.read_bytes())
+            except (ValueError, UnicodeDecodeError):
+                return None
+            if isinstance(data, dict) and (
+                "private_key" in data or data.get("type") in _CREDENTIAL_TYPES
+            ):
+                return "a credentials JSON (private_key / service_account / authorized_user)"
+    return None
+
+
+def _rules_of(directory: Path, base: str) -> list[IgnoreRule]:
+    """The rules of the ignore files in `directory` (.gitignore, then .tpulabignore)."""
+    rules: list[IgnoreRule] = []
+    for name in (".gitignore", IGNORE_FILE):
+        file = directory / name
+        if file.is_file() and not file.is_symlink():
+            try:
+                text = file.read_text(encoding="utf-8", errors="replace")
+            except OSError as exc:
+                raise WorkspaceError(f"Cannot read {file}: {exc.strerror}") from exc
+            rules.extend(parse_ignore_lines(text.splitlines(), base))
+    return rules
+
+
+def _normalised_relative(path: str, what: str) -> str:
+    if not path or "\0" in path:
+        raise WorkspaceError(f"{what} {path!r} is empty or contains NUL")
+    if path.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", path):
+        raise WorkspaceError(
+            f"{what} {path!r} is absolute; name it relative to the workspace",
+            hint="e.g. `outputs/metrics.json` or `checkpoints/**`",
+        )
+    parts = [part for part in path.replace("\\", "/").split("/") if part not in ("", ".")]
+    if any(part == ".." for part in parts):
+        raise WorkspaceError(
+            f"{what} {path!r} leaves the workspace ('..')",
+            hint="Only paths inside the workspace can be named.",
+        )
+    if not parts:
+        raise WorkspaceError(f"{what} {path!r} names the workspace itself, not a path in it")
+    return "/".join(parts)
 
 
 def select_workspace(
@@ -140,13 +309,210 @@ def select_workspace(
 ) -> UploadSelection:
     """The files of `root` that go up; validation only (reads the tree, never the
     network). WorkspaceError for a missing root, an upload over `max_bytes`, or a
-    secret-looking file that `allow_secrets` does not name."""
-    raise NotImplementedError
+    secret-looking file that `allow_secrets` does not name.
+
+    Symlinks: a link to a file inside the workspace goes up as that file's content; a
+    link leading outside it, and any link to a directory, is skipped (counted in
+    `skipped`). Refusing them would block runs over harmless links (editor state, a
+    `result` link to a build store); following them would send files the user never put
+    in the workspace, or loop.
+    """
+    if not root.exists():
+        raise WorkspaceError(
+            f"Workspace {root} does not exist",
+            hint="Pass an existing directory with --workdir (default: the current one).",
+        )
+    if not root.is_dir():
+        raise WorkspaceError(f"Workspace {root} is not a directory", hint="Pass --workdir DIR.")
+    root = root.resolve()
+    allowed = {_normalised_relative(path, "--allow-secret path") for path in allow_secrets}
+    base_rules = IgnoreRules(parse_ignore_lines(ALWAYS_EXCLUDED))
+    user_rules = IgnoreRules(parse_ignore_lines(exclude))
+    files: list[tuple[str, int]] = []
+    skipped: dict[str, int] = {}
+    secrets: list[tuple[str, str]] = []
+
+    def skip(reason: str) -> None:
+        skipped[reason] = skipped.get(reason, 0) + 1
+
+    def walk(directory: Path, rel: str, rules: IgnoreRules) -> None:
+        rules = rules.extended(_rules_of(directory, rel))
+        try:
+            children = sorted(os.scandir(directory), key=lambda entry: entry.name)
+        except OSError as exc:
+            raise WorkspaceError(f"Cannot list {directory}: {exc.strerror}") from exc
+        for child in children:
+            path = f"{rel}/{child.name}" if rel else child.name
+            is_link = child.is_symlink()
+            is_dir = child.is_dir(follow_symlinks=False)
+            if base_rules.ignored(path, is_dir=is_dir) or (
+                is_dir and (Path(child.path) / "pyvenv.cfg").is_file()
+            ):
+                skip("always excluded")
+                continue
+            if user_rules.ignored(path, is_dir=is_dir) or rules.ignored(path, is_dir=is_dir):
+                skip("ignored")
+                continue
+            if is_dir:
+                walk(Path(child.path), path, rules)
+                continue
+            full = Path(child.path)
+            if is_link:
+                target = full.resolve()
+                if not target.is_file() or not target.is_relative_to(root):
+                    skip("symlinks leaving the workspace or to directories")
+                    continue
+            elif not child.is_file(follow_symlinks=False):
+                skip("not regular files")
+                continue
+            reason = _secret_reason(full, child.name)
+            if reason and path not in allowed:
+                secrets.append((path, reason))
+            files.append((path, full.stat().st_size))
+
+    walk(root, "", IgnoreRules())
+    chosen = {path for path, _size in files}
+    unknown = sorted(allowed - chosen)
+    if unknown:
+        raise WorkspaceError(
+            f"--allow-secret names {', '.join(map(repr, unknown))}, which is not in the "
+            f"upload from {root}",
+            hint="Name the file by its path relative to the workspace, as the refusal listed it.",
+        )
+    if secrets:
+        listing = "\n".join(f"  {path}: {reason}" for path, reason in secrets[:20])
+        more = f"\n  ... and {len(secrets) - 20} more" if len(secrets) > 20 else ""
+        raise WorkspaceError(
+            f"The workspace {root} holds {len(secrets)} file(s) that look like secrets; "
+            f"nothing was sent:\n{listing}{more}",
+            hint="Add them to .tpulabignore (or .gitignore) to keep them here, or pass "
+            "--allow-secret PATH for each one the VM really needs.",
+        )
+    total = sum(size for _path, size in files)
+    selection = UploadSelection(root, tuple(files), total, skipped)
+    if total > max_bytes:
+        listing = "\n".join(f"  {_human(size):>10}  {path}" for path, size in selection.largest())
+        raise WorkspaceError(
+            f"The workspace upload is {selection.describe()}, over the "
+            f"{_human(max_bytes)} cap; the largest entries:\n{listing}",
+            hint=f"Exclude what the VM does not need in {IGNORE_FILE} (gitignore syntax), "
+            "or raise the cap with --max-upload.",
+        )
+    return selection
 
 
 def check_fetch_patterns(patterns: Sequence[str]) -> tuple[str, ...]:
     """`--fetch` patterns, normalised; WorkspaceError for empty, absolute or `..`."""
-    raise NotImplementedError
+    return tuple(_normalised_relative(pattern, "--fetch pattern") for pattern in patterns)
+
+
+# -- the remote script ----------------------------------------------------------------
+
+
+@functools.cache
+def transfer_source() -> str:
+    """The source of remote_payloads/transfer.py, which travels as `python3 -c`."""
+    return paths.payload_path("transfer.py").read_text(encoding="utf-8")
+
+
+def unpack_command(remote_dir: str, *, python: str = "python3", gzip: bool = False) -> list[str]:
+    return [python, "-c", transfer_source(), "unpack", remote_dir, *(["--gzip"] if gzip else [])]
+
+
+def fetch_command(
+    *,
+    workspace: str,
+    patterns: Sequence[str],
+    run_dir: str,
+    log_path: str,
+    max_bytes: int,
+    python: str = "python3",
+    gzip: bool = False,
+) -> list[str]:
+    return [
+        python,
+        "-c",
+        transfer_source(),
+        "pack",
+        "--workspace",
+        workspace,
+        "--run-dir",
+        run_dir,
+        "--log",
+        log_path,
+        "--max-bytes",
+        str(max_bytes),
+        *(["--gzip"] if gzip else []),
+        "--",
+        *check_fetch_patterns(patterns),
+    ]
+
+
+def _refusal(result: CommandResult) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    said = lines[-1] if lines else f"exit status {result.exit_status}, nothing on stderr"
+    return said.removeprefix("transfer: ")
+
+
+# -- upload ---------------------------------------------------------------------------
+
+
+class _ArchiveWriter:
+    """The upload's tar stream as chunks, built one file at a time (never whole)."""
+
+    def __init__(self, selection: UploadSelection, gzip: bool) -> None:
+        self.selection = selection
+        self.digest = hashlib.sha256()
+        self.entries: list[ManifestEntry] = []
+        self._compressor = zlib.compressobj(6, zlib.DEFLATED, 31) if gzip else None
+
+    def _emit(self, data: bytes) -> bytes:
+        if self._compressor is not None:
+            data = self._compressor.compress(data)
+        self.digest.update(data)
+        return data
+
+    def _file(self, rel: str, size: int) -> Iterator[bytes]:
+        path = self.selection.root / rel
+        try:
+            handle = path.open("rb")
+        except OSError as exc:
+            raise WorkspaceError(f"Cannot read {path}: {exc.strerror}") from exc
+        with handle:
+            now = os.fstat(handle.fileno())
+            if now.st_size != size:
+                raise WorkspaceError(
+                    f"{path} changed while the workspace was uploading ({size} -> "
+                    f"{now.st_size} bytes)",
+                    hint="Run again once whatever writes it has finished.",
+                )
+            info = tarfile.TarInfo(rel)
+            info.size = size
+            info.mtime = int(now.st_mtime)
+            info.mode = 0o755 if now.st_mode & stat.S_IXUSR else 0o644
+            yield self._emit(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+            digest, left = hashlib.sha256(), size
+            while left:
+                chunk = handle.read(min(_CHUNK, left))
+                if not chunk:
+                    raise WorkspaceError(f"{path} shrank while the workspace was uploading")
+                left -= len(chunk)
+                digest.update(chunk)
+                yield self._emit(chunk)
+            if size % _BLOCK:
+                yield self._emit(bytes(_BLOCK - size % _BLOCK))
+        self.entries.append(ManifestEntry(rel, size, digest.hexdigest()))
+
+    def chunks(self) -> Iterator[bytes]:
+        for rel, size in self.selection.files:
+            yield from self._file(rel, size)
+        end = self._emit(bytes(2 * _BLOCK))
+        if self._compressor is not None:
+            flushed = self._compressor.flush()
+            self.digest.update(flushed)
+            end += flushed
+        yield end
+        yield _TRAILER_PREFIX + self.digest.hexdigest().encode("ascii")
 
 
 def upload_workspace(
@@ -156,9 +522,116 @@ def upload_workspace(
     *,
     timeout: float,
     python: str = "python3",
+    gzip: bool = False,
 ) -> Manifest:
-    """Replace `remote_dir` on the VM with the selected files; their checked manifest."""
-    raise NotImplementedError
+    """Replace `remote_dir` on the VM with the selected files; their checked manifest.
+
+    RemoteError if the VM refused the archive (corrupt, cut short, unsafe) or wrote
+    anything other than what was sent; `remote_dir` keeps its old content then."""
+    writer = _ArchiveWriter(selection, gzip)
+    answer = io.BytesIO()
+    result = shell.run_streaming(
+        unpack_command(remote_dir, python=python, gzip=gzip),
+        stdin=writer.chunks(),
+        stdout=answer,
+        timeout=timeout,
+    )
+    if result.exit_status != 0:
+        raise RemoteError(
+            f"The VM refused the workspace upload to {remote_dir}: {_refusal(result)}",
+            hint="Nothing was replaced on the VM. Retry; if it persists, check the VM's "
+            "disk space and its python3.",
+        )
+    try:
+        remote = Manifest.from_json_obj(json.loads(answer.getvalue())["manifest"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RemoteError(f"The VM's answer to the upload is not a manifest: {exc}") from exc
+    local = Manifest.from_json_obj(Manifest(tuple(writer.entries)).to_json_obj())
+    if remote != local:
+        raise RemoteError(
+            f"The workspace on the VM ({remote_dir}) differs from what was sent: "
+            + _differences(local, remote),
+            hint="Retry the run; if it persists the VM's disk may be failing.",
+        )
+    return local
+
+
+def _differences(expected: Manifest, observed: Manifest) -> str:
+    want = {entry.path: entry for entry in expected.entries}
+    got = {entry.path: entry for entry in observed.entries}
+    problems = [f"{path} missing" for path in sorted(want.keys() - got.keys())]
+    problems += [f"{path} unexpected" for path in sorted(got.keys() - want.keys())]
+    problems += [
+        f"{path} (sha256 {got[path].sha256[:12]}..., {got[path].bytes} bytes; expected "
+        f"{want[path].sha256[:12]}..., {want[path].bytes} bytes)"
+        for path in sorted(want.keys() & got.keys())
+        if want[path] != got[path]
+    ]
+    shown = "; ".join(problems[:10])
+    return shown + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
+
+
+# -- fetch ----------------------------------------------------------------------------
+
+
+class _CappedSpool:
+    """The fetched stream on disk; refuses to grow past `limit` bytes."""
+
+    def __init__(self, handle: BinaryIO, limit: int) -> None:
+        self.handle = handle
+        self.limit = limit
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        if self.size > self.limit:
+            raise RemoteError(
+                f"The VM sent more than {self.limit} bytes of artifacts, past the fetch cap",
+                hint="The VM's packer did not honour --max-fetch; nothing was kept.",
+            )
+        return self.handle.write(data)
+
+
+def _safe_member(name: str) -> str:
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if not parts or name.startswith("/") or ".." in parts or "\\" in name or "\0" in name:
+        raise RemoteError(f"The fetched archive holds an unsafe path {name!r}; nothing was kept")
+    return "/".join(parts)
+
+
+def _unpack_local(spool: BinaryIO, staging: Path, gzip: bool) -> tuple[Manifest, Manifest]:
+    """(what the VM's manifest says, what was written) for the archive in `spool`."""
+    written: list[ManifestEntry] = []
+    claimed: Manifest | None = None
+    seen: set[str] = set()
+    with tarfile.open(fileobj=spool, mode="r|gz" if gzip else "r|") as tar:
+        for member in tar:
+            name = _safe_member(member.name)
+            if not member.isreg() or name in seen:
+                raise RemoteError(
+                    f"The fetched archive holds {name!r} as a link, device or duplicate; "
+                    "nothing was kept"
+                )
+            seen.add(name)
+            source = tar.extractfile(member)
+            assert source is not None  # a regular member always has data
+            if name == _MANIFEST_MEMBER:
+                body = json.loads(source.read(64 * 2**20))
+                claimed = Manifest.from_json_obj(body["manifest"], missing=body["missing"])
+                continue
+            target = staging / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            digest, size = hashlib.sha256(), 0
+            with target.open("xb") as out:
+                while chunk := source.read(_CHUNK):
+                    digest.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+            os.chmod(target, 0o755 if member.mode & 0o111 else 0o644)
+            written.append(ManifestEntry(name, size, digest.hexdigest()))
+    if claimed is None:
+        raise RemoteError("The fetched archive has no manifest (cut short?); nothing was kept")
+    return claimed, Manifest.from_json_obj(Manifest(tuple(written)).to_json_obj())
 
 
 def fetch_artifacts(
@@ -172,7 +645,71 @@ def fetch_artifacts(
     max_bytes: int = DEFAULT_MAX_FETCH,
     timeout: float,
     python: str = "python3",
+    gzip: bool = False,
 ) -> Manifest:
     """Bring the patterns, the run directory and the log back into `out`; the checked
-    manifest (also written to `out/manifest.json`)."""
-    raise NotImplementedError
+    manifest (also written to `out/manifest.json`). Patterns, a run directory or a log
+    that are not there are listed in `missing`, not fatal.
+
+    RemoteError when the VM refuses (over `max_bytes`: its message lists the largest
+    entries) or what arrived differs from the VM's manifest; nothing lands in `out` then.
+    """
+    if posixpath.basename(log_path.rstrip("/")) in ("", MANIFEST_FILE, "run", "workspace"):
+        raise WorkspaceError(
+            f"The log path {log_path!r} would collide with the fetch layout in {out}"
+        )
+    argv = fetch_command(
+        workspace=workspace,
+        patterns=patterns,
+        run_dir=run_dir,
+        log_path=log_path,
+        max_bytes=max_bytes,
+        python=python,
+        gzip=gzip,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tpulab-fetch-", dir=out))
+    try:
+        with (staging / "archive.tar").open("w+b") as handle:
+            spool = _CappedSpool(handle, max_bytes + _FETCH_OVERHEAD)
+            result = shell.run_streaming(
+                argv,
+                stdin=None,
+                stdout=cast(BinaryIO, spool),  # write() is all a StreamShell uses
+                timeout=timeout,
+            )
+            if result.exit_status != 0:
+                raise RemoteError(
+                    f"The VM did not send the artifacts: {_refusal(result)}",
+                    hint="Over the cap: raise --max-fetch or narrow --fetch."
+                    if result.exit_status == _REFUSED
+                    else "Retry; check the VM's disk and its python3.",
+                )
+            handle.seek(0)
+            files = staging / "files"
+            files.mkdir()
+            try:
+                claimed, written = _unpack_local(handle, files, gzip)
+            except (tarfile.TarError, EOFError, ValueError, KeyError, TypeError) as exc:
+                raise RemoteError(
+                    f"The fetched archive is damaged ({type(exc).__name__}: {exc}); "
+                    "nothing was kept"
+                ) from exc
+        if claimed.entries != written.entries:
+            raise RemoteError(
+                "The fetched artifacts differ from the VM's manifest: "
+                + _differences(claimed, written)
+                + "; nothing was kept",
+                hint="Retry the fetch; a file still being written on the VM changes "
+                "under the packer.",
+            )
+        for entry in written.entries:
+            target = out / entry.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(files / entry.path, target)
+        manifest = Manifest(written.entries, claimed.missing)
+        record = {"files": manifest.to_json_obj(), "missing": list(manifest.missing)}
+        (out / MANIFEST_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        return manifest
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
