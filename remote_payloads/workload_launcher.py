@@ -13,6 +13,8 @@ when the SSH session that started it is gone. So:
   group) is written to P before anything else, for `kill -- -PGID` from another session;
 - TPULAB_RUN_DIR is R made absolute (created), VIRTUAL_ENV is V and V/bin leads PATH,
   so `python` is the venv's; everything else comes from the environment tpulab set;
+- no shell ever sees the argv, so `$TPULAB_RUN_DIR` / `$TPULAB_RUN_ID` (as `$X` or
+  `${X}`, single-quoted on the laptop) are substituted here, and nothing else is;
 - stdout and stderr are combined, copied to L and to our stdout as they come;
 - after T seconds the group gets SIGTERM, after G more SIGKILL (a timeout); SIGTERM,
   SIGINT or SIGHUP to this launcher do the same (a stop);
@@ -108,6 +110,11 @@ def main(argv: list[str]) -> int:
     env["VIRTUAL_ENV"] = venv
     env["PATH"] = os.path.join(venv, "bin") + os.pathsep + env.get("PATH", "")
     env.pop("PYTHONHOME", None)
+
+    for name in ("TPULAB_RUN_DIR", "TPULAB_RUN_ID"):
+        value = env.get(name, "")
+        command = [arg.replace("${" + name + "}", value) for arg in command]
+        command = [arg.replace("$" + name, value) for arg in command]
 
     stopper = _Stopper(args.grace)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
