@@ -25,6 +25,7 @@ when the SSH session that started it is gone. So:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -62,10 +63,8 @@ class _Stopper:
 
 
 def _signal_group(pgid: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _copy(source: int, log, sink) -> None:  # type: ignore[no-untyped-def]

@@ -15,12 +15,10 @@ import json
 import os
 import shutil
 import signal
-import sys
 import textwrap
 import threading
 import time
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import pytest
@@ -55,7 +53,9 @@ for folder, _dirs, files in os.walk(root):
 """
 
 
-def with_workload(spec: RunSpec, workdir: Path, out: Path, *command: str, **fields: object) -> RunSpec:
+def with_workload(
+    spec: RunSpec, workdir: Path, out: Path, *command: str, **fields: object
+) -> RunSpec:
     workload = WorkloadSpec(
         command=tuple(command),
         workdir=workdir,
@@ -106,9 +106,11 @@ def test_course_lab_runs_after_the_verifier_and_comes_back_byte_identical(
     life, recorder, error = rig.run(spec)
     assert error is None, error
     outcome = life.outcome
-    assert outcome.judgement is not None and outcome.judgement.verified
+    assert outcome.judgement is not None
+    assert outcome.judgement.verified
     workload = outcome.workload
-    assert workload is not None and workload.exit_status == 0
+    assert workload is not None
+    assert workload.exit_status == 0
     # The gate: the command's phase starts only after VERIFY finished, and ok.
     order = [p.phase for p in recorder.phases]
     assert order.index(Phase.VERIFY) < order.index(Phase.SYNC) < order.index(Phase.WORKLOAD)
@@ -118,7 +120,8 @@ def test_course_lab_runs_after_the_verifier_and_comes_back_byte_identical(
     on_vm = {
         parts[1]: parts[2] for parts in (line.split() for line in lines) if parts[:1] == ["SHA"]
     }
-    assert "checkpoints/step_00020.npz" in on_vm and "metrics.jsonl" in on_vm
+    assert "checkpoints/step_00020.npz" in on_vm
+    assert "metrics.jsonl" in on_vm
     # Every file the VM hashed is back, byte for byte, and the manifest says the same.
     manifest = json.loads((out / "manifest.json").read_text())
     listed = {entry["path"]: entry["sha256"] for entry in manifest["files"]}
@@ -127,24 +130,26 @@ def test_course_lab_runs_after_the_verifier_and_comes_back_byte_identical(
         assert hashlib.sha256(local.read_bytes()).hexdigest() == digest, relative
         assert listed[f"run/{relative}"] == digest
     receipt = json.loads((out / "run" / "device_receipt.json").read_text())
-    assert receipt["observed_platform"] == "cpu" and receipt["local_device_count"] == 4
+    assert receipt["observed_platform"] == "cpu"
+    assert receipt["local_device_count"] == 4
     assert (out / "workspace" / "train.py").read_bytes() == (work / "train.py").read_bytes()
     assert "training on 4 cpu" in (out / "output.log").read_text()
     # The ignored file never went up (the upload manifest lists what did).
     uploaded = {entry.path for entry in workload.upload.entries} if workload.upload else set()
-    assert "train.py" in uploaded and "runs/ignored.txt" not in uploaded
+    assert "train.py" in uploaded
+    assert "runs/ignored.txt" not in uploaded
     record = read_run_record(out / "run.json")
-    assert record.ok and record.workload.exit_status == 0
-    assert record.receipt_id == outcome.receipt.id if outcome.receipt else False
+    assert record.ok
+    assert record.workload.exit_status == 0
+    assert outcome.receipt is not None
+    assert record.receipt_id == outcome.receipt.id
     assert record.workload.env_names == ["LAB_NOTE"]
     assert "from --env" not in (out / "run.json").read_text()  # names, never values
     assert {"sync", "workload", "fetch", "teardown"} <= set(record.phase_seconds)
     assert rig.leftovers() == []
 
 
-def test_failing_command_gets_its_status_and_its_artifacts_back(
-    rig: Rig, tmp_path: Path
-) -> None:
+def test_failing_command_gets_its_status_and_its_artifacts_back(rig: Rig, tmp_path: Path) -> None:
     work = workspace(
         tmp_path,
         {
@@ -160,11 +165,13 @@ def test_failing_command_gets_its_status_and_its_artifacts_back(
     out = tmp_path / "out"
     life, _, error = rig.run(with_workload(rig.spec(), work, out, "python", "fail.py"))
     assert isinstance(error, WorkloadFailedError), error
-    assert error.exit_status == 3 and not error.timed_out
+    assert error.exit_status == 3
+    assert not error.timed_out
     assert exit_status_for(error) == EXIT_WORKLOAD
     assert (out / "run" / "partial.txt").read_text() == "x"
     log = (out / "output.log").read_text()
-    assert "boom: the experiment failed" in log and "platform cpu cpu" in log
+    assert "boom: the experiment failed" in log
+    assert "platform cpu cpu" in log
     assert life.outcome.teardown_status == "confirmed"
     assert read_run_record(out / "run.json").workload.exit_status == 3
     assert rig.leftovers() == []
@@ -187,9 +194,7 @@ class _ChildWatch(NullObserver):
                 self.alive_at_fetch = False
 
 
-def test_command_past_its_timeout_is_killed_on_the_vm_and_fetched(
-    rig: Rig, tmp_path: Path
-) -> None:
+def test_command_past_its_timeout_is_killed_on_the_vm_and_fetched(rig: Rig, tmp_path: Path) -> None:
     child_pid = tmp_path / "child.pid"
     work = workspace(
         tmp_path,
@@ -210,7 +215,8 @@ def test_command_past_its_timeout_is_killed_on_the_vm_and_fetched(
     started = time.monotonic()
     life, _, error = rig.run(spec, watch)
     assert isinstance(error, WorkloadFailedError), error
-    assert error.timed_out and error.exit_status is None
+    assert error.timed_out
+    assert error.exit_status is None
     assert time.monotonic() - started < 120
     assert watch.alive_at_fetch is False  # the whole process group died on the VM
     assert (out / "run" / "before.txt").read_text() == "up"
@@ -242,7 +248,9 @@ class _SignalWhen(NullObserver):
                 os.kill(os.getpid(), signal.SIGINT)
 
 
-def _interrupted_run(rig: Rig, tmp_path: Path, *, again_at_fetch: bool) -> tuple[object, Path, BaseException | None]:
+def _interrupted_run(
+    rig: Rig, tmp_path: Path, *, again_at_fetch: bool
+) -> tuple[object, Path, BaseException | None]:
     marker = tmp_path / "command-started"
     work = workspace(
         tmp_path,
@@ -282,9 +290,7 @@ def test_ctrl_c_during_the_command_fetches_then_deletes(rig: Rig, tmp_path: Path
     assert rig.leftovers() == []
 
 
-def test_second_ctrl_c_during_the_fetch_skips_it_not_the_teardown(
-    rig: Rig, tmp_path: Path
-) -> None:
+def test_second_ctrl_c_during_the_fetch_skips_it_not_the_teardown(rig: Rig, tmp_path: Path) -> None:
     life, out, error = _interrupted_run(rig, tmp_path, again_at_fetch=True)
     assert isinstance(error, InterruptedRun), error
     outcome = life.outcome  # type: ignore[attr-defined]
@@ -295,9 +301,7 @@ def test_second_ctrl_c_during_the_fetch_skips_it_not_the_teardown(
     assert rig.leftovers() == []
 
 
-def test_a_receipt_that_does_not_verify_never_starts_the_command(
-    rig: Rig, tmp_path: Path
-) -> None:
+def test_a_receipt_that_does_not_verify_never_starts_the_command(rig: Rig, tmp_path: Path) -> None:
     from run_rig import payload_script
 
     # The real verifier, but with the device count forced to 1 on a 4-device accelerator:
@@ -318,5 +322,9 @@ def test_a_receipt_that_does_not_verify_never_starts_the_command(
     assert isinstance(error, VerificationError), error
     assert not marker.exists()  # on this machine's disk, where the "VM" would have written
     assert Phase.SYNC not in [p.phase for p in recorder.phases]
+    record = read_run_record(tmp_path / "out" / "run.json")
+    assert not record.ok
+    assert not record.workload.started
+    assert record.verdict is not None
     assert life.outcome.teardown_status == "confirmed"
     assert rig.leftovers() == []

@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
         value, grads = jax.value_and_grad(loss)(params, x, y)
         grads = jax.lax.pmean(grads, axis_name="d")
         value = jax.lax.pmean(value, axis_name="d")
-        new = tuple(p - args.learning_rate * g for p, g in zip(params, grads))
+        new = tuple(p - args.learning_rate * g for p, g in zip(params, grads, strict=False))
         return new, value
 
     update = jax.pmap(step, axis_name="d")

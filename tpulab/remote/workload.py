@@ -62,7 +62,8 @@ pid=$(cat "$pid_file" 2>/dev/null) || { echo "TPULAB_STOP not started"; exit 0; 
 if ! kill -TERM -- "-$pid" 2>/dev/null; then echo "TPULAB_STOP already ended"; exit 0; fi
 ticks=$((grace * 5))
 while [ "$ticks" -gt 0 ] && kill -0 -- "-$pid" 2>/dev/null; do sleep 0.2; ticks=$((ticks - 1)); done
-if kill -KILL -- "-$pid" 2>/dev/null; then echo "TPULAB_STOP killed"; else echo "TPULAB_STOP terminated"; fi
+if kill -KILL -- "-$pid" 2>/dev/null; then echo "TPULAB_STOP killed"
+else echo "TPULAB_STOP terminated"; fi
 """
 
 

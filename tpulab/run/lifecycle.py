@@ -387,7 +387,6 @@ class Lifecycle:
         self._phase(Phase.VERIFY, self.verify)
         if self.workload is not None:
             # Only here, after the receipt verified on this node (DESIGN §3.9).
-            self.outcome.workload = self.workload.outcome
             self.workload.run()
 
     # -- phases -------------------------------------------------------------------------
@@ -412,6 +411,7 @@ class Lifecycle:
         detail = f"{self.spec.accelerator.name} in {self.spec.zone.value}, payload {source.name}"
         if self.spec.workload is not None:
             self.workload = WorkloadRunner(self, self.spec.workload)
+            self.outcome.workload = self.workload.outcome
             detail += "; " + self.workload.validate()
         return detail
 
@@ -852,7 +852,7 @@ class Lifecycle:
         outcome.billed_seconds = max(0.0, end - begin) if begin is not None else 0.0
         with contextlib.suppress(Exception):
             outcome.api_calls = self.api.call_count
-        if self.spec.workload is not None and self.workload is not None:
+        if self.workload is not None and outcome.create_sent:
             self._write_run_record()
         if self.journal is not None and self._journalled:
             detail = "ok" if outcome.error is None else _describe(outcome.error)
