@@ -47,7 +47,7 @@ __all__ = [
     "target_for",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # The embedded emulator listens on a random port per process, so its rows are keyed by
 # TARGET_EMULATE (tpulab.errors, beside LeakedNode) rather than by a URL no later process
 # could reach.
@@ -78,6 +78,12 @@ CREATE TABLE runs (
 CREATE INDEX runs_by_teardown ON runs (teardown);
 CREATE INDEX runs_by_node ON runs (project, zone, node_name);
 """
+
+# Each schema version's step from the one before (applied in order, in one transaction):
+# version 2 points a row at the run's record (<out>/run.json of a `-- CMD` run).
+_MIGRATIONS: dict[int, str] = {
+    2: "ALTER TABLE runs ADD COLUMN run_record TEXT",
+}
 
 # Queries are whole literals (no string building), so nothing user-supplied reaches SQL
 # except as a bound parameter.
@@ -307,7 +313,32 @@ class Journal:
             )
             self._require_one(cursor.rowcount, run_id)
 
+    def set_run_record(self, run_id: str, path: Path) -> None:
+        """Point the run's row at its record (<out>/run.json), for `tpulab runs`."""
+        with self._transaction(write=True) as conn:
+            cursor = conn.execute(
+                "UPDATE runs SET run_record = ? WHERE run_id = ?", (str(path), run_id)
+            )
+            self._require_one(cursor.rowcount, run_id)
+
     # -- reading ---------------------------------------------------------------------
+
+    def run_records(self, limit: int = 100) -> list[tuple[str, Path]]:
+        """(run id, run.json path) of the runs that have a record, newest first."""
+        with self._transaction() as conn:
+            found = conn.execute(
+                "SELECT run_id, run_record FROM runs WHERE run_record IS NOT NULL "
+                "ORDER BY started DESC, rowid DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [(str(run_id), Path(str(path))) for run_id, path in found]
+
+    def run_record_of(self, run_id: str) -> Path | None:
+        with self._transaction() as conn:
+            found = conn.execute(
+                "SELECT run_record FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        return None if found is None or found[0] is None else Path(str(found[0]))
 
     def get(self, run_id: str) -> RunRow | None:
         with self._transaction() as conn:
@@ -387,13 +418,17 @@ class Journal:
             if version == 0:
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            elif version > SCHEMA_VERSION:
+                version = 1
+            if version > SCHEMA_VERSION:
                 raise JournalError(
                     f"The run journal {self.path} was written by a newer tpulab "
                     f"(schema {version}; this one reads {SCHEMA_VERSION}).",
                     hint="Upgrade tpulab, or point TPULAB_HOME elsewhere.",
                 )
+            for step in range(version + 1, SCHEMA_VERSION + 1):
+                conn.execute(_MIGRATIONS[step])
+            if version != SCHEMA_VERSION:
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             check = conn.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise sqlite3.DatabaseError(f"integrity check failed: {check}")
@@ -528,6 +563,12 @@ class RunJournalAdapter:
                 spot=spec.spot,
             )
         )
+        if spec.workload is not None:
+            # Known before the run: where its run.json will be written (run.record).
+            try:
+                self.journal.set_run_record(spec.run_id, spec.workload.out / "run.json")
+            except JournalError as error:
+                self._warn(f"the journal could not point at run.json: {error.message}")
 
     def phase_changed(self, run_id: str, phase: str) -> None:
         if self._skip_phases:
