@@ -50,6 +50,7 @@ from tpulab.errors import BootstrapError, CommandFailedError, RemoteError
 __all__ = [
     "EXTRAS_MARKER",
     "EXTRAS_STAMP",
+    "EXTRA_VERSIONS_MARKER",
     "INSTALLERS",
     "INSTALLER_MARKER",
     "LAB_DIR",
@@ -90,7 +91,7 @@ VERSIONS_MARKER = "TPULAB_VERSIONS "
 VENV_MARKER = "TPULAB_VENV "
 INSTALLER_MARKER = "TPULAB_INSTALLER "
 EXTRAS_MARKER = "TPULAB_EXTRAS "
-_EXTRAS_VERSIONS_PREFIX = "TPULAB_EXTRA_VERSIONS "
+EXTRA_VERSIONS_MARKER = "TPULAB_EXTRA_VERSIONS "
 # Inside the venv, so a recreated venv forgets what it had.
 EXTRAS_STAMP = f"{VENV_DIR}/tpulab-extras.sha256"
 STAGED_REQUIREMENTS = f"{LAB_DIR}/requirements.txt"
@@ -268,7 +269,7 @@ _PROBE = (
     f"print({VERSIONS_MARKER!r} + json.dumps(found, sort_keys=True))\n"
     # The user's extra packages, by distribution name, when the argv names any.
     "if sys.argv[1:]:\n"
-    f"    print({_EXTRAS_VERSIONS_PREFIX!r} + "
+    f"    print({EXTRA_VERSIONS_MARKER!r} + "
     "json.dumps({n: v(n) for n in sys.argv[1:]}, sort_keys=True))\n"
 )
 
@@ -618,7 +619,7 @@ def install_extras(
     )
     left = max(1.0, timeout - (clock() - started))
     probed = shell.run(probe_command(extras.names), timeout=left)
-    found = _marker(probed.stdout, _EXTRAS_VERSIONS_PREFIX)
+    found = _marker(probed.stdout, EXTRA_VERSIONS_MARKER)
     versions: dict[str, str | None] = json.loads(found) if found else {}
     missing = [name for name in extras.names if not versions.get(name)]
     if missing:

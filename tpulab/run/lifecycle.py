@@ -209,6 +209,7 @@ class Lifecycle:
         sleep: Callable[[float], None] = time.sleep,
         new_key: Callable[[], RunKey] | None = None,
         new_nonce: Callable[[], str] = lambda: secrets.token_hex(16),
+        judge: Callable[[bytes, Expectation], Judgement] | None = None,
     ) -> None:
         self.spec = spec
         self.api = api
@@ -226,6 +227,9 @@ class Lifecycle:
         self.sleep = sleep
         self.new_key = new_key
         self.new_nonce = new_nonce
+        # The one judgement (evidence.judge.judge); a dry run's recorder supplies the
+        # verdict a plan assumes, so the plan can show what follows a verified receipt.
+        self.judge = judge
         self.outcome = RunOutcome(spec)
         self.nonce = ""
         self.payload_bytes = b""
@@ -720,7 +724,7 @@ class Lifecycle:
         expectation = expectation_for(
             self.spec.accelerator.name, emulated=self.spec.emulated, nonce=self.nonce
         )
-        judgement = judge(self.raw_receipt, expectation)
+        judgement = (self.judge or judge)(self.raw_receipt, expectation)
         self._keep(judgement, expectation)
         problem = failure_of(
             judgement,
