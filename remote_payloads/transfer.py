@@ -196,7 +196,8 @@ def _select(
         paths: list[str] = []
         for match in matches:
             full = os.path.join(workspace, match)
-            if not _inside(full, workspace):
+            # glob answers "absent/**" with "absent/" even when there is no such dir.
+            if not os.path.lexists(full) or not _inside(full, workspace):
                 continue
             paths.extend(_files_under(full, workspace) if os.path.isdir(full) else [full])
         for path in paths:

@@ -68,6 +68,7 @@ __all__ = [
     "check_fetch_patterns",
     "fetch_artifacts",
     "fetch_command",
+    "planned_answer",
     "select_workspace",
     "transfer_source",
     "unpack_command",
@@ -446,6 +447,24 @@ def fetch_command(
         "--",
         *check_fetch_patterns(patterns),
     ]
+
+
+def planned_answer(argv: Sequence[str]) -> bytes | None:
+    """What a VM that received nothing writes on stdout for a transfer command, for the
+    recording session of a dry run (None: not a transfer): `unpack` an empty manifest
+    (the plan streams no workspace, so there is nothing to check), `pack` an archive
+    holding only an empty manifest."""
+    if list(argv[1:3]) != ["-c", transfer_source()] or len(argv) < 4:
+        return None
+    if argv[3] == "unpack":
+        return b'{"manifest": []}\n'
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w|gz" if "--gzip" in argv else "w|") as tar:
+        body = json.dumps({"manifest": [], "missing": []}).encode()
+        info = tarfile.TarInfo(_MANIFEST_MEMBER)
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+    return buffer.getvalue()
 
 
 def _refusal(result: CommandResult) -> str:

@@ -51,6 +51,7 @@ from tpulab.remote import bootstrap as boot
 from tpulab.remote import workload as wl
 from tpulab.remote.cmdline import SHA256_TIMEOUT, remote_command, remote_path, sha256_command
 from tpulab.remote.keys import RunKey, SshTarget
+from tpulab.remote.workspace import planned_answer
 from tpulab.run.progress import Phase, TeardownStatus
 
 __all__ = [
@@ -427,7 +428,8 @@ class RecordingSession:
     ) -> _Reply:
         command = remote_command(argv, env=env, timeout=timeout)
         argv = list(argv)
-        verb = argv[3] if len(argv) > 3 and argv[1] == "-c" else None
+        # A transfer (tpulab.remote.workspace's script) or not; which way it goes.
+        verb = argv[3] if planned_answer(argv) is not None else None
         detail = None
         answer = b""
         if verb == "unpack" and stdin is not None:
