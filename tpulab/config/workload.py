@@ -20,8 +20,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
+from tpulab.config.spec import check_seconds
 from tpulab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tpulab.config.project_file import ProjectDefaults
 
 __all__ = [
     "DEFAULT_COMMAND_TIMEOUT",
@@ -29,7 +34,9 @@ __all__ = [
     "DEFAULT_MAX_UPLOAD",
     "RESERVED_ENV",
     "RUNS_DIR",
+    "WorkloadFlags",
     "WorkloadSpec",
+    "build_workload",
     "check_env",
     "check_requirement",
     "check_workspace_pattern",
@@ -168,3 +175,197 @@ def check_workspace_pattern(text: str, option: str) -> str:
 
 def _unique(items: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
+
+
+@dataclass(frozen=True)
+class WorkloadFlags:
+    """The workload flags exactly as typer parsed them; None / empty means "not given"."""
+
+    command: Sequence[str] = ()
+    workdir: str | None = None
+    out: str | None = None
+    env: Sequence[str] = ()
+    with_packages: Sequence[str] = ()
+    requirements: str | None = None
+    fetch: Sequence[str] = ()
+    allow_secrets: Sequence[str] = ()
+    max_upload: str | None = None
+    max_fetch: str | None = None
+    timeout: float | None = None
+    quiet: bool = False
+
+    def refuse_without_command(self) -> None:
+        """A workload flag without `-- CMD` is a mistake (a forgotten `--`), not a no-op."""
+        given = [] if self.command else self.given()
+        if given:
+            raise ConfigError(
+                f"{given[0]} needs a command after --.",
+                hint="Name the command to run on the TPU VM, e.g. `tpulab run --accelerator "
+                "v5litepod-4 --fetch ckpt/ -- python train.py` (the verifier's own limit is "
+                "--payload-timeout).",
+            )
+
+    def given(self) -> list[str]:
+        """The workload options that were set, by name. Not --workdir: it also says whose
+        [tool.tpulab] defaults a verify-only run takes."""
+        named = {
+            "--out": self.out is not None,
+            "--env": bool(self.env),
+            "--with": bool(self.with_packages),
+            "--requirements": self.requirements is not None,
+            "--fetch": bool(self.fetch),
+            "--allow-secret": bool(self.allow_secrets),
+            "--max-upload": self.max_upload is not None,
+            "--max-fetch": self.max_fetch is not None,
+            "--timeout": self.timeout is not None,
+            "--quiet": self.quiet,
+        }
+        return [option for option, present in named.items() if present]
+
+
+def check_workdir(flag: str | None, cwd: Path) -> Path:
+    """The workspace root: --workdir (relative to `cwd`) or `cwd`, an existing directory."""
+    if flag is not None and not flag.strip():
+        raise ConfigError("--workdir is empty.", hint="Pass a directory, or leave it out.")
+    path = (cwd / Path(flag).expanduser()).resolve() if flag is not None else cwd.resolve()
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise ConfigError(
+            f"Workdir {path} {what}.",
+            hint="Pass --workdir DIR, an existing directory (default: the current one).",
+        )
+    return path
+
+
+def build_workload(
+    flags: WorkloadFlags, *, run_id: str, workdir: Path, cwd: Path, defaults: ProjectDefaults
+) -> WorkloadSpec | None:
+    """The validated workload, or None when there is no `-- CMD` (a verify-only run).
+
+    Flags win over the workspace's file, which wins over defaults: a flag replaces the
+    file's value (lists included, so `--with x` is exactly x), except `env`, whose names
+    merge, a flag's value winning for a name both set.
+    """
+    flags.refuse_without_command()
+    command = tuple(flags.command)
+    if not command:
+        return None
+    if not command[0].strip() or any("\0" in arg for arg in command):
+        raise ConfigError(
+            f"Invalid command {list(command)!r}.",
+            hint="Give the program and its arguments after --, e.g. -- python train.py.",
+        )
+    sources: dict[str, str] = {
+        "command": "--",
+        "workdir": "--workdir" if flags.workdir else "default",
+    }
+
+    def pick(name: str, option: str, flag: tuple[str, ...], key: str) -> tuple[str, ...]:
+        # A flag replaces the file's list: `--with x` means exactly x.
+        if flag:
+            sources[name] = option
+            return flag
+        sources[name] = defaults.source if key in defaults.keys else "default"
+        return tuple(getattr(defaults, name))
+
+    with_packages = pick(
+        "with_packages", "--with", _unique([check_requirement(p) for p in flags.with_packages]),
+        "with",
+    )  # fmt: skip
+    fetch = pick(
+        "fetch", "--fetch", _unique([check_workspace_pattern(p, "--fetch") for p in flags.fetch]),
+        "fetch",
+    )  # fmt: skip
+    allow_secrets = _unique(
+        [check_workspace_pattern(item, "--allow-secret") for item in flags.allow_secrets]
+    )
+    sources["allow_secrets"] = "--allow-secret" if allow_secrets else "default"
+    env = _merged_env(flags.env, defaults, sources)
+    requirements = _requirements(flags.requirements, cwd, defaults, sources)
+    out = _out_dir(flags.out, run_id, cwd, sources)
+    exclude = list(defaults.exclude)
+    sources["exclude"] = defaults.source if "exclude" in defaults.keys else "default"
+    if out.is_relative_to(workdir):
+        # Artifacts landing inside the workspace must never ride up with the next upload.
+        exclude.append("/" + out.relative_to(workdir).as_posix() + "/")
+    return WorkloadSpec(
+        command=command,
+        workdir=workdir,
+        out=out,
+        env=env,
+        with_packages=with_packages,
+        requirements=requirements,
+        fetch=fetch,
+        exclude=_unique(exclude),
+        allow_secrets=allow_secrets,
+        max_upload=_size(
+            flags.max_upload, "--max-upload", DEFAULT_MAX_UPLOAD, sources, "max_upload"
+        ),
+        max_fetch=_size(flags.max_fetch, "--max-fetch", DEFAULT_MAX_FETCH, sources, "max_fetch"),
+        timeout=_timeout(flags.timeout, sources),
+        quiet=flags.quiet,
+        sources={**sources, "quiet": "--quiet" if flags.quiet else "default"},
+    )
+
+
+def _merged_env(
+    items: Sequence[str], defaults: ProjectDefaults, sources: dict[str, str]
+) -> tuple[tuple[str, str], ...]:
+    merged = dict(defaults.env)
+    merged.update(check_env(item) for item in items)
+    places = [defaults.source] if defaults.env else []
+    places += ["--env"] if items else []
+    sources["env"] = " + ".join(places) or "default"
+    return tuple(merged.items())
+
+
+def _requirements(
+    flag: str | None, cwd: Path, defaults: ProjectDefaults, sources: dict[str, str]
+) -> Path | None:
+    if flag is None:
+        sources["requirements"] = defaults.source if defaults.requirements else "default"
+        return defaults.requirements
+    if not flag.strip():
+        raise ConfigError("--requirements is empty.", hint="Pass a file, or leave it out.")
+    path = (cwd / Path(flag).expanduser()).resolve()
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"--requirements {flag} is not a file.", hint="Pass a file.")
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as error:
+        raise ConfigError(
+            f"--requirements {flag}: cannot read {path} ({error.strerror}).",
+            hint="Pass an existing, readable requirements file.",
+        ) from None
+    sources["requirements"] = "--requirements"
+    return path
+
+
+def _out_dir(flag: str | None, run_id: str, cwd: Path, sources: dict[str, str]) -> Path:
+    if flag is None:
+        sources["out"] = "default"
+        return (cwd / RUNS_DIR / run_id).resolve()
+    if not flag.strip():
+        raise ConfigError("--out is empty.", hint="Pass a directory, or leave --out out.")
+    path = (cwd / Path(flag).expanduser()).resolve()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {path} is a file.", hint="Pass a directory for the artifacts.")
+    if path.is_dir() and any(path.iterdir()):
+        # Two runs' artifacts in one directory could not be told apart (or would overwrite).
+        raise ConfigError(
+            f"--out {path} is not empty.",
+            hint=f"Pass a new or empty directory, or leave --out out for ./{RUNS_DIR}/<run id>/.",
+        )
+    sources["out"] = "--out"
+    return path
+
+
+def _size(flag: str | None, option: str, default: int, sources: dict[str, str], name: str) -> int:
+    sources[name] = option if flag is not None else "default"
+    return default if flag is None else parse_size(option, flag)
+
+
+def _timeout(flag: float | None, sources: dict[str, str]) -> float:
+    sources["timeout"] = "--timeout" if flag is not None else "default"
+    return DEFAULT_COMMAND_TIMEOUT if flag is None else check_seconds("--timeout", flag)
