@@ -119,10 +119,9 @@ def test_with_package_is_importable_by_the_command(wheel_rig: Rig, tmp_path: Pat
     work = workspace(tmp_path, {"use.py": f"import {MODULE}\nprint({MODULE}.MESSAGE)\n"})
     out = tmp_path / "out"
     spec = with_workload(wheel_rig.spec(), work, out, "python", "use.py")
-    spec = dataclasses.replace(
-        spec,
-        workload=dataclasses.replace(spec.workload, with_packages=(f"{PACKAGE}=={VERSION}",)),  # type: ignore[arg-type]
-    )
+    assert spec.workload is not None
+    extra = dataclasses.replace(spec.workload, with_packages=(f"{PACKAGE}=={VERSION}",))
+    spec = dataclasses.replace(spec, workload=extra)
     life, recorder, error = wheel_rig.run(spec)
     assert error is None, getattr(error, "output_tail", error)
     said = [line for stream, line in recorder.output if stream == COMMAND_STREAM]
