@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from tpulab.evidence.receipt import Expectation
     from tpulab.evidence.store import KeptReceipt, ReceiptStore
     from tpulab.remote.ssh import RunKey, SshTarget
+    from tpulab.run.record import RunRecord
 
 __all__ = [
     "Connect",
@@ -210,6 +211,7 @@ class Lifecycle:
         new_key: Callable[[], RunKey] | None = None,
         new_nonce: Callable[[], str] = lambda: secrets.token_hex(16),
         judge: Callable[[bytes, Expectation], Judgement] | None = None,
+        write_record: Callable[[RunRecord, Path], Path] | None = None,
     ) -> None:
         self.spec = spec
         self.api = api
@@ -230,6 +232,8 @@ class Lifecycle:
         # The one judgement (evidence.judge.judge); a dry run's recorder supplies the
         # verdict a plan assumes, so the plan can show what follows a verified receipt.
         self.judge = judge
+        # Writes <out>/run.json (run.record.write_run_record); a dry run's records instead.
+        self.write_record = write_record
         self.outcome = RunOutcome(spec)
         self.nonce = ""
         self.payload_bytes = b""
@@ -868,9 +872,10 @@ class Lifecycle:
         from tpulab.run.record import run_record, write_run_record
 
         assert self.spec.workload is not None
+        write = self.write_record or write_run_record
         try:
             record = run_record(self.outcome)
-            self.outcome.run_record = write_run_record(record, self.spec.workload.out)
+            self.outcome.run_record = write(record, self.spec.workload.out)
         except OSError as error:
             self.observer.note(f"could not write run.json: {error}")
 

@@ -73,6 +73,7 @@ def build_plan(spec: RunSpec, *, installer: boot.Installer = "uv") -> list[PlanS
         new_key=recorder.new_key,
         new_nonce=recorder.new_nonce,
         judge=recorder.judge,
+        write_record=recorder.write_record,
     )
     try:
         life.run()

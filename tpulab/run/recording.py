@@ -53,6 +53,7 @@ from tpulab.remote.cmdline import SHA256_TIMEOUT, remote_command, remote_path, s
 from tpulab.remote.keys import RunKey, SshTarget
 from tpulab.remote.workspace import planned_answer
 from tpulab.run.progress import Phase, TeardownStatus
+from tpulab.run.record import RUN_RECORD_NAME, RunRecord
 
 __all__ = [
     "PLACEHOLDERS",
@@ -183,6 +184,16 @@ class PlanRecorder:
 
     def connect(self, target: SshTarget, key: RunKey) -> RecordingSession:
         return RecordingSession(self, target, key)
+
+    def write_record(self, record: RunRecord, out: Path) -> Path:
+        """Where a run would write its run.json; nothing is written."""
+        del record
+        target = out / RUN_RECORD_NAME
+        self.local(
+            f"write the run's record to {target} (and point its journal row at it)",
+            phase=Phase.TEARDOWN.value,
+        )
+        return target
 
     def judge(self, raw: bytes, expectation: Expectation) -> Judgement:
         """Reached only with a `-- CMD` (otherwise the receipt download ended the plan):
