@@ -229,8 +229,9 @@ class _SignalWhen(NullObserver):
     """Sends SIGINT to this process: once `marker` exists (from a thread), and again as
     the fetch phase starts when `again_at_fetch` (in the main thread, like a user)."""
 
-    def __init__(self, marker: Path, *, again_at_fetch: bool) -> None:
+    def __init__(self, marker: Path, *, again_at_fetch: bool, signum: int = signal.SIGINT) -> None:
         self.again_at_fetch = again_at_fetch
+        self.signum = signum
         self.fetches = 0
         self._thread = threading.Thread(target=self._wait, args=(marker,), daemon=True)
         self._thread.start()
@@ -239,17 +240,17 @@ class _SignalWhen(NullObserver):
         deadline = time.monotonic() + 120
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), self.signum)
 
     def phase_started(self, phase: Phase) -> None:
         if phase is Phase.FETCH:
             self.fetches += 1
             if self.again_at_fetch:
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), self.signum)
 
 
 def _interrupted_run(
-    rig: Rig, tmp_path: Path, *, again_at_fetch: bool
+    rig: Rig, tmp_path: Path, *, again_at_fetch: bool, signum: int = signal.SIGINT
 ) -> tuple[object, Path, BaseException | None]:
     marker = tmp_path / "command-started"
     work = workspace(
@@ -266,7 +267,7 @@ def _interrupted_run(
     )
     out = tmp_path / "out"
     spec = with_workload(rig.spec(), work, out, "python", "long.py")
-    observer = _SignalWhen(marker, again_at_fetch=again_at_fetch)
+    observer = _SignalWhen(marker, again_at_fetch=again_at_fetch, signum=signum)
     error: BaseException | None = None
     life, _ = rig.lifecycle(spec, observer, shield=shield, skippable=skippable)
     try:
@@ -277,14 +278,17 @@ def _interrupted_run(
     return life, out, error
 
 
-def test_ctrl_c_during_the_command_fetches_then_deletes(rig: Rig, tmp_path: Path) -> None:
-    life, out, error = _interrupted_run(rig, tmp_path, again_at_fetch=False)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_during_the_command_fetches_then_deletes(
+    rig: Rig, tmp_path: Path, signum: int
+) -> None:
+    life, out, error = _interrupted_run(rig, tmp_path, again_at_fetch=False, signum=signum)
     assert isinstance(error, InterruptedRun), error
     assert exit_status_for(error) == EXIT_INTERRUPTED
     assert (out / "run" / "progress.txt").read_text() == "1"
     assert "running until stopped" in (out / "output.log").read_text()
     outcome = life.outcome  # type: ignore[attr-defined]
-    assert outcome.workload.stopped == "interrupted by SIGINT"
+    assert outcome.workload.stopped == f"interrupted by {signal.Signals(signum).name}"
     assert outcome.teardown_status == "confirmed"
     assert read_run_record(out / "run.json").workload.fetched_files
     assert rig.leftovers() == []

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = [
     "COMMAND_STREAM",
     "MILESTONES",
+    "WORKLOAD_PHASES",
     "FanOut",
     "NullObserver",
     "Phase",
@@ -55,6 +56,9 @@ class Phase(str, Enum):
     def label(self) -> str:
         return _TITLES[self]
 
+
+# The phases only a run with a `-- CMD` goes through.
+WORKLOAD_PHASES = frozenset({Phase.SYNC, Phase.INSTALL, Phase.WORKLOAD, Phase.FETCH})
 
 _TITLES = {
     Phase.VALIDATE: "Validate input",
