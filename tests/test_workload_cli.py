@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +89,53 @@ def test_a_failing_command_is_exit_9_with_its_own_status(
     assert "about to fail" not in done.stderr  # --quiet: only logged ...
     assert "about to fail" in (tmp_path / "out" / "output.log").read_text()  # ... and fetched
     assert nodes_left(fast_embedded_emulator) == []
+
+
+def test_sigkill_during_the_command_leaves_a_node_that_teardown_verify_deletes(
+    fast_embedded_emulator: Path, tmp_path: Path
+) -> None:
+    from tpulab.cleanup.journal import Journal
+
+    marker = tmp_path / "command-running"
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "wait.py").write_text(
+        f"import time\nopen({str(marker)!r}, 'w').write('1')\ntime.sleep(300)\n"
+    )
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tpulab",
+            "run",
+            "--accelerator",
+            "v5litepod-1",
+            "--emulate",
+            "--workdir",
+            str(work),
+            "--out",
+            str(tmp_path / "out"),
+            "--",
+            "python",
+            "wait.py",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not marker.exists() and time.monotonic() < deadline and run.poll() is None:
+            time.sleep(0.1)
+        assert marker.exists(), "the command never started"
+        run.kill()  # SIGKILL: no teardown, exactly like a laptop that died
+        run.wait(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    (row,) = Journal().open_runs()
+    assert row.phase == "workload"  # the journal knew where the run was
+    assert nodes_left(fast_embedded_emulator) == [row.node_name]
+    swept = tpulab("teardown", "--verify", "--emulate", "--yes", "--run-id", row.run_id)
+    assert swept.returncode == EXIT_OK, swept.stderr + swept.stdout
+    assert nodes_left(fast_embedded_emulator) == []
+    assert Journal().open_runs() == []
