@@ -66,6 +66,7 @@ class TrailerReader(io.RawIOBase):
         super().__init__()
         self._raw = raw
         self._held = b""
+        self._pos = 0  # bytes of _held already passed on (slicing per read is O(n^2))
         self._eof = False
         self.digest = hashlib.sha256()
 
@@ -74,15 +75,20 @@ class TrailerReader(io.RawIOBase):
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
         want = len(buffer)
-        while not self._eof and len(self._held) < want + TRAILER_LEN:
-            chunk = self._raw.read(CHUNK)
-            if not chunk:
-                self._eof = True
-                break
-            self._held += chunk
-        available = max(0, len(self._held) - TRAILER_LEN)
-        n = min(want, available)
-        data, self._held = self._held[:n], self._held[n:]
+        if len(self._held) - self._pos < want + TRAILER_LEN and not self._eof:
+            parts = [self._held[self._pos :]]
+            size = len(parts[0])
+            while size < want + TRAILER_LEN:
+                chunk = self._raw.read(CHUNK)
+                if not chunk:
+                    self._eof = True
+                    break
+                parts.append(chunk)
+                size += len(chunk)
+            self._held, self._pos = b"".join(parts), 0
+        n = min(want, max(0, len(self._held) - self._pos - TRAILER_LEN))
+        data = self._held[self._pos : self._pos + n]
+        self._pos += n
         buffer[:n] = data
         self.digest.update(data)
         return n
@@ -90,7 +96,7 @@ class TrailerReader(io.RawIOBase):
     def trailer(self) -> bytes:
         while self.readinto(memoryview(bytearray(CHUNK))):
             pass  # the tar's end padding still counts towards the digest
-        return self._held
+        return self._held[self._pos :]
 
 
 def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> dict[str, object]:
@@ -113,6 +119,7 @@ def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> d
 def _extract(stream: io.RawIOBase, staging: str, gzip: bool) -> list[dict[str, object]]:
     manifest: list[dict[str, object]] = []
     seen: set[str] = set()
+    made: set[str] = {staging}  # makedirs per file costs a failing mkdir syscall each
     with tarfile.open(fileobj=stream, mode="r|gz" if gzip else "r|") as tar:
         for member in tar:
             name = _safe_name(member.name)
@@ -122,8 +129,12 @@ def _extract(stream: io.RawIOBase, staging: str, gzip: bool) -> list[dict[str, o
             target = os.path.join(staging, name)
             if member.isdir():
                 os.makedirs(target, exist_ok=True)
+                made.add(target)
             elif member.isreg():
-                os.makedirs(os.path.dirname(target), exist_ok=True)
+                parent = os.path.dirname(target)
+                if parent not in made:
+                    os.makedirs(parent, exist_ok=True)
+                    made.add(parent)
                 member.name = name
                 manifest.append(_write_member(tar, member, target))
             else:
@@ -133,6 +144,10 @@ def _extract(stream: io.RawIOBase, staging: str, gzip: bool) -> list[dict[str, o
 
 def unpack(dest: str, gzip: bool) -> None:
     dest = _resolve(dest)
+    home = os.path.realpath(os.path.expanduser("~"))
+    if _inside(home, dest) or _inside(os.getcwd(), dest):
+        # The whole directory is replaced: never the login's home (its .ssh) or above.
+        raise Refused(f"{dest} is the login directory or one of its parents")
     if os.path.lexists(dest) and (os.path.islink(dest) or not os.path.isdir(dest)):
         raise Refused(f"{dest} exists and is not a directory")
     parent = os.path.dirname(dest)
@@ -161,8 +176,7 @@ def unpack(dest: str, gzip: bool) -> None:
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
     manifest.sort(key=lambda entry: str(entry["path"]))
-    json.dump({"manifest": manifest}, sys.stdout)
-    sys.stdout.write("\n")
+    sys.stdout.write(json.dumps({"manifest": manifest}) + "\n")
 
 
 # -- pack -----------------------------------------------------------------------------
@@ -229,8 +243,9 @@ def _human(size: int) -> str:
 
 def pack(workspace: str, patterns: list[str], run_dir: str, log: str, cap: int, gzip: bool) -> None:
     workspace, run_dir, log = _resolve(workspace), _resolve(run_dir), _resolve(log)
-    for pattern in patterns:
-        _safe_name(pattern)  # the controller checked; a hand-made call gets the same rule
+    for pattern in patterns:  # the controller checked; a hand-made call gets the same rule
+        if pattern.startswith(("/", "~")) or ".." in pattern.split("/"):
+            raise Refused(f"fetch pattern {pattern!r} is not inside the workspace")
     chosen, missing = _select(workspace, patterns, run_dir, log)
     sizes = {name: os.path.getsize(path) for name, path in chosen.items()}
     total = sum(sizes.values())
@@ -325,3 +340,5 @@ if __name__ == "__main__":
         main(sys.argv[1:])
     except Refused as refused:
         _fail(REFUSED, str(refused))
+    except OSError as error:  # unreadable file, full disk: one line, not a traceback
+        _fail(1, f"{type(error).__name__}: {error}")

@@ -1,5 +1,6 @@
 """`tpulab runs list|show` read back the run.json of `-- CMD` runs through the journal's
-pointer (journal schema 2), and a journal written by schema 1 is migrated in place."""
+pointer (journal schema 3), and a journal written by schema 1 is migrated in place (through 2,
+the queued resource, to 3)."""
 
 from __future__ import annotations
 
@@ -61,11 +62,12 @@ def test_a_schema_1_journal_is_migrated_in_place(tmp_path: Path) -> None:
     old = journal.get("old1")
     assert old is not None
     assert old.teardown == "confirmed"
+    assert old.queued_resource is None
     assert journal.run_record_of("old1") is None
     journal.set_run_record("old1", tmp_path / "out" / "run.json")
     assert journal.run_records() == [("old1", tmp_path / "out" / "run.json")]
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
 
 
 @pytest.mark.slow

@@ -206,3 +206,25 @@ def test_run_streaming_feeds_stdin_returns_status_and_honours_the_timeout(
         with pytest.raises(RemoteTimeoutError, match="was killed"):
             conn.run_streaming(["sleep", "30"], stdin=None, stdout=None, timeout=1.0)
         assert conn.run(["echo", "still here"], timeout=10).stdout == "still here\n"
+
+
+def test_a_command_that_stops_reading_ends_the_stream_at_once(ssh_host: SshHost) -> None:
+    # A VM-side refusal (e.g. an unsafe member) exits without reading the rest: the
+    # client must see the status and stop sending, not push the whole workspace first.
+    sent: list[int] = []
+
+    def endless() -> Iterator[bytes]:
+        while True:
+            sent.append(1)
+            yield bytes(1 << 20)
+
+    with ssh_host.connect() as conn:
+        result = conn.run_streaming(
+            ["sh", "-c", "head -c 100 >/dev/null; echo refused >&2; exit 3"],
+            stdin=endless(),
+            stdout=None,
+            timeout=30,
+        )
+    assert result.exit_status == 3
+    assert result.stderr == "refused\n"
+    assert len(sent) < 200  # MiB: bounded by the windows and pipes in between

@@ -22,7 +22,7 @@ from typing import BinaryIO
 import pytest
 from helpers import require_tool
 
-from tpulab.errors import RemoteError
+from tpulab.errors import RemoteError, WorkspaceError
 from tpulab.remote.workspace import (
     fetch_artifacts,
     select_workspace,
@@ -380,3 +380,50 @@ def test_fetch_refuses_files_that_differ_from_the_vms_manifest(tmp_path: Path) -
             timeout=60,
         )
     assert list(out.iterdir()) == []  # nothing kept, no manifest.json
+
+
+@pytest.mark.parametrize("dest", ["~", ".", "..", "/"])
+def test_unpack_never_replaces_the_login_directory_or_above(tmp_path: Path, dest: str) -> None:
+    python = python310()
+    home = tmp_path / "home"
+    _tree(home, {".ssh/authorized_keys": b"ssh-ed25519 AAAA"})
+    argv = unpack_command(dest, python=python)
+    result = subprocess.run(
+        argv,
+        cwd=home,
+        input=_archive([(_member("a.txt"), b"a")]),
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "HOME": str(home)},
+    )
+    assert result.returncode == 3
+    assert b"login directory" in result.stderr
+    assert _snapshot(home) == {".ssh/authorized_keys": b"ssh-ed25519 AAAA"}
+    with pytest.raises(WorkspaceError, match="login directory"):
+        upload_workspace(LocalShell(home), select_workspace(home), dest, timeout=60)
+
+
+def test_fetch_dot_brings_the_whole_workspace_and_pack_refuses_escaping_patterns(
+    tmp_path: Path,
+) -> None:
+    python = python310()
+    home = tmp_path / "home"
+    _tree(home / "ws", {"a.txt": b"a", "sub/b.txt": b"b"})
+    (home / "run").mkdir()
+    got = fetch_artifacts(
+        LocalShell(home),
+        workspace="ws",
+        patterns=["."],
+        run_dir="run",
+        log_path="log",
+        out=tmp_path / "out",
+        timeout=60,
+        python=python,
+    )
+    assert [entry.path for entry in got.entries] == ["workspace/a.txt", "workspace/sub/b.txt"]
+    argv = [python, "-c", transfer_source(), "pack", "--workspace", "ws", "--run-dir", "run"]
+    argv += ["--log", "log", "--max-bytes", "100", "--", "../"]
+    result = subprocess.run(argv, cwd=home, capture_output=True, timeout=60)
+    assert result.returncode == 3
+    assert b"not inside the workspace" in result.stderr
+    assert result.stdout == b""

@@ -323,6 +323,9 @@ class LeakedNode:
     name: str
     target: str = TARGET_GOOGLE
     run_id: str | None = None
+    # The QueuedResource holding the node (`run --queued`): deleting it with --force is
+    # what deletes both; deleting only the node would leave the queued resource behind.
+    queued_resource: str | None = None
 
     def manual_delete_command(self) -> str:
         if self.target == TARGET_EMULATE:
@@ -331,6 +334,11 @@ class LeakedNode:
             f"gcloud compute tpus tpu-vm delete {self.name} "
             f"--project={self.project} --zone={self.zone} --quiet"
         )
+        if self.queued_resource:
+            gcloud = (
+                f"gcloud compute tpus queued-resources delete {self.queued_resource} --force "
+                f"--project={self.project} --zone={self.zone} --quiet"
+            )
         if self.target == TARGET_GOOGLE:
             return gcloud
         # gcloud against the endpoint, as in the README's emulator section.

@@ -99,6 +99,7 @@ def _said(error: BaseException) -> str:
 
 _CHUNK = 32 * 1024
 _TAIL = 2000
+_EOF_GRACE = 2.0  # seconds to wait for the output's EOF once the exit status is in
 
 
 # -- commands --------------------------------------------------------------------------
@@ -498,18 +499,28 @@ class Connection:
     ) -> int:
         """`_pump` with a stdin to feed: send when the window allows, drain always."""
         pending = b""
+        exited_at: float | None = None
         if chunks is None:
             channel.shutdown_write()
         while True:
             progressed = False
             while chunks is not None and channel.send_ready():
+                if channel.exit_status_ready() or channel.closed:
+                    chunks = None  # it has ended without reading it all: stop sending
+                    break
                 if not pending:
                     pending = next(chunks, b"")
                     if not pending:  # the source is exhausted: EOF to the command
                         chunks = None
                         channel.shutdown_write()
                         break
-                sent = channel.send(pending[:_CHUNK])
+                try:
+                    sent = channel.send(pending[:_CHUNK])
+                except OSError:
+                    if not (channel.exit_status_ready() or channel.closed):
+                        raise
+                    chunks = None  # closed by the server between our check and the send
+                    break
                 pending = pending[sent:]
                 progressed = True
                 if channel.recv_ready() or channel.recv_stderr_ready():
@@ -523,10 +534,17 @@ class Connection:
                 err.feed(channel.recv_stderr(_CHUNK))
                 progressed = True
             if channel.exit_status_ready() or channel.closed:
-                if not (channel.recv_ready() or channel.recv_stderr_ready()):
+                if channel.recv_ready() or channel.recv_stderr_ready():
+                    continue
+                # sshd may send the exit status BEFORE the last of the output (still in
+                # the command's pipes): wait for EOF, briefly, so a refusal's message
+                # is not lost. (A background process holding the pipes would block EOF.)
+                exited_at = exited_at if exited_at is not None else self._clock()
+                if channel.closed or channel.eof_received:
                     break
-                continue
-            if self._clock() >= give_up:
+                if self._clock() - exited_at >= _EOF_GRACE:
+                    break
+            elif self._clock() >= give_up:
                 raise RemoteTimeoutError(
                     f"{shown!r} on {self.target} did not end within {timeout:g}s "
                     f"(+{self.kill_grace:g}s grace); the session was closed",

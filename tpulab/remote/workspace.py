@@ -3,8 +3,8 @@
 Pure Python, no paramiko: the archive is written to (and read from) a `StreamShell`,
 which `tpulab.remote.ssh.Connection` implements over one SSH channel. The remote half is
 `remote_payloads/transfer.py` (stdlib only, Python 3.10), run as `python3 -c <source>`
-so that nothing has to be staged first. Which files go up is decided here, before
-anything is created (`select_workspace`); the gitignore rules are `tpulab.remote.ignore`.
+so that nothing has to be staged first. Which files go up is decided before anything is
+created, by `tpulab.remote.selection` (re-exported here, so callers import one module).
 
 Upload, `upload_workspace`:
     laptop: tar stream built file by file (each file hashed as it is archived, read once)
@@ -45,14 +45,21 @@ import tarfile
 import tempfile
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
 
 from tpulab import paths
 from tpulab.errors import RemoteError, WorkspaceError
 from tpulab.remote.bootstrap import CommandResult
-from tpulab.remote.ignore import IgnoreRule, IgnoreRules, parse_ignore_lines
+from tpulab.remote.selection import (
+    ALWAYS_EXCLUDED,
+    DEFAULT_MAX_UPLOAD,
+    IGNORE_FILE,
+    UploadSelection,
+    check_fetch_patterns,
+    select_workspace,
+)
 
 __all__ = [
     "ALWAYS_EXCLUDED",
@@ -75,28 +82,9 @@ __all__ = [
     "upload_workspace",
 ]
 
-DEFAULT_MAX_UPLOAD = 256 * 2**20
 DEFAULT_MAX_FETCH = 2**30
-IGNORE_FILE = ".tpulabignore"
 MANIFEST_FILE = "manifest.json"  # in `out`, next to the fetched files
 
-# Never uploaded, whatever the ignore files say (gitignore syntax; a directory holding a
-# `pyvenv.cfg` is a virtualenv whatever its name and is excluded too).
-ALWAYS_EXCLUDED: tuple[str, ...] = (
-    ".git/",
-    ".hg/",
-    ".svn/",
-    ".venv/",
-    "venv/",
-    "__pycache__/",
-    "*.pyc",
-    ".nox/",
-    ".tox/",
-    ".mypy_cache/",
-    ".pytest_cache/",
-    ".ruff_cache/",
-    "tpulab-runs/",
-)
 
 # The transfer script's wire conventions (remote_payloads/transfer.py says the same).
 _TRAILER_PREFIX = b"TPULAB-ARCHIVE-SHA256:"
@@ -171,240 +159,6 @@ class Manifest:
             entries.append(ManifestEntry(path, size, digest))
         entries.sort(key=lambda entry: entry.path)
         return cls(tuple(entries), tuple(missing))
-
-
-def _human(size: int) -> str:
-    if size < 1024:
-        return f"{size} B"
-    value = float(size)
-    for unit in ("KiB", "MiB", "GiB"):
-        value /= 1024
-        if value < 1024 or unit == "GiB":
-            break
-    return f"{value:.1f} {unit}"
-
-
-def _count(n: int) -> str:
-    return f"{n:,}".replace(",", " ")
-
-
-# -- choosing what goes up ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class UploadSelection:
-    root: Path
-    files: tuple[tuple[str, int], ...]  # (posix path relative to root, size in bytes)
-    total_bytes: int
-    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
-
-    def largest(self, n: int = 10) -> list[tuple[str, int]]:
-        return sorted(self.files, key=lambda item: (-item[1], item[0]))[:n]
-
-    def describe(self) -> str:
-        noun = "file" if len(self.files) == 1 else "files"
-        text = f"{_count(len(self.files))} {noun}, {_human(self.total_bytes)}"
-        if self.skipped:
-            text += " (skipped: " + ", ".join(f"{n} {why}" for why, n in self.skipped.items())
-            text += ")"
-        return text
-
-
-# File names that hold credentials by convention, whatever their content.
-_SECRET_NAMES = frozenset(
-    {
-        "id_rsa",
-        "id_dsa",
-        "id_ecdsa",
-        "id_ed25519",
-        "id_ecdsa_sk",
-        "id_ed25519_sk",
-        ".netrc",
-        "_netrc",
-        ".pypirc",
-        ".npmrc",
-        ".git-credentials",
-        ".env",
-        "credentials",  # ~/.aws/credentials
-        "credentials.json",
-        "application_default_credentials.json",
-        "client_secret.json",
-    }
-)
-_SECRET_SUFFIXES = (".pem", ".key", ".p12", ".pfx", ".jks", ".keystore", ".ppk")
-_PRIVATE_KEY = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
-_CREDENTIAL_TYPES = ("service_account", "authorized_user", "external_account")
-_SNIFF = 64 * 1024  # bytes of each file read for a private key header
-_JSON_SNIFF = 4 * 2**20  # JSON files up to this size are parsed for credentials
-
-
-def _secret_reason(path: Path, name: str) -> str | None:
-    """Why the file at `path` looks like a secret, or None."""
-    lower = name.lower()
-    if lower in _SECRET_NAMES or lower.startswith(".env."):
-        return "a credentials file by name"
-    if lower.endswith(_SECRET_SUFFIXES):
-        return f"a key file by name (*{Path(lower).suffix})"
-    if lower.startswith(("service-account", "service_account")) and lower.endswith(".json"):
-        return "a service-account file by name"
-    try:
-        with path.open("rb") as handle:
-            head = handle.read(_SNIFF)
-    except OSError as exc:
-        raise WorkspaceError(f"Cannot read {path}: {exc.strerror}") from exc
-    if _PRIVATE_KEY.search(head):
-        return "contains a private key (-----BEGIN ... PRIVATE KEY-----)"
-    if lower.endswith(".json") and (b'"private_key' in head or b'"type"' in head):
-        size = path.stat().st_size
-        if size <= _JSON_SNIFF:
-            try:
-                data = json.loads(path.read_bytes())
-            except (ValueError, UnicodeDecodeError):
-                return None
-            if isinstance(data, dict) and (
-                "private_key" in data or data.get("type") in _CREDENTIAL_TYPES
-            ):
-                return "a credentials JSON (private_key / service_account / authorized_user)"
-    return None
-
-
-def _rules_of(directory: Path, base: str) -> list[IgnoreRule]:
-    """The rules of the ignore files in `directory` (.gitignore, then .tpulabignore)."""
-    rules: list[IgnoreRule] = []
-    for name in (".gitignore", IGNORE_FILE):
-        file = directory / name
-        if file.is_file() and not file.is_symlink():
-            try:
-                text = file.read_text(encoding="utf-8", errors="replace")
-            except OSError as exc:
-                raise WorkspaceError(f"Cannot read {file}: {exc.strerror}") from exc
-            rules.extend(parse_ignore_lines(text.splitlines(), base))
-    return rules
-
-
-def _normalised_relative(path: str, what: str) -> str:
-    if not path or "\0" in path:
-        raise WorkspaceError(f"{what} {path!r} is empty or contains NUL")
-    if path.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", path):
-        raise WorkspaceError(
-            f"{what} {path!r} is absolute; name it relative to the workspace",
-            hint="e.g. `outputs/metrics.json` or `checkpoints/**`",
-        )
-    parts = [part for part in path.replace("\\", "/").split("/") if part not in ("", ".")]
-    if any(part == ".." for part in parts):
-        raise WorkspaceError(
-            f"{what} {path!r} leaves the workspace ('..')",
-            hint="Only paths inside the workspace can be named.",
-        )
-    if not parts:
-        raise WorkspaceError(f"{what} {path!r} names the workspace itself, not a path in it")
-    return "/".join(parts)
-
-
-def select_workspace(
-    root: Path,
-    *,
-    max_bytes: int = DEFAULT_MAX_UPLOAD,
-    allow_secrets: Sequence[str] = (),
-    exclude: Sequence[str] = (),
-) -> UploadSelection:
-    """The files of `root` that go up; validation only (reads the tree, never the
-    network). WorkspaceError for a missing root, an upload over `max_bytes`, or a
-    secret-looking file that `allow_secrets` does not name.
-
-    Symlinks: a link to a file inside the workspace goes up as that file's content; a
-    link leading outside it, and any link to a directory, is skipped (counted in
-    `skipped`). Refusing them would block runs over harmless links (editor state, a
-    `result` link to a build store); following them would send files the user never put
-    in the workspace, or loop.
-    """
-    if not root.exists():
-        raise WorkspaceError(
-            f"Workspace {root} does not exist",
-            hint="Pass an existing directory with --workdir (default: the current one).",
-        )
-    if not root.is_dir():
-        raise WorkspaceError(f"Workspace {root} is not a directory", hint="Pass --workdir DIR.")
-    root = root.resolve()
-    allowed = {_normalised_relative(path, "--allow-secret path") for path in allow_secrets}
-    base_rules = IgnoreRules(parse_ignore_lines(ALWAYS_EXCLUDED))
-    user_rules = IgnoreRules(parse_ignore_lines(exclude))
-    files: list[tuple[str, int]] = []
-    skipped: dict[str, int] = {}
-    secrets: list[tuple[str, str]] = []
-
-    def skip(reason: str) -> None:
-        skipped[reason] = skipped.get(reason, 0) + 1
-
-    def walk(directory: Path, rel: str, rules: IgnoreRules) -> None:
-        rules = rules.extended(_rules_of(directory, rel))
-        try:
-            children = sorted(os.scandir(directory), key=lambda entry: entry.name)
-        except OSError as exc:
-            raise WorkspaceError(f"Cannot list {directory}: {exc.strerror}") from exc
-        for child in children:
-            path = f"{rel}/{child.name}" if rel else child.name
-            is_link = child.is_symlink()
-            is_dir = child.is_dir(follow_symlinks=False)
-            if base_rules.ignored(path, is_dir=is_dir) or (
-                is_dir and (Path(child.path) / "pyvenv.cfg").is_file()
-            ):
-                skip("always excluded")
-                continue
-            if user_rules.ignored(path, is_dir=is_dir) or rules.ignored(path, is_dir=is_dir):
-                skip("ignored")
-                continue
-            if is_dir:
-                walk(Path(child.path), path, rules)
-                continue
-            full = Path(child.path)
-            if is_link:
-                target = full.resolve()
-                if not target.is_file() or not target.is_relative_to(root):
-                    skip("symlinks leaving the workspace or to directories")
-                    continue
-            elif not child.is_file(follow_symlinks=False):
-                skip("not regular files")
-                continue
-            reason = _secret_reason(full, child.name)
-            if reason and path not in allowed:
-                secrets.append((path, reason))
-            files.append((path, full.stat().st_size))
-
-    walk(root, "", IgnoreRules())
-    chosen = {path for path, _size in files}
-    unknown = sorted(allowed - chosen)
-    if unknown:
-        raise WorkspaceError(
-            f"--allow-secret names {', '.join(map(repr, unknown))}, which is not in the "
-            f"upload from {root}",
-            hint="Name the file by its path relative to the workspace, as the refusal listed it.",
-        )
-    if secrets:
-        listing = "\n".join(f"  {path}: {reason}" for path, reason in secrets[:20])
-        more = f"\n  ... and {len(secrets) - 20} more" if len(secrets) > 20 else ""
-        raise WorkspaceError(
-            f"The workspace {root} holds {len(secrets)} file(s) that look like secrets; "
-            f"nothing was sent:\n{listing}{more}",
-            hint="Add them to .tpulabignore (or .gitignore) to keep them here, or pass "
-            "--allow-secret PATH for each one the VM really needs.",
-        )
-    total = sum(size for _path, size in files)
-    selection = UploadSelection(root, tuple(files), total, skipped)
-    if total > max_bytes:
-        listing = "\n".join(f"  {_human(size):>10}  {path}" for path, size in selection.largest())
-        raise WorkspaceError(
-            f"The workspace upload is {selection.describe()}, over the "
-            f"{_human(max_bytes)} cap; the largest entries:\n{listing}",
-            hint=f"Exclude what the VM does not need in {IGNORE_FILE} (gitignore syntax), "
-            "or raise the cap with --max-upload.",
-        )
-    return selection
-
-
-def check_fetch_patterns(patterns: Sequence[str]) -> tuple[str, ...]:
-    """`--fetch` patterns, normalised; WorkspaceError for empty, absolute or `..`."""
-    return tuple(_normalised_relative(pattern, "--fetch pattern") for pattern in patterns)
 
 
 # -- the remote script ----------------------------------------------------------------
@@ -512,7 +266,10 @@ class _ArchiveWriter:
             yield self._emit(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
             digest, left = hashlib.sha256(), size
             while left:
-                chunk = handle.read(min(_CHUNK, left))
+                try:
+                    chunk = handle.read(min(_CHUNK, left))
+                except OSError as exc:  # a local failure, not the connection's
+                    raise WorkspaceError(f"Cannot read {path}: {exc.strerror}") from exc
                 if not chunk:
                     raise WorkspaceError(f"{path} shrank while the workspace was uploading")
                 left -= len(chunk)
@@ -523,14 +280,21 @@ class _ArchiveWriter:
         self.entries.append(ManifestEntry(rel, size, digest.hexdigest()))
 
     def chunks(self) -> Iterator[bytes]:
+        # Headers and padding are small pieces: send them coalesced with file data, in
+        # pieces of about _CHUNK, not one SSH packet each (2 000 files: ~3x faster).
+        pending = bytearray()
         for rel, size in self.selection.files:
-            yield from self._file(rel, size)
-        end = self._emit(bytes(2 * _BLOCK))
+            for piece in self._file(rel, size):
+                pending += piece
+                if len(pending) >= _CHUNK:
+                    yield bytes(pending)
+                    pending.clear()
+        pending += self._emit(bytes(2 * _BLOCK))
         if self._compressor is not None:
             flushed = self._compressor.flush()
             self.digest.update(flushed)
-            end += flushed
-        yield end
+            pending += flushed
+        yield bytes(pending)
         yield _TRAILER_PREFIX + self.digest.hexdigest().encode("ascii")
 
 
@@ -547,6 +311,12 @@ def upload_workspace(
 
     RemoteError if the VM refused the archive (corrupt, cut short, unsafe) or wrote
     anything other than what was sent; `remote_dir` keeps its old content then."""
+    where = remote_dir.strip()
+    if not where or posixpath.normpath(where) in (".", "/", "~") or ".." in where.split("/"):
+        raise WorkspaceError(
+            f"Remote workspace directory {remote_dir!r} would replace the login directory "
+            "(or more); name a directory of its own, e.g. ~/tpulab-workspace"
+        )
     writer = _ArchiveWriter(selection, gzip)
     answer = io.BytesIO()
     result = shell.run_streaming(
@@ -611,6 +381,14 @@ class _CappedSpool:
         return self.handle.write(data)
 
 
+def _ensure_dir(directory: Path, made: set[Path]) -> None:
+    # Once per directory, not per file: a failing mkdir per file is most of the cost of
+    # extracting thousands of small files.
+    if directory not in made:
+        directory.mkdir(parents=True, exist_ok=True)
+        made.add(directory)
+
+
 def _safe_member(name: str) -> str:
     parts = [part for part in name.split("/") if part not in ("", ".")]
     if not parts or name.startswith("/") or ".." in parts or "\\" in name or "\0" in name:
@@ -623,6 +401,7 @@ def _unpack_local(spool: BinaryIO, staging: Path, gzip: bool) -> tuple[Manifest,
     written: list[ManifestEntry] = []
     claimed: Manifest | None = None
     seen: set[str] = set()
+    made: set[Path] = set()
     with tarfile.open(fileobj=spool, mode="r|gz" if gzip else "r|") as tar:
         for member in tar:
             name = _safe_member(member.name)
@@ -639,7 +418,7 @@ def _unpack_local(spool: BinaryIO, staging: Path, gzip: bool) -> tuple[Manifest,
                 claimed = Manifest.from_json_obj(body["manifest"], missing=body["missing"])
                 continue
             target = staging / name
-            target.parent.mkdir(parents=True, exist_ok=True)
+            _ensure_dir(target.parent, made)
             digest, size = hashlib.sha256(), 0
             with target.open("xb") as out:
                 while chunk := source.read(_CHUNK):
@@ -722,9 +501,10 @@ def fetch_artifacts(
                 hint="Retry the fetch; a file still being written on the VM changes "
                 "under the packer.",
             )
+        made: set[Path] = set()
         for entry in written.entries:
             target = out / entry.path
-            target.parent.mkdir(parents=True, exist_ok=True)
+            _ensure_dir(target.parent, made)
             os.replace(files / entry.path, target)
         manifest = Manifest(written.entries, claimed.missing)
         record = {"files": manifest.to_json_obj(), "missing": list(manifest.missing)}

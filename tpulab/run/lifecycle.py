@@ -449,6 +449,8 @@ class Lifecycle:
             description=f"tpulab run {self.spec.run_id}",
             external_ips=not self.spec.internal_ip,
         )
+        if self.spec.queued:
+            return self._create_through_queue(request)
         zone, name = self.spec.zone.value, self.spec.node_name
         deadline = self.clock() + self.spec.timeouts.create
         attempts = 0
@@ -539,6 +541,33 @@ class Lifecycle:
             self.outcome.create_accepted = False
             raise
         return f"node {name}" + (" (spot)" if self.spec.spot else "")
+
+    def _create_through_queue(self, request: NodeRequest) -> str:
+        """--queued: the same node request, through a QueuedResource (run/queued.py)."""
+        from tpulab.run.queued import create_through_queue
+
+        def sent() -> None:
+            self.outcome.create_sent = True
+            self._milestone("create_sent")
+
+        def refused() -> None:
+            self.outcome.create_sent = False
+
+        def accepted() -> None:
+            self.outcome.create_accepted = True
+
+        return create_through_queue(
+            self.api,
+            self.spec,
+            request,
+            on_sent=sent,
+            on_refused=refused,
+            on_accepted=accepted,
+            note=self.observer.note,
+            poll=self.poll,
+            clock=self.clock,
+            sleep=self.sleep,
+        )
 
     def _node_named_like_ours(self) -> NodeInfo | None:
         """GetNode by this run's node name; None on NOT_FOUND."""
@@ -811,6 +840,7 @@ class Lifecycle:
                     sleep=self.sleep,
                     notify=self.observer.note,
                     on_delete_sent=lambda at: self._milestone("delete_sent", at),
+                    queued_resource=name if self.spec.queued else None,
                 )
             except TeardownError as error:
                 failure = self._unconfirmed(
