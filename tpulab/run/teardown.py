@@ -151,7 +151,7 @@ class _Teardown:
         except DeadlineError:
             self.problem(f"delete operation for {name} did not finish in {wait:.0f} s")
         except CloudError as error:
-            self.problem(f"delete operation for {name} failed: {error.message}")
+            self.problem(f"delete operation for {name} failed: {_with_api_words(error)}")
 
     def leftovers(self) -> list[NodeInfo] | None:
         """This run's nodes still listed, or None when the list itself failed."""
@@ -236,6 +236,15 @@ class _Teardown:
             [LeakedNode(self.api.project, self.zone, name) for name in names],
             delete_attempts=self.report.delete_attempts,
         )
+
+
+def _with_api_words(error: CloudError) -> str:
+    """The error's message, plus the API's own words when the message does not quote
+    them: a failed operation is the API's report, and support asks for its words."""
+    words = error.api_message.strip()
+    if not words or words.rstrip(".") in error.message:
+        return error.message
+    return f"{error.message} (the API said: {words})"
 
 
 def delete_and_confirm(
