@@ -47,13 +47,18 @@ __all__ = [
     "target_for",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: teardown may be "forgotten"
 # The embedded emulator listens on a random port per process, so its rows are keyed by
 # TARGET_EMULATE (tpulab.errors, beside LeakedNode) rather than by a URL no later process
 # could reach.
 
-TeardownResult = Literal["confirmed", "unconfirmed", "not-created"]
-_TEARDOWN_RESULTS = ("confirmed", "unconfirmed", "not-created")
+# "forgotten": the user closed the row because its API endpoint no longer exists (a
+# stopped `tpulab emulator serve`), after `teardown --forget` saw the connection refused.
+# Nothing confirmed the node gone; the row says so instead of nagging for ever.
+TeardownResult = Literal["confirmed", "unconfirmed", "not-created", "forgotten"]
+_TEARDOWN_RESULTS = ("confirmed", "unconfirmed", "not-created", "forgotten")
+_TEARDOWN_CHECK = "CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created', 'forgotten'))"
+_TEARDOWN_CHECK_V1 = "CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created'))"
 
 _SCHEMA = """
 CREATE TABLE runs (
@@ -72,12 +77,13 @@ CREATE TABLE runs (
     host        TEXT,
     proc_start  TEXT,
     ended       TEXT,
-    teardown    TEXT CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created')),
+    teardown    TEXT CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created', 'forgotten')),
     detail      TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX runs_by_teardown ON runs (teardown);
 CREATE INDEX runs_by_node ON runs (project, zone, node_name);
 """
+_INDEXES = [s.strip() for s in _SCHEMA.split(";") if s.strip().startswith("CREATE INDEX")]
 
 # Queries are whole literals (no string building), so nothing user-supplied reaches SQL
 # except as a bound parameter.
@@ -388,6 +394,9 @@ class Journal:
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            elif version < SCHEMA_VERSION:
+                _migrate(conn, version)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             elif version > SCHEMA_VERSION:
                 raise JournalError(
                     f"The run journal {self.path} was written by a newer tpulab "
@@ -426,6 +435,26 @@ class Journal:
         finally:
             if conn is not None:
                 conn.close()
+
+
+def _migrate(conn: sqlite3.Connection, version: int) -> None:
+    """Bring a journal written by an older tpulab up to SCHEMA_VERSION, in the caller's
+    transaction (a crash leaves the old file as it was)."""
+    if version < 2:
+        # SQLite cannot alter a CHECK constraint: rebuild the table from its own stored
+        # definition with the wider check, so whatever columns it has are kept.
+        (sql,) = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'runs'"
+        ).fetchone()
+        if _TEARDOWN_CHECK_V1 not in sql:
+            raise sqlite3.DatabaseError("unexpected schema: the teardown check is missing")
+        wider = sql.replace(_TEARDOWN_CHECK_V1, _TEARDOWN_CHECK, 1)
+        conn.execute(wider.replace("CREATE TABLE runs", "CREATE TABLE runs_v2", 1))
+        conn.execute("INSERT INTO runs_v2 SELECT * FROM runs")
+        conn.execute("DROP TABLE runs")  # drops its indexes too
+        conn.execute("ALTER TABLE runs_v2 RENAME TO runs")
+        for statement in _INDEXES:
+            conn.execute(statement)
 
 
 @dataclass(frozen=True)
