@@ -86,7 +86,7 @@ def test_a_failed_delete_operation_shows_the_apis_internal_error(
 
     # The teardown that meets it for ever reports the API's words, not an outage.
     with pytest.raises(TeardownError) as failed:
-        delete_and_confirm(tpu_api, ZONE, "sticky", run_id="run-1", timeout=3, poll=0.05)
+        delete_and_confirm(tpu_api, ZONE, "sticky", run_id="run-1", timeout=5, poll=0.05)
     assert "temporarily unavailable" not in failed.value.message
     assert "INTERNAL" in failed.value.message
     assert EMULATOR_INTERNAL.rstrip(".") in failed.value.message
@@ -116,3 +116,34 @@ def test_a_run_whose_node_is_deleted_during_create_says_so(slow_rig: Rig) -> Non
     assert "temporarily unavailable" not in error.message
     assert life.outcome.teardown_status == "confirmed"
     assert slow_rig.leftovers() == []
+
+
+def test_a_later_round_that_only_ran_out_of_time_does_not_hide_the_apis_error(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    """The first delete operation ends INTERNAL; every later wait gets no time at all (as
+    on a loaded machine near the deadline). The final message still quotes the API."""
+    from emulator_fixtures import node_request
+
+    tpu_api.wait_operation(tpu_api.create_node(ZONE, "late", node_request()), timeout=10)
+    emulator.faults.delete_failures = 1000
+
+    class NoTimeAfterTheFirst(DelegatingTpuApi):
+        waits = 0
+
+        def wait_operation(self, operation_name: str, *, timeout: float) -> None:
+            self.waits += 1
+            self.api.wait_operation(operation_name, timeout=timeout if self.waits == 1 else 0.0)
+
+    api = NoTimeAfterTheFirst(tpu_api)
+    with pytest.raises(TeardownError) as failed:
+        delete_and_confirm(api, ZONE, "late", run_id="run-1", timeout=4, poll=0.05)
+    assert api.waits > 1
+    message = failed.value.message
+    assert "did not finish" in message  # the last problem, as it happened
+    assert "did not finish in 0 s" not in message
+    assert f"INTERNAL: {EMULATOR_INTERNAL.rstrip('.')}" in message
+    emulator.faults.delete_failures = 0
+    assert delete_and_confirm(
+        tpu_api, ZONE, "late", run_id="run-1", timeout=10, poll=0.05
+    ).confirmed

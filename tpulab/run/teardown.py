@@ -98,6 +98,9 @@ class _Teardown:
         self.report = TeardownReport(api.project, zone, node_name, run_id)
         self.first_round = True
         self._last_notified = ""
+        # What the API itself last said about a failed delete: a later round that only
+        # ran out of time must not hide it from the final message.
+        self.api_failure: str | None = None
         # No jitter: one controller's teardown has nobody to fall into step with, and a
         # dry run shows the schedule as it is.
         self.schedule = Backoff(poll, max(poll, max_poll), factor=1.5, jitter=0.0)
@@ -149,9 +152,10 @@ class _Teardown:
         try:
             self.api.wait_operation(operation, timeout=wait)
         except DeadlineError:
-            self.problem(f"delete operation for {name} did not finish in {wait:.0f} s")
+            self.problem(f"delete operation for {name} did not finish in {wait:.1f} s")
         except CloudError as error:
-            self.problem(f"delete operation for {name} failed: {_with_api_words(error)}")
+            self.api_failure = f"delete operation for {name} failed: {_with_api_words(error)}"
+            self.problem(self.api_failure)
 
     def leftovers(self) -> list[NodeInfo] | None:
         """This run's nodes still listed, or None when the list itself failed."""
@@ -225,6 +229,8 @@ class _Teardown:
         names = [node.name for node in nodes] if nodes else [self.name]
         states = ", ".join(f"{node.name} is {node.state.value}" for node in nodes or ())
         last = self.report.problems[-1] if self.report.problems else "no further detail"
+        if self.api_failure is not None and self.api_failure != last:
+            last += f"; before that, {self.api_failure}"
         seen = states or "the zone could not be listed"
         message = (
             f"Teardown NOT confirmed after {self.clock() - self.started:.0f} s: {seen} "
