@@ -278,7 +278,9 @@ def teardown_command(
     run_id: Annotated[
         str | None, typer.Option("--run-id", help="Only this run's node and journal row.")
     ] = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without asking.")] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Delete (with --forget: forget) without asking.")
+    ] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show what would be deleted; delete nothing.")
     ] = False,
