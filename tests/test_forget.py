@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from helpers import killed_run, tpulab
 
-from tpulab.cleanup.journal import Journal, RunRow
+from tpulab.cleanup.journal import SCHEMA_VERSION, Journal, RunRow
 
 if TYPE_CHECKING:
     from emulator_fixtures import EmulatorStarter
@@ -250,7 +250,7 @@ def test_a_journal_of_the_previous_schema_is_upgraded_with_its_rows(tmp_path: Pa
     assert reread is not None
     assert reread.teardown == "forgotten"
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     conn.close()
     assert {"runs_by_teardown", "runs_by_node"} <= indexes

@@ -47,7 +47,7 @@ __all__ = [
     "target_for",
 ]
 
-SCHEMA_VERSION = 2  # 2: teardown may be "forgotten"
+SCHEMA_VERSION = 3
 # The embedded emulator listens on a random port per process, so its rows are keyed by
 # TARGET_EMULATE (tpulab.errors, beside LeakedNode) rather than by a URL no later process
 # could reach.
@@ -57,8 +57,6 @@ SCHEMA_VERSION = 2  # 2: teardown may be "forgotten"
 # Nothing confirmed the node gone; the row says so instead of nagging for ever.
 TeardownResult = Literal["confirmed", "unconfirmed", "not-created", "forgotten"]
 _TEARDOWN_RESULTS = ("confirmed", "unconfirmed", "not-created", "forgotten")
-_TEARDOWN_CHECK = "CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created', 'forgotten'))"
-_TEARDOWN_CHECK_V1 = "CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created'))"
 
 _SCHEMA = """
 CREATE TABLE runs (
@@ -78,37 +76,75 @@ CREATE TABLE runs (
     proc_start  TEXT,
     ended       TEXT,
     teardown    TEXT CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created', 'forgotten')),
-    detail      TEXT NOT NULL DEFAULT ''
+    detail      TEXT NOT NULL DEFAULT '',
+    queued_resource TEXT
 );
 CREATE INDEX runs_by_teardown ON runs (teardown);
 CREATE INDEX runs_by_node ON runs (project, zone, node_name);
 """
-_INDEXES = [s.strip() for s in _SCHEMA.split(";") if s.strip().startswith("CREATE INDEX")]
+
+# Each step takes a journal of the version before it one version up (the key). Steps are
+# history: frozen literals, never derived from _SCHEMA (which moves on).
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    # Schema 2 records the queued resource a `--queued` run asked for its node through.
+    1: ("ALTER TABLE runs ADD COLUMN queued_resource TEXT",),
+    # Schema 3 lets `teardown --forget` close a row as "forgotten". SQLite cannot alter a
+    # CHECK constraint, so the table is rebuilt (same columns, same order) and its
+    # indexes, dropped with it, are made again.
+    2: (
+        """CREATE TABLE runs_v3 (
+    run_id      TEXT PRIMARY KEY,
+    project     TEXT NOT NULL,
+    zone        TEXT NOT NULL,
+    node_name   TEXT NOT NULL,
+    accelerator TEXT NOT NULL,
+    target      TEXT NOT NULL,
+    emulated    INTEGER NOT NULL,
+    spot        INTEGER NOT NULL DEFAULT 0,
+    started     TEXT NOT NULL,
+    updated     TEXT NOT NULL,
+    phase       TEXT NOT NULL,
+    pid         INTEGER,
+    host        TEXT,
+    proc_start  TEXT,
+    ended       TEXT,
+    teardown    TEXT CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created', 'forgotten')),
+    detail      TEXT NOT NULL DEFAULT '',
+    queued_resource TEXT
+)""",
+        "INSERT INTO runs_v3 SELECT * FROM runs",
+        "DROP TABLE runs",
+        "ALTER TABLE runs_v3 RENAME TO runs",
+        "CREATE INDEX runs_by_teardown ON runs (teardown)",
+        "CREATE INDEX runs_by_node ON runs (project, zone, node_name)",
+    ),
+}
 
 # Queries are whole literals (no string building), so nothing user-supplied reaches SQL
 # except as a bound parameter.
 _INSERT = (
     "INSERT INTO runs (run_id, project, zone, node_name, accelerator, target, emulated, "
-    "spot, started, updated, phase, pid, host, proc_start, ended, teardown, detail) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "spot, started, updated, phase, pid, host, proc_start, ended, teardown, detail, "
+    "queued_resource) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _SELECT_ONE = (
     "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
-    "updated, phase, pid, host, proc_start, ended, teardown, detail FROM runs WHERE run_id = ?"
+    "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource "
+    "FROM runs WHERE run_id = ?"
 )
 _SELECT_OPEN = (
     "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
-    "updated, phase, pid, host, proc_start, ended, teardown, detail FROM runs "
+    "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource FROM runs "
     "WHERE teardown IS NULL OR teardown = 'unconfirmed' ORDER BY started, rowid"
 )
 _SELECT_ALL = (
     "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
-    "updated, phase, pid, host, proc_start, ended, teardown, detail FROM runs "
+    "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource FROM runs "
     "ORDER BY started DESC, rowid DESC LIMIT ?"
 )
 _SELECT_NODE = (
     "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
-    "updated, phase, pid, host, proc_start, ended, teardown, detail FROM runs "
+    "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource FROM runs "
     "WHERE project = ? AND zone = ? AND node_name = ? ORDER BY started DESC, rowid DESC"
 )
 
@@ -157,6 +193,7 @@ class RunRow:
     ended: datetime | None = None
     teardown: TeardownResult | None = None
     detail: str = ""
+    queued_resource: str | None = None  # --queued: the QueuedResource holding the node
 
     @classmethod
     def for_this_process(
@@ -172,6 +209,7 @@ class RunRow:
         spot: bool = False,
         phase: str = "create",
         started: datetime | None = None,
+        queued_resource: str | None = None,
     ) -> RunRow:
         """A new row owned by the calling process (pid and host let a sweep skip it)."""
         pid = os.getpid()
@@ -189,6 +227,7 @@ class RunRow:
             pid=pid,
             host=socket.gethostname(),
             proc_start=process_marker(pid),
+            queued_resource=queued_resource,
         )
 
     @property
@@ -228,7 +267,7 @@ def _parse(text: str | None) -> datetime | None:
 
 def _row(values: Sequence[object]) -> RunRow:
     (run_id, project, zone, node, acc, target, emulated, spot, started, updated, phase, pid,
-     host, proc_start, ended, teardown, detail) = values  # fmt: skip
+     host, proc_start, ended, teardown, detail, queued) = values  # fmt: skip
     started_at = _parse(str(started))
     assert started_at is not None
     if teardown is not None and teardown not in _TEARDOWN_RESULTS:
@@ -251,6 +290,7 @@ def _row(values: Sequence[object]) -> RunRow:
         ended=_parse(None if ended is None else str(ended)),
         teardown=teardown,  # type: ignore[arg-type]  # checked just above
         detail=str(detail),
+        queued_resource=None if queued is None else str(queued),
     )
 
 
@@ -282,6 +322,7 @@ class Journal:
             row.run_id, row.project, row.zone, row.node_name, row.accelerator, row.target,
             int(row.emulated), int(row.spot), _iso(row.started), _iso(row.updated),
             row.phase, row.pid, row.host, row.proc_start, None, None, row.detail,
+            row.queued_resource,
         )  # fmt: skip
         with self._transaction(write=True) as conn:
             try:
@@ -395,7 +436,11 @@ class Journal:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             elif version < SCHEMA_VERSION:
-                _migrate(conn, version)
+                # An older tpulab's journal: its open rows must stay findable, so migrate
+                # in place (inside this transaction: all steps or none).
+                for step in range(version, SCHEMA_VERSION):
+                    for statement in _MIGRATIONS[step]:
+                        conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             elif version > SCHEMA_VERSION:
                 raise JournalError(
@@ -435,26 +480,6 @@ class Journal:
         finally:
             if conn is not None:
                 conn.close()
-
-
-def _migrate(conn: sqlite3.Connection, version: int) -> None:
-    """Bring a journal written by an older tpulab up to SCHEMA_VERSION, in the caller's
-    transaction (a crash leaves the old file as it was)."""
-    if version < 2:
-        # SQLite cannot alter a CHECK constraint: rebuild the table from its own stored
-        # definition with the wider check, so whatever columns it has are kept.
-        (sql,) = conn.execute(
-            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'runs'"
-        ).fetchone()
-        if _TEARDOWN_CHECK_V1 not in sql:
-            raise sqlite3.DatabaseError("unexpected schema: the teardown check is missing")
-        wider = sql.replace(_TEARDOWN_CHECK_V1, _TEARDOWN_CHECK, 1)
-        conn.execute(wider.replace("CREATE TABLE runs", "CREATE TABLE runs_v2", 1))
-        conn.execute("INSERT INTO runs_v2 SELECT * FROM runs")
-        conn.execute("DROP TABLE runs")  # drops its indexes too
-        conn.execute("ALTER TABLE runs_v2 RENAME TO runs")
-        for statement in _INDEXES:
-            conn.execute(statement)
 
 
 @dataclass(frozen=True)
@@ -555,6 +580,7 @@ class RunJournalAdapter:
                 target=spec.target,
                 emulated=spec.emulated,
                 spot=spec.spot,
+                queued_resource=spec.node_name if spec.queued else None,
             )
         )
 

@@ -25,7 +25,9 @@ source or to a default would quietly widen or move what a command acts on.
 from __future__ import annotations
 
 import configparser
+import math
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +42,7 @@ __all__ = [
     "find_zone",
     "gcloud_config_value",
     "given",
+    "parse_duration",
     "project_flag",
     "resolve_project",
     "resolve_zone",
@@ -67,6 +70,31 @@ def given(value: str | None, option: str, *, hint: str) -> str | None:
     if value is not None and not value.strip():
         raise ConfigError(f"{option} is empty.", hint=hint)
     return value
+
+
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# One or more "<number><unit>" parts ("90s", "10m", "1h30m"); a bare number is seconds.
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+
+
+def parse_duration(option: str, text: str) -> float:
+    """A duration flag ("20s", "10m", "1h", "1h30m", or bare seconds "90") in seconds.
+
+    Only the shape is checked here (finite, above 0); each option applies its own upper
+    bound, because a retry budget and a VM lease have different sensible ranges.
+    """
+    raw = text.strip().lower()
+    hint = f"Pass {option} as a number with a unit, e.g. 20s, 10m, 1h or 1h30m."
+    seconds: float | None = None
+    if re.fullmatch(r"\d+(?:\.\d+)?", raw):
+        seconds = float(raw)
+    elif raw and _DURATION_PART.sub("", raw) == "":
+        seconds = sum(
+            float(number) * _DURATION_UNITS[unit] for number, unit in _DURATION_PART.findall(raw)
+        )
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"Invalid {option} {text!r}.", hint=hint)
+    return seconds
 
 
 def _validated(found: Resolved, check: Callable[[str], str]) -> Resolved:

@@ -31,6 +31,10 @@ METHODS = (
     "get_accelerator_type",
     "list_runtime_versions",
     "get_runtime_version",
+    "create_queued_resource",
+    "get_queued_resource",
+    "list_queued_resources",
+    "delete_queued_resource",
     "get_compute_project",
 )
 
@@ -85,6 +89,14 @@ class FaultPlan:
     ensurepip_missing: bool = False
     """Passed to the host backend: nodes that become READY get an image whose python3
     lacks ensurepip, like Ubuntu without python3-venv (`python3 -m venv` refuses)."""
+
+    capacity_after: dict[str, float] = field(default_factory=dict)
+    """zone (or "*") -> seconds after a queued resource is created before capacity for
+    it arrives; until then it stays WAITING_FOR_RESOURCES (and FAILS if its
+    validUntil passes first). A zone not named has capacity at once."""
+
+    def capacity_delay(self, zone: str) -> float:
+        return self.capacity_after.get(zone, self.capacity_after.get("*", 0.0))
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -163,6 +175,14 @@ def _copy(value: Any) -> Any:
 
 
 def _checked(name: str, value: Any, default: Any) -> Any:
+    if name == "capacity_after":
+        # Seconds, so any finite number >= 0 (the other maps count calls: ints only).
+        if isinstance(value, dict) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+            for v in value.values()
+        ):
+            return {str(k): float(v) for k, v in value.items()}
+        raise ValueError(f"fault {name!r} cannot be {value!r}")
     if name == "preempt_after":
         if value is None:
             return None
