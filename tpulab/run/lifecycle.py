@@ -63,6 +63,7 @@ from tpulab.errors import (
 from tpulab.models import NodeInfo, NodeRequest, NodeState
 from tpulab.polling import Backoff, retry_call
 from tpulab.remote import bootstrap as boot
+from tpulab.remote.workspace import StreamShell
 from tpulab.run.progress import NullObserver, Phase, RunJournal, RunObserver, TeardownStatus
 from tpulab.run.teardown import TeardownReport, delete_and_confirm
 
@@ -91,7 +92,7 @@ _REFUSED = (
 )
 
 
-class RemoteSession(boot.RemoteShell, Protocol):
+class RemoteSession(boot.RemoteShell, StreamShell, Protocol):
     """What the lifecycle needs from `tpulab.ssh.Connection`: the bootstrap's `run`,
     plus opening, closing and file transfer."""
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -44,6 +44,7 @@ from tpulab.polling import active_wait, poll_until
 from tpulab.remote import bootstrap as boot
 from tpulab.remote.cmdline import SHA256_TIMEOUT, remote_command, remote_path, sha256_command
 from tpulab.remote.keys import RunKey, SshTarget
+from tpulab.remote.workspace import planned_answer
 from tpulab.run.progress import Phase, TeardownStatus
 
 __all__ = [
@@ -421,6 +422,24 @@ class RecordingSession:
             command=command,
         )
         return self._reply(argv)
+
+    def run_streaming(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: BinaryIO | Iterable[bytes] | None,
+        stdout: BinaryIO | None,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+    ) -> _Reply:
+        command = remote_command(argv, env=env, timeout=timeout)
+        self.recorder.add(
+            "ssh", "exec", argv=list(argv), env=dict(env) if env else None, command=command
+        )
+        answer = planned_answer(argv)  # the transfers' stdout; nothing is read from stdin
+        if answer is not None and stdout is not None:
+            stdout.write(answer)
+        return _Reply()
 
     def _reply(self, argv: Sequence[str] | str) -> _Reply:
         if isinstance(argv, str):
