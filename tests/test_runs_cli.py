@@ -1,6 +1,6 @@
 """`tpulab runs list|show` read back the run.json of `-- CMD` runs through the journal's
-pointer (journal schema 3), and a journal written by schema 1 is migrated in place (through 2,
-the queued resource, to 3)."""
+pointer (journal schema 4), and a journal written by schema 1 is migrated in place (through
+2, the queued resource, and 3, the "forgotten" teardown, to 4)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_a_schema_1_journal_is_migrated_in_place(tmp_path: Path) -> None:
     journal.set_run_record("old1", tmp_path / "out" / "run.json")
     assert journal.run_records() == [("old1", tmp_path / "out" / "run.json")]
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
 
 
 @pytest.mark.slow

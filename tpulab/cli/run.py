@@ -125,7 +125,8 @@ def _run(
                 skippable=skippable,
                 installer="pip" if installer == "pip" else "uv",
             )
-            with signals_to_teardown(print_stderr, force_exit_status=EXIT_TEARDOWN):
+            # Refusals go through the display, which keeps them clear of its spinner.
+            with signals_to_teardown(display.alert, force_exit_status=EXIT_TEARDOWN):
                 life.run()
     except E.TpuLabError as error:
         failure = error
