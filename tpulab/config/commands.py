@@ -320,7 +320,7 @@ class CostsInputs:
 
 
 def _since(text: str, now: datetime) -> datetime:
-    raw = given(text, "--since", hint="Leave --since out to see the whole journal.")
+    raw = given(text, "--since", hint="Leave --since out for the whole journal, or pass e.g. 7d.")
     assert raw is not None
     raw = raw.strip()
     hint = (
