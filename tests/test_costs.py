@@ -136,16 +136,16 @@ def test_each_row_bills_from_create_sent_to_its_confirmed_deletion(tmp_path: Pat
     _edge_cases(path)
     found = ledger(now=NOW, journal=Journal(path))
     rows = _by_id(found)
-    assert rows["day1-v5e"] == ("billed", 1800.0, usd(V5LITEPOD_4_HOUR / 2), False)
-    assert rows["spot-v6e"] == ("billed", 3600.0, usd(V6E_8_SPOT_HOUR), False)
+    assert rows["day1-v5e"] == ("deleted", 1800.0, usd(V5LITEPOD_4_HOUR / 2), False)
+    assert rows["spot-v6e"] == ("deleted", 3600.0, usd(V6E_8_SPOT_HOUR), False)
     # Refused: nothing existed, whatever time passed before the row was closed.
     assert rows["refused"] == ("not-created", 0.0, 0.0, False)
     # May still exist: billed up to now (not to the unconfirmed close), and flagged.
     assert rows["unconfirmed"] == ("unconfirmed", 1200.0, usd(V5LITEPOD_4_HOUR / 3), True)
     assert rows["orphan"] == ("open", 600.0, usd(V5LITEPOD_4_HOUR / 6), True)
-    assert rows["emulated"] == ("billed", 120.0, 0.0, False)
+    assert rows["emulated"] == ("deleted", 120.0, 0.0, False)
     # A type this catalog does not know: its time is kept, its price is not guessed.
-    assert rows["future-type"] == ("billed", 360.0, None, False)
+    assert rows["future-type"] == ("deleted", 360.0, None, False)
     # Newest first, like `list` and `receipts list`.
     assert [e.row.run_id for e in found.entries][:2] == ["orphan", "unconfirmed"]
 
@@ -191,6 +191,17 @@ def test_an_open_row_of_a_run_in_progress_is_running_not_orphaned(tmp_path: Path
     _write(path, "live", "v5litepod-4", NOW - timedelta(minutes=6), live=True)
     (entry,) = ledger(now=NOW, journal=Journal(path)).entries
     assert (entry.state, entry.still_billing, entry.billed_seconds) == ("running", True, 360.0)
+
+
+def test_a_forgotten_row_bills_until_it_was_forgotten_and_no_longer_nags(tmp_path: Path) -> None:
+    # `teardown --forget` closes rows whose endpoint is gone: never confirmed, so not
+    # "deleted", but no longer something the ledger can call still billing either.
+    path = tmp_path / "journal.sqlite3"
+    start = NOW - timedelta(hours=2)
+    _write(path, "gone", "v5litepod-4", start, ("forgotten", start + timedelta(minutes=45)))
+    (entry,) = ledger(now=NOW, journal=Journal(path)).entries
+    assert (entry.state, entry.still_billing, entry.billed_seconds) == ("forgotten", False, 2700.0)
+    assert usd(entry.estimated_cost) == usd(V5LITEPOD_4_HOUR * 0.75)
 
 
 def test_since_keeps_newer_runs_and_every_run_that_may_still_bill(tmp_path: Path) -> None:
@@ -369,7 +380,7 @@ def test_real_emulated_runs_are_listed_with_their_time_at_no_cost(
     document = CostsEnvelope.model_validate_json(out)
     entries = {e.run_id: e for e in document.entries}
     ran = entries[spec.run_id]
-    assert (ran.emulated, ran.state, ran.still_billing) == (True, "billed", False)
+    assert (ran.emulated, ran.state, ran.still_billing) == (True, "deleted", False)
     assert (ran.accelerator_type, ran.zone) == ("v5litepod-1", spec.zone.value)
     # The row opens after the run began and closes before it returned.
     assert 0 < ran.billed_seconds <= (after - before).total_seconds() + 0.1

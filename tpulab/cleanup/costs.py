@@ -10,8 +10,9 @@ Billed time is derived from the row, because the journal stores no billing figur
   the node began to exist (a queued run's also counts its wait for capacity, which
   Google does not bill);
 - to `ended`: the moment the row was closed. A "confirmed" row is closed once teardown
-  was confirmed by a list, so that is when billing stopped. Any later closure a newer
-  journal writes (e.g. a node found self-deleted) is billed to its `ended` likewise;
+  was confirmed by a list, so that is when billing stopped. A "forgotten" row (its
+  endpoint is gone: `teardown --forget`) and any closure a newer journal writes (e.g. a
+  node found self-deleted) are billed to their `ended` likewise;
 - a "not-created" row bills 0: nothing existed;
 - an open row (never closed) or an "unconfirmed" one may still exist and bill: it is
   billed up to `now` and marked `still_billing` (the ledger cannot know; `tpulab
@@ -53,7 +54,12 @@ __all__ = [
 # `all_runs` takes a row limit; the ledger wants every row (SQLite binds 64-bit ints).
 _EVERY_ROW = sys.maxsize
 
-BillingState = Literal["billed", "not-created", "running", "open", "unconfirmed"]
+# "deleted": teardown confirmed; "forgotten": closed by `teardown --forget` because its
+# endpoint is gone (never confirmed, billed to that moment); "closed": a closure this
+# version does not know (a newer journal's), billed to its end like "deleted".
+BillingState = Literal[
+    "deleted", "not-created", "running", "open", "unconfirmed", "forgotten", "closed"
+]
 
 
 @dataclass(frozen=True)
@@ -149,14 +155,18 @@ def _state(row: RunRow) -> BillingState:
         return "unconfirmed"
     if row.teardown is None:
         return "running" if row_is_live(row) else "open"
-    return "billed"
+    if row.teardown == "confirmed":
+        return "deleted"
+    if row.teardown == "forgotten":
+        return "forgotten"
+    return "closed"
 
 
 def _entry(row: RunRow, now: datetime) -> LedgerEntry:
     state = _state(row)
     if state == "not-created":
         until: datetime | None = None
-    elif state == "billed":
+    elif state in ("deleted", "forgotten", "closed"):
         until = row.ended or row.updated or row.started  # closed rows always have `ended`
     else:
         until = now

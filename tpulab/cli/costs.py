@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 __all__ = ["costs_command"]
 
 _STATE_TEXT = {
-    "billed": "deleted (confirmed)",
+    "deleted": "deleted (confirmed)",
+    "forgotten": "forgotten (its endpoint is gone; never confirmed)",
+    "closed": "closed",
     "not-created": "not created",
     "running": "running now",
     "open": "still billing? (run ended without teardown)",
