@@ -25,13 +25,15 @@
     │   ├── AuthError                    the server refused our per-run key
     │   ├── HostKeyMismatchError         host key differs from the pinned one
     │   ├── CommandFailedError           a remote command exited non-zero
-    │   │   └── TpuBusyError                 another process owns the TPU
+    │   │   ├── TpuBusyError                 another process owns the TPU
+    │   │   └── BootstrapError               an extra package (--with) would not install
     │   ├── RemoteTimeoutError           a remote command ran past its timeout
     │   └── NodeVanishedError            the node was deleted under the run (its
     │                                        watchdog, or someone else)
     ├── LocalRunError                the payload run on this machine (verify --local)
     │                                    gave no receipt: did not start, timed out, TPU busy
     ├── VerificationError            the receipt does not prove the run (.failures)
+    ├── WorkloadFailedError          the user's `-- CMD` exited non-zero or timed out
     ├── TeardownError                deletion could not be confirmed (.leaked)
     ├── JournalError                 the local run journal is unreadable
     ├── ReceiptStoreError            the local receipt store cannot be read or written
@@ -52,6 +54,7 @@ __all__ = [
     "TARGET_GOOGLE",
     "AlreadyExistsError",
     "AuthError",
+    "BootstrapError",
     "CloudError",
     "CommandFailedError",
     "ConfigError",
@@ -83,6 +86,7 @@ __all__ = [
     "UnreachableError",
     "UnsupportedAcceleratorError",
     "VerificationError",
+    "WorkloadFailedError",
     "WorkspaceError",
     "shown",
     "target_for",
@@ -254,6 +258,23 @@ class TpuBusyError(CommandFailedError):
         return None
 
 
+class BootstrapError(CommandFailedError):
+    """The venv could not get the user's extra packages (--with, --requirements);
+    `packages` names the ones the installer's output blames."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        packages: Sequence[str],
+        exit_status: int,
+        output_tail: str = "",
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, exit_status=exit_status, output_tail=output_tail, hint=hint)
+        self.packages = tuple(packages)
+
+
 class RemoteTimeoutError(RemoteError):
     pass
 
@@ -347,10 +368,25 @@ class LeakedNode:
             parts.append(f"--run-id {self.run_id}")
         return " ".join(part for part in parts if part)
 
+    def forget_command(self) -> str | None:
+        """`tpulab teardown --forget` for a non-Google endpoint (None for the others): what
+        closes the journal row once that endpoint no longer exists."""
+        if self.target in (TARGET_GOOGLE, TARGET_EMULATE):
+            return None
+        parts = [f"tpulab teardown --forget --api-endpoint {self.target}"]
+        parts.append(f"--project {self.project}")
+        if self.run_id:
+            parts.append(f"--run-id {self.run_id}")
+        return " ".join(parts)
+
     def what_to_do(self) -> str:
         """Every way to finish this node's teardown by hand, one per line."""
         delete, sweep = self.manual_delete_command(), self.sweep_command()
-        return delete if delete.startswith(sweep) else f"{delete}\n  or: {sweep}"
+        steps = delete if delete.startswith(sweep) else f"{delete}\n  or: {sweep}"
+        forget = self.forget_command()
+        if forget:
+            steps += f"\n  or, if {self.target} is gone for good: {forget}"
+        return steps
 
 
 class TeardownError(TpuLabError):
@@ -385,6 +421,26 @@ class LocalRunError(TpuLabError):
     ) -> None:
         super().__init__(message, hint=hint)
         self.exit_status = exit_status
+        self.output_tail = output_tail
+
+
+class WorkloadFailedError(TpuLabError):
+    """The user's command ran on the verified VM and failed: a non-zero exit or past its
+    --timeout. Its artifacts were fetched; `exit_status` is the command's own (None when
+    it was killed at the timeout before exiting by itself)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        exit_status: int | None,
+        timed_out: bool = False,
+        output_tail: str = "",
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.exit_status = exit_status
+        self.timed_out = timed_out
         self.output_tail = output_tail
 
 

@@ -49,19 +49,19 @@ __all__ = [
     "target_for",
 ]
 
-SCHEMA_VERSION = 2
-# Each step takes a journal of the version before it one version up (the key): schema 2
-# records the queued resource a `--queued` run asked for its node through.
-_MIGRATIONS = {1: ("ALTER TABLE runs ADD COLUMN queued_resource TEXT",)}
+SCHEMA_VERSION = 4
 # The embedded emulator listens on a random port per process, so its rows are keyed by
 # TARGET_EMULATE (tpulab.errors, beside LeakedNode) rather than by a URL no later process
 # could reach.
 
-TeardownResult = Literal["confirmed", "unconfirmed", "not-created"]
+# "forgotten": the user closed the row because its API endpoint no longer exists (a
+# stopped `tpulab emulator serve`), after `teardown --forget` saw the connection refused.
+# Nothing confirmed the node gone; the row says so instead of nagging for ever.
+TeardownResult = Literal["confirmed", "unconfirmed", "not-created", "forgotten"]
+_TEARDOWN_RESULTS = ("confirmed", "unconfirmed", "not-created", "forgotten")
 # How a row reads whose node disappeared without this machine's teardown: its VM's
 # watchdog deleted it (the usual case after a SIGKILL), or someone else did.
 VANISHED = "deleted by its watchdog or externally"
-_TEARDOWN_RESULTS = ("confirmed", "unconfirmed", "not-created")
 
 _SCHEMA = """
 CREATE TABLE runs (
@@ -80,13 +80,54 @@ CREATE TABLE runs (
     host        TEXT,
     proc_start  TEXT,
     ended       TEXT,
-    teardown    TEXT CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created')),
+    teardown    TEXT CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created', 'forgotten')),
     detail      TEXT NOT NULL DEFAULT '',
-    queued_resource TEXT
+    queued_resource TEXT,
+    run_record  TEXT
 );
 CREATE INDEX runs_by_teardown ON runs (teardown);
 CREATE INDEX runs_by_node ON runs (project, zone, node_name);
 """
+
+# Each step takes a journal of the version before it one version up (the key). Steps are
+# history: frozen literals, never derived from _SCHEMA (which moves on).
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    # Schema 2 records the queued resource a `--queued` run asked for its node through.
+    1: ("ALTER TABLE runs ADD COLUMN queued_resource TEXT",),
+    # Schema 3 lets `teardown --forget` close a row as "forgotten". SQLite cannot alter a
+    # CHECK constraint, so the table is rebuilt (same columns, same order) and its
+    # indexes, dropped with it, are made again.
+    2: (
+        """CREATE TABLE runs_v3 (
+    run_id      TEXT PRIMARY KEY,
+    project     TEXT NOT NULL,
+    zone        TEXT NOT NULL,
+    node_name   TEXT NOT NULL,
+    accelerator TEXT NOT NULL,
+    target      TEXT NOT NULL,
+    emulated    INTEGER NOT NULL,
+    spot        INTEGER NOT NULL DEFAULT 0,
+    started     TEXT NOT NULL,
+    updated     TEXT NOT NULL,
+    phase       TEXT NOT NULL,
+    pid         INTEGER,
+    host        TEXT,
+    proc_start  TEXT,
+    ended       TEXT,
+    teardown    TEXT CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created', 'forgotten')),
+    detail      TEXT NOT NULL DEFAULT '',
+    queued_resource TEXT
+)""",
+        "INSERT INTO runs_v3 SELECT * FROM runs",
+        "DROP TABLE runs",
+        "ALTER TABLE runs_v3 RENAME TO runs",
+        "CREATE INDEX runs_by_teardown ON runs (teardown)",
+        "CREATE INDEX runs_by_node ON runs (project, zone, node_name)",
+    ),
+    # Schema 4 points a row at its run's record (<out>/run.json of a `-- CMD` run), which
+    # is how `tpulab runs` finds them.
+    3: ("ALTER TABLE runs ADD COLUMN run_record TEXT",),
+}
 
 # Queries are whole literals (no string building), so nothing user-supplied reaches SQL
 # except as a bound parameter.
@@ -322,7 +363,32 @@ class Journal:
             )
             self._require_one(cursor.rowcount, run_id)
 
+    def set_run_record(self, run_id: str, path: Path) -> None:
+        """Point the run's row at its record (<out>/run.json), for `tpulab runs`."""
+        with self._transaction(write=True) as conn:
+            cursor = conn.execute(
+                "UPDATE runs SET run_record = ? WHERE run_id = ?", (str(path), run_id)
+            )
+            self._require_one(cursor.rowcount, run_id)
+
     # -- reading ---------------------------------------------------------------------
+
+    def run_records(self, limit: int = 100) -> list[tuple[str, Path]]:
+        """(run id, run.json path) of the runs that have a record, newest first."""
+        with self._transaction() as conn:
+            found = conn.execute(
+                "SELECT run_id, run_record FROM runs WHERE run_record IS NOT NULL "
+                "ORDER BY started DESC, rowid DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [(str(run_id), Path(str(path))) for run_id, path in found]
+
+    def run_record_of(self, run_id: str) -> Path | None:
+        with self._transaction() as conn:
+            found = conn.execute(
+                "SELECT run_record FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        return None if found is None or found[0] is None else Path(str(found[0]))
 
     def get(self, run_id: str) -> RunRow | None:
         with self._transaction() as conn:
@@ -583,6 +649,12 @@ class RunJournalAdapter:
                 queued_resource=spec.node_name if spec.queued else None,
             )
         )
+        if spec.workload is not None:
+            # Known before the run: where its run.json will be written (run.record).
+            try:
+                self.journal.set_run_record(spec.run_id, spec.workload.out / "run.json")
+            except JournalError as error:
+                self._warn(f"the journal could not point at run.json: {error.message}")
 
     def phase_changed(self, run_id: str, phase: str) -> None:
         if self._skip_phases:

@@ -116,10 +116,14 @@ def _run(
     from tpulab.cleanup.journal import RunJournalAdapter
     from tpulab.run.lifecycle import Lifecycle
     from tpulab.run.progress import FanOut, Recorder
-    from tpulab.run.signals import shield, signals_to_teardown
+    from tpulab.run.signals import shield, signals_to_teardown, skippable
 
     recorder = Recorder()
-    display = RunDisplay(verbose=verbose, quiet=as_json)
+    display = RunDisplay(
+        verbose=verbose,
+        quiet=as_json,
+        command_quiet=spec.workload is not None and spec.workload.quiet,
+    )
     life: Lifecycle | None = None
     failure: E.TpuLabError | None = None
     journal = RunJournalAdapter()
@@ -136,9 +140,11 @@ def _run(
                 journal=journal,
                 observer=FanOut([recorder, display]),
                 shield=shield,
+                skippable=skippable,
                 installer="pip" if installer == "pip" else "uv",
             )
-            with signals_to_teardown(print_stderr, force_exit_status=EXIT_TEARDOWN):
+            # Refusals go through the display, which keeps them clear of its spinner.
+            with signals_to_teardown(display.alert, force_exit_status=EXIT_TEARDOWN):
                 life.run()
     except E.TpuLabError as error:
         failure = error

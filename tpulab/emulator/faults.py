@@ -35,6 +35,7 @@ METHODS = (
     "get_queued_resource",
     "list_queued_resources",
     "delete_queued_resource",
+    "get_compute_project",
 )
 
 # What `guest_attributes_error` may be: the HTTP status and google.rpc status it answers.
@@ -83,7 +84,8 @@ class FaultPlan:
     (constraints/compute.vmExternalIpAccess)."""
     project_os_login: bool = False
     """Project metadata says enable-oslogin=TRUE: a node's ssh-keys are ignored (no key
-    logs in) unless its own metadata says enable-oslogin: FALSE."""
+    logs in) unless its own metadata says enable-oslogin: FALSE. The Compute project
+    gcloud reads (compute.py) says so in its commonInstanceMetadata."""
     ensurepip_missing: bool = False
     """Passed to the host backend: nodes that become READY get an image whose python3
     lacks ensurepip, like Ubuntu without python3-venv (`python3 -m venv` refuses)."""

@@ -40,6 +40,7 @@ from tpulab.contract import (
     SSH_KEYS_METADATA,
 )
 from tpulab.emulator import queued
+from tpulab.emulator.compute import COMPUTE_ROUTES, compute_project
 from tpulab.emulator.faults import GUEST_ATTRIBUTE_ERRORS, FaultPlan
 from tpulab.emulator.guest import Guest, StateLink
 from tpulab.emulator.hostenv import BackendImage, ImageEnv, kill_tagged
@@ -112,7 +113,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("GET", r"/locations/" + _Z + r"/runtimeVersions", "list_runtime_versions"),
         ("GET", r"/locations/" + _Z + r"/runtimeVersions/(?P<item>[^/]+)", "get_runtime_version"),
     )
-]
+] + COMPUTE_ROUTES  # gcloud's tpu-vm ssh asks Compute for the project (compute.py)
 # Resource Manager v1, for the node identity's "may I delete myself?" (DESIGN.md §10).
 _ROUTES.append(
     (
@@ -760,6 +761,9 @@ class Emulator:
                 for op in cloud.list_operations(request.project, request.zone)
             ]
         return 200, self._page(request, operations, "operations")
+
+    def _api_get_compute_project(self, request: _Request) -> tuple[int, Record]:
+        return 200, compute_project(request.project, os_login=self.faults.project_os_login)
 
     # -- queued resources (the logic is queued.py's) ----------------------------------
 
