@@ -43,8 +43,19 @@ class FaultPlan:
     """Every create operation fails with code 8 "no more capacity" (any zone)."""
     stockout_zones: list[str] = field(default_factory=list)
     """Create operations fail with a stockout in these zones only."""
+    capacity_after: float | None = None
+    """Stockouts end this many seconds after the first create that met one: capacity
+    arriving later (what --retry-until-up waits for). None: they never end."""
     quota: bool = False
     """Create is refused synchronously with 429 RESOURCE_EXHAUSTED (quota)."""
+    quota_zones: list[str] = field(default_factory=list)
+    """Create in these zones is refused with a per-zone quota 429 ("... in zone Z")."""
+    quota_regions: list[str] = field(default_factory=list)
+    """Create in any zone of these regions is refused with a per-region quota 429
+    ("... in region R"), which failover takes as "skip the region's other zones"."""
+    deny_zones: list[str] = field(default_factory=list)
+    """Create in these zones is refused with 403 IAM denial of tpu.nodes.create (reads
+    and deletes still work, as with a role that may list but not create)."""
     invalid_type: bool = False
     """Create is refused with 400 "invalid AcceleratorType" whatever the type."""
     deny_projects: list[str] = field(default_factory=list)
@@ -62,6 +73,12 @@ class FaultPlan:
     """Delete operations never finish; the node stays DELETING."""
     preempt_after: float | None = None
     """Spot nodes turn PREEMPTED this many seconds after READY."""
+    preempt_nodes: int | None = None
+    """How many spot nodes `preempt_after` may still preempt (one fewer per node it
+    preempts); None: every one."""
+    create_preempted: int = 0
+    """The next N spot create operations fail with code 3, the API's "preempted during
+    create" ("... update is not supported while in state PREEMPTED")."""
     guest_attributes_delay: float = 0.0
     """Guest attributes (the host key) appear this many seconds after READY."""
     guest_attributes_error_for: float = 0.0
@@ -86,6 +103,7 @@ class FaultPlan:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._stockout_began: float | None = None
 
     def take_transient(self, method: str) -> bool:
         """True (and one fewer left) if this call of `method` should fail with 503."""
@@ -117,8 +135,49 @@ class FaultPlan:
                 return True
             return False
 
-    def stockout_in(self, zone: str) -> bool:
-        return self.stockout or zone in self.stockout_zones
+    def stockout_in(self, zone: str, now: float | None = None) -> bool:
+        """Whether a create in `zone` meets a stockout (at `now`, for capacity_after)."""
+        if not (self.stockout or zone in self.stockout_zones):
+            return False
+        if self.capacity_after is None or now is None:
+            return True
+        with self._lock:
+            if self._stockout_began is None:
+                self._stockout_began = now
+            return now < self._stockout_began + self.capacity_after
+
+    def quota_message(self, zone: str) -> str | None:
+        """The 429 quota message a create in `zone` gets, or None."""
+        if self.quota or zone in self.quota_zones:
+            return (
+                "Quota limit 'TPUV5sLitepodServingPerProjectPerZoneForTPUAPI' has been "
+                f"exceeded. Limit: 0 in zone {zone}."
+            )
+        region = zone.rsplit("-", 1)[0]
+        if region in self.quota_regions:
+            # The per-region wording SkyPilot's handler quotes for TPU QuotaFailure.
+            return (
+                "Quota 'TPUV5sLitepodPerProjectPerRegionForTPUAPI' exhausted. Limit 0 in "
+                f"region {region}"
+            )
+        return None
+
+    def take_preemption(self) -> bool:
+        """True (and one fewer left) if `preempt_after` may preempt one more node."""
+        with self._lock:
+            if self.preempt_nodes is None:
+                return True
+            if self.preempt_nodes > 0:
+                self.preempt_nodes -= 1
+                return True
+            return False
+
+    def take_create_preempted(self) -> bool:
+        with self._lock:
+            if self.create_preempted > 0:
+                self.create_preempted -= 1
+                return True
+            return False
 
     def to_dict(self) -> dict[str, Any]:
         with self._lock:
@@ -147,6 +206,8 @@ class FaultPlan:
         with self._lock:
             for name, value in checked.items():
                 setattr(self, name, value)
+            if "capacity_after" in checked or "stockout_zones" in checked:
+                self._stockout_began = None  # a new plan: its clock starts again
 
     def reset(self) -> None:
         self.update(FaultPlan().to_dict())
@@ -160,11 +221,15 @@ def _copy(value: Any) -> Any:
     return value
 
 
+# Faults that may be None ("off"), and the type their value has otherwise.
+_OPTIONAL: dict[str, Any] = {"preempt_after": 0.0, "capacity_after": 0.0, "preempt_nodes": 0}
+
+
 def _checked(name: str, value: Any, default: Any) -> Any:
-    if name == "preempt_after":
+    if name in _OPTIONAL:
         if value is None:
             return None
-        default = 0.0
+        default = _OPTIONAL[name]
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value
