@@ -92,12 +92,23 @@ class Backoff:
         self._rng = rng if rng is not None else random.Random()
 
     @classmethod
-    def gap(cls, seconds: float, *, cap: float | None = None, jitter: float = 0.3) -> Backoff:
+    def gap(
+        cls,
+        seconds: float,
+        *,
+        cap: float | None = None,
+        jitter: float = 0.3,
+        rng: random.Random | None = None,
+    ) -> Backoff:
         """A pause between retries of something expensive (a pass over the zones): about
         `seconds`, spread by `jitter` so that many waiting users do not retry in step,
         growing slowly to `cap` (default: `seconds`, i.e. steady)."""
         return cls(
-            initial=seconds, cap=cap if cap is not None else seconds, factor=1.3, jitter=jitter
+            initial=seconds,
+            cap=cap if cap is not None else seconds,
+            factor=1.3,
+            jitter=jitter,
+            rng=rng,
         )
 
     def __iter__(self) -> Iterator[float]:
