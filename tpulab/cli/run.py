@@ -186,6 +186,7 @@ def run_command(
         list[str] | None,
         typer.Option(
             "--zone",
+            metavar="ZONE",
             help="Zone, e.g. us-central1-a (else TPULAB_ZONE, gcloud). Repeatable or a comma "
             "list: tried in order, the next after a stockout or quota; `auto` = every zone "
             "known to offer the accelerator, cheapest region first.",
@@ -204,6 +205,7 @@ def run_command(
         int,
         typer.Option(
             "--recover",
+            metavar="N",
             help="With --spot: after a preemption, delete the node and start again (next "
             "zone first), up to N times.",
         ),
@@ -219,7 +221,9 @@ def run_command(
     retry_for: Annotated[
         str | None,
         typer.Option(
-            "--retry-for", help="With --retry-until-up: how long to keep trying, e.g. 20m, 1h."
+            "--retry-for",
+            metavar="DURATION",
+            help="With --retry-until-up: how long to keep trying, e.g. 20m, 1h.",
         ),
     ] = None,
     emulate: Annotated[
