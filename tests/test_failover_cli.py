@@ -233,3 +233,35 @@ def test_sigkill_during_attempt_2_is_cleaned_by_teardown_verify(
     assert sweep.returncode == EXIT_OK, sweep.stdout + sweep.stderr
     assert json.loads(sweep.stdout)["deleted"] == left
     assert served.node_names() == []
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--zone", "us-central1-a", "--recover", "1"),
+        ("--zone", "us-central1-a", "--retry-for", "20s"),
+        ("--zone", "us-central1-a,BAD"),
+        ("--zone", "us-central1-a", "--retry-until-up", "--retry-for", "forever"),
+    ],
+)
+def test_bad_capacity_flags_exit_2_before_any_api_call(
+    start_emulator: EmulatorStarter, tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    from tpulab.cli import EXIT_CONFIG
+
+    bare = start_emulator(tmp_path / "bare")
+    done = _run(bare, *flags)
+    assert done.returncode == EXIT_CONFIG, done.stdout + done.stderr
+    assert sum(bare.calls.values()) == 0
+    assert bare.requests() == []
+
+
+def test_dry_run_names_the_zones_it_would_try(
+    start_emulator: EmulatorStarter, tmp_path: Path
+) -> None:
+    bare = start_emulator(tmp_path / "bare")
+    done = _run(bare, "--zone", "us-west4-a,auto", "--spot", "--recover", "2", "--dry-run")
+    assert done.returncode == EXIT_OK, done.stderr
+    assert "Attempts: us-west4-a, us-central1-a, us-south1-a" in done.stdout
+    assert "recovers from 2 preemption(s)" in done.stdout
+    assert bare.requests() == []  # the dry run contacts nothing

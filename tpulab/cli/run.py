@@ -56,6 +56,17 @@ def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
         "Recorded from the run itself over "
         f"recording seams: nothing is contacted. API base {escape(plan.endpoint)}."
     )
+    if spec.capacity.may_retry:
+        zones = ", ".join(zone.value for zone in spec.zone_order)
+        retry = ""
+        if spec.retry_until_up:
+            retry = f"; passes again until up{_for(spec.retry_for)}"
+        recover = f"; recovers from {spec.recover} preemption(s)" if spec.recover else ""
+        out.print(
+            f"Attempts: {escape(zones)}, in order{retry}{recover}. The steps below are "
+            "the first attempt's; each later one is the same run in its zone, as "
+            f"{spec.run_id}-aN."
+        )
     pin = f", jax {spec.jax_version}" if spec.jax_version else ""
     out.print(f"The VM's venv: python {escape(spec.python)} ({escape(spec.python_source)}){pin}.")
     for number, step in enumerate(plan.steps, 1):
@@ -81,6 +92,10 @@ def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
     out.print("[dim]Placeholders (only a real run has these values):[/]")
     for marker, meaning in plan.placeholders.items():
         out.print(f"  [dim]{escape(marker)}: {escape(meaning)}[/]")
+
+
+def _for(seconds: float | None) -> str:
+    return "" if seconds is None else f" for {seconds:g} s"
 
 
 def _run(
