@@ -9,6 +9,7 @@ sweep to every run.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -121,3 +122,97 @@ def test_teardown_refuses_a_malformed_project(emulator: Emulator) -> None:
 def test_list_refuses_an_empty_zone_flag(emulator: Emulator) -> None:
     code, err = tpulab("list", "--api-endpoint", emulator.url, "--zone", "")
     refused(emulator, code, err, "--zone is empty")
+
+
+# Issue 12, "Must show": bad workload input is refused before any create call. Each case
+# runs the real CLI with a command after `--` against a real emulator; the words are
+# specific, so the old CLI (which had none of these options) fails them.
+def workspace_with(tmp_path: Path, name: str, text: str) -> Path:
+    root = tmp_path / "lab"
+    root.mkdir(exist_ok=True)
+    (root / name).write_text(text, encoding="utf-8")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--workdir", "/nonexistent/lab"], "Workdir /nonexistent/lab does not exist"),
+        (["--env", "NOT A NAME=1"], "Malformed --env 'NOT A NAME=1'"),
+        (["--env", "JUSTANAME"], "Malformed --env 'JUSTANAME'"),
+        (["--env", "JAX_PLATFORMS=cpu"], "--env JAX_PLATFORMS is set by tpulab itself"),
+        (["--fetch", "../x"], "--fetch '../x' leaves the workspace"),
+        (["--fetch", "/etc/passwd"], "--fetch '/etc/passwd' is not inside the workspace"),
+        (["--max-upload", "12 parsecs"], "Invalid --max-upload '12 parsecs'"),
+        (["--max-fetch", "0"], "Invalid --max-fetch '0'"),
+        (["--with", "--index-url=https://evil.example"], "Invalid --with"),
+        (["--requirements", "/nonexistent/req.txt"], "--requirements /nonexistent/req.txt"),
+    ],
+)
+def test_run_with_bad_workload_input_creates_nothing(
+    emulator: Emulator, flags: list[str], words: str
+) -> None:
+    emulator.faults.stockout = True
+    code, err = tpulab(
+        "run", "--accelerator", "v5litepod-4", "--api-endpoint", emulator.url, *flags,
+        "--", "python", "train.py",
+    )  # fmt: skip
+    refused(emulator, code, err, words)
+
+
+def test_unknown_project_file_keys_create_nothing(emulator: Emulator, tmp_path: Path) -> None:
+    root = workspace_with(
+        tmp_path, "pyproject.toml", '[tool.tpulab]\naccelerator = "v5litepod-4"\nzones = "x"\n'
+    )
+    emulator.faults.stockout = True
+    code, err = tpulab(
+        "run", "--api-endpoint", emulator.url, "--workdir", str(root), "--", "python", "t.py"
+    )
+    refused(emulator, code, err, "Unknown key 'zones'")
+    assert "pyproject.toml" in err
+    assert "Allowed keys: accelerator, zone" in err
+
+
+def test_a_workload_flag_without_a_command_creates_nothing(emulator: Emulator) -> None:
+    emulator.faults.stockout = True
+    code, err = tpulab(
+        "run", "--accelerator", "v5litepod-4", "--api-endpoint", emulator.url, "--fetch", "ckpt/"
+    )
+    refused(emulator, code, err, "--fetch needs a command after --")
+
+
+def test_everything_after_the_double_dash_belongs_to_the_command(tmp_path: Path) -> None:
+    # `-c` and even `--accelerator` after `--` are the command's, never tpulab's: before,
+    # `-c` was "No such option" (exit 2).
+    result = CliRunner().invoke(
+        app,
+        ["run", "--accelerator", "v5litepod-4", "--emulate", "--dry-run", "--json",
+         "--workdir", str(tmp_path), "--",
+         "python", "-c", "print(1)", "--accelerator", "v6e-8"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["accelerator_type"] == "v5litepod-4"
+    assert plan["sources"]["command"] == "--"
+    assert plan["sources"]["workdir"] == "--workdir"
+
+
+def test_the_project_file_makes_accelerator_optional_and_the_plan_says_so(
+    tmp_path: Path,
+) -> None:
+    root = workspace_with(tmp_path, "tpulab.toml", 'accelerator = "v6e-4"\nfetch = ["ckpt/"]\n')
+    result = CliRunner().invoke(
+        app,
+        ["run", "--emulate", "--dry-run", "--json", "--workdir", str(root), "--", "python", "t.py"],
+    )
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["accelerator_type"] == "v6e-4"
+    assert plan["sources"]["accelerator"] == "tpulab.toml"
+    assert plan["sources"]["fetch"] == "tpulab.toml"
+    # The human plan names the sources too.
+    shown = CliRunner().invoke(
+        app, ["run", "--emulate", "--dry-run", "--workdir", str(root), "--", "python", "t.py"]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "accelerator (tpulab.toml)" in shown.stdout

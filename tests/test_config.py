@@ -460,7 +460,7 @@ def _run_flags(**kwargs: object) -> dict[str, object]:
         "zone": None,
         "name": None,
         "spot": False,
-        "timeout": 600.0,
+        "payload_timeout": 600.0,
         "teardown_timeout": 600.0,
         "installer": "uv",
         "ssh_backend": "embedded",
@@ -475,14 +475,14 @@ def _run_flags(**kwargs: object) -> dict[str, object]:
     [
         ({"installer": "conda"}, "Unknown installer"),
         ({"ssh_backend": "dropbear"}, "Unknown SSH backend"),
-        ({"timeout": 0.0}, "--timeout"),
+        ({"payload_timeout": 0.0}, "--payload-timeout"),
         ({"teardown_timeout": float("nan")}, "--teardown-timeout"),
     ],
 )
 def test_run_flags_are_validated_in_config(kwargs: dict[str, object], words: str) -> None:
     with pytest.raises(ConfigError, match=words):
         run_inputs(**_run_flags(**kwargs))  # type: ignore[arg-type]
-    inputs = run_inputs(**_run_flags(installer="pip", timeout=42.0))  # type: ignore[arg-type]
+    inputs = run_inputs(**_run_flags(installer="pip", payload_timeout=42.0))  # type: ignore[arg-type]
     assert (inputs.installer, inputs.spec.timeouts.payload) == ("pip", 42.0)
 
 

@@ -43,7 +43,6 @@ def _flags(**overrides: object) -> dict[str, object]:
         "zone": None,
         "name": None,
         "spot": False,
-        "timeout": 600.0,
         "teardown_timeout": 600.0,
         "installer": "uv",
         "ssh_backend": "embedded",

@@ -69,6 +69,10 @@ def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
         )
     pin = f", jax {spec.jax_version}" if spec.jax_version else ""
     out.print(f"The VM's venv: python {escape(spec.python)} ({escape(spec.python_source)}){pin}.")
+    given = [f"{key} ({where})" for key, where in plan.sources.items() if where != "default"]
+    left = [key for key, where in plan.sources.items() if where == "default"]
+    rest = f"; defaults: {', '.join(left)}" if left else ""
+    out.print(f"[dim]Where values came from: {escape(', '.join(given) + rest)}.[/]")
     for number, step in enumerate(plan.steps, 1):
         head = f"{number:>2}. [cyan]{step.kind:<5}[/] [bold]{step.phase:<9}[/]"
         if step.kind == "api":
@@ -194,21 +198,38 @@ def _signals_ignored() -> Iterator[None]:
 
 
 def run_command(
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="-- CMD ARGS",
+            # Taught by the docstring (with an example); typer's argument panel would
+            # only add the Python type of the list.
+            hidden=True,
+        ),
+    ] = None,
     accelerator: Annotated[
-        str, typer.Option("--accelerator", help="TPU type, e.g. v5litepod-4, v6e-1, v4-8.")
-    ],
+        str | None,
+        typer.Option(
+            "--accelerator",
+            help="TPU type, e.g. v5litepod-4, v6e-1, v4-8 (else \\[tool.tpulab] accelerator).",
+        ),
+    ] = None,
     zones: Annotated[
         list[str] | None,
         typer.Option(
             "--zone",
             metavar="ZONE",
-            help="Zone, e.g. us-central1-a (else TPULAB_ZONE, gcloud). Repeatable or a comma "
-            "list: tried in order, the next after a stockout or quota; `auto` = every zone "
-            "known to offer the accelerator, cheapest region first.",
+            help="Zone, e.g. us-central1-a (else TPULAB_ZONE, \\[tool.tpulab], gcloud). "
+            "Repeatable or a comma list: tried in order, the next after a stockout or "
+            "quota; `auto` = every zone known to offer the accelerator, cheapest region "
+            "first.",
         ),
     ] = None,
     project: Annotated[
-        str | None, typer.Option("--project", help="Project (else TPULAB_PROJECT, gcloud, ADC).")
+        str | None,
+        typer.Option(
+            "--project", help="Project (else TPULAB_PROJECT, \\[tool.tpulab], gcloud, ADC)."
+        ),
     ] = None,
     name: Annotated[
         str | None, typer.Option("--name", help="Node name (default tpulab-<run id>).")
@@ -258,7 +279,16 @@ def run_command(
         bool, typer.Option("-v", "--verbose", help="Show remote output live.")
     ] = False,
     timeout: Annotated[
-        float, typer.Option("--timeout", help="Seconds the payload may run before it is killed.")
+        float | None,
+        typer.Option(
+            "--timeout",
+            help="Seconds your command (after --) may run before it is killed remotely "
+            "(default 3600).",
+        ),
+    ] = None,
+    payload_timeout: Annotated[
+        float,
+        typer.Option("--payload-timeout", help="Seconds the verifier may run before it is killed."),
     ] = 600.0,
     teardown_timeout: Annotated[
         float,
@@ -306,14 +336,83 @@ def run_command(
         str | None,
         typer.Option("--jax-version", help="Pin jax on the VM (default: the newest)."),
     ] = None,
+    workdir: Annotated[
+        str | None,
+        typer.Option(
+            "--workdir",
+            help="The workspace sent to the VM for your command, and where \\[tool.tpulab] "
+            "is read (default: the current directory).",
+        ),
+    ] = None,
+    with_packages: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--with", metavar="PKG", help="Install PKG into the VM's venv after jax (repeatable)."
+        ),
+    ] = None,
+    requirements: Annotated[
+        str | None,
+        typer.Option(
+            "--requirements", metavar="FILE", help="Install FILE's requirements after jax."
+        ),
+    ] = None,
+    fetch: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fetch",
+            metavar="PATH",
+            help="Bring PATH (workspace-relative, globs) back after the command (repeatable).",
+        ),
+    ] = None,
+    out: Annotated[
+        str | None,
+        typer.Option(
+            "--out", metavar="DIR", help="Where artifacts land (default ./tpulab-runs/<run id>/)."
+        ),
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", metavar="K=V", help="Set K=V for your command (repeatable)."),
+    ] = None,
+    max_upload: Annotated[
+        str | None,
+        typer.Option(
+            "--max-upload", metavar="SIZE", help="Refuse a bigger workspace (default 256M)."
+        ),
+    ] = None,
+    max_fetch: Annotated[
+        str | None,
+        typer.Option("--max-fetch", metavar="SIZE", help="Cap on what comes back (default 1G)."),
+    ] = None,
+    allow_secret: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-secret",
+            metavar="PATH",
+            help="Upload PATH although it looks like a secret (repeatable).",
+        ),
+    ] = None,
+    quiet: Annotated[
+        bool,
+        typer.Option("-q", "--quiet", help="Only log your command's output; do not stream it."),
+    ] = False,
 ) -> None:
     """Create a TPU VM, run the JAX verifier on it, check the receipt, delete the VM.
 
-    Succeeds (exit 0) only when the receipt verified AND the deletion was confirmed.
+    With `-- CMD ARGS...` your command runs after the verifier passed, in the uploaded
+    --workdir, inside the VM's venv; --fetch paths and $TPULAB_RUN_DIR come back to --out.
+    Everything after `--` is the command's, options included:
+
+    tpulab run --accelerator v5litepod-4 --fetch ckpt/ -- python train.py --steps 8
+
+    Defaults may live in the workspace's pyproject.toml \\[tool.tpulab] (or tpulab.toml):
+    accelerator, zone, project, python, with, requirements, fetch, env, exclude. Flags
+    override them; --dry-run shows where each value came from. Succeeds (exit 0) only
+    when the receipt verified AND the deletion was confirmed.
     """
 
     def action() -> None:
-        from tpulab.config import run_inputs
+        from tpulab.config import WorkloadFlags, run_inputs
 
         inputs = run_inputs(
             accelerator=accelerator,
@@ -327,7 +426,7 @@ def run_command(
             recover=recover,
             retry_until_up=retry_until_up,
             retry_for=retry_for,
-            timeout=timeout,
+            payload_timeout=payload_timeout,
             teardown_timeout=teardown_timeout,
             boot_timeout=boot_timeout,
             bootstrap_timeout=bootstrap_timeout,
@@ -337,6 +436,20 @@ def run_command(
             adc_project=None if dry_run else adc_project,
             python=python,
             jax_version=jax_version,
+            workload=WorkloadFlags(
+                command=tuple(command or ()),
+                workdir=workdir,
+                out=out,
+                env=tuple(env or ()),
+                with_packages=tuple(with_packages or ()),
+                requirements=requirements,
+                fetch=tuple(fetch or ()),
+                allow_secrets=tuple(allow_secret or ()),
+                max_upload=max_upload,
+                max_fetch=max_fetch,
+                timeout=timeout,
+                quiet=quiet,
+            ),
         )
         spec = inputs.spec
         if dry_run:

@@ -1,9 +1,10 @@
 """Input: flags + environment + files -> validated specs (the one validation place).
 
 `endpoint` is the one rule for which API a command talks to (and whether credentials
-go there); `resolve` finds the project and zone; `spec` validates a run's inputs into a
-`RunSpec`; `commands` has one function per command turning its raw flags into a
-validated spec. Nothing in this package contacts the cloud.
+go there); `resolve` finds the project and zone; `project_file` reads a workspace's
+[tool.tpulab] defaults; `spec` validates a run's inputs into a `RunSpec` and `workload`
+its `-- CMD` part into a `WorkloadSpec`; `commands` has one function per command turning
+its raw flags into a validated spec. Nothing in this package contacts the cloud.
 """
 
 from tpulab.config.commands import (
@@ -17,6 +18,7 @@ from tpulab.config.commands import (
     teardown_inputs,
 )
 from tpulab.config.endpoint import Endpoint, Target, choose_target, classify_endpoint
+from tpulab.config.project_file import ProjectDefaults, load_project_file
 from tpulab.config.resolve import (
     AdcProject,
     Resolved,
@@ -39,8 +41,17 @@ from tpulab.config.spec import (
     check_seconds,
     new_run_id,
 )
+from tpulab.config.workload import (
+    DEFAULT_MAX_FETCH,
+    DEFAULT_MAX_UPLOAD,
+    WorkloadFlags,
+    WorkloadSpec,
+    parse_size,
+)
 
 __all__ = [
+    "DEFAULT_MAX_FETCH",
+    "DEFAULT_MAX_UPLOAD",
     "EMULATED_PROJECT",
     "EMULATED_ZONE",
     "SSH_USER",
@@ -48,6 +59,7 @@ __all__ = [
     "Endpoint",
     "LocalVerifyInputs",
     "Mode",
+    "ProjectDefaults",
     "Resolved",
     "RunInputs",
     "RunSpec",
@@ -55,6 +67,8 @@ __all__ = [
     "Target",
     "TeardownInputs",
     "Timeouts",
+    "WorkloadFlags",
+    "WorkloadSpec",
     "build_run_spec",
     "check_seconds",
     "choose_target",
@@ -63,9 +77,11 @@ __all__ = [
     "find_zone",
     "gcloud_config_value",
     "list_scope",
+    "load_project_file",
     "local_verify_inputs",
     "new_run_id",
     "parse_duration",
+    "parse_size",
     "resolve_project",
     "resolve_zone",
     "resolve_zones",

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tpulab import catalog
-from tpulab.config.resolve import Resolved, zone_flags
+from tpulab.config.resolve import Resolved, given, zone_flags
 from tpulab.errors import ConfigError
 from tpulab.models import check_node_name
 
@@ -62,6 +62,7 @@ class Capacity:
 def _expand(values: Sequence[str], accelerator: str) -> tuple[Resolved, ...]:
     zones: dict[str, Resolved] = {}
     for value in values:
+        given(value, "--zone", hint="Pass a zone such as us-central1-a, or leave --zone out.")
         parts = [part.strip() for part in value.split(",")]
         if not all(parts):
             raise ConfigError(

@@ -12,12 +12,15 @@ before anything is contacted, so a bad value can never create, list or delete an
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from tpulab import catalog
 from tpulab.config.endpoint import Target, choose_target
+from tpulab.config.project_file import load_project_file
 from tpulab.config.resolve import (
     AdcProject,
     find_project,
@@ -36,6 +39,7 @@ from tpulab.config.spec import (
     build_run_spec,
     check_seconds,
 )
+from tpulab.config.workload import WorkloadFlags, build_workload, check_workdir
 from tpulab.errors import ConfigError
 from tpulab.models import PLATFORMS, check_run_id
 
@@ -67,14 +71,13 @@ class RunInputs:
 
 def run_inputs(
     *,
-    accelerator: str,
+    accelerator: str | None,
     emulate: bool,
     api_endpoint: str | None,
     project: str | None,
     zone: str | None,
     name: str | None,
     spot: bool,
-    timeout: float,
     teardown_timeout: float,
     installer: str,
     ssh_backend: str,
@@ -88,9 +91,22 @@ def run_inputs(
     jax_version: str | None = None,
     boot_timeout: float = Timeouts.connect,
     bootstrap_timeout: float = Timeouts.bootstrap,
+    payload_timeout: float = Timeouts.payload,
     internal_ip: bool = False,
+    workload: WorkloadFlags | None = None,
+    cwd: Path | None = None,
 ) -> RunInputs:
-    """`tpulab run`'s flags, validated. `adc_project` None (a dry run) never asks ADC."""
+    """`tpulab run`'s flags, validated. `adc_project` None (a dry run) never asks ADC.
+
+    `workload` holds `-- CMD` and its flags; the workspace (--workdir, default `cwd`, the
+    current directory) is where the project file with the run's defaults is looked for,
+    with or without a command.
+    """
+    flags = workload or WorkloadFlags()
+    flags.refuse_without_command()
+    cwd = Path.cwd() if cwd is None else cwd
+    workdir = check_workdir(flags.workdir, cwd)
+    defaults = load_project_file(workdir)
     if installer not in ("uv", "pip"):
         raise ConfigError(f"Unknown installer {installer!r}.", hint="Use uv or pip.")
     if ssh_backend not in ("embedded", "openssh"):
@@ -114,12 +130,19 @@ def run_inputs(
             bootstrap=check_seconds("--bootstrap-timeout", bootstrap_timeout),
             teardown=check_seconds("--teardown-timeout", teardown_timeout),
         ),
-        payload_timeout=check_seconds("--timeout", timeout),
+        payload_timeout=check_seconds("--payload-timeout", payload_timeout),
         env=env,
         adc_project=adc_project,
         python=python,
         jax_version=jax_version,
         internal_ip=internal_ip,
+        defaults=defaults,
+    )
+    spec = dataclasses.replace(
+        spec,
+        workload=build_workload(
+            flags, run_id=spec.run_id, workdir=workdir, cwd=cwd, defaults=defaults
+        ),
     )
     return RunInputs(
         spec=spec,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from tpulab.config.resolve import Resolved
 from tpulab.errors import ConfigError
 
 __all__ = [
@@ -32,13 +33,13 @@ _REQUEST = re.compile(r"^(>=)?3\.(1[0-9])$")
 _JAX_VERSION = re.compile(r"^[0-9]+(\.[0-9]+){1,3}((a|b|rc)[0-9]+)?(\.post[0-9]+)?$")
 
 
-def check_python_request(request: str) -> str:
+def check_python_request(request: str, option: str = "--python") -> str:
     """`request` if the bootstrap understands it, else ConfigError saying what would."""
     value = request.strip()
     if value == SYSTEM_PYTHON or _REQUEST.match(value):
         return value
     raise ConfigError(
-        f"Invalid --python {request!r}.",
+        f"Invalid {option} {request!r}.",
         hint="Give X.Y (3.10 or newer, e.g. 3.12), >=X.Y, or 'system' for the image's own "
         "python3 (3.10 on TPU VM images, which limits jax to 0.6.x).",
     )
@@ -55,10 +56,22 @@ def check_jax_version(version: str) -> str:
     )
 
 
-def choose_python(requested: str | None, *, emulated: bool) -> tuple[str, str]:
-    """(request, where the choice came from), for the RunSpec, the dry run and summary."""
+def choose_python(
+    requested: str | None, *, emulated: bool, from_file: Resolved | None = None
+) -> tuple[str, str]:
+    """(request, where the choice came from), for the RunSpec, the dry run and summary.
+
+    `from_file` is the workspace's [tool.tpulab] python, used when --python is absent.
+    """
     if requested is not None:
         return check_python_request(requested), "--python"
+    if from_file is not None:
+        try:
+            return check_python_request(from_file.value, "python"), from_file.source
+        except ConfigError as error:
+            raise ConfigError(
+                f"{error.message.rstrip('.')} (from {from_file.source}).", hint=error.hint
+            ) from None
     if emulated:
         return EMULATED_PYTHON, "emulated default: the newest local python >= 3.11"
     return REAL_PYTHON, "default: uv-managed, as current jax needs python >= 3.12"

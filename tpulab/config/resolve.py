@@ -3,8 +3,13 @@
 Resolution order (DESIGN.md §1), first hit wins:
 
     project: --project -> TPULAB_PROJECT -> CLOUDSDK_CORE_PROJECT -> GOOGLE_CLOUD_PROJECT
-             -> the active gcloud configuration file -> Application Default Credentials
-    zone:    --zone -> TPULAB_ZONE -> CLOUDSDK_COMPUTE_ZONE -> the active gcloud configuration
+             -> the workspace's [tool.tpulab] (or tpulab.toml) -> the active gcloud
+             configuration file -> Application Default Credentials
+    zone:    --zone -> TPULAB_ZONE -> CLOUDSDK_COMPUTE_ZONE -> the workspace's [tool.tpulab]
+             -> the active gcloud configuration
+
+The workspace's file (config/project_file.py) is read by the caller and passed in as a
+`Resolved` (its value and the file it came from), so this module stays about the order.
 
 The gcloud configuration is read as a file (`$CLOUDSDK_CONFIG` or ~/.config/gcloud,
 `active_config`, `configurations/config_NAME`), never by running gcloud: it is fast and
@@ -171,13 +176,16 @@ def find_project(
     *,
     env: Mapping[str, str] | None = None,
     adc_project: AdcProject | None = None,
+    project_file: Resolved | None = None,
 ) -> Resolved | None:
     """The first configured project, validated; None when no place names one."""
     env = os.environ if env is None else env
     found = project_flag(flag)
     if found is not None:
         return found
-    found = _first_env(env, _PROJECT_ENV) or gcloud_config_value("core", "project", env)
+    found = (
+        _first_env(env, _PROJECT_ENV) or project_file or gcloud_config_value("core", "project", env)
+    )
     if found is None and adc_project is not None:
         project = adc_project()
         if project:
@@ -190,16 +198,17 @@ def resolve_project(
     *,
     env: Mapping[str, str] | None = None,
     adc_project: AdcProject | None = None,
+    project_file: Resolved | None = None,
 ) -> Resolved:
     """The project for API calls; ConfigError naming every place that was looked at."""
-    found = find_project(flag, env=env, adc_project=adc_project)
+    found = find_project(flag, env=env, adc_project=adc_project, project_file=project_file)
     if found is None:
         raise ConfigError(
             "No Google Cloud project is configured.",
             hint="Pass --project, set TPULAB_PROJECT, or run `gcloud config set project "
             "PROJECT_ID` (looked at: --project, $TPULAB_PROJECT, $CLOUDSDK_CORE_PROJECT, "
-            "$GOOGLE_CLOUD_PROJECT, the active gcloud configuration"
-            + (", Application Default Credentials)." if adc_project else ")."),
+            "$GOOGLE_CLOUD_PROJECT, the workspace's [tool.tpulab], the active gcloud "
+            "configuration" + (", Application Default Credentials)." if adc_project else ")."),
         )
     return found
 
@@ -213,23 +222,35 @@ def zone_flags(flags: Sequence[str]) -> list[str]:
     return zones
 
 
-def find_zone(flag: str | None = None, *, env: Mapping[str, str] | None = None) -> Resolved | None:
+def find_zone(
+    flag: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    project_file: Resolved | None = None,
+) -> Resolved | None:
     """The first configured zone, validated; None when no place names one."""
     env = os.environ if env is None else env
     if flag is not None:
         return Resolved(zone_flags([flag])[0], "--zone")
-    found = _first_env(env, _ZONE_ENV) or gcloud_config_value("compute", "zone", env)
+    found = (
+        _first_env(env, _ZONE_ENV) or project_file or gcloud_config_value("compute", "zone", env)
+    )
     return None if found is None else _validated(found, check_zone)
 
 
-def resolve_zone(flag: str | None = None, *, env: Mapping[str, str] | None = None) -> Resolved:
+def resolve_zone(
+    flag: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    project_file: Resolved | None = None,
+) -> Resolved:
     """The zone for a run, validated; ConfigError naming where it was looked for."""
-    found = find_zone(flag, env=env)
+    found = find_zone(flag, env=env, project_file=project_file)
     if found is None:
         raise ConfigError(
             "No zone is configured.",
-            hint="Pass --zone (e.g. --zone us-central1-a), set TPULAB_ZONE, or run "
-            "`gcloud config set compute/zone ZONE`.",
+            hint="Pass --zone (e.g. --zone us-central1-a), set TPULAB_ZONE, set zone in the "
+            "workspace's [tool.tpulab], or run `gcloud config set compute/zone ZONE`.",
         )
     return found
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tpulab import catalog
 from tpulab.config.capacity import Capacity, check_attempt_names, choose_capacity
@@ -32,6 +33,12 @@ from tpulab.config.resolve import (
 )
 from tpulab.errors import ConfigError, LeakedNode, target_for
 from tpulab.models import check_node_name, check_run_id, tpulab_labels
+
+if TYPE_CHECKING:
+    # Annotations only: config/workload.py (and project_file.py through it) use
+    # check_seconds from this module.
+    from tpulab.config.project_file import ProjectDefaults
+    from tpulab.config.workload import WorkloadSpec
 
 __all__ = [
     "EMULATED_PROJECT",
@@ -129,10 +136,27 @@ class RunSpec:
     def capacity(self) -> Capacity:
         return Capacity(self.zones, self.recover, self.retry_until_up, self.retry_for)
 
+    accelerator_source: str = "--accelerator"  # or the workspace's [tool.tpulab]
+    # The user's `-- CMD` (run after the verifier gated it); None: the run is verify-only.
+    workload: WorkloadSpec | None = None
+
     @property
     def platform(self) -> str:
         """What the payload must run on: an emulated node is a CPU host, never a TPU."""
         return "cpu" if self.emulated else "tpu"
+
+    @property
+    def sources(self) -> dict[str, str]:
+        """Where each configurable value came from: the plan and --json show it."""
+        found = {
+            "accelerator": self.accelerator_source,
+            "project": self.project.source,
+            "zone": self.zone.source,
+            "python": self.python_source,
+        }
+        if self.workload is not None:
+            found.update(self.workload.sources)
+        return found
 
     @property
     def labels(self) -> dict[str, str]:
@@ -152,7 +176,7 @@ class RunSpec:
 
 def build_run_spec(
     *,
-    accelerator: str,
+    accelerator: str | None,
     emulate: bool = False,
     api_endpoint: str | None = None,
     project: str | None = None,
@@ -172,6 +196,7 @@ def build_run_spec(
     python: str | None = None,
     jax_version: str | None = None,
     internal_ip: bool = False,
+    defaults: ProjectDefaults | None = None,
 ) -> RunSpec:
     """Validate every input of a run before anything contacts the cloud (invariant 1).
 
@@ -180,9 +205,13 @@ def build_run_spec(
     endpoint (a local emulator accepts any project) resolves them like a real run and
     falls back to those defaults only when nothing is configured; Google and any other
     endpoint need both resolved, and only Google consults ADC for the project.
+
+    `defaults` is the workspace's project file (config/project_file.py): it supplies the
+    accelerator and python when their flags are absent, and project and zone at their
+    place in DESIGN §1's order (not for the embedded emulator, which only asks flags).
     """
     target = choose_target(emulate=emulate, api_endpoint=api_endpoint)
-    accel = catalog.lookup_single_host(accelerator.strip())
+    accel, accel_source = _accelerator(accelerator, defaults)
     env = os.environ if env is None else env
     if zone is not None and zones:
         raise ConfigError("Pass the zone once: zone or zones.", hint="Use --zone (repeatable).")
@@ -195,7 +224,9 @@ def build_run_spec(
         retry_for=retry_for,
     )
     first = capacity.zones[0] if capacity.zones else None
-    proj, zn = _project_and_zone(target, project, first.value if first else zone, env, adc_project)
+    proj, zn = _project_and_zone(
+        target, project, first.value if first else zone, env, adc_project, defaults
+    )
     zn = first or zn  # keeps where it came from ("--zone auto (catalog)")
     rid = check_run_id(run_id) if run_id is not None else new_run_id()
     given(name, "--name", hint="Pass a node name, or leave --name out for tpulab-<run id>.")
@@ -206,7 +237,10 @@ def build_run_spec(
         timeouts = dataclasses.replace(timeouts, payload=payload_timeout)
     if payload is not None and not payload.is_file():
         raise ConfigError(f"Payload {payload} does not exist.", hint="Pass an existing file.")
-    python_request, python_source = choose_python(python, emulated=target.emulated)
+    from_file = _from_file(defaults, "python")
+    python_request, python_source = choose_python(
+        python, emulated=target.emulated, from_file=from_file
+    )
     return RunSpec(
         run_id=rid,
         accelerator=accel,
@@ -227,7 +261,47 @@ def build_run_spec(
         recover=capacity.recover,
         retry_until_up=capacity.retry_until_up,
         retry_for=capacity.retry_for,
+        accelerator_source=accel_source,
     )
+
+
+def _accelerator(
+    flag: str | None, defaults: ProjectDefaults | None
+) -> tuple[catalog.Accelerator, str]:
+    if flag is not None:
+        given(flag, "--accelerator", hint="Pass a type such as v5litepod-4.")
+        return catalog.lookup_single_host(flag.strip()), "--accelerator"
+    found = _from_file(defaults, "accelerator")
+    if found is None:
+        raise ConfigError(
+            "No accelerator type: --accelerator is missing and the workspace's "
+            "[tool.tpulab] names none.",
+            hint="Pass --accelerator (e.g. v5litepod-4), or set accelerator in the "
+            "workspace's pyproject.toml [tool.tpulab] or tpulab.toml.",
+        )
+    try:
+        return catalog.lookup_single_host(found.value), found.source
+    except ConfigError as error:
+        raise ConfigError(
+            f"{error.message.rstrip('.')} (from {found.source}).", hint=error.hint
+        ) from None
+
+
+def _from_file(defaults: ProjectDefaults | None, key: str) -> Resolved | None:
+    """A scalar the workspace's file set, with the file as its source."""
+    if defaults is None:
+        return None
+    if key == "zone":
+        if len(defaults.zones) > 1:
+            raise ConfigError(
+                f"zone in {defaults.source} lists {len(defaults.zones)} zones; a run uses "
+                "one zone.",
+                hint="Name one zone there (or pass --zone).",
+            )
+        value = defaults.zones[0] if defaults.zones else None
+    else:
+        value = getattr(defaults, key)
+    return None if value is None else Resolved(value, defaults.source)
 
 
 def _project_and_zone(
@@ -236,6 +310,7 @@ def _project_and_zone(
     zone: str | None,
     env: Mapping[str, str],
     adc_project: AdcProject | None,
+    defaults: ProjectDefaults | None,
 ) -> tuple[Resolved, Resolved]:
     if target.emulate:
         # The embedded emulator is this process's own: only the flags are asked, never
@@ -243,10 +318,15 @@ def _project_and_zone(
         proj = project_flag(project) or Resolved(EMULATED_PROJECT, "emulator")
         zn = Resolved(zone_flags([zone])[0], "--zone") if zone is not None else None
         return proj, zn or Resolved(EMULATED_ZONE, "emulator")
+    file_project = _from_file(defaults, "project")
+    file_zone = _from_file(defaults, "zone")
     if target.emulated:
-        proj = find_project(project, env=env) or Resolved(EMULATED_PROJECT, "emulator default")
-        return proj, find_zone(zone, env=env) or Resolved(EMULATED_ZONE, "emulator default")
+        proj = find_project(project, env=env, project_file=file_project) or Resolved(
+            EMULATED_PROJECT, "emulator default"
+        )
+        zn = find_zone(zone, env=env, project_file=file_zone)
+        return proj, zn or Resolved(EMULATED_ZONE, "emulator default")
     # Only Google's endpoint receives credentials, so only it may name the project.
     adc = adc_project if target.mode == "google" else None
-    zn = resolve_zone(zone, env=env)
-    return resolve_project(project, env=env, adc_project=adc), zn
+    zn = resolve_zone(zone, env=env, project_file=file_zone)
+    return resolve_project(project, env=env, adc_project=adc, project_file=file_project), zn

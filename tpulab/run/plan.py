@@ -40,6 +40,9 @@ class PlanEnvelope(Envelope):
     project_source: str  # where the value came from: a flag, the environment, gcloud...
     zone: str
     zone_source: str
+    # Every configurable value's origin (flag, env, [tool.tpulab], default), the workload's
+    # fields included: RunSpec.sources, the one place that records them.
+    sources: dict[str, str]
     node_name: str
     accelerator_type: str
     runtime_version: str
@@ -99,6 +102,7 @@ def plan_envelope(
         project_source=spec.project.source,
         zone=spec.zone.value,
         zone_source=spec.zone.source,
+        sources=spec.sources,
         node_name=spec.node_name,
         accelerator_type=accel.name,
         runtime_version=accel.runtime_version,
