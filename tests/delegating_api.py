@@ -8,7 +8,7 @@ against the emulator.
 
 from __future__ import annotations
 
-from tpulab.cloud.api import TpuApi
+from tpulab.cloud.api import QueuedResourceInfo, QueuedResourceRequest, TpuApi
 from tpulab.models import NodeInfo, NodeRequest
 
 __all__ = ["DelegatingTpuApi"]
@@ -40,3 +40,15 @@ class DelegatingTpuApi:
 
     def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
         return self.api.guest_attributes(zone, node_id, query_path)
+
+    def create_queued_resource(self, zone: str, qr_id: str, request: QueuedResourceRequest) -> str:
+        return self.api.create_queued_resource(zone, qr_id, request)
+
+    def get_queued_resource(self, zone: str, qr_id: str) -> QueuedResourceInfo:
+        return self.api.get_queued_resource(zone, qr_id)
+
+    def list_queued_resources(self, zone: str) -> list[QueuedResourceInfo]:
+        return self.api.list_queued_resources(zone)
+
+    def delete_queued_resource(self, zone: str, qr_id: str, *, force: bool) -> str:
+        return self.api.delete_queued_resource(zone, qr_id, force=force)

@@ -141,7 +141,7 @@ def test_a_type_no_zone_offers_ends_after_one_pass_even_when_retrying(
 def test_retry_until_up_waits_for_capacity(embedded_rig: Rig) -> None:
     faults = embedded_rig.emulator.faults
     faults.stockout_zones = ["us-central1-a", "us-west1-c"]
-    faults.capacity_after = 2.0
+    faults.capacity_after = {"*": 2.0}
     spec = _spec(embedded_rig, ["us-central1-a", "us-west1-c"], retry_until_up=True, retry_for=20)
     runner, recorder = _attempts(embedded_rig, spec)
     assert runner.run().succeeded

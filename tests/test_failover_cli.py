@@ -129,7 +129,7 @@ def test_permission_denied_stops_before_any_other_zone(served: Emulator) -> None
 @pytest.mark.slow
 def test_retry_until_up_succeeds_when_capacity_arrives_after_8s(served: Emulator) -> None:
     served.faults.stockout_zones = ["us-central1-a"]
-    served.faults.capacity_after = 8.0
+    served.faults.capacity_after = {"us-central1-a": 8.0}
     done = _run(served, "--zone", "us-central1-a", "--retry-until-up", "--retry-for", "20s")
     assert done.returncode == EXIT_OK, done.stdout + done.stderr
     out = done.stdout

@@ -65,7 +65,7 @@ def test_capacity_arrives_after_the_first_stockout(
     emulator: Emulator, tpu_api: GoogleTpuApi
 ) -> None:
     emulator.faults.stockout_zones = ["us-central1-a"]
-    emulator.faults.capacity_after = 1.0
+    emulator.faults.capacity_after = {"us-central1-a": 1.0}
     began = time.monotonic()
     with pytest.raises(E.StockoutError):
         _create(tpu_api, "us-central1-a", "c1")
@@ -102,10 +102,23 @@ def test_preempt_nodes_limits_how_many_spot_nodes_are_preempted(
 
 def test_new_faults_are_checked_over_the_admin_endpoint(emulator: Emulator) -> None:
     plan = emulator.faults
-    plan.update({"capacity_after": 8, "preempt_nodes": 2, "quota_regions": ["us-east5"]})
-    assert (plan.capacity_after, plan.preempt_nodes, plan.quota_regions) == (8.0, 2, ["us-east5"])
-    plan.update({"capacity_after": None, "preempt_nodes": None})
-    assert (plan.capacity_after, plan.preempt_nodes) == (None, None)
-    for bad in ({"capacity_after": -1}, {"preempt_nodes": 1.5}, {"deny_zones": "z"}):
+    plan.update({"create_preempted": 1, "preempt_nodes": 2, "quota_regions": ["us-east5"]})
+    assert (plan.create_preempted, plan.preempt_nodes, plan.quota_regions) == (1, 2, ["us-east5"])
+    plan.update({"preempt_nodes": None})
+    assert plan.preempt_nodes is None
+    for bad in ({"preempt_nodes": 1.5}, {"deny_zones": "z"}, {"create_preempted": -1}):
         with pytest.raises(ValueError):
             plan.update(bad)
+
+
+def test_a_stocked_out_zone_not_named_in_capacity_after_stays_stocked_out(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    # capacity_after names when capacity arrives; a zone it does not name never gets any
+    # (queued resources read the same map, where "not named" means "at once").
+    emulator.faults.stockout_zones = ["us-central1-a", "us-west4-a"]
+    emulator.faults.capacity_after = {"us-west4-a": 0.0}
+    _create(tpu_api, "us-west4-a", "w1")
+    with pytest.raises(E.StockoutError):
+        _create(tpu_api, "us-central1-a", "c1")
+    assert emulator.node_names() == ["w1"]

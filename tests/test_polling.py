@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tpulab.cloud.api import QueuedResourceInfo, QueuedResourceRequest
 from tpulab.cloud.polling import wait_for_state
 from tpulab.errors import (
     DeadlineError,
@@ -188,6 +189,20 @@ class ScriptedApi:
         raise NotImplementedError
 
     def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
+        raise NotImplementedError
+
+    # Queued resources are not part of a node wait.
+
+    def create_queued_resource(self, zone: str, qr_id: str, request: QueuedResourceRequest) -> str:
+        raise NotImplementedError
+
+    def get_queued_resource(self, zone: str, qr_id: str) -> QueuedResourceInfo:
+        raise NotImplementedError
+
+    def list_queued_resources(self, zone: str) -> list[QueuedResourceInfo]:
+        raise NotImplementedError
+
+    def delete_queued_resource(self, zone: str, qr_id: str, *, force: bool) -> str:
         raise NotImplementedError
 
 

@@ -3,7 +3,9 @@
     TpuLabError                      .hint says what the user can do about it
     ├── ConfigError                  bad input or missing configuration; nothing was created
     │   ├── UnknownAcceleratorError      not in the catalog (suggests the nearest name)
-    │   └── UnsupportedAcceleratorError  known, but not runnable yet (multi-host)
+    │   ├── UnsupportedAcceleratorError  known, but not runnable yet (multi-host)
+    │   └── WorkspaceError               the upload or a --fetch pattern is refused
+    │                                        (missing, over the cap, secret-looking)
     ├── CloudError                   the Cloud TPU API said no (.status, .api_message)
     │   ├── StockoutError                zone has no capacity (operation code 8, or 9 for
     │   │                                    reserved capacity)
@@ -78,6 +80,7 @@ __all__ = [
     "UnreachableError",
     "UnsupportedAcceleratorError",
     "VerificationError",
+    "WorkspaceError",
     "shown",
     "target_for",
 ]
@@ -117,6 +120,12 @@ class UnknownAcceleratorError(ConfigError):
 
 class UnsupportedAcceleratorError(ConfigError):
     """A type the catalog knows but `run` cannot drive yet (multi-host slices)."""
+
+
+class WorkspaceError(ConfigError):
+    """The workspace cannot go up as it is, or a `--fetch` pattern is not allowed.
+
+    Raised before any API call, so nothing exists yet."""
 
 
 class CloudError(TpuLabError):
@@ -293,6 +302,9 @@ class LeakedNode:
     name: str
     target: str = TARGET_GOOGLE
     run_id: str | None = None
+    # The QueuedResource holding the node (`run --queued`): deleting it with --force is
+    # what deletes both; deleting only the node would leave the queued resource behind.
+    queued_resource: str | None = None
 
     def manual_delete_command(self) -> str:
         if self.target == TARGET_EMULATE:
@@ -301,6 +313,11 @@ class LeakedNode:
             f"gcloud compute tpus tpu-vm delete {self.name} "
             f"--project={self.project} --zone={self.zone} --quiet"
         )
+        if self.queued_resource:
+            gcloud = (
+                f"gcloud compute tpus queued-resources delete {self.queued_resource} --force "
+                f"--project={self.project} --zone={self.zone} --quiet"
+            )
         if self.target == TARGET_GOOGLE:
             return gcloud
         # gcloud against the endpoint, as in the README's emulator section.

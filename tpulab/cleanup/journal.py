@@ -47,7 +47,10 @@ __all__ = [
     "target_for",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Each step takes a journal of the version before it one version up (the key): schema 2
+# records the queued resource a `--queued` run asked for its node through.
+_MIGRATIONS = {1: ("ALTER TABLE runs ADD COLUMN queued_resource TEXT",)}
 # The embedded emulator listens on a random port per process, so its rows are keyed by
 # TARGET_EMULATE (tpulab.errors, beside LeakedNode) rather than by a URL no later process
 # could reach.
@@ -73,7 +76,8 @@ CREATE TABLE runs (
     proc_start  TEXT,
     ended       TEXT,
     teardown    TEXT CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created')),
-    detail      TEXT NOT NULL DEFAULT ''
+    detail      TEXT NOT NULL DEFAULT '',
+    queued_resource TEXT
 );
 CREATE INDEX runs_by_teardown ON runs (teardown);
 CREATE INDEX runs_by_node ON runs (project, zone, node_name);
@@ -83,26 +87,27 @@ CREATE INDEX runs_by_node ON runs (project, zone, node_name);
 # except as a bound parameter.
 _INSERT = (
     "INSERT INTO runs (run_id, project, zone, node_name, accelerator, target, emulated, "
-    "spot, started, updated, phase, pid, host, proc_start, ended, teardown, detail) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "spot, started, updated, phase, pid, host, proc_start, ended, teardown, detail, "
+    "queued_resource) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _SELECT_ONE = (
     "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
-    "updated, phase, pid, host, proc_start, ended, teardown, detail FROM runs WHERE run_id = ?"
+    "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource "
+    "FROM runs WHERE run_id = ?"
 )
 _SELECT_OPEN = (
     "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
-    "updated, phase, pid, host, proc_start, ended, teardown, detail FROM runs "
+    "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource FROM runs "
     "WHERE teardown IS NULL OR teardown = 'unconfirmed' ORDER BY started, rowid"
 )
 _SELECT_ALL = (
     "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
-    "updated, phase, pid, host, proc_start, ended, teardown, detail FROM runs "
+    "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource FROM runs "
     "ORDER BY started DESC, rowid DESC LIMIT ?"
 )
 _SELECT_NODE = (
     "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
-    "updated, phase, pid, host, proc_start, ended, teardown, detail FROM runs "
+    "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource FROM runs "
     "WHERE project = ? AND zone = ? AND node_name = ? ORDER BY started DESC, rowid DESC"
 )
 
@@ -151,6 +156,7 @@ class RunRow:
     ended: datetime | None = None
     teardown: TeardownResult | None = None
     detail: str = ""
+    queued_resource: str | None = None  # --queued: the QueuedResource holding the node
 
     @classmethod
     def for_this_process(
@@ -166,6 +172,7 @@ class RunRow:
         spot: bool = False,
         phase: str = "create",
         started: datetime | None = None,
+        queued_resource: str | None = None,
     ) -> RunRow:
         """A new row owned by the calling process (pid and host let a sweep skip it)."""
         pid = os.getpid()
@@ -183,6 +190,7 @@ class RunRow:
             pid=pid,
             host=socket.gethostname(),
             proc_start=process_marker(pid),
+            queued_resource=queued_resource,
         )
 
     @property
@@ -222,7 +230,7 @@ def _parse(text: str | None) -> datetime | None:
 
 def _row(values: Sequence[object]) -> RunRow:
     (run_id, project, zone, node, acc, target, emulated, spot, started, updated, phase, pid,
-     host, proc_start, ended, teardown, detail) = values  # fmt: skip
+     host, proc_start, ended, teardown, detail, queued) = values  # fmt: skip
     started_at = _parse(str(started))
     assert started_at is not None
     if teardown is not None and teardown not in _TEARDOWN_RESULTS:
@@ -245,6 +253,7 @@ def _row(values: Sequence[object]) -> RunRow:
         ended=_parse(None if ended is None else str(ended)),
         teardown=teardown,  # type: ignore[arg-type]  # checked just above
         detail=str(detail),
+        queued_resource=None if queued is None else str(queued),
     )
 
 
@@ -276,6 +285,7 @@ class Journal:
             row.run_id, row.project, row.zone, row.node_name, row.accelerator, row.target,
             int(row.emulated), int(row.spot), _iso(row.started), _iso(row.updated),
             row.phase, row.pid, row.host, row.proc_start, None, None, row.detail,
+            row.queued_resource,
         )  # fmt: skip
         with self._transaction(write=True) as conn:
             try:
@@ -387,6 +397,13 @@ class Journal:
             if version == 0:
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            elif version < SCHEMA_VERSION:
+                # An older tpulab's journal: its open rows must stay findable, so migrate
+                # in place (inside this transaction: all steps or none).
+                for step in range(version, SCHEMA_VERSION):
+                    for statement in _MIGRATIONS[step]:
+                        conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             elif version > SCHEMA_VERSION:
                 raise JournalError(
@@ -526,6 +543,7 @@ class RunJournalAdapter:
                 target=spec.target,
                 emulated=spec.emulated,
                 spot=spec.spot,
+                queued_resource=spec.node_name if spec.queued else None,
             )
         )
 

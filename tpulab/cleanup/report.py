@@ -52,6 +52,8 @@ class ListedNodeReport(NodeReport):
     price_per_hour_usd: float | None  # None when the type is not in tpulab's catalog
     external_ip: str | None
     journal: str | None  # this machine's journal's view of the node, if it has one
+    queued_resource: str | None  # the queued resource holding (or still making) the node
+    queued_state: str | None  # its QueuedResourceState, e.g. WAITING_FOR_RESOURCES
 
 
 class JournalMissingRow(_Part):
@@ -103,6 +105,8 @@ def _listed(item: ListedNode, journal: str | None) -> ListedNodeReport:
             "price_per_hour_usd": item.price_per_hour,
             "external_ip": node.external_ip,
             "journal": journal,
+            "queued_resource": item.queued_resource,
+            "queued_state": item.queued_state,
         }
     )
 

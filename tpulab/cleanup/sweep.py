@@ -12,6 +12,11 @@ that was lost or corrupted). Rules (invariant 4 of DESIGN.md):
 - a journal row is closed only on evidence: its node was deleted and confirmed gone,
   or its zone was listed and no node carries its run label.
 
+Queued resources (`run --queued`) are found the same two ways: the journal row names
+one, and a listed queued resource whose node spec carries tpulab's labels is ours. It
+is a candidate with its node (or, before capacity came, the node it would make), and
+is deleted with force by the same teardown, which confirms both gone.
+
 Deletion is `teardown.delete_and_confirm`, the same code `tpulab run` uses. `verify`
 lists again at the end: the sweep is clean only when no tpulab node remains in scope and
 every zone could be listed.
@@ -27,7 +32,8 @@ from datetime import datetime, timezone
 
 from tpulab import catalog
 from tpulab.cleanup.journal import Journal, RunRow, row_is_live, target_for
-from tpulab.cloud.api import TpuApi
+from tpulab.cleanup.listing import queued_as_node
+from tpulab.cloud.api import QueuedResourceInfo, TpuApi
 from tpulab.config import Scope
 from tpulab.errors import (
     TARGET_GOOGLE,
@@ -65,6 +71,7 @@ class Candidate:
     age_seconds: float | None
     estimated_cost: float | None
     target: str = TARGET_GOOGLE  # the API it lives behind (journal vocabulary)
+    queued: QueuedResourceInfo | None = None  # the queued resource holding the node
 
     @property
     def run_id(self) -> str | None:
@@ -76,7 +83,8 @@ class Candidate:
 
     def leaked(self) -> LeakedNode:
         node = self.node
-        return LeakedNode(node.project, node.zone, node.name, self.target, self.run_id)
+        queued = self.queued.name if self.queued else None
+        return LeakedNode(node.project, node.zone, node.name, self.target, self.run_id, queued)
 
 
 @dataclass
@@ -141,6 +149,25 @@ def _list_zone(
     """List a zone, riding out transient errors for `list_for` seconds."""
     return retry_call(
         lambda: api.list_nodes(zone),
+        retry_if=lambda error: isinstance(error, TransientError),
+        timeout=list_for,
+        clock=clock,
+        sleep=sleep,
+        backoff=Backoff(initial=0.5, cap=8.0, factor=2.0),
+    )
+
+
+def _list_queued(
+    api: TpuApi,
+    zone: str,
+    *,
+    list_for: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> list[QueuedResourceInfo]:
+    """A zone's queued resources, riding out transient errors as `_list_zone` does."""
+    return retry_call(
+        lambda: api.list_queued_resources(zone),
         retry_if=lambda error: isinstance(error, TransientError),
         timeout=list_for,
         clock=clock,
@@ -219,9 +246,20 @@ def find_orphans(
     for zone in plan.zones:
         try:
             listed = _list_zone(api, zone, list_for=list_for, clock=clock, sleep=sleep)
+            queued = _list_queued(api, zone, list_for=list_for, clock=clock, sleep=sleep)
         except CloudError as error:
             plan.list_errors[zone] = error.message
             continue
+        # Ours by the labels of the node spec (a queued resource has none of its own).
+        queued_by_node = {
+            (found.node_id or found.name): found for found in queued if found.managed_by_tpulab
+        }
+        listed_names = {node.name for node in listed}
+        listed = listed + [
+            queued_as_node(found)
+            for name, found in queued_by_node.items()
+            if name not in listed_names
+        ]
         open_names = {row.node_name for row in rows if row.zone == zone}
         for node in listed:
             if not node.managed_by_tpulab:
@@ -235,7 +273,8 @@ def find_orphans(
             known = rows_by_run.get(node.run_id or "")
             live = known is not None and known.teardown is None and row_is_live(known)
             age, cost = _age_and_cost(node, known, now)
-            candidate = Candidate(node, known, live, age, cost, target)
+            holder = queued_by_node.get(node.name) if node.managed_by_tpulab else None
+            candidate = Candidate(node, known, live, age, cost, target, holder)
             if live and not include_live:
                 plan.live.append(candidate)
             else:
@@ -273,9 +312,12 @@ def verify_clean(
     for zone in zones:
         try:
             listed = _list_zone(api, zone, list_for=list_for, clock=clock, sleep=sleep)
+            queued = _list_queued(api, zone, list_for=list_for, clock=clock, sleep=sleep)
         except CloudError as error:
             errors[zone] = error.message
             continue
+        names = {node.name for node in listed}
+        listed += [queued_as_node(q) for q in queued if (q.node_id or q.name) not in names]
         remaining.extend(
             node
             for node in listed
@@ -319,6 +361,7 @@ def sweep(
                 # still deletes by name only a node carrying managed-by=tpulab.
                 known_ours=node.run_id is None,
                 timeout=timeout,
+                queued_resource=candidate.queued.name if candidate.queued else None,
                 poll=poll,
                 max_poll=max_poll,
                 clock=clock,

@@ -43,7 +43,8 @@ def _list_table(listing: Listing, journal_states: dict[tuple[str, str, str], str
             node.name,
             node.zone,
             node.accelerator_type + (" (spot)" if node.spot else ""),
-            node.state.value,
+            node.state.value
+            + (f" (queued resource {item.queued_state})" if item.queued_state else ""),
             age_text(item.age_seconds),
             node.run_id or "-",
             cost_text(item.estimated_cost),

@@ -262,6 +262,22 @@ def run_command(
             help="With --retry-until-up: how long to keep trying, e.g. 20m, 1h.",
         ),
     ] = None,
+    queued: Annotated[
+        bool,
+        typer.Option(
+            "--queued",
+            help="Ask for the VM through a queued resource: the service waits for capacity "
+            "(states ACCEPTED, WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE).",
+        ),
+    ] = False,
+    valid_for: Annotated[
+        str | None,
+        typer.Option(
+            "--valid-for",
+            help="With --queued: how long it may wait for capacity (e.g. 30s, 10m, 6h); "
+            "past that it FAILS and the run ends (exit 3).",
+        ),
+    ] = None,
     emulate: Annotated[
         bool, typer.Option("--emulate", help="Run the whole lifecycle against a local emulator.")
     ] = False,
@@ -431,6 +447,8 @@ def run_command(
             boot_timeout=boot_timeout,
             bootstrap_timeout=bootstrap_timeout,
             internal_ip=internal_ip,
+            queued=queued,
+            valid_for=valid_for,
             installer=installer,
             ssh_backend=ssh_backend,
             adc_project=None if dry_run else adc_project,

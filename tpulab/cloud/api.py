@@ -7,11 +7,55 @@ Errors are those of `tpulab.errors`.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Protocol
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from tpulab.contract import MANAGED_BY_LABEL, MANAGED_BY_VALUE, RUN_ID_LABEL
 from tpulab.models import NodeInfo, NodeRequest
 
-__all__ = ["TpuApi"]
+__all__ = ["QUEUED_FINAL_STATES", "QueuedResourceInfo", "QueuedResourceRequest", "TpuApi"]
+
+# QueuedResourceState.State values after which no node will come (without a new request).
+QUEUED_FINAL_STATES = frozenset({"FAILED", "SUSPENDED"})
+
+
+class QueuedResourceRequest(BaseModel):
+    """What `create_queued_resource` sends: one node spec (as for CreateNode) and the
+    queueing policy. The spot tier is the node request's `spot`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node_id: str
+    node: NodeRequest
+    valid_for_seconds: int | None = None  # queueingPolicy.validUntilDuration
+
+
+class QueuedResourceInfo(BaseModel):
+    """A queued resource as the API reports it. The v2 QueuedResource has no labels of
+    its own, so `labels` are those of the node in its spec: how tpulab finds its own."""
+
+    model_config = ConfigDict(frozen=True)
+
+    project: str
+    zone: str
+    name: str  # the short queued resource id
+    node_id: str = ""
+    state: str = "STATE_UNSPECIFIED"  # QueuedResourceState.State name
+    accelerator_type: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    spot: bool = False
+    failure: str = ""  # state.failedData.error.message, when FAILED
+    create_time: datetime | None = None
+
+    @property
+    def managed_by_tpulab(self) -> bool:
+        return self.labels.get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE
+
+    @property
+    def run_id(self) -> str | None:
+        return self.labels.get(RUN_ID_LABEL)
 
 
 class TpuApi(Protocol):
@@ -44,4 +88,19 @@ class TpuApi(Protocol):
 
     def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
         """Worker 0's guest attributes as {"namespace/key": value}."""
+        ...
+
+    def create_queued_resource(self, zone: str, qr_id: str, request: QueuedResourceRequest) -> str:
+        """Send CreateQueuedResource; return the operation name. Does not wait."""
+        ...
+
+    def get_queued_resource(self, zone: str, qr_id: str) -> QueuedResourceInfo: ...
+
+    def list_queued_resources(self, zone: str) -> list[QueuedResourceInfo]:
+        """Every queued resource in the zone, all pages followed."""
+        ...
+
+    def delete_queued_resource(self, zone: str, qr_id: str, *, force: bool) -> str:
+        """Send DeleteQueuedResource (`force` deletes its node too); return the operation
+        name. NotFoundError if already gone."""
         ...

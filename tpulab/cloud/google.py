@@ -21,7 +21,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from tpulab.cloud import rest
-from tpulab.cloud.api import TpuApi
+from tpulab.cloud.api import QueuedResourceInfo, QueuedResourceRequest, TpuApi
 from tpulab.cloud.classify import HTTP_STATUS, RPC_STATUS, error_for_status, hint_for
 from tpulab.cloud.polling import operation_schedule
 from tpulab.config.endpoint import classify_endpoint
@@ -163,7 +163,8 @@ def _operation_what(operation: Any) -> str:
     if operation.metadata.Unpack(metadata) and metadata.verb and metadata.target:
         parts = metadata.target.split("/")
         if len(parts) >= 6:
-            return f"{metadata.verb} node {parts[-1]} in {parts[3]}"
+            kind = "queued resource" if parts[-2] == "queuedResources" else "node"
+            return f"{metadata.verb} {kind} {parts[-1]} in {parts[3]}"
     return f"complete operation {operation.name}"
 
 
@@ -378,6 +379,96 @@ class GoogleTpuApi:
             return {}
         worker0 = response.guest_attributes[0]
         return {f"{item.namespace}/{item.key}": item.value for item in worker0.query_value.items}
+
+    # -- queued resources ------------------------------------------------------------
+
+    def create_queued_resource(self, zone: str, qr_id: str, request: QueuedResourceRequest) -> str:
+        from google.cloud import tpu_v2
+
+        wire = rest.create_queued_resource(self.project, zone, qr_id, request)
+        create = _parse(tpu_v2.CreateQueuedResourceRequest, wire)
+        operation = self._call(
+            lambda: self._client.create_queued_resource(
+                request=create, retry=None, timeout=self._request_timeout
+            ),
+            f"create queued resource {qr_id} in {zone}",
+            idempotent=False,
+        )
+        return str(operation.operation.name)
+
+    def get_queued_resource(self, zone: str, qr_id: str) -> QueuedResourceInfo:
+        from google.cloud import tpu_v2
+
+        wire = rest.get_queued_resource(self.project, zone, qr_id)
+        request = _parse(tpu_v2.GetQueuedResourceRequest, wire)
+        resource = self._call(
+            lambda: self._client.get_queued_resource(
+                request=request, retry=None, timeout=self._request_timeout
+            ),
+            f"get queued resource {qr_id} in {zone}",
+            idempotent=True,
+        )
+        return self._to_queued_info(resource, zone)
+
+    def list_queued_resources(self, zone: str) -> list[QueuedResourceInfo]:
+        from google.cloud import tpu_v2
+
+        found: list[QueuedResourceInfo] = []
+        token = ""
+        while True:
+            wire = rest.list_queued_resources(
+                self.project, zone, page_size=self._list_page_size, page_token=token
+            )
+            request = _parse(tpu_v2.ListQueuedResourcesRequest, wire)
+            page = self._call(  # one page per call, as list_nodes does
+                partial(
+                    self._client.list_queued_resources,
+                    request=request,
+                    retry=None,
+                    timeout=self._request_timeout,
+                ),
+                f"list queued resources in {zone}",
+                idempotent=True,
+            )
+            found.extend(self._to_queued_info(r, zone) for r in page.queued_resources)
+            token = str(page.next_page_token)
+            if not token:
+                return found
+
+    def delete_queued_resource(self, zone: str, qr_id: str, *, force: bool) -> str:
+        from google.cloud import tpu_v2
+
+        wire = rest.delete_queued_resource(self.project, zone, qr_id, force=force)
+        request = _parse(tpu_v2.DeleteQueuedResourceRequest, wire)
+        operation = self._call(
+            lambda: self._client.delete_queued_resource(
+                request=request, retry=None, timeout=self._request_timeout
+            ),
+            f"delete queued resource {qr_id} in {zone}",
+            idempotent=False,
+        )
+        return str(operation.operation.name)
+
+    def _to_queued_info(self, resource: Any, zone: str) -> QueuedResourceInfo:
+        parts = str(resource.name).split("/")
+        specs = list(resource.tpu.node_spec) if resource.tpu else []
+        node = specs[0].node if specs else None
+        state = resource.state
+        failure = ""
+        if state is not None and "failed_data" in state and state.failed_data.error:
+            failure = str(state.failed_data.error.message)
+        return QueuedResourceInfo(
+            project=self.project,
+            zone=parts[3] if len(parts) >= 6 else zone,
+            name=parts[-1],
+            node_id=str(specs[0].node_id) if specs else "",
+            state=state.state.name if state is not None else "STATE_UNSPECIFIED",
+            accelerator_type=str(node.accelerator_type) if node is not None else "",
+            labels=dict(node.labels) if node is not None else {},
+            spot="spot" in resource,
+            failure=failure,
+            create_time=resource.create_time if "create_time" in resource else None,
+        )
 
     # -- plumbing --------------------------------------------------------------------
 

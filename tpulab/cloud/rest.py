@@ -13,14 +13,20 @@ tests/test_plan_is_the_run.py holds them against what the emulator receives.
     delete_node   DELETE /v2/{name}
     guest attrs   POST   /v2/{name}:getGuestAttributes   body: {queryPath, workerIds}
     operation     GET    /v2/{name}                      (the operations mixin)
+    create QR     POST   /v2/{parent}/queuedResources?queuedResourceId=Q  body: QueuedResource
+    get QR        GET    /v2/{name}
+    list QRs      GET    /v2/{parent}/queuedResources?pageSize=&pageToken=
+    delete QR     DELETE /v2/{name}?force=true
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tpulab.cloud.api import QueuedResourceRequest
 from tpulab.models import NodeRequest
 
 __all__ = [
@@ -28,14 +34,20 @@ __all__ = [
     "TRANSPORT_ALT",
     "WireRequest",
     "create_node",
+    "create_queued_resource",
     "delete_node",
+    "delete_queued_resource",
     "get_guest_attributes",
     "get_node",
     "get_operation",
+    "get_queued_resource",
     "list_nodes",
+    "list_queued_resources",
     "node_body",
     "node_path",
     "parent_path",
+    "queued_resource_body",
+    "queued_resource_path",
 ]
 
 API_VERSION = "v2"
@@ -117,7 +129,8 @@ def _transcode(
         payload = dict(rest.pop(body))
     else:
         payload = None
-    query = [(key, str(value)) for key, value in rest.items()]
+    # A bool goes as JSON writes it ("true"), which is what the transport sends.
+    query = [(key, json.dumps(v) if isinstance(v, bool) else str(v)) for key, v in rest.items()]
     if alt:
         query.append(TRANSPORT_ALT)
     return WireRequest(rpc, method, path, tuple(query), payload, dict(message))
@@ -179,3 +192,70 @@ def get_guest_attributes(
 
 def get_operation(operation_name: str) -> WireRequest:
     return _transcode("GetOperation", "GET", {"name": operation_name}, resource="name", alt=False)
+
+
+def queued_resource_path(project: str, zone: str, qr_id: str) -> str:
+    return f"{parent_path(project, zone)}/queuedResources/{qr_id}"
+
+
+def queued_resource_body(project: str, zone: str, request: QueuedResourceRequest) -> dict[str, Any]:
+    """The QueuedResource of a CreateQueuedResource, as JSON: the node as CreateNode
+    sends it, minus its schedulingConfig (gcloud's CreateNodeSpec sets none: a queued
+    resource asks for spot with its own `spot` tier), and the queueing policy."""
+    node = {k: v for k, v in node_body(request.node).items() if k != "schedulingConfig"}
+    body: dict[str, Any] = {
+        "tpu": {
+            "nodeSpec": [
+                {"parent": parent_path(project, zone), "nodeId": request.node_id, "node": node}
+            ]
+        }
+    }
+    if request.node.spot:
+        body["spot"] = {}
+    if request.valid_for_seconds is not None:
+        # A google.protobuf.Duration in JSON: whole seconds, as the printer writes them.
+        body["queueingPolicy"] = {"validUntilDuration": f"{request.valid_for_seconds}s"}
+    return body
+
+
+def create_queued_resource(
+    project: str, zone: str, qr_id: str, request: QueuedResourceRequest
+) -> WireRequest:
+    message = {
+        "parent": parent_path(project, zone),
+        "queuedResourceId": qr_id,
+        "queuedResource": queued_resource_body(project, zone, request),
+    }
+    return _transcode(
+        "CreateQueuedResource",
+        "POST",
+        message,
+        resource="parent",
+        suffix="/queuedResources",
+        body="queuedResource",
+    )
+
+
+def get_queued_resource(project: str, zone: str, qr_id: str) -> WireRequest:
+    message = {"name": queued_resource_path(project, zone, qr_id)}
+    return _transcode("GetQueuedResource", "GET", message, resource="name")
+
+
+def list_queued_resources(
+    project: str, zone: str, *, page_size: int = 0, page_token: str = ""
+) -> WireRequest:
+    message: dict[str, Any] = {"parent": parent_path(project, zone)}
+    if page_size:
+        message["pageSize"] = page_size
+    if page_token:
+        message["pageToken"] = page_token
+    return _transcode(
+        "ListQueuedResources", "GET", message, resource="parent", suffix="/queuedResources"
+    )
+
+
+def delete_queued_resource(project: str, zone: str, qr_id: str, *, force: bool) -> WireRequest:
+    message: dict[str, Any] = {"name": queued_resource_path(project, zone, qr_id)}
+    if force:
+        message["force"] = True
+    return _transcode("DeleteQueuedResource", "DELETE", message, resource="name")

@@ -93,6 +93,8 @@ def run_inputs(
     bootstrap_timeout: float = Timeouts.bootstrap,
     payload_timeout: float = Timeouts.payload,
     internal_ip: bool = False,
+    queued: bool = False,
+    valid_for: str | None = None,
     workload: WorkloadFlags | None = None,
     cwd: Path | None = None,
 ) -> RunInputs:
@@ -136,6 +138,8 @@ def run_inputs(
         python=python,
         jax_version=jax_version,
         internal_ip=internal_ip,
+        queued=queued,
+        valid_for=valid_for,
         defaults=defaults,
     )
     spec = dataclasses.replace(

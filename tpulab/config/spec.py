@@ -26,6 +26,7 @@ from tpulab.config.resolve import (
     find_project,
     find_zone,
     given,
+    parse_duration,
     project_flag,
     resolve_project,
     resolve_zone,
@@ -136,6 +137,10 @@ class RunSpec:
     def capacity(self) -> Capacity:
         return Capacity(self.zones, self.recover, self.retry_until_up, self.retry_for)
 
+    # --queued: ask for the node through a QueuedResource (named like the node) and let
+    # the service wait for capacity, at most `valid_for` seconds when given.
+    queued: bool = False
+    valid_for: int | None = None
     accelerator_source: str = "--accelerator"  # or the workspace's [tool.tpulab]
     # The user's `-- CMD` (run after the verifier gated it); None: the run is verify-only.
     workload: WorkloadSpec | None = None
@@ -170,7 +175,12 @@ class RunSpec:
     def leaked_node(self) -> LeakedNode:
         """This run's node as a possible leak, with commands that work for its API."""
         return LeakedNode(
-            self.project.value, self.zone.value, self.node_name, self.target, self.run_id
+            self.project.value,
+            self.zone.value,
+            self.node_name,
+            self.target,
+            self.run_id,
+            queued_resource=self.node_name if self.queued else None,
         )
 
 
@@ -196,6 +206,8 @@ def build_run_spec(
     python: str | None = None,
     jax_version: str | None = None,
     internal_ip: bool = False,
+    queued: bool = False,
+    valid_for: str | None = None,
     defaults: ProjectDefaults | None = None,
 ) -> RunSpec:
     """Validate every input of a run before anything contacts the cloud (invariant 1).
@@ -241,6 +253,7 @@ def build_run_spec(
     python_request, python_source = choose_python(
         python, emulated=target.emulated, from_file=from_file
     )
+    window = check_valid_for(valid_for, queued=queued)
     return RunSpec(
         run_id=rid,
         accelerator=accel,
@@ -261,8 +274,33 @@ def build_run_spec(
         recover=capacity.recover,
         retry_until_up=capacity.retry_until_up,
         retry_for=capacity.retry_for,
+        queued=queued,
+        valid_for=window,
         accelerator_source=accel_source,
     )
+
+
+# How long a queued resource may wait for capacity. The API documents no bound of its
+# own; a week keeps a typo ("30d" for "30m") from queueing a request for a month.
+MAX_VALID_FOR_SECONDS = 7 * 86400
+
+
+def check_valid_for(text: str | None, *, queued: bool) -> int | None:
+    """--valid-for as whole seconds (what validUntilDuration carries), or None."""
+    if text is None:
+        return None
+    if not queued:
+        raise ConfigError(
+            "--valid-for applies only to queued resources.",
+            hint="Add --queued, or leave --valid-for out.",
+        )
+    seconds = parse_duration("--valid-for", text)
+    if seconds > MAX_VALID_FOR_SECONDS:
+        raise ConfigError(
+            f"Invalid --valid-for {text!r}: at most 7d (a week).",
+            hint="Pass how long the queued resource may wait for capacity, e.g. 30m or 6h.",
+        )
+    return max(1, math.ceil(seconds))
 
 
 def _accelerator(

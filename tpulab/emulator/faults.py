@@ -31,6 +31,10 @@ METHODS = (
     "get_accelerator_type",
     "list_runtime_versions",
     "get_runtime_version",
+    "create_queued_resource",
+    "get_queued_resource",
+    "list_queued_resources",
+    "delete_queued_resource",
 )
 
 # What `guest_attributes_error` may be: the HTTP status and google.rpc status it answers.
@@ -43,9 +47,6 @@ class FaultPlan:
     """Every create operation fails with code 8 "no more capacity" (any zone)."""
     stockout_zones: list[str] = field(default_factory=list)
     """Create operations fail with a stockout in these zones only."""
-    capacity_after: float | None = None
-    """Stockouts end this many seconds after the first create that met one: capacity
-    arriving later (what --retry-until-up waits for). None: they never end."""
     quota: bool = False
     """Create is refused synchronously with 429 RESOURCE_EXHAUSTED (quota)."""
     quota_zones: list[str] = field(default_factory=list)
@@ -101,6 +102,17 @@ class FaultPlan:
     """Passed to the host backend: nodes that become READY get an image whose python3
     lacks ensurepip, like Ubuntu without python3-venv (`python3 -m venv` refuses)."""
 
+    capacity_after: dict[str, float] = field(default_factory=dict)
+    """zone (or "*") -> seconds before capacity arrives there. A queued resource waits
+    that long after its creation, WAITING_FOR_RESOURCES (and FAILS if its validUntil
+    passes first); a zone not named has capacity at once for it. A stocked-out zone
+    (`stockout`, `stockout_zones`) named here gains capacity that long after the first
+    create that met the stockout (what --retry-until-up waits for); one not named stays
+    stocked out."""
+
+    def capacity_delay(self, zone: str) -> float:
+        return self.capacity_after.get(zone, self.capacity_after.get("*", 0.0))
+
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._stockout_began: float | None = None
@@ -139,12 +151,12 @@ class FaultPlan:
         """Whether a create in `zone` meets a stockout (at `now`, for capacity_after)."""
         if not (self.stockout or zone in self.stockout_zones):
             return False
-        if self.capacity_after is None or now is None:
+        if now is None or not ({zone, "*"} & set(self.capacity_after)):
             return True
         with self._lock:
             if self._stockout_began is None:
                 self._stockout_began = now
-            return now < self._stockout_began + self.capacity_after
+            return now < self._stockout_began + self.capacity_delay(zone)
 
     def quota_message(self, zone: str) -> str | None:
         """The 429 quota message a create in `zone` gets, or None."""
@@ -222,10 +234,18 @@ def _copy(value: Any) -> Any:
 
 
 # Faults that may be None ("off"), and the type their value has otherwise.
-_OPTIONAL: dict[str, Any] = {"preempt_after": 0.0, "capacity_after": 0.0, "preempt_nodes": 0}
+_OPTIONAL: dict[str, Any] = {"preempt_after": 0.0, "preempt_nodes": 0}
 
 
 def _checked(name: str, value: Any, default: Any) -> Any:
+    if name == "capacity_after":
+        # Seconds, so any finite number >= 0 (the other maps count calls: ints only).
+        if isinstance(value, dict) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+            for v in value.values()
+        ):
+            return {str(k): float(v) for k, v in value.items()}
+        raise ValueError(f"fault {name!r} cannot be {value!r}")
     if name in _OPTIONAL:
         if value is None:
             return None

@@ -36,6 +36,7 @@ from tpulab.contract import (
     OS_LOGIN_METADATA,
     SSH_KEYS_METADATA,
 )
+from tpulab.emulator import queued
 from tpulab.emulator.faults import GUEST_ATTRIBUTE_ERRORS, FaultPlan
 from tpulab.emulator.hosts import HostBackend
 from tpulab.emulator.persist import EmulatorStateError, StateFile
@@ -74,6 +75,14 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
             "POST",
             r"/locations/" + _Z + r"/nodes/(?P<node>[^/:]+):getGuestAttributes",
             "get_guest_attributes",
+        ),
+        ("GET", r"/locations/" + _Z + r"/queuedResources", "list_queued_resources"),
+        ("POST", r"/locations/" + _Z + r"/queuedResources", "create_queued_resource"),
+        ("GET", r"/locations/" + _Z + r"/queuedResources/(?P<qr>[^/:]+)", "get_queued_resource"),
+        (
+            "DELETE",
+            r"/locations/" + _Z + r"/queuedResources/(?P<qr>[^/:]+)",
+            "delete_queued_resource",
         ),
         ("GET", r"/locations/" + _Z + r"/operations", "list_operations"),
         ("GET", r"/locations/" + _Z + r"/operations/(?P<op>[^/]+)", "get_operation"),
@@ -262,7 +271,9 @@ class Emulator:
         gone: list[Record] = []
         with self._file.transaction() as data:
             cloud = CloudState(data, self.timing, self.faults)
-            gone = cloud.advance(self._clock())
+            now = self._clock()
+            gone = cloud.advance(now)
+            queued.advance_queued(cloud, now)  # may start or delete nodes: next advance
             yield cloud
         self._forget(gone)
         if gone:
@@ -562,22 +573,70 @@ class Emulator:
         now = self._clock()
         with self._transaction() as cloud:
             operation = cloud.get_operation(request.project, request.zone, name)
-            node = cloud.nodes.get(node_key(request.project, request.zone, operation["node"]))
-            return 200, operation_json(operation, node, now=now, as_int=request.as_int)
+            return 200, self._operation_json(cloud, operation, now, request.as_int)
+
+    def _operation_json(self, cloud: CloudState, op: Record, now: float, as_int: bool) -> Record:
+        if queued.is_queued_operation(op):
+            record = cloud.data.get("queued_resources", {}).get(
+                node_key(op["project"], op["zone"], op["node"])
+            )
+            return queued.queued_operation_json(op, record, now=now, as_int=as_int)
+        node = cloud.nodes.get(node_key(op["project"], op["zone"], op["node"]))
+        return operation_json(op, node, now=now, as_int=as_int)
 
     def _api_list_operations(self, request: _Request) -> tuple[int, Record]:
         now = self._clock()
         with self._transaction() as cloud:
             operations = [
-                operation_json(
-                    op,
-                    cloud.nodes.get(node_key(op["project"], op["zone"], op["node"])),
-                    now=now,
-                    as_int=request.as_int,
-                )
+                self._operation_json(cloud, op, now, request.as_int)
                 for op in cloud.list_operations(request.project, request.zone)
             ]
         return 200, self._page(request, operations, "operations")
+
+    # -- queued resources (the logic is queued.py's) ----------------------------------
+
+    def _api_create_queued_resource(self, request: _Request) -> tuple[int, Record]:
+        now = self._clock()
+        with self._transaction() as cloud:
+            operation = queued.create_queued_resource(
+                cloud,
+                request.project,
+                request.zone,
+                request.arg("queuedResourceId"),
+                request.body,
+                now,
+            )
+            answer = self._operation_json(cloud, operation, now, request.as_int)
+        self._wake.set()
+        return 200, answer
+
+    def _api_get_queued_resource(self, request: _Request) -> tuple[int, Record]:
+        with self._transaction() as cloud:
+            record = queued.get_queued_resource(
+                cloud, request.project, request.zone, request.params["qr"]
+            )
+            return 200, queued.queued_resource_json(record, as_int=request.as_int)
+
+    def _api_list_queued_resources(self, request: _Request) -> tuple[int, Record]:
+        with self._transaction() as cloud:
+            records = [
+                queued.queued_resource_json(r, as_int=request.as_int)
+                for r in queued.list_queued_resources(cloud, request.project, request.zone)
+            ]
+        page = self._page(request, records, "queuedResources")
+        page["unreachable"] = []
+        return 200, page
+
+    def _api_delete_queued_resource(self, request: _Request) -> tuple[int, Record]:
+        now = self._clock()
+        force = request.arg("force").lower() in {"true", "1"}
+        with self._transaction() as cloud:
+            operation = queued.delete_queued_resource(
+                cloud, request.project, request.zone, request.params["qr"], force, now
+            )
+            answer = self._operation_json(cloud, operation, now, request.as_int)
+        self._wake.set()
+        return 200, answer
 
     def _api_list_locations(self, request: _Request) -> tuple[int, Record]:
         locations = [_location(request.project, zone) for zone in sorted(ZONES)]

@@ -235,12 +235,16 @@ class EmbeddedHostBackend:
             command,
             cwd=node.sandbox,
             env=env,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE,  # fed from the channel, as sshd does
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # its own process group, so `stop` can end it all
         )
         node.processes.add(proc)
+        assert proc.stdin is not None
+        # Not awaited with the output: like sshd, a command that exits without reading
+        # all of its stdin ends the session (the client sees its status and stops sending).
+        feeding = asyncio.ensure_future(_feed(process.stdin, proc.stdin))
         try:
             assert proc.stdout is not None
             assert proc.stderr is not None
@@ -249,6 +253,8 @@ class EmbeddedHostBackend:
             )
             status = await proc.wait()
         finally:
+            feeding.cancel()
+            await asyncio.gather(feeding, return_exceptions=True)
             node.processes.discard(proc)
             # Close the subprocess transport now, on the loop: left to the garbage
             # collector it may be finalised after the loop has closed, and asyncio then
@@ -305,6 +311,16 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncssh.SSHWriter[bytes])
         with contextlib.suppress(Exception):
             writer.write(chunk)
             await writer.drain()
+
+
+async def _feed(reader: asyncssh.SSHReader[bytes], writer: asyncio.StreamWriter) -> None:
+    # The client's stdin to the command's, until the client's EOF (or the command exits).
+    with contextlib.suppress(Exception):
+        while chunk := await reader.read(_CHUNK):
+            writer.write(chunk)
+            await writer.drain()
+    with contextlib.suppress(Exception):
+        writer.close()
 
 
 def _authorized(ssh_keys_metadata: str) -> dict[str, set[bytes]]:

@@ -174,22 +174,7 @@ class CloudState:
         quota = self.faults.quota_message(zone)
         if quota is not None:
             raise ApiError(429, "RESOURCE_EXHAUSTED", quota, reason="RESOURCE_EXHAUSTED")
-        accelerator = _accelerator_type(body)
-        if self.faults.invalid_type or not zone_info.offers(accelerator):
-            raise ApiError(
-                400,
-                "INVALID_ARGUMENT",
-                "CloudTpu received an invalid AcceleratorType, want: one of "
-                f"[{' '.join(zone_info.accelerator_types())}], got: {accelerator}",
-            )
-        runtime = str(body.get("runtimeVersion") or body.get("runtime_version") or "")
-        if runtime not in zone_info.runtime_versions():
-            raise ApiError(
-                400,
-                "INVALID_ARGUMENT",
-                f"Invalid runtime version {runtime!r} in zone {zone}. Available versions: "
-                + ", ".join(zone_info.runtime_versions()),
-            )
+        accelerator, runtime = self.check_node_body(zone_info, body)
         key = node_key(project, zone, node_id)
         if key in self.nodes:
             raise ApiError(
@@ -252,6 +237,27 @@ class CloudState:
         operation = self._new_operation(project, zone, node_id, "create", now, ready_at, error)
         node["create_op"] = operation["name"]
         return operation
+
+    def check_node_body(self, zone_info: Zone, body: Record) -> tuple[str, str]:
+        """The (acceleratorType, runtimeVersion) of a Node body, or the API's 400 refusal.
+        A queued resource's nodeSpec is checked by this too, when it is created."""
+        accelerator = _accelerator_type(body)
+        if self.faults.invalid_type or not zone_info.offers(accelerator):
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                "CloudTpu received an invalid AcceleratorType, want: one of "
+                f"[{' '.join(zone_info.accelerator_types())}], got: {accelerator}",
+            )
+        runtime = str(body.get("runtimeVersion") or body.get("runtime_version") or "")
+        if runtime not in zone_info.runtime_versions():
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f"Invalid runtime version {runtime!r} in zone {zone_info.name}. Available "
+                "versions: " + ", ".join(zone_info.runtime_versions()),
+            )
+        return accelerator, runtime
 
     def get_node(self, project: str, zone: str, node_id: str) -> Record:
         zone_or_403(project, zone)
@@ -460,6 +466,12 @@ def node_json(node: Record, *, as_int: bool) -> Record:
         "labels": dict(node["labels"]),
         "metadata": dict(node["metadata"]),
         **({"tags": list(node["tags"])} if node.get("tags") else {}),
+        # Output only: the qualified name of the QueuedResource that requested the node.
+        **(
+            {"queuedResource": f"projects/{project}/locations/{zone}/queuedResources/{qr}"}
+            if (qr := node.get("queued_resource"))
+            else {}
+        ),
         "id": node["id"],
         "apiVersion": enum_value(API_VERSIONS, "V2", as_int=as_int),
     }

@@ -18,6 +18,8 @@ class Timing:
     """How long an UpdateNode operation runs; its changes apply when it ends."""
     stockout_seconds: float = 0.5
     """How long a create operation runs before failing with a stockout."""
+    queue_seconds: float = 1.0
+    """How long a queued resource stays ACCEPTED before WAITING_FOR_RESOURCES."""
     tick_seconds: float = 0.05
     """How often the background ticker advances state and starts SSH hosts."""
     page_size: int = 50
@@ -29,6 +31,7 @@ class Timing:
             "delete_seconds",
             "update_seconds",
             "stockout_seconds",
+            "queue_seconds",
             "tick_seconds",
         ):
             value = getattr(self, name)
@@ -46,5 +49,6 @@ class Timing:
             delete_seconds=0.1,
             update_seconds=0.1,
             stockout_seconds=0.1,
+            queue_seconds=0.05,
             tick_seconds=0.02,
         )

@@ -5,7 +5,8 @@ into paramiko objects. The client knows exactly one host key, the one the Cloud 
 published for the node, and uses `RejectPolicy`: any other key aborts the handshake
 before authentication, let alone before a command runs.
 
-`Connection` is a context manager, opened lazily, with `run`, `put` and `get`. Errors map
+`Connection` is a context manager, opened lazily, with `run`, `run_streaming` (stdin and
+stdout as byte streams: the workspace transfers), `put` and `get`. Errors map
 onto `tpulab.errors` at this seam:
 
       paramiko.BadHostKeyException, "not found in known_hosts"  -> HostKeyMismatchError
@@ -37,7 +38,7 @@ import select
 import shlex
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -98,6 +99,7 @@ def _said(error: BaseException) -> str:
 
 _CHUNK = 32 * 1024
 _TAIL = 2000
+_EOF_GRACE = 2.0  # seconds to wait for the output's EOF once the exit status is in
 
 
 # -- commands --------------------------------------------------------------------------
@@ -159,6 +161,16 @@ def _paramiko_host_key(host_key: HostKey) -> paramiko.PKey:
     import paramiko
 
     return paramiko.PKey.from_type_string(host_key.key_type, host_key.blob)
+
+
+def _chunks_of(source: BinaryIO | Iterable[bytes] | None) -> Iterator[bytes] | None:
+    """A stream's chunks: a file is read `_CHUNK` at a time, an iterable passes through."""
+    if source is None:
+        return None
+    if hasattr(source, "read"):
+        reader: BinaryIO = source  # type: ignore[assignment]
+        return iter(lambda: reader.read(_CHUNK), b"")
+    return (bytes(chunk) for chunk in source if chunk)
 
 
 # -- the connection --------------------------------------------------------------------
@@ -425,6 +437,125 @@ class Connection:
                 else "A stale process holds the TPU: kill it on the VM or recreate the node.",
             )
         return result
+
+    def run_streaming(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: BinaryIO | Iterable[bytes] | None,
+        stdout: BinaryIO | None,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+    ) -> RunResult:
+        """Run a command with its stdin fed from `stdin` (a file or an iterable of
+        chunks; None = closed) and its stdout written to `stdout` as it arrives (None =
+        discarded); stderr is captured into the result, whose `stdout` is empty. Both
+        directions move in `_CHUNK`s, interleaved, so neither side's pipe fills while the
+        other waits, and nothing is held in memory whole. Past `timeout` the remote
+        process group is killed and RemoteTimeoutError raised; the exit status is
+        returned, not checked (the transfers read their own verdicts)."""
+        command = remote_command(argv, env=env, timeout=timeout)
+        shown = shlex.join(argv)
+        if len(shown) > 120:
+            shown = shown[:117] + "..."
+        chunks = _chunks_of(stdin)
+        with self._mapped(f"opening a session for {shown!r}"):
+            channel = self._transport().open_session(timeout=self.banner_timeout)
+        err = _LineSplitter("stderr", None)
+        start = self._clock()
+        give_up = start + timeout + self.kill_grace
+        log.debug("ssh %s (streaming): %s", self.target, shown)
+        try:
+            with self._mapped(f"running {shown!r}"):
+                channel.exec_command(command)
+                status = self._pump_both(channel, chunks, stdout, err, give_up, shown, timeout)
+        finally:
+            channel.close()
+        err.feed(b"", final=True)
+        duration = self._clock() - start
+        if status in (-1, 124, 137) and duration >= timeout * 0.98:
+            raise RemoteTimeoutError(
+                f"{shown!r} on {self.target} ran past its {timeout:g}s timeout and was "
+                f"killed (remote exit status {status})",
+                hint="Raise the timeout if the transfer legitimately takes longer. "
+                "Last output: " + err.text[-300:],
+            )
+        if status == -1 and not self._client_active():
+            raise ConnectError(
+                f"The SSH connection to {self.target} dropped while running {shown!r}",
+                hint="The VM may have been preempted or rebooted; check its state.",
+            )
+        return RunResult(status, "", err.text, duration)
+
+    def _pump_both(
+        self,
+        channel: paramiko.Channel,
+        chunks: Iterator[bytes] | None,
+        stdout: BinaryIO | None,
+        err: _LineSplitter,
+        give_up: float,
+        shown: str,
+        timeout: float,
+    ) -> int:
+        """`_pump` with a stdin to feed: send when the window allows, drain always."""
+        pending = b""
+        exited_at: float | None = None
+        if chunks is None:
+            channel.shutdown_write()
+        while True:
+            progressed = False
+            while chunks is not None and channel.send_ready():
+                if channel.exit_status_ready() or channel.closed:
+                    chunks = None  # it has ended without reading it all: stop sending
+                    break
+                if not pending:
+                    pending = next(chunks, b"")
+                    if not pending:  # the source is exhausted: EOF to the command
+                        chunks = None
+                        channel.shutdown_write()
+                        break
+                try:
+                    sent = channel.send(pending[:_CHUNK])
+                except OSError:
+                    if not (channel.exit_status_ready() or channel.closed):
+                        raise
+                    chunks = None  # closed by the server between our check and the send
+                    break
+                pending = pending[sent:]
+                progressed = True
+                if channel.recv_ready() or channel.recv_stderr_ready():
+                    break  # drain before sending more, or the command may block on us
+            while channel.recv_ready():
+                data = channel.recv(_CHUNK)
+                if stdout is not None:
+                    stdout.write(data)
+                progressed = True
+            while channel.recv_stderr_ready():
+                err.feed(channel.recv_stderr(_CHUNK))
+                progressed = True
+            if channel.exit_status_ready() or channel.closed:
+                if channel.recv_ready() or channel.recv_stderr_ready():
+                    continue
+                # sshd may send the exit status BEFORE the last of the output (still in
+                # the command's pipes): wait for EOF, briefly, so a refusal's message
+                # is not lost. (A background process holding the pipes would block EOF.)
+                exited_at = exited_at if exited_at is not None else self._clock()
+                if channel.closed or channel.eof_received:
+                    break
+                if self._clock() - exited_at >= _EOF_GRACE:
+                    break
+            elif self._clock() >= give_up:
+                raise RemoteTimeoutError(
+                    f"{shown!r} on {self.target} did not end within {timeout:g}s "
+                    f"(+{self.kill_grace:g}s grace); the session was closed",
+                    hint="The remote `timeout` did not take effect; the process may "
+                    "still be running on the VM.",
+                )
+            if not progressed:
+                # Readable for output and EOF; a full send window has no fd event, so
+                # the nap stays short while there is something left to send.
+                select.select([channel], [], [], 0.01 if chunks is None else 0.002)
+        return channel.exit_status if channel.exit_status_ready() else -1
 
     def _pump(
         self,

@@ -63,6 +63,7 @@ from tpulab.errors import (
 from tpulab.models import NodeInfo, NodeRequest, NodeState
 from tpulab.polling import Backoff, retry_call
 from tpulab.remote import bootstrap as boot
+from tpulab.remote.workspace import StreamShell
 from tpulab.run.progress import NullObserver, Phase, RunJournal, RunObserver, TeardownStatus
 from tpulab.run.teardown import TeardownReport, delete_and_confirm
 
@@ -91,7 +92,7 @@ _REFUSED = (
 )
 
 
-class RemoteSession(boot.RemoteShell, Protocol):
+class RemoteSession(boot.RemoteShell, StreamShell, Protocol):
     """What the lifecycle needs from `tpulab.ssh.Connection`: the bootstrap's `run`,
     plus opening, closing and file transfer."""
 
@@ -414,6 +415,8 @@ class Lifecycle:
             description=f"tpulab run {self.spec.run_id}",
             external_ips=not self.spec.internal_ip,
         )
+        if self.spec.queued:
+            return self._create_through_queue(request)
         zone, name = self.spec.zone.value, self.spec.node_name
         deadline = self.clock() + self.spec.timeouts.create
         attempts = 0
@@ -504,6 +507,33 @@ class Lifecycle:
             self.outcome.create_accepted = False
             raise
         return f"node {name}" + (" (spot)" if self.spec.spot else "")
+
+    def _create_through_queue(self, request: NodeRequest) -> str:
+        """--queued: the same node request, through a QueuedResource (run/queued.py)."""
+        from tpulab.run.queued import create_through_queue
+
+        def sent() -> None:
+            self.outcome.create_sent = True
+            self._milestone("create_sent")
+
+        def refused() -> None:
+            self.outcome.create_sent = False
+
+        def accepted() -> None:
+            self.outcome.create_accepted = True
+
+        return create_through_queue(
+            self.api,
+            self.spec,
+            request,
+            on_sent=sent,
+            on_refused=refused,
+            on_accepted=accepted,
+            note=self.observer.note,
+            poll=self.poll,
+            clock=self.clock,
+            sleep=self.sleep,
+        )
 
     def _node_named_like_ours(self) -> NodeInfo | None:
         """GetNode by this run's node name; None on NOT_FOUND."""
@@ -770,6 +800,7 @@ class Lifecycle:
                     sleep=self.sleep,
                     notify=self.observer.note,
                     on_delete_sent=lambda at: self._milestone("delete_sent", at),
+                    queued_resource=name if self.spec.queued else None,
                 )
             except TeardownError as error:
                 failure = self._unconfirmed(

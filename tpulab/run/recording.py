@@ -25,13 +25,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from tpulab.cloud import rest
+from tpulab.cloud.api import QueuedResourceInfo, QueuedResourceRequest
 from tpulab.cloud.polling import operation_schedule
 from tpulab.config import RunSpec
 from tpulab.config.endpoint import classify_endpoint
@@ -43,6 +44,7 @@ from tpulab.polling import active_wait, poll_until
 from tpulab.remote import bootstrap as boot
 from tpulab.remote.cmdline import SHA256_TIMEOUT, remote_command, remote_path, sha256_command
 from tpulab.remote.keys import RunKey, SshTarget
+from tpulab.remote.workspace import planned_answer
 from tpulab.run.progress import Phase, TeardownStatus
 
 __all__ = [
@@ -63,6 +65,7 @@ PLACEHOLDER_SSH_PORT = "<EMULATOR-SSH-PORT>"
 PLACEHOLDER_REMOTE_HOME = "@REMOTE-HOME@"
 PLACEHOLDER_CREATE_OPERATION = "<CREATE-OPERATION-ID>"
 PLACEHOLDER_DELETE_OPERATION = "<DELETE-OPERATION-ID>"
+PLACEHOLDER_QR_OPERATION = "<QUEUED-RESOURCE-OPERATION-ID>"
 PLACEHOLDER_FROM_VM = "<reported by the VM>"
 PLACEHOLDERS: dict[str, str] = {
     PLACEHOLDER_NONCE: "the run's random nonce (secrets.token_hex), made at validate",
@@ -72,6 +75,7 @@ PLACEHOLDERS: dict[str, str] = {
     PLACEHOLDER_REMOTE_HOME: "the login directory on the VM (SFTP's '.')",
     PLACEHOLDER_CREATE_OPERATION: "the operation id CreateNode answers with",
     PLACEHOLDER_DELETE_OPERATION: "the operation id DeleteNode answers with",
+    PLACEHOLDER_QR_OPERATION: "the operation id a queued-resource create or delete answers with",
     PLACEHOLDER_FROM_VM: "whatever the VM's bootstrap scripts report",
 }
 # A well-formed ed25519 key blob (type string + 32 zero bytes) that no host presents:
@@ -237,6 +241,7 @@ class RecordingTpuApi:
         self.calls = 0
         self.created: NodeRequest | None = None
         self.deleted = False
+        self.queued: QueuedResourceRequest | None = None  # --queued: its node is `created`
         # The schedule GoogleTpuApi would poll operations with: the endpoint rule's.
         self.local_endpoint = (
             spec.mode == "emulate" or classify_endpoint(spec.api_endpoint).is_loopback
@@ -316,6 +321,48 @@ class RecordingTpuApi:
         self._send(rest.get_guest_attributes(self.project, zone, node_id, query_path))
         return {HOST_KEY_ATTRIBUTE: _PLACEHOLDER_HOST_KEY}
 
+    # Queued resources: accepted, then ACTIVE with its node READY at the first look (the
+    # plan shows the wait's cadence once, as for every poll); gone once deleted.
+
+    def create_queued_resource(self, zone: str, qr_id: str, request: QueuedResourceRequest) -> str:
+        self._send(rest.create_queued_resource(self.project, zone, qr_id, request))
+        self.queued = request
+        self.created = request.node
+        return f"{rest.parent_path(self.project, zone)}/operations/{PLACEHOLDER_QR_OPERATION}"
+
+    def _queued_info(self, zone: str, qr_id: str) -> QueuedResourceInfo:
+        if self.queued is None or self.deleted:
+            raise NotFoundError(
+                f"Queued resource {qr_id} in {zone} was not found.", status="NOT_FOUND"
+            )
+        node = self.queued.node
+        return QueuedResourceInfo(
+            project=self.project,
+            zone=zone,
+            name=qr_id,
+            node_id=self.queued.node_id,
+            state="ACTIVE",
+            accelerator_type=node.accelerator_type,
+            labels=dict(node.labels),
+            spot=node.spot,
+        )
+
+    def get_queued_resource(self, zone: str, qr_id: str) -> QueuedResourceInfo:
+        self._send(rest.get_queued_resource(self.project, zone, qr_id))
+        return self._queued_info(zone, qr_id)
+
+    def list_queued_resources(self, zone: str) -> list[QueuedResourceInfo]:
+        self._send(rest.list_queued_resources(self.project, zone))
+        if self.queued is None or self.deleted:
+            return []
+        return [self._queued_info(zone, self.recorder.spec.node_name)]
+
+    def delete_queued_resource(self, zone: str, qr_id: str, *, force: bool) -> str:
+        self._send(rest.delete_queued_resource(self.project, zone, qr_id, force=force))
+        self._queued_info(zone, qr_id)  # NOT_FOUND, as the API would, if there is none
+        self.deleted = True  # force: its node goes with it
+        return f"{rest.parent_path(self.project, zone)}/operations/{PLACEHOLDER_QR_OPERATION}"
+
 
 class _Reply:
     """What a command printed, as `boot.CommandResult`."""
@@ -375,6 +422,24 @@ class RecordingSession:
             command=command,
         )
         return self._reply(argv)
+
+    def run_streaming(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: BinaryIO | Iterable[bytes] | None,
+        stdout: BinaryIO | None,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+    ) -> _Reply:
+        command = remote_command(argv, env=env, timeout=timeout)
+        self.recorder.add(
+            "ssh", "exec", argv=list(argv), env=dict(env) if env else None, command=command
+        )
+        answer = planned_answer(argv)  # the transfers' stdout; nothing is read from stdin
+        if answer is not None and stdout is not None:
+            stdout.write(answer)
+        return _Reply()
 
     def _reply(self, argv: Sequence[str] | str) -> _Reply:
         if isinstance(argv, str):

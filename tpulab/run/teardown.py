@@ -15,6 +15,12 @@ Contract of `delete_and_confirm`:
    lists, since the API may still be materialising the node. Past the deadline raise
    `TeardownError`, which names the node and carries the exact gcloud command.
 
+With `queued_resource` (a run that asked for its node through a QueuedResource), step 1
+deletes the queued resource with force=true instead (the API then deletes its node), and
+step 3 lists queued resources too: confirmation needs neither a node nor a queued
+resource of this run left. A node is deleted directly only once its queued resource is
+gone (while one is DELETING, deleting its node is the service's job).
+
 A node belongs to the run when it carries `managed-by=tpulab` and this run's `tpulab-run`
 label (or, when no run id is known, `managed-by=tpulab` and the given name). A name alone
 is never enough: a create that failed with ALREADY_EXISTS names someone else's node.
@@ -28,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tpulab.cloud.api import TpuApi
+from tpulab.cloud.api import QueuedResourceInfo, TpuApi
 from tpulab.errors import (
     CloudError,
     DeadlineError,
@@ -78,8 +84,12 @@ class _Teardown:
         notify: Callable[[str], None],
         on_delete_sent: Callable[[float], None],
         settle: float = 0.0,
+        queued_resource: str | None = None,
     ) -> None:
         self.api = api
+        self.queued_resource = queued_resource
+        # This run's queued resources still listed (None: the last list failed).
+        self.queued_left: list[QueuedResourceInfo] | None = [] if queued_resource is None else None
         self.zone = zone
         self.name = node_name
         self.run_id = run_id
@@ -102,19 +112,20 @@ class _Teardown:
         # dry run shows the schedule as it is.
         self.schedule = Backoff(poll, max(poll, max_poll), factor=1.5, jitter=0.0)
         # Named so a dry run shows this loop's cadence (tpulab.polling.active_wait).
+        what = "node or queued resource" if queued_resource else "node"
         self.listing = ActiveWait(
-            f"no node of this run is listed in {zone}", self.schedule, timeout
+            f"no {what} of this run is listed in {zone}", self.schedule, timeout
         )
 
     def remaining(self) -> float:
         return self.deadline - self.clock()
 
-    def belongs(self, node: NodeInfo) -> bool:
+    def belongs(self, node: NodeInfo | QueuedResourceInfo) -> bool:
         if not node.managed_by_tpulab:
             return False
         if self.run_id is not None:
             return node.run_id == self.run_id
-        return node.name == self.name
+        return node.name in (self.name, self.queued_resource)
 
     def problem(self, text: str) -> None:
         self.report.problems.append(text)
@@ -153,6 +164,58 @@ class _Teardown:
         except CloudError as error:
             self.problem(f"delete operation for {name} failed: {error.message}")
 
+    def delete_queued(self, name: str) -> None:
+        """DeleteQueuedResource with force (its node goes too); wait as `delete` does."""
+        self.report.delete_attempts += 1
+        try:
+            operation = self.api.delete_queued_resource(self.zone, name, force=True)
+        except NotFoundError:
+            return
+        except CloudError as error:
+            self.problem(f"delete of queued resource {name} failed ({error.message}); retrying")
+            return
+        finally:
+            if self.report.delete_sent_at is None:
+                self.report.delete_sent_at = self.clock()
+                self.on_delete_sent(self.report.delete_sent_at)
+        wait = self.remaining() - self.reserve
+        if wait <= 0:
+            return
+        try:
+            self.api.wait_operation(operation, timeout=wait)
+        except DeadlineError:
+            self.problem(f"delete operation for queued resource {name} did not finish in time")
+        except CloudError as error:
+            self.problem(f"delete operation for queued resource {name} failed: {error.message}")
+
+    def delete_queued_by_name(self) -> None:
+        """Delete the queued resource the run created, once it shows our node's labels."""
+        assert self.queued_resource is not None
+        try:
+            found = self.api.get_queued_resource(self.zone, self.queued_resource)
+        except NotFoundError:
+            return
+        except CloudError as error:
+            self.problem(f"get of queued resource {self.queued_resource} failed ({error.message})")
+            return
+        if not self.belongs(found):
+            self.report.spared.append(found.name)
+            self.problem(
+                f"queued resource {found.name} exists but its node spec does not carry this "
+                "run's tpulab labels; it is someone else's and was not deleted"
+            )
+            return
+        self.delete_queued(found.name)
+
+    def queued_leftovers(self) -> list[QueuedResourceInfo] | None:
+        self.report.list_calls += 1
+        try:
+            listed = self.api.list_queued_resources(self.zone)
+        except CloudError as error:
+            self.problem(f"list of queued resources in {self.zone} failed: {error.message}")
+            return None
+        return [found for found in listed if self.belongs(found)]
+
     def leftovers(self) -> list[NodeInfo] | None:
         """This run's nodes still listed, or None when the list itself failed."""
         self.report.list_calls += 1
@@ -186,11 +249,21 @@ class _Teardown:
         if self.first_round:
             self.first_round = False
             if self.known_ours:
-                self.delete_by_name()
+                if self.queued_resource is not None:
+                    self.delete_queued_by_name()
+                else:
+                    self.delete_by_name()
         # Only the list is the poll: a dry run shows its cadence, the deletes as sent once.
         with announce_wait(self.listing):
+            if self.queued_resource is not None:
+                self.queued_left = self.queued_leftovers()
             nodes = self.leftovers()
-        if nodes and self.clock() < self.deadline:
+        if self.clock() >= self.deadline:
+            return nodes
+        for found in self.queued_left or ():
+            if found.state != "DELETING":
+                self.delete_queued(found.name)
+        if nodes and self.queued_left == []:
             for node in nodes:
                 if node.state != NodeState.DELETING:
                     self.delete(node.name)
@@ -199,7 +272,7 @@ class _Teardown:
     def confirmed(self, nodes: list[NodeInfo] | None) -> bool:
         # An empty list before `settled_at` is too early to believe (the create's outcome
         # is unknown): look again before confirming.
-        return nodes == [] and self.clock() >= self.settled_at
+        return nodes == [] and self.queued_left == [] and self.clock() >= self.settled_at
 
     def run(self) -> TeardownReport:
         def gone_too_late(tries: Tries[list[NodeInfo] | None]) -> Exception:
@@ -224,6 +297,11 @@ class _Teardown:
     def failure(self, nodes: list[NodeInfo] | None) -> TeardownError:
         names = [node.name for node in nodes] if nodes else [self.name]
         states = ", ".join(f"{node.name} is {node.state.value}" for node in nodes or ())
+        if self.queued_left:
+            states = ", ".join(
+                [f"queued resource {q.name} is {q.state}" for q in self.queued_left]
+                + ([states] if states else [])
+            )
         last = self.report.problems[-1] if self.report.problems else "no further detail"
         seen = states or "the zone could not be listed"
         message = (
@@ -253,6 +331,7 @@ def delete_and_confirm(
     notify: Callable[[str], None] | None = None,
     on_delete_sent: Callable[[float], None] | None = None,
     settle: float = 0.0,
+    queued_resource: str | None = None,
 ) -> TeardownReport:
     """Delete `node_name` (or whatever carries this run's label) and confirm with `list`.
 
@@ -261,7 +340,8 @@ def delete_and_confirm(
     is fetched by name first, and still deleted only if it carries our labels. `notify`
     hears about retries; `on_delete_sent` gets the monotonic time the first DeleteNode
     went out. `settle` (for a create whose outcome is unknown) is how long the lists must
-    stay empty before absence counts as confirmed.
+    stay empty before absence counts as confirmed. `queued_resource` names the run's
+    QueuedResource: it is deleted with force and must be gone too (module doc).
     Raises TeardownError (never returns unconfirmed) when the deadline passes.
     """
     if not known_ours and run_id is None:
@@ -280,4 +360,5 @@ def delete_and_confirm(
         notify=notify or (lambda _message: None),
         on_delete_sent=on_delete_sent or (lambda _at: None),
         settle=settle,
+        queued_resource=queued_resource,
     ).run()

@@ -1,0 +1,344 @@
+"""The VM's half of tpulab's workspace transfers (stdlib only; runs on Python 3.10).
+
+Run as `python3 -c <this source> unpack DEST [--gzip]` or `... pack [options] -- PATTERN...`
+(nothing is staged first). Every remote path may be absolute, `~/x` or relative to the
+login directory.
+
+unpack  reads a tar from stdin followed by a trailer `TPULAB-ARCHIVE-SHA256:<64 hex>`
+        (the sha256 of every byte before it); extracts it into a staging directory next to
+        DEST, refusing absolute names, `..`, links, devices and duplicates; checks the
+        trailer; then swaps the staging directory in for DEST (the previous content goes)
+        and prints `{"manifest": [{"path", "bytes", "sha256"}, ...]}` on stdout.
+pack    globs the patterns inside --workspace (never outside it: a match whose real path
+        leaves the workspace is skipped), adds everything under --run-dir as `run/...` and
+        --log as its basename, matches as `workspace/<path>`; over --max-bytes it refuses
+        BEFORE writing anything, naming the largest entries; else streams a tar on stdout
+        whose last member, `.tpulab-manifest.json`, lists each file's bytes and sha256 as
+        read, and the patterns that matched nothing.
+
+Exit status: 0 done, 2 bad arguments, 3 refused (the reason on stderr, one line).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import io
+import json
+import os
+import shutil
+import sys
+import tarfile
+from typing import BinaryIO
+
+TRAILER_PREFIX = b"TPULAB-ARCHIVE-SHA256:"
+TRAILER_LEN = len(TRAILER_PREFIX) + 64
+MANIFEST_MEMBER = ".tpulab-manifest.json"
+CHUNK = 1 << 20
+REFUSED = 3
+
+
+class Refused(Exception):
+    """The transfer cannot go on; the message says why."""
+
+
+def _resolve(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _safe_name(name: str) -> str:
+    """A member name as a relative path that stays inside the destination."""
+    if not name or name.startswith("/") or "\\" in name or "\0" in name:
+        raise Refused(f"archive member {name!r} is not a relative path")
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if not parts or any(part == ".." for part in parts):
+        raise Refused(f"archive member {name!r} would escape the destination")
+    return "/".join(parts)
+
+
+# -- unpack ---------------------------------------------------------------------------
+
+
+class TrailerReader(io.RawIOBase):
+    """Passes a stream through minus its last TRAILER_LEN bytes, hashing what it passes."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        super().__init__()
+        self._raw = raw
+        self._held = b""
+        self._pos = 0  # bytes of _held already passed on (slicing per read is O(n^2))
+        self._eof = False
+        self.digest = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        want = len(buffer)
+        if len(self._held) - self._pos < want + TRAILER_LEN and not self._eof:
+            parts = [self._held[self._pos :]]
+            size = len(parts[0])
+            while size < want + TRAILER_LEN:
+                chunk = self._raw.read(CHUNK)
+                if not chunk:
+                    self._eof = True
+                    break
+                parts.append(chunk)
+                size += len(chunk)
+            self._held, self._pos = b"".join(parts), 0
+        n = min(want, max(0, len(self._held) - self._pos - TRAILER_LEN))
+        data = self._held[self._pos : self._pos + n]
+        self._pos += n
+        buffer[:n] = data
+        self.digest.update(data)
+        return n
+
+    def trailer(self) -> bytes:
+        while self.readinto(memoryview(bytearray(CHUNK))):
+            pass  # the tar's end padding still counts towards the digest
+        return self._held[self._pos :]
+
+
+def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> dict[str, object]:
+    source = tar.extractfile(member)
+    if source is None:
+        raise Refused(f"archive member {member.name!r} has no data")
+    digest = hashlib.sha256()
+    size = 0
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, 0o755 if member.mode & 0o111 else 0o644)
+    with os.fdopen(fd, "wb") as out:
+        for chunk in iter(lambda: source.read(CHUNK), b""):
+            digest.update(chunk)
+            size += len(chunk)
+            out.write(chunk)
+    os.utime(path, (member.mtime, member.mtime))
+    return {"path": member.name, "bytes": size, "sha256": digest.hexdigest()}
+
+
+def _extract(stream: io.RawIOBase, staging: str, gzip: bool) -> list[dict[str, object]]:
+    manifest: list[dict[str, object]] = []
+    seen: set[str] = set()
+    made: set[str] = {staging}  # makedirs per file costs a failing mkdir syscall each
+    with tarfile.open(fileobj=stream, mode="r|gz" if gzip else "r|") as tar:
+        for member in tar:
+            name = _safe_name(member.name)
+            if name in seen:
+                raise Refused(f"archive member {name!r} appears twice")
+            seen.add(name)
+            target = os.path.join(staging, name)
+            if member.isdir():
+                os.makedirs(target, exist_ok=True)
+                made.add(target)
+            elif member.isreg():
+                parent = os.path.dirname(target)
+                if parent not in made:
+                    os.makedirs(parent, exist_ok=True)
+                    made.add(parent)
+                member.name = name
+                manifest.append(_write_member(tar, member, target))
+            else:
+                raise Refused(f"archive member {name!r} is not a regular file or directory")
+    return manifest
+
+
+def unpack(dest: str, gzip: bool) -> None:
+    dest = _resolve(dest)
+    home = os.path.realpath(os.path.expanduser("~"))
+    if _inside(home, dest) or _inside(os.getcwd(), dest):
+        # The whole directory is replaced: never the login's home (its .ssh) or above.
+        raise Refused(f"{dest} is the login directory or one of its parents")
+    if os.path.lexists(dest) and (os.path.islink(dest) or not os.path.isdir(dest)):
+        raise Refused(f"{dest} exists and is not a directory")
+    parent = os.path.dirname(dest)
+    os.makedirs(parent, exist_ok=True)
+    base = os.path.basename(dest)
+    staging = os.path.join(parent, f".{base}.tpulab-new-{os.getpid()}")
+    old = os.path.join(parent, f".{base}.tpulab-old-{os.getpid()}")
+    os.mkdir(staging, 0o755)
+    try:
+        reader = TrailerReader(sys.stdin.buffer)
+        try:
+            manifest = _extract(reader, staging, gzip)
+        except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+            raise Refused(f"the archive is damaged: {type(exc).__name__}: {exc}") from exc
+        trailer = reader.trailer()
+        if not trailer.startswith(TRAILER_PREFIX):
+            raise Refused("the archive has no sha256 trailer (the stream was cut short)")
+        sent = trailer[len(TRAILER_PREFIX) :].decode("ascii", "replace")
+        received = reader.digest.hexdigest()
+        if sent != received:
+            raise Refused(f"the archive is corrupt: sha256 {received}, sent {sent}")
+        if os.path.isdir(dest):
+            os.rename(dest, old)
+        os.rename(staging, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    manifest.sort(key=lambda entry: str(entry["path"]))
+    sys.stdout.write(json.dumps({"manifest": manifest}) + "\n")
+
+
+# -- pack -----------------------------------------------------------------------------
+
+
+def _inside(path: str, root: str) -> bool:
+    real, real_root = os.path.realpath(path), os.path.realpath(root)
+    return real == real_root or real.startswith(real_root.rstrip("/") + "/")
+
+
+def _files_under(directory: str, root: str) -> list[str]:
+    """Regular files under `directory` (links followed only while they stay in `root`)."""
+    found: list[str] = []
+    for top, dirs, files in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if _inside(os.path.join(top, d), root))
+        for name in sorted(files):
+            path = os.path.join(top, name)
+            if _inside(path, root) and os.path.isfile(path):
+                found.append(path)
+    return found
+
+
+def _select(
+    workspace: str, patterns: list[str], run_dir: str, log: str
+) -> tuple[dict[str, str], list[str]]:
+    """archive name -> local path, and what was asked for but not found."""
+    chosen: dict[str, str] = {}
+    missing: list[str] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern, root_dir=workspace, recursive=True))
+        paths: list[str] = []
+        for match in matches:
+            full = os.path.join(workspace, match)
+            # glob answers "absent/**" with "absent/" even when there is no such dir.
+            if not os.path.lexists(full) or not _inside(full, workspace):
+                continue
+            paths.extend(_files_under(full, workspace) if os.path.isdir(full) else [full])
+        for path in paths:
+            if os.path.isfile(path):
+                rel = os.path.relpath(path, workspace).replace(os.sep, "/")
+                chosen["workspace/" + rel] = path
+        if not paths:
+            missing.append(pattern)
+    if os.path.isdir(run_dir):
+        for path in _files_under(run_dir, run_dir):
+            chosen["run/" + os.path.relpath(path, run_dir).replace(os.sep, "/")] = path
+    else:
+        missing.append(run_dir)
+    if os.path.isfile(log):
+        chosen[os.path.basename(log)] = log
+    else:
+        missing.append(log)
+    return chosen, missing
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{size} B"
+        value /= 1024
+    return f"{size} B"
+
+
+def pack(workspace: str, patterns: list[str], run_dir: str, log: str, cap: int, gzip: bool) -> None:
+    workspace, run_dir, log = _resolve(workspace), _resolve(run_dir), _resolve(log)
+    for pattern in patterns:  # the controller checked; a hand-made call gets the same rule
+        if pattern.startswith(("/", "~")) or ".." in pattern.split("/"):
+            raise Refused(f"fetch pattern {pattern!r} is not inside the workspace")
+    chosen, missing = _select(workspace, patterns, run_dir, log)
+    sizes = {name: os.path.getsize(path) for name, path in chosen.items()}
+    total = sum(sizes.values())
+    if total > cap:
+        largest = sorted(sizes.items(), key=lambda item: (-item[1], item[0]))[:10]
+        listing = ", ".join(f"{name} ({_human(size)})" for name, size in largest)
+        raise Refused(
+            f"the artifacts are {_human(total)} in {len(sizes)} files, over the "
+            f"{_human(cap)} fetch cap; largest: {listing}"
+        )
+    entries: list[dict[str, object]] = []
+    out = sys.stdout.buffer
+    with tarfile.open(fileobj=out, mode="w|gz" if gzip else "w|", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(chosen):
+            path = chosen[name]
+            with open(path, "rb") as source:
+                stat = os.fstat(source.fileno())
+                info = tarfile.TarInfo(name)
+                info.size = stat.st_size  # as opened: a file still growing is cut here
+                info.mtime = int(stat.st_mtime)
+                info.mode = 0o755 if stat.st_mode & 0o111 else 0o644
+                hashing = _HashingReader(source, info.size)
+                tar.addfile(info, hashing)
+            entries.append({"path": name, "bytes": info.size, "sha256": hashing.hexdigest()})
+        body = json.dumps({"manifest": entries, "missing": missing}).encode()
+        info = tarfile.TarInfo(MANIFEST_MEMBER)
+        info.size = len(body)
+        info.mode = 0o644
+        tar.addfile(info, io.BytesIO(body))
+    out.flush()
+
+
+class _HashingReader:
+    """At most `size` bytes of `source`, hashed as tarfile copies them."""
+
+    def __init__(self, source: io.BufferedReader, size: int) -> None:
+        self._source = source
+        self._left = size
+        self._digest = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._left if n < 0 else min(n, self._left)
+        data = self._source.read(n)
+        if len(data) < n:
+            raise Refused(f"{self._source.name} shrank while it was being packed")
+        self._left -= len(data)
+        self._digest.update(data)
+        return data
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
+
+
+# -- entry point ----------------------------------------------------------------------
+
+
+def _fail(status: int, message: str) -> None:
+    sys.stderr.write(f"transfer: {message}\n")
+    sys.exit(status)
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["unpack"] and len(argv) in (2, 3) and argv[2:] in ([], ["--gzip"]):
+        unpack(argv[1], gzip=argv[2:] == ["--gzip"])
+        return
+    if argv[:1] == ["pack"] and "--" in argv:
+        split = argv.index("--")
+        options, patterns = argv[1:split], argv[split + 1 :]
+        values: dict[str, str] = {}
+        gzip = "--gzip" in options
+        options = [option for option in options if option != "--gzip"]
+        if len(options) % 2 or not all(key.startswith("--") for key in options[::2]):
+            _fail(2, f"bad pack options {options!r}")
+        values = dict(zip(options[::2], options[1::2], strict=True))
+        needed = {"--workspace", "--run-dir", "--log", "--max-bytes"}
+        if set(values) != needed or not values["--max-bytes"].isdigit():
+            _fail(2, f"pack needs exactly {sorted(needed)}, got {sorted(values)}")
+        pack(
+            values["--workspace"],
+            patterns,
+            values["--run-dir"],
+            values["--log"],
+            int(values["--max-bytes"]),
+            gzip,
+        )
+        return
+    _fail(2, f"usage: unpack DEST [--gzip] | pack OPTIONS -- PATTERN...; got {argv!r}")
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except Refused as refused:
+        _fail(REFUSED, str(refused))
+    except OSError as error:  # unreadable file, full disk: one line, not a traceback
+        _fail(1, f"{type(error).__name__}: {error}")

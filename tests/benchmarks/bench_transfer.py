@@ -1,0 +1,126 @@
+"""Workspace up and artifacts back: one streamed archive vs file-by-file SFTP, same run.
+
+Per host backend: a 50 MB / 2 000-file workspace goes up with `upload_workspace` (tar,
+and tar.gz) and with one `Connection.put` per file; a 50 MB / 500-file run directory
+comes back with `fetch_artifacts` and with one `Connection.get` per file. Both paths
+verify sha256 end to end (the archive per file via its manifest; put/get with a remote
+`sha256sum` per file, which is what file-by-file costs with the same guarantee).
+
+The SFTP baseline is slow by nature (a few round trips per file, and under sshd each
+`sha256sum` also pays the account's login shell), so it runs on the first
+TPULAB_BENCH_SFTP_FILES files of each tree (default: all) and is scaled to the whole
+tree (its cost is per file); the printed line says how many it timed.
+Run: `pytest tests/benchmarks/bench_transfer.py -s`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tpulab.remote.workspace import fetch_artifacts, select_workspace, upload_workspace
+
+if TYPE_CHECKING:
+    from ssh_fixtures import SshHost
+
+pytest_plugins = ["ssh_fixtures"]
+
+WORKSPACE_FILES = 2000
+RUN_FILES = 500
+TOTAL = 50 * 10**6
+
+
+def _make_files(root: Path, count: int, prefix: str) -> list[str]:
+    """`count` files of TOTAL/count bytes in nested dirs: half random (checkpoints),
+    half text-like (code, logs), so compression has something to win and something not."""
+    rng = random.Random(count)
+    size = TOTAL // count
+    words = [bytes(rng.choice(b"abcdefghij =()\n") for _ in range(8)) for _ in range(256)]
+    names = []
+    for i in range(count):
+        rel = f"{prefix}{i % 20:02}/{i // 20:03}/f{i:04}.{'bin' if i % 2 else 'py'}"
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if i % 2:
+            data = os.urandom(size)
+        else:
+            data = b"".join(rng.choice(words) for _ in range(size // 8 + 1))[:size]
+        path.write_bytes(data)
+        names.append(rel)
+    return names
+
+
+def _sample() -> int | None:
+    value = os.environ.get("TPULAB_BENCH_SFTP_FILES")
+    return int(value) if value else None
+
+
+def test_streamed_archive_vs_file_by_file_sftp(ssh_host: SshHost, tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    names = _make_files(workspace, WORKSPACE_FILES, "src/d")
+    selection = select_workspace(workspace)
+    assert selection.describe() == "2 000 files, 47.7 MiB"
+    run_dir = ssh_host.sandbox / "run"
+    run_names = _make_files(run_dir, RUN_FILES, "ckpt/s")
+    (ssh_host.sandbox / "out.log").write_bytes(b"log\n")
+    sample = _sample()
+    figures: dict[str, float] = {}
+
+    with ssh_host.connect() as conn:
+        conn.open()
+        for gzip in (False, True):
+            started = time.perf_counter()
+            manifest = upload_workspace(conn, selection, "~/work", timeout=600, gzip=gzip)
+            figures["up gz" if gzip else "up tar"] = time.perf_counter() - started
+            assert manifest.count == WORKSPACE_FILES
+        timed = names[:sample] if sample else names
+        started = time.perf_counter()
+        for rel in timed:
+            conn.put(workspace / rel, f"~/sftp/{rel}")
+        figures["up sftp"] = (time.perf_counter() - started) * len(names) / len(timed)
+
+        for gzip in (False, True):
+            out = tmp_path / f"out-{gzip}"
+            started = time.perf_counter()
+            got = fetch_artifacts(
+                conn,
+                workspace="work",
+                patterns=[],
+                run_dir="run",
+                log_path="out.log",
+                out=out,
+                timeout=600,
+                gzip=gzip,
+            )
+            figures["down gz" if gzip else "down tar"] = time.perf_counter() - started
+            assert got.count == RUN_FILES + 1
+        timed = run_names[:sample] if sample else run_names
+        back = tmp_path / "sftp-back"
+        started = time.perf_counter()
+        for rel in timed:
+            local = back / rel
+            local.parent.mkdir(parents=True, exist_ok=True)
+            conn.get(f"~/run/{rel}", local, max_bytes=TOTAL)
+        figures["down sftp"] = (time.perf_counter() - started) * len(run_names) / len(timed)
+
+    kind = type(ssh_host.backend).__name__
+    mb = TOTAL / 1e6
+
+    def rate(key: str) -> str:
+        return f"{figures[key]:.2f} s ({mb / figures[key]:.0f} MB/s)"
+
+    sampled = f" (timed on {sample} files, scaled)" if sample else ""
+    print(
+        f"\n{kind}: up 50 MB / {WORKSPACE_FILES} files: tar {rate('up tar')}, "
+        f"tar.gz {rate('up gz')}, SFTP per file {rate('up sftp')}{sampled} -> "
+        f"streamed x{figures['up sftp'] / figures['up tar']:.1f} faster"
+        f"\n{kind}: down 50 MB / {RUN_FILES} files: tar {rate('down tar')}, "
+        f"tar.gz {rate('down gz')}, SFTP per file {rate('down sftp')}{sampled} -> "
+        f"streamed x{figures['down sftp'] / figures['down tar']:.1f} faster"
+    )
+    # Figures, not assertions beyond "the stream wins": they belong in the issue note.
+    assert figures["up tar"] < figures["up sftp"]
+    assert figures["down tar"] < figures["down sftp"]

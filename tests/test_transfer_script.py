@@ -1,0 +1,429 @@
+"""remote_payloads/transfer.py run for real under the image's Python 3.10, as a local
+subprocess (the VM's half), driven by the controller's half in tpulab.remote.workspace
+through a StreamShell that runs argv on this machine."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+from helpers import require_tool
+
+from tpulab.errors import RemoteError, WorkspaceError
+from tpulab.remote.workspace import (
+    fetch_artifacts,
+    select_workspace,
+    transfer_source,
+    unpack_command,
+    upload_workspace,
+)
+
+
+def python310() -> str:
+    """The interpreter TPU VM images ship (a pyenv shim on PATH may not resolve)."""
+    pyenv = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.10*/bin/python3.10")))
+    candidates = [*pyenv, "/usr/bin/python3.10", shutil.which("python3.10")]
+    found = next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+    if found and "shims" in found:
+        found = None
+    require_tool(found is not None, "a Python 3.10 (the TPU VM image's)")
+    assert found is not None
+    return found
+
+
+@dataclass(frozen=True)
+class Result:
+    exit_status: int
+    stdout: str
+    stderr: str
+
+
+class LocalShell:
+    """A StreamShell whose 'VM' is a subprocess on this machine, started in `home`."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.argv: list[list[str]] = []
+
+    def run_streaming(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: BinaryIO | Iterable[bytes] | None,
+        stdout: BinaryIO | None,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+    ) -> Result:
+        self.argv.append(list(argv))
+        process = subprocess.Popen(
+            list(argv),
+            cwd=self.home,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "HOME": str(self.home), **(env or {})},
+        )
+        assert process.stdin
+        assert process.stdout
+        assert process.stderr
+        errors: list[BaseException] = []
+
+        def feed() -> None:
+            assert process.stdin
+            try:
+                assert stdin is None or isinstance(stdin, Iterable)  # the transfers' kind
+                for chunk in stdin or ():
+                    process.stdin.write(chunk)
+            except BrokenPipeError:
+                pass
+            except BaseException as exc:  # re-raised below, as a real shell would
+                errors.append(exc)
+            finally:
+                with contextlib.suppress(BrokenPipeError):
+                    process.stdin.close()
+
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        while chunk := process.stdout.read(1 << 16):
+            if stdout is not None:
+                stdout.write(chunk)
+        stderr = process.stderr.read().decode()
+        process.wait(timeout)
+        feeder.join()
+        if errors:
+            raise errors[0]
+        return Result(process.returncode, "", stderr)
+
+
+def _tree(root: Path, files: dict[str, bytes]) -> Path:
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    return root
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {
+        str(path.relative_to(root)): path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+FILES = {
+    "train.py": b"print('hi')\n",
+    "pkg/__init__.py": b"",
+    "pkg/deep/model.py": b"W = 1\n" * 1000,
+    "data/blob.bin": os.urandom(3 * 2**20 + 17),  # several chunks, not a block multiple
+    "odd name's $(x).txt": b"quoted",
+    "ümlaut/ß.txt": b"unicode",
+    "long/" + "d" * 120 + "/" + "f" * 120: b"a PAX long name",
+}
+
+
+@pytest.mark.parametrize("gzip", [False, True], ids=["tar", "tar.gz"])
+def test_upload_then_fetch_round_trip_is_byte_identical(tmp_path: Path, gzip: bool) -> None:
+    python = python310()
+    root = _tree(tmp_path / "ws", FILES)
+    os.chmod(root / "train.py", 0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    shell = LocalShell(home)
+    selection = select_workspace(root)
+    sent = upload_workspace(shell, selection, "work/ws", timeout=60, python=python, gzip=gzip)
+    assert _snapshot(home / "work/ws") == FILES
+    assert os.access(home / "work/ws/train.py", os.X_OK)
+    assert {entry.path: entry.sha256 for entry in sent.entries} == {
+        rel: hashlib.sha256(data).hexdigest() for rel, data in FILES.items()
+    }
+
+    run_dir = _tree(home / "run", {"ckpt/step_1.npz": os.urandom(200_000), "m.jsonl": b"{}\n"})
+    (home / "cmd.log").write_bytes(b"line 1\nline 2\n")
+    out = tmp_path / "out"
+    got = fetch_artifacts(
+        shell,
+        workspace="work/ws",
+        patterns=["pkg/**/*.py", "data", "nothing-*", "absent/**"],
+        run_dir=str(run_dir),
+        log_path="~/cmd.log",
+        out=out,
+        timeout=60,
+        python=python,
+        gzip=gzip,
+    )
+    expected = {
+        "workspace/pkg/__init__.py": FILES["pkg/__init__.py"],
+        "workspace/pkg/deep/model.py": FILES["pkg/deep/model.py"],
+        "workspace/data/blob.bin": FILES["data/blob.bin"],
+        "run/ckpt/step_1.npz": (run_dir / "ckpt/step_1.npz").read_bytes(),
+        "run/m.jsonl": b"{}\n",
+        "cmd.log": b"line 1\nline 2\n",
+    }
+    on_disk = _snapshot(out)
+    manifest = json.loads(on_disk.pop("manifest.json"))
+    assert on_disk == expected
+    assert got.missing == ("nothing-*", "absent/**")
+    assert manifest["missing"] == ["nothing-*", "absent/**"]
+    assert {e["path"]: e["sha256"] for e in manifest["files"]} == {
+        rel: hashlib.sha256(data).hexdigest() for rel, data in expected.items()
+    }
+    assert not [p for p in out.iterdir() if p.name.startswith(".tpulab")]  # no staging left
+
+
+def test_a_second_upload_replaces_the_previous_content(tmp_path: Path) -> None:
+    python = python310()
+    home = tmp_path / "home"
+    home.mkdir()
+    shell = LocalShell(home)
+    first = _tree(tmp_path / "v1", {"old.py": b"1", "keep.py": b"v1"})
+    upload_workspace(shell, select_workspace(first), "ws", timeout=60, python=python)
+    second = _tree(tmp_path / "v2", {"keep.py": b"v2", "new.py": b"2"})
+    upload_workspace(shell, select_workspace(second), "ws", timeout=60, python=python)
+    assert _snapshot(home / "ws") == {"keep.py": b"v2", "new.py": b"2"}
+    assert sorted(p.name for p in home.iterdir()) == ["ws"]  # no staging or old copy left
+
+
+def _archive(members: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            info.size = len(data) if info.isreg() else 0
+            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    raw = buffer.getvalue()
+    return raw + b"TPULAB-ARCHIVE-SHA256:" + hashlib.sha256(raw).hexdigest().encode()
+
+
+def _unpack(python: str, home: Path, stream: bytes) -> subprocess.CompletedProcess[bytes]:
+    argv = unpack_command("ws", python=python)
+    return subprocess.run(argv, cwd=home, input=stream, capture_output=True, timeout=60)
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    return info
+
+
+@pytest.mark.parametrize(
+    ("member", "why"),
+    [
+        (_member("../evil.txt"), "would escape"),
+        (_member("a/../../evil.txt"), "would escape"),
+        (_member("/tmp/evil.txt"), "not a relative path"),
+        (_member("link", tarfile.SYMTYPE, "/etc/passwd"), "not a regular file"),
+        (_member("hard", tarfile.LNKTYPE, "../evil.txt"), "not a regular file"),
+        (_member("fifo", tarfile.FIFOTYPE), "not a regular file"),
+    ],
+)
+def test_unsafe_archives_are_refused_and_the_old_workspace_stays(
+    tmp_path: Path, member: tarfile.TarInfo, why: str
+) -> None:
+    python = python310()
+    home = tmp_path / "a" / "home"
+    _tree(home / "ws", {"previous.py": b"old"})
+    result = _unpack(python, home, _archive([(_member("ok.txt"), b"ok"), (member, b"evil")]))
+    assert result.returncode == 3, result.stderr
+    assert why in result.stderr.decode()
+    assert result.stdout == b""
+    assert _snapshot(home / "ws") == {"previous.py": b"old"}
+    assert sorted(p.name for p in home.iterdir()) == ["ws"]
+    assert not list((tmp_path / "a").glob("evil*"))
+    assert not list(tmp_path.glob("evil*"))
+
+
+def test_a_corrupt_or_truncated_stream_is_refused(tmp_path: Path) -> None:
+    python = python310()
+    home = tmp_path / "home"
+    _tree(home / "ws", {"previous.py": b"old"})
+    good = _archive([(_member("a.txt"), b"A" * 5000)])
+    flipped = bytearray(good)
+    flipped[600] ^= 0x01  # a byte of a.txt's data: the tar still parses
+    result = _unpack(python, home, bytes(flipped))
+    assert result.returncode == 3
+    assert "corrupt: sha256" in result.stderr.decode()
+    result = _unpack(python, home, good[:-90])  # cut before the trailer
+    assert result.returncode == 3
+    assert _snapshot(home / "ws") == {"previous.py": b"old"}
+    assert _unpack(python, home, good).returncode == 0
+    assert _snapshot(home / "ws") == {"a.txt": b"A" * 5000}
+
+
+def test_pack_refuses_over_the_cap_before_sending_anything(tmp_path: Path) -> None:
+    python = python310()
+    home = tmp_path / "home"
+    _tree(home / "ws", {"big.bin": b"\0" * 50_000, "mid.bin": b"\0" * 20_000, "s": b"x"})
+    _tree(home / "run", {"r.txt": b"r" * 100})
+    (home / "log").write_text("log")
+    out = tmp_path / "out"
+    with pytest.raises(RemoteError) as refused:
+        fetch_artifacts(
+            LocalShell(home),
+            workspace="ws",
+            patterns=["*"],
+            run_dir="run",
+            log_path="log",
+            out=out,
+            max_bytes=60_000,
+            timeout=60,
+            python=python,
+        )
+    message = refused.value.message
+    assert "over the 58.6 KiB fetch cap" in message
+    assert message.index("workspace/big.bin") < message.index("workspace/mid.bin")
+    assert refused.value.hint
+    assert "--max-fetch" in refused.value.hint
+    assert not [p for p in out.iterdir()] if out.exists() else True
+
+
+def test_pack_never_leaves_the_workspace_through_a_symlink(tmp_path: Path) -> None:
+    python = python310()
+    home = tmp_path / "home"
+    _tree(home / "ws", {"inside.txt": b"in"})
+    _tree(tmp_path / "outside", {"secret.txt": b"laptop-only"})
+    os.symlink(tmp_path / "outside", home / "ws" / "escape")
+    (home / "run").mkdir()
+    out = tmp_path / "out"
+    got = fetch_artifacts(
+        LocalShell(home),
+        workspace="ws",
+        patterns=["**", "escape/*"],
+        run_dir="run",
+        log_path="nolog",
+        out=out,
+        timeout=60,
+        python=python,
+    )
+    assert [entry.path for entry in got.entries] == ["workspace/inside.txt"]
+    assert "escape/*" in got.missing
+    assert str(home / "nolog") in got.missing
+
+
+class HostileShell:
+    """A 'VM' that answers a fetch with an archive of its own making."""
+
+    def __init__(self, archive: bytes) -> None:
+        self.archive = archive
+
+    def run_streaming(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: BinaryIO | Iterable[bytes] | None,
+        stdout: BinaryIO | None,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+    ) -> Result:
+        assert argv[2] == transfer_source()
+        assert argv[3] == "pack"
+        assert stdout is not None
+        stdout.write(self.archive)
+        return Result(0, "", "")
+
+
+def _packed(members: list[tuple[tarfile.TarInfo, bytes]], manifest: object) -> bytes:
+    body = json.dumps(manifest).encode()
+    raw = _archive([*members, (_member(".tpulab-manifest.json"), body)])
+    return raw[: -len("TPULAB-ARCHIVE-SHA256:") - 64]  # pack sends no trailer
+
+
+@pytest.mark.parametrize("name", ["../escape.txt", "/tmp/escape.txt", "a/../../escape.txt"])
+def test_fetch_refuses_an_archive_with_unsafe_paths(tmp_path: Path, name: str) -> None:
+    data = b"evil"
+    manifest = {
+        "manifest": [{"path": name, "bytes": 4, "sha256": hashlib.sha256(data).hexdigest()}],
+        "missing": [],
+    }
+    out = tmp_path / "deep" / "out"
+    with pytest.raises(RemoteError, match="unsafe path"):
+        fetch_artifacts(
+            HostileShell(_packed([(_member(name), data)], manifest)),
+            workspace="ws",
+            patterns=[],
+            run_dir="run",
+            log_path="log",
+            out=out,
+            timeout=60,
+        )
+    assert list(out.iterdir()) == []
+    assert not list(tmp_path.rglob("escape.txt"))
+
+
+def test_fetch_refuses_files_that_differ_from_the_vms_manifest(tmp_path: Path) -> None:
+    manifest = {
+        "manifest": [{"path": "run/a", "bytes": 4, "sha256": hashlib.sha256(b"good").hexdigest()}],
+        "missing": [],
+    }
+    out = tmp_path / "out"
+    with pytest.raises(RemoteError, match="differ from the VM's manifest: run/a"):
+        fetch_artifacts(
+            HostileShell(_packed([(_member("run/a"), b"evil")], manifest)),
+            workspace="ws",
+            patterns=[],
+            run_dir="run",
+            log_path="log",
+            out=out,
+            timeout=60,
+        )
+    assert list(out.iterdir()) == []  # nothing kept, no manifest.json
+
+
+@pytest.mark.parametrize("dest", ["~", ".", "..", "/"])
+def test_unpack_never_replaces_the_login_directory_or_above(tmp_path: Path, dest: str) -> None:
+    python = python310()
+    home = tmp_path / "home"
+    _tree(home, {".ssh/authorized_keys": b"ssh-ed25519 AAAA"})
+    argv = unpack_command(dest, python=python)
+    result = subprocess.run(
+        argv,
+        cwd=home,
+        input=_archive([(_member("a.txt"), b"a")]),
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "HOME": str(home)},
+    )
+    assert result.returncode == 3
+    assert b"login directory" in result.stderr
+    assert _snapshot(home) == {".ssh/authorized_keys": b"ssh-ed25519 AAAA"}
+    with pytest.raises(WorkspaceError, match="login directory"):
+        upload_workspace(LocalShell(home), select_workspace(home), dest, timeout=60)
+
+
+def test_fetch_dot_brings_the_whole_workspace_and_pack_refuses_escaping_patterns(
+    tmp_path: Path,
+) -> None:
+    python = python310()
+    home = tmp_path / "home"
+    _tree(home / "ws", {"a.txt": b"a", "sub/b.txt": b"b"})
+    (home / "run").mkdir()
+    got = fetch_artifacts(
+        LocalShell(home),
+        workspace="ws",
+        patterns=["."],
+        run_dir="run",
+        log_path="log",
+        out=tmp_path / "out",
+        timeout=60,
+        python=python,
+    )
+    assert [entry.path for entry in got.entries] == ["workspace/a.txt", "workspace/sub/b.txt"]
+    argv = [python, "-c", transfer_source(), "pack", "--workspace", "ws", "--run-dir", "run"]
+    argv += ["--log", "log", "--max-bytes", "100", "--", "../"]
+    result = subprocess.run(argv, cwd=home, capture_output=True, timeout=60)
+    assert result.returncode == 3
+    assert b"not inside the workspace" in result.stderr
+    assert result.stdout == b""

@@ -1,0 +1,203 @@
+"""What `select_workspace` lets go up, and what it refuses before anything is created."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tpulab.errors import ConfigError, WorkspaceError
+from tpulab.remote.workspace import (
+    Manifest,
+    ManifestEntry,
+    check_fetch_patterns,
+    select_workspace,
+)
+
+PEM = (
+    "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n"
+    "-----END OPENSSH PRIVATE KEY-----\n"
+)
+
+
+def _tree(root: Path, files: dict[str, str | bytes]) -> Path:
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    return root
+
+
+def _paths(root: Path, **kwargs: object) -> set[str]:
+    return {path for path, _size in select_workspace(root, **kwargs).files}  # type: ignore[arg-type]
+
+
+def test_missing_or_non_directory_root_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(WorkspaceError, match="does not exist") as missing:
+        select_workspace(tmp_path / "nope")
+    assert missing.value.hint
+    assert "--workdir" in missing.value.hint
+    assert isinstance(missing.value, ConfigError)  # exit status 2, nothing created
+    file = tmp_path / "file"
+    file.write_text("x")
+    with pytest.raises(WorkspaceError, match="not a directory"):
+        select_workspace(file)
+
+
+def test_always_excluded_whatever_the_ignore_files_say(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path / "ws",
+        {
+            "train.py": "print()",
+            ".git/config": "[core]",
+            ".venv/bin/python": "x",
+            "venv/lib/x.py": "x",
+            "myenv/pyvenv.cfg": "home = /usr",  # a virtualenv by its marker, any name
+            "myenv/lib/site.py": "x",
+            "pkg/__pycache__/m.cpython-311.pyc": b"\0",
+            "pkg/m.py": "x",
+            "tpulab-runs/r1/run.json": "{}",
+            ".nox/s/x": "x",
+            ".gitignore": "!.venv/\n!tpulab-runs/\n",  # cannot re-include them
+        },
+    )
+    selection = select_workspace(root)
+    assert {path for path, _ in selection.files} == {".gitignore", "pkg/m.py", "train.py"}
+    assert selection.skipped["always excluded"] == 7
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("deploy/server.pem", "cert"),
+        ("tls.key", "k"),
+        ("keys/id_rsa", "x"),
+        ("id_ed25519", "x"),
+        (".env", "TOKEN=1"),
+        (".env.production", "TOKEN=1"),
+        (".netrc", "machine x"),
+        (".pypirc", "[pypi]"),
+        ("notes/innocent.txt", "see below\n" + PEM),  # by content, whatever the name
+        ("conf/sa.json", json.dumps({"type": "service_account", "project_id": "p"})),
+        ("conf/adc.json", json.dumps({"type": "authorized_user", "refresh_token": "r"})),
+        ("conf/other.json", json.dumps({"private_key": "-----BEGIN", "x": 1})),
+    ],
+)
+def test_secret_looking_files_are_refused_unless_allowed(
+    tmp_path: Path, name: str, content: str
+) -> None:
+    root = _tree(tmp_path / "ws", {"train.py": "print()", name: content})
+    with pytest.raises(WorkspaceError) as refused:
+        select_workspace(root)
+    assert name in refused.value.message
+    assert refused.value.hint
+    assert "--allow-secret" in refused.value.hint
+    assert ".tpulabignore" in refused.value.hint
+    assert _paths(root, allow_secrets=[name]) == {"train.py", name}
+    assert _paths(root, allow_secrets=["./" + name]) == {"train.py", name}  # normalised
+
+
+def test_ignored_secrets_are_not_refused_and_ordinary_json_is_fine(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path / "ws",
+        {
+            "train.py": "print()",
+            ".env": "TOKEN=1",
+            "secrets/sa.json": json.dumps({"type": "service_account"}),
+            ".tpulabignore": ".env\nsecrets/\n",
+            "config.json": json.dumps({"type": "model", "layers": 2}),
+            "id_rsa.pub": "ssh-rsa AAAA",  # the public half is not a secret
+        },
+    )
+    assert _paths(root) == {".tpulabignore", "config.json", "id_rsa.pub", "train.py"}
+
+
+def test_allow_secret_naming_nothing_is_an_error(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "ws", {"train.py": "x"})
+    with pytest.raises(WorkspaceError, match="'keys/id_rsa'"):
+        select_workspace(root, allow_secrets=["keys/id_rsa"])
+    with pytest.raises(WorkspaceError, match="leaves the workspace"):
+        select_workspace(root, allow_secrets=["../id_rsa"])
+
+
+def test_over_the_cap_lists_the_largest_entries(tmp_path: Path) -> None:
+    files: dict[str, str | bytes] = {f"small/{i}.txt": b"x" * 10 for i in range(30)}
+    files |= {"data/big.bin": b"\0" * 5000, "data/medium.bin": b"\0" * 3000}
+    root = _tree(tmp_path / "ws", files)
+    with pytest.raises(WorkspaceError) as refused:
+        select_workspace(root, max_bytes=4000)
+    message = refused.value.message
+    assert "32 files" in message
+    assert message.index("data/big.bin") < message.index("data/medium.bin")
+    assert message.count("small/") == 8  # ten largest: two big ones, eight small
+    assert refused.value.hint
+    assert "--max-upload" in refused.value.hint
+    assert ".tpulabignore" in refused.value.hint
+    selection = select_workspace(root, max_bytes=8300)
+    assert selection.total_bytes == 8300
+    assert selection.largest(2) == [("data/big.bin", 5000), ("data/medium.bin", 3000)]
+
+
+def test_describe_counts_files_and_bytes(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "ws", {f"f{i:04}": b"\0" * 512 for i in range(2000)})
+    (root / ".git").mkdir()
+    assert (
+        select_workspace(root).describe() == "2 000 files, 1000.0 KiB (skipped: 1 always excluded)"
+    )
+
+
+def test_symlinks_inside_go_up_as_files_and_leaving_ones_are_skipped(tmp_path: Path) -> None:
+    outside = _tree(tmp_path / "outside", {"secret.txt": "not yours"})
+    root = _tree(tmp_path / "ws", {"real.txt": "real", "dir/a.txt": "a"})
+    os.symlink("real.txt", root / "alias.txt")
+    os.symlink(outside / "secret.txt", root / "escape.txt")
+    os.symlink(outside, root / "escape_dir")
+    os.symlink("dir", root / "dir_alias")
+    selection = select_workspace(root)
+    assert {path for path, _ in selection.files} == {"alias.txt", "dir/a.txt", "real.txt"}
+    assert selection.skipped == {"symlinks leaving the workspace or to directories": 3}
+
+
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [
+        ("", "not inside the workspace"),
+        ("/etc/passwd", "not inside the workspace"),
+        ("~/x", "not inside the workspace"),
+        ("../x", r"leaves the workspace \(\.\.\)"),
+        ("out/../../x", "leaves the workspace"),
+        ("C:\\x", "not inside the workspace"),
+        ("a\0b", "NUL"),
+    ],
+)
+def test_fetch_patterns_outside_the_workspace_are_refused(pattern: str, why: str) -> None:
+    with pytest.raises(WorkspaceError, match=why) as refused:
+        check_fetch_patterns([pattern])
+    assert refused.value.hint or why == "NUL"
+
+
+def test_fetch_patterns_are_normalised_by_the_config_rule() -> None:
+    assert check_fetch_patterns(["./out/", "ckpt/**/*.npz", "a//b", "."]) == (
+        "out/",
+        "ckpt/**/*.npz",
+        "a/b",
+        ".",
+    )
+
+
+def test_manifest_json_round_trip_and_refusals() -> None:
+    entry = ManifestEntry("a/b.txt", 3, "0" * 64)
+    manifest = Manifest((entry,))
+    assert Manifest.from_json_obj(manifest.to_json_obj()) == manifest
+    assert manifest.count == 1
+    assert manifest.total_bytes == 3
+    for bad in ({"path": "a"}, [{"path": "a", "bytes": -1, "sha256": "0" * 64}], [{"x": 1}]):
+        with pytest.raises(ValueError):
+            Manifest.from_json_obj(bad)
+    with pytest.raises(ValueError, match="sha256"):
+        Manifest.from_json_obj([{"path": "a", "bytes": 1, "sha256": "zz"}])

@@ -1,0 +1,279 @@
+"""Which files of the workspace go up: validated before anything is created.
+
+`select_workspace` walks the tree once: the always-excluded names, the ignore files
+(`.gitignore` and `.tpulabignore` at any depth, through `tpulab.remote.ignore`) and
+`exclude` patterns decide what is skipped; secret-looking files (by name and by content)
+and an upload over the cap are refused with a `WorkspaceError` that says what to do.
+Reads the tree, never the network. `tpulab.remote.workspace` sends the result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpulab.config.workload import check_workspace_pattern
+from tpulab.errors import ConfigError, WorkspaceError
+from tpulab.remote.ignore import IgnoreRule, IgnoreRules, parse_ignore_lines
+
+__all__ = [
+    "ALWAYS_EXCLUDED",
+    "DEFAULT_MAX_UPLOAD",
+    "IGNORE_FILE",
+    "UploadSelection",
+    "check_fetch_patterns",
+    "human_size",
+    "select_workspace",
+]
+
+DEFAULT_MAX_UPLOAD = 256 * 2**20
+IGNORE_FILE = ".tpulabignore"
+
+# Never uploaded, whatever the ignore files say (gitignore syntax; a directory holding a
+# `pyvenv.cfg` is a virtualenv whatever its name and is excluded too).
+ALWAYS_EXCLUDED: tuple[str, ...] = (
+    ".git/",
+    ".hg/",
+    ".svn/",
+    ".venv/",
+    "venv/",
+    "__pycache__/",
+    "*.pyc",
+    ".nox/",
+    ".tox/",
+    ".mypy_cache/",
+    ".pytest_cache/",
+    ".ruff_cache/",
+    "tpulab-runs/",
+)
+
+
+def human_size(size: int) -> str:
+    """`size` bytes as people read it: 512 B, 1.5 KiB, 47.7 MiB."""
+    if size < 1024:
+        return f"{size} B"
+    value = float(size)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def _count(n: int) -> str:
+    return f"{n:,}".replace(",", " ")
+
+
+@dataclass(frozen=True)
+class UploadSelection:
+    root: Path
+    files: tuple[tuple[str, int], ...]  # (posix path relative to root, size in bytes)
+    total_bytes: int
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
+
+    def largest(self, n: int = 10) -> list[tuple[str, int]]:
+        return sorted(self.files, key=lambda item: (-item[1], item[0]))[:n]
+
+    def describe(self) -> str:
+        noun = "file" if len(self.files) == 1 else "files"
+        text = f"{_count(len(self.files))} {noun}, {human_size(self.total_bytes)}"
+        if self.skipped:
+            text += " (skipped: " + ", ".join(f"{n} {why}" for why, n in self.skipped.items())
+            text += ")"
+        return text
+
+
+# File names that hold credentials by convention, whatever their content.
+_SECRET_NAMES = frozenset(
+    {
+        "id_rsa",
+        "id_dsa",
+        "id_ecdsa",
+        "id_ed25519",
+        "id_ecdsa_sk",
+        "id_ed25519_sk",
+        ".netrc",
+        "_netrc",
+        ".pypirc",
+        ".npmrc",
+        ".git-credentials",
+        ".env",
+        "credentials",  # ~/.aws/credentials
+        "credentials.json",
+        "application_default_credentials.json",
+        "client_secret.json",
+    }
+)
+_SECRET_SUFFIXES = (".pem", ".key", ".p12", ".pfx", ".jks", ".keystore", ".ppk")
+_PRIVATE_KEY = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
+_CREDENTIAL_TYPES = ("service_account", "authorized_user", "external_account")
+_SNIFF = 64 * 1024  # bytes of each file read for a private key header
+_JSON_SNIFF = 4 * 2**20  # JSON files up to this size are parsed for credentials
+
+
+def _secret_reason(path: Path, name: str) -> str | None:
+    """Why the file at `path` looks like a secret, or None."""
+    lower = name.lower()
+    if lower in _SECRET_NAMES or lower.startswith(".env."):
+        return "a credentials file by name"
+    if lower.endswith(_SECRET_SUFFIXES):
+        return f"a key file by name (*{Path(lower).suffix})"
+    if lower.startswith(("service-account", "service_account")) and lower.endswith(".json"):
+        return "a service-account file by name"
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(_SNIFF)
+    except OSError as exc:
+        raise WorkspaceError(f"Cannot read {path}: {exc.strerror}") from exc
+    if _PRIVATE_KEY.search(head):
+        return "contains a private key (-----BEGIN ... PRIVATE KEY-----)"
+    if lower.endswith(".json") and (b'"private_key' in head or b'"type"' in head):
+        size = path.stat().st_size
+        if size <= _JSON_SNIFF:
+            try:
+                data = json.loads(path.read_bytes())
+            except (ValueError, UnicodeDecodeError):
+                return None
+            if isinstance(data, dict) and (
+                "private_key" in data or data.get("type") in _CREDENTIAL_TYPES
+            ):
+                return "a credentials JSON (private_key / service_account / authorized_user)"
+    return None
+
+
+def _rules_of(directory: Path, base: str) -> list[IgnoreRule]:
+    """The rules of the ignore files in `directory` (.gitignore, then .tpulabignore)."""
+    rules: list[IgnoreRule] = []
+    for name in (".gitignore", IGNORE_FILE):
+        file = directory / name
+        if file.is_file() and not file.is_symlink():
+            try:
+                text = file.read_text(encoding="utf-8", errors="replace")
+            except OSError as exc:
+                raise WorkspaceError(f"Cannot read {file}: {exc.strerror}") from exc
+            rules.extend(parse_ignore_lines(text.splitlines(), base))
+    return rules
+
+
+def _normalised_relative(path: str, option: str) -> str:
+    """The config layer's one rule for workspace paths, raised as a WorkspaceError."""
+    if "\0" in path:
+        raise WorkspaceError(f"{option} {path!r} contains a NUL byte")
+    try:
+        return check_workspace_pattern(path, option)
+    except WorkspaceError:
+        raise
+    except ConfigError as error:
+        raise WorkspaceError(error.message, hint=error.hint) from error
+
+
+def select_workspace(
+    root: Path,
+    *,
+    max_bytes: int = DEFAULT_MAX_UPLOAD,
+    allow_secrets: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+) -> UploadSelection:
+    """The files of `root` that go up; validation only (reads the tree, never the
+    network). WorkspaceError for a missing root, an upload over `max_bytes`, or a
+    secret-looking file that `allow_secrets` does not name.
+
+    Symlinks: a link to a file inside the workspace goes up as that file's content; a
+    link leading outside it, and any link to a directory, is skipped (counted in
+    `skipped`). Refusing them would block runs over harmless links (editor state, a
+    `result` link to a build store); following them would send files the user never put
+    in the workspace, or loop.
+    """
+    if not root.exists():
+        raise WorkspaceError(
+            f"Workspace {root} does not exist",
+            hint="Pass an existing directory with --workdir (default: the current one).",
+        )
+    if not root.is_dir():
+        raise WorkspaceError(f"Workspace {root} is not a directory", hint="Pass --workdir DIR.")
+    root = root.resolve()
+    allowed = {_normalised_relative(path, "--allow-secret") for path in allow_secrets}
+    base_rules = IgnoreRules(parse_ignore_lines(ALWAYS_EXCLUDED))
+    user_rules = IgnoreRules(parse_ignore_lines(exclude))
+    files: list[tuple[str, int]] = []
+    skipped: dict[str, int] = {}
+    secrets: list[tuple[str, str]] = []
+
+    def skip(reason: str) -> None:
+        skipped[reason] = skipped.get(reason, 0) + 1
+
+    def walk(directory: Path, rel: str, rules: IgnoreRules) -> None:
+        rules = rules.extended(_rules_of(directory, rel))
+        try:
+            children = sorted(os.scandir(directory), key=lambda entry: entry.name)
+        except OSError as exc:
+            raise WorkspaceError(f"Cannot list {directory}: {exc.strerror}") from exc
+        for child in children:
+            path = f"{rel}/{child.name}" if rel else child.name
+            is_link = child.is_symlink()
+            is_dir = child.is_dir(follow_symlinks=False)
+            if base_rules.ignored(path, is_dir=is_dir) or (
+                is_dir and (Path(child.path) / "pyvenv.cfg").is_file()
+            ):
+                skip("always excluded")
+                continue
+            if user_rules.ignored(path, is_dir=is_dir) or rules.ignored(path, is_dir=is_dir):
+                skip("ignored")
+                continue
+            if is_dir:
+                walk(Path(child.path), path, rules)
+                continue
+            full = Path(child.path)
+            if is_link:
+                target = full.resolve()
+                if not target.is_file() or not target.is_relative_to(root):
+                    skip("symlinks leaving the workspace or to directories")
+                    continue
+            elif not child.is_file(follow_symlinks=False):
+                skip("not regular files")
+                continue
+            reason = _secret_reason(full, child.name)
+            if reason and path not in allowed:
+                secrets.append((path, reason))
+            files.append((path, full.stat().st_size))
+
+    walk(root, "", IgnoreRules())
+    chosen = {path for path, _size in files}
+    unknown = sorted(allowed - chosen)
+    if unknown:
+        raise WorkspaceError(
+            f"--allow-secret names {', '.join(map(repr, unknown))}, which is not in the "
+            f"upload from {root}",
+            hint="Name the file by its path relative to the workspace, as the refusal listed it.",
+        )
+    if secrets:
+        listing = "\n".join(f"  {path}: {reason}" for path, reason in secrets[:20])
+        more = f"\n  ... and {len(secrets) - 20} more" if len(secrets) > 20 else ""
+        raise WorkspaceError(
+            f"The workspace {root} holds {len(secrets)} file(s) that look like secrets; "
+            f"nothing was sent:\n{listing}{more}",
+            hint="Add them to .tpulabignore (or .gitignore) to keep them here, or pass "
+            "--allow-secret PATH for each one the VM really needs.",
+        )
+    total = sum(size for _path, size in files)
+    selection = UploadSelection(root, tuple(files), total, skipped)
+    if total > max_bytes:
+        listing = "\n".join(
+            f"  {human_size(size):>10}  {path}" for path, size in selection.largest()
+        )
+        raise WorkspaceError(
+            f"The workspace upload is {selection.describe()}, over the "
+            f"{human_size(max_bytes)} cap; the largest entries:\n{listing}",
+            hint=f"Exclude what the VM does not need in {IGNORE_FILE} (gitignore syntax), "
+            "or raise the cap with --max-upload.",
+        )
+    return selection
+
+
+def check_fetch_patterns(patterns: Sequence[str]) -> tuple[str, ...]:
+    """`--fetch` patterns, normalised; WorkspaceError for empty, absolute or `..`."""
+    return tuple(_normalised_relative(pattern, "--fetch") for pattern in patterns)

@@ -1,0 +1,514 @@
+"""The workspace goes up and the artifacts come back, each as ONE streamed tar archive.
+
+Pure Python, no paramiko: the archive is written to (and read from) a `StreamShell`,
+which `tpulab.remote.ssh.Connection` implements over one SSH channel. The remote half is
+`remote_payloads/transfer.py` (stdlib only, Python 3.10), run as `python3 -c <source>`
+so that nothing has to be staged first. Which files go up is decided before anything is
+created, by `tpulab.remote.selection` (re-exported here, so callers import one module).
+
+Upload, `upload_workspace`:
+    laptop: tar stream built file by file (each file hashed as it is archived, read once)
+            -> trailer: the archive's sha256
+    VM:     `transfer.py unpack`: extracts into a staging directory next to `remote_dir`
+            (no absolute names, no `..`, no links, no devices), checks the trailer,
+            swaps the staging directory in for `remote_dir` and prints its manifest of
+            what it wrote; the laptop's manifest must equal it.
+
+Fetch, `fetch_artifacts`:
+    VM:     `transfer.py pack`: globs the patterns inside the workspace, adds the run
+            directory and the log, refuses over the cap BEFORE sending (listing the
+            largest entries), streams the tar; its last member is the manifest
+            (path, bytes, sha256), hashed as each file was read.
+    laptop: spools the stream into `out` (counted against the cap), extracts it safely
+            into a staging directory, checks every file against the manifest, moves
+            them into place and writes `out/manifest.json`. Layout of `out`:
+            `run/...` (the run directory), `workspace/<path>` (the `--fetch` matches),
+            `<basename of the log>`.
+
+Uncompressed tar is the default: on the links these run over (loopback, a VM's NIC)
+gzip costs more CPU time than it saves wire time; `gzip=True` is there to measure that
+(tests/benchmarks/bench_transfer.py) and for slow links.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import os
+import posixpath
+import re
+import shutil
+import stat
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol, cast
+
+from tpulab import paths
+from tpulab.errors import RemoteError, WorkspaceError
+from tpulab.remote.bootstrap import CommandResult
+from tpulab.remote.selection import (
+    ALWAYS_EXCLUDED,
+    DEFAULT_MAX_UPLOAD,
+    IGNORE_FILE,
+    UploadSelection,
+    check_fetch_patterns,
+    select_workspace,
+)
+
+__all__ = [
+    "ALWAYS_EXCLUDED",
+    "DEFAULT_MAX_FETCH",
+    "DEFAULT_MAX_UPLOAD",
+    "IGNORE_FILE",
+    "MANIFEST_FILE",
+    "Manifest",
+    "ManifestEntry",
+    "StreamShell",
+    "UploadSelection",
+    "WorkspaceError",
+    "check_fetch_patterns",
+    "fetch_artifacts",
+    "fetch_command",
+    "planned_answer",
+    "select_workspace",
+    "transfer_source",
+    "unpack_command",
+    "upload_workspace",
+]
+
+DEFAULT_MAX_FETCH = 2**30
+MANIFEST_FILE = "manifest.json"  # in `out`, next to the fetched files
+
+
+# The transfer script's wire conventions (remote_payloads/transfer.py says the same).
+_TRAILER_PREFIX = b"TPULAB-ARCHIVE-SHA256:"
+_MANIFEST_MEMBER = ".tpulab-manifest.json"
+_REFUSED = 3
+_CHUNK = 1 << 20
+_BLOCK = tarfile.BLOCKSIZE
+# The archive may exceed the sum of its files by headers and padding; past this much
+# more the VM is not sending what `pack` would, and the download stops.
+_FETCH_OVERHEAD = 64 * 2**20
+
+
+class StreamShell(Protocol):
+    """What the transfers need from `tpulab.remote.ssh.Connection`: one command whose
+    stdin is fed from `stdin` and whose stdout goes to `stdout`, chunk by chunk (never
+    the whole stream in memory); stderr is captured into the result."""
+
+    def run_streaming(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: BinaryIO | Iterable[bytes] | None,
+        stdout: BinaryIO | None,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+    ) -> CommandResult: ...
+
+
+# -- manifests ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    path: str  # posix, relative to the archive's root
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    entries: tuple[ManifestEntry, ...]
+    missing: tuple[str, ...] = ()  # what a fetch asked for and did not find
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(entry.bytes for entry in self.entries)
+
+    @property
+    def count(self) -> int:
+        return len(self.entries)
+
+    def to_json_obj(self) -> list[dict[str, Any]]:
+        return [
+            {"path": entry.path, "bytes": entry.bytes, "sha256": entry.sha256}
+            for entry in self.entries
+        ]
+
+    @classmethod
+    def from_json_obj(cls, obj: object, *, missing: Sequence[str] = ()) -> Manifest:
+        """The inverse of `to_json_obj`, sorted by path; ValueError when malformed."""
+        if not isinstance(obj, list):
+            raise ValueError(f"a manifest is a list of entries, got {type(obj).__name__}")
+        entries: list[ManifestEntry] = []
+        for item in obj:
+            if not isinstance(item, dict) or set(item) != {"path", "bytes", "sha256"}:
+                raise ValueError(f"malformed manifest entry {str(item)[:100]}")
+            path, size, digest = item["path"], item["bytes"], item["sha256"]
+            if not isinstance(path, str) or not isinstance(size, int) or size < 0:
+                raise ValueError(f"malformed manifest entry {str(item)[:100]}")
+            if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+                raise ValueError(f"malformed sha256 in manifest entry for {path!r}")
+            entries.append(ManifestEntry(path, size, digest))
+        entries.sort(key=lambda entry: entry.path)
+        return cls(tuple(entries), tuple(missing))
+
+
+# -- the remote script ----------------------------------------------------------------
+
+
+@functools.cache
+def transfer_source() -> str:
+    """The source of remote_payloads/transfer.py, which travels as `python3 -c`."""
+    return paths.payload_path("transfer.py").read_text(encoding="utf-8")
+
+
+def unpack_command(remote_dir: str, *, python: str = "python3", gzip: bool = False) -> list[str]:
+    return [python, "-c", transfer_source(), "unpack", remote_dir, *(["--gzip"] if gzip else [])]
+
+
+def fetch_command(
+    *,
+    workspace: str,
+    patterns: Sequence[str],
+    run_dir: str,
+    log_path: str,
+    max_bytes: int,
+    python: str = "python3",
+    gzip: bool = False,
+) -> list[str]:
+    return [
+        python,
+        "-c",
+        transfer_source(),
+        "pack",
+        "--workspace",
+        workspace,
+        "--run-dir",
+        run_dir,
+        "--log",
+        log_path,
+        "--max-bytes",
+        str(max_bytes),
+        *(["--gzip"] if gzip else []),
+        "--",
+        *check_fetch_patterns(patterns),
+    ]
+
+
+def planned_answer(argv: Sequence[str]) -> bytes | None:
+    """What a VM that received nothing writes on stdout for a transfer command, for the
+    recording session of a dry run (None: not a transfer): `unpack` an empty manifest
+    (the plan streams no workspace, so there is nothing to check), `pack` an archive
+    holding only an empty manifest."""
+    if list(argv[1:3]) != ["-c", transfer_source()] or len(argv) < 4:
+        return None
+    if argv[3] == "unpack":
+        return b'{"manifest": []}\n'
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w|gz" if "--gzip" in argv else "w|") as tar:
+        body = json.dumps({"manifest": [], "missing": []}).encode()
+        info = tarfile.TarInfo(_MANIFEST_MEMBER)
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+    return buffer.getvalue()
+
+
+def _refusal(result: CommandResult) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    said = lines[-1] if lines else f"exit status {result.exit_status}, nothing on stderr"
+    return said.removeprefix("transfer: ")
+
+
+# -- upload ---------------------------------------------------------------------------
+
+
+class _ArchiveWriter:
+    """The upload's tar stream as chunks, built one file at a time (never whole)."""
+
+    def __init__(self, selection: UploadSelection, gzip: bool) -> None:
+        self.selection = selection
+        self.digest = hashlib.sha256()
+        self.entries: list[ManifestEntry] = []
+        self._compressor = zlib.compressobj(6, zlib.DEFLATED, 31) if gzip else None
+
+    def _emit(self, data: bytes) -> bytes:
+        if self._compressor is not None:
+            data = self._compressor.compress(data)
+        self.digest.update(data)
+        return data
+
+    def _file(self, rel: str, size: int) -> Iterator[bytes]:
+        path = self.selection.root / rel
+        try:
+            handle = path.open("rb")
+        except OSError as exc:
+            raise WorkspaceError(f"Cannot read {path}: {exc.strerror}") from exc
+        with handle:
+            now = os.fstat(handle.fileno())
+            if now.st_size != size:
+                raise WorkspaceError(
+                    f"{path} changed while the workspace was uploading ({size} -> "
+                    f"{now.st_size} bytes)",
+                    hint="Run again once whatever writes it has finished.",
+                )
+            info = tarfile.TarInfo(rel)
+            info.size = size
+            info.mtime = int(now.st_mtime)
+            info.mode = 0o755 if now.st_mode & stat.S_IXUSR else 0o644
+            yield self._emit(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+            digest, left = hashlib.sha256(), size
+            while left:
+                try:
+                    chunk = handle.read(min(_CHUNK, left))
+                except OSError as exc:  # a local failure, not the connection's
+                    raise WorkspaceError(f"Cannot read {path}: {exc.strerror}") from exc
+                if not chunk:
+                    raise WorkspaceError(f"{path} shrank while the workspace was uploading")
+                left -= len(chunk)
+                digest.update(chunk)
+                yield self._emit(chunk)
+            if size % _BLOCK:
+                yield self._emit(bytes(_BLOCK - size % _BLOCK))
+        self.entries.append(ManifestEntry(rel, size, digest.hexdigest()))
+
+    def chunks(self) -> Iterator[bytes]:
+        # Headers and padding are small pieces: send them coalesced with file data, in
+        # pieces of about _CHUNK, not one SSH packet each (2 000 files: ~3x faster).
+        pending = bytearray()
+        for rel, size in self.selection.files:
+            for piece in self._file(rel, size):
+                pending += piece
+                if len(pending) >= _CHUNK:
+                    yield bytes(pending)
+                    pending.clear()
+        pending += self._emit(bytes(2 * _BLOCK))
+        if self._compressor is not None:
+            flushed = self._compressor.flush()
+            self.digest.update(flushed)
+            pending += flushed
+        yield bytes(pending)
+        yield _TRAILER_PREFIX + self.digest.hexdigest().encode("ascii")
+
+
+def upload_workspace(
+    shell: StreamShell,
+    selection: UploadSelection,
+    remote_dir: str,
+    *,
+    timeout: float,
+    python: str = "python3",
+    gzip: bool = False,
+) -> Manifest:
+    """Replace `remote_dir` on the VM with the selected files; their checked manifest.
+
+    RemoteError if the VM refused the archive (corrupt, cut short, unsafe) or wrote
+    anything other than what was sent; `remote_dir` keeps its old content then."""
+    where = remote_dir.strip()
+    if not where or posixpath.normpath(where) in (".", "/", "~") or ".." in where.split("/"):
+        raise WorkspaceError(
+            f"Remote workspace directory {remote_dir!r} would replace the login directory "
+            "(or more); name a directory of its own, e.g. ~/tpulab-workspace"
+        )
+    writer = _ArchiveWriter(selection, gzip)
+    answer = io.BytesIO()
+    result = shell.run_streaming(
+        unpack_command(remote_dir, python=python, gzip=gzip),
+        stdin=writer.chunks(),
+        stdout=answer,
+        timeout=timeout,
+    )
+    if result.exit_status != 0:
+        raise RemoteError(
+            f"The VM refused the workspace upload to {remote_dir}: {_refusal(result)}",
+            hint="Nothing was replaced on the VM. Retry; if it persists, check the VM's "
+            "disk space and its python3.",
+        )
+    try:
+        remote = Manifest.from_json_obj(json.loads(answer.getvalue())["manifest"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RemoteError(f"The VM's answer to the upload is not a manifest: {exc}") from exc
+    local = Manifest.from_json_obj(Manifest(tuple(writer.entries)).to_json_obj())
+    if remote != local:
+        raise RemoteError(
+            f"The workspace on the VM ({remote_dir}) differs from what was sent: "
+            + _differences(local, remote),
+            hint="Retry the run; if it persists the VM's disk may be failing.",
+        )
+    return local
+
+
+def _differences(expected: Manifest, observed: Manifest) -> str:
+    want = {entry.path: entry for entry in expected.entries}
+    got = {entry.path: entry for entry in observed.entries}
+    problems = [f"{path} missing" for path in sorted(want.keys() - got.keys())]
+    problems += [f"{path} unexpected" for path in sorted(got.keys() - want.keys())]
+    problems += [
+        f"{path} (sha256 {got[path].sha256[:12]}..., {got[path].bytes} bytes; expected "
+        f"{want[path].sha256[:12]}..., {want[path].bytes} bytes)"
+        for path in sorted(want.keys() & got.keys())
+        if want[path] != got[path]
+    ]
+    shown = "; ".join(problems[:10])
+    return shown + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
+
+
+# -- fetch ----------------------------------------------------------------------------
+
+
+class _CappedSpool:
+    """The fetched stream on disk; refuses to grow past `limit` bytes."""
+
+    def __init__(self, handle: BinaryIO, limit: int) -> None:
+        self.handle = handle
+        self.limit = limit
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        if self.size > self.limit:
+            raise RemoteError(
+                f"The VM sent more than {self.limit} bytes of artifacts, past the fetch cap",
+                hint="The VM's packer did not honour --max-fetch; nothing was kept.",
+            )
+        return self.handle.write(data)
+
+
+def _ensure_dir(directory: Path, made: set[Path]) -> None:
+    # Once per directory, not per file: a failing mkdir per file is most of the cost of
+    # extracting thousands of small files.
+    if directory not in made:
+        directory.mkdir(parents=True, exist_ok=True)
+        made.add(directory)
+
+
+def _safe_member(name: str) -> str:
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if not parts or name.startswith("/") or ".." in parts or "\\" in name or "\0" in name:
+        raise RemoteError(f"The fetched archive holds an unsafe path {name!r}; nothing was kept")
+    return "/".join(parts)
+
+
+def _unpack_local(spool: BinaryIO, staging: Path, gzip: bool) -> tuple[Manifest, Manifest]:
+    """(what the VM's manifest says, what was written) for the archive in `spool`."""
+    written: list[ManifestEntry] = []
+    claimed: Manifest | None = None
+    seen: set[str] = set()
+    made: set[Path] = set()
+    with tarfile.open(fileobj=spool, mode="r|gz" if gzip else "r|") as tar:
+        for member in tar:
+            name = _safe_member(member.name)
+            if not member.isreg() or name in seen:
+                raise RemoteError(
+                    f"The fetched archive holds {name!r} as a link, device or duplicate; "
+                    "nothing was kept"
+                )
+            seen.add(name)
+            source = tar.extractfile(member)
+            assert source is not None  # a regular member always has data
+            if name == _MANIFEST_MEMBER:
+                body = json.loads(source.read(64 * 2**20))
+                claimed = Manifest.from_json_obj(body["manifest"], missing=body["missing"])
+                continue
+            target = staging / name
+            _ensure_dir(target.parent, made)
+            digest, size = hashlib.sha256(), 0
+            with target.open("xb") as out:
+                while chunk := source.read(_CHUNK):
+                    digest.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+            os.chmod(target, 0o755 if member.mode & 0o111 else 0o644)
+            written.append(ManifestEntry(name, size, digest.hexdigest()))
+    if claimed is None:
+        raise RemoteError("The fetched archive has no manifest (cut short?); nothing was kept")
+    return claimed, Manifest.from_json_obj(Manifest(tuple(written)).to_json_obj())
+
+
+def fetch_artifacts(
+    shell: StreamShell,
+    *,
+    workspace: str,
+    patterns: Sequence[str],
+    run_dir: str,
+    log_path: str,
+    out: Path,
+    max_bytes: int = DEFAULT_MAX_FETCH,
+    timeout: float,
+    python: str = "python3",
+    gzip: bool = False,
+) -> Manifest:
+    """Bring the patterns, the run directory and the log back into `out`; the checked
+    manifest (also written to `out/manifest.json`). Patterns, a run directory or a log
+    that are not there are listed in `missing`, not fatal.
+
+    RemoteError when the VM refuses (over `max_bytes`: its message lists the largest
+    entries) or what arrived differs from the VM's manifest; nothing lands in `out` then.
+    """
+    if posixpath.basename(log_path.rstrip("/")) in ("", MANIFEST_FILE, "run", "workspace"):
+        raise WorkspaceError(
+            f"The log path {log_path!r} would collide with the fetch layout in {out}"
+        )
+    argv = fetch_command(
+        workspace=workspace,
+        patterns=patterns,
+        run_dir=run_dir,
+        log_path=log_path,
+        max_bytes=max_bytes,
+        python=python,
+        gzip=gzip,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tpulab-fetch-", dir=out))
+    try:
+        with (staging / "archive.tar").open("w+b") as handle:
+            spool = _CappedSpool(handle, max_bytes + _FETCH_OVERHEAD)
+            result = shell.run_streaming(
+                argv,
+                stdin=None,
+                stdout=cast(BinaryIO, spool),  # write() is all a StreamShell uses
+                timeout=timeout,
+            )
+            if result.exit_status != 0:
+                raise RemoteError(
+                    f"The VM did not send the artifacts: {_refusal(result)}",
+                    hint="Over the cap: raise --max-fetch or narrow --fetch."
+                    if result.exit_status == _REFUSED
+                    else "Retry; check the VM's disk and its python3.",
+                )
+            handle.seek(0)
+            files = staging / "files"
+            files.mkdir()
+            try:
+                claimed, written = _unpack_local(handle, files, gzip)
+            except (tarfile.TarError, EOFError, ValueError, KeyError, TypeError) as exc:
+                raise RemoteError(
+                    f"The fetched archive is damaged ({type(exc).__name__}: {exc}); "
+                    "nothing was kept"
+                ) from exc
+        if claimed.entries != written.entries:
+            raise RemoteError(
+                "The fetched artifacts differ from the VM's manifest: "
+                + _differences(claimed, written)
+                + "; nothing was kept",
+                hint="Retry the fetch; a file still being written on the VM changes "
+                "under the packer.",
+            )
+        made: set[Path] = set()
+        for entry in written.entries:
+            target = out / entry.path
+            _ensure_dir(target.parent, made)
+            os.replace(files / entry.path, target)
+        manifest = Manifest(written.entries, claimed.missing)
+        record = {"files": manifest.to_json_obj(), "missing": list(manifest.missing)}
+        (out / MANIFEST_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        return manifest
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

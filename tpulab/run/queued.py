@@ -1,0 +1,119 @@
+"""`--queued`: get the run's node through a Cloud TPU QueuedResource.
+
+    CreateQueuedResource (the node spec the lifecycle built: labels, ssh key, spot)
+      -> wait for its operation -> poll its state through the one wait loop:
+         ACCEPTED -> WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE   (return)
+         FAILED (e.g. validUntil passed before capacity)  -> StockoutError, the API's reason
+         SUSPENDED (its spot node was reclaimed)          -> CloudError "SUSPENDED"
+
+The queued resource is named like the node, so teardown (teardown.py, with
+`queued_resource=`) deletes it with force and confirms both are gone, and
+`teardown --verify` finds it by the node labels inside its spec (QueuedResource has no
+labels of its own). The lifecycle's `create` calls `create_through_queue` and then
+carries on as for any node: wait READY, host key, SSH...
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from tpulab.cloud.api import QUEUED_FINAL_STATES, QueuedResourceInfo, QueuedResourceRequest
+from tpulab.errors import CloudError, StockoutError, TransientError
+from tpulab.polling import poll_until
+
+if TYPE_CHECKING:
+    from tpulab.cloud.api import TpuApi
+    from tpulab.config import RunSpec
+    from tpulab.models import NodeRequest
+
+__all__ = ["create_through_queue", "queue_wait_seconds"]
+
+# What the provisioning after capacity arrives may take, on top of the queueing window.
+_PROVISION_SECONDS = 900.0
+
+
+def queue_wait_seconds(spec: RunSpec) -> float:
+    """How long the laptop waits for ACTIVE: the window the service was given (or the
+    create timeout without one), then provisioning. Past it the run ends and teardown
+    deletes the queued resource, so an unbounded server-side wait never bills."""
+    window = float(spec.valid_for) if spec.valid_for is not None else spec.timeouts.create
+    return window + min(_PROVISION_SECONDS, spec.timeouts.ready)
+
+
+def create_through_queue(
+    api: TpuApi,
+    spec: RunSpec,
+    node: NodeRequest,
+    *,
+    on_sent: Callable[[], None],
+    on_refused: Callable[[], None],
+    on_accepted: Callable[[], None],
+    note: Callable[[str], None],
+    poll: Iterable[float] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """Create the run's queued resource and wait until it is ACTIVE; the phase detail.
+
+    `on_sent` runs just before the request leaves (from then on teardown must look),
+    `on_refused` when the API refused it synchronously (nothing exists), `on_accepted`
+    once the API took it. Raises StockoutError / CloudError for FAILED / SUSPENDED.
+    """
+    zone, name = spec.zone.value, spec.node_name
+    request = QueuedResourceRequest(node_id=name, node=node, valid_for_seconds=spec.valid_for)
+    deadline = clock() + queue_wait_seconds(spec)
+    on_sent()
+    try:
+        operation = api.create_queued_resource(zone, name, request)
+    except CloudError as error:
+        if not isinstance(error, TransientError):
+            on_refused()  # refused with an answer: nothing was queued
+        raise
+    on_accepted()
+    api.wait_operation(operation, timeout=max(0.0, min(spec.timeouts.create, deadline - clock())))
+
+    seen: list[str] = []
+
+    def active(found: QueuedResourceInfo) -> bool:
+        if not seen or seen[-1] != found.state:
+            seen.append(found.state)
+            note(f"queued resource {name}: {found.state}")
+        if found.state in QUEUED_FINAL_STATES:
+            raise _ended(found, spec)
+        return found.state == "ACTIVE"
+
+    poll_until(
+        lambda: api.get_queued_resource(zone, name),
+        active,
+        timeout=max(0.0, deadline - clock()),
+        clock=clock,
+        sleep=sleep,
+        backoff=poll,
+        retry_if=lambda error: isinstance(error, TransientError),
+        describe=lambda found: (
+            f"queued resource {name} in {zone} to become ACTIVE"
+            + (f" (last state {found.state})" if found is not None else "")
+        ),
+    )
+    window = f", valid for {spec.valid_for} s" if spec.valid_for is not None else ""
+    return f"node {name} through queued resource {name} ({' -> '.join(seen)}{window})"
+
+
+def _ended(found: QueuedResourceInfo, spec: RunSpec) -> CloudError:
+    if found.state == "FAILED":
+        reason = found.failure or "the API gave no reason"
+        return StockoutError(
+            f"Queued resource {found.name} in {found.zone} FAILED: {reason}",
+            status="FAILED",
+            api_message=found.failure,
+            hint="No capacity came within the window. Retry with a longer --valid-for, "
+            "another --zone, or later; the queued resource is deleted by the teardown.",
+        )
+    return CloudError(
+        f"Queued resource {found.name} in {found.zone} was SUSPENDED: its node was "
+        "reclaimed" + (" (spot capacity taken back)" if spec.spot else "") + ".",
+        status="SUSPENDED",
+        hint="Retry the run; with --spot, capacity can be taken back at any time.",
+    )
