@@ -105,8 +105,9 @@ def test_zone_auto_fails_over_to_capacity_and_reports_every_attempt(served: Emul
     ]
     assert result.run_id == result.attempts[-1].run_id
     assert "capacity" in result.attempts[0].reason
+    # Each figure is rounded to 4 places on its own: the sum may differ by their rounding.
     assert result.estimated_cost_usd == pytest.approx(
-        sum(a.estimated_cost_usd for a in result.attempts), abs=1e-4
+        sum(a.estimated_cost_usd for a in result.attempts), abs=2.5e-4
     )
     assert _creates(served) == ["us-central1-a", "us-south1-a", "us-west1-c"]
     assert served.node_names() == []
