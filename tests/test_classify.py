@@ -141,6 +141,21 @@ REAL_ANSWERS: list[tuple[str, str, str, type[E.CloudError], Scope]] = [
         E.TransientError,
         "zone",
     ),
+    (
+        "INTERNAL",
+        "Internal error encountered.",
+        "500 of Google APIs (google.rpc INTERNAL)",
+        E.TransientError,
+        "zone",
+    ),
+    (
+        RPC_STATUS[10],
+        "Operation aborted: the node was deleted during creation.",
+        "create operation code 10 when DeleteNode reaches a CREATING node: the emulator's "
+        "words (tpulab/emulator/state.py); no real message is on record here",
+        E.NotFoundError,
+        "fatal",
+    ),
 ]
 
 

@@ -33,7 +33,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -130,6 +130,7 @@ class RefusingHosts:
         *,
         refuse_for: float = 0.0,
         ensurepip_missing: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> HostEndpoint:
         if node_key.rsplit("/", 1)[-1] in self.refused:
             refuse_for = HOLD_LIMIT_SECONDS
@@ -139,6 +140,7 @@ class RefusingHosts:
             ssh_keys_metadata,
             refuse_for=refuse_for,
             ensurepip_missing=ensurepip_missing,
+            env=env,
         )
 
     def update_keys(self, node_key: str, ssh_keys_metadata: str) -> None:

@@ -9,6 +9,7 @@ so neither side can drift from the other.
 from __future__ import annotations
 
 __all__ = [
+    "DELETE_NODE_PERMISSION",
     "EMULATED_IMAGE_ENV",
     "EMULATOR_SSH_PORT_ATTRIBUTE",
     "EMULATOR_SSH_USER_ATTRIBUTE",
@@ -18,9 +19,21 @@ __all__ = [
     "HOST_KEY_TYPES",
     "MANAGED_BY_LABEL",
     "MANAGED_BY_VALUE",
+    "METADATA_DEFAULT_HOST",
+    "METADATA_FLAVOR",
+    "METADATA_FLAVOR_HEADER",
+    "METADATA_HOST_ENV",
+    "METADATA_IP_ENV",
+    "METADATA_ROOT_PATH",
     "OS_LOGIN_METADATA",
+    "RESOURCE_MANAGER_BASE_ENV",
+    "RESOURCE_MANAGER_DEFAULT_BASE",
     "RUN_ID_LABEL",
     "SSH_KEYS_METADATA",
+    "STARTUP_SCRIPT_METADATA",
+    "TPU_API_BASE_ENV",
+    "TPU_API_DEFAULT_BASE",
+    "TPU_ENV_ATTRIBUTE",
 ]
 
 # Labels every node tpulab creates carries; teardown finds nodes by them.
@@ -53,3 +66,35 @@ EMULATOR_SSH_USER_ATTRIBUTE = "tpulab-emulator/ssh-user"
 # Set only by the emulator in every session's environment: which image a node booted
 # ("bare ..." like a real TPU VM image, or "preloaded ..."), so a run can say which it had.
 EMULATED_IMAGE_ENV = "TPULAB_EMULATED_IMAGE"
+
+# -- the VM's own identity (DESIGN.md §7, §10): what code ON the node uses ---------------
+
+# Node metadata key whose value the guest agent's google_metadata_script_runner writes to
+# a file and runs at every boot (as root on a real VM; in the node's sandbox here).
+STARTUP_SCRIPT_METADATA = "startup-script"
+
+# The metadata server. A real VM reaches it at metadata.google.internal (169.254.169.254);
+# google-auth honours GCE_METADATA_HOST (host[:port]) and GCE_METADATA_IP (ip[:port],
+# also what JAX's cloud_tpu_cluster reads), so node code that resolves its address as
+# google-auth does runs unchanged against the emulator, which sets both to 127.0.0.1:PORT.
+METADATA_HOST_ENV = "GCE_METADATA_HOST"
+METADATA_IP_ENV = "GCE_METADATA_IP"
+METADATA_DEFAULT_HOST = "metadata.google.internal"
+METADATA_ROOT_PATH = "/computeMetadata/v1/"
+# Required on every request (the server answers 403 without it) and sent on every answer.
+METADATA_FLAVOR_HEADER = "Metadata-Flavor"
+METADATA_FLAVOR = "Google"
+# Instance attribute the TPU service sets: `KEY: 'value'` lines (NODE_ID, WORKER_ID,
+# ZONE, CONSUMER_PROJECT_ID, ...), the node's own name, zone and project.
+TPU_ENV_ATTRIBUTE = "tpu-env"
+
+# API bases as seen from the node: unset on a real VM (the defaults); the emulator sets
+# them in every node process's environment so the same code reaches the emulated API.
+# Both end in "/"; paths are appended without a leading "/" (e.g. "v2/projects/...").
+TPU_API_BASE_ENV = "TPULAB_TPU_API_BASE"
+TPU_API_DEFAULT_BASE = "https://tpu.googleapis.com/"
+RESOURCE_MANAGER_BASE_ENV = "TPULAB_RESOURCE_MANAGER_BASE"
+RESOURCE_MANAGER_DEFAULT_BASE = "https://cloudresourcemanager.googleapis.com/"
+# What the node's identity needs to delete its own node (roles/tpu.admin grants it);
+# asked of Resource Manager v1 `projects/{p}:testIamPermissions`.
+DELETE_NODE_PERMISSION = "tpu.nodes.delete"

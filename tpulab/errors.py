@@ -340,10 +340,25 @@ class LeakedNode:
             parts.append(f"--run-id {self.run_id}")
         return " ".join(part for part in parts if part)
 
+    def forget_command(self) -> str | None:
+        """`tpulab teardown --forget` for a non-Google endpoint (None for the others): what
+        closes the journal row once that endpoint no longer exists."""
+        if self.target in (TARGET_GOOGLE, TARGET_EMULATE):
+            return None
+        parts = [f"tpulab teardown --forget --api-endpoint {self.target}"]
+        parts.append(f"--project {self.project}")
+        if self.run_id:
+            parts.append(f"--run-id {self.run_id}")
+        return " ".join(parts)
+
     def what_to_do(self) -> str:
         """Every way to finish this node's teardown by hand, one per line."""
         delete, sweep = self.manual_delete_command(), self.sweep_command()
-        return delete if delete.startswith(sweep) else f"{delete}\n  or: {sweep}"
+        steps = delete if delete.startswith(sweep) else f"{delete}\n  or: {sweep}"
+        forget = self.forget_command()
+        if forget:
+            steps += f"\n  or, if {self.target} is gone for good: {forget}"
+        return steps
 
 
 class TeardownError(TpuLabError):

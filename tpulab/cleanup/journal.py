@@ -47,16 +47,16 @@ __all__ = [
     "target_for",
 ]
 
-SCHEMA_VERSION = 2
-# Each step takes a journal of the version before it one version up (the key): schema 2
-# records the queued resource a `--queued` run asked for its node through.
-_MIGRATIONS = {1: ("ALTER TABLE runs ADD COLUMN queued_resource TEXT",)}
+SCHEMA_VERSION = 3
 # The embedded emulator listens on a random port per process, so its rows are keyed by
 # TARGET_EMULATE (tpulab.errors, beside LeakedNode) rather than by a URL no later process
 # could reach.
 
-TeardownResult = Literal["confirmed", "unconfirmed", "not-created"]
-_TEARDOWN_RESULTS = ("confirmed", "unconfirmed", "not-created")
+# "forgotten": the user closed the row because its API endpoint no longer exists (a
+# stopped `tpulab emulator serve`), after `teardown --forget` saw the connection refused.
+# Nothing confirmed the node gone; the row says so instead of nagging for ever.
+TeardownResult = Literal["confirmed", "unconfirmed", "not-created", "forgotten"]
+_TEARDOWN_RESULTS = ("confirmed", "unconfirmed", "not-created", "forgotten")
 
 _SCHEMA = """
 CREATE TABLE runs (
@@ -75,13 +75,50 @@ CREATE TABLE runs (
     host        TEXT,
     proc_start  TEXT,
     ended       TEXT,
-    teardown    TEXT CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created')),
+    teardown    TEXT CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created', 'forgotten')),
     detail      TEXT NOT NULL DEFAULT '',
     queued_resource TEXT
 );
 CREATE INDEX runs_by_teardown ON runs (teardown);
 CREATE INDEX runs_by_node ON runs (project, zone, node_name);
 """
+
+# Each step takes a journal of the version before it one version up (the key). Steps are
+# history: frozen literals, never derived from _SCHEMA (which moves on).
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    # Schema 2 records the queued resource a `--queued` run asked for its node through.
+    1: ("ALTER TABLE runs ADD COLUMN queued_resource TEXT",),
+    # Schema 3 lets `teardown --forget` close a row as "forgotten". SQLite cannot alter a
+    # CHECK constraint, so the table is rebuilt (same columns, same order) and its
+    # indexes, dropped with it, are made again.
+    2: (
+        """CREATE TABLE runs_v3 (
+    run_id      TEXT PRIMARY KEY,
+    project     TEXT NOT NULL,
+    zone        TEXT NOT NULL,
+    node_name   TEXT NOT NULL,
+    accelerator TEXT NOT NULL,
+    target      TEXT NOT NULL,
+    emulated    INTEGER NOT NULL,
+    spot        INTEGER NOT NULL DEFAULT 0,
+    started     TEXT NOT NULL,
+    updated     TEXT NOT NULL,
+    phase       TEXT NOT NULL,
+    pid         INTEGER,
+    host        TEXT,
+    proc_start  TEXT,
+    ended       TEXT,
+    teardown    TEXT CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created', 'forgotten')),
+    detail      TEXT NOT NULL DEFAULT '',
+    queued_resource TEXT
+)""",
+        "INSERT INTO runs_v3 SELECT * FROM runs",
+        "DROP TABLE runs",
+        "ALTER TABLE runs_v3 RENAME TO runs",
+        "CREATE INDEX runs_by_teardown ON runs (teardown)",
+        "CREATE INDEX runs_by_node ON runs (project, zone, node_name)",
+    ),
+}
 
 # Queries are whole literals (no string building), so nothing user-supplied reaches SQL
 # except as a bound parameter.

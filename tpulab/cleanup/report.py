@@ -186,6 +186,15 @@ def teardown_error(
         problems = [f"{len(leaked)} tpulab node(s) remain ({declined})"] if declined else []
         errors = plan.list_errors
     problems += [f"zone {zone} could not be listed ({message})" for zone, message in errors.items()]
+    if errors:
+        # Rows whose zone could not be listed may still have nodes: name them, with the
+        # commands for their target (`teardown --forget` too, when that is an endpoint).
+        known = {(node.project, node.zone, node.name) for node in leaked}
+        leaked += [
+            node
+            for node in plan.unlisted_leaks()
+            if (node.project, node.zone, node.name) not in known
+        ]
     return TeardownError(
         "Teardown NOT confirmed, resources may still be billing: " + "; ".join(problems) + ".",
         leaked,

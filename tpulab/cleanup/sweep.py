@@ -55,6 +55,7 @@ __all__ = [
     "SweepPlan",
     "SweepResult",
     "find_orphans",
+    "forget_command_for",
     "sweep",
     "sweep_command_for",
     "verify_clean",
@@ -101,7 +102,13 @@ class SweepPlan:
     lookalikes: list[NodeInfo] = field(default_factory=list)  # named like ours, unlabelled
     list_errors: dict[str, str] = field(default_factory=dict)  # zone -> why it failed
     other_rows: list[RunRow] = field(default_factory=list)  # open rows for other targets
+    unlisted_rows: list[RunRow] = field(default_factory=list)  # open rows, zone unlisted
     journal_error: str | None = None
+
+    def unlisted_leaks(self) -> list[LeakedNode]:
+        """Open rows whose zone could not be listed: their nodes may remain. For an
+        endpoint that is gone, their commands include `teardown --forget`."""
+        return [_leaked(row) for row in self.unlisted_rows]
 
     @property
     def clean(self) -> bool:
@@ -135,7 +142,17 @@ class SweepResult:
 
 def sweep_command_for(row: RunRow) -> str:
     """The command that sweeps a journal row's target (shown for rows out of scope)."""
-    return LeakedNode(row.project, row.zone, row.node_name, row.target, row.run_id).sweep_command()
+    return _leaked(row).sweep_command()
+
+
+def forget_command_for(row: RunRow) -> str | None:
+    """The command that closes a journal row whose endpoint is gone (None for Google and
+    --emulate, which never go away)."""
+    return _leaked(row).forget_command()
+
+
+def _leaked(row: RunRow) -> LeakedNode:
+    return LeakedNode(row.project, row.zone, row.node_name, row.target, row.run_id)
 
 
 def _list_zone(
@@ -281,7 +298,9 @@ def find_orphans(
                 plan.candidates.append(candidate)
     for row in rows:
         listed_ok = row.zone not in plan.list_errors
-        if listed_ok and row.run_id not in labelled_runs:
+        if not listed_ok:
+            plan.unlisted_rows.append(row)
+        elif row.run_id not in labelled_runs:
             if row.teardown is None and row_is_live(row) and not include_live:
                 continue  # may still be creating its node; it will close its own row
             plan.stale_rows.append(row)

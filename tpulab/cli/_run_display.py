@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tpulab import errors as E
-from tpulab.cli._console import console
+from tpulab.cli._console import console, print_stderr
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -92,6 +92,20 @@ class RunDisplay:
 
         if not self.quiet:
             self._print(Text(f"  · {message}", style="dim"))
+
+    def alert(self, markup: str) -> None:
+        """A message that must be read whole, e.g. "SIGINT ignored: ..." (the signal
+        guard's `notify`). While the spinner is up, the live display prints it: it first
+        erases the spinner's line -- and the "^C" the terminal echoed onto it -- then
+        prints the message on its own line and redraws the spinner below. Written to
+        stderr directly, it would land after the spinner's text on the same line."""
+        live = self._live
+        if live is None:
+            print_stderr(markup)
+            return
+        from rich.text import Text
+
+        live.console.print(Text.from_markup(markup))
 
     def milestone(self, name: str, at: float) -> None:
         pass

@@ -142,7 +142,8 @@ def _run(
                 )
 
             runner = Attempts(spec, new_lifecycle=new_lifecycle, observer=observer)
-            with signals_to_teardown(print_stderr, force_exit_status=EXIT_TEARDOWN):
+            # Refusals go through the display, which keeps them clear of its spinner.
+            with signals_to_teardown(display.alert, force_exit_status=EXIT_TEARDOWN):
                 runner.run()
     except E.TpuLabError as error:
         failure = error

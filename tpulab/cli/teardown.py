@@ -2,6 +2,8 @@
 
 The sweep is tpulab.cleanup.sweep; this module asks, prints and picks the exit status: 0 only
 when no tpulab node remains in scope, EXIT_TEARDOWN (with manual commands) otherwise.
+`teardown --forget` (tpulab.cleanup.forget) closes the journal rows of an endpoint that
+is gone, after seeing it refuse the connection and asking.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tpulab.cli._exit import (
     report_error,
 )
 from tpulab.cli._target import adc_project, api_context
+from tpulab.errors import ConfigError
 
 if TYPE_CHECKING:
     from tpulab.cleanup.sweep import SweepPlan, SweepResult
@@ -32,7 +35,7 @@ def _print_plan(plan: SweepPlan) -> None:
     from rich.table import Table
 
     from tpulab.catalog import PRICE_DATE
-    from tpulab.cleanup.sweep import sweep_command_for
+    from tpulab.cleanup.sweep import forget_command_for, sweep_command_for
 
     console = table_console()
     where = f"project {plan.project}, {plan.target}, zones {', '.join(plan.zones)}"
@@ -82,11 +85,15 @@ def _print_plan(plan: SweepPlan) -> None:
             f"Open journal row for another target: run {escape(row.run_id)}; check it with "
             f"`{escape(sweep_command_for(row))}`"
         )
+        forget = forget_command_for(row)
+        if forget:
+            console.print(f"  (if {escape(row.target)} is gone for good: `{escape(forget)}`)")
 
 
 def _teardown_verify(
     *,
     verify: bool,
+    forget: bool,
     zones: list[str],
     run_id: str | None,
     yes: bool,
@@ -104,6 +111,7 @@ def _teardown_verify(
 
     inputs = teardown_inputs(
         verify=verify,
+        forget=forget,  # both given: teardown_inputs refuses
         project=project,
         zones=zones,
         emulate=emulate,
@@ -137,6 +145,84 @@ def _teardown_verify(
                 force_exit_status=EXIT_TEARDOWN,
             )
     _teardown_report(plan, result, declined, dry_run, as_json)
+
+
+# How long the probe of `--forget` retries a refused connection before believing it: an
+# emulator being restarted comes back within that.
+_FORGET_PROBE_SECONDS = 3.0
+
+
+def _teardown_forget(
+    *,
+    zones: list[str],
+    run_id: str | None,
+    yes: bool,
+    dry_run: bool,
+    as_json: bool,
+    api_endpoint: str | None,
+    project: str | None,
+    timeout: float,
+) -> None:
+    from tpulab.cleanup.forget import describe, forget, plan_forget
+    from tpulab.cleanup.journal import Journal
+    from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.config import teardown_inputs
+    from tpulab.errors import target_for
+
+    scope = teardown_inputs(
+        verify=False,
+        forget=True,
+        project=project,
+        zones=[],
+        emulate=False,
+        api_endpoint=api_endpoint,
+        run_id=run_id,
+        timeout=timeout,
+        adc_project=adc_project,
+    ).scope
+    if zones:
+        raise ConfigError(
+            "--zone does not apply to --forget: it closes the endpoint's rows (all, or "
+            "--run-id's).",
+            hint="Drop --zone; pass --run-id to forget one run only.",
+        )
+    if as_json:
+        raise ConfigError(
+            "teardown --forget has no --json output.",
+            hint="Run it without --json; `tpulab list --json` shows the rows afterwards.",
+        )
+    target = target_for(scope.api_endpoint)
+    api = GoogleTpuApi(
+        scope.project,
+        api_endpoint=scope.api_endpoint,
+        retry_for=_FORGET_PROBE_SECONDS,
+        request_timeout=10.0,
+    )
+    journal = Journal()
+    plan = plan_forget(api, journal, target=target, run_id=scope.run_id)
+    typer.echo(f"{target} is gone: {plan.evidence}")
+    typer.echo(f"Open journal rows for it (project {scope.project}):")
+    for line in describe(plan.rows):
+        typer.echo(f"  {line}")
+    typer.echo(
+        "Nothing can confirm these nodes are gone. Forget them only if that endpoint no "
+        "longer exists (a stopped `tpulab emulator serve`); if it comes back, "
+        "`tpulab teardown --verify` still finds its nodes by their labels."
+    )
+    if dry_run:
+        typer.echo("Dry run: nothing was changed.")
+        return
+    if not yes:
+        if not sys.stdin.isatty():
+            raise ConfigError(
+                "Not forgotten: stdin is not a terminal and --yes was not given.",
+                hint="Re-run with --yes to forget these rows without asking.",
+            )
+        if not typer.confirm(f"Forget {len(plan.rows)} journal row(s)?", default=False):
+            typer.echo("Not forgotten (declined): nothing was changed.")
+            return
+    closed = forget(journal, plan)
+    typer.echo(f"Forgotten (target gone): {', '.join(closed)}.")
 
 
 def _teardown_report(
@@ -174,7 +260,15 @@ def teardown_command(
         typer.Option(
             "--verify",
             help="Find tpulab nodes left behind (journal + labels), delete them and confirm "
-            "with a list. Required.",
+            "with a list.",
+        ),
+    ] = False,
+    forget: Annotated[
+        bool,
+        typer.Option(
+            "--forget",
+            help="Instead of --verify: close the journal rows of an --api-endpoint that no "
+            "longer exists (it must refuse the connection), after asking.",
         ),
     ] = False,
     zone: Annotated[
@@ -184,7 +278,9 @@ def teardown_command(
     run_id: Annotated[
         str | None, typer.Option("--run-id", help="Only this run's node and journal row.")
     ] = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without asking.")] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Delete (with --forget: forget) without asking.")
+    ] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show what would be deleted; delete nothing.")
     ] = False,
@@ -209,12 +305,26 @@ def teardown_command(
 
     Exit 0 only when no tpulab node remains in the searched zones; otherwise exit 6
     with the manual delete commands (also for --dry-run when something was found).
-    Nodes without tpulab's labels are never touched.
+    Nodes without tpulab's labels are never touched. With --forget, journal rows of a
+    gone endpoint are closed as "forgotten" instead (exit 2 if it still answers).
     """
 
     def action() -> None:
+        if forget and not verify:
+            _teardown_forget(
+                zones=list(zone or []),
+                run_id=run_id,
+                yes=yes,
+                dry_run=dry_run,
+                as_json=as_json,
+                api_endpoint=api_endpoint,
+                project=project,
+                timeout=timeout,
+            )
+            return
         _teardown_verify(
             verify=verify,
+            forget=forget,
             zones=list(zone or []),
             run_id=run_id,
             yes=yes,

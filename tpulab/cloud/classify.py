@@ -90,7 +90,8 @@ class Rule:
 
     A rule matches a google.rpc status in `statuses` when the API's message contains
     one of `phrases` (lower case; none means any message) or its ErrorInfo reason is in
-    `reasons`. `summary` and `hint` may name `{zone}`, taken from the message.
+    `reasons`. `summary` and `hint` may name `{zone}`, taken from the message; `summary`
+    also `{status}` and `{api_message}` (the API's words, cut short when long).
     """
 
     statuses: frozenset[str]
@@ -237,10 +238,34 @@ RULES: tuple[Rule, ...] = (
         "fatal",
     ),
     Rule(
-        _statuses("UNAVAILABLE", "INTERNAL", "ABORTED", "UNKNOWN"),
+        # A create operation ends ABORTED when the node is deleted while CREATING (by a
+        # colleague, a script, another teardown): an answer, not an outage.
+        _statuses("ABORTED", "CANCELLED"),
+        NotFoundError,
+        "the node was deleted while it was being created",
+        "Something other than this run deleted the node before it was READY (another "
+        "`tpulab teardown`, a colleague or a script). Check with `tpulab list`, then run "
+        "again.",
+        # Someone else is deleting this run's nodes: stop and let the user look rather
+        # than create one in the next zone.
+        "fatal",
+        phrases=("deleted during creation", "deleted while"),
+    ),
+    Rule(
+        _statuses("UNAVAILABLE"),
         TransientError,
         "the API is temporarily unavailable",
         "The API had a temporary problem; retry in a minute.",
+        "zone",
+    ),
+    Rule(
+        # Still worth retrying, but what happened is the API's to say (an operation that
+        # ended INTERNAL is a failure it reported, not an outage): show its words.
+        _statuses("INTERNAL", "ABORTED", "UNKNOWN"),
+        TransientError,
+        "the API answered {status}: {api_message}",
+        "The API reported an error of its own; retry in a minute. If it persists, quote "
+        "the API's message to Google Cloud support.",
         "zone",
     ),
     Rule(
@@ -251,6 +276,9 @@ RULES: tuple[Rule, ...] = (
         "zone",
     ),
 )
+
+# How much of the API's message a summary quotes (all of it stays in `api_message`).
+_SHOWN_MESSAGE = 300
 
 _ZONE_IN_MESSAGE = re.compile(r"\blocation\s+(?:projects/[^/\s]+/locations/)?([a-z0-9-]+)", re.I)
 
@@ -268,8 +296,12 @@ def error_for_status(status: str, api_message: str, what: str, *, reason: str = 
         return CloudError(f"Could not {what}: {status}.", status=status, api_message=api_message)
     found = _ZONE_IN_MESSAGE.search(api_message)
     zone = found.group(1) if found else "the zone"
+    words = api_message.strip().rstrip(".") or "no message"
+    if len(words) > _SHOWN_MESSAGE:
+        words = words[:_SHOWN_MESSAGE] + "..."
+    summary = rule.summary.format(zone=zone, status=status, api_message=words)
     return rule.kind(
-        f"Could not {what}: {rule.summary.format(zone=zone)}.",
+        f"Could not {what}: {summary}.",
         status=status,
         api_message=api_message,
         hint=rule.hint.format(zone=zone),

@@ -246,13 +246,17 @@ def teardown_inputs(
     timeout: float,
     env: Mapping[str, str] | None = None,
     adc_project: AdcProject | None = None,
+    forget: bool = False,
 ) -> TeardownInputs:
     """`tpulab teardown`'s flags, validated. No zone is not an error here: the journal's
-    open rows may supply them (`find_orphans` says so if nothing does)."""
-    if not verify:
+    open rows may supply them (`find_orphans` says so if nothing does). With `forget`
+    the target must be an endpoint other than Google's: only such a target can be gone
+    (`tpulab.cleanup.forget`)."""
+    if verify == forget:
         raise ConfigError(
-            "teardown needs --verify.",
-            hint="Run `tpulab teardown --verify` (add --dry-run to only look).",
+            "teardown needs --verify." if not verify else "Give --verify or --forget, not both.",
+            hint="Run `tpulab teardown --verify` (add --dry-run to only look); "
+            "`--forget --api-endpoint URL` only closes journal rows of an endpoint that is gone.",
         )
     seconds = check_seconds("--timeout", timeout)
     scope = _scope(
@@ -264,6 +268,15 @@ def teardown_inputs(
         env=env,
         adc_project=adc_project,
     )
+    endpoint = scope.target.endpoint
+    if forget and (endpoint is None or endpoint.kind == "google"):
+        raise ConfigError(
+            "--forget needs the --api-endpoint of a target that no longer exists "
+            f"(not {'--emulate' if scope.emulate else 'Google'}).",
+            hint="Google's API and the embedded emulator do not go away: "
+            "`tpulab teardown --verify` deletes what remains and closes the rows whose "
+            "node a list shows gone.",
+        )
     return TeardownInputs(scope, seconds)
 
 

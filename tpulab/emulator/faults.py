@@ -35,6 +35,7 @@ METHODS = (
     "get_queued_resource",
     "list_queued_resources",
     "delete_queued_resource",
+    "get_compute_project",
 )
 
 # What `guest_attributes_error` may be: the HTTP status and google.rpc status it answers.
@@ -97,10 +98,17 @@ class FaultPlan:
     (constraints/compute.vmExternalIpAccess)."""
     project_os_login: bool = False
     """Project metadata says enable-oslogin=TRUE: a node's ssh-keys are ignored (no key
-    logs in) unless its own metadata says enable-oslogin: FALSE."""
+    logs in) unless its own metadata says enable-oslogin: FALSE. The Compute project
+    gcloud reads (compute.py) says so in its commonInstanceMetadata."""
     ensurepip_missing: bool = False
     """Passed to the host backend: nodes that become READY get an image whose python3
     lacks ensurepip, like Ubuntu without python3-venv (`python3 -m venv` refuses)."""
+    node_identity_cannot_delete: bool = False
+    """Every node's own identity (its metadata-server token) lacks tpu.nodes.delete, like
+    a service account without roles/tpu.admin: testIamPermissions omits it and a DELETE
+    with that token answers 403 PERMISSION_DENIED. The controller is unaffected."""
+    node_identity_cannot_delete_nodes: list[str] = field(default_factory=list)
+    """As `node_identity_cannot_delete`, for the nodes of these names only."""
 
     capacity_after: dict[str, float] = field(default_factory=dict)
     """zone (or "*") -> seconds before capacity arrives there. A queued resource waits

@@ -46,11 +46,13 @@ class HostBackend(Protocol):
         *,
         refuse_for: float = 0.0,
         ensurepip_missing: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> HostEndpoint:
         """Start an SSH host for a node; `ssh_keys_metadata` is the raw metadata value
         ("user:ssh-ed25519 AAAA... comment" lines). `refuse_for` delays listening, to
         emulate an sshd that lags READY; `ensurepip_missing` gives the node an image
-        whose python3 lacks ensurepip (Ubuntu without python3-venv)."""
+        whose python3 lacks ensurepip (Ubuntu without python3-venv); `env` is added to
+        every session's environment (the node's metadata server and API addresses)."""
         ...
 
     def update_keys(self, node_key: str, ssh_keys_metadata: str) -> None:

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,6 +138,7 @@ class OpenSshHostBackend:
         *,
         refuse_for: float = 0.0,
         ensurepip_missing: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> HostEndpoint:
         self.stop(node_key)
         if not os.access(self.sshd, os.X_OK):
@@ -160,7 +162,7 @@ class OpenSshHostBackend:
         tag = new_node_tag(node_key)
         wrapper = node_dir / "session.sh"
         image = self.images.for_node(ensurepip_missing=ensurepip_missing)
-        _write(wrapper, self._wrapper(sandbox, tag, image).encode(), 0o755)
+        _write(wrapper, self._wrapper(sandbox, tag, image, env or {}).encode(), 0o755)
 
         sock = reserve_port()
         port = sock.getsockname()[1]
@@ -252,10 +254,13 @@ class OpenSshHostBackend:
         tail = _tail(node.node_dir / "sshd.log")
         raise SshdStartError(f"sshd did not start listening on port {node.port}: {tail}")
 
-    def _wrapper(self, sandbox: Path, tag: str, image: ImageEnv) -> str:
+    def _wrapper(
+        self, sandbox: Path, tag: str, image: ImageEnv, node_env: Mapping[str, str]
+    ) -> str:
         # `env -i`: sessions see the image environment only, like the embedded host,
         # not whatever the login shell's rc files exported on the emulator's machine.
         env = session_env(image, sandbox, self.login_user)
+        env.update(node_env)
         env[NODE_TAG_VAR] = tag
         assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
         home = shlex.quote(str(sandbox))

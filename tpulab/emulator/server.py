@@ -3,7 +3,10 @@
 A stdlib `ThreadingHTTPServer` speaks the Cloud TPU v2 REST paths (DESIGN.md §5) over
 the state machine in `state.py`, persisted by `persist.py`. A background ticker applies
 time-based transitions and, when a node is READY, asks the `HostBackend` for an SSH
-server and publishes its host key and port as guest attributes. Admin endpoints under
+server and publishes its host key and port as guest attributes; before that it boots the
+node's inside (`guest.py`: a metadata server of its own and its startup-script), whose
+token the API accepts as the node's identity (`iam.py`; Resource Manager's
+testIamPermissions answers for it too). Admin endpoints under
 `/_emulator/` let another process inject faults and inspect state. Every API request is
 also kept, as it arrived on the wire, in a bounded log (`Emulator.requests()`, `GET
 /_emulator/requests`): tests compare it with what `tpulab run --dry-run` says it sends.
@@ -37,10 +40,29 @@ from tpulab.contract import (
     SSH_KEYS_METADATA,
 )
 from tpulab.emulator import queued
+from tpulab.emulator.compute import COMPUTE_ROUTES, compute_project
 from tpulab.emulator.faults import GUEST_ATTRIBUTE_ERRORS, FaultPlan
-from tpulab.emulator.hosts import HostBackend
+from tpulab.emulator.guest import Guest, StateLink
+from tpulab.emulator.hostenv import BackendImage, ImageEnv, kill_tagged
+from tpulab.emulator.hosts import HostBackend, HostEndpoint
+from tpulab.emulator.iam import (
+    ROUTE_PERMISSIONS,
+    TOKEN_PREFIX,
+    check_permissions,
+    granted,
+    permission_denied,
+    principal,
+)
 from tpulab.emulator.persist import EmulatorStateError, StateFile
-from tpulab.emulator.state import CloudState, node_json, node_key, operation_json, zone_or_403
+from tpulab.emulator.startup import startup_log
+from tpulab.emulator.state import (
+    CloudState,
+    node_json,
+    node_key,
+    node_path,
+    operation_json,
+    zone_or_403,
+)
 from tpulab.emulator.timing import Timing
 from tpulab.emulator.wire import ApiError, error_body
 from tpulab.emulator.zones import ZONES
@@ -91,14 +113,33 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("GET", r"/locations/" + _Z + r"/runtimeVersions", "list_runtime_versions"),
         ("GET", r"/locations/" + _Z + r"/runtimeVersions/(?P<item>[^/]+)", "get_runtime_version"),
     )
-]
+] + COMPUTE_ROUTES  # gcloud's tpu-vm ssh asks Compute for the project (compute.py)
+# Resource Manager v1, for the node identity's "may I delete myself?" (DESIGN.md §10).
+_ROUTES.append(
+    (
+        "POST",
+        re.compile(r"^/v1/projects/(?P<project>[^/:]+):testIamPermissions$"),
+        "test_iam_permissions",
+    )
+)
 
 
 class _Request:
-    def __init__(self, params: dict[str, str], query: dict[str, list[str]], body: Record) -> None:
+    def __init__(
+        self,
+        params: dict[str, str],
+        query: dict[str, list[str]],
+        body: Record,
+        *,
+        path: str = "",
+        caller: Record | None = None,
+    ) -> None:
         self.params = params
         self.query = query
         self.body = body
+        self.path = path
+        self.caller = caller
+        """The node whose metadata-server token authorised the call; None: the controller."""
         alt = ";".join(query.get("$alt", []))
         self.as_int = "enum-encoding=int" in alt
 
@@ -120,6 +161,8 @@ class Emulator:
 
     `state_dir` holds `state.json` (the cloud) and `sandboxes/<project>/<zone>/<node>`
     (each node's home directory). A `faults.json` there, if present, seeds `faults`.
+    `guests` (default: when there is a host backend) boots each READY node's inside:
+    its metadata server and its `startup-script` (see `guest.py`).
     """
 
     def __init__(
@@ -131,9 +174,12 @@ class Emulator:
         host: str = "127.0.0.1",
         port: int = 0,
         clock: Callable[[], float] = time.time,
+        guests: bool | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.host_backend = host_backend
+        self._guests_choice = guests
+        self._guests: dict[str, Guest] = {}
         self.timing = timing if timing is not None else Timing()
         self.faults = FaultPlan()
         self.calls: Counter[str] = Counter()
@@ -155,6 +201,14 @@ class Emulator:
         self.failure: EmulatorStateError | None = None
         """Set when the state on disk became unusable while serving; the owner stops."""
         self._seed_faults(self.state_dir / "faults.json")
+
+    @property
+    def guests(self) -> bool:
+        """Boot READY nodes' insides? Asked late: a caller may set `host_backend` after
+        construction (`tpulab emulator serve` does)."""
+        if self._guests_choice is None:
+            return self.host_backend is not None
+        return self._guests_choice
 
     def _seed_faults(self, faults_file: Path) -> None:
         if not faults_file.is_file():
@@ -213,9 +267,9 @@ class Emulator:
         with _LIVE_LOCK:
             _LIVE_OWNERS.discard(self._owner)
         with self._hosts_lock:
-            owned, self._hosts = set(self._hosts), set()
+            owned = set(self._hosts)
         for key in owned:
-            self._stop_host(key)
+            self._stop_host(key)  # (it skips keys no longer in _hosts: take no copy first)
         # A state file that went bad cannot record that our hosts are gone; the next
         # emulator restarts them anyway (their owner is no longer alive).
         with suppress(EmulatorStateError), self._file.transaction() as data:
@@ -252,10 +306,17 @@ class Emulator:
     def sandbox(self, project: str, zone: str, node: str) -> Path:
         return self.state_dir / "sandboxes" / project / zone / node
 
+    def startup_log(self, project: str, zone: str, node: str) -> Path:
+        """Where the node's startup-script output goes (in its sandbox, while it exists)."""
+        return startup_log(self.sandbox(project, zone, node))
+
     def requests(self) -> list[Record]:
         """The API requests received so far, oldest first, as they arrived on the wire:
         `method`, `path` (percent-decoded), `query` (decoded [name, value] pairs in the
         order sent) and `body` (the parsed JSON object, None when there was none).
+        A request made with a node's metadata-server token (its own processes: the
+        watchdog) also has `caller`, that node's resource name; the controller's have no
+        `caller`, so what a controller sent is `[r for r in requests() if "caller" not in r]`.
         Admin calls under /_emulator/ are not API requests and are not logged."""
         with self._requests_lock:
             return json.loads(json.dumps(list(self._requests)))  # type: ignore[no-any-return]
@@ -319,10 +380,14 @@ class Emulator:
                     node["host"] = None
                     node["guest_attributes"] = {}
                 elif (
-                    self.host_backend is not None
+                    (self.host_backend is not None or self.guests)
                     and node["state"] == "READY"
                     and not _owner_alive(host.get("owner"))
                 ):
+                    # A new boot. The old one's init died with its emulator; should any
+                    # process of it have survived, it goes now (its tag is on record).
+                    if (node.get("guest") or {}).get("tag"):
+                        kill_tagged(node["guest"]["tag"])
                     node["host"] = {"owner": self._owner}
                     node["guest_attributes"] = {}
                     to_start.append(dict(node))
@@ -349,10 +414,16 @@ class Emulator:
             log.exception("could not give the SSH host of %s its new ssh-keys", key)
 
     def _start_host(self, node: Record) -> None:
-        assert self.host_backend is not None
+        """Boot a READY node: its guest (metadata server, startup-script), then its SSH
+        host, whose sessions get the guest's environment too."""
         key = node_key(node["project"], node["zone"], node["name"])
         sandbox = self.sandbox(node["project"], node["zone"], node["name"])
         sandbox.mkdir(parents=True, exist_ok=True)
+        guest = self._boot_guest(key, node, sandbox) if self.guests else None
+        guest_env = guest.env if guest is not None else {}
+        if self.host_backend is None:
+            self._record_boot(key, None, "")
+            return
         ssh_keys = self._authorized_keys(node["metadata"])
         try:
             endpoint = self.host_backend.start(
@@ -361,6 +432,7 @@ class Emulator:
                 ssh_keys,
                 refuse_for=self.faults.ssh_refuse_for,
                 ensurepip_missing=self.faults.ensurepip_missing,
+                env=guest_env,
             )
         except Exception as error:
             log.exception("could not start an SSH host for %s", key)
@@ -369,6 +441,43 @@ class Emulator:
                 if current is not None and current.get("host", {}).get("owner") == self._owner:
                     current["host"] = {"owner": self._owner, "error": str(error)}
             return
+        self._record_boot(key, endpoint, ssh_keys)
+
+    def _boot_guest(self, key: str, node: Record, sandbox: Path) -> Guest | None:
+        guest = Guest(
+            node,
+            sandbox,
+            StateLink(key, self._transaction, self._clock),
+            api_url=self.url,
+            image=self._guest_image(),
+        )
+        try:
+            guest.start()
+        except Exception:
+            log.exception("could not boot the guest (metadata server, startup-script) of %s", key)
+            guest.stop()
+            return None
+        with self._hosts_lock:
+            self._guests[key] = guest
+            self._hosts.add(key)
+        with self._file.transaction() as data:
+            current = data["nodes"].get(key)
+            if current is not None and (current.get("host") or {}).get("owner") == self._owner:
+                current["guest"] = {
+                    "metadata": guest.metadata.address,
+                    "tag": guest.startup.tag if guest.startup is not None else None,
+                    "init_pid": guest.startup.pid if guest.startup is not None else None,
+                }
+        return guest
+
+    def _guest_image(self) -> ImageEnv:
+        """The image the node's SSH sessions get (for its boot-time processes too)."""
+        images = getattr(self.host_backend, "images", None)
+        if isinstance(images, BackendImage):
+            return images.for_node(ensurepip_missing=self.faults.ensurepip_missing)
+        return ImageEnv(path=("/usr/bin", "/bin"), name="minimal (no SSH host)")
+
+    def _record_boot(self, key: str, endpoint: HostEndpoint | None, ssh_keys: str) -> None:
         with self._hosts_lock:
             self._hosts.add(key)
         keep = False
@@ -376,24 +485,27 @@ class Emulator:
             current = data["nodes"].get(key)
             if current is not None and (current.get("host") or {}).get("owner") == self._owner:
                 keep = current["state"] in {"READY", "DELETING"}
-                current["host"] = {
-                    "owner": self._owner,
-                    "host": endpoint.host,
-                    "port": endpoint.port,
-                    "ssh_keys": ssh_keys,  # what it accepts; the ticker compares
-                }
-                # As the guest agent does: one `hostkeys/<type>` per key sshd serves.
-                current["guest_attributes"] = {
-                    **{
-                        f"{HOST_KEY_NAMESPACE}/{t}": b64
-                        for t, b64 in endpoint.host_keys.items()
-                        if not self.faults.host_key_types or t in self.faults.host_key_types
-                    },
-                    EMULATOR_SSH_PORT_ATTRIBUTE: str(endpoint.port),
-                }
-                login_user = getattr(self.host_backend, "login_user", None)
-                if isinstance(login_user, str) and login_user:
-                    current["guest_attributes"][EMULATOR_SSH_USER_ATTRIBUTE] = login_user
+                if endpoint is not None:
+                    current["host"] = {
+                        "owner": self._owner,
+                        "host": endpoint.host,
+                        "port": endpoint.port,
+                        "ssh_keys": ssh_keys,  # what it accepts; the ticker compares
+                    }
+                    # As the guest agent does: one `hostkeys/<type>` per key sshd serves,
+                    # beside what the node's own processes have written since boot.
+                    attributes = current.setdefault("guest_attributes", {})
+                    attributes.update(
+                        {
+                            f"{HOST_KEY_NAMESPACE}/{t}": b64
+                            for t, b64 in endpoint.host_keys.items()
+                            if not self.faults.host_key_types or t in self.faults.host_key_types
+                        }
+                    )
+                    attributes[EMULATOR_SSH_PORT_ATTRIBUTE] = str(endpoint.port)
+                    login_user = getattr(self.host_backend, "login_user", None)
+                    if isinstance(login_user, str) and login_user:
+                        attributes[EMULATOR_SSH_USER_ATTRIBUTE] = login_user
         if not keep:
             self._stop_host(key)
 
@@ -402,6 +514,12 @@ class Emulator:
             if key not in self._hosts:
                 return
             self._hosts.discard(key)
+            guest = self._guests.pop(key, None)
+        if guest is not None:
+            try:
+                guest.stop()  # the power goes off: its processes die first
+            except Exception:
+                log.exception("could not stop the guest of %s", key)
         if self.host_backend is not None:
             try:
                 self.host_backend.stop(key)
@@ -411,10 +529,18 @@ class Emulator:
     # -- request handling --------------------------------------------------------------
 
     def handle(
-        self, method: str, raw_path: str, body: Record, *, has_body: bool = True
+        self,
+        method: str,
+        raw_path: str,
+        body: Record,
+        *,
+        has_body: bool = True,
+        authorization: str = "",
     ) -> tuple[int, Record]:
         """Answer one API request: (HTTP status, JSON body). `has_body` is False when
-        the request carried no body at all (the log tells that apart from `{}`)."""
+        the request carried no body at all (the log tells that apart from `{}`).
+        `authorization` is the request's header: a node's metadata-server token makes
+        the call that node's identity's; anything else is the controller's, as before."""
         split = urlsplit(raw_path)
         path = unquote(split.path)
         query = parse_qs(split.query, keep_blank_values=True)
@@ -426,14 +552,26 @@ class Emulator:
             "query": [list(pair) for pair in parse_qsl(split.query, keep_blank_values=True)],
             "body": body if has_body else None,
         }
+        caller: Record | None = None
+        refused: ApiError | None = None
+        try:
+            caller = self._caller(authorization)
+        except ApiError as error:
+            refused = error
+        if caller is not None:
+            entry["caller"] = node_path(caller["project"], caller["zone"], caller["name"])
+        elif refused is not None:
+            entry["caller"] = "an invalid or expired node token"
         with self._requests_lock:
             self._requests.append(json.loads(json.dumps(entry)))
         for route_method, pattern, name in _ROUTES:
             match = pattern.match(path)
             if match and route_method == method:
                 self.calls[name] += 1
-                request = _Request(match.groupdict(), query, body)
                 try:
+                    if refused is not None:
+                        raise refused
+                    request = _Request(match.groupdict(), query, body, path=path, caller=caller)
                     return self._dispatch(name, request)
                 except ApiError as error:
                     return error.http_code, error_body(error)
@@ -461,6 +599,7 @@ class Emulator:
             raise ApiError(
                 503, "UNAVAILABLE", "The service is currently unavailable.", reason="UNAVAILABLE"
             )
+        self._authorize(name, request)
         handler: Callable[[_Request], tuple[int, Record]] = getattr(self, f"_api_{name}")
         answer = handler(request)
         if name == "create_node" and self.faults.take_create_lost_reply():
@@ -468,6 +607,36 @@ class Emulator:
                 503, "UNAVAILABLE", "The service is currently unavailable.", reason="UNAVAILABLE"
             )
         return answer
+
+    def _caller(self, authorization: str) -> Record | None:
+        if TOKEN_PREFIX not in authorization:
+            return None  # no node token: the controller, with the project owner's rights
+        with self._transaction() as cloud:
+            node = principal(cloud.nodes.values(), authorization, self._clock())
+            return None if node is None else json.loads(json.dumps(node))
+
+    def _authorize(self, name: str, request: _Request) -> None:
+        """A node identity may do what its IAM grants, in its own project only."""
+        caller = request.caller
+        permission = ROUTE_PERMISSIONS.get(name)
+        if caller is None or permission is None:
+            return
+        if caller["project"] != request.project or not granted(caller, self.faults, [permission]):
+            resource = request.path.split("/", 2)[-1].split(":", 1)[0]
+            raise permission_denied(permission, resource)
+
+    def _api_test_iam_permissions(self, request: _Request) -> tuple[int, Record]:
+        """Resource Manager v1 projects.testIamPermissions: the asked permissions the
+        caller holds on the project (the controller: all of them, as the owner)."""
+        asked = check_permissions(request.body.get("permissions", []))
+        caller = request.caller
+        if caller is None:
+            held = asked
+        elif caller["project"] != request.project:
+            held = []
+        else:
+            held = granted(caller, self.faults, asked)
+        return 200, ({"permissions": held} if held else {})
 
     def _page(self, request: _Request, items: list[Record], key: str) -> Record:
         size = self.timing.page_size
@@ -592,6 +761,9 @@ class Emulator:
                 for op in cloud.list_operations(request.project, request.zone)
             ]
         return 200, self._page(request, operations, "operations")
+
+    def _api_get_compute_project(self, request: _Request) -> tuple[int, Record]:
+        return 200, compute_project(request.project, os_login=self.faults.project_os_login)
 
     # -- queued resources (the logic is queued.py's) ----------------------------------
 
@@ -771,7 +943,11 @@ def _make_handler(emulator: Emulator) -> type[BaseHTTPRequestHandler]:
             else:
                 try:
                     status, answer = emulator.handle(
-                        self.command, self.path, body, has_body=bool(raw.strip())
+                        self.command,
+                        self.path,
+                        body,
+                        has_body=bool(raw.strip()),
+                        authorization=self.headers.get("Authorization") or "",
                     )
                 except EmulatorStateError as error:
                     status, answer = 500, error_body(ApiError(500, "INTERNAL", str(error)))

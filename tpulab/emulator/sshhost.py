@@ -22,7 +22,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -66,6 +66,7 @@ class _Node:
     connections: set[Any] = field(default_factory=set)
     processes: set[asyncio.subprocess.Process] = field(default_factory=set)
     image: ImageEnv | None = None  # None: the backend's image
+    env: dict[str, str] = field(default_factory=dict)  # the node's own, over the image's
 
 
 class EmbeddedHostBackend:
@@ -103,6 +104,7 @@ class EmbeddedHostBackend:
         *,
         refuse_for: float = 0.0,
         ensurepip_missing: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> HostEndpoint:
         import asyncssh
 
@@ -115,6 +117,7 @@ class EmbeddedHostBackend:
             node_key, sandbox.resolve(), authorized, reserve_port(), new_node_tag(node_key)
         )
         node.image = self.images.for_node(ensurepip_missing=ensurepip_missing)
+        node.env = dict(env or {})
         port = node.sock.getsockname()[1]
         with self._lock:
             self._nodes[node_key] = node
@@ -227,6 +230,7 @@ class EmbeddedHostBackend:
             return
         user = str(process.get_extra_info("username") or "")
         env = session_env(node.image or self.image, node.sandbox, user)
+        env.update(node.env)
         env.update(process.env)  # the client's env requests are honoured
         env[NODE_TAG_VAR] = node.tag
         proc = await asyncio.create_subprocess_exec(

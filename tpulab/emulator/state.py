@@ -183,6 +183,7 @@ class CloudState:
                 f"Resource '{node_path(project, zone, node_id)}' already exists.",
             )
         scheduling = body.get("schedulingConfig") or body.get("scheduling_config") or {}
+        account = body.get("serviceAccount") or body.get("service_account") or {}
         network = body.get("networkConfig") or body.get("network_config") or {}
         number = int(self.data["next_id"])
         self.data["next_id"] = number + 1
@@ -217,6 +218,11 @@ class CloudState:
             "delete_op": None,
             "host": None,
             "guest_attributes": {},
+            # The identity its metadata server hands out (iam.identity_of fills defaults).
+            "service_account": {
+                "email": str(account.get("email") or ""),
+                "scopes": [str(scope) for scope in account.get("scope") or []],
+            },
         }
         self.nodes[key] = node
         error = None
@@ -442,6 +448,12 @@ def _topology(accelerator: str) -> str:
     return shapes.get(chips, "")
 
 
+def _service_account_json(node: Record) -> Record:
+    # What the API echoes: the account asked for at create ("default" when none was).
+    account = node.get("service_account") or {}
+    return {"email": account.get("email") or "default", "scope": list(account.get("scopes") or [])}
+
+
 def node_json(node: Record, *, as_int: bool) -> Record:
     """A node record as the v2 API's Node JSON."""
     project, zone, name = node["project"], node["zone"], node["name"]
@@ -460,7 +472,7 @@ def node_json(node: Record, *, as_int: bool) -> Record:
             "enableExternalIps": node["external_ips"],
         },
         "cidrBlock": "10.128.0.0/20",
-        "serviceAccount": {"email": "default", "scope": []},
+        "serviceAccount": _service_account_json(node),
         "createTime": rfc3339(node["create_time"]),
         "schedulingConfig": {"preemptible": node["preemptible"], "spot": node["spot"]},
         "labels": dict(node["labels"]),

@@ -74,12 +74,21 @@ _RPC_CODES = {
 class ApiError(Exception):
     """An error the emulator answers with, in Google's `{"error": {...}}` shape."""
 
-    def __init__(self, http_code: int, status: str, message: str, *, reason: str = "") -> None:
+    def __init__(
+        self,
+        http_code: int,
+        status: str,
+        message: str,
+        *,
+        reason: str = "",
+        metadata: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.http_code = http_code
         self.status = status
         self.message = message
         self.reason = reason or status
+        self.metadata = dict(metadata or {})
 
     @property
     def rpc_code(self) -> int:
@@ -97,7 +106,7 @@ def error_body(error: ApiError) -> dict[str, Any]:
                     "@type": "type.googleapis.com/google.rpc.ErrorInfo",
                     "reason": error.reason,
                     "domain": "tpu.googleapis.com",
-                    "metadata": {"service": "tpu.googleapis.com"},
+                    "metadata": {"service": "tpu.googleapis.com", **error.metadata},
                 }
             ],
         }

@@ -108,6 +108,9 @@ class _Teardown:
         self.report = TeardownReport(api.project, zone, node_name, run_id)
         self.first_round = True
         self._last_notified = ""
+        # What the API itself last said about a failed delete: a later round that only
+        # ran out of time must not hide it from the final message.
+        self.api_failure: str | None = None
         # No jitter: one controller's teardown has nobody to fall into step with, and a
         # dry run shows the schedule as it is.
         self.schedule = Backoff(poll, max(poll, max_poll), factor=1.5, jitter=0.0)
@@ -160,9 +163,10 @@ class _Teardown:
         try:
             self.api.wait_operation(operation, timeout=wait)
         except DeadlineError:
-            self.problem(f"delete operation for {name} did not finish in {wait:.0f} s")
+            self.problem(f"delete operation for {name} did not finish in {wait:.1f} s")
         except CloudError as error:
-            self.problem(f"delete operation for {name} failed: {error.message}")
+            self.api_failure = f"delete operation for {name} failed: {_with_api_words(error)}"
+            self.problem(self.api_failure)
 
     def delete_queued(self, name: str) -> None:
         """DeleteQueuedResource with force (its node goes too); wait as `delete` does."""
@@ -303,6 +307,8 @@ class _Teardown:
                 + ([states] if states else [])
             )
         last = self.report.problems[-1] if self.report.problems else "no further detail"
+        if self.api_failure is not None and self.api_failure != last:
+            last += f"; before that, {self.api_failure}"
         seen = states or "the zone could not be listed"
         message = (
             f"Teardown NOT confirmed after {self.clock() - self.started:.0f} s: {seen} "
@@ -314,6 +320,15 @@ class _Teardown:
             [LeakedNode(self.api.project, self.zone, name) for name in names],
             delete_attempts=self.report.delete_attempts,
         )
+
+
+def _with_api_words(error: CloudError) -> str:
+    """The error's message, plus the API's own words when the message does not quote
+    them: a failed operation is the API's report, and support asks for its words."""
+    words = error.api_message.strip()
+    if not words or words.rstrip(".") in error.message:
+        return error.message
+    return f"{error.message} (the API said: {words})"
 
 
 def delete_and_confirm(

@@ -1,0 +1,366 @@
+"""An emulated node runs its `startup-script` at boot, in its sandbox, with the node's
+environment (metadata server, API bases), and everything it starts -- daemonised
+children included -- dies with the node: on delete, on emulator stop, and when the
+emulator process itself is SIGKILLed. Real processes throughout; the checks read /proc.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tpulab.contract import (
+    METADATA_HOST_ENV,
+    RESOURCE_MANAGER_BASE_ENV,
+    TPU_API_BASE_ENV,
+)
+from tpulab.emulator import Emulator
+from tpulab.remote.ssh import Connection, RunKey, SshTarget, ssh_port_from, wait_for_host_key
+
+if TYPE_CHECKING:
+    from emulator_fixtures import EmulatorStarter
+
+    from tpulab.emulator.hosts import HostBackend
+
+pytest_plugins = ["emulator_fixtures", "ssh_fixtures"]
+
+PROJECT = "test-project"
+ZONE = "us-central1-a"
+NODES = f"/v2/projects/{PROJECT}/locations/{ZONE}/nodes"
+USER = "tpulab"
+
+# Writes what a boot-time service sees, then daemonises three ways and records the pids:
+# setsid, a double fork, and `env -i` (which drops every variable, the node's tag too).
+_DAEMONS = """
+env | sort > "$HOME/env.txt"
+pwd > "$HOME/cwd.txt"
+echo boot >> "$HOME/boots.txt"
+setsid sleep 600 </dev/null >/dev/null 2>&1 &
+echo $! > "$HOME/setsid.pid"
+( ( sleep 600 </dev/null >/dev/null 2>&1 & echo $! > "$HOME/double.pid" ) & )
+env -i setsid sleep 600 </dev/null >/dev/null 2>&1 &
+echo $! > "$HOME/envi.pid"
+echo "startup done"
+"""
+
+
+def _create(emulator: Emulator | str, name: str, metadata: dict[str, str]) -> None:
+    url = emulator if isinstance(emulator, str) else emulator.url
+    body = {
+        "acceleratorType": "v5litepod-4",
+        "runtimeVersion": "v2-alpha-tpuv5-lite",
+        "metadata": metadata,
+    }
+    request = urllib.request.Request(
+        f"{url}{NODES}?nodeId={name}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 200
+
+
+def _wait(what: str, done: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def _pids(sandbox: Path, names: tuple[str, ...] = ("setsid", "double", "envi")) -> list[int]:
+    for name in names:
+        _wait(f"{name}.pid", lambda n=name: (sandbox / f"{n}.pid").is_file())  # type: ignore[misc]
+    pids = [int((sandbox / f"{name}.pid").read_text()) for name in names]
+    assert all(_alive(pid) for pid in pids), pids
+    return pids
+
+
+def _env(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def _guest(emulator: Emulator, name: str) -> dict[str, Any]:
+    node = emulator.snapshot()["nodes"][f"{PROJECT}/{ZONE}/{name}"]
+    return dict(node.get("guest") or {})
+
+
+@pytest.fixture
+def guest_emulator(start_emulator: EmulatorStarter, tmp_path: Path) -> Emulator:
+    return start_emulator(tmp_path / "state", guests=True)
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        pytest.param(
+            "#!/usr/bin/env python3\n"
+            "import os, sys\n"
+            "open(os.path.join(os.environ['HOME'], 'booted'), 'w').write("
+            "'python ' + os.environ['GCE_METADATA_HOST'])\n"
+            "print('hello from python', file=sys.stderr)\n",
+            "python ",
+            id="shebang-python",
+        ),
+        pytest.param(
+            # No #! line: the runner's `bash -c FILE` runs it with bash.
+            'echo "bash${BASH_VERSION:+-yes} $GCE_METADATA_HOST" > "$HOME/booted"\n'
+            "echo hello from bash\n",
+            "bash-yes ",
+            id="no-shebang",
+        ),
+    ],
+)
+def test_startup_script_runs_at_boot(guest_emulator: Emulator, script: str, expected: str) -> None:
+    _create(guest_emulator, "n1", {"startup-script": script})
+    sandbox = guest_emulator.sandbox(PROJECT, ZONE, "n1")
+    _wait("the startup-script's file", lambda: (sandbox / "booted").is_file())
+    address = _guest(guest_emulator, "n1")["metadata"]
+    assert (sandbox / "booted").read_text().strip() == f"{expected}{address}"
+    log = guest_emulator.startup_log(PROJECT, ZONE, "n1")
+    _wait("the exit status in the log", lambda: "exit status 0" in log.read_text())
+    assert "hello from" in log.read_text()
+    # As google_metadata_script_runner: the script's temporary directory is gone after.
+    assert not list((sandbox / ".tpulab-emulator").glob("metadata-scripts*"))
+
+
+def test_a_node_without_a_startup_script_still_boots_its_metadata_server(
+    guest_emulator: Emulator,
+) -> None:
+    _create(guest_emulator, "n1", {})
+    _wait("the metadata server", lambda: bool(_guest(guest_emulator, "n1").get("metadata")))
+    assert _guest(guest_emulator, "n1")["tag"] is None
+    assert not guest_emulator.startup_log(PROJECT, ZONE, "n1").exists()
+
+
+_SELF_DELETE = textwrap.dedent(
+    """\
+    #!/usr/bin/env python3
+    # What a watchdog does, with the stdlib only: who am I, my token, delete myself.
+    import json, os, time, urllib.request
+
+    host = os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
+    base = os.environ.get("TPULAB_TPU_API_BASE") or "https://tpu.googleapis.com/"
+
+    def metadata(path):
+        request = urllib.request.Request(
+            f"http://{host}/computeMetadata/v1/{path}", headers={"Metadata-Flavor": "Google"}
+        )
+        return urllib.request.urlopen(request, timeout=10).read().decode()
+
+    if os.fork() == 0:  # a daemon (double fork + setsid), as a watchdog would be
+        os.setsid()
+        if os.fork() == 0:
+            with open(os.path.join(os.environ["HOME"], "daemon.pid"), "w") as out:
+                out.write(str(os.getpid()))
+            time.sleep(600)
+        os._exit(0)
+    env = {}
+    for line in metadata("instance/attributes/tpu-env").splitlines():
+        key, _, value = line.partition(":")
+        env[key.strip()] = value.strip().strip("'")
+    token = json.loads(metadata("instance/service-accounts/default/token"))["access_token"]
+    while not os.path.exists(os.path.join(os.environ["HOME"], "daemon.pid")):
+        time.sleep(0.05)
+    url = (
+        f"{base}v2/projects/{env['CONSUMER_PROJECT_ID']}/locations/{env['ZONE']}"
+        f"/nodes/{env['NODE_ID']}"
+    )
+    request = urllib.request.Request(
+        url, method="DELETE", headers={"Authorization": f"Bearer {token}"}
+    )
+    print("delete answered", urllib.request.urlopen(request, timeout=10).status)
+    """
+)
+
+
+def test_the_startup_script_deletes_its_own_node_and_its_daemon_dies(
+    guest_emulator: Emulator,
+) -> None:
+    from emulator_fixtures import api_for
+
+    api = api_for(guest_emulator, project=PROJECT)
+    _create(guest_emulator, "selfdel", {"startup-script": _SELF_DELETE})
+    _create(guest_emulator, "bystander", {})
+    sandbox = guest_emulator.sandbox(PROJECT, ZONE, "selfdel")
+    _wait("the daemon", lambda: (sandbox / "daemon.pid").is_file())
+    daemon = int((sandbox / "daemon.pid").read_text())
+    _wait(
+        "the node to delete itself",
+        lambda: [n.name for n in api.list_nodes(ZONE)] == ["bystander"],
+    )
+    _wait("the daemon to die with its node", lambda: not _alive(daemon), timeout=10)
+
+
+def test_daemonised_children_die_when_the_controller_deletes_the_node(
+    guest_emulator: Emulator,
+) -> None:
+    from emulator_fixtures import api_for
+
+    api = api_for(guest_emulator, project=PROJECT)
+    _create(guest_emulator, "n1", {"startup-script": _DAEMONS})
+    sandbox = guest_emulator.sandbox(PROJECT, ZONE, "n1")
+    pids = _pids(sandbox)
+    init_pid = _guest(guest_emulator, "n1")["init_pid"]
+    assert _alive(init_pid)
+
+    # The script's environment: the image's plus the node's own addresses, HOME = cwd.
+    env = _env(sandbox / "env.txt")
+    assert env[METADATA_HOST_ENV] == _guest(guest_emulator, "n1")["metadata"]
+    assert env[TPU_API_BASE_ENV] == guest_emulator.url + "/"
+    assert env[RESOURCE_MANAGER_BASE_ENV] == guest_emulator.url + "/"
+    assert Path(env["HOME"]).resolve() == sandbox.resolve()
+    assert Path((sandbox / "cwd.txt").read_text().strip()).resolve() == sandbox.resolve()
+
+    api.wait_operation(api.delete_node(ZONE, "n1"), timeout=20)
+    _wait("the node to go", lambda: guest_emulator.node_names() == [])
+    _wait("every process of the node to die", lambda: not any(map(_alive, pids)), timeout=10)
+    _wait("the node's init to exit after them", lambda: not _alive(init_pid), timeout=10)
+
+
+def test_preemption_powers_the_node_off(guest_emulator: Emulator) -> None:
+    body = {
+        "acceleratorType": "v5litepod-4",
+        "runtimeVersion": "v2-alpha-tpuv5-lite",
+        "metadata": {"startup-script": _DAEMONS},
+        "schedulingConfig": {"spot": True},
+    }
+    request = urllib.request.Request(
+        f"{guest_emulator.url}{NODES}?nodeId=spot",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    urllib.request.urlopen(request, timeout=10).close()
+    pids = _pids(guest_emulator.sandbox(PROJECT, ZONE, "spot"))
+    guest_emulator.faults.preempt_after = 0.0
+    _wait("the processes of the preempted node to die", lambda: not any(map(_alive, pids)))
+    assert guest_emulator.snapshot()["nodes"][f"{PROJECT}/{ZONE}/spot"]["state"] == "PREEMPTED"
+
+
+def test_emulator_stop_kills_them_and_a_restart_boots_again(
+    start_emulator: EmulatorStarter, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    emulator = start_emulator(state, guests=True)
+    _create(emulator, "n1", {"startup-script": _DAEMONS})
+    sandbox = emulator.sandbox(PROJECT, ZONE, "n1")
+    pids = _pids(sandbox)
+    emulator.stop()
+    assert not any(map(_alive, pids))  # stop() returns after they are gone
+
+    for name in ("setsid", "double", "envi"):
+        (sandbox / f"{name}.pid").unlink()
+    start_emulator(state, guests=True)  # a restart is a reboot: the script runs again
+    again = _pids(sandbox)
+    assert set(again).isdisjoint(pids)
+    assert (sandbox / "boots.txt").read_text().split() == ["boot", "boot"]
+
+
+def test_a_killed_emulator_takes_its_nodes_processes_along(
+    start_emulator: EmulatorStarter, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    # The real `tpulab emulator serve` (embedded SSH hosts: guests on), as a test of the
+    # watchdog would run it so that the cloud outlives a killed controller.
+    served = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tpulab",
+            "emulator",
+            "serve",
+            "--port=0",
+            f"--state={state}",
+            "--ssh=embedded",
+            "--create-seconds=0.2",
+            "--delete-seconds=0.2",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert served.stdout is not None
+        first = served.stdout.readline()
+        assert "listening on http://" in first, first
+        url = first.rsplit(" ", 1)[-1].strip()
+        _create(url, "n1", {"startup-script": _DAEMONS})
+        sandbox = state / "sandboxes" / PROJECT / ZONE / "n1"
+        pids = _pids(sandbox)
+        os.kill(served.pid, signal.SIGKILL)
+        served.wait(timeout=10)
+        _wait("the dead emulator's node processes to die", lambda: not any(map(_alive, pids)))
+    finally:
+        if served.poll() is None:
+            os.kill(served.pid, signal.SIGKILL)
+            served.wait(timeout=10)
+
+    # Its successor on the same state finds the node READY and boots it afresh.
+    for name in ("setsid", "double", "envi"):
+        (sandbox / f"{name}.pid").unlink()
+    start_emulator(state, guests=True)
+    _pids(sandbox)
+    assert (sandbox / "boots.txt").read_text().split() == ["boot", "boot"]
+
+
+def test_ssh_sessions_get_the_same_node_environment(
+    start_emulator: EmulatorStarter, host_backend: HostBackend, tmp_path: Path
+) -> None:
+    """Both SSH host backends: sessions see the guest's variables, and what the
+    startup-script writes as a guest attribute survives the host-key publication."""
+    from emulator_fixtures import api_for
+    from ssh_fixtures import login_user
+
+    emulator = start_emulator(tmp_path / "state", host_backend=host_backend)
+    api = api_for(emulator, project=PROJECT)
+    key = RunKey()
+    script = _DAEMONS + (
+        'python3 -c \'import os, urllib.request as u; u.urlopen(u.Request("http://" + '
+        'os.environ["GCE_METADATA_HOST"] + "/computeMetadata/v1/instance/guest-attributes/'
+        'tpulab/boot", data=b"done", method="PUT", headers={"Metadata-Flavor": "Google"}))\'\n'
+    )
+    _create(emulator, "n1", {"ssh-keys": key.metadata_entry(USER), "startup-script": script})
+    sandbox = emulator.sandbox(PROJECT, ZONE, "n1")
+    _pids(sandbox)
+    attributes: dict[str, str] = {}
+
+    def fetch() -> dict[str, str]:
+        attributes.clear()
+        attributes.update(api.guest_attributes(ZONE, "n1"))
+        return dict(attributes)
+
+    host_key = wait_for_host_key(fetch, timeout=20)
+    _wait("the script's guest attribute", lambda: "tpulab/boot" in fetch())
+    assert attributes["tpulab/boot"] == "done"
+    assert "hostkeys/ssh-ed25519" in attributes
+    target = SshTarget(
+        "127.0.0.1", ssh_port_from(attributes), login_user(host_backend, USER), host_key
+    )
+    with Connection(target, key, connect_timeout=20) as connection:
+        session = connection.run("env | sort", timeout=20, check=True).stdout
+    seen = dict(line.split("=", 1) for line in session.splitlines() if "=" in line)
+    boot = _env(sandbox / "env.txt")
+    for name in (METADATA_HOST_ENV, TPU_API_BASE_ENV, RESOURCE_MANAGER_BASE_ENV, "PATH"):
+        assert seen[name] == boot[name], name
+    assert seen[METADATA_HOST_ENV] == _guest(emulator, "n1")["metadata"]

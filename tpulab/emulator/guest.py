@@ -1,0 +1,124 @@
+"""The inside of one booted emulated VM: its metadata server and its startup-script.
+
+`Guest.start()` boots it: the metadata server first (the script's first act is usually
+to ask it who it is), then the node's `startup-script`, if it has one. `env` is what
+every process of the node sees on top of the image's environment -- the startup-script
+and every SSH session alike -- so code written for a real VM finds the metadata server
+and the APIs where google-auth would look (DESIGN.md §7, §8):
+
+    GCE_METADATA_HOST / GCE_METADATA_IP = 127.0.0.1:<this node's metadata port>
+    TPULAB_TPU_API_BASE / TPULAB_RESOURCE_MANAGER_BASE = <the emulator's URL>/
+
+`Guest.stop()` is the power going off: the metadata server stops answering and every
+process the script started is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from tpulab.contract import (
+    METADATA_HOST_ENV,
+    METADATA_IP_ENV,
+    RESOURCE_MANAGER_BASE_ENV,
+    STARTUP_SCRIPT_METADATA,
+    TPU_API_BASE_ENV,
+)
+from tpulab.emulator.hostenv import ImageEnv
+from tpulab.emulator.iam import current_token
+from tpulab.emulator.metadata import MetadataServer
+from tpulab.emulator.startup import StartupScript
+from tpulab.emulator.state import CloudState
+
+__all__ = ["Guest", "StateLink"]
+
+Record = dict[str, Any]
+Transaction = Callable[[], AbstractContextManager[CloudState]]
+
+
+class StateLink:
+    """`metadata.NodeLink` over the emulator's state: one transaction per question."""
+
+    def __init__(
+        self, node_key: str, transaction: Transaction, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.node_key = node_key
+        self._transaction = transaction
+        self._clock = clock
+
+    def _node(self, cloud: CloudState) -> Record | None:
+        return cloud.nodes.get(self.node_key)
+
+    def node(self) -> Record | None:
+        with self._transaction() as cloud:
+            node = self._node(cloud)
+            return None if node is None else _copy(node)
+
+    def token(self) -> tuple[str, int] | None:
+        with self._transaction() as cloud:
+            node = self._node(cloud)
+            return None if node is None else current_token(node, self._clock())
+
+    def set_guest_attribute(self, path: str, value: str | None) -> bool:
+        with self._transaction() as cloud:
+            node = self._node(cloud)
+            if node is None:
+                return False
+            attributes = node.setdefault("guest_attributes", {})
+            if value is None:
+                attributes.pop(path, None)
+            else:
+                attributes[path] = value
+            return True
+
+
+def _copy(node: Record) -> Record:
+    return json.loads(json.dumps(node))  # type: ignore[no-any-return]
+
+
+class Guest:
+    """One boot of a node: `start()`, then `stop()` (idempotent)."""
+
+    def __init__(
+        self,
+        node: Record,
+        sandbox: Path,
+        link: StateLink,
+        *,
+        api_url: str,
+        image: ImageEnv,
+    ) -> None:
+        self.node_key = link.node_key
+        self.sandbox = sandbox
+        self.metadata = MetadataServer(link)
+        self.script = str(node["metadata"].get(STARTUP_SCRIPT_METADATA) or "")
+        self._api_base = api_url.rstrip("/") + "/"
+        # As a boot-time service sees it: the image's variables and HOME (the sandbox),
+        # no login's USER or SHELL.
+        self._image_env = {"HOME": str(sandbox), "LANG": "C.UTF-8", **image.as_env()}
+        self.env: dict[str, str] = {}
+        self.startup: StartupScript | None = None
+
+    def start(self) -> None:
+        address = self.metadata.start()
+        self.env = {
+            METADATA_HOST_ENV: address,
+            METADATA_IP_ENV: address,
+            TPU_API_BASE_ENV: self._api_base,
+            RESOURCE_MANAGER_BASE_ENV: self._api_base,
+        }
+        if self.script.strip():
+            self.startup = StartupScript(
+                self.node_key, self.sandbox, self.script, {**self._image_env, **self.env}
+            )
+            self.startup.start()
+
+    def stop(self) -> None:
+        if self.startup is not None:
+            self.startup.stop()
+        self.metadata.stop()
