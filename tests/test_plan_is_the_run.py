@@ -27,7 +27,7 @@ from tpulab.remote.cmdline import remote_command
 from tpulab.remote.keys import RunKey, SshTarget
 from tpulab.remote.ssh import Connection, RunResult
 from tpulab.run.plan import build_plan
-from tpulab.run.progress import NullObserver, Phase
+from tpulab.run.progress import WORKLOAD_PHASES, NullObserver, Phase
 from tpulab.run.recording import (
     PLACEHOLDER_CREATE_OPERATION,
     PLACEHOLDER_NODE_IP,
@@ -229,7 +229,9 @@ def test_dry_run_sends_what_a_real_run_sends(embedded_rig: Rig) -> None:
     assert real_ssh == plan_ssh
     # Sanity: the comparison covered every phase that talks to the VM or the API.
     phases = {event[0] for event in plan_api + plan_ssh}
-    assert phases == {p.value for p in Phase} - {"validate", "verify"}
+    # (The `-- CMD` phases are tests/test_workload_plan.py's: this run has no command.)
+    workload = {p.value for p in WORKLOAD_PHASES}
+    assert phases == {p.value for p in Phase} - {"validate", "verify"} - workload
 
 
 def test_the_plan_runs_the_lifecycle_and_shows_its_teardown_once(tpulab_home: Path) -> None:

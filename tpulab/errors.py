@@ -25,11 +25,13 @@
     │   ├── AuthError                    the server refused our per-run key
     │   ├── HostKeyMismatchError         host key differs from the pinned one
     │   ├── CommandFailedError           a remote command exited non-zero
-    │   │   └── TpuBusyError                 another process owns the TPU
+    │   │   ├── TpuBusyError                 another process owns the TPU
+    │   │   └── BootstrapError               an extra package (--with) would not install
     │   └── RemoteTimeoutError           a remote command ran past its timeout
     ├── LocalRunError                the payload run on this machine (verify --local)
     │                                    gave no receipt: did not start, timed out, TPU busy
     ├── VerificationError            the receipt does not prove the run (.failures)
+    ├── WorkloadFailedError          the user's `-- CMD` exited non-zero or timed out
     ├── TeardownError                deletion could not be confirmed (.leaked)
     ├── JournalError                 the local run journal is unreadable
     ├── ReceiptStoreError            the local receipt store cannot be read or written
@@ -50,6 +52,7 @@ __all__ = [
     "TARGET_GOOGLE",
     "AlreadyExistsError",
     "AuthError",
+    "BootstrapError",
     "CloudError",
     "CommandFailedError",
     "ConfigError",
@@ -80,6 +83,7 @@ __all__ = [
     "UnreachableError",
     "UnsupportedAcceleratorError",
     "VerificationError",
+    "WorkloadFailedError",
     "WorkspaceError",
     "shown",
     "target_for",
@@ -251,6 +255,23 @@ class TpuBusyError(CommandFailedError):
         return None
 
 
+class BootstrapError(CommandFailedError):
+    """The venv could not get the user's extra packages (--with, --requirements);
+    `packages` names the ones the installer's output blames."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        packages: Sequence[str],
+        exit_status: int,
+        output_tail: str = "",
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, exit_status=exit_status, output_tail=output_tail, hint=hint)
+        self.packages = tuple(packages)
+
+
 class RemoteTimeoutError(RemoteError):
     pass
 
@@ -393,6 +414,26 @@ class LocalRunError(TpuLabError):
     ) -> None:
         super().__init__(message, hint=hint)
         self.exit_status = exit_status
+        self.output_tail = output_tail
+
+
+class WorkloadFailedError(TpuLabError):
+    """The user's command ran on the verified VM and failed: a non-zero exit or past its
+    --timeout. Its artifacts were fetched; `exit_status` is the command's own (None when
+    it was killed at the timeout before exiting by itself)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        exit_status: int | None,
+        timed_out: bool = False,
+        output_tail: str = "",
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.exit_status = exit_status
+        self.timed_out = timed_out
         self.output_tail = output_tail
 
 

@@ -47,7 +47,7 @@ __all__ = [
     "target_for",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # The embedded emulator listens on a random port per process, so its rows are keyed by
 # TARGET_EMULATE (tpulab.errors, beside LeakedNode) rather than by a URL no later process
 # could reach.
@@ -77,7 +77,8 @@ CREATE TABLE runs (
     ended       TEXT,
     teardown    TEXT CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created', 'forgotten')),
     detail      TEXT NOT NULL DEFAULT '',
-    queued_resource TEXT
+    queued_resource TEXT,
+    run_record  TEXT
 );
 CREATE INDEX runs_by_teardown ON runs (teardown);
 CREATE INDEX runs_by_node ON runs (project, zone, node_name);
@@ -118,6 +119,9 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX runs_by_teardown ON runs (teardown)",
         "CREATE INDEX runs_by_node ON runs (project, zone, node_name)",
     ),
+    # Schema 4 points a row at its run's record (<out>/run.json of a `-- CMD` run), which
+    # is how `tpulab runs` finds them.
+    3: ("ALTER TABLE runs ADD COLUMN run_record TEXT",),
 }
 
 # Queries are whole literals (no string building), so nothing user-supplied reaches SQL
@@ -354,7 +358,32 @@ class Journal:
             )
             self._require_one(cursor.rowcount, run_id)
 
+    def set_run_record(self, run_id: str, path: Path) -> None:
+        """Point the run's row at its record (<out>/run.json), for `tpulab runs`."""
+        with self._transaction(write=True) as conn:
+            cursor = conn.execute(
+                "UPDATE runs SET run_record = ? WHERE run_id = ?", (str(path), run_id)
+            )
+            self._require_one(cursor.rowcount, run_id)
+
     # -- reading ---------------------------------------------------------------------
+
+    def run_records(self, limit: int = 100) -> list[tuple[str, Path]]:
+        """(run id, run.json path) of the runs that have a record, newest first."""
+        with self._transaction() as conn:
+            found = conn.execute(
+                "SELECT run_id, run_record FROM runs WHERE run_record IS NOT NULL "
+                "ORDER BY started DESC, rowid DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [(str(run_id), Path(str(path))) for run_id, path in found]
+
+    def run_record_of(self, run_id: str) -> Path | None:
+        with self._transaction() as conn:
+            found = conn.execute(
+                "SELECT run_record FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        return None if found is None or found[0] is None else Path(str(found[0]))
 
     def get(self, run_id: str) -> RunRow | None:
         with self._transaction() as conn:
@@ -583,6 +612,12 @@ class RunJournalAdapter:
                 queued_resource=spec.node_name if spec.queued else None,
             )
         )
+        if spec.workload is not None:
+            # Known before the run: where its run.json will be written (run.record).
+            try:
+                self.journal.set_run_record(spec.run_id, spec.workload.out / "run.json")
+            except JournalError as error:
+                self._warn(f"the journal could not point at run.json: {error.message}")
 
     def phase_changed(self, run_id: str, phase: str) -> None:
         if self._skip_phases:

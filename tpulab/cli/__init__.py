@@ -18,7 +18,7 @@ import typer.main
 
 from tpulab import __version__
 from tpulab import errors as E
-from tpulab.cli import emulator, listing, receipts, run, teardown, verify
+from tpulab.cli import emulator, listing, receipts, run, runs, teardown, verify
 from tpulab.cli._console import print_stderr
 from tpulab.cli._exit import (
     EXIT_CLOUD,
@@ -32,6 +32,7 @@ from tpulab.cli._exit import (
     EXIT_REMOTE,
     EXIT_TEARDOWN,
     EXIT_VERIFY,
+    EXIT_WORKLOAD,
     exit_status_for,
     guarded,
     json_or_guarded,
@@ -55,6 +56,7 @@ __all__ = [
     "EXIT_REMOTE",
     "EXIT_TEARDOWN",
     "EXIT_VERIFY",
+    "EXIT_WORKLOAD",
     "app",
     "exit_status_for",
     "guarded",
@@ -99,6 +101,7 @@ app.command("teardown")(teardown.teardown_command)
 app.command("list")(listing.list_command)
 app.command("verify")(verify.verify_command)
 app.add_typer(receipts.receipts_app, name="receipts")
+app.add_typer(runs.runs_app, name="runs")
 app.add_typer(emulator.emulator_app, name="emulator")
 
 

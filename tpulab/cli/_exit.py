@@ -29,6 +29,7 @@ __all__ = [
     "EXIT_REMOTE",
     "EXIT_TEARDOWN",
     "EXIT_VERIFY",
+    "EXIT_WORKLOAD",
     "error_report",
     "exit_status_for",
     "guarded",
@@ -47,6 +48,7 @@ EXIT_VERIFY = 5
 EXIT_TEARDOWN = 6
 EXIT_PREEMPTED = 7
 EXIT_LOCAL_STATE = 8
+EXIT_WORKLOAD = 9
 EXIT_INTERRUPTED = 130
 
 EXIT_CODES: dict[int, str] = {
@@ -59,6 +61,8 @@ EXIT_CODES: dict[int, str] = {
     EXIT_TEARDOWN: "teardown NOT confirmed: resources may still be billing",
     EXIT_PREEMPTED: "the spot node was preempted during the run",
     EXIT_LOCAL_STATE: "the local journal or receipt store is unreadable",
+    EXIT_WORKLOAD: "your command (`-- CMD`) failed or timed out on the verified VM; "
+    "its artifacts were fetched and its own status is in the summary",
     EXIT_INTERRUPTED: "interrupted by a signal; teardown ran and was confirmed",
 }
 
@@ -66,6 +70,7 @@ _EXIT_FOR_ERROR: tuple[tuple[type[E.TpuLabError], int], ...] = (
     (E.TeardownError, EXIT_TEARDOWN),
     (E.InterruptedRun, EXIT_INTERRUPTED),
     (E.PreemptedError, EXIT_PREEMPTED),
+    (E.WorkloadFailedError, EXIT_WORKLOAD),
     (E.ConfigError, EXIT_CONFIG),
     (E.CloudError, EXIT_CLOUD),
     (E.RemoteError, EXIT_REMOTE),
@@ -94,7 +99,10 @@ def report_error(error: E.TpuLabError) -> NoReturn:
         lines.append(f"  API said: {escape(error.api_message)}")
     if isinstance(error, E.VerificationError):
         lines.extend(f"  - {escape(str(failure))}" for failure in error.failures)
-    if isinstance(error, (E.CommandFailedError, E.LocalRunError)) and error.output_tail:
+    if (
+        isinstance(error, (E.CommandFailedError, E.LocalRunError, E.WorkloadFailedError))
+        and error.output_tail
+    ):
         lines.append("  last output:\n" + escape(error.output_tail))
     if error.hint:
         lines.append(f"[yellow]hint:[/] {escape(error.hint)}")

@@ -24,9 +24,11 @@ class RunDisplay:
     """Draws the run's progress (a RunObserver): a live spinner on a terminal, one plain
     line per phase otherwise; remote output only with -v."""
 
-    def __init__(self, *, verbose: bool, quiet: bool) -> None:
+    def __init__(self, *, verbose: bool, quiet: bool, command_quiet: bool = False) -> None:
         self.quiet = quiet
         self.verbose = verbose
+        # --quiet: the user's command's output only goes to its log on the VM (fetched).
+        self.command_quiet = command_quiet
         # With --json stdout carries only the envelope; everything else goes to stderr.
         self.console = console(stderr=quiet)
         self._live: Live | None = None
@@ -83,6 +85,14 @@ class RunDisplay:
     def remote_output(self, stream: str, line: str) -> None:
         from rich.text import Text
 
+        from tpulab.run.progress import COMMAND_STREAM
+
+        if stream == COMMAND_STREAM:
+            # The user's own output: always shown live (on stderr with --json), set
+            # apart from tpulab's lines by a gutter of its own and no dimming.
+            if not self.command_quiet:
+                self._print(Text.assemble(("  cmd ┃ ", "bold blue"), (line, "")))
+            return
         if self.verbose:
             style = "dim" if stream == "stdout" else "dim yellow"
             self._print(Text(f"  │ {line}", style=style))

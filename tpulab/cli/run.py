@@ -114,10 +114,14 @@ def _run(
     from tpulab.run.attempts import Attempts
     from tpulab.run.lifecycle import Lifecycle
     from tpulab.run.progress import FanOut, Recorder
-    from tpulab.run.signals import shield, signals_to_teardown
+    from tpulab.run.signals import shield, signals_to_teardown, skippable
 
     recorder = Recorder()
-    display = RunDisplay(verbose=verbose, quiet=as_json)
+    display = RunDisplay(
+        verbose=verbose,
+        quiet=as_json,
+        command_quiet=spec.workload is not None and spec.workload.quiet,
+    )
     observer = FanOut([recorder, display])
     runner: Attempts | None = None
     failure: E.TpuLabError | None = None
@@ -138,6 +142,7 @@ def _run(
                     journal=journal,
                     observer=observer,
                     shield=shield,
+                    skippable=skippable,
                     installer="pip" if installer == "pip" else "uv",
                 )
 

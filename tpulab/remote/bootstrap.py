@@ -22,6 +22,12 @@ Steps, each one remote command (`--dry-run` records them as the run sends them):
 4. `install`: `jax[tpu]` on a TPU, CPU `jax` on an emulated node (`==V` when pinned),
    with uv by default (see tests/benchmarks/bench_bootstrap.py for why) and pip as the
    fallback; then the probe again, to record what was actually resolved.
+5. `extras` (only with `-- CMD`, after the verifier: `install_extras`): the user's
+   `--with` packages and `--requirements` file, into the same venv after jax. A stamp in
+   the venv (the sha256 of what was asked) makes a rerun on a ready venv install nothing;
+   a venv that is recreated loses its stamp with it. Then the probe records the extras'
+   resolved versions. A package the installer cannot find or resolve is a
+   BootstrapError naming it.
 
 Every command is an argv list; scripts get their variable parts as positional
 parameters ("$@"), never pasted into the shell text.
@@ -29,7 +35,9 @@ parameters ("$@"), never pasted into the shell text.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,9 +45,12 @@ from typing import Literal, Protocol
 
 from tpulab.config.python import SYSTEM_PYTHON, check_python_request
 from tpulab.contract import EMULATED_IMAGE_ENV
-from tpulab.errors import CommandFailedError, RemoteError
+from tpulab.errors import BootstrapError, CommandFailedError, RemoteError
 
 __all__ = [
+    "EXTRAS_MARKER",
+    "EXTRAS_STAMP",
+    "EXTRA_VERSIONS_MARKER",
     "INSTALLERS",
     "INSTALLER_MARKER",
     "LAB_DIR",
@@ -52,9 +63,13 @@ __all__ = [
     "VERSIONS_MARKER",
     "BootstrapResult",
     "CommandResult",
+    "Extras",
+    "ExtrasResult",
     "RemoteShell",
     "bootstrap",
+    "extras_command",
     "install_command",
+    "install_extras",
     "needs_uv",
     "probe_command",
     "requirements_for",
@@ -75,6 +90,11 @@ INSTALLERS: tuple[Installer, ...] = ("uv", "pip")
 VERSIONS_MARKER = "TPULAB_VERSIONS "
 VENV_MARKER = "TPULAB_VENV "
 INSTALLER_MARKER = "TPULAB_INSTALLER "
+EXTRAS_MARKER = "TPULAB_EXTRAS "
+EXTRA_VERSIONS_MARKER = "TPULAB_EXTRA_VERSIONS "
+# Inside the venv, so a recreated venv forgets what it had.
+EXTRAS_STAMP = f"{VENV_DIR}/tpulab-extras.sha256"
+STAGED_REQUIREMENTS = f"{LAB_DIR}/requirements.txt"
 _UV_PREFIX = "TPULAB_UV "
 _NOTE_PREFIX = "TPULAB_NOTE "
 _IMAGE_PREFIX = "TPULAB_IMAGE "
@@ -237,7 +257,7 @@ exec "$venv/bin/python" -m pip install -U "$@"
 )
 
 _PROBE = (
-    "import importlib.metadata as m, json, platform\n"
+    "import importlib.metadata as m, json, platform, sys\n"
     "def v(name):\n"
     "    try:\n"
     "        return m.version(name)\n"
@@ -247,6 +267,45 @@ _PROBE = (
     "found['libtpu'] = v('libtpu') or v('libtpu-nightly')\n"
     "found['python'] = platform.python_version()\n"
     f"print({VERSIONS_MARKER!r} + json.dumps(found, sort_keys=True))\n"
+    # The user's extra packages, by distribution name, when the argv names any.
+    "if sys.argv[1:]:\n"
+    f"    print({EXTRA_VERSIONS_MARKER!r} + "
+    "json.dumps({n: v(n) for n in sys.argv[1:]}, sort_keys=True))\n"
+)
+
+# The user's extras: skipped when the venv's stamp says exactly these were installed;
+# otherwise installed with uv (found as for jax) or pip, then stamped. Packages arrive
+# as "$@" and the requirements file as $5 (empty: none), never inside the script text.
+_EXTRAS_SCRIPT = (
+    r"""
+venv=$1; installer=$2; stamp=$3; want=$4; reqs=$5; shift 5
+if [ -r "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  echo "TPULAB_EXTRAS satisfied (stamp $want)"; exit 0
+fi
+if [ -n "$reqs" ]; then set -- "$@" -r "$reqs"; fi
+rm -f "$stamp"
+"""
+    + _FIND_UV
+    + r"""
+done=""
+if [ "$installer" = uv ]; then
+  if [ -z "$uv" ] && [ -x "$venv/bin/uv" ]; then uv="$venv/bin/uv"; fi
+  if [ -n "$uv" ]; then
+    echo "TPULAB_INSTALLER uv"
+    "$uv" pip install --python "$venv/bin/python" "$@" || exit $?
+    done=uv
+  fi
+fi
+if [ -z "$done" ]; then
+  if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+    "$venv/bin/python" -m ensurepip --upgrade --default-pip >&2 || exit 41
+  fi
+  echo "TPULAB_INSTALLER pip"
+  "$venv/bin/python" -m pip install "$@" || exit $?
+fi
+printf "%s" "$want" > "$stamp"
+echo "TPULAB_EXTRAS installed"
+"""
 )
 
 
@@ -278,8 +337,9 @@ def venv_command(installer: Installer = "uv", python: str = SYSTEM_PYTHON) -> li
     ]
 
 
-def probe_command() -> list[str]:
-    return [VENV_PYTHON, "-c", _PROBE]
+def probe_command(extras: Sequence[str] = ()) -> list[str]:
+    """The venv's versions; `extras` adds those distributions' versions."""
+    return [VENV_PYTHON, "-c", _PROBE, *extras]
 
 
 def install_command(
@@ -296,6 +356,69 @@ def install_command(
     ]
 
 
+@dataclass(frozen=True)
+class Extras:
+    """What the user asked the venv to hold besides jax (`--with`, `--requirements`).
+
+    `requirements_text` is the file's content (staged to STAGED_REQUIREMENTS); the
+    stamp covers both, so editing the file makes the next run install again.
+    """
+
+    packages: tuple[str, ...] = ()
+    requirements_text: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.packages) or self.requirements_text is not None
+
+    @property
+    def stamp(self) -> str:
+        wanted = {"with": sorted(self.packages), "requirements": self.requirements_text}
+        return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def names(self) -> list[str]:
+        """Distribution names, for the probe: from `--with` and the file's plain lines."""
+        lines = list(self.packages)
+        for line in (self.requirements_text or "").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line and not line.startswith("-"):
+                lines.append(line)
+        found = [match.group(0) for line in lines if (match := _DIST_NAME.match(line))]
+        return list(dict.fromkeys(name.lower() for name in found))
+
+    def describe(self) -> str:
+        parts = list(self.packages)
+        if self.requirements_text is not None:
+            parts.append(f"-r requirements ({len(self.names) - len(self.packages)} named)")
+        return " ".join(parts)
+
+
+_DIST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
+@dataclass
+class ExtrasResult:
+    install: str  # "skipped (already satisfied)" or the installer used
+    versions: dict[str, str | None] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def extras_command(extras: Extras, installer: Installer = "uv") -> list[str]:
+    reqs = STAGED_REQUIREMENTS if extras.requirements_text is not None else ""
+    return [
+        "sh",
+        "-c",
+        _EXTRAS_SCRIPT,
+        "sh",
+        VENV_DIR,
+        installer,
+        EXTRAS_STAMP,
+        extras.stamp,
+        reqs,
+        *extras.packages,
+    ]
+
+
 @dataclass
 class BootstrapResult:
     venv_path: str  # how the venv came to be: "existing", "uv venv --python 3.12"...
@@ -307,6 +430,7 @@ class BootstrapResult:
     image_kind: str | None = None  # emulated nodes only: "bare" or "preloaded" (+ detail)
     uv: str | None = None  # how uv was found or installed; None when not needed
     notes: list[str] = field(default_factory=list)  # fallbacks taken, said plainly
+    extras: ExtrasResult | None = None  # the user's --with/--requirements, once installed
 
 
 def _marker(output: str, prefix: str) -> str | None:
@@ -447,3 +571,65 @@ def bootstrap(
 def _summary(versions: Mapping[str, str | None]) -> str:
     keys = ("python", "jax", "jaxlib", "libtpu", "numpy")
     return ", ".join(f"{key} {versions[key]}" for key in keys if versions.get(key))
+
+
+def _blamed(extras: Extras, output: str) -> list[str]:
+    """The requested packages the installer's output names (uv and pip both quote the
+    distribution they could not find or resolve); all of them when it names none."""
+    text = output.lower()
+    named = [name for name in extras.names if re.search(rf"\b{re.escape(name)}\b", text)]
+    return named or extras.names
+
+
+def install_extras(
+    shell: RemoteShell,
+    extras: Extras,
+    *,
+    installer: Installer = "uv",
+    timeout: float = 1200.0,
+    on_line: Callable[[str, str], None] | None = None,
+    note: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> ExtrasResult:
+    """Install the user's extras into the venv (after jax), unless its stamp says they
+    are there; record their resolved versions. The requirements file, if any, must
+    already be staged at STAGED_REQUIREMENTS. Raises BootstrapError naming the package."""
+    tell = note or (lambda _message: None)
+    started = clock()
+    done = shell.run(extras_command(extras, installer), timeout=timeout, on_line=on_line)
+    if done.exit_status != 0:
+        output = done.stdout + "\n" + done.stderr
+        blamed = _blamed(extras, output)
+        used = _marker(done.stdout, INSTALLER_MARKER) or installer
+        raise BootstrapError(
+            f"Installing your extra packages with {used} failed (exit {done.exit_status}): "
+            f"{', '.join(blamed)} could not be installed.",
+            packages=blamed,
+            exit_status=done.exit_status,
+            output_tail=_tail(done),
+            hint="Check the name and version of each --with / --requirements entry (is a "
+            "wheel published for the VM's python?), and whether they conflict with the "
+            "installed jax; the resolver's words are above.",
+        )
+    said = _marker(done.stdout, EXTRAS_MARKER) or ""
+    install = (
+        "skipped (already satisfied)"
+        if said.startswith("satisfied")
+        else _marker(done.stdout, INSTALLER_MARKER) or installer
+    )
+    left = max(1.0, timeout - (clock() - started))
+    probed = shell.run(probe_command(extras.names), timeout=left)
+    found = _marker(probed.stdout, EXTRA_VERSIONS_MARKER)
+    versions: dict[str, str | None] = json.loads(found) if found else {}
+    missing = [name for name in extras.names if not versions.get(name)]
+    if missing:
+        raise BootstrapError(
+            f"After installing your extras, the venv still lacks {', '.join(missing)}.",
+            packages=missing,
+            exit_status=done.exit_status,
+            output_tail=_tail(done),
+            hint="The requirement installed under another distribution name, or the "
+            "install was undone; check the names given to --with / --requirements.",
+        )
+    tell(f"extras {install}: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))
+    return ExtrasResult(install=install, versions=versions, seconds=clock() - started)

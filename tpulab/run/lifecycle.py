@@ -2,6 +2,7 @@
 
     validate -> create -> wait READY -> host key -> connect -> bootstrap -> stage
              -> execute -> collect -> verify        (each a method with its contract)
+             [-> sync -> install -> workload -> fetch: the user's `-- CMD`, run/workload.py]
     finally: teardown = delete, wait, list until this run's node is gone (teardown.py)
 
 Invariants kept here (DESIGN.md §3): nothing is sent before the input is valid and the
@@ -66,12 +67,14 @@ from tpulab.remote import bootstrap as boot
 from tpulab.remote.workspace import StreamShell
 from tpulab.run.progress import NullObserver, Phase, RunJournal, RunObserver, TeardownStatus
 from tpulab.run.teardown import TeardownReport, delete_and_confirm
+from tpulab.run.workload import Skippable, WorkloadOutcome, WorkloadRunner, no_skip
 
 if TYPE_CHECKING:
     from tpulab.evidence.judge import Judgement, Verdict
     from tpulab.evidence.receipt import Expectation
     from tpulab.evidence.store import KeptReceipt, ReceiptStore
     from tpulab.remote.ssh import RunKey, SshTarget
+    from tpulab.run.record import RunRecord
 
 __all__ = [
     "Connect",
@@ -146,6 +149,9 @@ class RunOutcome:
     seconds: float = 0.0
     billed_seconds: float = 0.0
     milestones: dict[str, float] = field(default_factory=dict)
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # phase -> duration
+    workload: WorkloadOutcome | None = None  # set when the spec has a `-- CMD`
+    run_record: Path | None = None  # <out>/run.json once written
 
     @property
     def verdict(self) -> Verdict | None:
@@ -169,10 +175,13 @@ class RunOutcome:
 
     @property
     def succeeded(self) -> bool:
+        """Receipt verified AND teardown confirmed -- and, with a `-- CMD`, the command
+        exited 0 and its artifacts came back."""
         return (
             self.judgement is not None
             and self.judgement.verified
             and self.teardown_status == "confirmed"
+            and (self.spec.workload is None or (self.workload is not None and self.workload.ok))
         )
 
     @property
@@ -192,6 +201,7 @@ class Lifecycle:
         journal: RunJournal | None = None,
         observer: RunObserver | None = None,
         shield: Shield | None = None,
+        skippable: Skippable | None = None,
         store: ReceiptStore | None = None,
         installer: boot.Installer = "uv",
         poll: Iterable[float] | None = None,
@@ -200,6 +210,8 @@ class Lifecycle:
         sleep: Callable[[float], None] = time.sleep,
         new_key: Callable[[], RunKey] | None = None,
         new_nonce: Callable[[], str] = lambda: secrets.token_hex(16),
+        judge: Callable[[bytes, Expectation], Judgement] | None = None,
+        write_record: Callable[[RunRecord, Path], Path] | None = None,
     ) -> None:
         self.spec = spec
         self.api = api
@@ -207,6 +219,8 @@ class Lifecycle:
         self.journal = journal
         self.observer: RunObserver = observer or NullObserver()
         self.shield: Shield = shield or _no_shield
+        # `tpulab.run.signals.skippable`: lets a second Ctrl-C skip the artifact fetch.
+        self.skippable: Skippable = skippable or no_skip
         self.store = store
         self.installer = installer
         self.poll = poll
@@ -215,6 +229,11 @@ class Lifecycle:
         self.sleep = sleep
         self.new_key = new_key
         self.new_nonce = new_nonce
+        # The one judgement (evidence.judge.judge); a dry run's recorder supplies the
+        # verdict a plan assumes, so the plan can show what follows a verified receipt.
+        self.judge = judge
+        # Writes <out>/run.json (run.record.write_run_record); a dry run's records instead.
+        self.write_record = write_record
         self.outcome = RunOutcome(spec)
         self.nonce = ""
         self.payload_bytes = b""
@@ -223,6 +242,7 @@ class Lifecycle:
         self.session: RemoteSession | None = None
         self.payload_output: list[str] = []
         self.raw_receipt = b""
+        self.workload: WorkloadRunner | None = None
         self._journalled = False
         self._current: Phase | None = None
         self._t0 = clock()
@@ -242,9 +262,15 @@ class Lifecycle:
         try:
             detail = action()
         except BaseException as error:
+            self._took(phase, started)
             self.observer.phase_failed(phase, self.clock() - started, error)
             raise
+        self._took(phase, started)
         self.observer.phase_finished(phase, self.clock() - started, detail)
+
+    def _took(self, phase: Phase, started: float) -> None:
+        seconds = self.outcome.phase_seconds
+        seconds[phase.value] = seconds.get(phase.value, 0.0) + self.clock() - started
 
     def _connect(self, target: SshTarget, key: RunKey) -> RemoteSession:
         if self.connect is not None:
@@ -367,6 +393,9 @@ class Lifecycle:
         self._phase(Phase.EXECUTE, self.execute)
         self._phase(Phase.COLLECT, self.collect)
         self._phase(Phase.VERIFY, self.verify)
+        if self.workload is not None:
+            # Only here, after the receipt verified on this node (DESIGN §3.9).
+            self.workload.run()
 
     # -- phases -------------------------------------------------------------------------
 
@@ -387,7 +416,12 @@ class Lifecycle:
         self._receipt_store().check_writable()  # a receipt that cannot be kept = a wasted VM
         self.nonce = check_nonce(self.new_nonce())
         self.key = self.new_key() if self.new_key is not None else RunKey()
-        return f"{self.spec.accelerator.name} in {self.spec.zone.value}, payload {source.name}"
+        detail = f"{self.spec.accelerator.name} in {self.spec.zone.value}, payload {source.name}"
+        if self.spec.workload is not None:
+            self.workload = WorkloadRunner(self, self.spec.workload)
+            self.outcome.workload = self.workload.outcome
+            detail += "; " + self.workload.validate()
+        return detail
 
     def create(self) -> str:
         """Journal the run, send CreateNode with labels + ssh key, wait for the operation.
@@ -642,15 +676,21 @@ class Lifecycle:
     def stage(self) -> str:
         """Upload the payload, check its sha256, remove any receipt a past run left."""
         assert self.session is not None
-        local = hashlib.sha256(self.payload_bytes).hexdigest()
-        remote = self.session.put(self.payload_bytes, boot.STAGED_PAYLOAD)
-        if remote != local:
-            raise RemoteError(
-                f"The staged payload's sha256 {remote[:12]} differs from ours {local[:12]}.",
-                hint="The upload was corrupted or the remote disk is full; retry the run.",
-            )
+        local = self._stage_file(self.payload_bytes, boot.STAGED_PAYLOAD, "payload")
         self.session.run(["rm", "-f", boot.RECEIPT_PATH], timeout=60, check=True)
         return f"{len(self.payload_bytes)} bytes, sha256 {local[:12]}"
+
+    def _stage_file(self, data: bytes, remote_path: str, what: str) -> str:
+        """Put `data` at `remote_path`; RemoteError unless the VM's sha256 is ours."""
+        assert self.session is not None
+        local = hashlib.sha256(data).hexdigest()
+        remote = self.session.put(data, remote_path)
+        if remote != local:
+            raise RemoteError(
+                f"The staged {what}'s sha256 {remote[:12]} differs from ours {local[:12]}.",
+                hint="The upload was corrupted or the remote disk is full; retry the run.",
+            )
+        return local
 
     def execute(self) -> str:
         """Run the payload with JAX_PLATFORMS set, our nonce and the payload timeout.
@@ -717,7 +757,7 @@ class Lifecycle:
         expectation = expectation_for(
             self.spec.accelerator.name, emulated=self.spec.emulated, nonce=self.nonce
         )
-        judgement = judge(self.raw_receipt, expectation)
+        judgement = (self.judge or judge)(self.raw_receipt, expectation)
         self._keep(judgement, expectation)
         problem = failure_of(
             judgement,
@@ -811,6 +851,7 @@ class Lifecycle:
             else:
                 self.outcome.teardown = report
                 self.outcome.teardown_status = "confirmed"
+                self.outcome.phase_seconds[Phase.TEARDOWN.value] = self.clock() - started
                 self._milestone("teardown_confirmed")
                 how = (
                     "already gone" if report.already_gone else f"{report.delete_attempts} delete(s)"
@@ -849,9 +890,24 @@ class Lifecycle:
         outcome.billed_seconds = max(0.0, end - begin) if begin is not None else 0.0
         with contextlib.suppress(Exception):
             outcome.api_calls = self.api.call_count
+        if self.workload is not None and outcome.create_sent:
+            self._write_run_record()
         if self.journal is not None and self._journalled:
             detail = "ok" if outcome.error is None else _describe(outcome.error)
             self.journal.run_finished(self.spec.run_id, outcome.teardown_status, detail)
+
+    def _write_run_record(self) -> None:
+        """<out>/run.json: the run's record (tpulab.run.record), beside its artifacts.
+        A disk that refuses it is a note, never a reason to misreport the run."""
+        from tpulab.run.record import run_record, write_run_record
+
+        assert self.spec.workload is not None
+        write = self.write_record or write_run_record
+        try:
+            record = run_record(self.outcome)
+            self.outcome.run_record = write(record, self.spec.workload.out)
+        except OSError as error:
+            self.observer.note(f"could not write run.json: {error}")
 
 
 def _is_interrupt(error: BaseException | None) -> bool:

@@ -72,13 +72,16 @@ def build_plan(spec: RunSpec, *, installer: boot.Installer = "uv") -> list[PlanS
         sleep=recorder.sleep,
         new_key=recorder.new_key,
         new_nonce=recorder.new_nonce,
+        judge=recorder.judge,
+        write_record=recorder.write_record,
     )
     try:
         life.run()
     except PlanEnds:
         return recorder.steps
-    # run() only returns for a verified receipt, which a plan never has.
-    raise AssertionError("the dry run went past the receipt download")
+    # run() only returns once the evidence came back (the receipt, or a command's
+    # artifacts), which a plan never has.
+    raise AssertionError("the dry run went past the point where evidence comes back")
 
 
 def plan_envelope(

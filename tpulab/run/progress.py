@@ -18,7 +18,9 @@ if TYPE_CHECKING:
     from tpulab.config import RunSpec
 
 __all__ = [
+    "COMMAND_STREAM",
     "MILESTONES",
+    "WORKLOAD_PHASES",
     "FanOut",
     "NullObserver",
     "Phase",
@@ -43,12 +45,20 @@ class Phase(str, Enum):
     EXECUTE = "execute"
     COLLECT = "collect"
     VERIFY = "verify"
+    # The user's experiment (`-- CMD`), only after the receipt verified (DESIGN §3.9).
+    SYNC = "sync"
+    INSTALL = "install"
+    WORKLOAD = "workload"
+    FETCH = "fetch"
     TEARDOWN = "teardown"
 
     @property
     def label(self) -> str:
         return _TITLES[self]
 
+
+# The phases only a run with a `-- CMD` goes through.
+WORKLOAD_PHASES = frozenset({Phase.SYNC, Phase.INSTALL, Phase.WORKLOAD, Phase.FETCH})
 
 _TITLES = {
     Phase.VALIDATE: "Validate input",
@@ -61,6 +71,10 @@ _TITLES = {
     Phase.EXECUTE: "Run payload",
     Phase.COLLECT: "Collect receipt",
     Phase.VERIFY: "Verify receipt",
+    Phase.SYNC: "Upload workspace",
+    Phase.INSTALL: "Install extra packages",
+    Phase.WORKLOAD: "Run your command",
+    Phase.FETCH: "Fetch artifacts",
     Phase.TEARDOWN: "Delete VM and confirm",
 }
 
@@ -72,6 +86,9 @@ MILESTONES = (
     "delete_sent",
     "teardown_confirmed",
 )
+
+# The `stream` of remote_output lines printed by the user's command (styled apart).
+COMMAND_STREAM = "command"
 
 TeardownStatus = Literal["confirmed", "unconfirmed", "not-created"]
 
@@ -86,7 +103,8 @@ class RunObserver(Protocol):
     def phase_failed(self, phase: Phase, seconds: float, error: BaseException) -> None: ...
 
     def remote_output(self, stream: str, line: str) -> None:
-        """One line the VM printed (stream is "stdout" or "stderr")."""
+        """One line the VM printed: stream is "stdout" or "stderr" for tpulab's own
+        commands, COMMAND_STREAM for the user's command (its combined output)."""
         ...
 
     def note(self, message: str) -> None:

@@ -15,6 +15,11 @@ an observer, a clock and the run's secrets, all of which record instead of actin
   transfer and the local judgement that would follow, then raises `PlanEnds`. The
   lifecycle treats that like any failure after create, so the teardown in the plan is
   the one `Lifecycle.run()`'s finally path really sends.
+- With a `-- CMD`, the plan goes on as if the receipt verified (the recorder's `judge`
+  says so, and the step says that a real run stops there unless it does): the workspace
+  upload (its archive read here, so the step lists the files and bytes that would go),
+  the installs, the command's argv, and the fetch, where the evidence is the artifacts
+  and `PlanEnds` is raised instead.
 
 Nothing is contacted and nothing is written: no journal row, no receipt, no key file.
 Values only a real run makes are placeholders, listed in `PLACEHOLDERS`.
@@ -38,14 +43,18 @@ from tpulab.config import RunSpec
 from tpulab.config.endpoint import classify_endpoint
 from tpulab.contract import HOST_KEY_ATTRIBUTE
 from tpulab.errors import NotFoundError
-from tpulab.evidence.store import ReceiptStore
+from tpulab.evidence.judge import Judgement, Verdict
+from tpulab.evidence.receipt import Expectation
+from tpulab.evidence.store import Integrity, KeptReceipt, Provenance, ReceiptStore
 from tpulab.models import NodeInfo, NodeRequest, NodeState
 from tpulab.polling import active_wait, poll_until
 from tpulab.remote import bootstrap as boot
+from tpulab.remote import workload as wl
 from tpulab.remote.cmdline import SHA256_TIMEOUT, remote_command, remote_path, sha256_command
 from tpulab.remote.keys import RunKey, SshTarget
 from tpulab.remote.workspace import planned_answer
 from tpulab.run.progress import Phase, TeardownStatus
+from tpulab.run.record import RUN_RECORD_NAME, RunRecord
 
 __all__ = [
     "PLACEHOLDERS",
@@ -67,6 +76,7 @@ PLACEHOLDER_CREATE_OPERATION = "<CREATE-OPERATION-ID>"
 PLACEHOLDER_DELETE_OPERATION = "<DELETE-OPERATION-ID>"
 PLACEHOLDER_QR_OPERATION = "<QUEUED-RESOURCE-OPERATION-ID>"
 PLACEHOLDER_FROM_VM = "<reported by the VM>"
+PLACEHOLDER_RECEIPT_ID = "<RECEIPT-ID>"
 PLACEHOLDERS: dict[str, str] = {
     PLACEHOLDER_NONCE: "the run's random nonce (secrets.token_hex), made at validate",
     PLACEHOLDER_PUBLIC_KEY: "the public half of the run's fresh ed25519 key pair",
@@ -77,6 +87,7 @@ PLACEHOLDERS: dict[str, str] = {
     PLACEHOLDER_DELETE_OPERATION: "the operation id DeleteNode answers with",
     PLACEHOLDER_QR_OPERATION: "the operation id a queued-resource create or delete answers with",
     PLACEHOLDER_FROM_VM: "whatever the VM's bootstrap scripts report",
+    PLACEHOLDER_RECEIPT_ID: "the id the receipt store gives the kept receipt",
 }
 # A well-formed ed25519 key blob (type string + 32 zero bytes) that no host presents:
 # the lifecycle validates the published key, so the stand-in must parse.
@@ -177,6 +188,33 @@ class PlanRecorder:
     def connect(self, target: SshTarget, key: RunKey) -> RecordingSession:
         return RecordingSession(self, target, key)
 
+    def write_record(self, record: RunRecord, out: Path) -> Path:
+        """Where a run would write its run.json; nothing is written."""
+        del record
+        target = out / RUN_RECORD_NAME
+        self.local(
+            f"write the run's record to {target} (and point its journal row at it)",
+            phase=Phase.TEARDOWN.value,
+        )
+        return target
+
+    def judge(self, raw: bytes, expectation: Expectation) -> Judgement:
+        """Reached only with a `-- CMD` (otherwise the receipt download ended the plan):
+        the verdict the plan assumes so that it can show what follows a verified one."""
+        del raw
+        from tpulab.catalog import closed_form_sum_of_squares
+
+        self.local(
+            "a receipt that does not verify ends the run here, before anything of yours "
+            "is uploaded or run; the plan goes on as if it verified",
+            phase=Phase.VERIFY.value,
+        )
+        return Judgement(
+            verdict=Verdict.VERIFIED,
+            requirements=[],
+            expected_total=closed_form_sum_of_squares(expectation.local_devices),
+        )
+
     # The observer: only the phase matters here.
 
     def phase_started(self, phase: Phase) -> None:
@@ -209,6 +247,19 @@ class RecordingStore(ReceiptStore):
         self.recorder.local(
             "check that the receipt store is writable (a receipt that cannot be kept "
             "would make the VM a waste)"
+        )
+
+    def keep(
+        self, raw: bytes, expectation: Expectation, judgement: Judgement, provenance: Provenance
+    ) -> KeptReceipt:
+        del raw, expectation, judgement, provenance  # recorded by the download's step
+        where = self.root / f"{PLACEHOLDER_RECEIPT_ID}.json"
+        return KeptReceipt(
+            id=PLACEHOLDER_RECEIPT_ID,
+            path=where,
+            record_path=where,
+            integrity=Integrity.INTACT,
+            record=None,
         )
 
 
@@ -367,10 +418,10 @@ class RecordingTpuApi:
 class _Reply:
     """What a command printed, as `boot.CommandResult`."""
 
-    def __init__(self, stdout: str = "", exit_status: int = 0) -> None:
+    def __init__(self, stdout: str = "", exit_status: int = 0, stderr: str = "") -> None:
         self.exit_status = exit_status
         self.stdout = stdout
-        self.stderr = ""
+        self.stderr = stderr
 
 
 class RecordingSession:
@@ -433,11 +484,35 @@ class RecordingSession:
         env: Mapping[str, str] | None = None,
     ) -> _Reply:
         command = remote_command(argv, env=env, timeout=timeout)
+        argv = list(argv)
+        # A transfer (tpulab.remote.workspace's script) or not; which way it goes.
+        verb = argv[3] if planned_answer(argv) is not None else None
+        detail = None
+        answer = b""
+        if verb == "unpack" and stdin is not None:
+            # Read the archive a run would stream, so the plan lists what would go up.
+            entries = _archive_manifest(stdin)
+            total = sum(entry["bytes"] for entry in entries)
+            names = ", ".join(entry["path"] for entry in entries[:20])
+            more = f", ... and {len(entries) - 20} more" if len(entries) > 20 else ""
+            detail = (
+                f"streams {len(entries)} files, {total} bytes as one tar on stdin "
+                f"(sha256 trailer; the VM checks each file): {names}{more}"
+            )
+            answer = json.dumps({"manifest": entries}).encode()
+        elif verb == "pack":
+            detail = "the VM streams back one tar of these, checked file by file into --out"
         self.recorder.add(
-            "ssh", "exec", argv=list(argv), env=dict(env) if env else None, command=command
+            "ssh",
+            "exec",
+            argv=argv,
+            env=dict(env) if env else None,
+            command=command,
+            detail=detail,
         )
-        answer = planned_answer(argv)  # the transfers' stdout; nothing is read from stdin
-        if answer is not None and stdout is not None:
+        if verb == "pack":
+            raise PlanEnds("the artifacts exist only after a real run")
+        if stdout is not None and answer:
             stdout.write(answer)
         return _Reply()
 
@@ -461,6 +536,22 @@ class RecordingSession:
         ):
             self.installed = True
             return _Reply(boot.INSTALLER_MARKER + argv[5] + "\n")
+        if argv[:3] == boot.extras_command(boot.Extras())[:3]:
+            return _Reply(
+                boot.INSTALLER_MARKER + argv[5] + "\n" + boot.EXTRAS_MARKER + "installed\n"
+            )
+        if argv[:3] == boot.probe_command() and len(argv) > 3:
+            versions = {name: PLACEHOLDER_FROM_VM for name in argv[3:]}
+            return _Reply(
+                boot.VERSIONS_MARKER
+                + "{}\n"
+                + boot.EXTRA_VERSIONS_MARKER
+                + json.dumps(versions)
+                + "\n"
+            )
+        if argv[:2] == [boot.VENV_PYTHON, wl.STAGED_LAUNCHER]:
+            report = {"exit_status": 0, "started": True, "timed_out": False, "stopped": None}
+            return _Reply(stderr=wl.WORKLOAD_MARKER + json.dumps(report) + "\n")
         return _Reply()
 
     def _transfer(self, action: str, remote: str) -> None:
@@ -487,4 +578,45 @@ class RecordingSession:
             "before the teardown starts",
             phase=Phase.VERIFY.value,
         )
-        raise PlanEnds("the receipt exists only after a real run")
+        if spec.workload is None:
+            raise PlanEnds("the receipt exists only after a real run")
+        # With a command the plan goes on (to the recorder's judge). The lifecycle reads
+        # the download back from its scratch directory, so there must be a file there.
+        local.write_bytes(b"")
+        return PLACEHOLDER_RECEIPT_ID
+
+
+class _ChunkReader:
+    """A read()-able view of the chunks a transfer would stream, for tarfile's "r|"."""
+
+    def __init__(self, stream: BinaryIO | Iterable[bytes]) -> None:
+        self._stream = stream
+        self._chunks = None if hasattr(stream, "read") else iter(stream)
+        self._buffer = b""
+
+    def read(self, size: int = -1) -> bytes:
+        if self._chunks is None:
+            return self._stream.read(size)  # type: ignore[union-attr]
+        while size < 0 or len(self._buffer) < size:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            self._buffer += chunk
+        cut = len(self._buffer) if size < 0 else size
+        data, self._buffer = self._buffer[:cut], self._buffer[cut:]
+        return data
+
+
+def _archive_manifest(stream: BinaryIO | Iterable[bytes]) -> list[dict[str, Any]]:
+    """What the VM's unpacker would answer: each regular file's path, size and sha256."""
+    import tarfile
+
+    entries: list[dict[str, Any]] = []
+    with tarfile.open(fileobj=_ChunkReader(stream), mode="r|") as archive:  # type: ignore[call-overload]
+        for member in archive:
+            if not member.isfile():
+                continue
+            content = archive.extractfile(member)
+            digest = hashlib.sha256(content.read() if content else b"").hexdigest()
+            entries.append({"path": member.name, "bytes": member.size, "sha256": digest})
+    return entries

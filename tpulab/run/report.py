@@ -21,6 +21,7 @@ from tpulab.evidence.judge import Verdict
 from tpulab.run.attempts import Attempt, AttemptOutcome
 from tpulab.run.lifecycle import RunOutcome
 from tpulab.run.progress import Recorder, TeardownStatus
+from tpulab.run.record import WorkloadSummary, workload_summary
 
 __all__ = [
     "AttemptSummary",
@@ -112,6 +113,9 @@ class RunEnvelope(Envelope):
     estimated_cost_usd: float  # every attempt together
     price_date: str
     notes: list[str]
+    # The user's `-- CMD` (None without one): its own exit status, artifacts, run.json.
+    workload: WorkloadSummary | None = None
+    run_record: str | None = None
 
 
 def attempt_summaries(attempts: Sequence[Attempt]) -> list[AttemptSummary]:
@@ -193,6 +197,8 @@ def run_envelope(
         estimated_cost_usd=round(total_cost(outcome, attempts), 4),
         price_date=PRICE_DATE,
         notes=recorder.notes,
+        workload=workload_summary(outcome.workload) if outcome.workload else None,
+        run_record=str(outcome.run_record) if outcome.run_record else None,
         error=error,
     )
 
@@ -312,6 +318,8 @@ def summary_lines(
         lines.append(
             [("  kept as   ", "dim"), (f"{outcome.receipt.id}  {outcome.receipt.path}", "")]
         )
+    if outcome.workload is not None:
+        lines.extend(_workload_lines(outcome))
     status = outcome.teardown_status
     if status == "confirmed":
         gone = outcome.teardown is not None and outcome.teardown.already_gone
@@ -354,3 +362,36 @@ def _delete_attempts(outcome: RunOutcome) -> int:
     if isinstance(outcome.error, TeardownError):
         return outcome.error.delete_attempts
     return 0
+
+
+def _workload_lines(outcome: RunOutcome) -> list[Line]:
+    """The user's command: its own status (never tpulab's exit code), what came back."""
+    workload = outcome.workload
+    assert workload is not None
+    command = " ".join(workload.command)
+    if not workload.started:
+        state, style = "not started (the run stopped before it)", "yellow"
+    elif workload.timed_out:
+        state, style = "killed at its --timeout", "bold red"
+    elif workload.stopped:
+        state, style = f"stopped ({workload.stopped})", "yellow"
+    elif workload.exit_status == 0:
+        state, style = "exit 0", "bold green"
+    else:
+        state, style = f"exit {workload.exit_status}", "bold red"
+    lines: list[Line] = [[("  command   ", "dim"), (command, ""), ("  ", ""), (state, style)]]
+    if workload.fetch is not None:
+        fetched = workload.fetch
+        lines.append(
+            [
+                ("  artifacts ", "dim"),
+                (f"{fetched.count} files, {fetched.total_bytes / 2**20:.1f} MiB", ""),
+                (f" in {workload.out}", "dim"),
+            ]
+        )
+    elif workload.started:
+        why = workload.fetch_problem or "not fetched"
+        lines.append([("  artifacts ", "dim"), (f"NOT fetched: {why}", "yellow")])
+    if outcome.run_record is not None:
+        lines.append([("  record    ", "dim"), (str(outcome.run_record), "")])
+    return lines

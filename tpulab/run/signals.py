@@ -18,6 +18,11 @@ forces), so a second Ctrl-C never aborts a teardown. The refusal offers the way 
 when the next quick Ctrl-C would really take it. Only Ctrl-C can force: SIGTERM and
 SIGHUP come from supervisors and closing terminals, which should not abandon a node.
 
+One step may be skippable instead: inside `skippable(describe)` (the fetch of the user's
+artifacts after a first Ctrl-C), the next signal raises `StepSkipped` rather than being
+refused, so a second Ctrl-C skips that step and the run goes straight on to teardown.
+A shield inside it still wins: nothing skips a teardown.
+
 A signal the process inherited as ignored (e.g. SIGHUP under `nohup`) stays ignored.
 Outside the main thread both context managers do nothing (Python delivers signals only
 to the main thread), so library callers and threaded tests are unaffected.
@@ -40,9 +45,11 @@ from tpulab.errors import InterruptedRun
 __all__ = [
     "DEFAULT_SIGNALS",
     "SignalInterrupt",
+    "StepSkipped",
     "interrupted",
     "shield",
     "signals_to_teardown",
+    "skippable",
 ]
 
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (
@@ -61,6 +68,16 @@ class SignalInterrupt(BaseException):
         super().__init__(f"interrupted by {self.signal_name}")
 
 
+class StepSkipped(BaseException):
+    """A signal arrived inside `skippable(...)`: skip that step (not the teardown)."""
+
+    def __init__(self, signum: int, step: str) -> None:
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+        self.step = step
+        super().__init__(f"{step} skipped by {self.signal_name}")
+
+
 # The Ctrl-C that may force a quit: never the 2nd, so a second Ctrl-C cannot abort teardown.
 _FORCING_PRESS = 3
 
@@ -75,6 +92,7 @@ class _Guard:
     shield_depth: int = 0
     describe: str = "tearing down"
     manual: str | None = None
+    skippable: str | None = None  # the step a signal would skip now, if any
     last_refusal: float | None = None
     ctrl_c_presses: int = 0  # every SIGINT of the run, including one that began teardown
     refused: list[str] = field(default_factory=list)
@@ -91,6 +109,10 @@ class _Guard:
         if self.interrupt is None and self.shield_depth == 0:
             self.interrupt = SignalInterrupt(signum)
             raise self.interrupt
+        if self.skippable is not None and self.shield_depth == 0:
+            step, self.skippable = self.skippable, None  # one skip per step
+            self.say(f"{signal.Signals(signum).name}: skipping {step}; tearing down next.")
+            raise StepSkipped(signum, step)
         name = signal.Signals(signum).name
         self.refused.append(name)
         now = self.clock()
@@ -183,6 +205,25 @@ def shield(describe: str, *, manual: str | None = None) -> Iterator[None]:
     finally:
         guard.shield_depth -= 1
         guard.describe, guard.manual = saved
+
+
+@contextmanager
+def skippable(describe: str) -> Iterator[None]:
+    """Let the next signal skip the body (raising StepSkipped) instead of being refused.
+
+    For a bounded, optional step between an interrupt and the teardown: fetching the
+    user's artifacts after a first Ctrl-C. Does nothing outside `signals_to_teardown` or
+    off the main thread (there a KeyboardInterrupt does the skipping).
+    """
+    guard = _active
+    if guard is None or not _in_main_thread():
+        yield
+        return
+    saved, guard.skippable = guard.skippable, describe
+    try:
+        yield
+    finally:
+        guard.skippable = saved
 
 
 def interrupted() -> str | None:

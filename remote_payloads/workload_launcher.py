@@ -1,0 +1,180 @@
+"""Runs the user's command on the VM for tpulab (stdlib only, Python 3.10+).
+
+    python workload_launcher.py --workspace W --run-dir R --log L --pid-file P
+        --status S --venv V --timeout T --grace G -- CMD ARGS...
+
+Why a launcher rather than `sh -c`: the command must be stoppable as a whole (its own
+session, so its process group holds every child it starts, and a stop or a timeout
+kills them all), its output must go both to the SSH stream (live) and to a log file on
+the VM (fetched with the artifacts), and tpulab must learn its real exit status even
+when the SSH session that started it is gone. So:
+
+- the command runs in W with stdin closed, in a new session; its pid (= its process
+  group) is written to P before anything else, for `kill -- -PGID` from another session;
+- TPULAB_RUN_DIR is R made absolute (created), VIRTUAL_ENV is V and V/bin leads PATH,
+  so `python` is the venv's; everything else comes from the environment tpulab set;
+- no shell ever sees the argv, so `$TPULAB_RUN_DIR` / `$TPULAB_RUN_ID` (as `$X` or
+  `${X}`, single-quoted on the laptop) are substituted here, and nothing else is;
+- stdout and stderr are combined, copied to L and to our stdout as they come;
+- after T seconds the group gets SIGTERM, after G more SIGKILL (a timeout); SIGTERM,
+  SIGINT or SIGHUP to this launcher do the same (a stop);
+- the result goes to S and, as one `TPULAB_WORKLOAD {json}` line, to stderr; the
+  launcher exits with the command's status (128+N for a signal N).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+MARKER = "TPULAB_WORKLOAD "
+
+
+class _Stopper:
+    """Terminates the command's process group once, then kills it after the grace."""
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.pgid: int | None = None
+        self.reason: str | None = None
+        self._lock = threading.Lock()
+
+    def stop(self, reason: str) -> None:
+        with self._lock:
+            if self.reason is not None or self.pgid is None:
+                self.reason = self.reason or reason
+                return
+            self.reason = reason
+        pgid = self.pgid
+        _signal_group(pgid, signal.SIGTERM)
+
+        def kill_later() -> None:
+            time.sleep(self.grace)
+            _signal_group(pgid, signal.SIGKILL)
+
+        threading.Thread(target=kill_later, daemon=True).start()
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _copy(source: int, log, sink) -> None:  # type: ignore[no-untyped-def]
+    """Copy the command's output to the log and to our stdout, chunk by chunk."""
+    sink_alive = True
+    while True:
+        try:
+            chunk = os.read(source, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        log.write(chunk)
+        log.flush()
+        if sink_alive:
+            try:
+                sink.write(chunk)
+                sink.flush()
+            except (OSError, ValueError):
+                sink_alive = False  # the SSH session is gone; keep logging
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="workload_launcher")
+    for name in ("--workspace", "--run-dir", "--log", "--pid-file", "--status", "--venv"):
+        parser.add_argument(name, required=True)
+    parser.add_argument("--timeout", type=float, required=True)
+    parser.add_argument("--grace", type=float, default=10.0)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command after --")
+
+    run_dir = os.path.abspath(args.run_dir)
+    venv = os.path.abspath(args.venv)
+    os.makedirs(run_dir, exist_ok=True)
+    for path in (args.log, args.pid_file, args.status):
+        os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    env = dict(os.environ)
+    env["TPULAB_RUN_DIR"] = run_dir
+    env["VIRTUAL_ENV"] = venv
+    env["PATH"] = os.path.join(venv, "bin") + os.pathsep + env.get("PATH", "")
+    env.pop("PYTHONHOME", None)
+
+    for name in ("TPULAB_RUN_DIR", "TPULAB_RUN_ID"):
+        value = env.get(name, "")
+        command = [arg.replace("${" + name + "}", value) for arg in command]
+        command = [arg.replace("$" + name, value) for arg in command]
+
+    stopper = _Stopper(args.grace)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda s, _f: stopper.stop(f"stopped by {signal.Signals(s).name}"))
+
+    started = time.monotonic()
+    result: dict[str, object] = {"command": command}
+    with open(args.log, "ab") as log:
+        try:
+            process = subprocess.Popen(
+                command,
+                cwd=os.path.abspath(args.workspace),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as error:
+            message = f"tpulab: cannot start {command[0]!r}: {error.strerror or error}\n"
+            log.write(message.encode())
+            sys.stdout.write(message)
+            result.update(exit_status=127, started=False, timed_out=False, stopped=None)
+            status = 127
+        else:
+            stopper.pgid = process.pid
+            with open(args.pid_file, "w") as pid_file:
+                pid_file.write(f"{process.pid}\n")
+            assert process.stdout is not None
+            copier = threading.Thread(
+                target=_copy, args=(process.stdout.fileno(), log, sys.stdout.buffer), daemon=True
+            )
+            copier.start()
+            deadline = started + args.timeout
+            while True:
+                try:
+                    code = process.wait(timeout=max(0.05, min(1.0, deadline - time.monotonic())))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() >= deadline:
+                        stopper.stop("timeout")
+            # A grandchild that left the group may hold the pipe; do not wait for it.
+            copier.join(timeout=5.0)
+            timed_out = stopper.reason == "timeout"
+            status = code if code >= 0 else 128 - code
+            result.update(
+                exit_status=status,
+                started=True,
+                timed_out=timed_out,
+                stopped=stopper.reason if stopper.reason and not timed_out else None,
+                signal=-code if code < 0 else None,
+            )
+    result["seconds"] = round(time.monotonic() - started, 3)
+    text = json.dumps(result, sort_keys=True)
+    with open(args.status, "w") as status_file:
+        status_file.write(text + "\n")
+    sys.stdout.flush()
+    sys.stderr.write(MARKER + text + "\n")
+    sys.stderr.flush()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,107 @@
+"""`tpulab runs list|show` read back the run.json of `-- CMD` runs through the journal's
+pointer (journal schema 4), and a journal written by schema 1 is migrated in place (through
+2, the queued resource, and 3, the "forgotten" teardown, to 4)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tpulab.cleanup.journal import SCHEMA_VERSION, Journal, RunJournalAdapter
+from tpulab.cli._exit import EXIT_CONFIG
+from tpulab.cli.runs import RunsListEnvelope
+from tpulab.run.record import RunRecord
+
+if TYPE_CHECKING:
+    from run_rig import Rig
+
+pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
+
+
+def tpulab(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tpulab", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+        check=False,
+    )
+
+
+# The schema-1 table exactly as the previous release created it.
+_V1 = """
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY, project TEXT NOT NULL, zone TEXT NOT NULL,
+    node_name TEXT NOT NULL, accelerator TEXT NOT NULL, target TEXT NOT NULL,
+    emulated INTEGER NOT NULL, spot INTEGER NOT NULL DEFAULT 0, started TEXT NOT NULL,
+    updated TEXT NOT NULL, phase TEXT NOT NULL, pid INTEGER, host TEXT, proc_start TEXT,
+    ended TEXT,
+    teardown TEXT CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created')),
+    detail TEXT NOT NULL DEFAULT ''
+);
+INSERT INTO runs VALUES ('old1', 'p', 'us-central1-a', 'tpulab-old1', 'v5litepod-4', 'google',
+    0, 0, '2026-01-01T00:00:00+00:00', '2026-01-01T00:00:00+00:00', 'teardown', 1, 'h',
+    NULL, '2026-01-01T00:10:00+00:00', 'confirmed', 'ok');
+PRAGMA user_version = 1;
+"""
+
+
+def test_a_schema_1_journal_is_migrated_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(_V1)
+    journal = Journal(path)
+    old = journal.get("old1")
+    assert old is not None
+    assert old.teardown == "confirmed"
+    assert old.queued_resource is None
+    assert journal.run_record_of("old1") is None
+    journal.set_run_record("old1", tmp_path / "out" / "run.json")
+    assert journal.run_records() == [("old1", tmp_path / "out" / "run.json")]
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+
+
+@pytest.mark.slow
+def test_runs_list_and_show_read_back_the_record(embedded_rig: Rig, tmp_path: Path) -> None:
+    from test_workload_e2e import with_workload, workspace
+
+    work = workspace(tmp_path, {"hello.py": "print('hello from the VM')\n"})
+    out = tmp_path / "out"
+    spec = with_workload(embedded_rig.spec(), work, out, "python", "hello.py")
+    _life, _, error = embedded_rig.run(spec, journal=RunJournalAdapter())
+    assert error is None, error
+    assert Journal().run_record_of(spec.run_id) == out / "run.json"
+
+    listed = tpulab("runs", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    envelope = RunsListEnvelope.model_validate_json(listed.stdout)
+    (record,) = envelope.runs
+    assert record.run_id == spec.run_id
+    assert record.workload.command == ["python", "hello.py"]
+    assert record == RunRecord.model_validate_json((out / "run.json").read_text())
+
+    shown = tpulab("runs", "show", spec.run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert spec.run_id in shown.stdout
+    assert "python hello.py" in shown.stdout
+    assert "exit 0" in shown.stdout
+    as_json = tpulab("runs", "show", spec.run_id, "--json")
+    assert json.loads(as_json.stdout)["workload"]["exit_status"] == 0
+
+    # A record that was moved away is said plainly, not a traceback.
+    (out / "run.json").rename(out / "moved.json")
+    table = tpulab("runs", "list")
+    assert table.returncode == 0
+    assert "cannot be read" in table.stdout
+    missing = tpulab("runs", "show", "no-such-run")
+    assert missing.returncode == EXIT_CONFIG
+    assert "tpulab runs list" in missing.stderr

@@ -1,0 +1,141 @@
+"""`tpulab run --emulate ... -- CMD` as a user types it (a real subprocess, the bare image):
+the README's course lab comes back with its checkpoints; a failing command is exit 9 with
+its own status in --json and in the summary; --quiet keeps its lines out of the terminal
+(they stay in the fetched log); the emulator is left with no node either way."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tpulab import paths
+from tpulab.cli import EXIT_OK, EXIT_WORKLOAD
+
+pytestmark = pytest.mark.slow
+
+LAB = Path(__file__).resolve().parent.parent / "examples" / "course_lab"
+FAST = {"create_seconds": 0.2, "delete_seconds": 0.1, "stockout_seconds": 0.1, "tick_seconds": 0.02}
+
+
+def tpulab(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tpulab", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "250"},
+        check=False,
+    )
+
+
+@pytest.fixture
+def fast_embedded_emulator() -> Path:
+    state = paths.emulator_state_dir()
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "timing.json").write_text(json.dumps(FAST))
+    return state
+
+
+def nodes_left(state: Path) -> list[str]:
+    listed = tpulab("list", "--emulate", "--json")
+    assert listed.returncode == EXIT_OK, listed.stderr
+    return [node["name"] for node in json.loads(listed.stdout)["nodes"]]
+
+
+def test_the_readme_course_lab_comes_back(fast_embedded_emulator: Path, tmp_path: Path) -> None:
+    out = tmp_path / "lab-out"
+    done = tpulab(
+        "run", "--accelerator", "v5litepod-4", "--emulate", "--workdir", str(LAB),
+        "--fetch", "train.py", "--out", str(out),
+        "--", "python", "train.py", "--run-dir", "$TPULAB_RUN_DIR", "--steps", "20",
+    )  # fmt: skip
+    assert done.returncode == EXIT_OK, done.stderr + done.stdout
+    assert "cmd ┃ training on 4 cpu device(s) for 20 steps" in done.stdout
+    assert "command   python train.py --run-dir $TPULAB_RUN_DIR --steps 20  exit 0" in done.stdout
+    assert (out / "run" / "checkpoints" / "step_00020.npz").is_file()
+    metrics = (out / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(metrics) == 20
+    assert json.loads((out / "run" / "device_receipt.json").read_text())["device_count"] == 4
+    assert json.loads((out / "run.json").read_text())["workload"]["exit_status"] == 0
+    assert nodes_left(fast_embedded_emulator) == []
+
+
+def test_a_failing_command_is_exit_9_with_its_own_status(
+    fast_embedded_emulator: Path, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "fail.py").write_text("print('about to fail', flush=True)\nraise SystemExit(6)\n")
+    done = tpulab(
+        "run", "--accelerator", "v5litepod-1", "--emulate", "--json", "--quiet",
+        "--workdir", str(work), "--out", str(tmp_path / "out"), "--", "python", "fail.py",
+    )  # fmt: skip
+    # The command's own 6 must not read as tpulab's 6 ("teardown NOT confirmed").
+    assert done.returncode == EXIT_WORKLOAD, done.stderr + done.stdout
+    result: dict[str, Any] = json.loads(done.stdout)
+    assert result["ok"] is False
+    assert result["workload"]["exit_status"] == 6
+    assert result["error"]["type"] == "WorkloadFailedError"
+    assert result["error"]["exit_status"] == EXIT_WORKLOAD
+    assert result["teardown"]["confirmed"] is True
+    assert "about to fail" not in done.stderr  # --quiet: only logged ...
+    assert "about to fail" in (tmp_path / "out" / "output.log").read_text()  # ... and fetched
+    assert nodes_left(fast_embedded_emulator) == []
+
+
+def test_sigkill_during_the_command_leaves_a_node_that_teardown_verify_deletes(
+    fast_embedded_emulator: Path, tmp_path: Path
+) -> None:
+    from tpulab.cleanup.journal import Journal
+
+    marker = tmp_path / "command-running"
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "wait.py").write_text(
+        f"import time\nopen({str(marker)!r}, 'w').write('1')\ntime.sleep(300)\n"
+    )
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tpulab",
+            "run",
+            "--accelerator",
+            "v5litepod-1",
+            "--emulate",
+            "--workdir",
+            str(work),
+            "--out",
+            str(tmp_path / "out"),
+            "--",
+            "python",
+            "wait.py",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not marker.exists() and time.monotonic() < deadline and run.poll() is None:
+            time.sleep(0.1)
+        assert marker.exists(), "the command never started"
+        run.kill()  # SIGKILL: no teardown, exactly like a laptop that died
+        run.wait(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    (row,) = Journal().open_runs()
+    assert row.phase == "workload"  # the journal knew where the run was
+    assert nodes_left(fast_embedded_emulator) == [row.node_name]
+    swept = tpulab("teardown", "--verify", "--emulate", "--yes", "--run-id", row.run_id)
+    assert swept.returncode == EXIT_OK, swept.stderr + swept.stdout
+    assert nodes_left(fast_embedded_emulator) == []
+    assert Journal().open_runs() == []

@@ -1,0 +1,334 @@
+"""`tpulab run ... -- CMD` end to end on the emulator, over both SSH backends.
+
+The real lifecycle against the real emulator (HTTP API + SSH hosts running commands on
+this machine): the verifier runs first, then the workspace goes up, the user's command
+runs in it, and its artifacts come back -- on success, on failure, at a timeout and after
+a Ctrl-C (a real SIGINT to this process, through `signals_to_teardown` as the CLI uses
+it). Each test ends by checking the emulator for leftovers (DESIGN §3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import signal
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tpulab import paths
+from tpulab.cli._exit import EXIT_INTERRUPTED, EXIT_WORKLOAD, exit_status_for
+from tpulab.config import RunSpec
+from tpulab.config.workload import WorkloadSpec
+from tpulab.errors import InterruptedRun, VerificationError, WorkloadFailedError
+from tpulab.run.progress import COMMAND_STREAM, NullObserver, Phase
+from tpulab.run.record import read_run_record
+from tpulab.run.signals import shield, signals_to_teardown, skippable
+
+if TYPE_CHECKING:
+    from run_rig import Rig
+
+pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
+pytestmark = pytest.mark.slow
+
+LAB = Path(__file__).resolve().parent.parent / "examples" / "course_lab"
+
+# Prints "SHA <path relative to the run dir> <sha256>" for every file of the run dir, ON
+# the VM, after the training: what the fetched copies must match byte for byte.
+HASH_TREE = """
+import hashlib, os, sys
+root = os.environ["TPULAB_RUN_DIR"]
+for folder, _dirs, files in os.walk(root):
+    for name in sorted(files):
+        path = os.path.join(folder, name)
+        digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+        print("SHA", os.path.relpath(path, root), digest, flush=True)
+"""
+
+
+def with_workload(
+    spec: RunSpec, workdir: Path, out: Path, *command: str, **fields: object
+) -> RunSpec:
+    workload = WorkloadSpec(
+        command=tuple(command),
+        workdir=workdir,
+        out=out,
+        env=tuple(fields.pop("env", ())),  # type: ignore[arg-type]
+        with_packages=(),
+        requirements=None,
+        fetch=tuple(fields.pop("fetch", ())),  # type: ignore[arg-type]
+        exclude=(),
+        allow_secrets=(),
+        **fields,  # type: ignore[arg-type]
+    )
+    return dataclasses.replace(spec, workload=workload)
+
+
+def workspace(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "workspace"
+    root.mkdir()
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(textwrap.dedent(text))
+    return root
+
+
+def command_lines(recorder: object) -> list[str]:
+    return [line for stream, line in recorder.output if stream == COMMAND_STREAM]  # type: ignore[attr-defined]
+
+
+def test_course_lab_runs_after_the_verifier_and_comes_back_byte_identical(
+    rig: Rig, tmp_path: Path
+) -> None:
+    work = tmp_path / "lab"
+    shutil.copytree(LAB, work)
+    (work / "hash_tree.py").write_text(HASH_TREE)
+    (work / "runs").mkdir()
+    (work / "runs" / "ignored.txt").write_text("the lab's .gitignore keeps this home")
+    out = tmp_path / "out"
+    spec = with_workload(
+        rig.spec(),
+        work,
+        out,
+        "sh",
+        "-c",
+        'python train.py --steps 20 --run-dir "$TPULAB_RUN_DIR" && python hash_tree.py',
+        env=[("LAB_NOTE", "from --env")],
+        fetch=["train.py"],
+    )
+    life, recorder, error = rig.run(spec)
+    assert error is None, error
+    outcome = life.outcome
+    assert outcome.judgement is not None
+    assert outcome.judgement.verified
+    workload = outcome.workload
+    assert workload is not None
+    assert workload.exit_status == 0
+    # The gate: the command's phase starts only after VERIFY finished, and ok.
+    order = [p.phase for p in recorder.phases]
+    assert order.index(Phase.VERIFY) < order.index(Phase.SYNC) < order.index(Phase.WORKLOAD)
+    assert order.index(Phase.WORKLOAD) < order.index(Phase.FETCH) < order.index(Phase.TEARDOWN)
+    lines = command_lines(recorder)
+    assert any("training on 4 cpu device(s)" in line for line in lines), lines
+    on_vm = {
+        parts[1]: parts[2] for parts in (line.split() for line in lines) if parts[:1] == ["SHA"]
+    }
+    assert "checkpoints/step_00020.npz" in on_vm
+    assert "metrics.jsonl" in on_vm
+    # Every file the VM hashed is back, byte for byte, and the manifest says the same.
+    manifest = json.loads((out / "manifest.json").read_text())
+    listed = {entry["path"]: entry["sha256"] for entry in manifest["files"]}
+    for relative, digest in on_vm.items():
+        local = out / "run" / relative
+        assert hashlib.sha256(local.read_bytes()).hexdigest() == digest, relative
+        assert listed[f"run/{relative}"] == digest
+    receipt = json.loads((out / "run" / "device_receipt.json").read_text())
+    assert receipt["observed_platform"] == "cpu"
+    assert receipt["local_device_count"] == 4
+    assert (out / "workspace" / "train.py").read_bytes() == (work / "train.py").read_bytes()
+    assert "training on 4 cpu" in (out / "output.log").read_text()
+    # The ignored file never went up (the upload manifest lists what did).
+    uploaded = {entry.path for entry in workload.upload.entries} if workload.upload else set()
+    assert "train.py" in uploaded
+    assert "runs/ignored.txt" not in uploaded
+    record = read_run_record(out / "run.json")
+    assert record.ok
+    assert record.workload.exit_status == 0
+    assert outcome.receipt is not None
+    assert record.receipt_id == outcome.receipt.id
+    assert record.workload.env_names == ["LAB_NOTE"]
+    assert "from --env" not in (out / "run.json").read_text()  # names, never values
+    assert {"sync", "workload", "fetch", "teardown"} <= set(record.phase_seconds)
+    assert rig.leftovers() == []
+
+
+def test_failing_command_gets_its_status_and_its_artifacts_back(rig: Rig, tmp_path: Path) -> None:
+    work = workspace(
+        tmp_path,
+        {
+            "fail.py": """
+            import os, sys
+            open(os.path.join(os.environ["TPULAB_RUN_DIR"], "partial.txt"), "w").write("x")
+            print("platform", os.environ["JAX_PLATFORMS"], os.environ["COURSE_EXPECT_PLATFORM"])
+            print("boom: the experiment failed", flush=True)
+            sys.exit(3)
+            """
+        },
+    )
+    out = tmp_path / "out"
+    life, _, error = rig.run(with_workload(rig.spec(), work, out, "python", "fail.py"))
+    assert isinstance(error, WorkloadFailedError), error
+    assert error.exit_status == 3
+    assert not error.timed_out
+    assert exit_status_for(error) == EXIT_WORKLOAD
+    assert (out / "run" / "partial.txt").read_text() == "x"
+    log = (out / "output.log").read_text()
+    assert "boom: the experiment failed" in log
+    assert "platform cpu cpu" in log
+    assert life.outcome.teardown_status == "confirmed"
+    assert read_run_record(out / "run.json").workload.exit_status == 3
+    assert rig.leftovers() == []
+
+
+class _ChildWatch(NullObserver):
+    """When the fetch starts (before any teardown), is the command's child still alive?"""
+
+    def __init__(self, pid_file: Path) -> None:
+        self.pid_file = pid_file
+        self.alive_at_fetch: bool | None = None
+
+    def phase_started(self, phase: Phase) -> None:
+        if phase is Phase.FETCH and self.alive_at_fetch is None:
+            pid = int(self.pid_file.read_text())
+            try:
+                os.kill(pid, 0)
+                self.alive_at_fetch = Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+            except ProcessLookupError:
+                self.alive_at_fetch = False
+
+
+def test_command_past_its_timeout_is_killed_on_the_vm_and_fetched(rig: Rig, tmp_path: Path) -> None:
+    child_pid = tmp_path / "child.pid"
+    work = workspace(
+        tmp_path,
+        {
+            "hang.py": f"""
+            import os, subprocess, time
+            child = subprocess.Popen(["sleep", "300"])
+            open({str(child_pid)!r}, "w").write(str(child.pid))
+            open(os.path.join(os.environ["TPULAB_RUN_DIR"], "before.txt"), "w").write("up")
+            print("hanging", flush=True)
+            time.sleep(300)
+            """
+        },
+    )
+    out = tmp_path / "out"
+    watch = _ChildWatch(child_pid)
+    spec = with_workload(rig.spec(), work, out, "python", "hang.py", timeout=3.0)
+    started = time.monotonic()
+    life, _, error = rig.run(spec, watch)
+    assert isinstance(error, WorkloadFailedError), error
+    assert error.timed_out
+    assert error.exit_status is None
+    assert time.monotonic() - started < 120
+    assert watch.alive_at_fetch is False  # the whole process group died on the VM
+    assert (out / "run" / "before.txt").read_text() == "up"
+    assert "hanging" in (out / "output.log").read_text()
+    assert life.outcome.teardown_status == "confirmed"
+    assert rig.leftovers() == []
+
+
+class _SignalWhen(NullObserver):
+    """Sends SIGINT to this process: once `marker` exists (from a thread), and again as
+    the fetch phase starts when `again_at_fetch` (in the main thread, like a user)."""
+
+    def __init__(self, marker: Path, *, again_at_fetch: bool, signum: int = signal.SIGINT) -> None:
+        self.again_at_fetch = again_at_fetch
+        self.signum = signum
+        self.fetches = 0
+        self._thread = threading.Thread(target=self._wait, args=(marker,), daemon=True)
+        self._thread.start()
+
+    def _wait(self, marker: Path) -> None:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), self.signum)
+
+    def phase_started(self, phase: Phase) -> None:
+        if phase is Phase.FETCH:
+            self.fetches += 1
+            if self.again_at_fetch:
+                os.kill(os.getpid(), self.signum)
+
+
+def _interrupted_run(
+    rig: Rig, tmp_path: Path, *, again_at_fetch: bool, signum: int = signal.SIGINT
+) -> tuple[object, Path, BaseException | None]:
+    marker = tmp_path / "command-started"
+    work = workspace(
+        tmp_path,
+        {
+            "long.py": f"""
+            import os, time
+            open(os.path.join(os.environ["TPULAB_RUN_DIR"], "progress.txt"), "w").write("1")
+            open({str(marker)!r}, "w").write("running")
+            print("running until stopped", flush=True)
+            time.sleep(300)
+            """
+        },
+    )
+    out = tmp_path / "out"
+    spec = with_workload(rig.spec(), work, out, "python", "long.py")
+    observer = _SignalWhen(marker, again_at_fetch=again_at_fetch, signum=signum)
+    error: BaseException | None = None
+    life, _ = rig.lifecycle(spec, observer, shield=shield, skippable=skippable)
+    try:
+        with signals_to_teardown(lambda _text: None, force_exit_status=6):
+            life.run()
+    except BaseException as raised:  # the test inspects what came out
+        error = raised
+    return life, out, error
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_during_the_command_fetches_then_deletes(
+    rig: Rig, tmp_path: Path, signum: int
+) -> None:
+    life, out, error = _interrupted_run(rig, tmp_path, again_at_fetch=False, signum=signum)
+    assert isinstance(error, InterruptedRun), error
+    assert exit_status_for(error) == EXIT_INTERRUPTED
+    assert (out / "run" / "progress.txt").read_text() == "1"
+    assert "running until stopped" in (out / "output.log").read_text()
+    outcome = life.outcome  # type: ignore[attr-defined]
+    assert outcome.workload.stopped == f"interrupted by {signal.Signals(signum).name}"
+    assert outcome.teardown_status == "confirmed"
+    assert read_run_record(out / "run.json").workload.fetched_files
+    assert rig.leftovers() == []
+
+
+def test_second_ctrl_c_during_the_fetch_skips_it_not_the_teardown(rig: Rig, tmp_path: Path) -> None:
+    life, out, error = _interrupted_run(rig, tmp_path, again_at_fetch=True)
+    assert isinstance(error, InterruptedRun), error
+    outcome = life.outcome  # type: ignore[attr-defined]
+    assert outcome.workload.fetch is None
+    assert outcome.workload.fetch_problem.startswith("skipped")
+    assert not (out / "run").exists()
+    assert outcome.teardown_status == "confirmed"
+    assert rig.leftovers() == []
+
+
+def test_a_receipt_that_does_not_verify_never_starts_the_command(rig: Rig, tmp_path: Path) -> None:
+    from run_rig import payload_script
+
+    # The real verifier, but with the device count forced to 1 on a 4-device accelerator:
+    # an honest receipt of the wrong machine, which must not verify.
+    one_device = payload_script(
+        tmp_path,
+        f"""
+        import os, runpy, sys
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+        sys.argv[0] = {str(paths.payload_path())!r}
+        runpy.run_path(sys.argv[0], run_name="__main__")
+        """,
+    )
+    marker = tmp_path / "the-command-ran"
+    work = workspace(tmp_path, {"touch.py": f"open({str(marker)!r}, 'w').write('ran')\n"})
+    spec = with_workload(rig.spec(script=one_device), work, tmp_path / "out", "python", "touch.py")
+    life, recorder, error = rig.run(spec)
+    assert isinstance(error, VerificationError), error
+    assert not marker.exists()  # on this machine's disk, where the "VM" would have written
+    assert Phase.SYNC not in [p.phase for p in recorder.phases]
+    record = read_run_record(tmp_path / "out" / "run.json")
+    assert not record.ok
+    assert not record.workload.started
+    assert record.verdict is not None
+    assert life.outcome.teardown_status == "confirmed"
+    assert rig.leftovers() == []

@@ -1,0 +1,195 @@
+"""`tpulab runs [list|show ID]`: the records of `tpulab run ... -- CMD` runs.
+
+The journal row of each such run points to its `<out>/run.json` (tpulab.run.record);
+`list` reads them back newest first (a record that was moved or deleted is listed as
+such, not an error), `show` prints one, `--json` the record itself.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Literal
+
+import typer
+
+from tpulab import errors as E
+from tpulab.cli._console import print_lines
+from tpulab.cli._exit import guarded
+from tpulab.envelope import Envelope
+from tpulab.run.record import RunRecord
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+__all__ = ["RunsListEnvelope", "runs_app"]
+
+runs_app = typer.Typer(
+    help="Records of your experiments (`tpulab run ... -- CMD`): <out>/run.json.",
+    no_args_is_help=False,
+)
+
+
+class RunsListEnvelope(Envelope):
+    """`tpulab runs list --json`: each record, or why it could not be read."""
+
+    command: Literal["runs list"] = "runs list"
+    runs: list[RunRecord]
+    unreadable: dict[str, str]  # run id -> what is wrong with its run.json
+
+
+def _read(path: Path) -> RunRecord:
+    from pydantic import ValidationError
+
+    from tpulab.run.record import read_run_record
+
+    try:
+        return read_run_record(path)
+    except OSError as error:
+        raise E.ConfigError(
+            f"The run record {path} cannot be read: {error.strerror or error}.",
+            hint="It lives in the run's --out directory; it may have been moved or deleted.",
+        ) from None
+    except ValidationError as error:
+        raise E.ConfigError(
+            f"The run record {path} is not a tpulab run.json ({error.error_count()} errors).",
+            hint="It was edited or written by another tool; the artifacts beside it are intact.",
+        ) from None
+
+
+def _collect(limit: int) -> tuple[list[RunRecord], dict[str, str]]:
+    from tpulab.cleanup.journal import Journal
+
+    records: list[RunRecord] = []
+    unreadable: dict[str, str] = {}
+    for run_id, path in Journal().run_records(limit):
+        try:
+            records.append(_read(path))
+        except E.ConfigError as error:
+            unreadable[run_id] = error.message
+    return records, unreadable
+
+
+def _status(record: RunRecord) -> tuple[str, str]:
+    workload = record.workload
+    if not workload.started:
+        return "not started", "yellow"
+    if workload.timed_out:
+        return "timed out", "red"
+    if workload.stopped:
+        return "stopped", "yellow"
+    if workload.exit_status == 0:
+        return "exit 0", "green"
+    return f"exit {workload.exit_status}", "red"
+
+
+@runs_app.command("list")
+def runs_list(
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a versioned JSON envelope.")
+    ] = False,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many, newest first.")] = 50,
+) -> None:
+    """The runs with a command, newest first: status, accelerator, artifacts, where."""
+
+    def action() -> None:
+        records, unreadable = _collect(limit)
+        if as_json:
+            typer.echo(RunsListEnvelope(ok=True, runs=records, unreadable=unreadable).to_json())
+            return
+        if not records and not unreadable:
+            print_lines([[("No runs with a command yet (tpulab run ... -- CMD).", "dim")]])
+            return
+        lines = []
+        for record in records:
+            status, style = _status(record)
+            fetched = record.workload.fetched_files
+            lines.append(
+                [
+                    (f"{record.run_id}  ", "bold cyan"),
+                    (f"{record.started:%Y-%m-%d %H:%M}  ", "dim"),
+                    (f"{record.accelerator_type}{' EMULATED' if record.emulated else ''}  ", ""),
+                    (f"{status:<11} ", style),
+                    (" ".join(record.workload.command)[:60], ""),
+                    (f"  {fetched if fetched is not None else 'no'} files back", "dim"),
+                ]
+            )
+        for run_id, why in unreadable.items():
+            lines.append([(f"{run_id}  ", "bold cyan"), (why, "yellow")])
+        print_lines(lines)
+
+    guarded(action)
+
+
+@runs_app.command("show")
+def runs_show(
+    run_id: Annotated[str, typer.Argument(help="The run id (see `tpulab runs list`).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run.json record.")] = False,
+) -> None:
+    """One run's record: the gate (receipt), the command and its status, the artifacts."""
+
+    def action() -> None:
+        from tpulab.cleanup.journal import Journal
+
+        path = Journal().run_record_of(run_id)
+        if path is None:
+            raise E.ConfigError(
+                f"No run {run_id!r} with a command is in this machine's journal.",
+                hint="See `tpulab runs list` for the ids.",
+            )
+        record = _read(path)
+        if as_json:
+            typer.echo(record.to_json())
+            return
+        status, style = _status(record)
+        workload = record.workload
+        lines = [
+            [
+                ("Run ", "bold"),
+                (record.run_id, "bold cyan"),
+                (" EMULATED" if record.emulated else "", "bold magenta"),
+            ],
+            [
+                ("  node      ", "dim"),
+                (f"{record.node_name} ({record.accelerator_type}), zone {record.zone}", ""),
+            ],
+            [
+                ("  receipt   ", "dim"),
+                (f"{record.verdict or 'none'} {record.receipt_id or ''}", ""),
+            ],
+            [
+                ("  command   ", "dim"),
+                (" ".join(workload.command), ""),
+                ("  ", ""),
+                (status, style),
+            ],
+            [("  env names ", "dim"), (", ".join(workload.env_names) or "(none)", "")],
+            [
+                ("  uploaded  ", "dim"),
+                (f"{workload.upload_files} files, {workload.upload_bytes} bytes", ""),
+            ],
+            [
+                ("  fetched   ", "dim"),
+                (f"{workload.fetched_files or 0} files, {workload.fetched_bytes or 0} bytes", ""),
+                (f" in {workload.out}", "dim"),
+            ],
+            [
+                ("  phases    ", "dim"),
+                (", ".join(f"{k} {v:.1f}s" for k, v in record.phase_seconds.items()), ""),
+            ],
+            [("  teardown  ", "dim"), (record.teardown, "")],
+            [
+                ("  cost      ", "dim"),
+                (f"~${record.estimated_cost_usd:.4f}", ""),
+                (f" (list prices {record.price_date}); {record.api_calls} API calls", "dim"),
+            ],
+        ]
+        if record.failure:
+            lines.append([("  failure   ", "dim"), (record.failure, "red")])
+        print_lines(lines)
+
+    guarded(action)
+
+
+@runs_app.callback(invoke_without_command=True)
+def _runs_root(ctx: typer.Context) -> None:
+    if ctx.invoked_subcommand is None:
+        runs_list(as_json=False, limit=50)

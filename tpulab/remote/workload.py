@@ -1,0 +1,142 @@
+"""How the user's command (`tpulab run ... -- CMD`) is started, stopped and read back on
+the VM. Pure builders: argv lists (quoted by tpulab.remote.cmdline when sent), no paramiko.
+
+The command is never pasted into a shell: its argv goes, element by element, after `--`
+to the staged launcher (remote_payloads/workload_launcher.py), which runs it in the
+synced workspace, in its own session, with the venv first on PATH, copying its combined
+output to the SSH stream and to a log on the VM, and reports one `TPULAB_WORKLOAD {json}`
+line. Paths are relative to the login directory, like the bootstrap's.
+
+    ~/jax-tpu-lab/workspace/         the synced --workdir (the command's cwd)
+    ~/jax-tpu-lab/run/out/           TPULAB_RUN_DIR: whatever is in it comes back
+    ~/jax-tpu-lab/run/output.log     the command's combined output (comes back too)
+    ~/jax-tpu-lab/run/command.pid    its process group, for a stop from another session
+    ~/jax-tpu-lab/run/status.json    what the launcher reported
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from tpulab.remote.bootstrap import LAB_DIR, VENV_DIR, VENV_PYTHON
+from tpulab.remote.payload import payload_env
+
+__all__ = [
+    "LAUNCHER_NAME",
+    "LOG_PATH",
+    "RUN_DIR",
+    "STAGED_LAUNCHER",
+    "STOP_GRACE_SECONDS",
+    "WORKLOAD_MARKER",
+    "WORKSPACE_DIR",
+    "LaunchReport",
+    "launch_command",
+    "parse_launch_report",
+    "stop_command",
+    "workload_env",
+]
+
+LAUNCHER_NAME = "workload_launcher.py"
+STAGED_LAUNCHER = f"{LAB_DIR}/{LAUNCHER_NAME}"
+WORKSPACE_DIR = f"{LAB_DIR}/workspace"
+_RUN_ROOT = f"{LAB_DIR}/run"
+RUN_DIR = f"{_RUN_ROOT}/out"
+LOG_PATH = f"{_RUN_ROOT}/output.log"
+PID_FILE = f"{_RUN_ROOT}/command.pid"
+STATUS_PATH = f"{_RUN_ROOT}/status.json"
+WORKLOAD_MARKER = "TPULAB_WORKLOAD "
+# Seconds between SIGTERM and SIGKILL for a stopped or timed-out command: enough for a
+# training loop to write its last checkpoint, short enough not to bill for long.
+STOP_GRACE_SECONDS = 10.0
+# The SSH wrapper's own limit past the launcher's: a backstop only (the launcher times
+# the command out itself, so it can report it).
+LAUNCH_SLACK_SECONDS = STOP_GRACE_SECONDS + 30.0
+
+# Kill the command's process group from a second session: SIGTERM, up to `grace`
+# seconds for it to go, then SIGKILL. Says which happened.
+_STOP_SCRIPT = r"""
+pid_file=$1; grace=$2
+pid=$(cat "$pid_file" 2>/dev/null) || { echo "TPULAB_STOP not started"; exit 0; }
+if ! kill -TERM -- "-$pid" 2>/dev/null; then echo "TPULAB_STOP already ended"; exit 0; fi
+ticks=$((grace * 5))
+while [ "$ticks" -gt 0 ] && kill -0 -- "-$pid" 2>/dev/null; do sleep 0.2; ticks=$((ticks - 1)); done
+if kill -KILL -- "-$pid" 2>/dev/null; then echo "TPULAB_STOP killed"
+else echo "TPULAB_STOP terminated"; fi
+"""
+
+
+def workload_env(
+    platform: str, devices: int, run_id: str, extra: Iterable[tuple[str, str]] = ()
+) -> dict[str, str]:
+    """What the command's environment gets: the platform the verifier proved, named
+    twice as the course expects (JAX_PLATFORMS, COURSE_EXPECT_PLATFORM), the device
+    count flag on an emulated (CPU) node exactly as the payload had it, the run id and
+    the user's --env. TPULAB_RUN_DIR is set by the launcher (an absolute path there)."""
+    env = payload_env(platform, devices)
+    env["COURSE_EXPECT_PLATFORM"] = platform
+    env["TPULAB_RUN_ID"] = run_id
+    env.update(extra)
+    return env
+
+
+def launch_command(command: Sequence[str], *, timeout: float) -> list[str]:
+    """argv that runs `command` through the staged launcher with the venv's python."""
+    return [
+        VENV_PYTHON,
+        STAGED_LAUNCHER,
+        "--workspace",
+        WORKSPACE_DIR,
+        "--run-dir",
+        RUN_DIR,
+        "--log",
+        LOG_PATH,
+        "--pid-file",
+        PID_FILE,
+        "--status",
+        STATUS_PATH,
+        "--venv",
+        VENV_DIR,
+        "--timeout",
+        f"{timeout:g}",
+        "--grace",
+        f"{STOP_GRACE_SECONDS:g}",
+        "--",
+        *command,
+    ]
+
+
+def stop_command(grace: float = STOP_GRACE_SECONDS) -> list[str]:
+    """argv that stops the running command (its whole process group)."""
+    return ["sh", "-c", _STOP_SCRIPT, "sh", PID_FILE, str(max(1, round(grace)))]
+
+
+@dataclass(frozen=True)
+class LaunchReport:
+    """What the launcher said about the command (None: it said nothing parseable)."""
+
+    exit_status: int
+    started: bool
+    timed_out: bool
+    stopped: str | None
+    seconds: float | None
+
+
+def parse_launch_report(stderr: str) -> LaunchReport | None:
+    found: LaunchReport | None = None
+    for line in stderr.splitlines():
+        if not line.startswith(WORKLOAD_MARKER):
+            continue
+        try:
+            data = json.loads(line[len(WORKLOAD_MARKER) :])
+            found = LaunchReport(
+                exit_status=int(data["exit_status"]),
+                started=bool(data.get("started", True)),
+                timed_out=bool(data.get("timed_out", False)),
+                stopped=data.get("stopped"),
+                seconds=data.get("seconds"),
+            )
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found

@@ -1,0 +1,188 @@
+"""`<out>/run.json`: the record of a `tpulab run ... -- CMD`, beside its artifacts.
+
+A versioned Envelope (its schema pinned in tests/schemas/RunRecord.json like every
+`--json` output), so `tpulab runs show ID --json` prints exactly what the file holds and
+a script reads both the same way. It says what ran where and what came of it: the node
+and its accelerator, the verifier's receipt id and verdict (the gate), the venv's
+versions (extras included), the command argv, the NAMES of the environment it was given
+(never the values: they may be secrets), its exit status, every phase's duration, the
+upload and fetch manifests (path, bytes, sha256), the API calls and the estimated cost.
+The journal row of the run points to the file (tpulab.cleanup.journal, `run_record`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from tpulab.catalog import PRICE_DATE
+from tpulab.envelope import Envelope
+from tpulab.evidence.judge import Verdict
+from tpulab.run.progress import TeardownStatus
+
+if TYPE_CHECKING:
+    from tpulab.remote.workspace import Manifest
+    from tpulab.run.lifecycle import RunOutcome
+    from tpulab.run.workload import WorkloadOutcome
+
+__all__ = [
+    "RUN_RECORD_NAME",
+    "FileEntry",
+    "RunRecord",
+    "WorkloadSummary",
+    "read_run_record",
+    "run_record",
+    "workload_summary",
+    "write_run_record",
+]
+
+RUN_RECORD_NAME = "run.json"
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FileEntry(_Part):
+    path: str
+    bytes: int
+    sha256: str
+
+
+class WorkloadSummary(_Part):
+    """The user's command and what came of it (also in `tpulab run --json`)."""
+
+    command: list[str]
+    env_names: list[str]  # names only: values may be secrets
+    exit_status: int | None  # the command's own status; None: killed, or never started
+    started: bool
+    timed_out: bool
+    stopped: str | None  # why tpulab stopped it (an interrupt), if it did
+    seconds: float | None
+    out: str
+    upload_files: int
+    upload_bytes: int
+    fetched_files: int | None  # None: nothing was fetched (see fetch_problem)
+    fetched_bytes: int | None
+    fetch_missing: list[str]  # --fetch patterns that matched nothing
+    fetch_problem: str | None
+    extras_install: str | None
+    extras: dict[str, str | None]
+
+
+class RunRecord(Envelope):
+    """<out>/run.json (schema_version 1)."""
+
+    command: Literal["run"] = "run"
+    run_id: str
+    started: datetime
+    seconds: float
+    node_name: str
+    project: str
+    zone: str
+    accelerator_type: str
+    emulated: bool
+    spot: bool
+    receipt_id: str | None
+    verdict: Verdict | None
+    versions: dict[str, str | None]
+    workload: WorkloadSummary
+    phase_seconds: dict[str, float]
+    upload: list[FileEntry]
+    fetch: list[FileEntry]
+    api_calls: int
+    teardown: TeardownStatus
+    estimated_cost_usd: float
+    price_date: str
+    failure: str | None  # what ended the run, when it did not succeed
+
+
+def _entries(manifest: Manifest | None) -> list[FileEntry]:
+    if manifest is None:
+        return []
+    return [FileEntry(path=e.path, bytes=e.bytes, sha256=e.sha256) for e in manifest.entries]
+
+
+def workload_summary(workload: WorkloadOutcome) -> WorkloadSummary:
+    upload, fetch = workload.upload, workload.fetch
+    return WorkloadSummary(
+        command=list(workload.command),
+        env_names=list(workload.env_names),
+        exit_status=workload.exit_status,
+        started=workload.started,
+        timed_out=workload.timed_out,
+        stopped=workload.stopped,
+        seconds=workload.seconds,
+        out=str(workload.out),
+        upload_files=upload.count if upload else 0,
+        upload_bytes=upload.total_bytes if upload else 0,
+        fetched_files=fetch.count if fetch else None,
+        fetched_bytes=fetch.total_bytes if fetch else None,
+        fetch_missing=list(fetch.missing) if fetch else [],
+        fetch_problem=workload.fetch_problem,
+        extras_install=workload.extras.install if workload.extras else None,
+        extras=dict(workload.extras.versions) if workload.extras else {},
+    )
+
+
+def run_record(outcome: RunOutcome) -> RunRecord:
+    """The record of a finished run that had a `-- CMD` (outcome.workload set)."""
+    from tpulab.errors import TpuLabError
+
+    spec = outcome.spec
+    workload = outcome.workload
+    assert workload is not None
+    error = outcome.error
+    failure = None
+    if error is not None:
+        failure = error.message if isinstance(error, TpuLabError) else repr(error)
+    boot = outcome.bootstrap
+    return RunRecord(
+        ok=outcome.succeeded and error is None,
+        run_id=spec.run_id,
+        started=outcome.started,
+        seconds=round(outcome.seconds, 3),
+        node_name=spec.node_name,
+        project=spec.project.value,
+        zone=spec.zone.value,
+        accelerator_type=spec.accelerator.name,
+        emulated=spec.emulated,
+        spot=spec.spot,
+        receipt_id=outcome.receipt.id if outcome.receipt else None,
+        verdict=outcome.verdict,
+        versions=dict(boot.versions) if boot else {},
+        workload=workload_summary(workload),
+        phase_seconds={k: round(v, 3) for k, v in outcome.phase_seconds.items()},
+        upload=_entries(workload.upload),
+        fetch=_entries(workload.fetch),
+        api_calls=outcome.api_calls,
+        teardown=outcome.teardown_status,
+        estimated_cost_usd=round(outcome.estimated_cost, 4),
+        price_date=PRICE_DATE,
+        failure=failure,
+    )
+
+
+def write_run_record(record: RunRecord, out: Path) -> Path:
+    """Write `out/run.json` atomically (a reader never sees half a file); its path."""
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / RUN_RECORD_NAME
+    handle, temporary = tempfile.mkstemp(prefix=".run-", suffix=".json", dir=out)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(record.to_json() + "\n")
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def read_run_record(path: Path) -> RunRecord:
+    """Parse a run.json (strict: what parses is exactly the contract)."""
+    return RunRecord.model_validate_json(path.read_text(encoding="utf-8"))

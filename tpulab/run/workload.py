@@ -1,0 +1,348 @@
+"""The user's experiment (`tpulab run ... -- CMD`): the phases after the verifier.
+
+    validate (+ the upload's selection, before anything is created)
+    ... verify (the receipt must verify, or none of this runs: DESIGN §3.9)
+    -> sync (launcher + workspace as one archive) -> install (--with / --requirements)
+    -> workload (the command, streamed, logged on the VM, bounded by --timeout)
+    -> fetch (run dir + log + --fetch patterns into --out)     then the usual teardown
+
+The fetch happens whatever the command did: success, a non-zero exit, a timeout (the
+launcher killed its process group on the VM). A first Ctrl-C or SIGTERM while the command
+runs stops it on the VM and gives the fetch a bounded time, inside `skippable`, so a
+second one skips the fetch and goes straight to the teardown, which keeps every
+guarantee it has (it runs in the lifecycle's `finally`, shielded).
+
+`WorkloadRunner` is driven by `tpulab.run.lifecycle.Lifecycle` through its `_phase`, so
+phases, journal and observer see these phases like any other, and `--dry-run` records
+every command and transfer through the same seams.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tpulab import paths
+from tpulab.errors import ConfigError, RemoteError, TpuLabError, WorkloadFailedError
+from tpulab.remote import bootstrap as boot
+from tpulab.remote import workload as wl
+from tpulab.run.progress import COMMAND_STREAM, Phase
+
+if TYPE_CHECKING:
+    from tpulab.config.workload import WorkloadSpec
+    from tpulab.remote.workspace import Manifest, UploadSelection
+    from tpulab.run.lifecycle import Lifecycle
+
+__all__ = ["WorkloadOutcome", "WorkloadRunner"]
+
+# After a Ctrl-C the fetch is a courtesy before the teardown: bounded, not the full cap.
+INTERRUPTED_FETCH_SECONDS = 120.0
+_STOP_TIMEOUT = wl.STOP_GRACE_SECONDS + 20.0
+_OUTPUT_TAIL_LINES = 40
+
+
+def _transfer_timeout(size: int) -> float:
+    """Generous for a slow uplink (1 MiB/s) plus a fixed allowance for the VM's side."""
+    return 120.0 + size / 2**20
+
+
+@dataclass
+class WorkloadOutcome:
+    """What happened to the user's command, filled in as the phases go."""
+
+    command: tuple[str, ...]
+    env_names: tuple[str, ...]
+    out: Path
+    upload: Manifest | None = None
+    upload_description: str = ""
+    extras: boot.ExtrasResult | None = None
+    started: bool = False
+    exit_status: int | None = None
+    timed_out: bool = False
+    stopped: str | None = None  # why tpulab stopped it ("interrupted by SIGINT", ...)
+    seconds: float | None = None
+    fetch: Manifest | None = None
+    fetch_problem: str | None = None  # why nothing (or not everything) came back
+    output_tail: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.started
+            and self.exit_status == 0
+            and not self.timed_out
+            and self.stopped is None
+            and self.fetch is not None
+        )
+
+
+class WorkloadRunner:
+    """The `-- CMD` phases of one run; `life` gives the session, the seams and `_phase`."""
+
+    def __init__(self, life: Lifecycle, workload: WorkloadSpec) -> None:
+        self.life = life
+        self.workload = workload
+        self.selection: UploadSelection | None = None
+        self.requirements_text: str | None = None
+        self.launcher = b""
+        self.outcome = WorkloadOutcome(
+            command=tuple(workload.command), env_names=workload.env_names, out=workload.out
+        )
+
+    @property
+    def extras(self) -> boot.Extras:
+        return boot.Extras(tuple(self.workload.with_packages), self.requirements_text)
+
+    # -- validation (inside the lifecycle's VALIDATE phase; nothing is sent) ------------
+
+    def validate(self) -> str:
+        """Select the upload (WorkspaceError for over the cap or a secret-looking file),
+        check the fetch patterns and read the requirements file: all before any create."""
+        from tpulab.remote.workspace import check_fetch_patterns, select_workspace
+
+        spec = self.workload
+        self.selection = select_workspace(
+            spec.workdir,
+            max_bytes=spec.max_upload,
+            allow_secrets=spec.allow_secrets,
+            exclude=spec.exclude,
+        )
+        check_fetch_patterns(spec.fetch)
+        if spec.requirements is not None:
+            try:
+                self.requirements_text = spec.requirements.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as error:
+                raise ConfigError(
+                    f"Cannot read --requirements {spec.requirements}: {error}",
+                    hint="Pass a readable UTF-8 requirements file.",
+                ) from None
+        try:
+            self.launcher = paths.payload_path(wl.LAUNCHER_NAME).read_bytes()
+        except OSError as error:
+            raise ConfigError(
+                f"Cannot read the workload launcher: {error}",
+                hint="Reinstall tpulab (the launcher ships inside it).",
+            ) from None
+        self.outcome.upload_description = self.selection.describe()
+        return f"upload {self.outcome.upload_description}"
+
+    # -- the phases after the verifier ----------------------------------------------------
+
+    def run(self) -> None:
+        """Sync, install, run, fetch; raise WorkloadFailedError if the command failed."""
+        life = self.life
+        life._phase(Phase.SYNC, self.sync)
+        if self.extras:
+            life._phase(Phase.INSTALL, self.install)
+        try:
+            life._phase(Phase.WORKLOAD, self.command)
+        except BaseException as error:
+            if not self.outcome.started:
+                raise
+            self._salvage(error)
+            raise
+        failure = self._failure()
+        try:
+            life._phase(Phase.FETCH, lambda: self.fetch(self._fetch_timeout()))
+        except TpuLabError as error:
+            if failure is None:
+                raise
+            # The command's failure is what the user must hear; the fetch's is a note.
+            self.outcome.fetch_problem = error.message
+            life.observer.note(f"fetching the artifacts failed too: {error.message}")
+        if failure is not None:
+            raise failure
+
+    def sync(self) -> str:
+        """Stage the launcher (sha256-checked) and upload the workspace as one archive."""
+        from tpulab.remote.workspace import upload_workspace
+
+        session = self.life.session
+        assert session is not None
+        assert self.selection is not None
+        self.life._stage_file(self.launcher, wl.STAGED_LAUNCHER, "workload launcher")
+        manifest = upload_workspace(
+            session,
+            self.selection,
+            wl.WORKSPACE_DIR,
+            timeout=_transfer_timeout(self.selection.total_bytes),
+        )
+        self.outcome.upload = manifest
+        return f"{self.outcome.upload_description} into ~/{wl.WORKSPACE_DIR}"
+
+    def install(self) -> str:
+        """The user's extras into the venv, after jax; a no-op on a ready venv."""
+        life = self.life
+        session = life.session
+        assert session is not None
+        extras = self.extras
+        if extras.requirements_text is not None:
+            data = extras.requirements_text.encode("utf-8")
+            life._stage_file(data, boot.STAGED_REQUIREMENTS, "requirements file")
+        result = boot.install_extras(
+            session,
+            extras,
+            installer=life.installer,
+            timeout=life.spec.timeouts.bootstrap,
+            on_line=life._on_line,
+            note=life.observer.note,
+            clock=life.clock,
+        )
+        self.outcome.extras = result
+        if life.outcome.bootstrap is not None:
+            life.outcome.bootstrap.extras = result
+        versions = ", ".join(f"{k} {v}" for k, v in sorted(result.versions.items()))
+        return f"{extras.describe()}: {result.install}; {versions}"
+
+    def command(self) -> str:
+        """Run the command in the synced workspace with the verified platform's env."""
+        life = self.life
+        session = life.session
+        assert session is not None
+        spec, workload = life.spec, self.workload
+        env = wl.workload_env(
+            spec.platform, spec.accelerator.devices_per_host, spec.run_id, workload.env
+        )
+        argv = wl.launch_command(workload.command, timeout=workload.timeout)
+        tail = self.outcome.output_tail
+
+        def on_line(stream: str, line: str) -> None:
+            if stream == "stderr" and line.startswith(wl.WORKLOAD_MARKER):
+                return  # the launcher's report, parsed below
+            tail.append(line)
+            del tail[:-_OUTPUT_TAIL_LINES]
+            life.observer.remote_output(COMMAND_STREAM if stream == "stdout" else stream, line)
+
+        self.outcome.started = True
+        result = session.run(
+            argv, env=env, timeout=workload.timeout + wl.LAUNCH_SLACK_SECONDS, on_line=on_line
+        )
+        report = wl.parse_launch_report(result.stderr)
+        if report is None:
+            # The launcher itself did not report (it could not start): say what it said.
+            self.outcome.exit_status = result.exit_status
+            raise RemoteError(
+                f"The workload launcher on the VM failed (exit {result.exit_status}) "
+                "without reporting on your command.",
+                hint="Its output: " + (result.stderr.strip()[-300:] or "(none)"),
+            )
+        self.outcome.exit_status = report.exit_status if not report.timed_out else None
+        self.outcome.timed_out = report.timed_out
+        self.outcome.seconds = report.seconds
+        if not report.started:
+            self.outcome.exit_status = report.exit_status
+            return f"could not start {workload.command[0]!r} (exit {report.exit_status})"
+        if report.timed_out:
+            return f"killed on the VM after its {workload.timeout:g} s --timeout"
+        return f"exit {report.exit_status} after {report.seconds or 0:.1f} s"
+
+    def fetch(self, timeout: float) -> str:
+        """The run dir, the log and the --fetch patterns into --out, checked file by file."""
+        from tpulab.remote.workspace import fetch_artifacts
+
+        session = self.life.session
+        assert session is not None
+        workload = self.workload
+        manifest = fetch_artifacts(
+            session,
+            workspace=wl.WORKSPACE_DIR,
+            patterns=workload.fetch,
+            run_dir=wl.RUN_DIR,
+            log_path=wl.LOG_PATH,
+            out=workload.out,
+            max_bytes=workload.max_fetch,
+            timeout=timeout,
+        )
+        self.outcome.fetch = manifest
+        missing = f"; nothing matched {', '.join(manifest.missing)}" if manifest.missing else ""
+        return (
+            f"{manifest.count} files, {manifest.total_bytes / 2**20:.1f} MiB into "
+            f"{workload.out}{missing}"
+        )
+
+    # -- failure paths --------------------------------------------------------------------
+
+    def _fetch_timeout(self) -> float:
+        return _transfer_timeout(self.workload.max_fetch)
+
+    def _failure(self) -> WorkloadFailedError | None:
+        outcome = self.outcome
+        tail = "\n".join(outcome.output_tail[-20:])
+        if outcome.timed_out:
+            return WorkloadFailedError(
+                f"Your command ran past its {self.workload.timeout:g} s --timeout and was "
+                "killed on the VM (its whole process group). Its artifacts were fetched.",
+                exit_status=None,
+                timed_out=True,
+                output_tail=tail,
+                hint="Give it longer with --timeout, or make it checkpoint and resume.",
+            )
+        if outcome.exit_status not in (0, None):
+            return WorkloadFailedError(
+                f"Your command exited with status {outcome.exit_status} on the verified VM. "
+                f"Its log and run directory were fetched into {self.workload.out}.",
+                exit_status=outcome.exit_status,
+                output_tail=tail,
+                hint="See the command's output above and output.log in the --out directory.",
+            )
+        return None
+
+    def _salvage(self, error: BaseException) -> None:
+        """The command was started and the phase did not end normally (Ctrl-C, SIGTERM,
+        a dropped connection): stop it on the VM, then fetch what exists, bounded; a
+        second signal meanwhile skips both (StepSkipped, or KeyboardInterrupt when no
+        signal guard is installed) and the teardown follows."""
+        from tpulab.run.signals import StepSkipped
+
+        life = self.life
+        why = _describe(error)
+        self.outcome.stopped = why
+        with life.skippable("fetching your artifacts"):
+            try:
+                self._stop()
+                life._phase(
+                    Phase.FETCH,
+                    lambda: self.fetch(min(INTERRUPTED_FETCH_SECONDS, self._fetch_timeout())),
+                )
+            except (StepSkipped, KeyboardInterrupt) as skip:
+                self.outcome.fetch_problem = f"skipped: {_describe(skip)} during the fetch"
+                life.observer.note("artifacts not fetched (second interrupt); tearing down")
+            except Exception as failed:  # the teardown must follow whatever happens here
+                message = failed.message if isinstance(failed, TpuLabError) else str(failed)
+                self.outcome.fetch_problem = message
+                life.observer.note(f"could not fetch the artifacts after {why}: {message}")
+
+    def _stop(self) -> None:
+        session = self.life.session
+        assert session is not None
+        result = session.run(wl.stop_command(), timeout=_STOP_TIMEOUT)
+        said = next(
+            (line for line in result.stdout.splitlines() if line.startswith("TPULAB_STOP ")),
+            "TPULAB_STOP (no answer)",
+        )
+        self.life.observer.note(
+            f"your command was stopped on the VM ({said.removeprefix('TPULAB_STOP ')})"
+        )
+
+
+def _describe(error: BaseException) -> str:
+    name = getattr(error, "signal_name", None)
+    if name:
+        return f"interrupted by {name}"
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted by SIGINT"
+    if isinstance(error, TpuLabError):
+        return error.message
+    return str(error) or type(error).__name__
+
+
+# Used by the lifecycle's default seam: no signal guard, nothing to skip with.
+def no_skip(describe: str) -> contextlib.AbstractContextManager[object]:
+    del describe
+    return contextlib.nullcontext()
+
+
+Skippable = Callable[[str], contextlib.AbstractContextManager[object]]
