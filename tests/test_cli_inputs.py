@@ -216,3 +216,31 @@ def test_the_project_file_makes_accelerator_optional_and_the_plan_says_so(
     )
     assert shown.exit_code == 0, shown.output
     assert "accelerator (tpulab.toml)" in shown.stdout
+
+
+@pytest.mark.parametrize(
+    ("files", "flags", "words"),
+    [
+        # The upload is chosen in the run's validate phase, before the first API call.
+        ({"t.py": "print(1)", "data.bin": "x" * 4096}, ["--max-upload", "1K"], "data.bin"),
+        ({"t.py": "print(1)", ".env": "TOKEN=abc\n"}, [], ".env"),
+        (
+            {"t.py": "print(1)", "keys/deploy": "-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n"},
+            [],
+            "keys/deploy",
+        ),
+    ],
+)
+def test_an_upload_over_the_cap_or_with_a_secret_creates_nothing(
+    emulator: Emulator, tmp_path: Path, files: dict[str, str], flags: list[str], words: str
+) -> None:
+    root = tmp_path / "ws"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    emulator.faults.stockout = True
+    code, err = tpulab(
+        "run", "--accelerator", "v5litepod-4", "--api-endpoint", emulator.url, "--zone", ZONE,
+        "--project", "p-123456", "--workdir", str(root), *flags, "--", "python", "t.py",
+    )  # fmt: skip
+    refused(emulator, code, err, words)

@@ -1,10 +1,13 @@
 """In a dry run the transfers go through the recording session like every other remote
-command: their argv is recorded exactly as a Connection would execute it, the session
-answers as an empty VM would, and neither the workspace nor the VM is touched."""
+command: their argv is recorded exactly as a Connection would execute it, the upload is
+answered as an empty VM would, the plan ends at the fetch (artifacts exist only after a
+real run), and neither the workspace, the VM nor the local --out is touched."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from tpulab.config import build_run_spec
 from tpulab.remote.cmdline import remote_command
@@ -16,7 +19,7 @@ from tpulab.remote.workspace import (
     unpack_command,
     upload_workspace,
 )
-from tpulab.run.recording import _PLACEHOLDER_HOST_KEY, PlaceholderKey, PlanRecorder
+from tpulab.run.recording import _PLACEHOLDER_HOST_KEY, PlaceholderKey, PlanEnds, PlanRecorder
 
 
 def test_transfers_are_recorded_with_the_exact_command_and_answered(
@@ -34,18 +37,20 @@ def test_transfers_are_recorded_with_the_exact_command_and_answered(
     selection = select_workspace(root)
 
     uploaded = upload_workspace(session, selection, "~/work", timeout=60)
-    fetched = fetch_artifacts(
-        session,
-        workspace="~/work",
-        patterns=["ckpt/**"],
-        run_dir="~/run",
-        log_path="~/out.log",
-        out=tmp_path / "out",
-        timeout=60,
-    )
+    with pytest.raises(PlanEnds, match="only after a real run"):
+        fetch_artifacts(
+            session,
+            workspace="~/work",
+            patterns=["ckpt/**"],
+            run_dir="~/run",
+            log_path="~/out.log",
+            out=tmp_path / "runs" / "out",
+            timeout=60,
+        )
 
-    assert uploaded.count == 0  # the plan streams nothing: there is nothing to check
-    assert fetched.count == 0
+    # The plan answers as a VM that received the selection (so the phases after it run).
+    assert [e.path for e in uploaded.entries] == ["train.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ws"]  # no --out, no staging
     up, down = (step for step in recorder.steps if step.action == "exec")
     assert up.argv == unpack_command("~/work")
     assert up.command == remote_command(unpack_command("~/work"), timeout=60)

@@ -150,9 +150,10 @@ def test_dry_run_lists_the_extra_packages_install(tmp_path: Path, tpulab_home: P
     )
     workload = _workload(tmp_path, with_packages=("optax>=0.2", "flax"))
     steps = build_plan(dataclasses.replace(base, workload=workload))
-    # A plan writes no run.json (it says where, instead). (fetch_artifacts still makes an
-    # empty --out before the stream starts: reported to its owner, tolerated here.)
-    assert not workload.out.exists() or not any(workload.out.iterdir())
+    # A plan writes nothing locally: no run.json (it says where, instead), not even an
+    # empty --out, and no staging directory beside it.
+    assert not workload.out.exists()
+    assert [p.name for p in workload.out.parent.iterdir() if p.name.startswith(".tpulab-")] == []
     assert any(s.kind == "local" and "run.json" in s.action for s in steps)
     install = [s for s in steps if s.phase == Phase.INSTALL.value and s.argv]
     assert install, [s.phase for s in steps]

@@ -18,7 +18,7 @@ import typer.main
 
 from tpulab import __version__
 from tpulab import errors as E
-from tpulab.cli import emulator, listing, receipts, run, runs, teardown, verify
+from tpulab.cli import costs, emulator, listing, receipts, run, runs, teardown, verify
 from tpulab.cli._console import print_stderr
 from tpulab.cli._exit import (
     EXIT_CLOUD,
@@ -99,6 +99,7 @@ def _root(
 app.command("run")(run.run_command)
 app.command("teardown")(teardown.teardown_command)
 app.command("list")(listing.list_command)
+app.command("costs")(costs.costs_command)
 app.command("verify")(verify.verify_command)
 app.add_typer(receipts.receipts_app, name="receipts")
 app.add_typer(runs.runs_app, name="runs")

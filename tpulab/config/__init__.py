@@ -8,10 +8,12 @@ its raw flags into a validated spec. Nothing in this package contacts the cloud.
 """
 
 from tpulab.config.commands import (
+    CostsInputs,
     LocalVerifyInputs,
     RunInputs,
     Scope,
     TeardownInputs,
+    costs_inputs,
     list_scope,
     local_verify_inputs,
     run_inputs,
@@ -56,6 +58,7 @@ __all__ = [
     "EMULATED_ZONE",
     "SSH_USER",
     "AdcProject",
+    "CostsInputs",
     "Endpoint",
     "LocalVerifyInputs",
     "Mode",
@@ -73,6 +76,7 @@ __all__ = [
     "check_seconds",
     "choose_target",
     "classify_endpoint",
+    "costs_inputs",
     "find_project",
     "find_zone",
     "gcloud_config_value",

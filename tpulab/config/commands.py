@@ -8,6 +8,7 @@ before anything is contacted, so a bad value can never create, list or delete an
     list_scope            tpulab list      -> Scope
     teardown_inputs       tpulab teardown  -> TeardownInputs (a Scope + its timeout)
     local_verify_inputs   tpulab verify    -> LocalVerifyInputs
+    costs_inputs          tpulab costs     -> CostsInputs
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, time, timedelta, timezone
 from pathlib import Path
 from typing import Literal
 
@@ -45,12 +47,14 @@ from tpulab.models import PLATFORMS, check_run_id
 
 __all__ = [
     "LOCAL_MAX_DEVICES",
+    "CostsInputs",
     "Installer",
     "LocalVerifyInputs",
     "RunInputs",
     "Scope",
     "SshBackend",
     "TeardownInputs",
+    "costs_inputs",
     "list_scope",
     "local_verify_inputs",
     "run_inputs",
@@ -328,3 +332,48 @@ def local_verify_inputs(
                 hint="Use --expect-platform tpu, or cpu to emulate it (the default).",
             )
     return LocalVerifyInputs(name, devices, expect_platform, check_seconds("--timeout", timeout))
+
+
+@dataclass(frozen=True)
+class CostsInputs:
+    since: datetime | None  # aware (UTC); None: the whole journal
+    now: datetime  # the moment the ledger is priced at (open rows bill up to it)
+
+
+def _since(text: str, now: datetime) -> datetime:
+    raw = given(text, "--since", hint="Leave --since out for the whole journal, or pass e.g. 7d.")
+    assert raw is not None
+    raw = raw.strip()
+    hint = (
+        "Pass --since as an ISO date (2026-11-30: midnight UTC), an ISO date-time "
+        "(2026-11-30T14:00: UTC unless it carries an offset such as +01:00), or a "
+        "duration back from now (7d, 12h, 1d12h)."
+    )
+    if raw.isdigit():  # "2026" or "90": a year or seconds? Neither is guessed.
+        raise ConfigError(f"Invalid --since {text!r}: a number needs a unit.", hint=hint)
+    try:
+        parsed = datetime.fromisoformat(raw)
+    except ValueError:
+        try:
+            # A duration is "that long before now"; parse_duration is the one syntax.
+            return now - timedelta(seconds=parse_duration("--since", raw))
+        except ConfigError:
+            raise ConfigError(f"Invalid --since {text!r}.", hint=hint) from None
+    if len(raw) == 10:  # a bare date: fromisoformat gave its midnight
+        parsed = datetime.combine(parsed.date(), time(0), tzinfo=timezone.utc)
+    elif parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)  # the journal's times are UTC
+    parsed = parsed.astimezone(timezone.utc)
+    if parsed > now:
+        raise ConfigError(
+            f"--since {text} is in the future ({parsed:%Y-%m-%d %H:%M} UTC); "
+            "no run can have started after it.",
+            hint=hint,
+        )
+    return parsed
+
+
+def costs_inputs(*, since: str | None, now: datetime | None = None) -> CostsInputs:
+    """`tpulab costs`'s flags, validated; `now` (default: the clock) prices open rows."""
+    moment = now or datetime.now(timezone.utc)
+    return CostsInputs(since=None if since is None else _since(since, moment), now=moment)

@@ -221,6 +221,14 @@ def planned_answer(argv: Sequence[str]) -> bytes | None:
     return buffer.getvalue()
 
 
+def _existing_ancestor(path: Path) -> Path:
+    """The nearest directory of `path` (itself included) that exists already."""
+    here = path.absolute()
+    while not here.is_dir() and here != here.parent:
+        here = here.parent
+    return here
+
+
 def _refusal(result: CommandResult) -> str:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     said = lines[-1] if lines else f"exit status {result.exit_status}, nothing on stderr"
@@ -465,8 +473,10 @@ def fetch_artifacts(
         python=python,
         gzip=gzip,
     )
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tpulab-fetch-", dir=out))
+    # Staged beside `out` (same filesystem, so files move with os.replace) and `out` made
+    # only once something verified arrived: a dry run, whose plan ends at this stream,
+    # and a refused fetch leave no empty --out directory behind.
+    staging = Path(tempfile.mkdtemp(prefix=".tpulab-fetch-", dir=_existing_ancestor(out)))
     try:
         with (staging / "archive.tar").open("w+b") as handle:
             spool = _CappedSpool(handle, max_bytes + _FETCH_OVERHEAD)
@@ -501,6 +511,7 @@ def fetch_artifacts(
                 hint="Retry the fetch; a file still being written on the VM changes "
                 "under the packer.",
             )
+        out.mkdir(parents=True, exist_ok=True)
         made: set[Path] = set()
         for entry in written.entries:
             target = out / entry.path

@@ -1,0 +1,312 @@
+"""`tpulab costs`: a ledger of what every journalled run billed, estimated from list prices.
+
+Read-only: the journal (`Journal.all_runs()`) is the only source. One row is one billed
+node (a run, a failover attempt, a queued run), so the ledger is one line per row.
+
+Billed time is derived from the row, because the journal stores no billing figure:
+
+- from `started`: the row is committed by `Lifecycle.create()` (via `run_started`)
+  just before CreateNode / CreateQueuedResource is sent, so it is an upper bound on when
+  the node began to exist (a queued run's also counts its wait for capacity, which
+  Google does not bill);
+- to `ended`: the moment the row was closed. A "confirmed" row is closed once teardown
+  was confirmed by a list, so that is when billing stopped. A "forgotten" row (its
+  endpoint is gone: `teardown --forget`) and any closure a newer journal writes (e.g. a
+  node found self-deleted) are billed to their `ended` likewise;
+- a "not-created" row bills 0: nothing existed;
+- an open row (never closed) or an "unconfirmed" one may still exist and bill: it is
+  billed up to `now` and marked `still_billing` (the ledger cannot know; `tpulab
+  teardown --verify` can).
+
+Prices come from `Accelerator.estimated_cost`, the one cost rule, at `PRICE_DATE` list
+prices. Emulated rows are listed with their time but cost 0 and are totalled apart: an
+emulator bills nothing. Day totals put a row on the UTC day it started.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import date, datetime, timezone
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from tpulab import catalog
+from tpulab.catalog import PRICE_DATE
+from tpulab.cleanup.journal import Journal, RunRow, row_is_live
+from tpulab.envelope import Envelope
+from tpulab.errors import UnknownAcceleratorError
+
+__all__ = [
+    "CostsEnvelope",
+    "Ledger",
+    "LedgerEntry",
+    "LedgerEntryReport",
+    "LedgerTotal",
+    "LedgerTotalReport",
+    "costs_envelope",
+    "ledger",
+    "ledger_from_rows",
+]
+
+# `all_runs` takes a row limit; the ledger wants every row (SQLite binds 64-bit ints).
+_EVERY_ROW = sys.maxsize
+
+# "deleted": teardown confirmed; "forgotten": closed by `teardown --forget` because its
+# endpoint is gone (never confirmed, billed to that moment); "closed": a closure this
+# version does not know (a newer journal's), billed to its end like "deleted".
+BillingState = Literal[
+    "deleted", "not-created", "running", "open", "unconfirmed", "forgotten", "closed"
+]
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One journal row, priced."""
+
+    row: RunRow
+    state: BillingState
+    billed_until: datetime | None  # None: nothing was created, so nothing billed
+    billed_seconds: float
+    price_per_hour: float | None  # None: emulated, or a type not in this catalog
+    estimated_cost: float | None  # None only for a type not in this catalog
+
+    @property
+    def still_billing(self) -> bool:
+        """The node may exist now: the row was never closed, or closed unconfirmed."""
+        return self.state in ("running", "open", "unconfirmed")
+
+    @property
+    def day(self) -> date:
+        return self.row.started.astimezone(timezone.utc).date()
+
+
+@dataclass(frozen=True)
+class LedgerTotal:
+    """A sum over entries: `key` is a UTC day (YYYY-MM-DD), an accelerator type or ''."""
+
+    key: str
+    runs: int
+    billed_seconds: float
+    estimated_cost: float
+    unpriced: int  # entries whose type is not in the catalog (their cost is not summed)
+    still_billing: int
+
+
+@dataclass(frozen=True)
+class Ledger:
+    now: datetime
+    since: datetime | None
+    entries: list[LedgerEntry]  # newest first, emulated ones included
+
+    @property
+    def billable(self) -> list[LedgerEntry]:
+        return [e for e in self.entries if not e.row.emulated]
+
+    @property
+    def emulated(self) -> list[LedgerEntry]:
+        return [e for e in self.entries if e.row.emulated]
+
+    @property
+    def by_day(self) -> list[LedgerTotal]:
+        """Per UTC day, oldest first; emulated rows are not in it."""
+        return _grouped(self.billable, lambda e: e.day.isoformat())
+
+    @property
+    def by_accelerator(self) -> list[LedgerTotal]:
+        """Per accelerator type, by name; emulated rows are not in it."""
+        return _grouped(self.billable, lambda e: e.row.accelerator)
+
+    @property
+    def total(self) -> LedgerTotal:
+        return _total("", self.billable)
+
+    @property
+    def emulated_total(self) -> LedgerTotal:
+        """The emulated rows: their time, at a cost of 0."""
+        return _total("", self.emulated)
+
+
+def _grouped(entries: list[LedgerEntry], key: Callable[[LedgerEntry], str]) -> list[LedgerTotal]:
+    groups: dict[str, list[LedgerEntry]] = {}
+    for entry in entries:
+        groups.setdefault(key(entry), []).append(entry)
+    return [_total(name, groups[name]) for name in sorted(groups)]
+
+
+def _total(key: str, entries: Iterable[LedgerEntry]) -> LedgerTotal:
+    found = list(entries)
+    return LedgerTotal(
+        key=key,
+        runs=len(found),
+        billed_seconds=sum(e.billed_seconds for e in found),
+        estimated_cost=sum(e.estimated_cost or 0.0 for e in found),
+        unpriced=sum(1 for e in found if e.estimated_cost is None),
+        still_billing=sum(1 for e in found if e.still_billing),
+    )
+
+
+def _state(row: RunRow) -> BillingState:
+    if row.teardown == "not-created":
+        return "not-created"
+    if row.teardown == "unconfirmed":
+        return "unconfirmed"
+    if row.teardown is None:
+        return "running" if row_is_live(row) else "open"
+    if row.teardown == "confirmed":
+        return "deleted"
+    if row.teardown == "forgotten":
+        return "forgotten"
+    return "closed"
+
+
+def _entry(row: RunRow, now: datetime) -> LedgerEntry:
+    state = _state(row)
+    if state == "not-created":
+        until: datetime | None = None
+    elif state in ("deleted", "forgotten", "closed"):
+        until = row.ended or row.updated or row.started  # closed rows always have `ended`
+    else:
+        until = now
+    seconds = 0.0 if until is None else max((until - row.started).total_seconds(), 0.0)
+    if row.emulated:
+        return LedgerEntry(row, state, until, seconds, None, 0.0)
+    try:
+        accelerator = catalog.lookup(row.accelerator)
+    except UnknownAcceleratorError:
+        return LedgerEntry(row, state, until, seconds, None, None)
+    return LedgerEntry(
+        row,
+        state,
+        until,
+        seconds,
+        accelerator.price_per_hour(spot=row.spot),
+        accelerator.estimated_cost(seconds, spot=row.spot),
+    )
+
+
+def ledger_from_rows(
+    rows: Iterable[RunRow], *, now: datetime, since: datetime | None = None
+) -> Ledger:
+    """Price `rows` as of `now`. With `since`, rows that started before it are left out,
+    except those still billing: a node that may be running is never hidden."""
+    entries = [_entry(row, now) for row in rows]
+    if since is not None:
+        entries = [e for e in entries if e.row.started >= since or e.still_billing]
+    entries.sort(key=lambda e: e.row.started, reverse=True)
+    return Ledger(now=now, since=since, entries=entries)
+
+
+def ledger(
+    *,
+    since: datetime | None = None,
+    now: datetime | None = None,
+    journal: Journal | None = None,
+) -> Ledger:
+    """The ledger of this machine's journal. Raises JournalError when it is unreadable."""
+    rows = (journal or Journal()).all_runs(limit=_EVERY_ROW)
+    return ledger_from_rows(rows, now=now or datetime.now(timezone.utc), since=since)
+
+
+# -- the --json envelope --------------------------------------------------------------
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LedgerEntryReport(_Part):
+    """One row of the ledger, as `tpulab costs --json` prints it."""
+
+    run_id: str
+    project: str
+    zone: str
+    node_name: str
+    accelerator_type: str
+    spot: bool
+    target: str  # "google", "emulate" or an API endpoint URL (the journal's name)
+    emulated: bool
+    queued_resource: str | None
+    state: BillingState
+    still_billing: bool
+    started: datetime
+    billed_until: datetime | None
+    billed_seconds: float
+    price_per_hour_usd: float | None
+    estimated_cost_usd: float | None
+
+
+class LedgerTotalReport(_Part):
+    key: str  # the UTC day or the accelerator type; "" for a grand total
+    runs: int
+    billed_seconds: float
+    estimated_cost_usd: float
+    unpriced: int
+    still_billing: int
+
+
+class CostsEnvelope(Envelope):
+    """`tpulab costs --json`: every journalled run priced, with totals."""
+
+    command: Literal["costs"] = "costs"
+    now: datetime
+    since: datetime | None
+    price_date: str
+    entries: list[LedgerEntryReport]
+    by_day: list[LedgerTotalReport]  # billable rows only, per UTC start day
+    by_accelerator: list[LedgerTotalReport]  # billable rows only
+    total: LedgerTotalReport  # billable rows
+    emulated_total: LedgerTotalReport  # emulated rows: listed, costed 0
+
+
+def _money(usd: float | None) -> float | None:
+    return None if usd is None else round(usd, 4)
+
+
+def _entry_report(entry: LedgerEntry) -> LedgerEntryReport:
+    row = entry.row
+    return LedgerEntryReport(
+        run_id=row.run_id,
+        project=row.project,
+        zone=row.zone,
+        node_name=row.node_name,
+        accelerator_type=row.accelerator,
+        spot=row.spot,
+        target=row.target,
+        emulated=row.emulated,
+        queued_resource=row.queued_resource,
+        state=entry.state,
+        still_billing=entry.still_billing,
+        started=row.started,
+        billed_until=entry.billed_until,
+        billed_seconds=round(entry.billed_seconds, 1),
+        price_per_hour_usd=entry.price_per_hour,
+        estimated_cost_usd=_money(entry.estimated_cost),
+    )
+
+
+def _total_report(total: LedgerTotal) -> LedgerTotalReport:
+    return LedgerTotalReport(
+        key=total.key,
+        runs=total.runs,
+        billed_seconds=round(total.billed_seconds, 1),
+        estimated_cost_usd=round(total.estimated_cost, 4),
+        unpriced=total.unpriced,
+        still_billing=total.still_billing,
+    )
+
+
+def costs_envelope(found: Ledger) -> CostsEnvelope:
+    return CostsEnvelope(
+        ok=True,
+        now=found.now,
+        since=found.since,
+        price_date=PRICE_DATE,
+        entries=[_entry_report(e) for e in found.entries],
+        by_day=[_total_report(t) for t in found.by_day],
+        by_accelerator=[_total_report(t) for t in found.by_accelerator],
+        total=_total_report(found.total),
+        emulated_total=_total_report(found.emulated_total),
+    )
