@@ -62,6 +62,8 @@ def _serve(host: str) -> Iterator[LoggingServer]:
                 body = {"access_token": "ya29.leaked", "expires_in": 3600, "token_type": "Bearer"}
             elif "/nodes" in self.path:
                 body = {"nodes": []}
+            elif "/queuedResources" in self.path:  # `tpulab list` covers queued resources too
+                body = {"queuedResources": []}
             else:
                 body = {"error": {"code": 404, "message": "no such path", "status": "NOT_FOUND"}}
             data = json.dumps(body).encode()
