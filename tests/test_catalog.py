@@ -106,3 +106,45 @@ def test_a_huge_accelerator_flag_is_refused_without_being_echoed_whole() -> None
     assert caught.value.suggestion is None
     assert len(caught.value.message) < 300
     assert "100010 characters" in caught.value.message
+
+
+def test_the_emulator_reads_the_catalogs_zone_table() -> None:
+    # One table: the emulator's zones module is the catalog's, not a copy of it.
+    from tpulab.emulator import zones as emulated
+
+    assert emulated.ZONES is catalog.ZONES
+    assert emulated.Zone is catalog.Zone
+
+
+def test_every_catalog_accelerator_is_offered_somewhere() -> None:
+    for name, accelerator in catalog.CATALOG.items():
+        if accelerator.single_host:
+            assert catalog.zones_offering(name), name
+
+
+@pytest.mark.parametrize(
+    ("name", "first", "includes", "excludes"),
+    [
+        # From the regions-and-zones page as the table has it (tpulab/catalog.py).
+        ("v5litepod-4", "us-central1-a", {"us-west4-a", "europe-west4-b"}, {"us-east1-d"}),
+        ("v6e-1", "us-central1-b", {"us-east5-b", "asia-northeast1-b"}, {"us-west4-a"}),
+        ("v4-8", "us-central2-b", set(), {"us-central1-a"}),
+        ("v3-8", "us-central1-a", {"europe-west4-a"}, {"asia-east1-c"}),
+    ],
+)
+def test_zones_offering_follow_the_table_cheapest_region_first(
+    name: str, first: str, includes: set[str], excludes: set[str]
+) -> None:
+    zones = catalog.zones_offering(name)
+    assert zones[0] == first
+    assert includes <= set(zones)
+    assert not excludes & set(zones)
+    assert all(catalog.ZONES[zone].offers(name) for zone in zones)
+    # US regions (the cited us-central list prices) before Europe before Asia.
+    geography = [0 if z.startswith("us-") else 1 if z.startswith("europe-") else 2 for z in zones]
+    assert geography == sorted(geography)
+
+
+def test_region_of_a_zone_and_of_an_ai_zone() -> None:
+    assert catalog.region_of("us-central1-a") == "us-central1"
+    assert catalog.region_of("us-south1-ai1b") == "us-south1"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tpulab import errors as E
-from tpulab.cloud.classify import RPC_STATUS, RULES, classify, error_for_status
+from tpulab.cloud.classify import RPC_STATUS, RULES, Scope, classify, error_for_status, scope_of
 from tpulab.config import Resolved
 
 if TYPE_CHECKING:
@@ -21,22 +21,57 @@ if TYPE_CHECKING:
 
 pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
 
-# (status, real message, source, expected class)
-REAL_ANSWERS: list[tuple[str, str, str, type[E.CloudError]]] = [
+# SkyPilot's failover handler, where most of these messages are quoted from real answers:
+# sky/backends/cloud_vm_ray_backend.py, FailoverCloudErrorHandlerV2._gcp_handler (in
+# newer trees the class moved to a "Provider failure parsing and resource block-list
+# policy" module); the branches named below are `elif code in [3, 8, 9]`, `elif code ==
+# 'type.googleapis.com/google.rpc.QuotaFailure'` and `elif 'is not found or access is
+# unauthorized' in message`; the invalid-type text is from FailoverCloudErrorHandlerV1's
+# gcloud-output branch `if 'CloudTpu received an invalid AcceleratorType' in stderr`.
+SKY = "SkyPilot sky/backends/cloud_vm_ray_backend.py FailoverCloudErrorHandlerV2._gcp_handler"
+
+# (status, real message, source, expected class, failover scope)
+REAL_ANSWERS: list[tuple[str, str, str, type[E.CloudError], Scope]] = [
     (
         RPC_STATUS[8],
-        'There is no more capacity in the zone "us-central1-a"; you can try in another '
+        'There is no more capacity in the zone "europe-west4-a"; you can try in another '
         "zone where Cloud TPU Nodes are offered (see https://cloud.google.com/tpu/docs/"
-        "regions) [EID: 0x1b1b3c4d]",
-        "create operation error code 8 (DESIGN.md §5; SkyPilot's failover handler)",
+        "regions) [EID: 0x1bc8f9d790be9142]",
+        f"create operation error code 8 ({SKY}, `code in [3, 8, 9]`)",
         E.StockoutError,
+        "zone",
     ),
     (
         RPC_STATUS[9],
         "Insufficient reserved capacity. Contact customer support to increase your "
-        "reservation. [EID: 0x6a2d]",
-        "create operation error code 9 (DESIGN.md §5; SkyPilot's failover handler)",
+        "reservation. [EID: 0x2f8bc266e74261a]",
+        f"create operation error code 9 ({SKY}, `code in [3, 8, 9]`)",
         E.StockoutError,
+        "zone",
+    ),
+    (
+        RPC_STATUS[3],
+        "Cloud TPU received a bad request. update is not supported while in state "
+        "PREEMPTED [EID: 0x73013519f5b7feb2]",
+        f"create operation error code 3, preempted during create ({SKY}, `code in [3, 8, 9]`)",
+        E.PreemptedError,
+        "zone",
+    ),
+    (
+        "RESOURCE_EXHAUSTED",
+        "Quota 'TPUV2sPreemptiblePodPerProjectPerRegionForTPUAPI' exhausted. Limit 32 in "
+        "region europe-west4",
+        f"QuotaFailure 'in region' ({SKY}, `google.rpc.QuotaFailure` branch)",
+        E.QuotaError,
+        "region",
+    ),
+    (
+        "RESOURCE_EXHAUSTED",
+        "Quota 'TPUV2sPreemptiblePodPerProjectPerZoneForTPUAPI' exhausted. Limit 32 in "
+        "zone europe-west4-a",
+        f"QuotaFailure 'in zone' ({SKY}, `google.rpc.QuotaFailure` branch)",
+        E.QuotaError,
+        "zone",
     ),
     (
         "RESOURCE_EXHAUSTED",
@@ -44,6 +79,7 @@ REAL_ANSWERS: list[tuple[str, str, str, type[E.CloudError]]] = [
         "4 in zone us-central1-a.",
         "429 on CreateNode (DESIGN.md §5)",
         E.QuotaError,
+        "zone",
     ),
     (
         "RESOURCE_EXHAUSTED",
@@ -51,48 +87,66 @@ REAL_ANSWERS: list[tuple[str, str, str, type[E.CloudError]]] = [
         "minute' of service 'tpu.googleapis.com'",
         "429 request-rate limit of Google APIs",
         E.TransientError,
+        "zone",
     ),
     (
         "PERMISSION_DENIED",
-        "Location europe-west1-b is not found or access is unauthorized.",
-        "403 from the TPU API for a zone without TPU access (dstackai/gpuhunt#98)",
+        "Location us-east1-d is not found or access is unauthorized.",
+        f"403 for a zone without TPU access ({SKY}, `is not found or access is "
+        "unauthorized` branch; also dstackai/gpuhunt#98)",
         E.LocationError,
+        "zone",
+    ),
+    (
+        "INVALID_ARGUMENT",
+        'CloudTpu received an invalid AcceleratorType, "v3-8" for zone "us-central1-c". '
+        'Valid values are "v2-8, ".',
+        "400 on CreateNode in a zone without the type (SkyPilot "
+        "FailoverCloudErrorHandlerV1, `CloudTpu received an invalid AcceleratorType`)",
+        E.InvalidArgumentError,
+        "zone",
     ),
     (
         "INVALID_ARGUMENT",
         "CloudTpu received an invalid AcceleratorType, got v5litepod-4 in us-east1-d",
         "400 on CreateNode (DESIGN.md §5)",
         E.InvalidArgumentError,
+        "zone",
     ),
     (
         "ALREADY_EXISTS",
         "Resource 'projects/p/locations/us-central1-a/nodes/n' already exists",
         "409 on CreateNode (DESIGN.md §5)",
         E.AlreadyExistsError,
+        "fatal",
     ),
     (
         "PERMISSION_DENIED",
         "Permission 'tpu.nodes.get' denied on 'projects/p/locations/us-central1-b/nodes/ai'",
         "403 IAM denial (tensorflow/tpu#296)",
         E.PermissionDeniedError,
+        "fatal",
     ),
     (
         "PERMISSION_DENIED",
         "Request had insufficient authentication scopes.",
         "403 for a token without the cloud-platform scope (tensorflow/tpu#596)",
         E.PermissionDeniedError,
+        "fatal",
     ),
     (
         "UNAVAILABLE",
         "The service is currently unavailable.",
         "503 of Google APIs",
         E.TransientError,
+        "zone",
     ),
     (
         "INTERNAL",
         "Internal error encountered.",
         "500 of Google APIs (google.rpc INTERNAL)",
         E.TransientError,
+        "zone",
     ),
     (
         RPC_STATUS[10],
@@ -100,29 +154,41 @@ REAL_ANSWERS: list[tuple[str, str, str, type[E.CloudError]]] = [
         "create operation code 10 when DeleteNode reaches a CREATING node: the emulator's "
         "words (tpulab/emulator/state.py); no real message is on record here",
         E.NotFoundError,
+        "fatal",
     ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("status", "message", "source", "kind"),
+    ("status", "message", "source", "kind", "scope"),
     REAL_ANSWERS,
-    ids=[f"{row[0]}:{row[3].__name__}" for row in REAL_ANSWERS],
+    ids=[f"{row[0]}:{row[3].__name__}:{row[4]}" for row in REAL_ANSWERS],
 )
-def test_each_real_answer_becomes_its_error_class(
-    status: str, message: str, source: str, kind: type[E.CloudError]
+def test_each_real_answer_becomes_its_error_class_and_scope(
+    status: str, message: str, source: str, kind: type[E.CloudError], scope: Scope
 ) -> None:
     error = error_for_status(status, message, "create node n in us-central1-a")
     assert type(error) is kind, source
     assert error.api_message == message
     assert error.status == status
     assert error.hint
+    assert scope_of(error) == scope, source
 
 
 def test_every_rule_is_pinned_by_a_real_answer() -> None:
-    matched = {id(classify(status, message)) for status, message, _, _ in REAL_ANSWERS}
+    matched = {id(classify(status, message)) for status, message, *_ in REAL_ANSWERS}
     unpinned = [rule for rule in RULES if id(rule) not in matched and rule.phrases]
     assert unpinned == [], "a specific rule of the table has no real message quoted here"
+
+
+def test_errors_without_an_api_status_are_scoped_by_their_class() -> None:
+    # A poll that saw PREEMPTED, a wait that ran out, an unparsed status: SkyPilot blocks
+    # "unparsed" errors by zone; only classes that mean "everywhere" are fatal.
+    assert scope_of(E.PreemptedError("preempted", status="PREEMPTED")) == "zone"
+    assert scope_of(E.DeadlineError("gave up")) == "zone"
+    assert scope_of(E.CloudError("odd", status="DATA_LOSS")) == "zone"
+    assert scope_of(E.PermissionDeniedError("no", status="")) == "fatal"
+    assert scope_of(E.QuotaError("quota", status="")) == "region"
 
 
 def test_a_location_error_names_the_zone_and_what_to_check() -> None:

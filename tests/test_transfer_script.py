@@ -359,7 +359,8 @@ def test_fetch_refuses_an_archive_with_unsafe_paths(tmp_path: Path, name: str) -
             out=out,
             timeout=60,
         )
-    assert list(out.iterdir()) == []
+    assert not out.exists()  # nothing kept, not even an empty --out
+    assert not list(tmp_path.rglob(".tpulab-fetch-*"))  # nor the staging beside it
     assert not list(tmp_path.rglob("escape.txt"))
 
 
@@ -379,7 +380,8 @@ def test_fetch_refuses_files_that_differ_from_the_vms_manifest(tmp_path: Path) -
             out=out,
             timeout=60,
         )
-    assert list(out.iterdir()) == []  # nothing kept, no manifest.json
+    assert not out.exists()  # nothing kept, no manifest.json, no empty --out
+    assert not list(tmp_path.rglob(".tpulab-fetch-*"))
 
 
 @pytest.mark.parametrize("dest", ["~", ".", "..", "/"])

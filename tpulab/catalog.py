@@ -3,23 +3,34 @@
 Facts come from the Cloud TPU documentation (DESIGN.md §6). v2/v3/v4/v5p names count
 TensorCores; v5litepod/v6e names count chips, which is why `v2-8` has 4 chips but 8 JAX
 devices while `v5litepod-8` has 8 of each. Prices are list estimates, shown as such.
+
+The zone table (`ZONES`: which zone offers which family) lives here too, as the one
+table both the controller (`--zone auto`, `zones_offering`) and the emulator (what a
+zone accepts) read.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from tpulab.errors import UnknownAcceleratorError, UnsupportedAcceleratorError
 
 __all__ = [
+    "ACCELERATOR_SIZES",
     "CATALOG",
     "PRICE_DATE",
+    "ZONES",
     "Accelerator",
+    "Zone",
+    "accelerator_family",
     "closed_form_sum_of_squares",
     "lookup",
     "lookup_single_host",
+    "region_of",
+    "zones_offering",
 ]
 
 # On-demand list prices per chip-hour in us-central, USD. Spot is roughly a fifth.
@@ -129,3 +140,117 @@ def closed_form_sum_of_squares(devices: int, width: int = 8) -> int:
     """S(D) = sum of k^2 for k in 0..8D-1, the oracle for the payload's pmap total."""
     n = devices * width
     return (n - 1) * n * (2 * n - 1) // 6
+
+
+# -- zones ----------------------------------------------------------------------
+
+_ZONE_BASE = ("tpu-ubuntu2204-base", "tpu-vm-base", "tpu-vm-tf-2.16.1-pjrt")
+
+# Sizes the API accepts per family (the emulator lists these as acceleratorTypes).
+ACCELERATOR_SIZES: dict[str, tuple[int, ...]] = {
+    "v2": (8, 32, 128, 256, 512),
+    "v3": (8, 32, 64, 128, 256, 512, 1024, 2048),
+    "v4": (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
+    "v5litepod": (1, 4, 8, 16, 32, 64, 128, 256),
+    "v5p": (8, 16, 32, 64, 128, 256, 512, 1024, 2048),
+    "v6e": (1, 4, 8, 16, 32, 64, 128, 256),
+}
+_RUNTIMES = {
+    "v2": _ZONE_BASE,
+    "v3": _ZONE_BASE,
+    "v4": _ZONE_BASE,
+    "v5litepod": (_V5E,),
+    "v5p": (_V5P,),
+    "v6e": (_V6E,),
+}
+
+
+@dataclass(frozen=True)
+class Zone:
+    name: str
+    families: tuple[str, ...]
+    only_sizes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """Families the page lists per size in this zone (v2, v3): only these sizes."""
+
+    def sizes(self, family: str) -> tuple[int, ...]:
+        return self.only_sizes.get(family, ACCELERATOR_SIZES.get(family, ()))
+
+    def offers(self, accelerator_type: str) -> bool:
+        shape = _NAME_SHAPE.match(accelerator_type)
+        return bool(
+            shape
+            and shape["family"] in self.families
+            and int(shape["size"]) in self.sizes(shape["family"])
+        )
+
+    def accelerator_types(self) -> list[str]:
+        return [f"{f}-{size}" for f in self.families for size in self.sizes(f)]
+
+    def runtime_versions(self) -> list[str]:
+        versions = {v for family in self.families for v in _RUNTIMES[family]}
+        return sorted(versions)
+
+
+def accelerator_family(accelerator_type: str) -> str | None:
+    """The API's family of a type name ("v5litepod" for v5litepod-4)."""
+    shape = _NAME_SHAPE.match(accelerator_type)
+    return shape["family"] if shape else None
+
+
+# From https://cloud.google.com/tpu/docs/regions-zones ("TPU regions and zones"), read
+# offline from stored copies of the page (2025; the North America tables agree across
+# every copy). Families are what a zone hosts; v2 and v3 are listed per size there.
+# Not modelled: TPU7x, and single-tenant-only zones some copies add. Where the stored
+# excerpts were cut off (parts of Europe and Asia Pacific), the rows below marked
+# "unconfirmed" keep the emulator's earlier entries rather than invent new ones.
+_V2_POD = (32, 128, 256, 512)
+
+ZONES: dict[str, Zone] = {
+    zone.name: zone
+    for zone in (
+        # North America
+        Zone("us-central1-a", ("v2", "v3", "v5litepod", "v5p"), {"v2": _V2_POD, "v3": (8,)}),
+        Zone("us-central1-b", ("v2", "v3", "v6e"), {"v2": (8,), "v3": (8,)}),
+        Zone("us-central1-c", ("v2",), {"v2": (8,)}),
+        Zone("us-central2-b", ("v4",)),
+        Zone("us-east1-d", ("v6e",)),
+        Zone("us-east5-a", ("v5p", "v6e")),
+        Zone("us-east5-b", ("v6e",)),
+        Zone("us-south1-a", ("v5litepod",)),
+        Zone("us-south1-ai1b", ("v6e",)),  # an "AI zone" (the newest copy of the page)
+        Zone("us-west1-c", ("v5litepod",)),
+        Zone("us-west4-a", ("v5litepod",)),
+        # Europe: v2, v3 (all sizes) and v6e in -a; v5e in -b (v5p there: unconfirmed)
+        Zone("europe-west4-a", ("v2", "v3", "v6e")),
+        Zone("europe-west4-b", ("v5litepod", "v5p")),
+        # Asia Pacific: v2-8 in asia-east1-c; v6e in asia-northeast1-b (unconfirmed)
+        Zone("asia-east1-c", ("v2",), {"v2": (8,)}),
+        Zone("asia-northeast1-b", ("v6e",)),
+    )
+}
+
+
+def region_of(zone: str) -> str:
+    """us-central1 for us-central1-a (and for the AI zone us-central1-ai1a)."""
+    return zone.rsplit("-", 1)[0]
+
+
+# Which regions cost least. Only us-central list prices are cited (DESIGN.md §6, the
+# prices above); Cloud TPU's other regions list at those prices or above, US regions
+# lowest, so the order is US, then Europe, then Asia, and the table's order within
+# each. An ordering, not prices: estimates everywhere use the us-central figures.
+_CHEAPEST_GEOGRAPHY_FIRST = ("us-", "europe-", "asia-")
+
+
+def _price_rank(zone: str) -> int:
+    for rank, prefix in enumerate(_CHEAPEST_GEOGRAPHY_FIRST):
+        if zone.startswith(prefix):
+            return rank
+    return len(_CHEAPEST_GEOGRAPHY_FIRST)
+
+
+def zones_offering(accelerator_type: str) -> list[str]:
+    """Zones the table says offer `accelerator_type`, cheapest region first (`--zone
+    auto`); empty when none does."""
+    offering = [name for name, zone in ZONES.items() if zone.offers(accelerator_type)]
+    return sorted(offering, key=_price_rank)  # stable: the table's order within a rank

@@ -9,10 +9,13 @@
 
 Every wait in tpulab goes through here: waiting for READY and for operations, the
 teardown's delete/list loop, the sweep's listing, the SSH connect wait, the host-key
-wait, and GoogleTpuApi's retries of idempotent calls. Clock and sleep are arguments, so
+wait, GoogleTpuApi's retries of idempotent calls, and the jittered gap between passes
+over the zone list of `--retry-until-up` (`Backoff.gap`). Clock and sleep are arguments, so
 tests drive the schedule with a fake clock.
 
-Deadlines nest. While a loop runs its probe, a loop started inside it (a GoogleTpuApi
+Deadlines nest (unless a loop says `enclose=False`, as the retry budget around whole
+run attempts does: an attempt's teardown keeps its own deadline). While a loop runs its
+probe, a loop started inside it (a GoogleTpuApi
 call riding out a 503 storm inside the wait for READY) ends no later than the enclosing
 one. That is what makes the phase's deadline the only thing that ends the retrying, and
 what stops an inner retry budget from overrunning it. The enclosing deadline lives in a
@@ -88,6 +91,26 @@ class Backoff:
         self.jitter = jitter
         self._rng = rng if rng is not None else random.Random()
 
+    @classmethod
+    def gap(
+        cls,
+        seconds: float,
+        *,
+        cap: float | None = None,
+        jitter: float = 0.3,
+        rng: random.Random | None = None,
+    ) -> Backoff:
+        """A pause between retries of something expensive (a pass over the zones): about
+        `seconds`, spread by `jitter` so that many waiting users do not retry in step,
+        growing slowly to `cap` (default: `seconds`, i.e. steady)."""
+        return cls(
+            initial=seconds,
+            cap=cap if cap is not None else seconds,
+            factor=1.3,
+            jitter=jitter,
+            rng=rng,
+        )
+
     def __iter__(self) -> Iterator[float]:
         base = self.initial
         while True:
@@ -162,6 +185,7 @@ def poll_until(
     describe: Callable[[T | None], str] | None = None,
     expired: Callable[[Tries[T]], Exception] | None = None,
     announce: bool = True,
+    enclose: bool = True,
 ) -> T:
     """Call `probe` until `done(result)`; return that result.
 
@@ -172,6 +196,9 @@ def poll_until(
     early (a preempted node, a failed operation). Past the deadline raises
     `expired(tries)`, by default a DeadlineError worded with `describe(last_result)`.
     With `announce`, each probe runs under this loop's `ActiveWait` (see module doc).
+    Without `enclose`, loops inside the probe keep their own deadlines instead of
+    ending by this one's: a retry budget around whole runs must never shorten the
+    teardown of the run it is retrying.
     """
     if timeout < 0:
         raise ValueError(f"timeout must be >= 0, got {timeout}")
@@ -185,7 +212,7 @@ def poll_until(
     tries: Tries[T] = Tries(budget)
     while True:
         tries.attempts += 1
-        scope = _ENCLOSING.set((deadline, clock))
+        scope = _ENCLOSING.set((deadline, clock) if enclose else _ENCLOSING.get())
         try:
             if announce:
                 with announce_wait(loop):

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from tpulab.config import RunSpec
-    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.attempts import Attempts
     from tpulab.run.progress import Recorder
 
 __all__ = ["run_command"]
@@ -56,6 +56,17 @@ def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
         "Recorded from the run itself over "
         f"recording seams: nothing is contacted. API base {escape(plan.endpoint)}."
     )
+    if spec.capacity.may_retry:
+        zones = ", ".join(zone.value for zone in spec.zone_order)
+        retry = ""
+        if spec.retry_until_up:
+            retry = f"; passes again until up{_for(spec.retry_for)}"
+        recover = f"; recovers from {spec.recover} preemption(s)" if spec.recover else ""
+        out.print(
+            f"Attempts: {escape(zones)}, in order{retry}{recover}. The steps below are "
+            "the first attempt's; each later one is the same run in its zone, as "
+            f"{spec.run_id}-aN."
+        )
     pin = f", jax {spec.jax_version}" if spec.jax_version else ""
     out.print(f"The VM's venv: python {escape(spec.python)} ({escape(spec.python_source)}){pin}.")
     given = [f"{key} ({where})" for key, where in plan.sources.items() if where != "default"]
@@ -105,6 +116,10 @@ def _shown_body(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "metadata": {**metadata, STARTUP_SCRIPT_METADATA: summary}}
 
 
+def _for(seconds: float | None) -> str:
+    return "" if seconds is None else f" for {seconds:g} s"
+
+
 def _run(
     *,
     spec: RunSpec,
@@ -114,6 +129,7 @@ def _run(
     verbose: bool,
 ) -> None:
     from tpulab.cleanup.journal import RunJournalAdapter
+    from tpulab.run.attempts import Attempts
     from tpulab.run.lifecycle import Lifecycle
     from tpulab.run.progress import FanOut, Recorder
     from tpulab.run.signals import shield, signals_to_teardown, skippable
@@ -124,7 +140,8 @@ def _run(
         quiet=as_json,
         command_quiet=spec.workload is not None and spec.workload.quiet,
     )
-    life: Lifecycle | None = None
+    observer = FanOut([recorder, display])
+    runner: Attempts | None = None
     failure: E.TpuLabError | None = None
     journal = RunJournalAdapter()
     try:
@@ -134,18 +151,23 @@ def _run(
             api_endpoint=spec.api_endpoint,
             ssh="openssh" if ssh_backend == "openssh" else "embedded",
         ) as api:
-            life = Lifecycle(
-                spec,
-                api=api,
-                journal=journal,
-                observer=FanOut([recorder, display]),
-                shield=shield,
-                skippable=skippable,
-                installer="pip" if installer == "pip" else "uv",
-            )
+
+            def new_lifecycle(attempt: RunSpec) -> Lifecycle:
+                # Each attempt (a zone, a recovery) is a whole run with its own teardown.
+                return Lifecycle(
+                    attempt,
+                    api=api,
+                    journal=journal,
+                    observer=observer,
+                    shield=shield,
+                    skippable=skippable,
+                    installer="pip" if installer == "pip" else "uv",
+                )
+
+            runner = Attempts(spec, new_lifecycle=new_lifecycle, observer=observer)
             # Refusals go through the display, which keeps them clear of its spinner.
             with signals_to_teardown(display.alert, force_exit_status=EXIT_TEARDOWN):
-                life.run()
+                runner.run()
     except E.TpuLabError as error:
         failure = error
     finally:
@@ -153,12 +175,12 @@ def _run(
     # The run is over (its node deleted or reported): a signal now must not cut the
     # summary short or turn the run's status into death by SIGINT.
     with _signals_ignored():
-        _report(spec, life, recorder, journal.warnings, failure, as_json=as_json)
+        _report(spec, runner, recorder, journal.warnings, failure, as_json=as_json)
 
 
 def _report(
     spec: RunSpec,
-    life: Lifecycle | None,
+    runner: Attempts | None,
     recorder: Recorder,
     warnings: list[str],
     failure: E.TpuLabError | None,
@@ -170,15 +192,17 @@ def _report(
 
     for warning in warnings:
         print_stderr(f"[yellow]warning:[/] {warning}")
+    life = runner.last if runner is not None else None
+    attempts = runner.attempts if runner is not None else []
     if as_json:
         # No Lifecycle (the API could not be set up): nothing was created, and the
         # envelope says so in the same shape as any other run's.
         outcome = life.outcome if life is not None else RunOutcome(spec)
         report = error_report(failure) if failure else None
-        print_envelope(run_envelope(outcome, recorder, error=report), failure)
+        print_envelope(run_envelope(outcome, recorder, attempts=attempts, error=report), failure)
         return
-    if life is not None and (life.outcome.create_sent or life.outcome.verdict):
-        print_lines(summary_lines(life.outcome))
+    if life is not None and (life.outcome.create_sent or life.outcome.verdict or len(attempts) > 1):
+        print_lines(summary_lines(life.outcome, attempts=attempts))
     if failure is not None:
         report_error(failure)
 
@@ -214,10 +238,15 @@ def run_command(
             help="TPU type, e.g. v5litepod-4, v6e-1, v4-8 (else \\[tool.tpulab] accelerator).",
         ),
     ] = None,
-    zone: Annotated[
-        str | None,
+    zones: Annotated[
+        list[str] | None,
         typer.Option(
-            "--zone", help="Zone, e.g. us-central1-a (else TPULAB_ZONE, \\[tool.tpulab], gcloud)."
+            "--zone",
+            metavar="ZONE",
+            help="Zone, e.g. us-central1-a (else TPULAB_ZONE, \\[tool.tpulab], gcloud). "
+            "Repeatable or a comma list: tried in order, the next after a stockout or "
+            "quota; `auto` = every zone known to offer the accelerator, cheapest region "
+            "first.",
         ),
     ] = None,
     project: Annotated[
@@ -232,6 +261,31 @@ def run_command(
     spot: Annotated[
         bool, typer.Option("--spot", help="Use a spot VM (cheaper, preemptible).")
     ] = False,
+    recover: Annotated[
+        int,
+        typer.Option(
+            "--recover",
+            metavar="N",
+            help="With --spot: after a preemption, delete the node and start again (next "
+            "zone first), up to N times.",
+        ),
+    ] = 0,
+    retry_until_up: Annotated[
+        bool,
+        typer.Option(
+            "--retry-until-up",
+            help="When no zone has capacity, pass over the zones again after a pause "
+            "(default: one pass).",
+        ),
+    ] = False,
+    retry_for: Annotated[
+        str | None,
+        typer.Option(
+            "--retry-for",
+            metavar="DURATION",
+            help="With --retry-until-up: how long to keep trying, e.g. 20m, 1h.",
+        ),
+    ] = None,
     queued: Annotated[
         bool,
         typer.Option(
@@ -443,9 +497,13 @@ def run_command(
             emulate=emulate,
             api_endpoint=api_endpoint,
             project=project,
-            zone=zone,
+            zone=None,
+            zones=zones or [],
             name=name,
             spot=spot,
+            recover=recover,
+            retry_until_up=retry_until_up,
+            retry_for=retry_for,
             payload_timeout=payload_timeout,
             teardown_timeout=teardown_timeout,
             boot_timeout=boot_timeout,

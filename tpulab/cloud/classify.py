@@ -3,12 +3,24 @@
 google.rpc status names (from an HTTP error body, an HTTP status or a long-running
 operation's `error.code`) map to the `tpulab.errors` tree, each with the hint a user
 needs. Every caller that classifies an API failure comes here.
+
+Each row also has a `scope`: how far the failure reaches, which is what zone failover
+(tpulab.run.attempts) acts on. After SkyPilot's failover handler
+(sky/backends/cloud_vm_ray_backend.py, FailoverCloudErrorHandlerV2._gcp_handler):
+
+    zone     try the next zone: no capacity (operation code 8), no reserved capacity
+             (9), preempted during create (3), quota "in zone", a zone this project
+             cannot use, a type this zone does not offer, anything unparsed
+    region   skip the region's other zones too: quota "in region" (or not said)
+    fatal    stop at once, every zone would answer the same: IAM denial, bad request,
+             a name that exists
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from tpulab.errors import (
     AlreadyExistsError,
@@ -18,12 +30,25 @@ from tpulab.errors import (
     LocationError,
     NotFoundError,
     PermissionDeniedError,
+    PreemptedError,
     QuotaError,
     StockoutError,
     TransientError,
 )
 
-__all__ = ["HTTP_STATUS", "RPC_STATUS", "RULES", "Rule", "classify", "error_for_status", "hint_for"]
+__all__ = [
+    "HTTP_STATUS",
+    "RPC_STATUS",
+    "RULES",
+    "Rule",
+    "Scope",
+    "classify",
+    "error_for_status",
+    "hint_for",
+    "scope_of",
+]
+
+Scope = Literal["zone", "region", "fatal"]
 
 # google.rpc.Code numbers, as they appear in an operation's `error.code`.
 RPC_STATUS = {
@@ -73,6 +98,7 @@ class Rule:
     kind: type[CloudError]
     summary: str
     hint: str
+    scope: Scope
     phrases: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
 
@@ -101,6 +127,7 @@ RULES: tuple[Rule, ...] = (
         StockoutError,
         "the zone is out of capacity (stockout)",
         _CAPACITY_HINT,
+        "zone",
         phrases=("capacity", "stockout"),
     ),
     Rule(
@@ -110,7 +137,19 @@ RULES: tuple[Rule, ...] = (
         "the zone has no reserved capacity left for this accelerator",
         "The reservation this request draws on is full (or has none of this type). Run "
         "without it (on demand or --spot), try another zone, or retry later.",
+        "zone",
         phrases=("reserved capacity",),
+    ),
+    Rule(
+        # Create-operation code 3 for a spot node reclaimed before it was READY: the
+        # status says "bad request", the words say preempted.
+        _statuses("INVALID_ARGUMENT"),
+        PreemptedError,
+        "the spot node was preempted while it was being created",
+        "Spot capacity was reclaimed by Google before the node was ready; another zone "
+        "(or a later try) may have room. Use --recover N to retry automatically.",
+        "zone",
+        phrases=("in state preempted",),
     ),
     Rule(
         # Request-rate limits also come back as 429, but pass in seconds: retry them.
@@ -118,16 +157,30 @@ RULES: tuple[Rule, ...] = (
         TransientError,
         "the API is rate limiting requests",
         "The API asked us to slow down; retry in a minute.",
+        "zone",
         phrases=("per minute", "rate limit", "ratelimitexceeded"),
         reasons=("RATE_LIMIT_EXCEEDED",),
     ),
     Rule(
         _statuses("RESOURCE_EXHAUSTED"),
         QuotaError,
-        "a quota is exhausted",
+        "the TPU quota of the zone is exhausted",
         "Your project's TPU quota in this zone is used up. Delete nodes you no longer need "
-        "(`tpulab list --all`) or request more quota in the Cloud console (IAM & Admin > "
-        "Quotas).",
+        "(`tpulab list --all`), use another zone, or request more quota in the Cloud "
+        "console (IAM & Admin > Quotas).",
+        "zone",
+        phrases=(" in zone ",),
+    ),
+    Rule(
+        # A quota not said to be per zone is per region (or wider): every zone of the
+        # region would hear the same, so failover skips them.
+        _statuses("RESOURCE_EXHAUSTED"),
+        QuotaError,
+        "a quota is exhausted",
+        "Your project's TPU quota in this region is used up. Delete nodes you no longer "
+        "need (`tpulab list --all`), use a zone in another region, or request more quota "
+        "in the Cloud console (IAM & Admin > Quotas).",
+        "region",
     ),
     Rule(
         # Cloud TPU answers an unknown zone, a zone without TPUs, and a project that has
@@ -138,7 +191,18 @@ RULES: tuple[Rule, ...] = (
         "Check the zone's spelling and that it offers TPUs (`gcloud compute tpus locations "
         "list`), that the Cloud TPU API is enabled (`gcloud services enable "
         "tpu.googleapis.com`), and that the project has TPU access in {zone}.",
+        "zone",
         phrases=("not found or access is unauthorized",),
+    ),
+    Rule(
+        # The zone does not offer this type (or not this size): another zone may.
+        _statuses("INVALID_ARGUMENT"),
+        InvalidArgumentError,
+        "the zone does not offer this accelerator type",
+        "Check which types the zone offers: `gcloud compute tpus accelerator-types list "
+        "--zone=ZONE` (or let tpulab pick zones that offer it: --zone auto).",
+        "zone",
+        phrases=("invalid acceleratortype",),
     ),
     Rule(
         _statuses("INVALID_ARGUMENT", "FAILED_PRECONDITION", "OUT_OF_RANGE"),
@@ -147,6 +211,7 @@ RULES: tuple[Rule, ...] = (
         "Check the accelerator type and runtime version offered in this zone: `gcloud "
         "compute tpus accelerator-types list --zone=ZONE` and `gcloud compute tpus tpu-vm "
         "versions list --zone=ZONE`.",
+        "fatal",
     ),
     Rule(
         _statuses("ALREADY_EXISTS"),
@@ -154,12 +219,14 @@ RULES: tuple[Rule, ...] = (
         "it already exists",
         "A node with this name already exists in the zone: choose another --name, or "
         "delete the old node if it is yours.",
+        "fatal",
     ),
     Rule(
         _statuses("NOT_FOUND"),
         NotFoundError,
         "it was not found",
         "Check the project, zone and node name (`tpulab list --all`).",
+        "fatal",
     ),
     Rule(
         _statuses("PERMISSION_DENIED", "UNAUTHENTICATED"),
@@ -168,6 +235,7 @@ RULES: tuple[Rule, ...] = (
         "Check that the Cloud TPU API is enabled for the project and that your account may "
         "use it (roles/tpu.admin); refresh credentials with `gcloud auth "
         "application-default login`.",
+        "fatal",
     ),
     Rule(
         # A create operation ends ABORTED when the node is deleted while CREATING (by a
@@ -178,6 +246,9 @@ RULES: tuple[Rule, ...] = (
         "Something other than this run deleted the node before it was READY (another "
         "`tpulab teardown`, a colleague or a script). Check with `tpulab list`, then run "
         "again.",
+        # Someone else is deleting this run's nodes: stop and let the user look rather
+        # than create one in the next zone.
+        "fatal",
         phrases=("deleted during creation", "deleted while"),
     ),
     Rule(
@@ -185,6 +256,7 @@ RULES: tuple[Rule, ...] = (
         TransientError,
         "the API is temporarily unavailable",
         "The API had a temporary problem; retry in a minute.",
+        "zone",
     ),
     Rule(
         # Still worth retrying, but what happened is the API's to say (an operation that
@@ -194,12 +266,14 @@ RULES: tuple[Rule, ...] = (
         "the API answered {status}: {api_message}",
         "The API reported an error of its own; retry in a minute. If it persists, quote "
         "the API's message to Google Cloud support.",
+        "zone",
     ),
     Rule(
         _statuses("DEADLINE_EXCEEDED"),
         DeadlineError,
         "the API did not answer in time",
         "The API did not answer in time; retry, and check with `tpulab list`.",
+        "zone",
     ),
 )
 
@@ -238,3 +312,24 @@ def hint_for(kind: type[CloudError]) -> str:
     """The hint of the catch-all rule for an error class (empty for classes without one)."""
     hints = [rule.hint for rule in RULES if rule.kind is kind and not rule.phrases]
     return hints[0] if hints else ""
+
+
+# Errors that arrive without an API status of their own (a wait that ran out, a node
+# seen PREEMPTED by a poll) are scoped by their class; anything else unparsed is a zone
+# problem, as SkyPilot's handler blocks "unparsed" errors by zone.
+_SCOPE_OF_CLASS: tuple[tuple[type[CloudError], Scope], ...] = (
+    (PermissionDeniedError, "fatal"),
+    (AlreadyExistsError, "fatal"),
+    (QuotaError, "region"),
+)
+
+
+def scope_of(error: CloudError) -> Scope:
+    """How far a Cloud TPU API failure reaches: this zone, its region, or every zone."""
+    rule = classify(error.status or "", error.api_message or "")
+    if rule is not None and isinstance(error, rule.kind):
+        return rule.scope
+    for kind, scope in _SCOPE_OF_CLASS:
+        if isinstance(error, kind):
+            return scope
+    return "zone"

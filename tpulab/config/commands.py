@@ -86,6 +86,10 @@ def run_inputs(
     teardown_timeout: float,
     installer: str,
     ssh_backend: str,
+    zones: Sequence[str] = (),
+    recover: int = 0,
+    retry_until_up: bool = False,
+    retry_for: str | None = None,
     env: Mapping[str, str] | None = None,
     adc_project: AdcProject | None = None,
     python: str | None = None,
@@ -125,8 +129,12 @@ def run_inputs(
         api_endpoint=api_endpoint,
         project=project,
         zone=zone,
+        zones=zones,
         name=name,
         spot=spot,
+        recover=recover,
+        retry_until_up=retry_until_up,
+        retry_for=None if retry_for is None else parse_duration("--retry-for", retry_for),
         timeouts=Timeouts(
             # After READY the VM boots its guest agent (host keys) and sshd: one budget.
             host_key=check_seconds("--boot-timeout", boot_timeout),

@@ -11,12 +11,13 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpulab import catalog
+from tpulab.config.capacity import Capacity, check_attempt_names, choose_capacity
 from tpulab.config.endpoint import Mode, Target, choose_target
 from tpulab.config.python import REAL_PYTHON, check_jax_version, choose_python
 from tpulab.config.resolve import (
@@ -126,6 +127,22 @@ class RunSpec:
     python_source: str = "default"
     jax_version: str | None = None
     internal_ip: bool = False  # connect to the node's internal address (inside its VPC)
+    # Zones to try in order (`zone` is the one this spec's attempt uses), preemptions to
+    # recover from, and the retry budget: tpulab.run.attempts reads these.
+    zones: tuple[Resolved, ...] = ()
+    recover: int = 0
+    retry_until_up: bool = False
+    retry_for: float | None = None
+
+    @property
+    def zone_order(self) -> tuple[Resolved, ...]:
+        """Every zone a run may try, in order; just `zone` without --zone flags."""
+        return self.zones or (self.zone,)
+
+    @property
+    def capacity(self) -> Capacity:
+        return Capacity(self.zones, self.recover, self.retry_until_up, self.retry_for)
+
     # --queued: ask for the node through a QueuedResource (named like the node) and let
     # the service wait for capacity, at most `valid_for` seconds when given.
     queued: bool = False
@@ -195,8 +212,12 @@ def build_run_spec(
     api_endpoint: str | None = None,
     project: str | None = None,
     zone: str | None = None,
+    zones: Sequence[str] = (),
     name: str | None = None,
     spot: bool = False,
+    recover: int = 0,
+    retry_until_up: bool = False,
+    retry_for: float | None = None,
     payload_timeout: float | None = None,
     timeouts: Timeouts | None = None,
     payload: Path | None = None,
@@ -227,10 +248,25 @@ def build_run_spec(
     target = choose_target(emulate=emulate, api_endpoint=api_endpoint)
     accel, accel_source = _accelerator(accelerator, defaults)
     env = os.environ if env is None else env
-    proj, zn = _project_and_zone(target, project, zone, env, adc_project, defaults)
+    if zone is not None and zones:
+        raise ConfigError("Pass the zone once: zone or zones.", hint="Use --zone (repeatable).")
+    capacity = choose_capacity(
+        accelerator=accel.name,
+        zones=zones,
+        spot=spot,
+        recover=recover,
+        retry_until_up=retry_until_up,
+        retry_for=retry_for,
+    )
+    first = capacity.zones[0] if capacity.zones else None
+    proj, zn = _project_and_zone(
+        target, project, first.value if first else zone, env, adc_project, defaults
+    )
+    zn = first or zn  # keeps where it came from ("--zone auto (catalog)")
     rid = check_run_id(run_id) if run_id is not None else new_run_id()
     given(name, "--name", hint="Pass a node name, or leave --name out for tpulab-<run id>.")
     node_name = check_node_name(name if name is not None else f"tpulab-{rid}")
+    check_attempt_names(capacity, rid, node_name)
     timeouts = timeouts or Timeouts()
     if payload_timeout is not None:
         timeouts = dataclasses.replace(timeouts, payload=payload_timeout)
@@ -261,6 +297,10 @@ def build_run_spec(
         python_source=python_source,
         jax_version=check_jax_version(jax_version) if jax_version is not None else None,
         internal_ip=internal_ip,
+        zones=capacity.zones,
+        recover=capacity.recover,
+        retry_until_up=capacity.retry_until_up,
+        retry_for=capacity.retry_for,
         queued=queued,
         valid_for=window,
         accelerator_source=accel_source,

@@ -50,6 +50,14 @@ class FaultPlan:
     """Create operations fail with a stockout in these zones only."""
     quota: bool = False
     """Create is refused synchronously with 429 RESOURCE_EXHAUSTED (quota)."""
+    quota_zones: list[str] = field(default_factory=list)
+    """Create in these zones is refused with a per-zone quota 429 ("... in zone Z")."""
+    quota_regions: list[str] = field(default_factory=list)
+    """Create in any zone of these regions is refused with a per-region quota 429
+    ("... in region R"), which failover takes as "skip the region's other zones"."""
+    deny_zones: list[str] = field(default_factory=list)
+    """Create in these zones is refused with 403 IAM denial of tpu.nodes.create (reads
+    and deletes still work, as with a role that may list but not create)."""
     invalid_type: bool = False
     """Create is refused with 400 "invalid AcceleratorType" whatever the type."""
     deny_projects: list[str] = field(default_factory=list)
@@ -67,6 +75,12 @@ class FaultPlan:
     """Delete operations never finish; the node stays DELETING."""
     preempt_after: float | None = None
     """Spot nodes turn PREEMPTED this many seconds after READY."""
+    preempt_nodes: int | None = None
+    """How many spot nodes `preempt_after` may still preempt (one fewer per node it
+    preempts); None: every one."""
+    create_preempted: int = 0
+    """The next N spot create operations fail with code 3, the API's "preempted during
+    create" ("... update is not supported while in state PREEMPTED")."""
     guest_attributes_delay: float = 0.0
     """Guest attributes (the host key) appear this many seconds after READY."""
     guest_attributes_error_for: float = 0.0
@@ -97,15 +111,19 @@ class FaultPlan:
     """As `node_identity_cannot_delete`, for the nodes of these names only."""
 
     capacity_after: dict[str, float] = field(default_factory=dict)
-    """zone (or "*") -> seconds after a queued resource is created before capacity for
-    it arrives; until then it stays WAITING_FOR_RESOURCES (and FAILS if its
-    validUntil passes first). A zone not named has capacity at once."""
+    """zone (or "*") -> seconds before capacity arrives there. A queued resource waits
+    that long after its creation, WAITING_FOR_RESOURCES (and FAILS if its validUntil
+    passes first); a zone not named has capacity at once for it. A stocked-out zone
+    (`stockout`, `stockout_zones`) named here gains capacity that long after the first
+    create that met the stockout (what --retry-until-up waits for); one not named stays
+    stocked out."""
 
     def capacity_delay(self, zone: str) -> float:
         return self.capacity_after.get(zone, self.capacity_after.get("*", 0.0))
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._stockout_began: float | None = None
 
     def take_transient(self, method: str) -> bool:
         """True (and one fewer left) if this call of `method` should fail with 503."""
@@ -137,8 +155,49 @@ class FaultPlan:
                 return True
             return False
 
-    def stockout_in(self, zone: str) -> bool:
-        return self.stockout or zone in self.stockout_zones
+    def stockout_in(self, zone: str, now: float | None = None) -> bool:
+        """Whether a create in `zone` meets a stockout (at `now`, for capacity_after)."""
+        if not (self.stockout or zone in self.stockout_zones):
+            return False
+        if now is None or not ({zone, "*"} & set(self.capacity_after)):
+            return True
+        with self._lock:
+            if self._stockout_began is None:
+                self._stockout_began = now
+            return now < self._stockout_began + self.capacity_delay(zone)
+
+    def quota_message(self, zone: str) -> str | None:
+        """The 429 quota message a create in `zone` gets, or None."""
+        if self.quota or zone in self.quota_zones:
+            return (
+                "Quota limit 'TPUV5sLitepodServingPerProjectPerZoneForTPUAPI' has been "
+                f"exceeded. Limit: 0 in zone {zone}."
+            )
+        region = zone.rsplit("-", 1)[0]
+        if region in self.quota_regions:
+            # The per-region wording SkyPilot's handler quotes for TPU QuotaFailure.
+            return (
+                "Quota 'TPUV5sLitepodPerProjectPerRegionForTPUAPI' exhausted. Limit 0 in "
+                f"region {region}"
+            )
+        return None
+
+    def take_preemption(self) -> bool:
+        """True (and one fewer left) if `preempt_after` may preempt one more node."""
+        with self._lock:
+            if self.preempt_nodes is None:
+                return True
+            if self.preempt_nodes > 0:
+                self.preempt_nodes -= 1
+                return True
+            return False
+
+    def take_create_preempted(self) -> bool:
+        with self._lock:
+            if self.create_preempted > 0:
+                self.create_preempted -= 1
+                return True
+            return False
 
     def to_dict(self) -> dict[str, Any]:
         with self._lock:
@@ -167,6 +226,8 @@ class FaultPlan:
         with self._lock:
             for name, value in checked.items():
                 setattr(self, name, value)
+            if "capacity_after" in checked or "stockout_zones" in checked:
+                self._stockout_began = None  # a new plan: its clock starts again
 
     def reset(self) -> None:
         self.update(FaultPlan().to_dict())
@@ -180,6 +241,10 @@ def _copy(value: Any) -> Any:
     return value
 
 
+# Faults that may be None ("off"), and the type their value has otherwise.
+_OPTIONAL: dict[str, Any] = {"preempt_after": 0.0, "preempt_nodes": 0}
+
+
 def _checked(name: str, value: Any, default: Any) -> Any:
     if name == "capacity_after":
         # Seconds, so any finite number >= 0 (the other maps count calls: ints only).
@@ -189,10 +254,10 @@ def _checked(name: str, value: Any, default: Any) -> Any:
         ):
             return {str(k): float(v) for k, v in value.items()}
         raise ValueError(f"fault {name!r} cannot be {value!r}")
-    if name == "preempt_after":
+    if name in _OPTIONAL:
         if value is None:
             return None
-        default = 0.0
+        default = _OPTIONAL[name]
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value

@@ -116,6 +116,7 @@ class CloudState:
                 and node["spot"]
                 and preempt is not None
                 and now >= node["ready_time"] + preempt
+                and self.faults.take_preemption()
             ):
                 node["state"] = "PREEMPTED"
                 node["health"] = "HEALTH_UNSPECIFIED"
@@ -163,14 +164,16 @@ class CloudState:
                 f"Invalid nodeId {node_id!r}: must match [a-z]([-a-z0-9]*[a-z0-9])? and be at "
                 "most 63 characters.",
             )
-        if self.faults.quota:
+        if zone in self.faults.deny_zones:
+            # IAM's words (tensorflow/tpu#296 quotes them for tpu.nodes.get).
             raise ApiError(
-                429,
-                "RESOURCE_EXHAUSTED",
-                "Quota limit 'TPUV5sLitepodServingPerProjectPerZoneForTPUAPI' has been "
-                f"exceeded. Limit: 0 in zone {zone}.",
-                reason="RESOURCE_EXHAUSTED",
+                403,
+                "PERMISSION_DENIED",
+                f"Permission 'tpu.nodes.create' denied on '{node_path(project, zone, node_id)}'",
             )
+        quota = self.faults.quota_message(zone)
+        if quota is not None:
+            raise ApiError(429, "RESOURCE_EXHAUSTED", quota, reason="RESOURCE_EXHAUSTED")
         accelerator, runtime = self.check_node_body(zone_info, body)
         key = node_key(project, zone, node_id)
         if key in self.nodes:
@@ -184,7 +187,10 @@ class CloudState:
         network = body.get("networkConfig") or body.get("network_config") or {}
         number = int(self.data["next_id"])
         self.data["next_id"] = number + 1
-        stockout = self.faults.stockout_in(zone)
+        stockout = self.faults.stockout_in(zone, now)
+        spot = bool(scheduling.get("spot"))
+        preempted = not stockout and spot and self.faults.take_create_preempted()
+        stockout = stockout or preempted
         ready_at = now + (self.timing.stockout_seconds if stockout else self.timing.create_seconds)
         node: Record = {
             "project": project,
@@ -197,7 +203,7 @@ class CloudState:
             "description": str(body.get("description", "")),
             "labels": _string_map(body.get("labels"), "labels"),
             "metadata": _string_map(body.get("metadata"), "metadata"),
-            "spot": bool(scheduling.get("spot")),
+            "spot": spot,
             "preemptible": bool(scheduling.get("preemptible")),
             "external_ips": bool(
                 network.get("enableExternalIps", network.get("enable_external_ips", False))
@@ -220,7 +226,14 @@ class CloudState:
         }
         self.nodes[key] = node
         error = None
-        if stockout:
+        if preempted:
+            # Create-operation code 3, as SkyPilot's failover handler quotes it.
+            error = {
+                "code": 3,
+                "message": "Cloud TPU received a bad request. update is not supported while "
+                "in state PREEMPTED [EID: 0x73013519f5b7feb2]",
+            }
+        elif stockout:
             error = {
                 "code": 8,
                 "message": f'There is no more capacity in the zone "{zone}"; you can try '

@@ -8,7 +8,7 @@ path and verdict, teardown confirmation and the estimated cost.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -18,11 +18,13 @@ from tpulab.config import Mode
 from tpulab.envelope import Envelope, ErrorReport
 from tpulab.errors import TeardownError
 from tpulab.evidence.judge import Verdict
+from tpulab.run.attempts import Attempt, AttemptOutcome
 from tpulab.run.lifecycle import RunOutcome
 from tpulab.run.progress import Recorder, TeardownStatus
 from tpulab.run.record import WorkloadSummary, workload_summary
 
 __all__ = [
+    "AttemptSummary",
     "BootstrapSummary",
     "Line",
     "PhaseSummary",
@@ -89,6 +91,21 @@ class WatchdogSummary(_Part):
     lease_renewal_failures: int
 
 
+class AttemptSummary(_Part):
+    """One attempt of the run (a zone tried, a preempted spot node retried...)."""
+
+    number: int
+    run_id: str
+    zone: str
+    how: Literal["on-demand", "spot"]
+    outcome: AttemptOutcome
+    reason: str
+    seconds: float
+    teardown: TeardownStatus
+    teardown_confirmed: bool  # deleted and confirmed by list, or nothing was created
+    estimated_cost_usd: float
+
+
 class RunEnvelope(Envelope):
     """`tpulab run --json` (a real or emulated run, not `--dry-run`)."""
 
@@ -109,7 +126,8 @@ class RunEnvelope(Envelope):
     receipt: ReceiptSummary
     teardown: TeardownSummary
     watchdog: WatchdogSummary | None  # None: --no-watchdog, or the run never got to SSH
-    estimated_cost_usd: float
+    attempts: list[AttemptSummary]  # every attempt in order; the fields above: the last
+    estimated_cost_usd: float  # every attempt together
     price_date: str
     notes: list[str]
     # The user's `-- CMD` (None without one): its own exit status, artifacts, run.json.
@@ -117,11 +135,39 @@ class RunEnvelope(Envelope):
     run_record: str | None = None
 
 
+def attempt_summaries(attempts: Sequence[Attempt]) -> list[AttemptSummary]:
+    return [
+        AttemptSummary(
+            number=a.number,
+            run_id=a.run_id,
+            zone=a.zone,
+            how=a.how,
+            outcome=a.outcome,
+            reason=a.reason,
+            seconds=round(a.seconds, 3),
+            teardown=a.teardown_status,
+            teardown_confirmed=a.teardown_status != "unconfirmed",
+            estimated_cost_usd=round(a.estimated_cost, 4),
+        )
+        for a in attempts
+    ]
+
+
+def total_cost(outcome: RunOutcome, attempts: Sequence[Attempt]) -> float:
+    """The estimated cost of every attempt (just `outcome`'s for a single one)."""
+    return sum(a.estimated_cost for a in attempts) if attempts else outcome.estimated_cost
+
+
 def run_envelope(
-    outcome: RunOutcome, recorder: Recorder, *, error: ErrorReport | None = None
+    outcome: RunOutcome,
+    recorder: Recorder,
+    *,
+    attempts: Sequence[Attempt] = (),
+    error: ErrorReport | None = None,
 ) -> RunEnvelope:
     """The envelope of a run, from what it got to (a run that failed early has an
-    outcome with nothing created: teardown status "not-created", no receipt)."""
+    outcome with nothing created: teardown status "not-created", no receipt). With
+    `attempts`, `outcome` is the last attempt's, and the cost covers them all."""
     spec = outcome.spec
     receipt = outcome.receipt
     teardown = outcome.teardown
@@ -165,7 +211,8 @@ def run_envelope(
             else spec.leaked_node().manual_delete_command(),
         ),
         watchdog=_watchdog(outcome),
-        estimated_cost_usd=round(outcome.estimated_cost, 4),
+        attempts=attempt_summaries(attempts),
+        estimated_cost_usd=round(total_cost(outcome, attempts), 4),
         price_date=PRICE_DATE,
         notes=recorder.notes,
         workload=workload_summary(outcome.workload) if outcome.workload else None,
@@ -269,10 +316,36 @@ def _bootstrap_lines(outcome: RunOutcome, laptop_jax: Callable[[], str | None]) 
     return lines
 
 
+def _attempt_lines(attempts: Sequence[Attempt]) -> list[Line]:
+    """The attempts table: one line per attempt, the last one the run's own."""
+    lines: list[Line] = [[("  attempts  ", "dim"), (f"{len(attempts)}", "")]]
+    for a in attempts:
+        style = "green" if a.outcome == "verified" else "yellow"
+        teardown = {
+            "confirmed": "deleted, confirmed",
+            "not-created": "nothing created",
+            "unconfirmed": "NOT CONFIRMED",
+        }[a.teardown_status]
+        reason = f"  {a.reason}" if a.reason else ""
+        lines.append(
+            [
+                (f"    {a.number:>2}. {a.zone:<18} {a.how:<9} ", ""),
+                (f"{a.outcome:<20}", style),
+                (f" {a.seconds:6.1f}s  {teardown}", "dim"),
+                (reason, "dim"),
+            ]
+        )
+    return lines
+
+
 def summary_lines(
-    outcome: RunOutcome, *, laptop_jax: Callable[[], str | None] = laptop_jax_version
+    outcome: RunOutcome,
+    *,
+    attempts: Sequence[Attempt] = (),
+    laptop_jax: Callable[[], str | None] = laptop_jax_version,
 ) -> list[Line]:
-    """The end-of-run summary: node, zone, verdict, per-device sums, teardown, cost.
+    """The end-of-run summary: node, zone, verdict, per-device sums, teardown, cost;
+    with more than one attempt, the attempts table (`outcome` is the last attempt's).
 
     `laptop_jax` tells which jax is installed here (a seam for tests)."""
     spec = outcome.spec
@@ -282,6 +355,8 @@ def summary_lines(
         [("  node      ", "dim"), (f"{spec.node_name} ({spec.accelerator.name})", "")],
         [("  where     ", "dim"), (f"project {spec.project.value}, zone {spec.zone.value}", "")],
     ]
+    if len(attempts) > 1:
+        lines.extend(_attempt_lines(attempts))
     if outcome.bootstrap is not None:
         lines.extend(_bootstrap_lines(outcome, laptop_jax))
     verdict = outcome.verdict
@@ -322,7 +397,9 @@ def summary_lines(
     else:
         lines.append([("  teardown  ", "dim"), ("NOT CONFIRMED: may still be billing", "bold red")])
     price = spec.accelerator.price_per_hour(spot=spec.spot)
-    cost = f"~${outcome.estimated_cost:.4f}"
+    cost = f"~${total_cost(outcome, attempts):.4f}"
+    if len(attempts) > 1:
+        cost += f" over {len(attempts)} attempts"
     if spec.emulated:
         cost = f"$0 (a real {spec.accelerator.name} would have cost {cost})"
     lines.append(
