@@ -159,8 +159,11 @@ def test_invalid_type_fault_refuses_a_catalog_type(
     emulator: Emulator, tpu_api: GoogleTpuApi
 ) -> None:
     emulator.faults.invalid_type = True
-    with pytest.raises(E.InvalidArgumentError, match="invalid"):
+    # The real API's words (kept as api_message) mean "not offered here": a zone's refusal,
+    # which failover reads as zone-scoped (cloud/classify.py).
+    with pytest.raises(E.InvalidArgumentError, match="does not offer this accelerator") as caught:
         tpu_api.create_node(ZONE, "node-i", _request())
+    assert "invalid AcceleratorType" in caught.value.api_message
 
 
 def test_duplicate_name_is_409_already_exists(tpu_api: GoogleTpuApi) -> None:

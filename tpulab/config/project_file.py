@@ -90,7 +90,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def _toml_loader(path: Path) -> Callable[[str], dict[str, Any]]:
-    # tomllib is 3.11+; tpulab still installs on 3.10, where only an installed tomli helps.
+    # tomllib is 3.11+; on 3.10 tpulab depends on tomli (pyproject), kept as a fallback.
     for name in ("tomllib", "tomli"):
         try:
             module = importlib.import_module(name)

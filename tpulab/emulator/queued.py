@@ -27,7 +27,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from tpulab.emulator.state import CloudState, node_key
+from tpulab.emulator.state import CloudState, longrunning_json, node_key
 from tpulab.emulator.wire import ApiError, enum_value, rfc3339
 from tpulab.emulator.zones import ZONES
 
@@ -329,36 +329,13 @@ def queued_operation_json(
     operation: Record, record: Record | None, *, now: float, as_int: bool
 ) -> Record:
     """A queued resource's operation as google.longrunning.Operation JSON."""
-    project, zone = operation["project"], operation["zone"]
-    done_at = operation["done_at"]
-    done = done_at is not None and now >= done_at
-    metadata: Record = {
-        "@type": "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata",
-        "createTime": rfc3339(operation["create_time"]),
-        "target": qr_path(project, zone, operation["node"]),
-        "verb": operation["verb"],
-        "cancelRequested": False,
-        "apiVersion": "v2",
-    }
-    body: Record = {"name": operation["name"], "metadata": metadata, "done": done}
-    if not done:
-        return body
-    metadata["endTime"] = rfc3339(done_at)
-    if operation["error"]:
-        body["error"] = {**operation["error"], "details": []}
-    elif operation["verb"] == "delete":
-        body["response"] = {"@type": "type.googleapis.com/google.protobuf.Empty"}
-    else:
-        rendered = (
-            queued_resource_json(record, as_int=as_int)
-            if record is not None
-            else {"name": qr_path(project, zone, operation["node"])}
-        )
-        body["response"] = {
-            "@type": "type.googleapis.com/google.cloud.tpu.v2.QueuedResource",
-            **rendered,
-        }
-    return body
+    return longrunning_json(
+        operation,
+        target=qr_path(operation["project"], operation["zone"], operation["node"]),
+        response_type="type.googleapis.com/google.cloud.tpu.v2.QueuedResource",
+        render=lambda: queued_resource_json(record, as_int=as_int) if record else None,
+        now=now,
+    )
 
 
 def queued_resource_json(record: Record, *, as_int: bool) -> Record:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from tpulab.emulator.faults import FaultPlan
@@ -27,7 +28,7 @@ from tpulab.emulator.wire import (
 )
 from tpulab.emulator.zones import ZONES, Zone, accelerator_family
 
-__all__ = ["CloudState", "node_json", "node_key", "operation_json"]
+__all__ = ["CloudState", "longrunning_json", "node_json", "node_key", "operation_json"]
 
 Record = dict[str, Any]
 
@@ -506,14 +507,33 @@ def node_json(node: Record, *, as_int: bool) -> Record:
 
 
 def operation_json(operation: Record, node: Record | None, *, now: float, as_int: bool) -> Record:
-    """An operation record as google.longrunning.Operation JSON."""
-    project, zone = operation["project"], operation["zone"]
+    """A node's operation record as google.longrunning.Operation JSON."""
+    project, zone, name = operation["project"], operation["zone"], operation["node"]
+    return longrunning_json(
+        operation,
+        target=node_path(project, zone, name),
+        response_type="type.googleapis.com/google.cloud.tpu.v2.Node",
+        render=lambda: node_json(node, as_int=as_int) if node is not None else None,
+        now=now,
+    )
+
+
+def longrunning_json(
+    operation: Record,
+    *,
+    target: str,
+    response_type: str,
+    render: Callable[[], Record | None],
+    now: float,
+) -> Record:
+    """Any operation record (a node's or a queued resource's) as Operation JSON: the one
+    shape, with `render` giving the finished resource (None: only its name is known)."""
     done_at = operation["done_at"]
     done = done_at is not None and now >= done_at
     metadata: Record = {
         "@type": "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata",
         "createTime": rfc3339(operation["create_time"]),
-        "target": node_path(project, zone, operation["node"]),
+        "target": target,
         "verb": operation["verb"],
         "cancelRequested": False,
         "apiVersion": "v2",
@@ -527,10 +547,5 @@ def operation_json(operation: Record, node: Record | None, *, now: float, as_int
     elif operation["verb"] == "delete":
         body["response"] = {"@type": "type.googleapis.com/google.protobuf.Empty"}
     else:
-        rendered = (
-            node_json(node, as_int=as_int)
-            if node is not None
-            else {"name": node_path(project, zone, operation["node"])}
-        )
-        body["response"] = {"@type": "type.googleapis.com/google.cloud.tpu.v2.Node", **rendered}
+        body["response"] = {"@type": response_type, **(render() or {"name": target})}
     return body

@@ -139,44 +139,32 @@ class _Teardown:
 
     def delete(self, name: str) -> None:
         """Send one DeleteNode and wait for its operation within the deadline's share."""
-        self.report.delete_attempts += 1
-        try:
-            operation = self.api.delete_node(self.zone, name)
-        except NotFoundError:
-            self.report.already_gone = self.report.delete_attempts == 1
-            return
-        except TransientError as error:
-            self.problem(f"delete of {name} failed transiently ({error.message}); retrying")
-            return
-        except CloudError as error:
-            # E.g. a 504, or FAILED_PRECONDITION while the node is still CREATING: the
-            # list below decides whether to wait, delete again, or give up at the deadline.
-            self.problem(f"delete of {name} failed ({error.status}: {error.message}); retrying")
-            return
-        finally:
-            if self.report.delete_sent_at is None:
-                self.report.delete_sent_at = self.clock()
-                self.on_delete_sent(self.report.delete_sent_at)
-        wait = self.remaining() - self.reserve
-        if wait <= 0:
-            return
-        try:
-            self.api.wait_operation(operation, timeout=wait)
-        except DeadlineError:
-            self.problem(f"delete operation for {name} did not finish in {wait:.1f} s")
-        except CloudError as error:
-            self.api_failure = f"delete operation for {name} failed: {_with_api_words(error)}"
-            self.problem(self.api_failure)
+        self._delete(name, lambda: self.api.delete_node(self.zone, name), is_node=True)
 
     def delete_queued(self, name: str) -> None:
         """DeleteQueuedResource with force (its node goes too); wait as `delete` does."""
+        self._delete(
+            f"queued resource {name}",
+            lambda: self.api.delete_queued_resource(self.zone, name, force=True),
+            is_node=False,
+        )
+
+    def _delete(self, what: str, send: Callable[[], str], *, is_node: bool) -> None:
+        """One delete request and its operation; every failure is a `problem` for the
+        list below to settle (wait, delete again, or give up at the deadline)."""
         self.report.delete_attempts += 1
         try:
-            operation = self.api.delete_queued_resource(self.zone, name, force=True)
+            operation = send()
         except NotFoundError:
+            if is_node:
+                self.report.already_gone = self.report.delete_attempts == 1
+            return
+        except TransientError as error:
+            self.problem(f"delete of {what} failed transiently ({error.message}); retrying")
             return
         except CloudError as error:
-            self.problem(f"delete of queued resource {name} failed ({error.message}); retrying")
+            # E.g. a 504, or FAILED_PRECONDITION while the node is still CREATING.
+            self.problem(f"delete of {what} failed ({error.status}: {error.message}); retrying")
             return
         finally:
             if self.report.delete_sent_at is None:
@@ -188,9 +176,10 @@ class _Teardown:
         try:
             self.api.wait_operation(operation, timeout=wait)
         except DeadlineError:
-            self.problem(f"delete operation for queued resource {name} did not finish in time")
+            self.problem(f"delete operation for {what} did not finish in {wait:.1f} s")
         except CloudError as error:
-            self.problem(f"delete operation for queued resource {name} failed: {error.message}")
+            self.api_failure = f"delete operation for {what} failed: {_with_api_words(error)}"
+            self.problem(self.api_failure)
 
     def delete_queued_by_name(self) -> None:
         """Delete the queued resource the run created, once it shows our node's labels."""
