@@ -6,6 +6,10 @@ served from this test process, interrupted in every phase.
 - SIGKILL in each phase: the node stays behind exactly as in the cloud, the journal row
   stays open at that phase, and `tpulab teardown --verify --yes --run-id R` deletes that
   node only, confirms it and closes the row;
+- SIGKILL in each phase again, with a short --lease and --boot-grace and NO sweep: the
+  VM's own watchdog deletes every node within grace/lease + slack, `tpulab list` closes
+  the rows as "deleted by its watchdog or externally" and `teardown --verify` has
+  nothing left to delete;
 - a node without tpulab's labels (named like ours) survives everything, the runs share
   one zone and run concurrently, each deleting only its own node, and an uninterrupted
   run alongside them succeeds.
@@ -78,6 +82,10 @@ PHASES = {
 SLOWED_BY_IMAGE = {"bootstrap", "stage", "execute", "collect"}
 # Bounds, not timings: how long a hold lasts if the test never releases it.
 HOLD_LIMIT_SECONDS = 300
+# The watchdog rows' lease and boot grace, and how soon after a SIGKILL the node must be
+# gone: the grace/lease, the watchdog's poll, its DELETE and a loaded 2-CPU runner.
+WATCHDOG_ARGS = ("--lease", "10s", "--boot-grace", "10s")
+SELF_DELETE_BOUND = 10 + 20
 
 # Started with default signal dispositions whatever the runner inherited: a background
 # job in a non-interactive shell starts with SIGINT ignored, which tpulab respects.
@@ -233,13 +241,15 @@ class Matrix:
             time.sleep(0.02)
         raise AssertionError(f"{cell.node} never reached phase {want}")
 
-    def run(self, cell: Cell) -> Outcome:
+    def run(self, cell: Cell, *, extra: tuple[str, ...] = (), sweep: bool = True) -> Outcome:
+        """Run `cell`; after a SIGKILL, `sweep` runs `teardown --verify`, else the test
+        waits (bounded) for the VM's watchdog to delete the node by itself."""
         outcome = Outcome(cell)
         started = time.monotonic()
         release = self.hold(cell.node, cell.phase) if cell.phase else (lambda: None)
         args = [
             "run", "--accelerator", "v5litepod-4", "--api-endpoint", self.gate.url,
-            "--project", PROJECT, "--zone", ZONE, "--name", cell.node, "--json",
+            "--project", PROJECT, "--zone", ZONE, "--name", cell.node, "--json", *extra,
         ]  # fmt: skip
         process = self.start_tpulab(*args, log=cell.node)
         try:
@@ -253,8 +263,10 @@ class Matrix:
                 # next step, still inside the held phase; teardown may need the request.
                 release()
                 outcome.exit_status = process.wait(timeout=180)
-                if cell.signal == "SIGKILL":
+                if cell.signal == "SIGKILL" and sweep:
                     self.after_kill(outcome)
+                elif cell.signal == "SIGKILL":
+                    self.after_kill_left_alone(outcome)
                 else:
                     self.after_signal(outcome)
         finally:
@@ -303,6 +315,20 @@ class Matrix:
             outcome.sweep_deleted = json.loads(out)["deleted"]
         except (json.JSONDecodeError, KeyError):
             outcome.problems.append(f"sweep printed no JSON; stderr: {err[-500:]}")
+
+    def after_kill_left_alone(self, outcome: Outcome) -> None:
+        """No sweep: the node must go by itself (its watchdog) within a bound."""
+        cell = outcome.cell
+        row = self.row(cell.node)
+        assert row is not None, f"{cell.node}: no journal row after SIGKILL"
+        outcome.landed = row.phase
+        outcome.node_left_by_kill = cell.node in self.emulator.node_names(PROJECT)
+        deadline = time.monotonic() + SELF_DELETE_BOUND
+        while cell.node in self.emulator.node_names(PROJECT):
+            if time.monotonic() > deadline:
+                outcome.problems.append(f"still there {SELF_DELETE_BOUND:g}s after SIGKILL")
+                return
+            time.sleep(0.1)
 
 
 _SITECUSTOMIZE = f"""\
@@ -569,3 +595,47 @@ def test_ctrl_c_during_teardown_is_refused_and_a_quick_third_forces_quit(quick: 
     assert sweep.returncode == 0, sweep.stderr
     assert served.listed() == set()
     assert served.journal.open_runs() == []
+
+
+def test_sigkill_in_every_phase_leaves_nothing_even_without_teardown_verify(
+    matrix: Matrix, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tpulab.cleanup.journal import VANISHED
+
+    cells = [Cell("SIGKILL", phase) for phase in PHASES]
+    order = list(PHASES)
+    workers = int(os.environ.get("TPULAB_MATRIX_WORKERS", "6"))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        outcomes = list(pool.map(partial(matrix.run, extra=WATCHDOG_ARGS, sweep=False), cells))
+    outcomes.sort(key=lambda o: order.index(o.cell.phase))
+    with capsys.disabled():
+        print(_table(outcomes).replace("(tpulab run vs. served emulator)", "(no sweep)"))
+    for o in outcomes:
+        where = f"SIGKILL in {o.cell.phase}: {o.problems}"
+        assert not o.problems, where
+        assert o.exit_status == -signal.SIGKILL, where
+        assert o.landed == PHASES[o.cell.phase], where
+        assert o.gone_by_list, where  # gone by itself: no sweep ran
+        assert o.sweep_exit is None, where
+    assert matrix.emulator.node_names(PROJECT) == []
+
+    # `tpulab list` proves them gone and closes each row whose node had been created ...
+    listed = tpulab(
+        "list", "--api-endpoint", matrix.gate.url, "--project", PROJECT, "--zone", ZONE,
+        "--json",
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    closed = {r["node_name"]: r["closed_as"] for r in json.loads(listed.stdout)["journal_missing"]}
+    for o in outcomes:
+        # A run killed in "create" may have a create whose reply never came: only the
+        # sweep (which waits for that) may close it.
+        want = None if o.cell.phase == "create" else VANISHED
+        assert closed.get(o.cell.node) == want, (o.cell.phase, closed)
+    # ... and `teardown --verify` finds nothing to delete and closes what is left.
+    sweep = tpulab(
+        "teardown", "--verify", "--yes", "--json", "--api-endpoint", matrix.gate.url,
+        "--project", PROJECT, "--zone", ZONE,
+    )  # fmt: skip
+    assert sweep.returncode == 0, sweep.stderr
+    assert json.loads(sweep.stdout)["deleted"] == []
+    assert matrix.journal.open_runs() == []

@@ -34,6 +34,7 @@ __all__ = [
     "TPU_API_BASE_ENV",
     "TPU_API_DEFAULT_BASE",
     "TPU_ENV_ATTRIBUTE",
+    "WATCHDOG_STATE_ATTRIBUTE",
 ]
 
 # Labels every node tpulab creates carries; teardown finds nodes by them.
@@ -98,3 +99,7 @@ RESOURCE_MANAGER_DEFAULT_BASE = "https://cloudresourcemanager.googleapis.com/"
 # What the node's identity needs to delete its own node (roles/tpu.admin grants it);
 # asked of Resource Manager v1 `projects/{p}:testIamPermissions`.
 DELETE_NODE_PERMISSION = "tpu.nodes.delete"
+# Where the VM's watchdog (remote_payloads/watchdog.py) publishes how it is, as
+# getGuestAttributes keys it (namespace/key): "armed", "unverified: ...",
+# "no-permission: ...", "error: ...", "firing: ...".
+WATCHDOG_STATE_ATTRIBUTE = "tpulab/watchdog"

@@ -27,7 +27,9 @@
     │   ├── CommandFailedError           a remote command exited non-zero
     │   │   ├── TpuBusyError                 another process owns the TPU
     │   │   └── BootstrapError               an extra package (--with) would not install
-    │   └── RemoteTimeoutError           a remote command ran past its timeout
+    │   ├── RemoteTimeoutError           a remote command ran past its timeout
+    │   └── NodeVanishedError            the node was deleted under the run (its
+    │                                        watchdog, or someone else)
     ├── LocalRunError                the payload run on this machine (verify --local)
     │                                    gave no receipt: did not start, timed out, TPU busy
     ├── VerificationError            the receipt does not prove the run (.failures)
@@ -65,6 +67,7 @@ __all__ = [
     "LeakedNode",
     "LocalRunError",
     "LocationError",
+    "NodeVanishedError",
     "NotFoundError",
     "OutcomeUnknownError",
     "PermissionDeniedError",
@@ -274,6 +277,10 @@ class BootstrapError(CommandFailedError):
 
 class RemoteTimeoutError(RemoteError):
     pass
+
+
+class NodeVanishedError(RemoteError):
+    """The node disappeared (gone or DELETING) while the run still needed it."""
 
 
 @dataclass(frozen=True)

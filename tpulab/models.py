@@ -77,6 +77,10 @@ class NodeRequest(BaseModel):
     spot: bool = False
     description: str = ""
     external_ips: bool = True  # what lets a laptop outside the VPC reach the VM
+    # The VM's identity (Node.serviceAccount): an empty email is the project's default
+    # compute service account; no scopes and no email: the field is not sent at all.
+    service_account_email: str = ""
+    service_account_scopes: tuple[str, ...] = ()
 
 
 class NodeInfo(BaseModel):

@@ -20,7 +20,7 @@ import socket
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -36,11 +36,13 @@ __all__ = [
     "SCHEMA_VERSION",
     "TARGET_EMULATE",
     "TARGET_GOOGLE",
+    "VANISHED",
     "Journal",
     "JournalView",
     "RunJournalAdapter",
     "RunRow",
     "TeardownResult",
+    "close_vanished",
     "journal_view",
     "process_marker",
     "row_is_live",
@@ -57,6 +59,9 @@ SCHEMA_VERSION = 4
 # Nothing confirmed the node gone; the row says so instead of nagging for ever.
 TeardownResult = Literal["confirmed", "unconfirmed", "not-created", "forgotten"]
 _TEARDOWN_RESULTS = ("confirmed", "unconfirmed", "not-created", "forgotten")
+# How a row reads whose node disappeared without this machine's teardown: its VM's
+# watchdog deleted it (the usual case after a SIGKILL), or someone else did.
+VANISHED = "deleted by its watchdog or externally"
 
 _SCHEMA = """
 CREATE TABLE runs (
@@ -511,18 +516,43 @@ class Journal:
                 conn.close()
 
 
+def close_vanished(
+    journal: Journal, rows: Iterable[RunRow], *, seen_by: str
+) -> tuple[list[str], list[str]]:
+    """Close open rows whose node a listing of their zone proved gone, as VANISHED.
+
+    The one place that decides it, for `tpulab list` and `teardown --verify` alike; the
+    caller has listed each row's zone and found no node of the row's run. Returns the
+    closed run ids and the journal's warnings (a locked journal only warns).
+    """
+    closed: list[str] = []
+    warnings: list[str] = []
+    for row in rows:
+        detail = f"{VANISHED}: no node labelled tpulab-run={row.run_id} in {row.zone} ({seen_by})"
+        try:
+            journal.close_run(row.run_id, "confirmed", detail)
+        except JournalError as error:
+            warnings.append(error.message)
+        else:
+            closed.append(row.run_id)
+    return closed, warnings
+
+
 @dataclass(frozen=True)
 class JournalView:
     """What this machine's journal says about nodes a `list` showed.
 
     `states` maps (project, zone, node name) to a short text; `missing` holds rows that
     still need teardown in the listed zones but whose node the cloud did not list;
-    `error` is set (and the rest empty) when the journal could not be read.
+    `vanished` those of them whose node had been created and whose run is over, which
+    `tpulab list` closes as VANISHED; `error` is set (and the rest empty) when the
+    journal could not be read.
     """
 
     states: dict[tuple[str, str, str], str]
     missing: list[RunRow]
     error: str | None = None
+    vanished: list[RunRow] = field(default_factory=list)
 
 
 def _state_text(row: RunRow) -> str:
@@ -571,9 +601,16 @@ def journal_view(
             and (target is None or row.target == target)
             and (row.project, row.zone, row.node_name) not in listed
         ]
+        # Gone on its own: the run is over (no live process will close it) and it got
+        # past the create, so no create whose reply was lost can still bring it back.
+        vanished = [
+            row
+            for row in missing
+            if row.teardown is None and row.phase != "create" and not row_is_live(row)
+        ]
     except JournalError as error:
         return JournalView(states={}, missing=[], error=error.message)
-    return JournalView(states=states, missing=missing)
+    return JournalView(states=states, missing=missing, vanished=vanished)
 
 
 _PHASE_BUSY_TIMEOUT = 1.0

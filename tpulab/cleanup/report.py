@@ -7,13 +7,14 @@ scope clean; the CLI's exit status and the envelope's `ok` both come from it.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from tpulab.catalog import PRICE_DATE
-from tpulab.cleanup.journal import JournalView
+from tpulab.cleanup.journal import VANISHED, JournalView
 from tpulab.cleanup.listing import ListedNode, Listing
 from tpulab.cleanup.sweep import Candidate, SweepPlan, SweepResult, sweep_command_for
 from tpulab.envelope import Envelope, ErrorReport, NodeReport
@@ -63,6 +64,8 @@ class JournalMissingRow(_Part):
     project: str
     zone: str
     node_name: str
+    # Set when this listing closed the row: the node went on its own (journal.VANISHED).
+    closed_as: str | None = None
 
 
 class ListEnvelope(Envelope):
@@ -111,7 +114,10 @@ def _listed(item: ListedNode, journal: str | None) -> ListedNodeReport:
     )
 
 
-def list_envelope(listing: Listing, view: JournalView) -> ListEnvelope:
+def list_envelope(
+    listing: Listing, view: JournalView, closed: Collection[str] = ()
+) -> ListEnvelope:
+    """`closed`: run ids of `view.vanished` rows this listing closed."""
     return ListEnvelope(
         ok=True,
         project=listing.project,
@@ -126,7 +132,11 @@ def list_envelope(listing: Listing, view: JournalView) -> ListEnvelope:
         price_date=PRICE_DATE,
         journal_missing=[
             JournalMissingRow(
-                run_id=row.run_id, project=row.project, zone=row.zone, node_name=row.node_name
+                run_id=row.run_id,
+                project=row.project,
+                zone=row.zone,
+                node_name=row.node_name,
+                closed_as=VANISHED if row.run_id in closed else None,
             )
             for row in view.missing
         ],
@@ -158,6 +168,8 @@ class TeardownEnvelope(Envelope):
     failed: list[FailedDelete]
     remaining: list[str] | None  # None: nothing was deleted, so no final list was made
     closed_journal_rows: list[str]
+    # Of those, the rows whose node went on its own (its watchdog, or someone else).
+    vanished_journal_rows: list[str]
     untouched_unlabelled: list[str]
     list_errors: dict[str, str]  # zone -> why it could not be listed
     other_targets: list[str]  # commands that sweep open journal rows of other targets
@@ -237,6 +249,7 @@ def teardown_envelope(
         ],
         remaining=[n.name for n in result.remaining] if result else None,
         closed_journal_rows=result.closed_rows if result else [],
+        vanished_journal_rows=result.vanished_rows if result else [],
         untouched_unlabelled=[n.name for n in plan.lookalikes],
         list_errors=result.list_errors if result else plan.list_errors,
         other_targets=[sweep_command_for(row) for row in plan.other_rows],

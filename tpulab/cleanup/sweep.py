@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from tpulab import catalog
-from tpulab.cleanup.journal import Journal, RunRow, row_is_live, target_for
+from tpulab.cleanup.journal import Journal, RunRow, close_vanished, row_is_live, target_for
 from tpulab.cleanup.listing import queued_as_node
 from tpulab.cloud.api import QueuedResourceInfo, TpuApi
 from tpulab.config import Scope
@@ -122,6 +122,7 @@ class SweepResult:
     spared: list[Candidate] = field(default_factory=list)  # lost our labels: not deleted
     failed: list[tuple[Candidate, TeardownError]] = field(default_factory=list)
     closed_rows: list[str] = field(default_factory=list)
+    vanished_rows: list[str] = field(default_factory=list)  # closed: gone on their own
     remaining: list[NodeInfo] = field(default_factory=list)  # from the final list
     live: list[NodeInfo] = field(default_factory=list)  # listed, but a live run owns them
     list_errors: dict[str, str] = field(default_factory=dict)
@@ -418,7 +419,17 @@ def sweep(
                     journal.close_run(run_id, "unconfirmed", outcome.message)
                 except JournalError as journal_error:
                     result.journal_warnings.append(journal_error.message)
+    # A row past the create whose run died before its teardown: its node went on its
+    # own. The others (killed during the create; a teardown that could not confirm)
+    # are closed as plain absence.
+    on_its_own = [r for r in plan.stale_rows if r.teardown is None and r.phase != "create"]
+    vanished, warnings = close_vanished(journal, on_its_own, seen_by="teardown --verify")
+    result.closed_rows.extend(vanished)
+    result.vanished_rows.extend(vanished)
+    result.journal_warnings.extend(warnings)
     for row in plan.stale_rows:
+        if row in on_its_own:
+            continue
         detail = f"no node labelled tpulab-run={row.run_id} in {row.zone} (teardown --verify)"
         if _close(journal, row.run_id, detail, result.journal_warnings):
             result.closed_rows.append(row.run_id)

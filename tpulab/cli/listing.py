@@ -69,7 +69,7 @@ def _list(
     api_endpoint: str | None,
     project: str | None,
 ) -> None:
-    from tpulab.cleanup.journal import journal_view, target_for
+    from tpulab.cleanup.journal import VANISHED, Journal, close_vanished, journal_view, target_for
     from tpulab.cleanup.listing import list_nodes
     from tpulab.config import list_scope
 
@@ -82,19 +82,32 @@ def _list(
     )
     with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
         listing = list_nodes(api, scope.zones, include_all=include_all)
+    journal = Journal()
     view = journal_view(
         [item.node for item in listing.nodes],
         zones=scope.zones,
         project=scope.project,
         target=target_for(scope.api_endpoint, embedded_emulator=scope.emulate),
+        journal=journal,
     )
+    # The listing proved these runs' nodes gone (their VMs deleted themselves, most
+    # likely): the row is closed here rather than left for a sweep with nothing to do.
+    closed, warnings = close_vanished(journal, view.vanished, seen_by="tpulab list")
+    for warning in warnings:
+        print_stderr(f"[yellow]journal:[/] {warning}")
     if as_json:
         from tpulab.cleanup.report import list_envelope
 
-        print_envelope(list_envelope(listing, view), None)
+        print_envelope(list_envelope(listing, view, closed), None)
         return
     _list_table(listing, view.states)
     for row in view.missing:
+        if row.run_id in closed:
+            print_stderr(
+                f"journal: run {row.run_id} (node {row.node_name} in {row.zone}) closed: "
+                f"its node is gone, {VANISHED}."
+            )
+            continue
         print_stderr(
             f"[yellow]journal:[/] run {row.run_id} (node {row.node_name} in {row.zone}) is "
             "still open but the API does not list its node; `tpulab teardown --verify` "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import textwrap
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
@@ -78,7 +78,9 @@ def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
         if step.kind == "api":
             out.print(f"{head} {step.method} {escape(step.path or '')}")
             if step.body is not None:
-                out.print(f"      body {escape(json.dumps(step.body, sort_keys=True))}")
+                out.print(
+                    f"      body {escape(json.dumps(_shown_body(step.body), sort_keys=True))}"
+                )
         elif step.kind == "ssh":
             where = step.target or step.remote_path or ""
             out.print(f"{head} {step.action} {escape(where)}".rstrip())
@@ -96,6 +98,22 @@ def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
     out.print("[dim]Placeholders (only a real run has these values):[/]")
     for marker, meaning in plan.placeholders.items():
         out.print(f"  [dim]{escape(marker)}: {escape(meaning)}[/]")
+
+
+def _shown_body(body: dict[str, Any]) -> dict[str, Any]:
+    """A request body as the human plan prints it: CreateNode's startup-script (the
+    watchdog's whole source) summarised; `--json` carries it verbatim."""
+    import hashlib
+
+    from tpulab.contract import STARTUP_SCRIPT_METADATA
+
+    metadata = body.get("metadata")
+    if not isinstance(metadata, dict) or STARTUP_SCRIPT_METADATA not in metadata:
+        return body
+    script = str(metadata[STARTUP_SCRIPT_METADATA])
+    digest = hashlib.sha256(script.encode()).hexdigest()[:12]
+    summary = f"<the tpulab watchdog: {len(script)} bytes, sha256 {digest}; --json shows it>"
+    return {**body, "metadata": {**metadata, STARTUP_SCRIPT_METADATA: summary}}
 
 
 def _for(seconds: float | None) -> str:
@@ -418,6 +436,44 @@ def run_command(
         bool,
         typer.Option("-q", "--quiet", help="Only log your command's output; do not stream it."),
     ] = False,
+    lease: Annotated[
+        str | None,
+        typer.Option(
+            "--lease",
+            help="The VM deletes itself this long after the last renewal by a live tpulab "
+            "(default 10m; e.g. 15s, 10m, 1h).",
+        ),
+    ] = None,
+    boot_grace: Annotated[
+        str | None,
+        typer.Option(
+            "--boot-grace",
+            help="The lease before the first SSH renewal (default: twice --boot-timeout + 2m).",
+        ),
+    ] = None,
+    max_duration: Annotated[
+        str | None,
+        typer.Option(
+            "--max-duration",
+            help="The VM deletes itself this long after boot, whatever tpulab says "
+            "(default: the run's timeouts added up + 10m).",
+        ),
+    ] = None,
+    no_watchdog: Annotated[
+        bool,
+        typer.Option(
+            "--no-watchdog",
+            help="Do not arm the VM's self-deletion; only this machine's teardown protects it.",
+        ),
+    ] = False,
+    service_account: Annotated[
+        str | None,
+        typer.Option(
+            "--service-account",
+            help="The VM's service account (its watchdog needs tpu.nodes.delete); default: "
+            "the project's default compute service account.",
+        ),
+    ] = None,
 ) -> None:
     """Create a TPU VM, run the JAX verifier on it, check the receipt, delete the VM.
 
@@ -474,8 +530,18 @@ def run_command(
                 timeout=timeout,
                 quiet=quiet,
             ),
+            lease=lease,
+            boot_grace=boot_grace,
+            max_duration=max_duration,
+            no_watchdog=no_watchdog,
+            service_account=service_account,
         )
         spec = inputs.spec
+        if no_watchdog:
+            print_stderr(
+                "[yellow]warning:[/] --no-watchdog: the VM will not delete itself; if this "
+                "process dies, run `tpulab teardown --verify` or it keeps billing."
+            )
         if dry_run:
             _run_dry(spec, inputs.installer, as_json)
             return

@@ -243,6 +243,11 @@ def _teardown_report(
             typer.echo(f"Deleted and confirmed gone: {candidate.node.name}")
         if result.closed_rows:
             typer.echo("Closed journal rows: " + ", ".join(result.closed_rows))
+        if result.vanished_rows:
+            from tpulab.cleanup.journal import VANISHED
+
+            ids = ", ".join(result.vanished_rows)
+            typer.echo(f"Their nodes were already gone ({VANISHED}): {ids}")
         for warning in result.journal_warnings:
             print_stderr(f"journal: {warning}")
     if error is not None:

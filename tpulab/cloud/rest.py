@@ -102,6 +102,15 @@ def node_body(request: NodeRequest) -> dict[str, Any]:
     # inside the VPC, none is asked for: false is proto3's default, which the REST
     # transport leaves out of the JSON).
     node["networkConfig"] = {"enableExternalIps": True} if request.external_ips else {}
+    if request.service_account_email or request.service_account_scopes:
+        # google.cloud.tpu.v2.ServiceAccount: an empty email means the project's default
+        # compute service account; the scopes bound what its metadata token may do.
+        account: dict[str, Any] = {}
+        if request.service_account_email:
+            account["email"] = request.service_account_email
+        if request.service_account_scopes:
+            account["scope"] = list(request.service_account_scopes)
+        node["serviceAccount"] = account
     # Sent even when empty (on-demand): the client always set a SchedulingConfig, and an
     # explicit submessage is printed as {} rather than dropped.
     node["schedulingConfig"] = {"spot": True} if request.spot else {}

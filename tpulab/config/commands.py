@@ -41,6 +41,7 @@ from tpulab.config.spec import (
     build_run_spec,
     check_seconds,
 )
+from tpulab.config.watchdog import WatchdogRequest
 from tpulab.config.workload import WorkloadFlags, build_workload, check_workdir
 from tpulab.errors import ConfigError
 from tpulab.models import PLATFORMS, check_run_id
@@ -101,6 +102,11 @@ def run_inputs(
     valid_for: str | None = None,
     workload: WorkloadFlags | None = None,
     cwd: Path | None = None,
+    lease: str | None = None,
+    boot_grace: str | None = None,
+    max_duration: str | None = None,
+    no_watchdog: bool = False,
+    service_account: str | None = None,
 ) -> RunInputs:
     """`tpulab run`'s flags, validated. `adc_project` None (a dry run) never asks ADC.
 
@@ -142,6 +148,13 @@ def run_inputs(
         python=python,
         jax_version=jax_version,
         internal_ip=internal_ip,
+        watchdog=WatchdogRequest(
+            enabled=not no_watchdog,
+            lease=lease,
+            boot_grace=boot_grace,
+            max_duration=max_duration,
+        ),
+        service_account=service_account,
         queued=queued,
         valid_for=valid_for,
         defaults=defaults,

@@ -32,6 +32,12 @@ from tpulab.config.resolve import (
     resolve_zone,
     zone_flags,
 )
+from tpulab.config.watchdog import (
+    WatchdogRequest,
+    WatchdogSettings,
+    check_service_account,
+    watchdog_settings,
+)
 from tpulab.errors import ConfigError, LeakedNode, target_for
 from tpulab.models import check_node_name, check_run_id, tpulab_labels
 
@@ -144,6 +150,21 @@ class RunSpec:
     accelerator_source: str = "--accelerator"  # or the workspace's [tool.tpulab]
     # The user's `-- CMD` (run after the verifier gated it); None: the run is verify-only.
     workload: WorkloadSpec | None = None
+    # The VM's own dead man's switch (DESIGN.md §10); None: --no-watchdog.
+    watchdog: WatchdogSettings | None = None
+    # The node's service account e-mail; None: the project's default compute account.
+    service_account: str | None = None
+
+    @property
+    def max_duration_seconds(self) -> float | None:
+        """The watchdog's hard deadline (None without a watchdog): --max-duration, else
+        every timeout of this run, the user's command included, plus a margin."""
+        if self.watchdog is None:
+            return None
+        total = sum(vars(self.timeouts).values())
+        if self.workload is not None:
+            total += self.workload.timeout
+        return self.watchdog.deadline(total)
 
     @property
     def platform(self) -> str:
@@ -209,6 +230,8 @@ def build_run_spec(
     queued: bool = False,
     valid_for: str | None = None,
     defaults: ProjectDefaults | None = None,
+    watchdog: WatchdogRequest | None = None,
+    service_account: str | None = None,
 ) -> RunSpec:
     """Validate every input of a run before anything contacts the cloud (invariant 1).
 
@@ -254,6 +277,10 @@ def build_run_spec(
         python, emulated=target.emulated, from_file=from_file
     )
     window = check_valid_for(valid_for, queued=queued)
+    # Until its first renewal the watchdog must outwait the controller's own boot waits.
+    dog = watchdog_settings(
+        watchdog or WatchdogRequest(), boot_wait_seconds=timeouts.host_key + timeouts.connect
+    )
     return RunSpec(
         run_id=rid,
         accelerator=accel,
@@ -277,6 +304,8 @@ def build_run_spec(
         queued=queued,
         valid_for=window,
         accelerator_source=accel_source,
+        watchdog=dog,
+        service_account=check_service_account(service_account),
     )
 
 

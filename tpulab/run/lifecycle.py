@@ -40,6 +40,7 @@ from tpulab.contract import (
     GUEST_ATTRIBUTES_METADATA,
     OS_LOGIN_METADATA,
     SSH_KEYS_METADATA,
+    STARTUP_SCRIPT_METADATA,
 )
 from tpulab.errors import (
     AlreadyExistsError,
@@ -65,6 +66,7 @@ from tpulab.models import NodeInfo, NodeRequest, NodeState
 from tpulab.polling import Backoff, retry_call
 from tpulab.remote import bootstrap as boot
 from tpulab.remote.workspace import StreamShell
+from tpulab.run.lease import LeaseRenewer, read_state, vanished, watchdog_config
 from tpulab.run.progress import NullObserver, Phase, RunJournal, RunObserver, TeardownStatus
 from tpulab.run.teardown import TeardownReport, delete_and_confirm
 from tpulab.run.workload import Skippable, WorkloadOutcome, WorkloadRunner, no_skip
@@ -74,6 +76,7 @@ if TYPE_CHECKING:
     from tpulab.evidence.receipt import Expectation
     from tpulab.evidence.store import KeptReceipt, ReceiptStore
     from tpulab.remote.ssh import RunKey, SshTarget
+    from tpulab.remote.watchdog import WatchdogState
     from tpulab.run.record import RunRecord
 
 __all__ = [
@@ -127,6 +130,9 @@ def _no_shield(describe: str, *, manual: str | None = None) -> AbstractContextMa
 _TEARDOWN_ATTEMPTS = 3
 # How long a teardown keeps listing after a CreateNode whose outcome is unknown.
 _CREATE_SETTLE_SECONDS = 30.0
+# What the watchdog's service account may do with its metadata token: deleting the node
+# needs the Cloud TPU API, which cloud-platform covers.
+_CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
 @dataclass
@@ -152,6 +158,9 @@ class RunOutcome:
     phase_seconds: dict[str, float] = field(default_factory=dict)  # phase -> duration
     workload: WorkloadOutcome | None = None  # set when the spec has a `-- CMD`
     run_record: Path | None = None  # <out>/run.json once written
+    watchdog: WatchdogState | None = None  # what the VM's watchdog published, once read
+    lease_renewals: int = 0
+    lease_failures: int = 0
 
     @property
     def verdict(self) -> Verdict | None:
@@ -212,6 +221,7 @@ class Lifecycle:
         new_nonce: Callable[[], str] = lambda: secrets.token_hex(16),
         judge: Callable[[bytes, Expectation], Judgement] | None = None,
         write_record: Callable[[RunRecord, Path], Path] | None = None,
+        renew_in_background: bool = True,
     ) -> None:
         self.spec = spec
         self.api = api
@@ -243,6 +253,10 @@ class Lifecycle:
         self.payload_output: list[str] = []
         self.raw_receipt = b""
         self.workload: WorkloadRunner | None = None
+        # The VM's watchdog (None: --no-watchdog) and the thread that renews its lease.
+        self.watchdog = watchdog_config(spec)
+        self.renew_in_background = renew_in_background
+        self.renewer: LeaseRenewer | None = None
         self._journalled = False
         self._current: Phase | None = None
         self._t0 = clock()
@@ -354,10 +368,27 @@ class Lifecycle:
         try:
             self._each_phase()
         except (RemoteError, CloudError) as error:
-            preempted = self._preemption(error)
-            if preempted is None:
+            explained = self._preemption(error) or self._vanished(error)
+            if explained is None:
                 raise
-            raise preempted from error
+            raise explained from error
+
+    def _vanished(self, error: TpuLabError) -> TpuLabError | None:
+        """A node its watchdog (or anyone) deleted under us: say so, not the symptom."""
+        # Only a node that booted has a watchdog that could have fired.
+        if self.watchdog is None or "ready_seen" not in self.outcome.milestones:
+            return None
+        created = self.outcome.milestones.get("create_sent", self._t0)
+        return vanished(
+            self.api,
+            self.spec.zone.value,
+            self.spec.node_name,
+            phase=self._current.label.lower() if self._current else "the run",
+            error=error,
+            renewer=self.renewer,
+            # The watchdog starts at boot, after the create was sent: not earlier.
+            deadline_passed=self.clock() - created >= self.watchdog.max_duration_seconds,
+        )
 
     def _preemption(self, error: TpuLabError) -> PreemptedError | None:
         """A spot node reclaimed under us shows up as a dropped SSH session or a failed
@@ -444,10 +475,17 @@ class Lifecycle:
                 # make the guest agent ignore; the host key only through guest attributes.
                 OS_LOGIN_METADATA: "FALSE",
                 GUEST_ATTRIBUTES_METADATA: "TRUE",
+                **self._watchdog_metadata(),
             },
             spot=self.spec.spot,
             description=f"tpulab run {self.spec.run_id}",
             external_ips=not self.spec.internal_ip,
+            service_account_email=self.spec.service_account or "",
+            # The watchdog's token must reach the TPU API; without a watchdog the VM
+            # keeps the API's default scopes unless an account was asked for.
+            service_account_scopes=(_CLOUD_PLATFORM_SCOPE,)
+            if self.watchdog is not None or self.spec.service_account
+            else (),
         )
         if self.spec.queued:
             return self._create_through_queue(request)
@@ -541,6 +579,14 @@ class Lifecycle:
             self.outcome.create_accepted = False
             raise
         return f"node {name}" + (" (spot)" if self.spec.spot else "")
+
+    def _watchdog_metadata(self) -> dict[str, str]:
+        """The startup-script that arms the VM's watchdog at boot (none with --no-watchdog)."""
+        if self.watchdog is None:
+            return {}
+        from tpulab.remote.watchdog import startup_script
+
+        return {STARTUP_SCRIPT_METADATA: startup_script(self.watchdog)}
 
     def _create_through_queue(self, request: NodeRequest) -> str:
         """--queued: the same node request, through a QueuedResource (run/queued.py)."""
@@ -652,7 +698,37 @@ class Lifecycle:
         self.session = self._connect(self.target, self.key)
         # Connections open lazily; opening here makes this phase own the waiting for sshd.
         self.session.open()
-        return f"{self.target.user}@{self.target.host}:{self.target.port}"
+        where = f"{self.target.user}@{self.target.host}:{self.target.port}"
+        if self.watchdog is None:
+            return f"{where}; no watchdog (--no-watchdog)"
+        return f"{where}; {self._arm_lease(self.session)}"
+
+    def _arm_lease(self, session: RemoteSession) -> str:
+        """First lease renewal (ends the watchdog's boot grace), the renewer thread, and
+        the watchdog's state as the VM published it. Never fails the run."""
+        assert self.watchdog is not None
+        self.renewer = LeaseRenewer(
+            session,
+            self.watchdog,
+            note=self.observer.note,
+            background=self.renew_in_background,
+            clock=self.clock,
+        )
+        self.renewer.start()
+        state = self.outcome.watchdog = read_state(
+            self.api,
+            self.spec.zone.value,
+            self.spec.node_name,
+            clock=self.clock,
+            sleep=self.sleep,
+        )
+        if not state.armed:
+            self.observer.note(f"watchdog not armed: {state.reason}")
+            fix = state.fix(self.spec.service_account)
+            if fix:
+                self.observer.note(fix)
+        lease = f"lease {self.watchdog.lease_seconds:g}s"
+        return f"watchdog {state.describe()}; {lease}"
 
     def bootstrap(self) -> str:
         """Ensure ~/jax-tpu-lab/.venv holds JAX for the platform (see bootstrap.py)."""
@@ -809,6 +885,11 @@ class Lifecycle:
         zone, name = self.spec.zone.value, self.spec.node_name
         manual = self.spec.leaked_node().what_to_do()
         with self.shield(f"deleting node {name} in {zone}", manual=manual):
+            if self.renewer is not None:
+                # Stopped before the session closes, so it cannot race to reopen it.
+                self.renewer.stop()
+                self.outcome.lease_renewals = self.renewer.renewals
+                self.outcome.lease_failures = len(self.renewer.failures)
             if self.session is not None:
                 session, self.session = self.session, None
                 with contextlib.suppress(Exception):

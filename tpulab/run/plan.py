@@ -74,6 +74,8 @@ def build_plan(spec: RunSpec, *, installer: boot.Installer = "uv") -> list[PlanS
         new_nonce=recorder.new_nonce,
         judge=recorder.judge,
         write_record=recorder.write_record,
+        # The plan shows the first renewal; a thread would add more at random moments.
+        renew_in_background=False,
     )
     try:
         life.run()

@@ -41,7 +41,7 @@ from tpulab.cloud.api import QueuedResourceInfo, QueuedResourceRequest
 from tpulab.cloud.polling import operation_schedule
 from tpulab.config import RunSpec
 from tpulab.config.endpoint import classify_endpoint
-from tpulab.contract import HOST_KEY_ATTRIBUTE
+from tpulab.contract import HOST_KEY_ATTRIBUTE, STARTUP_SCRIPT_METADATA, WATCHDOG_STATE_ATTRIBUTE
 from tpulab.errors import NotFoundError
 from tpulab.evidence.judge import Judgement, Verdict
 from tpulab.evidence.receipt import Expectation
@@ -370,7 +370,10 @@ class RecordingTpuApi:
 
     def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
         self._send(rest.get_guest_attributes(self.project, zone, node_id, query_path))
-        return {HOST_KEY_ATTRIBUTE: _PLACEHOLDER_HOST_KEY}
+        published = {HOST_KEY_ATTRIBUTE: _PLACEHOLDER_HOST_KEY}
+        if self.created is not None and STARTUP_SCRIPT_METADATA in self.created.metadata:
+            published[WATCHDOG_STATE_ATTRIBUTE] = "armed"  # as a permitted watchdog says
+        return published
 
     # Queued resources: accepted, then ACTIVE with its node READY at the first look (the
     # plan shows the wait's cadence once, as for every poll); gone once deleted.

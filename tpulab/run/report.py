@@ -31,6 +31,7 @@ __all__ = [
     "ReceiptSummary",
     "RunEnvelope",
     "TeardownSummary",
+    "WatchdogSummary",
     "laptop_jax_version",
     "run_envelope",
     "summary_lines",
@@ -75,6 +76,21 @@ class TeardownSummary(_Part):
     manual_command: str | None  # set only when the deletion was NOT confirmed
 
 
+class WatchdogSummary(_Part):
+    """The VM's self-deletion (DESIGN.md §10) as the run saw it."""
+
+    state: str  # armed, unverified, no-permission, error, firing, unpublished
+    armed: bool
+    detail: str  # the watchdog's own words (empty for "armed")
+    fix: str | None  # what to grant, when it is not armed
+    service_account: str | None  # None: the project's default compute service account
+    lease_seconds: float
+    boot_grace_seconds: float
+    max_duration_seconds: float
+    lease_renewals: int
+    lease_renewal_failures: int
+
+
 class AttemptSummary(_Part):
     """One attempt of the run (a zone tried, a preempted spot node retried...)."""
 
@@ -109,6 +125,7 @@ class RunEnvelope(Envelope):
     bootstrap: BootstrapSummary | None
     receipt: ReceiptSummary
     teardown: TeardownSummary
+    watchdog: WatchdogSummary | None  # None: --no-watchdog, or the run never got to SSH
     attempts: list[AttemptSummary]  # every attempt in order; the fields above: the last
     estimated_cost_usd: float  # every attempt together
     price_date: str
@@ -193,6 +210,7 @@ def run_envelope(
             if outcome.teardown_status != "unconfirmed"
             else spec.leaked_node().manual_delete_command(),
         ),
+        watchdog=_watchdog(outcome),
         attempts=attempt_summaries(attempts),
         estimated_cost_usd=round(total_cost(outcome, attempts), 4),
         price_date=PRICE_DATE,
@@ -201,6 +219,48 @@ def run_envelope(
         run_record=str(outcome.run_record) if outcome.run_record else None,
         error=error,
     )
+
+
+def _watchdog(outcome: RunOutcome) -> WatchdogSummary | None:
+    spec = outcome.spec
+    state, settings, deadline = outcome.watchdog, spec.watchdog, spec.max_duration_seconds
+    if state is None or settings is None or deadline is None:
+        return None
+    return WatchdogSummary(
+        state=state.kind,
+        armed=state.armed,
+        detail=state.detail,
+        fix=state.fix(spec.service_account),
+        service_account=spec.service_account,
+        lease_seconds=settings.lease_seconds,
+        boot_grace_seconds=settings.boot_grace_seconds,
+        max_duration_seconds=deadline,
+        lease_renewals=outcome.lease_renewals,
+        lease_renewal_failures=outcome.lease_failures,
+    )
+
+
+def _watchdog_lines(outcome: RunOutcome) -> list[Line]:
+    """How the VM's own deletion was set up: armed, or plainly not, with the fix."""
+    spec = outcome.spec
+    if spec.watchdog is None:
+        return [[("  watchdog  ", "dim"), ("off (--no-watchdog)", "yellow")]]
+    state = outcome.watchdog
+    if state is None:
+        return []  # the run ended before SSH: the watchdog was never asked
+    terms = (
+        f" (lease {spec.watchdog.lease_seconds:g}s, deadline "
+        f"{spec.max_duration_seconds or 0:g}s after boot; {outcome.lease_renewals} renewals)"
+    )
+    if state.armed:
+        return [[("  watchdog  ", "dim"), (state.describe(), "green"), (terms, "dim")]]
+    lines: list[Line] = [
+        [("  watchdog  ", "dim"), ("watchdog not armed: ", "bold yellow"), (state.reason, "yellow")]
+    ]
+    fix = state.fix(spec.service_account)
+    if fix:
+        lines.append([("            ", "dim"), (fix, "yellow")])
+    return lines
 
 
 def _sums(values: list[float]) -> str:
@@ -318,6 +378,7 @@ def summary_lines(
         lines.append(
             [("  kept as   ", "dim"), (f"{outcome.receipt.id}  {outcome.receipt.path}", "")]
         )
+    lines.extend(_watchdog_lines(outcome))
     if outcome.workload is not None:
         lines.extend(_workload_lines(outcome))
     status = outcome.teardown_status

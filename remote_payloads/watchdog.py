@@ -1,0 +1,489 @@
+"""tpulab's watchdog: the TPU VM deletes itself when its controller is gone or too late.
+
+Runs ON the TPU VM (Python 3.10, stdlib only; it never imports tpulab and holds no
+secret). The node's `startup-script`, built by `tpulab.remote.watchdog`, pipes this file
+into `python3 - --config JSON` at boot; it daemonises at once, so the boot script runner
+is not held up, and then:
+
+1. learns who it is from the metadata server (`instance/attributes/tpu-env`: NODE_ID,
+   ZONE, CONSUMER_PROJECT_ID) and refuses to act for any other node than the one its
+   config names;
+2. proves it may delete that node: Resource Manager v1 `projects/P:testIamPermissions`
+   for `tpu.nodes.delete`, with the VM service account's token from the metadata server.
+   It publishes the answer as the guest attribute `tpulab/watchdog`:
+   `armed`, `unverified: ...` (the check itself was refused: armed, but unproven),
+   `no-permission: ...` or `error: ...`;
+3. every `poll_seconds` checks the lease and the hard deadline, and when either passed
+   publishes `firing: lease expired` / `firing: deadline` and sends
+   `DELETE v2/projects/P/locations/Z/nodes/N` with the token, retrying transient
+   failures; 404 means the node is already going, which is all it wanted.
+
+The lease: the controller writes the lease file over its SSH session every few seconds
+(a new line each time; `{"seq": n, "lease_seconds": s}`). The watchdog does not trust
+clocks: a renewal is a change of the file's content, seen at this machine's monotonic
+time, and the lease runs `lease_seconds` from that moment. Until the first renewal the
+boot grace (counted from the watchdog's start) stands in for it. The hard deadline is
+`max_duration_seconds` after the watchdog's start, whatever the lease says. Both are
+measured with time.monotonic, so an NTP step at boot cannot fire it early.
+
+Real-GCP assumptions (each is where the emulator imitates the real VM):
+- The guest agent runs metadata `startup-script` at boot as root: it writes the value to
+  a 0755 file in a temporary directory and runs it with `/bin/bash -c FILE`, so the
+  `#!` line is honoured (GoogleCloudPlatform/guest-agent
+  google_metadata_script_runner/main.go, runScript/writeScriptToFile); it reads the
+  script's stdout/stderr pipe to EOF before the service ends, so a daemon must not keep
+  them (runCmd), and the unit is `Type=oneshot` with `KillMode=process`, so a daemon that
+  left the script's process group survives the script (google-startup-scripts.service).
+- The metadata server is `metadata.google.internal` (or $GCE_METADATA_HOST, the
+  override google-auth honours: google/auth/compute_engine/_metadata.py), requires the
+  header `Metadata-Flavor: Google`, serves `instance/service-accounts/default/token`
+  (an OAuth access token with the VM service account's scopes) and accepts
+  `PUT instance/guest-attributes/NAMESPACE/KEY` when the instance metadata says
+  `enable-guest-attributes: TRUE` (the controller sets it).
+- `DELETE https://tpu.googleapis.com/v2/{name=projects/*/locations/*/nodes/*}` deletes a
+  node; the caller needs `tpu.nodes.delete` (roles/tpu.admin has it) and a token with the
+  cloud-platform scope (Cloud TPU REST reference, projects.locations.nodes.delete).
+- `POST https://cloudresourcemanager.googleapis.com/v1/projects/P:testIamPermissions`
+  with `{"permissions": [...]}` answers the subset the caller holds; it needs no
+  permission of its own (Resource Manager v1 reference), but the API may be disabled in
+  the project, which is why a refusal reads "unverified", not "no permission".
+- The lease file lives in /tmp: root runs this script while the controller writes as the
+  SSH user, and /tmp (sticky, world-writable) is the directory both can use. The
+  watchdog only reads it; the controller creates and replaces it (write + rename), so
+  no root-owned file can stand in the user's way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# The overrides only the emulator sets (tpulab.contract names them too); on a real VM
+# they are unset and the Google endpoints below are used.
+METADATA_HOST_ENV = "GCE_METADATA_HOST"
+TPU_API_BASE_ENV = "TPULAB_TPU_API_BASE"
+RESOURCE_MANAGER_BASE_ENV = "TPULAB_RESOURCE_MANAGER_BASE"
+METADATA_HOST = "metadata.google.internal"
+TPU_API_BASE = "https://tpu.googleapis.com/"
+RESOURCE_MANAGER_BASE = "https://cloudresourcemanager.googleapis.com/"
+
+STATE_NAMESPACE = "tpulab"
+STATE_KEY = "watchdog"
+DELETE_PERMISSION = "tpu.nodes.delete"
+# What the controller reads back (tpulab.remote.watchdog parses the same prefixes).
+ARMED = "armed"
+UNVERIFIED = "unverified: "
+NO_PERMISSION = "no-permission: "
+ERROR = "error: "
+FIRING = "firing: "
+LEASE_EXPIRED = "lease expired"
+DEADLINE = "deadline"
+
+HTTP_TIMEOUT = 10.0
+# Guest attribute values are small; keep every published text well inside them.
+MAX_STATE_CHARS = 500
+
+
+@dataclass(frozen=True)
+class Config:
+    """What the controller embeds in the startup-script (none of it secret)."""
+
+    run_id: str
+    node_name: str
+    zone: str
+    project: str
+    lease_path: str
+    log_path: str
+    pid_path: str
+    lease_seconds: float
+    boot_grace_seconds: float
+    max_duration_seconds: float
+    poll_seconds: float
+
+    @classmethod
+    def from_json(cls, text: str) -> Config:
+        data = json.loads(text)
+        return cls(
+            run_id=str(data["run_id"]),
+            node_name=str(data["node_name"]),
+            zone=str(data["zone"]),
+            project=str(data["project"]),
+            lease_path=str(data["lease_path"]),
+            log_path=str(data["log_path"]),
+            pid_path=str(data["pid_path"]),
+            lease_seconds=_positive(data["lease_seconds"]),
+            boot_grace_seconds=_positive(data["boot_grace_seconds"]),
+            max_duration_seconds=_positive(data["max_duration_seconds"]),
+            poll_seconds=_positive(data["poll_seconds"]),
+        )
+
+
+def _positive(value: Any) -> float:
+    number = float(value)
+    if not 0 < number < 10**7:
+        raise ValueError(f"expected a positive number of seconds, got {value!r}")
+    return number
+
+
+class HttpError(Exception):
+    """An HTTP answer that is not 2xx (status 0: no answer at all)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+
+    @property
+    def transient(self) -> bool:
+        return self.status in (0, 408, 429) or self.status >= 500
+
+
+def _root(url: str) -> str:
+    return url if url.endswith("/") else url + "/"
+
+
+def request(
+    method: str,
+    url: str,
+    *,
+    headers: dict[str, str] | None = None,
+    body: bytes | None = None,
+    timeout: float = HTTP_TIMEOUT,
+) -> bytes:
+    """One HTTP request; its body, or HttpError (status 0 for network failures)."""
+    if not url.startswith(("http://", "https://")):
+        raise HttpError(0, f"not an http(s) URL: {url!r}")
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})  # noqa: S310
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as answer:  # noqa: S310
+            return bytes(answer.read())
+    except urllib.error.HTTPError as error:
+        raise HttpError(error.code, _error_text(error.read())) from None
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        raise HttpError(0, f"{type(error).__name__}: {reason}") from None
+
+
+def _error_text(body: bytes) -> str:
+    """A Google error body's message, else the start of the body."""
+    text = body.decode("utf-8", "replace")
+    try:
+        found = json.loads(text).get("error", {})
+        if isinstance(found, dict) and found.get("message"):
+            return f"{found.get('status') or found.get('code')}: {found['message']}"
+    except (ValueError, AttributeError):
+        pass
+    return text.strip()[:300] or "(no body)"
+
+
+def parse_tpu_env(text: str) -> dict[str, str]:
+    """`tpu-env`'s `KEY: 'value'` lines (YAML-like, one per line) as a dict."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep or not key.strip() or key.startswith((" ", "#")):
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        found[key.strip()] = value
+    return found
+
+
+class Metadata:
+    """The VM's metadata server: identity, the service account's token, guest attributes."""
+
+    def __init__(self, host: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.base = f"http://{host}/computeMetadata/v1/"
+        self.clock = clock
+        self._token = ""
+        self._token_until = 0.0
+
+    def get(self, path: str) -> str:
+        headers = {"Metadata-Flavor": "Google"}
+        return request("GET", self.base + path, headers=headers).decode("utf-8").strip()
+
+    def put_guest_attribute(self, namespace: str, key: str, value: str) -> None:
+        url = f"{self.base}instance/guest-attributes/{namespace}/{key}"
+        headers = {"Metadata-Flavor": "Google", "Content-Type": "text/plain"}
+        request("PUT", url, headers=headers, body=value.encode("utf-8"))
+
+    def token(self) -> str:
+        """The default service account's access token, cached until a minute before it
+        expires (the metadata server hands out the same token until then anyway)."""
+        if self._token and self.clock() < self._token_until:
+            return self._token
+        data = json.loads(self.get("instance/service-accounts/default/token"))
+        self._token = str(data["access_token"])
+        self._token_until = self.clock() + max(0.0, float(data.get("expires_in", 0)) - 60.0)
+        return self._token
+
+
+@dataclass(frozen=True)
+class Identity:
+    project: str
+    zone: str
+    node_name: str
+    email: str
+
+
+def identity_of(metadata: Metadata, config: Config) -> Identity:
+    """Who this VM is, from the metadata server; ValueError if it is not the node the
+    config was made for (the watchdog never deletes another node)."""
+    env = parse_tpu_env(metadata.get("instance/attributes/tpu-env"))
+    node = env.get("NODE_ID", "")
+    zone = env.get("ZONE", "")
+    project = env.get("CONSUMER_PROJECT_ID", "")
+    if not zone:
+        zone = metadata.get("instance/zone").rsplit("/", 1)[-1]  # projects/NUMBER/zones/Z
+    if not project:
+        project = metadata.get("project/project-id")
+    try:
+        email = metadata.get("instance/service-accounts/default/email")
+    except HttpError:
+        email = "the VM's service account"
+    found = (project, zone, node)
+    wanted = (config.project, config.zone, config.node_name)
+    if found != wanted:
+        raise ValueError(
+            f"the metadata server says this VM is {'/'.join(found)}, "
+            f"but this watchdog was made for {'/'.join(wanted)}"
+        )
+    return Identity(project, zone, node, email)
+
+
+class Watchdog:
+    """The lease/deadline state machine and the calls it makes."""
+
+    def __init__(
+        self,
+        config: Config,
+        metadata: Metadata,
+        *,
+        api_base: str,
+        resource_manager_base: str,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.config = config
+        self.metadata = metadata
+        self.api_base = _root(api_base)
+        self.rm_base = _root(resource_manager_base)
+        self.clock = clock
+        self.sleep = sleep
+        self.log = log
+        self.started = clock()
+        self.lease_until = self.started + config.boot_grace_seconds
+        self.deadline = self.started + config.max_duration_seconds
+        self.renewals = 0
+        self._lease_text: str | None = None
+        self._published = ""
+
+    # -- state -------------------------------------------------------------------------
+
+    def publish(self, state: str) -> None:
+        """Tell the controller (through the TPU API's getGuestAttributes) how things are."""
+        state = state[:MAX_STATE_CHARS]
+        if state == self._published:
+            return
+        self.log(f"state: {state}")
+        try:
+            self.metadata.put_guest_attribute(STATE_NAMESPACE, STATE_KEY, state)
+        except HttpError as error:
+            self.log(f"could not publish the state: {error}")
+            return
+        self._published = state
+
+    def arm(self, identity: Identity) -> str:
+        """Check the delete permission; publish and return the state."""
+        url = f"{self.rm_base}v1/projects/{identity.project}:testIamPermissions"
+        body = json.dumps({"permissions": [DELETE_PERMISSION]}).encode("utf-8")
+        try:
+            headers = self._auth({"Content-Type": "application/json"})
+            answer = json.loads(request("POST", url, headers=headers, body=body) or b"{}")
+        except HttpError as error:
+            state = (
+                f"{UNVERIFIED}the permission check (Resource Manager testIamPermissions) "
+                f"was refused ({error}); {identity.email} may still be able to delete"
+            )
+        except (ValueError, KeyError) as error:
+            state = f"{UNVERIFIED}the permission check answered nonsense ({error})"
+        else:
+            granted = answer.get("permissions") or []
+            if DELETE_PERMISSION in granted:
+                state = ARMED
+            else:
+                state = (
+                    f"{NO_PERMISSION}{identity.email} lacks {DELETE_PERMISSION} on project "
+                    f"{identity.project}; grant it roles/tpu.admin (or a role with "
+                    f"{DELETE_PERMISSION})"
+                )
+        self.publish(state)
+        return state
+
+    def _auth(self, headers: dict[str, str]) -> dict[str, str]:
+        try:
+            token = self.metadata.token()
+        except (ValueError, KeyError) as error:
+            raise HttpError(0, f"the metadata server's token is unreadable ({error})") from None
+        return {**headers, "Authorization": f"Bearer {token}"}
+
+    # -- the lease ---------------------------------------------------------------------
+
+    def observe_lease(self) -> None:
+        """A changed lease file is a renewal, dated now (this machine's monotonic clock)."""
+        try:
+            with open(self.config.lease_path, encoding="utf-8", errors="replace") as handle:
+                text = handle.read(4096)
+        except OSError:
+            return  # not written yet (boot grace), or being replaced right now
+        if text == self._lease_text or not text.strip():
+            return
+        self._lease_text = text
+        seconds = self.config.lease_seconds
+        try:
+            asked = float(json.loads(text.strip().splitlines()[-1]).get("lease_seconds"))
+            if 0 < asked < 10**7:
+                seconds = asked
+        except (ValueError, TypeError, AttributeError, IndexError):
+            pass  # a renewal all the same; the configured lease applies
+        self.renewals += 1
+        self.lease_until = self.clock() + seconds
+
+    def why_fire(self) -> str | None:
+        now = self.clock()
+        if now >= self.deadline:
+            return DEADLINE
+        if now >= self.lease_until:
+            return LEASE_EXPIRED
+        return None
+
+    # -- deleting ----------------------------------------------------------------------
+
+    def delete_node(self, identity: Identity) -> bool:
+        """One DELETE of this node; True when it is accepted or already gone."""
+        name = f"projects/{identity.project}/locations/{identity.zone}/nodes/{identity.node_name}"
+        try:
+            request("DELETE", self.api_base + "v2/" + name, headers=self._auth({}))
+        except HttpError as error:
+            if error.status == 404:
+                self.log("the node is already gone")
+                return True
+            self.log(f"DELETE {name} failed: {error}")
+            if not error.transient:
+                self.publish(f"{ERROR}delete refused ({error})")
+            return False
+        self.log(f"DELETE {name} accepted")
+        return True
+
+    def fire(self, identity: Identity, reason: str) -> None:
+        """Delete this node, retrying until the API took it (the VM then goes away, and
+        this process with it)."""
+        self.publish(FIRING + reason)
+        delay = 1.0
+        while True:
+            if self.delete_node(identity):
+                # Accepted: the node is being deleted. Should it survive (a failed delete
+                # operation), send it again later.
+                self.sleep(30.0)
+                continue
+            self.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        identity: Identity | None = None
+        while identity is None:
+            try:
+                identity = identity_of(self.metadata, self.config)
+            except HttpError as error:
+                self.log(f"metadata server: {error}; retrying")
+                if not error.transient:
+                    self.publish(f"{ERROR}the metadata server refused ({error})")
+            except ValueError as error:
+                self.publish(f"{ERROR}{error}")
+                return  # not our node: never delete anything
+            else:
+                break
+            if self.why_fire() is not None:
+                self.publish(f"{ERROR}cannot learn this VM's identity; cannot delete it")
+            self.sleep(self.config.poll_seconds)
+        self.arm(identity)
+        while True:
+            self.observe_lease()
+            reason = self.why_fire()
+            if reason is not None:
+                self.log(f"firing: {reason} ({self.renewals} renewal(s) seen)")
+                self.fire(identity, reason)
+                return
+            self.sleep(self.config.poll_seconds)
+
+
+def daemonize(log_path: str, pid_path: str) -> None:
+    """Detach: double fork, a new session, stdio away from the boot runner's pipe (which
+    it reads to EOF before the boot continues)."""
+    if os.fork() > 0:
+        os._exit(0)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    os.chdir("/")
+    null = os.open(os.devnull, os.O_RDONLY)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(null)
+    os.close(log)
+    with open(pid_path, "w", encoding="utf-8") as handle:
+        handle.write(f"{os.getpid()}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="tpulab's self-deleting TPU VM watchdog")
+    parser.add_argument("--config", required=True, help="the run's watchdog config (JSON)")
+    parser.add_argument("--foreground", action="store_true", help="do not daemonise")
+    args = parser.parse_args(argv)
+    config = Config.from_json(args.config)
+    if not args.foreground:
+        daemonize(config.log_path, config.pid_path)
+
+    def log(message: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        print(f"{stamp} tpulab-watchdog[{config.run_id}]: {message}", flush=True)
+
+    env = os.environ
+    watchdog = Watchdog(
+        config,
+        Metadata(env.get(METADATA_HOST_ENV) or METADATA_HOST),
+        api_base=env.get(TPU_API_BASE_ENV) or TPU_API_BASE,
+        resource_manager_base=env.get(RESOURCE_MANAGER_BASE_ENV) or RESOURCE_MANAGER_BASE,
+        log=log,
+    )
+    log(
+        f"started for node {config.node_name} in {config.zone}: lease {config.lease_seconds:g}s "
+        f"(boot grace {config.boot_grace_seconds:g}s), deadline {config.max_duration_seconds:g}s"
+    )
+    while True:
+        try:
+            watchdog.run()
+            return 0
+        except Exception as error:  # a bug must not disarm it: say so, then go on guarding
+            watchdog.publish(f"{ERROR}the watchdog failed: {type(error).__name__}: {error}")
+            log(f"failed: {type(error).__name__}: {error}; starting over")
+            time.sleep(config.poll_seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

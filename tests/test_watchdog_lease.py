@@ -1,0 +1,141 @@
+"""The lease renewer over a real SSH connection (both host backends): it shares the
+run's Connection with a running command, stops for good before the session closes, and
+notes failures instead of raising them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from helpers import FakeClock
+
+from tpulab.remote.watchdog import WatchdogConfig
+from tpulab.run.lease import LeaseRenewer
+
+if TYPE_CHECKING:
+    from ssh_fixtures import SshHost
+
+pytest_plugins = ["ssh_fixtures"]
+
+
+def _config() -> WatchdogConfig:
+    return WatchdogConfig(
+        run_id=f"20261201t130000-{uuid.uuid4().hex[:6]}",
+        node_name="tpulab-lease-test",
+        zone="us-central1-a",
+        project="p",
+        lease_seconds=10.0,  # a renewal every 2 s
+        boot_grace_seconds=60.0,
+        max_duration_seconds=600.0,
+    )
+
+
+@pytest.fixture
+def config() -> Iterator[WatchdogConfig]:
+    made = _config()
+    yield made
+    for path in (Path(made.lease_path), Path(made.lease_path + ".tmp")):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _seq(config: WatchdogConfig) -> int:
+    path = Path(config.lease_path)
+    if not path.exists():
+        return 0
+    line = json.loads(path.read_text().splitlines()[-1])
+    assert line["lease_seconds"] == config.lease_seconds
+    return int(line["seq"])
+
+
+def test_renewals_share_the_connection_with_a_running_command(
+    ssh_host: SshHost, config: WatchdogConfig
+) -> None:
+    notes: list[str] = []
+    with ssh_host.connect() as session:
+        renewer = LeaseRenewer(session, config, note=notes.append)
+        renewer.start()
+        assert _seq(config) == 1  # the first renewal is done before start() returns
+        # The payload's long command runs on its own channel while the thread renews.
+        result = session.run(["sh", "-c", "sleep 5; echo done"], timeout=30, check=True)
+        assert result.stdout.strip() == "done"
+        renewed = _seq(config)
+        assert renewed >= 3, renewed  # 5 s at one renewal per 2 s, plus the first
+        renewer.stop()
+        after_stop = _seq(config)
+        time.sleep(config.renew_seconds * 2)
+        assert _seq(config) == after_stop, "a renewal ran after stop()"
+    assert renewer.failures == []
+    assert notes == []
+    assert renewer.renewals == after_stop
+    assert not any(t.name.startswith("tpulab-lease-") for t in threading.enumerate())
+
+
+def test_a_failing_renewal_is_noted_not_raised_and_recovery_is_noted_too(
+    ssh_host: SshHost, config: WatchdogConfig
+) -> None:
+    notes: list[str] = []
+    blocker = Path(config.lease_path + ".tmp")
+    blocker.mkdir()  # the renewal's temporary file cannot be written
+    with ssh_host.connect() as session:
+        renewer = LeaseRenewer(session, config, note=notes.append)
+        renewer.start()  # does not raise
+        assert renewer.renewals == 0
+        assert len(renewer.failures) == 1
+        assert len(notes) == 1
+        assert "lease renewal failed" in notes[0]
+        assert "the teardown still runs" in notes[0]
+        time.sleep(config.renew_seconds * 1.5)
+        assert len(notes) == 1, notes  # one note per failing stretch, not one per try
+        blocker.rmdir()
+        deadline = time.monotonic() + 20
+        while renewer.renewals == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        renewer.stop()
+        assert renewer.renewals >= 1
+        # The session is still usable: the failures never broke the connection.
+        assert session.run(["true"], timeout=10).exit_status == 0
+    assert notes[-1] == "lease renewals work again"
+    assert _seq(config) >= 1
+
+
+def test_lapsed_means_no_renewal_for_a_whole_lease(config: WatchdogConfig) -> None:
+    class Refusing:
+        """A session whose every command fails, as a dropped connection's do."""
+
+        def run(self, argv: object, **_: object) -> object:
+            from tpulab.errors import ConnectError
+
+            raise ConnectError("The SSH connection dropped")
+
+    clock = FakeClock()
+    renewer = LeaseRenewer(Refusing(), config, background=False, clock=clock)
+    renewer.start()
+    assert renewer.lapsed()  # never renewed at all
+    renewer.last_renewed = clock()
+    clock.sleep(config.lease_seconds - 1)
+    assert not renewer.lapsed()
+    clock.sleep(1)
+    assert renewer.lapsed()
+
+    # A renewal after waking up does not hide that the lease lapsed while asleep.
+    class Working:
+        def run(self, argv: object, **_: object) -> object:
+            return None
+
+    awake = LeaseRenewer(Working(), config, background=False, clock=clock)
+    awake.start()
+    assert not awake.lapsed()
+    clock.sleep(config.lease_seconds + 5)  # SIGSTOP
+    awake.renew()  # SIGCONT: the first renewal goes through
+    assert awake.lapsed()

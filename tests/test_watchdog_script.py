@@ -1,0 +1,337 @@
+"""remote_payloads/watchdog.py as the VM runs it: the real startup-script under `sh`, the
+real daemon, against a small HTTP server in this test that plays the metadata server,
+Resource Manager and the Cloud TPU API (the emulator's own version is tested end to end
+in tests/test_watchdog_e2e.py). Lease renewals are the controller's real argv, run here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tpulab.remote.watchdog import WatchdogConfig, parse_state, renew_command, startup_script
+
+PROJECT, ZONE, NODE = "wd-proj", "us-central1-a", "tpulab-wd-node"
+TOKEN = "ya29.test-token"
+SERVICE_ACCOUNT = "runner@wd-proj.iam.gserviceaccount.com"
+NODE_PATH = f"/v2/projects/{PROJECT}/locations/{ZONE}/nodes/{NODE}"
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: str
+    at: float
+
+
+@dataclass
+class FakeCloud:
+    """What the server answers; every request it saw, in order."""
+
+    granted: list[str] = field(default_factory=lambda: ["tpu.nodes.delete"])
+    iam_status: int = 200
+    delete_statuses: list[int] = field(default_factory=list)  # then 200 for good
+    node_id: str = NODE
+    requests: list[Seen] = field(default_factory=list)
+    attributes: dict[str, list[str]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def states(self) -> list[str]:
+        with self.lock:
+            return list(self.attributes.get("tpulab/watchdog", []))
+
+    def deletes(self) -> list[Seen]:
+        with self.lock:
+            return [r for r in self.requests if r.method == "DELETE"]
+
+
+def _handler(cloud: FakeCloud) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def _answer(self, status: int, body: object) -> None:
+            data = (body if isinstance(body, str) else json.dumps(body)).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _handle(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length).decode() if length else ""
+            seen = Seen(self.command, self.path, dict(self.headers), body, time.monotonic())
+            with cloud.lock:
+                cloud.requests.append(seen)
+            path = self.path
+            if path.startswith("/computeMetadata/v1/"):
+                if self.headers.get("Metadata-Flavor") != "Google":
+                    return self._answer(403, "Missing Metadata-Flavor:Google header.")
+                return self._metadata(path.removeprefix("/computeMetadata/v1/"), body)
+            bearer = self.headers.get("Authorization") == f"Bearer {TOKEN}"
+            if path == f"/v1/projects/{PROJECT}:testIamPermissions" and self.command == "POST":
+                if cloud.iam_status != 200:
+                    error = {"code": cloud.iam_status, "message": "API disabled"}
+                    return self._answer(cloud.iam_status, {"error": error})
+                asked = json.loads(body)["permissions"]
+                return self._answer(200, {"permissions": [p for p in asked if p in cloud.granted]})
+            if path == NODE_PATH and self.command == "DELETE":
+                if not bearer:
+                    return self._answer(401, {"error": {"code": 401, "message": "no token"}})
+                status = cloud.delete_statuses.pop(0) if cloud.delete_statuses else 200
+                if status == 200:
+                    return self._answer(200, {"name": "operations/op-1", "done": False})
+                return self._answer(status, {"error": {"code": status, "message": "nope"}})
+            return self._answer(404, {"error": {"code": 404, "message": f"no {path}"}})
+
+        def _metadata(self, path: str, body: str) -> None:
+            if path.startswith("instance/guest-attributes/") and self.command == "PUT":
+                key = path.removeprefix("instance/guest-attributes/")
+                with cloud.lock:
+                    cloud.attributes.setdefault(key, []).append(body)
+                return self._answer(200, "")
+            values = {
+                "instance/attributes/tpu-env": (
+                    f"ACCELERATOR_TYPE: 'v5litepod-4'\nCONSUMER_PROJECT_ID: '{PROJECT}'\n"
+                    f"NODE_ID: '{cloud.node_id}'\nWORKER_ID: '0'\nZONE: '{ZONE}'\n"
+                ),
+                "instance/service-accounts/default/email": SERVICE_ACCOUNT,
+                "instance/service-accounts/default/token": json.dumps(
+                    {"access_token": TOKEN, "expires_in": 3599, "token_type": "Bearer"}
+                ),
+            }
+            if path in values:
+                return self._answer(200, values[path])
+            return self._answer(404, "not found")
+
+        do_GET = do_PUT = do_POST = do_DELETE = _handle
+
+    return Handler
+
+
+@pytest.fixture
+def cloud() -> Iterator[tuple[FakeCloud, str]]:
+    state = FakeCloud()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state, f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class Armed:
+    """One watchdog started through its real startup-script; killed at the end."""
+
+    def __init__(self, config: WatchdogConfig, address: str) -> None:
+        self.config = config
+        env = {
+            **os.environ,
+            "GCE_METADATA_HOST": address,
+            "TPULAB_TPU_API_BASE": f"http://{address}/",
+            "TPULAB_RESOURCE_MANAGER_BASE": f"http://{address}/",
+        }
+        self.started = time.monotonic()
+        # Pipes, like the guest agent's runner: communicate() returns only once every
+        # holder of the write ends closed them, so this proves the daemon let go.
+        boot = subprocess.run(
+            ["sh", "-c", startup_script(config)], env=env, capture_output=True, timeout=20
+        )
+        self.boot_seconds = time.monotonic() - self.started
+        assert boot.returncode == 0, boot.stderr
+        self.pid = _wait_pid(Path(config.pid_path))
+        self.seq = 0
+
+    def renew(self) -> None:
+        self.seq += 1
+        subprocess.run(renew_command(self.config, self.seq), check=True, timeout=10)
+
+    def alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        if self.alive():
+            os.kill(self.pid, signal.SIGKILL)
+        for path in (self.config.lease_path, self.config.log_path, self.config.pid_path):
+            Path(path).unlink(missing_ok=True)
+
+    def log(self) -> str:
+        return Path(self.config.log_path).read_text()
+
+
+def _wait_pid(path: Path) -> int:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        if text.strip():
+            return int(text)
+        time.sleep(0.02)
+    raise AssertionError(f"the watchdog never wrote {path}")
+
+
+def _config(tmp: str, **overrides: float) -> WatchdogConfig:
+    values: dict[str, float] = {
+        "lease_seconds": 2.0,
+        "boot_grace_seconds": 2.0,
+        "max_duration_seconds": 600.0,
+    }
+    values.update(overrides)
+    return WatchdogConfig(
+        run_id=f"20261201t120000-{tmp}",
+        node_name=NODE,
+        zone=ZONE,
+        project=PROJECT,
+        **values,
+    )
+
+
+def _until(predicate: object, timeout: float, what: str) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def armed() -> Iterator[list[Armed]]:
+    started: list[Armed] = []
+    yield started
+    for one in started:
+        one.stop()
+
+
+def _start(armed: list[Armed], config: WatchdogConfig, address: str) -> Armed:
+    one = Armed(config, address)
+    armed.append(one)
+    return one
+
+
+def test_boot_grace_lapses_without_a_renewal_and_the_node_deletes_itself(
+    cloud: tuple[FakeCloud, str], armed: list[Armed]
+) -> None:
+    state, address = cloud
+    dog = _start(armed, _config("a1b2c3"), address)
+    # The boot runner got its pipe back at once: the watchdog daemonised.
+    assert dog.boot_seconds < 5
+    _until(lambda: state.deletes(), 15, "the DELETE")
+    delete = state.deletes()[0]
+    assert delete.path == NODE_PATH
+    assert delete.headers["Authorization"] == f"Bearer {TOKEN}"
+    # Not before the boot grace (2 s) ran out, and not much after (poll 1 s + slack).
+    assert 2.0 <= delete.at - dog.started < 6.0
+    assert state.states() == ["armed", "firing: lease expired"]
+    assert parse_state(state.states()[0]).armed
+    # The permission was checked with the token, for the right project and permission.
+    iam = [r for r in state.requests if r.path.endswith(":testIamPermissions")]
+    assert iam
+    assert json.loads(iam[0].body) == {"permissions": ["tpu.nodes.delete"]}
+    assert iam[0].headers["Authorization"] == f"Bearer {TOKEN}"
+    assert "already gone" not in dog.log()
+
+
+def test_renewals_hold_it_off_and_it_fires_one_lease_after_the_last(
+    cloud: tuple[FakeCloud, str], armed: list[Armed]
+) -> None:
+    state, address = cloud
+    dog = _start(armed, _config("d4e5f6"), address)
+    stop_renewing = time.monotonic() + 6.0  # three leases' worth of renewals
+    while time.monotonic() < stop_renewing:
+        dog.renew()
+        time.sleep(0.4)
+    last = time.monotonic()
+    assert state.deletes() == [], "a renewed lease must not fire"
+    _until(lambda: state.deletes(), 15, "the DELETE after the renewals stopped")
+    fired = state.deletes()[0].at - last
+    assert 2.0 - 1.0 <= fired < 2.0 + 4.0, fired  # one lease, give or take a poll
+    assert state.states()[-1] == "firing: lease expired"
+
+
+def test_the_hard_deadline_fires_even_while_the_lease_is_renewed(
+    cloud: tuple[FakeCloud, str], armed: list[Armed]
+) -> None:
+    state, address = cloud
+    dog = _start(armed, _config("a7b8c9", max_duration_seconds=3.0), address)
+    until = time.monotonic() + 8
+    while not state.deletes() and time.monotonic() < until:
+        dog.renew()
+        time.sleep(0.3)
+    assert state.deletes(), "the deadline never fired"
+    assert 3.0 <= state.deletes()[0].at - dog.started < 7.0
+    assert state.states()[-1] == "firing: deadline"
+
+
+def test_transient_delete_failures_are_retried_and_404_means_done(
+    cloud: tuple[FakeCloud, str], armed: list[Armed]
+) -> None:
+    state, address = cloud
+    state.delete_statuses = [503, 429, 404]
+    dog = _start(armed, _config("c0ffee", boot_grace_seconds=1.0), address)
+    _until(lambda: len(state.deletes()) >= 3, 20, "three DELETEs")
+    _until(lambda: "already gone" in dog.log(), 5, "the watchdog to see 404")
+    time.sleep(1.5)
+    assert len(state.deletes()) == 3, "404 is done: no DELETE after it"
+
+
+def test_no_permission_is_published_with_the_identity_and_the_role_to_grant(
+    cloud: tuple[FakeCloud, str], armed: list[Armed]
+) -> None:
+    state, address = cloud
+    state.granted = []
+    _start(armed, _config("ab12cd", boot_grace_seconds=60.0), address)
+    _until(lambda: state.states(), 10, "a published state")
+    parsed = parse_state(state.states()[0])
+    assert parsed.kind == "no-permission"
+    assert not parsed.armed
+    assert SERVICE_ACCOUNT in parsed.detail
+    assert "roles/tpu.admin" in parsed.detail
+    fix = parsed.fix(SERVICE_ACCOUNT)
+    assert fix is not None
+    assert SERVICE_ACCOUNT in fix
+    assert "tpu.nodes.delete" in fix
+
+
+def test_a_refused_permission_check_reads_unverified_and_stays_armed(
+    cloud: tuple[FakeCloud, str], armed: list[Armed]
+) -> None:
+    state, address = cloud
+    state.iam_status = 403
+    _start(armed, _config("ef34ab", boot_grace_seconds=1.0), address)
+    _until(lambda: state.deletes(), 15, "the DELETE of an unverified watchdog")
+    parsed = parse_state(state.states()[0])
+    assert parsed.kind == "unverified"
+    assert parsed.armed
+    assert "403" in parsed.detail
+
+
+def test_a_vm_that_is_not_the_configured_node_is_never_deleted(
+    cloud: tuple[FakeCloud, str], armed: list[Armed]
+) -> None:
+    state, address = cloud
+    state.node_id = "someone-elses-node"
+    dog = _start(armed, _config("fe56dc", boot_grace_seconds=1.0), address)
+    _until(lambda: state.states(), 10, "a published state")
+    time.sleep(2.5)  # past the boot grace
+    assert state.deletes() == []
+    parsed = parse_state(state.states()[0])
+    assert parsed.kind == "error"
+    assert "someone-elses-node" in parsed.detail
+    _until(lambda: not dog.alive(), 5, "the watchdog to stand down")

@@ -1,0 +1,251 @@
+"""The controller's half of the VM's dead man's switch: renew the lease, read the state.
+
+- `watchdog_config(spec)`: the `WatchdogConfig` a run's startup-script carries (None
+  with --no-watchdog).
+- `LeaseRenewer`: renews the lease over the run's SSH Connection (one exec channel per
+  renewal; paramiko multiplexes channels over the one transport) -- once in the
+  foreground when the session opens, then from a daemon thread every
+  `config.renew_seconds` until `stop()`, which the lifecycle calls before the teardown.
+  A failed renewal is noted, never raised: the laptop-side teardown is the first line,
+  the watchdog the second, and a renewal is only what keeps the second line quiet.
+- `read_state(...)`: the watchdog's guest attribute, waited for a little after SSH is
+  up (the startup-script and SSH logins start concurrently on a real VM: the guest
+  agent orders sshd, not the startup-scripts unit).
+- `vanished(...)`: what to say when the node disappears under a live run -- the watchdog's
+  deadline, a lapsed lease (the controller was stopped), or someone else.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from tpulab.errors import (
+    CloudError,
+    NodeVanishedError,
+    NotFoundError,
+    TpuLabError,
+    TransientError,
+)
+from tpulab.polling import Backoff, poll_until
+from tpulab.remote.watchdog import (
+    STATE_ATTRIBUTE,
+    WatchdogConfig,
+    WatchdogState,
+    parse_state,
+    renew_command,
+)
+
+if TYPE_CHECKING:
+    from tpulab.cloud.api import TpuApi
+    from tpulab.config import RunSpec
+
+__all__ = [
+    "LeaseRenewer",
+    "read_state",
+    "vanished",
+    "watchdog_config",
+]
+
+# How long after SSH is up the controller waits for the watchdog to say how it is.
+STATE_WAIT_SECONDS = 30.0
+
+
+class _Runs(Protocol):
+    def run(
+        self,
+        argv: Sequence[str] | str,
+        *,
+        env: Mapping[str, str] | None = ...,
+        timeout: float,
+        on_line: Callable[[str, str], None] | None = ...,
+        check: bool = ...,
+    ) -> object: ...
+
+
+def watchdog_config(spec: RunSpec) -> WatchdogConfig | None:
+    """The run's watchdog as its startup-script carries it; None with --no-watchdog."""
+    settings = spec.watchdog
+    deadline = spec.max_duration_seconds
+    if settings is None or deadline is None:
+        return None
+    return WatchdogConfig(
+        run_id=spec.run_id,
+        node_name=spec.node_name,
+        zone=spec.zone.value,
+        project=spec.project.value,
+        lease_seconds=settings.lease_seconds,
+        boot_grace_seconds=settings.boot_grace_seconds,
+        max_duration_seconds=deadline,
+    )
+
+
+@dataclass
+class LeaseRenewer:
+    """Renews one run's lease until stopped; `failures` says what went wrong."""
+
+    session: _Runs
+    config: WatchdogConfig
+    note: Callable[[str], None] = lambda _message: None
+    background: bool = True  # False: only the foreground renewal (a dry run's plan)
+    clock: Callable[[], float] = time.monotonic
+    renewals: int = 0
+    failures: list[str] = field(default_factory=list)
+    last_renewed: float | None = None
+    longest_gap: float = 0.0  # the longest stretch between two renewals so far
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _thread: threading.Thread | None = None
+    _failing_since: float | None = None
+
+    def start(self) -> None:
+        """Renew once now (the watchdog's boot grace ends with it), then keep renewing."""
+        self.renew()
+        if self.background and self._thread is None:
+            self._thread = threading.Thread(
+                target=self._loop, name=f"tpulab-lease-{self.config.run_id}", daemon=True
+            )
+            self._thread.start()
+
+    def renew(self) -> bool:
+        """One renewal; False (and a note, once per failing stretch) if it failed."""
+        with self._lock:
+            if self._stop.is_set():
+                return False
+            try:
+                self.session.run(
+                    renew_command(self.config, self.renewals + 1),
+                    timeout=min(self.config.lease_seconds, 20.0),
+                    check=True,
+                )
+            except TpuLabError as error:
+                return self._failed(error.message)
+            except Exception as error:  # a broken transport, seen from this thread
+                return self._failed(f"{type(error).__name__}: {error}")
+            self.renewals += 1
+            now = self.clock()
+            if self.last_renewed is not None:
+                self.longest_gap = max(self.longest_gap, now - self.last_renewed)
+            self.last_renewed = now
+            if self._failing_since is not None:
+                self._failing_since = None
+                self.note("lease renewals work again")
+            return True
+
+    def _failed(self, why: str) -> bool:
+        self.failures.append(why)
+        now = self.clock()
+        if self._failing_since is None:
+            self._failing_since = now
+            self.note(
+                f"lease renewal failed ({why}); the VM deletes itself if renewals keep "
+                f"failing for {self.config.lease_seconds:g} s (the teardown still runs)"
+            )
+        return False
+
+    def lapsed(self) -> bool:
+        """Has the lease possibly run out on the VM: no renewal for a whole lease, now or
+        at any time since the first (a suspended laptop may renew again on waking, into
+        a session that has not noticed yet that its VM is gone)?"""
+        last = self.last_renewed
+        if last is None:
+            return True
+        gap = max(self.longest_gap, self.clock() - last)
+        return gap >= self.config.lease_seconds
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.config.renew_seconds):
+            self.renew()
+
+    def stop(self, wait: float = 5.0) -> None:
+        """No renewal starts after this returns (one in flight may take `wait` to end):
+        the session can then be closed without the renewer racing to reopen it."""
+        self._stop.set()
+        if self._lock.acquire(timeout=wait):
+            self._lock.release()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=wait)
+
+
+def read_state(
+    api: TpuApi,
+    zone: str,
+    node_name: str,
+    *,
+    timeout: float = STATE_WAIT_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> WatchdogState:
+    """The watchdog's published state, asked of the API (once SSH is up, so it is
+    usually there at once) until it appears or `timeout` passes ("unpublished")."""
+
+    def fetch() -> str | None:
+        attributes = api.guest_attributes(zone, node_name, STATE_ATTRIBUTE.split("/")[0] + "/")
+        return attributes.get(STATE_ATTRIBUTE)
+
+    try:
+        value = poll_until(
+            fetch,
+            lambda found: found is not None,
+            timeout=timeout,
+            clock=clock,
+            sleep=sleep,
+            backoff=Backoff(0.5, 5.0, factor=2.0),
+            retry_if=lambda error: isinstance(error, TransientError | NotFoundError),
+            describe=lambda _value: f"the VM's watchdog to publish its state ({STATE_ATTRIBUTE})",
+        )
+    except CloudError:
+        return parse_state(None)
+    return parse_state(value)
+
+
+def vanished(
+    api: TpuApi,
+    zone: str,
+    node_name: str,
+    *,
+    phase: str,
+    error: TpuLabError,
+    renewer: LeaseRenewer | None,
+    deadline_passed: bool,
+) -> NodeVanishedError | None:
+    """A `NodeVanishedError` naming the likely cause when the node is gone or DELETING; None
+    when it is still there (the error was something else)."""
+    from tpulab.models import NodeState
+
+    try:
+        node = api.get_node(zone, node_name)
+    except NotFoundError:
+        state = "gone"
+    except CloudError:
+        return None
+    else:
+        if node.state != NodeState.DELETING:
+            return None
+        state = "DELETING"
+    if deadline_passed:
+        cause = "its watchdog deleted it: the hard deadline (--max-duration) passed"
+        hint = (
+            "The run outlived --max-duration. Give it a longer --max-duration (or leave it "
+            "out: the default adds up the run's timeouts)."
+        )
+    elif renewer is not None and renewer.lapsed():
+        cause = (
+            f"its watchdog deleted it: no lease renewal reached it for "
+            f"{renewer.config.lease_seconds:g} s (was this process stopped or offline?)"
+        )
+        hint = (
+            "A suspended laptop or a lost network lets the lease lapse by design. Pass a "
+            "longer --lease if the pauses are expected."
+        )
+    else:
+        cause = "it was deleted by its watchdog or externally (not by this run)"
+        hint = "Check who deleted it in the project's audit log; retry the run."
+    return NodeVanishedError(
+        f"Node {node_name} in {zone} is {state} during {phase}: {cause} ({error.message}).",
+        hint=hint,
+    )
