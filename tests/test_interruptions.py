@@ -82,7 +82,7 @@ PHASES = {
 # The phases of a run with a `-- CMD` (after the verifier), each held by the image too:
 # the workspace's unpack and the artifacts' pack (`python3 -c <transfer> unpack|pack`,
 # by `sitecustomize`), the extras' install (its `rm` of the extras stamp) and the
-# command itself (the matrix's workload script, see _workload_workspace).
+# command itself (the matrix's workload script, _WORKLOAD_SCRIPT).
 WORKLOAD_PHASES = {"sync": "sync", "install": "install", "workload": "workload", "fetch": "fetch"}
 ALL_PHASES = {**PHASES, **WORKLOAD_PHASES}
 # Phases held per node by the emulated image (see _install_slow_image).
@@ -695,15 +695,21 @@ if hold.is_file():
 """
 
 
-def _workload_args(served: Matrix, cell: Cell, *, with_package: bool) -> tuple[str, ...]:
-    """A small workspace, a per-cell --out, the extra package when the row needs an
+def _workload_workspace(served: Matrix) -> Path:
+    """The small workspace every row uploads: the matrix's workload script only."""
+    work = served.workdir / "workspace"
+    work.mkdir()
+    (work / "matrix_work.py").write_text(_WORKLOAD_SCRIPT)
+    return work
+
+
+def _workload_args(
+    served: Matrix, cell: Cell, work: Path, *, with_package: bool
+) -> tuple[str, ...]:
+    """The workspace, a per-cell --out, the extra package when the row needs an
     install, and the command (last: everything after `--` is the user's)."""
     from test_workload_extras import PACKAGE, VERSION
 
-    work = served.workdir / "workspace"
-    if not work.exists():
-        work.mkdir()
-        (work / "matrix_work.py").write_text(_WORKLOAD_SCRIPT)
     extras = ("--with", f"{PACKAGE}=={VERSION}") if with_package else ()
     out = served.workdir / f"out-{cell.node}"
     return ("--workdir", str(work), "--out", str(out), *extras, "--", "python", "matrix_work.py")
@@ -726,9 +732,10 @@ def test_interrupted_in_a_workload_phase_leaves_nothing(
     served = with_index
     cells = [Cell(sig, phase) for sig in ("SIGINT", "SIGTERM", "SIGKILL")]
     cells.append(Cell("SIGKILL", phase, variant="-wd"))
+    work = _workload_workspace(served)
 
     def run(cell: Cell) -> Outcome:
-        args = _workload_args(served, cell, with_package=phase == "install")
+        args = _workload_args(served, cell, work, with_package=phase == "install")
         if cell.variant == "-wd":
             return served.run(cell, extra=(*WATCHDOG_ARGS, *args), sweep=False)
         return served.run(cell, extra=args)
@@ -762,3 +769,15 @@ def test_interrupted_in_a_workload_phase_leaves_nothing(
                 assert row is not None, where
                 assert _fetched_artifact(served, cell) == f"written by {row.run_id}", where
     assert served.emulator.node_names(PROJECT) == []
+
+    # The watchdog's row: `tpulab list` proves the node gone and closes it as such.
+    from tpulab.cleanup.journal import VANISHED
+
+    listed = tpulab(
+        "list", "--api-endpoint", served.gate.url, "--project", PROJECT, "--zone", ZONE,
+        "--json",
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    closed = {r["node_name"]: r["closed_as"] for r in json.loads(listed.stdout)["journal_missing"]}
+    assert closed == {Cell("SIGKILL", phase, variant="-wd").node: VANISHED}, closed
+    assert served.journal.open_runs() == []
