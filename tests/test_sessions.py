@@ -89,13 +89,16 @@ def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None
 
 
 def test_a_failing_up_leaves_no_node_and_no_key(served: Emulator, tpulab_home: Path) -> None:
-    # The node boots, SSH and the watchdog come up, then the venv cannot be made: the
-    # run's own teardown must delete the node although `up` asked to keep it.
-    served.faults.ensurepip_missing = True
-    up = tpulab(*_up(served, "--name", "broken", "--installer", "pip"), timeout=300)
+    # The node boots, SSH and the watchdog come up, then the verifier is killed before it
+    # writes a receipt (it needs several seconds): the run's own teardown must delete
+    # the node although `up` asked to keep it.
+    up = tpulab(*_up(served, "--name", "broken", "--payload-timeout", "1"), timeout=300)
     assert up.returncode != EXIT_OK, up.stdout
+    assert "verify_tpu.py" in up.stderr and "was killed" in up.stderr
+    assert "Delete VM and confirm" in up.stdout and "confirmed by list" in up.stdout
     assert "Session broken is up" not in up.stdout
-    assert any(entry["method"] == "POST" for entry in served.requests())  # it was created
+    methods = [entry["method"] for entry in served.requests()]
+    assert "POST" in methods and "DELETE" in methods  # created, then deleted
     assert served.node_names(PROJECT) == []
     assert _sessions_dir(tpulab_home).is_dir()
     assert list(_sessions_dir(tpulab_home).iterdir()) == []
