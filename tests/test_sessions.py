@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,7 +68,9 @@ def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None
     assert state["idle_seconds"] == 600.0
     assert state["deadline_at"] - state["started_at"] == 3600.0
     row = Journal().get(state["run_id"])
-    assert row is not None and row.teardown is None and row.phase == "session"
+    assert row is not None
+    assert row.teardown is None
+    assert row.phase == "session"
 
     # The name may be omitted with exactly one session up; the command runs on the VM.
     shell = tpulab("ssh", "--", "echo", "ok", "from", "$(hostname)", timeout=60)
@@ -79,13 +82,47 @@ def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None
     failing = tpulab("ssh", "lesson-1", "--", "sh", "-c", "exit 7", timeout=60)
     assert failing.returncode == 7, failing.stderr
 
+    where = ("--api-endpoint", served.url, "--project", PROJECT, "--zone", ZONE)
+    listed = tpulab("list", *where, timeout=60)
+    assert listed.returncode == EXIT_OK, listed.stderr
+    (line,) = [row for row in listed.stdout.splitlines() if row.startswith("lesson-1 ")]
+    assert node in line
+    assert "v5litepod-4" in line
+    assert "59m" in line or "58m" in line  # deadline in ~1h
+    assert "9m" in line  # idle expiry ~10 min after the renewal
+
     down = tpulab("down", "lesson-1", timeout=120)
     assert down.returncode == EXIT_OK, down.stderr + down.stdout
     assert "deleted, confirmed by list" in down.stdout
     assert served.node_names(PROJECT) == []
-    assert not key.exists() and not key.parent.exists()
+    assert not key.exists()
+    assert not key.parent.exists()
     closed = Journal().get(state["run_id"])
-    assert closed is not None and closed.teardown == "confirmed"
+    assert closed is not None
+    assert closed.teardown == "confirmed"
+
+
+def test_an_idle_session_deletes_itself_and_list_cleans_its_key(
+    served: Emulator, tpulab_home: Path
+) -> None:
+    up = tpulab(*_up(served, "--name", "idle", "--idle", "10s"), timeout=300)
+    assert up.returncode == EXIT_OK, up.stderr + up.stdout
+    key = _sessions_dir(tpulab_home) / "idle" / "key"
+    assert key.is_file()
+    # Nobody renews the lease: the VM's watchdog deletes the node (10 s + its poll).
+    deadline = time.monotonic() + 60
+    while served.node_names(PROJECT):
+        assert time.monotonic() < deadline, "the idle session's node was not deleted"
+        time.sleep(0.5)
+    where = ("--api-endpoint", served.url, "--project", PROJECT, "--zone", ZONE)
+    listed = tpulab("list", *where, timeout=60)
+    assert listed.returncode == EXIT_OK, listed.stderr
+    assert "session idle: its node" in listed.stderr
+    assert "is gone" in listed.stderr
+    assert not key.exists()
+    down = tpulab("down", "idle", timeout=60)
+    assert down.returncode == EXIT_CONFIG
+    assert "There is no session named 'idle'" in down.stderr
 
 
 def test_a_failing_up_leaves_no_node_and_no_key(served: Emulator, tpulab_home: Path) -> None:
@@ -94,11 +131,14 @@ def test_a_failing_up_leaves_no_node_and_no_key(served: Emulator, tpulab_home: P
     # the node although `up` asked to keep it.
     up = tpulab(*_up(served, "--name", "broken", "--payload-timeout", "1"), timeout=300)
     assert up.returncode != EXIT_OK, up.stdout
-    assert "verify_tpu.py" in up.stderr and "was killed" in up.stderr
-    assert "Delete VM and confirm" in up.stdout and "confirmed by list" in up.stdout
+    assert "verify_tpu.py" in up.stderr
+    assert "was killed" in up.stderr
+    assert "Delete VM and confirm" in up.stdout
+    assert "confirmed by list" in up.stdout
     assert "Session broken is up" not in up.stdout
     methods = [entry["method"] for entry in served.requests()]
-    assert "POST" in methods and "DELETE" in methods  # created, then deleted
+    assert "POST" in methods
+    assert "DELETE" in methods
     assert served.node_names(PROJECT) == []
     assert _sessions_dir(tpulab_home).is_dir()
     assert list(_sessions_dir(tpulab_home).iterdir()) == []
