@@ -127,31 +127,37 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool) -> No
     from tpulab.config import RunSpec
     from tpulab.remote.ssh import RunKey
     from tpulab.run.lifecycle import Lifecycle
-    from tpulab.run.session import bring_up
+    from tpulab.run.session import abandon, bring_up
     from tpulab.run.signals import shield, signals_to_teardown
 
     assert isinstance(spec, RunSpec)
     store = SessionStore()
     key = RunKey()
-    store.reserve(session_name, key.openssh_private_bytes())
     display = RunDisplay(verbose=verbose, quiet=False, command_quiet=False)
     journal = RunJournalAdapter()
+    life = Lifecycle(
+        spec,
+        api=GoogleTpuApi(spec.project.value, api_endpoint=spec.api_endpoint),
+        journal=journal,
+        observer=display,
+        shield=shield,
+        installer="pip" if installer == "pip" else "uv",
+        new_key=lambda: key,
+        keep_on_success=True,
+    )
+    # The key file exists before the node does, so a name in use is refused first.
+    store.reserve(session_name, key.openssh_private_bytes())
     try:
-        life = Lifecycle(
-            spec,
-            api=GoogleTpuApi(spec.project.value, api_endpoint=spec.api_endpoint),
-            journal=journal,
-            observer=display,
-            shield=shield,
-            installer="pip" if installer == "pip" else "uv",
-            new_key=lambda: key,
-            keep_on_success=True,
-        )
         with signals_to_teardown(display.alert, force_exit_status=EXIT_TEARDOWN):
             state = bring_up(life, session_name=session_name)
         store.save(state)
     except BaseException:
         display.stop()
+        if life.outcome.kept:
+            # Handed over but never recorded (e.g. Ctrl-C, or the state could not be
+            # written): nobody could `down` it, so it is deleted now, shielded.
+            with shield(f"deleting node {spec.node_name}", manual=spec.leaked_node().what_to_do()):
+                abandon(life)
         store.remove(session_name)  # the run's teardown already ran: no node, no key
         raise
     display.stop()

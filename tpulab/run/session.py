@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from tpulab.cloud.api import TpuApi
     from tpulab.run.lifecycle import Lifecycle
 
-__all__ = ["SessionState", "bring_up", "renew_argv", "take_down"]
+__all__ = ["SessionState", "abandon", "bring_up", "renew_argv", "take_down"]
 
 
 @dataclass(frozen=True)
@@ -139,3 +139,21 @@ def take_down(
         max_poll=min(10.0, poll * 5),
         notify=notify,
     )
+
+
+def abandon(life: Lifecycle) -> TeardownReport:
+    """Delete a node the lifecycle kept but nobody recorded as a session, and close its
+    journal row: the run's teardown, run late."""
+    spec = life.spec
+    report = delete_and_confirm(
+        life.api,
+        spec.zone.value,
+        spec.node_name,
+        run_id=spec.run_id,
+        known_ours=True,
+        timeout=spec.timeouts.teardown,
+        notify=life.observer.note,
+    )
+    if life.journal is not None:
+        life.journal.run_finished(spec.run_id, "confirmed", "up did not record its session")
+    return report
