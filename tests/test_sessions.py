@@ -158,3 +158,30 @@ def test_a_ttl_over_a_day_is_refused_before_any_api_call(served: Emulator) -> No
     assert done.returncode == EXIT_CONFIG
     assert "--ttl '25h' is out of range: a session lives at most 24 h" in done.stderr
     assert served.requests() == []
+
+
+def test_two_sessions_down_one_touches_only_it(served: Emulator, tpulab_home: Path) -> None:
+    for name in ("one", "two"):
+        up = tpulab(*_up(served, "--name", name), timeout=300)
+        assert up.returncode == EXIT_OK, up.stderr + up.stdout
+    assert len(served.node_names(PROJECT)) == 2
+    two = json.loads((_sessions_dir(tpulab_home) / "two" / "session.json").read_text())
+    # With two up, the name may not be omitted.
+    ambiguous = tpulab("ssh", "--", "true", timeout=60)
+    assert ambiguous.returncode == EXIT_CONFIG
+    assert "2 sessions are up (one, two): say which." in ambiguous.stderr
+    # A second `up` with a name in use is refused before anything is created.
+    before = len(served.requests())
+    again = tpulab(*_up(served, "--name", "one"), timeout=60)
+    assert again.returncode == EXIT_CONFIG
+    assert "A session named 'one' already exists." in again.stderr
+    assert len(served.requests()) == before
+
+    down = tpulab("down", "one", timeout=120)
+    assert down.returncode == EXIT_OK, down.stderr
+    assert served.node_names(PROJECT) == [two["node_name"]]
+    assert (_sessions_dir(tpulab_home) / "two" / "key").is_file()
+    done = tpulab("down", "--all", timeout=120)
+    assert done.returncode == EXIT_OK, done.stderr
+    assert served.node_names(PROJECT) == []
+    assert list(_sessions_dir(tpulab_home).iterdir()) == []
