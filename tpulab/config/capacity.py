@@ -2,6 +2,7 @@
 
     --zone Z (repeatable, or a comma list; `auto` = every zone the catalog says offers
     the accelerator, cheapest region first) -> the zones, in the order they are tried
+    (without --zone, the workspace's [tool.tpulab] `zone` list, read the same way)
     --retry-until-up [--retry-for D]        -> pass over the zones again until up
     --spot --recover N                      -> start again after up to N preemptions
 
@@ -59,14 +60,14 @@ class Capacity:
         return len(self.zones) > 1 or self.recover > 0 or self.retry_until_up
 
 
-def _expand(values: Sequence[str], accelerator: str) -> tuple[Resolved, ...]:
+def _expand(values: Sequence[str], accelerator: str, source: str) -> tuple[Resolved, ...]:
     zones: dict[str, Resolved] = {}
     for value in values:
-        given(value, "--zone", hint="Pass a zone such as us-central1-a, or leave --zone out.")
+        given(value, source, hint="Pass a zone such as us-central1-a, or leave --zone out.")
         parts = [part.strip() for part in value.split(",")]
         if not all(parts):
             raise ConfigError(
-                f"--zone {value!r} has an empty entry.",
+                f"{source} {value!r} has an empty entry.",
                 hint="Pass zones as --zone A --zone B or --zone A,B (no empty items).",
             )
         for part in parts:
@@ -74,15 +75,15 @@ def _expand(values: Sequence[str], accelerator: str) -> tuple[Resolved, ...]:
                 offering = catalog.zones_offering(accelerator)
                 if not offering:
                     raise ConfigError(
-                        f"--zone auto found no zone that offers {accelerator}.",
+                        f"{source} auto found no zone that offers {accelerator}.",
                         hint="Name the zone yourself with --zone "
                         "(`gcloud compute tpus accelerator-types list --zone=ZONE`).",
                     )
                 for zone in offering:
-                    zones.setdefault(zone, Resolved(zone, "--zone auto (catalog)"))
+                    zones.setdefault(zone, Resolved(zone, f"{source} auto (catalog)"))
                 continue
-            zone = zone_flags([part])[0]
-            zones.setdefault(zone, Resolved(zone, "--zone"))
+            zone = zone_flags([part], source)[0]
+            zones.setdefault(zone, Resolved(zone, source))
     return tuple(zones.values())
 
 
@@ -90,12 +91,14 @@ def choose_capacity(
     *,
     accelerator: str,
     zones: Sequence[str] = (),
+    zones_source: str = "--zone",
     spot: bool = False,
     recover: int = 0,
     retry_until_up: bool = False,
     retry_for: float | None = None,
 ) -> Capacity:
-    """The capacity flags, validated (`retry_for` already in seconds)."""
+    """The capacity flags, validated (`retry_for` already in seconds). `zones_source`
+    names where the zones came from: the flags, or the workspace's [tool.tpulab] list."""
     from tpulab.config.spec import check_seconds
 
     if isinstance(recover, bool) or not isinstance(recover, int) or recover < 0:
@@ -120,7 +123,7 @@ def choose_capacity(
                 hint="Add --retry-until-up (e.g. --retry-until-up --retry-for 20m).",
             )
         retry_for = check_seconds("--retry-for", retry_for)
-    return Capacity(_expand(zones, accelerator), recover, retry_until_up, retry_for)
+    return Capacity(_expand(zones, accelerator, zones_source), recover, retry_until_up, retry_for)
 
 
 def check_attempt_names(capacity: Capacity, run_id: str, node_name: str) -> None:
