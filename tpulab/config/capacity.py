@@ -28,6 +28,7 @@ __all__ = [
     "attempt_suffix",
     "check_attempt_names",
     "choose_capacity",
+    "split_attempt",
 ]
 
 AUTO_ZONE = "auto"
@@ -42,6 +43,25 @@ def attempt_suffix(number: int) -> str:
     if number < 1 or len(str(number)) > _MAX_ATTEMPT_DIGITS:
         raise ValueError(f"attempt number out of range: {number}")
     return "" if number == 1 else f"-a{number}"
+
+
+def split_attempt(run_id: str) -> tuple[str, int]:
+    """The inverse of `attempt_suffix`: ("<id>", N) for "<id>-aN", else (run_id, 1).
+
+    Only the shape is read: a run id that merely ends like a suffix ("exp-a2") splits
+    too, so callers group by it only when the first attempt's "<id>" is there as well."""
+    base, dash, digits = run_id.rpartition("-a")
+    if (
+        dash
+        and base
+        and digits.isascii()
+        and digits.isdigit()
+        and not digits.startswith("0")
+        and len(digits) <= _MAX_ATTEMPT_DIGITS
+        and int(digits) >= 2
+    ):
+        return base, int(digits)
+    return run_id, 1
 
 
 @dataclass(frozen=True)
