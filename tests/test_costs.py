@@ -54,6 +54,7 @@ def _write(
     spot: bool = False,
     emulated: bool = False,
     live: bool = False,
+    zone: str = "us-central1-a",
 ) -> None:
     """One row as a run writes it: opened at `started`, closed (if) at the given time.
     `live`: owned by this process (a run in progress); otherwise by no process."""
@@ -62,7 +63,7 @@ def _write(
     fields = {
         "run_id": run_id,
         "project": "proj",
-        "zone": "us-central1-a",
+        "zone": zone,
         "node_name": f"tpulab-{run_id}",
         "accelerator": accelerator,
         "target": "emulate" if emulated else "google",
@@ -244,6 +245,94 @@ def test_a_bad_since_is_a_config_error_that_teaches(text: str, says: str) -> Non
         costs_inputs(since=text, now=NOW)
     assert caught.value.hint is not None
     assert "7d" in caught.value.hint
+
+
+def _failover_rows(path: Path, now: datetime) -> None:
+    """One run that failed over (stockout, quota, then 20 minutes up), a run whose id only
+    looks like an attempt, and an ordinary run, as Lifecycle's attempts journal them."""
+    start = now - timedelta(hours=1)
+    _write(path, "fo", "v5litepod-4", start, ("confirmed", start + timedelta(minutes=2)))
+    second = start + timedelta(minutes=3)
+    _write(
+        path,
+        "fo-a2",
+        "v5litepod-4",
+        second,
+        ("not-created", second + timedelta(seconds=5)),
+        zone="us-south1-a",
+    )
+    third = start + timedelta(minutes=4)
+    _write(
+        path,
+        "fo-a3",
+        "v5litepod-4",
+        third,
+        ("confirmed", third + timedelta(minutes=20)),
+        zone="us-west4-a",
+    )
+    lone = now - timedelta(minutes=30)
+    _write(path, "exp-a2", "v5litepod-4", lone, ("confirmed", lone + timedelta(minutes=5)))
+    plain = now - timedelta(minutes=10)
+    _write(path, "plain", "v5litepod-4", plain, ("confirmed", plain + timedelta(minutes=1)))
+
+
+def test_failover_attempts_are_grouped_under_their_run(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    _failover_rows(path, NOW)
+    found = ledger(now=NOW, journal=Journal(path))
+    runs = {r.run_id: [(e.row.run_id, e.attempt) for e in r.entries] for r in found.runs}
+    assert runs == {
+        "fo": [("fo", 1), ("fo-a2", 2), ("fo-a3", 3)],
+        # No row "exp" in the journal: the id only ends like a suffix; it is its own run.
+        "exp-a2": [("exp-a2", 1)],
+        "plain": [("plain", 1)],
+    }
+    assert [r.run_id for r in found.runs] == ["plain", "exp-a2", "fo"]  # newest first
+    (failover,) = [r for r in found.runs if r.run_id == "fo"]
+    assert (failover.attempts, failover.billed_seconds) == (3, 22 * 60.0)
+    assert usd(failover.estimated_cost) == usd(V5LITEPOD_4_HOUR * 22 / 60)
+    # Totals count the run once and its attempts apart; every row stays an entry.
+    assert (found.total.runs, found.total.attempts) == (3, 5)
+    assert len(found.entries) == 5
+
+
+def test_costs_json_groups_attempts_and_keeps_each_attempts_entry(tpulab_home: Path) -> None:
+    now = datetime.now(timezone.utc)
+    _failover_rows(paths.journal_path(), now)
+    status, out, _ = invoke("costs", "--json")
+    assert status == 0
+    document = CostsEnvelope.model_validate_json(out)
+    groups = {e.run_id: (e.group_run_id, e.attempt) for e in document.entries}
+    assert groups == {
+        "fo": ("fo", 1),
+        "fo-a2": ("fo", 2),
+        "fo-a3": ("fo", 3),
+        "exp-a2": ("exp-a2", 1),
+        "plain": ("plain", 1),
+    }
+    runs = {r.run_id: (r.attempts, r.attempt_run_ids, r.billed_seconds) for r in document.runs}
+    assert runs["fo"] == (3, ["fo", "fo-a2", "fo-a3"], 22 * 60.0)
+    assert runs["exp-a2"] == (1, ["exp-a2"], 5 * 60.0)
+    assert (document.total.runs, document.total.attempts) == (3, 5)
+
+
+def test_costs_text_lists_attempts_under_their_run(tpulab_home: Path) -> None:
+    _failover_rows(paths.journal_path(), datetime.now(timezone.utc))
+    status, out, _ = invoke("costs")
+    assert status == 0, out
+    lines = out.splitlines()
+    (head,) = [i for i, line in enumerate(lines) if line.split()[2:3] == ["fo"]]
+    assert "3 attempts" in lines[head]
+    assert "us-central1-a > us-south1-a > us-west4-a" in lines[head]
+    assert f"${V5LITEPOD_4_HOUR * 22 / 60:.2f}" in lines[head]
+    # The attempts follow their run's line, in order, each with its full run id.
+    assert [line.split()[2:4] for line in lines[head + 1 : head + 4]] == [
+        ["#1", "fo"],
+        ["#2", "fo-a2"],
+        ["#3", "fo-a3"],
+    ]
+    assert "not created" in lines[head + 2]
+    assert "Total: 3 billable run(s) (5 attempts)" in out
 
 
 # -- the command ----------------------------------------------------------------------

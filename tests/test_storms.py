@@ -220,19 +220,19 @@ def test_tpulab_run_against_a_dead_endpoint_exits_3_in_seconds_without_billing_t
         sys.executable, "-m", "tpulab", "run", "--accelerator", "v5litepod-4",
         "--api-endpoint", f"http://127.0.0.1:{_closed_port()}", "--zone", "us-central1-a",
     ]  # fmt: skip
-    started = time.monotonic()
+    # No stopwatch (a loaded CI machine makes any bound flaky): the old code waited out
+    # the 900 s create deadline, so a guard far below it but far above a normal failure
+    # (about 2 s here, 24 s on a machine with load 15) is what tells the two apart.
     done = subprocess.run(
         command,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
         env={**os.environ, "COLUMNS": "200"},
         check=False,
     )
-    seconds = time.monotonic() - started
     said = done.stdout + done.stderr
     assert done.returncode == 3, said
-    assert seconds < 20, f"took {seconds:.1f} s"  # interpreter start-up included
     assert "never sent" in said
     assert "billing" not in said.lower()
     journal = Journal()

@@ -230,8 +230,9 @@ def test_boot_grace_lapses_without_a_renewal_and_the_node_deletes_itself(
 ) -> None:
     state, address = cloud
     dog = _start(armed, _config("a1b2c3"), address)
-    # The boot runner got its pipe back at once: the watchdog daemonised.
-    assert dog.boot_seconds < 5
+    # The boot runner got its pipe back: the watchdog daemonised (a watchdog that did not
+    # would hold it until the node is gone; the bound is a guard, not a timing).
+    assert dog.boot_seconds < 30
     _until(lambda: state.deletes(), 15, "the DELETE")
     delete = state.deletes()[0]
     assert delete.path == NODE_PATH

@@ -1,7 +1,10 @@
 """`tpulab costs`: a ledger of what every journalled run billed, estimated from list prices.
 
 Read-only: the journal (`Journal.all_runs()`) is the only source. One row is one billed
-node (a run, a failover attempt, a queued run), so the ledger is one line per row.
+node (a run, a failover attempt, a queued run), so the ledger is one line per row; the
+rows of one run's failover attempts ("<id>", "<id>-a2", ... from
+`tpulab.config.capacity.attempt_suffix`) are grouped under that run (`Ledger.runs`), and
+totals count runs and attempts apart.
 
 Billed time is derived from the row, because the journal stores no billing figure:
 
@@ -25,6 +28,7 @@ emulator bills nothing. Day totals put a row on the UTC day it started.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -36,6 +40,7 @@ from pydantic import BaseModel, ConfigDict
 from tpulab import catalog
 from tpulab.catalog import PRICE_DATE
 from tpulab.cleanup.journal import Journal, RunRow, row_is_live
+from tpulab.config.capacity import split_attempt
 from tpulab.envelope import Envelope
 from tpulab.errors import UnknownAcceleratorError
 
@@ -46,6 +51,8 @@ __all__ = [
     "LedgerEntryReport",
     "LedgerTotal",
     "LedgerTotalReport",
+    "RunCost",
+    "RunCostReport",
     "costs_envelope",
     "ledger",
     "ledger_from_rows",
@@ -72,6 +79,13 @@ class LedgerEntry:
     billed_seconds: float
     price_per_hour: float | None  # None: emulated, or a type not in this catalog
     estimated_cost: float | None  # None only for a type not in this catalog
+    # The run this row is an attempt of, and which attempt (1: the run's own row).
+    run_group: str = ""
+    attempt: int = 1
+
+    @property
+    def group(self) -> str:
+        return self.run_group or self.row.run_id
 
     @property
     def still_billing(self) -> bool:
@@ -88,7 +102,8 @@ class LedgerTotal:
     """A sum over entries: `key` is a UTC day (YYYY-MM-DD), an accelerator type or ''."""
 
     key: str
-    runs: int
+    runs: int  # distinct runs: a run's failover attempts count once
+    attempts: int  # rows (billed nodes): every attempt counts
     billed_seconds: float
     estimated_cost: float
     unpriced: int  # entries whose type is not in the catalog (their cost is not summed)
@@ -96,10 +111,52 @@ class LedgerTotal:
 
 
 @dataclass(frozen=True)
+class RunCost:
+    """One run and every attempt of it in the ledger, the first attempt first."""
+
+    run_id: str
+    entries: list[LedgerEntry]
+
+    @property
+    def attempts(self) -> int:
+        return len(self.entries)
+
+    @property
+    def started(self) -> datetime:
+        return min(e.row.started for e in self.entries)
+
+    @property
+    def billed_seconds(self) -> float:
+        return sum(e.billed_seconds for e in self.entries)
+
+    @property
+    def estimated_cost(self) -> float | None:
+        """None when an attempt's type is not priced: a partial sum would mislead."""
+        costs = [e.estimated_cost for e in self.entries]
+        return None if None in costs else sum(c or 0.0 for c in costs)
+
+    @property
+    def still_billing(self) -> bool:
+        return any(e.still_billing for e in self.entries)
+
+
+@dataclass(frozen=True)
 class Ledger:
     now: datetime
     since: datetime | None
     entries: list[LedgerEntry]  # newest first, emulated ones included
+
+    @property
+    def runs(self) -> list[RunCost]:
+        """Entries grouped by run (a run's failover attempts together), newest run first."""
+        groups: dict[str, list[LedgerEntry]] = {}
+        for entry in self.entries:
+            groups.setdefault(entry.group, []).append(entry)
+        found = [
+            RunCost(run_id, sorted(entries, key=lambda e: e.attempt))
+            for run_id, entries in groups.items()
+        ]
+        return sorted(found, key=lambda run: run.started, reverse=True)
 
     @property
     def billable(self) -> list[LedgerEntry]:
@@ -140,7 +197,8 @@ def _total(key: str, entries: Iterable[LedgerEntry]) -> LedgerTotal:
     found = list(entries)
     return LedgerTotal(
         key=key,
-        runs=len(found),
+        runs=len({e.group for e in found}),
+        attempts=len(found),
         billed_seconds=sum(e.billed_seconds for e in found),
         estimated_cost=sum(e.estimated_cost or 0.0 for e in found),
         unpriced=sum(1 for e in found if e.estimated_cost is None),
@@ -196,7 +254,20 @@ def ledger_from_rows(
     if since is not None:
         entries = [e for e in entries if e.row.started >= since or e.still_billing]
     entries.sort(key=lambda e: e.row.started, reverse=True)
-    return Ledger(now=now, since=since, entries=entries)
+    return Ledger(now=now, since=since, entries=_grouped_attempts(entries))
+
+
+def _grouped_attempts(entries: list[LedgerEntry]) -> list[LedgerEntry]:
+    """Mark "<id>-aN" rows as attempt N of run "<id>" when that run's own row is listed
+    with the same target: a run id that only looks like an attempt stays its own run."""
+    first_rows = {(e.row.run_id, e.row.target) for e in entries}
+    marked = []
+    for entry in entries:
+        base, number = split_attempt(entry.row.run_id)
+        if number > 1 and (base, entry.row.target) in first_rows:
+            entry = dataclasses.replace(entry, run_group=base, attempt=number)
+        marked.append(entry)
+    return marked
 
 
 def ledger(
@@ -221,6 +292,10 @@ class LedgerEntryReport(_Part):
     """One row of the ledger, as `tpulab costs --json` prints it."""
 
     run_id: str
+    # The run this row is an attempt of (its own run_id for a run's first row) and which
+    # attempt: failover attempts "<id>-aN" share the run_id "<id>" here.
+    group_run_id: str
+    attempt: int
     project: str
     zone: str
     node_name: str
@@ -238,9 +313,24 @@ class LedgerEntryReport(_Part):
     estimated_cost_usd: float | None
 
 
+class RunCostReport(_Part):
+    """One run with its attempts summed (each attempt is also its own entry)."""
+
+    run_id: str
+    attempts: int
+    attempt_run_ids: list[str]  # the entries' run ids, the first attempt first
+    accelerator_type: str
+    emulated: bool
+    started: datetime
+    billed_seconds: float
+    estimated_cost_usd: float | None  # None when an attempt's type is not priced
+    still_billing: bool
+
+
 class LedgerTotalReport(_Part):
     key: str  # the UTC day or the accelerator type; "" for a grand total
-    runs: int
+    runs: int  # distinct runs
+    attempts: int  # billed rows, every failover attempt counted
     billed_seconds: float
     estimated_cost_usd: float
     unpriced: int
@@ -254,7 +344,8 @@ class CostsEnvelope(Envelope):
     now: datetime
     since: datetime | None
     price_date: str
-    entries: list[LedgerEntryReport]
+    entries: list[LedgerEntryReport]  # one per attempt (journal row), newest first
+    runs: list[RunCostReport]  # the entries grouped by run, newest first
     by_day: list[LedgerTotalReport]  # billable rows only, per UTC start day
     by_accelerator: list[LedgerTotalReport]  # billable rows only
     total: LedgerTotalReport  # billable rows
@@ -269,6 +360,8 @@ def _entry_report(entry: LedgerEntry) -> LedgerEntryReport:
     row = entry.row
     return LedgerEntryReport(
         run_id=row.run_id,
+        group_run_id=entry.group,
+        attempt=entry.attempt,
         project=row.project,
         zone=row.zone,
         node_name=row.node_name,
@@ -291,10 +384,26 @@ def _total_report(total: LedgerTotal) -> LedgerTotalReport:
     return LedgerTotalReport(
         key=total.key,
         runs=total.runs,
+        attempts=total.attempts,
         billed_seconds=round(total.billed_seconds, 1),
         estimated_cost_usd=round(total.estimated_cost, 4),
         unpriced=total.unpriced,
         still_billing=total.still_billing,
+    )
+
+
+def _run_report(run: RunCost) -> RunCostReport:
+    first = run.entries[0].row
+    return RunCostReport(
+        run_id=run.run_id,
+        attempts=run.attempts,
+        attempt_run_ids=[e.row.run_id for e in run.entries],
+        accelerator_type=first.accelerator,
+        emulated=first.emulated,
+        started=run.started,
+        billed_seconds=round(run.billed_seconds, 1),
+        estimated_cost_usd=_money(run.estimated_cost),
+        still_billing=run.still_billing,
     )
 
 
@@ -305,6 +414,7 @@ def costs_envelope(found: Ledger) -> CostsEnvelope:
         since=found.since,
         price_date=PRICE_DATE,
         entries=[_entry_report(e) for e in found.entries],
+        runs=[_run_report(r) for r in found.runs],
         by_day=[_total_report(t) for t in found.by_day],
         by_accelerator=[_total_report(t) for t in found.by_accelerator],
         total=_total_report(found.total),

@@ -18,7 +18,7 @@ import typer.main
 
 from tpulab import __version__
 from tpulab import errors as E
-from tpulab.cli import costs, emulator, listing, receipts, run, runs, teardown, verify
+from tpulab.cli import costs, emulator, listing, receipts, run, runs, session, teardown, verify
 from tpulab.cli._console import print_stderr
 from tpulab.cli._exit import (
     EXIT_CLOUD,
@@ -97,6 +97,9 @@ def _root(
 
 # typer lists commands in registration order: the lifecycle first, then the tools.
 app.command("run")(run.run_command)
+app.command("up")(session.up_command)
+app.command("ssh", cls=session.DashDashCommand)(session.ssh_command)
+app.command("down")(session.down_command)
 app.command("teardown")(teardown.teardown_command)
 app.command("list")(listing.list_command)
 app.command("costs")(costs.costs_command)

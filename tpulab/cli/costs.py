@@ -16,7 +16,7 @@ from tpulab.cli._exit import json_or_guarded, print_envelope
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from tpulab.cleanup.costs import Ledger, LedgerEntry, LedgerTotal
+    from tpulab.cleanup.costs import Ledger, LedgerEntry, LedgerTotal, RunCost
 
 __all__ = ["costs_command"]
 
@@ -35,16 +35,18 @@ def _money(usd: float | None) -> str:
     return "?" if usd is None else f"${usd:.2f}"
 
 
-def _entry_cells(entry: LedgerEntry) -> list[str]:
+def _entry_cells(entry: LedgerEntry, *, attempt_of: bool = False) -> list[str]:
     row = entry.row
     kind = row.accelerator + (" (spot)" if row.spot else "")
     if row.queued_resource:
         kind += " (queued)"
     billed = age_text(entry.billed_seconds) + (" so far" if entry.still_billing else "")
     cost = "emulated" if row.emulated else _money(entry.estimated_cost)
+    # An attempt under its run's line keeps its own full id: teardown and list use it.
+    run_id = f"  #{entry.attempt} {row.run_id}" if attempt_of else row.run_id
     return [
         f"{row.started:%Y-%m-%d %H:%M}",
-        row.run_id,
+        run_id,
         kind,
         row.zone,
         row.target,
@@ -54,17 +56,47 @@ def _entry_cells(entry: LedgerEntry) -> list[str]:
     ]
 
 
+def _run_rows(run: RunCost) -> list[list[str]]:
+    """A run's line (its attempts summed), then one line per attempt; a run of one
+    attempt is just that attempt's line."""
+    if run.attempts == 1:
+        return [_entry_cells(run.entries[0])]
+    first = run.entries[0].row
+    kind = first.accelerator + (" (spot)" if first.spot else "")
+    still = " so far" if run.still_billing else ""
+    cost = "emulated" if first.emulated else _money(run.estimated_cost)
+    zones = " > ".join(dict.fromkeys(e.row.zone for e in run.entries))
+    state = f"{run.attempts} attempts" + (", still billing?" if run.still_billing else "")
+    summary = [
+        f"{run.started:%Y-%m-%d %H:%M}",
+        run.run_id,
+        kind,
+        zones,
+        first.target,
+        age_text(run.billed_seconds) + still,
+        cost,
+        state,
+    ]
+    return [summary] + [_entry_cells(e, attempt_of=True) for e in run.entries]
+
+
 def _totals_table(title: str, totals: list[LedgerTotal]) -> Table:
     from rich.table import Table
 
     table = Table(title=title, title_justify="left", box=None, pad_edge=False)
-    for column in (title.split()[-1].upper(), "RUNS", "BILLED", "EST. COST"):
+    for column in (title.split()[-1].upper(), "RUNS", "ATTEMPTS", "BILLED", "EST. COST"):
         table.add_column(column)
     for total in totals:
         cost = _money(total.estimated_cost) + (
             f" (+{total.unpriced} unpriced)" if total.unpriced else ""
         )
-        table.add_row(total.key, str(total.runs), age_text(total.billed_seconds), cost)
+        table.add_row(
+            total.key,
+            str(total.runs),
+            str(total.attempts),
+            age_text(total.billed_seconds),
+            cost,
+        )
     return table
 
 
@@ -82,8 +114,9 @@ def _costs_table(found: Ledger) -> None:
     for column in ("STARTED (UTC)", "RUN ID", "TYPE", "ZONE", "TARGET", "BILLED", "EST. COST"):
         table.add_column(column)
     table.add_column("STATE")
-    for entry in found.entries:
-        table.add_row(*_entry_cells(entry))
+    for run in found.runs:
+        for cells in _run_rows(run):
+            table.add_row(*cells)
     console.print(table)
     if found.billable:
         console.print()
@@ -93,8 +126,10 @@ def _costs_table(found: Ledger) -> None:
         console.print()
     total = found.total
     unpriced = f" ({total.unpriced} of an unknown type not priced)" if total.unpriced else ""
+    attempts = f" ({total.attempts} attempts)" if total.attempts != total.runs else ""
     console.print(
-        f"Total{window}: {total.runs} billable run(s), {age_text(total.billed_seconds)} "
+        f"Total{window}: {total.runs} billable run(s){attempts}, "
+        f"{age_text(total.billed_seconds)} "
         f"billed, ~{_money(total.estimated_cost)}{unpriced} at {PRICE_DATE} list prices "
         "(an estimate from the journal's times, not a bill)."
     )
@@ -139,7 +174,8 @@ def costs_command(
 ) -> None:
     """What every run in this machine's journal billed, estimated from list prices.
 
-    One line per run (each failover attempt and queued run is its own line): accelerator,
+    One line per run; a run that failed over has a line per attempt under it (summed on
+    the run's line; --json has both, `runs` and `entries`): accelerator,
     zone, spot, target, billed time and estimated cost, then totals per UTC day, per
     accelerator and overall. Billed time runs from just before CreateNode was sent to
     the confirmed deletion; a run that was never created bills 0; a run never closed,

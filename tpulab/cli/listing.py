@@ -60,6 +60,47 @@ def _list_table(listing: Listing, journal_states: dict[tuple[str, str, str], str
     )
 
 
+def _sessions_table(listing: Listing, project: str, zones: list[str]) -> None:
+    """The sessions kept by `tpulab up` (local state, no API call of their own): time
+    left to the hard deadline and to the idle expiry. A session whose node this listing
+    covers but does not show has deleted itself: its key and state are removed now."""
+    import time
+
+    from rich.table import Table
+
+    from tpulab.cleanup.sessions import SessionStore
+
+    store = SessionStore()
+    sessions = store.all()
+    if not sessions:
+        return
+    listed = {(item.node.zone, item.node.name) for item in listing.nodes}
+    now = time.time()
+    table = Table(box=None, pad_edge=False)
+    for column in ("SESSION", "NODE", "ZONE", "TYPE", "DEADLINE IN", "IDLE EXPIRES IN"):
+        table.add_column(column)
+    for files in sessions:
+        state = files.state
+        covered = state.project == project and state.zone in zones
+        if covered and (state.zone, state.node_name) not in listed:
+            store.remove(state.name)
+            print_stderr(
+                f"session {state.name}: its node {state.node_name} is gone (it deleted "
+                "itself at --ttl or --idle, or was deleted); its key and state are removed."
+            )
+            continue
+        table.add_row(
+            state.name,
+            state.node_name,
+            state.zone,
+            state.accelerator_type + (" (spot)" if state.spot else ""),
+            age_text(max(0.0, state.deadline_at - now)),
+            age_text(max(0.0, state.idle_expires_at - now)),
+        )
+    if table.row_count:
+        table_console().print(table)
+
+
 def _list(
     *,
     zones: list[str],
@@ -101,6 +142,7 @@ def _list(
         print_envelope(list_envelope(listing, view, closed), None)
         return
     _list_table(listing, view.states)
+    _sessions_table(listing, scope.project, scope.zones)
     for row in view.missing:
         if row.run_id in closed:
             print_stderr(

@@ -2,6 +2,7 @@
 
     --zone Z (repeatable, or a comma list; `auto` = every zone the catalog says offers
     the accelerator, cheapest region first) -> the zones, in the order they are tried
+    (without --zone, the workspace's [tool.tpulab] `zone` list, read the same way)
     --retry-until-up [--retry-for D]        -> pass over the zones again until up
     --spot --recover N                      -> start again after up to N preemptions
 
@@ -27,6 +28,7 @@ __all__ = [
     "attempt_suffix",
     "check_attempt_names",
     "choose_capacity",
+    "split_attempt",
 ]
 
 AUTO_ZONE = "auto"
@@ -41,6 +43,25 @@ def attempt_suffix(number: int) -> str:
     if number < 1 or len(str(number)) > _MAX_ATTEMPT_DIGITS:
         raise ValueError(f"attempt number out of range: {number}")
     return "" if number == 1 else f"-a{number}"
+
+
+def split_attempt(run_id: str) -> tuple[str, int]:
+    """The inverse of `attempt_suffix`: ("<id>", N) for "<id>-aN", else (run_id, 1).
+
+    Only the shape is read: a run id that merely ends like a suffix ("exp-a2") splits
+    too, so callers group by it only when the first attempt's "<id>" is there as well."""
+    base, dash, digits = run_id.rpartition("-a")
+    if (
+        dash
+        and base
+        and digits.isascii()
+        and digits.isdigit()
+        and not digits.startswith("0")
+        and len(digits) <= _MAX_ATTEMPT_DIGITS
+        and int(digits) >= 2
+    ):
+        return base, int(digits)
+    return run_id, 1
 
 
 @dataclass(frozen=True)
@@ -59,14 +80,14 @@ class Capacity:
         return len(self.zones) > 1 or self.recover > 0 or self.retry_until_up
 
 
-def _expand(values: Sequence[str], accelerator: str) -> tuple[Resolved, ...]:
+def _expand(values: Sequence[str], accelerator: str, source: str) -> tuple[Resolved, ...]:
     zones: dict[str, Resolved] = {}
     for value in values:
-        given(value, "--zone", hint="Pass a zone such as us-central1-a, or leave --zone out.")
+        given(value, source, hint="Pass a zone such as us-central1-a, or leave --zone out.")
         parts = [part.strip() for part in value.split(",")]
         if not all(parts):
             raise ConfigError(
-                f"--zone {value!r} has an empty entry.",
+                f"{source} {value!r} has an empty entry.",
                 hint="Pass zones as --zone A --zone B or --zone A,B (no empty items).",
             )
         for part in parts:
@@ -74,15 +95,15 @@ def _expand(values: Sequence[str], accelerator: str) -> tuple[Resolved, ...]:
                 offering = catalog.zones_offering(accelerator)
                 if not offering:
                     raise ConfigError(
-                        f"--zone auto found no zone that offers {accelerator}.",
+                        f"{source} auto found no zone that offers {accelerator}.",
                         hint="Name the zone yourself with --zone "
                         "(`gcloud compute tpus accelerator-types list --zone=ZONE`).",
                     )
                 for zone in offering:
-                    zones.setdefault(zone, Resolved(zone, "--zone auto (catalog)"))
+                    zones.setdefault(zone, Resolved(zone, f"{source} auto (catalog)"))
                 continue
-            zone = zone_flags([part])[0]
-            zones.setdefault(zone, Resolved(zone, "--zone"))
+            zone = zone_flags([part], source)[0]
+            zones.setdefault(zone, Resolved(zone, source))
     return tuple(zones.values())
 
 
@@ -90,12 +111,14 @@ def choose_capacity(
     *,
     accelerator: str,
     zones: Sequence[str] = (),
+    zones_source: str = "--zone",
     spot: bool = False,
     recover: int = 0,
     retry_until_up: bool = False,
     retry_for: float | None = None,
 ) -> Capacity:
-    """The capacity flags, validated (`retry_for` already in seconds)."""
+    """The capacity flags, validated (`retry_for` already in seconds). `zones_source`
+    names where the zones came from: the flags, or the workspace's [tool.tpulab] list."""
     from tpulab.config.spec import check_seconds
 
     if isinstance(recover, bool) or not isinstance(recover, int) or recover < 0:
@@ -120,7 +143,7 @@ def choose_capacity(
                 hint="Add --retry-until-up (e.g. --retry-until-up --retry-for 20m).",
             )
         retry_for = check_seconds("--retry-for", retry_for)
-    return Capacity(_expand(zones, accelerator), recover, retry_until_up, retry_for)
+    return Capacity(_expand(zones, accelerator, zones_source), recover, retry_until_up, retry_for)
 
 
 def check_attempt_names(capacity: Capacity, run_id: str, node_name: str) -> None:

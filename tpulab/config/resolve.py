@@ -48,6 +48,7 @@ __all__ = [
     "resolve_zone",
     "resolve_zones",
     "zone_flags",
+    "zone_from_env",
 ]
 
 AdcProject = Callable[[], "str | None"]
@@ -213,13 +214,20 @@ def resolve_project(
     return found
 
 
-def zone_flags(flags: Sequence[str]) -> list[str]:
-    """The --zone values (repeatable), each validated, duplicates dropped."""
+def zone_flags(flags: Sequence[str], source: str = "--zone") -> list[str]:
+    """The --zone values (repeatable), each validated, duplicates dropped; `source` is
+    where they came from (the workspace's file lists zones too), named in any error."""
     zones = []
     for zone in dict.fromkeys(flags):
-        given(zone, "--zone", hint="Pass a zone such as us-central1-a, or leave --zone out.")
-        zones.append(_validated(Resolved(zone, "--zone"), check_zone).value)
+        given(zone, source, hint="Pass a zone such as us-central1-a, or leave --zone out.")
+        zones.append(_validated(Resolved(zone, source), check_zone).value)
     return zones
+
+
+def zone_from_env(env: Mapping[str, str]) -> Resolved | None:
+    """The zone the environment names ($TPULAB_ZONE...), which outranks the workspace's
+    file (DESIGN §1's order), or None."""
+    return _first_env(env, _ZONE_ENV)
 
 
 def find_zone(

@@ -31,6 +31,7 @@ from tpulab.config.resolve import (
     resolve_project,
     resolve_zone,
     zone_flags,
+    zone_from_env,
 )
 from tpulab.config.watchdog import (
     WatchdogRequest,
@@ -250,9 +251,11 @@ def build_run_spec(
     env = os.environ if env is None else env
     if zone is not None and zones:
         raise ConfigError("Pass the zone once: zone or zones.", hint="Use --zone (repeatable).")
+    file_zones = _zones_from_file(target, zone, zones, env, defaults)
     capacity = choose_capacity(
         accelerator=accel.name,
-        zones=zones,
+        zones=zones or file_zones,
+        zones_source="--zone" if zones or defaults is None else defaults.source,
         spot=spot,
         recover=recover,
         retry_until_up=retry_until_up,
@@ -358,17 +361,25 @@ def _from_file(defaults: ProjectDefaults | None, key: str) -> Resolved | None:
     """A scalar the workspace's file set, with the file as its source."""
     if defaults is None:
         return None
-    if key == "zone":
-        if len(defaults.zones) > 1:
-            raise ConfigError(
-                f"zone in {defaults.source} lists {len(defaults.zones)} zones; a run uses "
-                "one zone.",
-                hint="Name one zone there (or pass --zone).",
-            )
-        value = defaults.zones[0] if defaults.zones else None
-    else:
-        value = getattr(defaults, key)
+    value = getattr(defaults, key)
     return None if value is None else Resolved(value, defaults.source)
+
+
+def _zones_from_file(
+    target: Target,
+    zone: str | None,
+    zones: Sequence[str],
+    env: Mapping[str, str],
+    defaults: ProjectDefaults | None,
+) -> tuple[str, ...]:
+    """The file's `zone` (one name, a list, `auto`) as the zones to try, read like
+    repeated --zone; () where something outranks it (DESIGN §1: flags, then the
+    environment) or for the embedded emulator, which only asks flags."""
+    if defaults is None or zone is not None or zones or target.emulate:
+        return ()
+    if zone_from_env(env) is not None:
+        return ()
+    return defaults.zones
 
 
 def _project_and_zone(
@@ -386,14 +397,14 @@ def _project_and_zone(
         zn = Resolved(zone_flags([zone])[0], "--zone") if zone is not None else None
         return proj, zn or Resolved(EMULATED_ZONE, "emulator")
     file_project = _from_file(defaults, "project")
-    file_zone = _from_file(defaults, "zone")
+    # The file's zones reach here as `zone` (the first of them), through choose_capacity.
     if target.emulated:
         proj = find_project(project, env=env, project_file=file_project) or Resolved(
             EMULATED_PROJECT, "emulator default"
         )
-        zn = find_zone(zone, env=env, project_file=file_zone)
+        zn = find_zone(zone, env=env)
         return proj, zn or Resolved(EMULATED_ZONE, "emulator default")
     # Only Google's endpoint receives credentials, so only it may name the project.
     adc = adc_project if target.mode == "google" else None
-    zn = resolve_zone(zone, env=env, project_file=file_zone)
+    zn = resolve_zone(zone, env=env)
     return resolve_project(project, env=env, adc_project=adc, project_file=file_project), zn

@@ -126,14 +126,22 @@ class Attempt:
 
 
 def attempt_spec(spec: RunSpec, number: int, zone: str) -> RunSpec:
-    """The RunSpec of attempt `number` in `zone` (attempt 1 in the first zone is `spec`)."""
+    """The RunSpec of attempt `number` in `zone` (attempt 1 in the first zone is `spec`).
+
+    A `-- CMD` run's attempt N > 1 fetches into `<out>/attempt-N/`: an earlier attempt
+    (a preempted one above all) fetched its artifacts, log and run.json into `<out>`,
+    and the next attempt's must not replace them."""
     source = next((z.source for z in spec.zone_order if z.value == zone), spec.zone.source)
     suffix = attempt_suffix(number)
+    workload = spec.workload
+    if workload is not None and number > 1:
+        workload = dataclasses.replace(workload, out=workload.out / f"attempt-{number}")
     return dataclasses.replace(
         spec,
         run_id=spec.run_id + suffix,
         node_name=spec.node_name + suffix,
         zone=dataclasses.replace(spec.zone, value=zone, source=source),
+        workload=workload,
     )
 
 

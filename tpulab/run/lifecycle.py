@@ -161,6 +161,7 @@ class RunOutcome:
     watchdog: WatchdogState | None = None  # what the VM's watchdog published, once read
     lease_renewals: int = 0
     lease_failures: int = 0
+    kept: bool = False  # `tpulab up`: verified and handed over, deliberately not deleted
 
     @property
     def verdict(self) -> Verdict | None:
@@ -222,6 +223,7 @@ class Lifecycle:
         judge: Callable[[bytes, Expectation], Judgement] | None = None,
         write_record: Callable[[RunRecord, Path], Path] | None = None,
         renew_in_background: bool = True,
+        keep_on_success: bool = False,
     ) -> None:
         self.spec = spec
         self.api = api
@@ -257,6 +259,9 @@ class Lifecycle:
         self.watchdog = watchdog_config(spec)
         self.renew_in_background = renew_in_background
         self.renewer: LeaseRenewer | None = None
+        # `tpulab up`: a verified run hands its node over (run/session.py) instead of
+        # deleting it; every failure before that still goes through the teardown.
+        self.keep_on_success = keep_on_success
         self._journalled = False
         self._current: Phase | None = None
         self._t0 = clock()
@@ -325,6 +330,8 @@ class Lifecycle:
             self._phases()
         except BaseException as error:  # every exit path must reach the teardown
             primary = error
+        if primary is None and self.keep_on_success and self._verified():
+            return self._hand_over()
         leaked: TeardownError | None = None
         attempts = 0
         # `while True`, not `for ... in range()`: no call stands between here and the
@@ -362,6 +369,28 @@ class Lifecycle:
                     f"The run ended without a verified receipt and a confirmed teardown "
                     f"(verdict {self.outcome.verdict}, teardown {self.outcome.teardown_status})."
                 )
+        return self.outcome
+
+    def _verified(self) -> bool:
+        judgement = self.outcome.judgement
+        return judgement is not None and judgement.verified and self.outcome.create_accepted
+
+    def _hand_over(self) -> RunOutcome:
+        """Keep the verified node: stop renewing (from now on the watchdog's idle lease
+        and hard deadline guard it) and close SSH. The journal row stays open: the node
+        is still billing until `tpulab down` confirms it gone."""
+        self.outcome.kept = True
+        if self.renewer is not None:
+            self.renewer.stop()
+            self.outcome.lease_renewals = self.renewer.renewals
+            self.outcome.lease_failures = len(self.renewer.failures)
+        if self.session is not None:
+            session, self.session = self.session, None
+            with contextlib.suppress(Exception):
+                session.close()
+        self.outcome.seconds = self.clock() - self._t0
+        with contextlib.suppress(Exception):
+            self.outcome.api_calls = self.api.call_count
         return self.outcome
 
     def _phases(self) -> None:

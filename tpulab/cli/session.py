@@ -1,0 +1,287 @@
+"""`tpulab up` / `ssh` / `down`: keep a verified TPU VM for a session, reach it, end it.
+
+`up` is `run`'s Lifecycle with keep_on_success (tpulab.run.session): every failure still
+goes through the run's teardown; only a verified node is kept, guarded by its watchdog
+(hard deadline --ttl, idle lease --idle). `ssh` uses the system OpenSSH client with the
+pinned host key and renews the lease first; `down` is the run's delete-and-confirm.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+import typer.core
+
+from tpulab import errors as E
+from tpulab.cli._console import print_stderr
+from tpulab.cli._exit import EXIT_TEARDOWN, guarded
+
+if TYPE_CHECKING:
+    from tpulab.cleanup.sessions import SessionFiles, SessionStore
+
+__all__ = ["DashDashCommand", "down_command", "ssh_command", "up_command"]
+
+
+def up_command(
+    accelerator: Annotated[
+        str | None, typer.Option("--accelerator", help="TPU type, e.g. v5litepod-4.")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="The session's name (default: s-<run id>).")
+    ] = None,
+    ttl: Annotated[
+        str | None,
+        typer.Option(
+            "--ttl",
+            help="Hard deadline: the VM deletes itself after this (default 2h, at most 24h).",
+        ),
+    ] = None,
+    idle: Annotated[
+        str | None,
+        typer.Option(
+            "--idle",
+            help="The VM deletes itself this long after the last `tpulab ssh` (default 30m).",
+        ),
+    ] = None,
+    zones: Annotated[list[str] | None, typer.Option("--zone", metavar="ZONE")] = None,
+    project: Annotated[str | None, typer.Option("--project")] = None,
+    spot: Annotated[bool, typer.Option("--spot", help="Use a spot VM.")] = False,
+    emulate: Annotated[
+        bool, typer.Option("--emulate", help="Refused: see --api-endpoint.")
+    ] = False,
+    api_endpoint: Annotated[
+        str | None,
+        typer.Option("--api-endpoint", help="Cloud TPU API URL, e.g. `tpulab emulator serve`'s."),
+    ] = None,
+    boot_timeout: Annotated[float, typer.Option("--boot-timeout")] = 180.0,
+    bootstrap_timeout: Annotated[float, typer.Option("--bootstrap-timeout")] = 1200.0,
+    payload_timeout: Annotated[float, typer.Option("--payload-timeout")] = 600.0,
+    teardown_timeout: Annotated[float, typer.Option("--teardown-timeout")] = 600.0,
+    python: Annotated[str | None, typer.Option("--python")] = None,
+    jax_version: Annotated[str | None, typer.Option("--jax-version")] = None,
+    installer: Annotated[str, typer.Option("--installer")] = "uv",
+    service_account: Annotated[str | None, typer.Option("--service-account")] = None,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+) -> None:
+    """Create a TPU VM, verify JAX on it, and KEEP it for `tpulab ssh`, until `tpulab down`.
+
+    The VM deletes itself at --ttl, or --idle after the last `tpulab ssh`.
+    """
+
+    def action() -> None:
+        from tpulab.config import run_inputs
+        from tpulab.config.sessions import check_session_name, session_times
+
+        # Every check before any API call: the bound on --ttl first.
+        times = session_times(ttl, idle)
+        if emulate:
+            raise E.ConfigError(
+                "A session cannot use --emulate: its emulator ends with this process.",
+                hint="Serve one with `tpulab emulator serve` and pass its --api-endpoint.",
+            )
+        inputs = run_inputs(
+            accelerator=accelerator,
+            emulate=False,
+            api_endpoint=api_endpoint,
+            project=project,
+            zone=None,
+            zones=zones or [],
+            name=None,
+            spot=spot,
+            teardown_timeout=teardown_timeout,
+            boot_timeout=boot_timeout,
+            bootstrap_timeout=bootstrap_timeout,
+            payload_timeout=payload_timeout,
+            installer=installer,
+            ssh_backend="embedded",
+            adc_project=_adc_project,
+            python=python,
+            jax_version=jax_version,
+            lease=times.lease,
+            max_duration=times.max_duration,
+            service_account=service_account,
+        )
+        session_name = check_session_name(name or f"s-{inputs.spec.run_id.split('-')[-1]}")
+        _up(inputs.spec, session_name, inputs.installer, verbose=verbose)
+
+    guarded(action)
+
+
+def _adc_project() -> str | None:
+    from tpulab.cli._target import adc_project
+
+    return adc_project()
+
+
+def _up(spec: object, session_name: str, installer: str, *, verbose: bool) -> None:
+    from tpulab.cleanup.journal import RunJournalAdapter
+    from tpulab.cleanup.sessions import SESSION_PHASE, SessionStore
+    from tpulab.cli._run_display import RunDisplay
+    from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.config import RunSpec
+    from tpulab.remote.ssh import RunKey
+    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.session import abandon, bring_up
+    from tpulab.run.signals import shield, signals_to_teardown
+
+    assert isinstance(spec, RunSpec)
+    store = SessionStore()
+    key = RunKey()
+    display = RunDisplay(verbose=verbose, quiet=False, command_quiet=False)
+    journal = RunJournalAdapter()
+    life = Lifecycle(
+        spec,
+        api=GoogleTpuApi(spec.project.value, api_endpoint=spec.api_endpoint),
+        journal=journal,
+        observer=display,
+        shield=shield,
+        installer="pip" if installer == "pip" else "uv",
+        new_key=lambda: key,
+        keep_on_success=True,
+    )
+    # The key file exists before the node does, so a name in use is refused first.
+    store.reserve(session_name, key.openssh_private_bytes())
+    try:
+        with signals_to_teardown(display.alert, force_exit_status=EXIT_TEARDOWN):
+            state = bring_up(life, session_name=session_name)
+        store.save(state)
+    except BaseException:
+        display.stop()
+        if life.outcome.kept:
+            # Handed over but never recorded (e.g. Ctrl-C, or the state could not be
+            # written): nobody could `down` it, so it is deleted now, shielded.
+            with shield(f"deleting node {spec.node_name}", manual=spec.leaked_node().what_to_do()):
+                abandon(life)
+        store.remove(session_name)  # the run's teardown already ran: no node, no key
+        raise
+    display.stop()
+    journal.phase_changed(state.run_id, SESSION_PHASE)
+    left = state.deadline_at - time.time()
+    typer.echo(
+        f"Session {state.name} is up: node {state.node_name} ({state.accelerator_type}) in "
+        f"{state.zone}, {state.ssh_user}@{state.ssh_host}:{state.ssh_port}. It deletes "
+        f"itself in {left / 60:.0f} min (--ttl) or {state.idle_seconds / 60:.1f} min after "
+        f"the last `tpulab ssh` (--idle). End it with `tpulab down {state.name}`."
+    )
+
+
+def down_command(
+    name: Annotated[
+        str | None, typer.Argument(help="The session (omit if only one is up).")
+    ] = None,
+    all_sessions: Annotated[bool, typer.Option("--all", help="End every session.")] = False,
+) -> None:
+    """Delete a session's VM, confirm it gone by list, and remove its key and state."""
+
+    def action() -> None:
+        from tpulab.cleanup.sessions import SessionStore
+
+        store = SessionStore()
+        if all_sessions and name is not None:
+            raise E.ConfigError("Pass a session name or --all, not both.")
+        chosen = store.all() if all_sessions else [store.resolve(name)]
+        for files in chosen:
+            _down(store, files)
+
+    guarded(action)
+
+
+def _down(store: SessionStore, files: SessionFiles) -> None:
+    from tpulab.cleanup.journal import Journal
+    from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.run.session import take_down
+
+    state = files.state
+    api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint)
+    report = take_down(api, state, notify=lambda message: print_stderr(message))
+    how = "it was already gone" if report.already_gone else "deleted, confirmed by list"
+    detail = "session ended by tpulab down" + (" (already gone)" if report.already_gone else "")
+    try:
+        Journal().close_run(state.run_id, "confirmed", detail)
+    except (E.JournalError, ValueError) as error:
+        print_stderr(f"[yellow]warning:[/] the journal could not record it: {error}")
+    store.remove(state.name)
+    typer.echo(f"Session {state.name} is down: node {state.node_name} {how}; key removed.")
+
+
+class DashDashCommand(typer.core.TyperCommand):
+    """Keeps what follows `--` apart from the positional arguments, so that in
+    `tpulab ssh [S] -- CMD` the session name is never mistaken for the command's first
+    word (click alone would merge them); `ctx.meta[AFTER_DASHES]` holds the command."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
+        if "--" in args:
+            at = args.index("--")
+            args, ctx.meta[AFTER_DASHES] = args[:at], args[at + 1 :]
+        return super().parse_args(ctx, args)
+
+
+AFTER_DASHES = "tpulab.after_dashes"
+
+
+def ssh_command(
+    ctx: typer.Context,
+    name: Annotated[
+        str | None, typer.Argument(help="The session (omit if only one is up).")
+    ] = None,
+) -> None:
+    """Open a shell on the session's VM (OpenSSH, pinned host key), or run `-- CMD`.
+
+    Renews the session's idle lease first.
+    """
+    command = list(ctx.meta.get(AFTER_DASHES, ()))
+
+    def action() -> int:
+        from tpulab.cleanup.sessions import SessionStore
+
+        store = SessionStore()
+        files = store.resolve(name)
+        return _ssh(store, files, command)
+
+    status = guarded(action)
+    raise typer.Exit(status if isinstance(status, int) else 0)
+
+
+def _ssh(store: SessionStore, files: SessionFiles, command: list[str]) -> int:
+    from tpulab.run.session import renew_argv
+
+    state = files.state
+    with tempfile.TemporaryDirectory(prefix="tpulab-ssh-") as scratch:
+        known_hosts = Path(scratch) / "known_hosts"
+        host = state.ssh_host if state.ssh_port == 22 else f"[{state.ssh_host}]:{state.ssh_port}"
+        known_hosts.write_text(f"{host} {state.host_key_type} {state.host_key_b64}\n")
+        base = [
+            "ssh", "-F", "/dev/null", "-i", str(files.key_path), "-p", str(state.ssh_port),
+            "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes",
+            "-o", "LogLevel=ERROR", f"{state.ssh_user}@{state.ssh_host}",
+        ]  # fmt: skip
+        now = time.time()
+        renew = subprocess.run(
+            [
+                *base[:1],
+                "-o",
+                "BatchMode=yes",
+                *base[1:],
+                shlex.join(renew_argv(state, now=lambda: now)),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if renew.returncode != 0:
+            raise E.RemoteError(
+                f"Could not reach session {state.name} to renew its lease "
+                f"({renew.stderr.strip() or f'ssh exit {renew.returncode}'}).",
+                hint="It may have deleted itself (--ttl or --idle passed): `tpulab down "
+                f"{state.name}` confirms and cleans up.",
+            )
+        store.save(state.renewed(now))
+        remote = [shlex.join(command)] if command else []
+        return subprocess.run([*base, *remote], check=False).returncode

@@ -1,0 +1,76 @@
+"""`tpulab up`'s own flags (--ttl, --idle, the session's name), validated before any
+API call; the rest of its flags are `run`'s (config.commands.run_inputs).
+
+--ttl is the watchdog's hard deadline (default 2 h, at most 24 h: a kept TPU that
+outlives a day is a forgotten one); --idle is its lease (default 30 min), renewed by
+every `tpulab ssh`/`exec`, so a session left alone deletes itself.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tpulab.config.resolve import parse_duration
+from tpulab.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_IDLE",
+    "DEFAULT_TTL",
+    "MAX_TTL_SECONDS",
+    "SessionTimes",
+    "check_session_name",
+    "session_times",
+]
+
+DEFAULT_TTL = "2h"
+DEFAULT_IDLE = "30m"
+MAX_TTL_SECONDS = 24 * 3600.0
+MIN_SECONDS = 10.0  # the watchdog's own lower bound for a lease (config.watchdog)
+_NAME = re.compile(r"[a-z][a-z0-9-]{0,30}")
+
+
+def check_session_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise ConfigError(
+            f"Session name {name!r} is not valid.",
+            hint="Use lower-case letters, digits and '-', starting with a letter, at most "
+            "31 characters (e.g. lesson-3).",
+        )
+    return name
+
+
+class SessionTimes:
+    """The validated --ttl and --idle, as the watchdog flags they become."""
+
+    def __init__(self, ttl_seconds: float, idle_seconds: float) -> None:
+        self.ttl_seconds = ttl_seconds
+        self.idle_seconds = idle_seconds
+
+    @property
+    def max_duration(self) -> str:
+        return f"{self.ttl_seconds:g}s"
+
+    @property
+    def lease(self) -> str:
+        return f"{self.idle_seconds:g}s"
+
+
+def session_times(ttl: str | None, idle: str | None) -> SessionTimes:
+    ttl_seconds = parse_duration("--ttl", ttl or DEFAULT_TTL)
+    if not MIN_SECONDS <= ttl_seconds <= MAX_TTL_SECONDS:
+        raise ConfigError(
+            f"--ttl {ttl!r} is out of range: a session lives at most 24 h.",
+            hint="Pass --ttl between 10s and 24h (default 2h); start a new session after it.",
+        )
+    # A --ttl shorter than the default idle lease makes the lease the whole session.
+    idle_seconds = (
+        min(parse_duration("--idle", DEFAULT_IDLE), ttl_seconds)
+        if idle is None
+        else parse_duration("--idle", idle)
+    )
+    if not MIN_SECONDS <= idle_seconds <= ttl_seconds:
+        raise ConfigError(
+            f"--idle {idle!r} is out of range.",
+            hint="Pass --idle between 10s and the --ttl (default 30m).",
+        )
+    return SessionTimes(ttl_seconds, idle_seconds)

@@ -1,0 +1,159 @@
+"""A kept node (`tpulab up`): what a session is, how it is brought up and taken down.
+
+- `SessionState`: everything later commands need to reach the node again -- name, run
+  id, node, zone, project, API endpoint, SSH user/address/port, the pinned host key, the
+  watchdog's config (to renew its lease), the hard deadline and the idle expiry (wall
+  clock, UTC epoch seconds). The private key is not in it: the store keeps that in a
+  0600 file beside it (tpulab.cleanup.sessions).
+- `bring_up(life)`: the Lifecycle with `keep_on_success`, so a failed `up` goes through
+  the very teardown of `run` and only a verified one keeps its node.
+- `take_down(api, state)`: the run's teardown (`delete_and_confirm`) for a kept node.
+- `renew_argv(state)`: the watchdog's lease renewal as one remote command.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from tpulab.errors import ConfigError, VerificationError
+from tpulab.remote.watchdog import WatchdogConfig, renew_command
+from tpulab.run.teardown import TeardownReport, delete_and_confirm
+
+if TYPE_CHECKING:
+    from tpulab.cloud.api import TpuApi
+    from tpulab.run.lifecycle import Lifecycle
+
+__all__ = ["SessionState", "abandon", "bring_up", "renew_argv", "take_down"]
+
+
+@dataclass(frozen=True)
+class SessionState:
+    name: str
+    run_id: str
+    node_name: str
+    zone: str
+    project: str
+    api_endpoint: str | None  # None: Google's default endpoint
+    accelerator_type: str
+    spot: bool
+    ssh_user: str
+    ssh_host: str
+    ssh_port: int
+    host_key_type: str
+    host_key_b64: str
+    watchdog: dict[str, Any]  # WatchdogConfig's fields
+    started_at: float  # wall clock (epoch seconds) when the create was sent, roughly
+    deadline_at: float  # the watchdog's hard deadline (--ttl), epoch seconds
+    idle_seconds: float  # the lease (--idle)
+    renewed_at: float  # the last lease renewal, epoch seconds
+
+    @property
+    def idle_expires_at(self) -> float:
+        return self.renewed_at + self.idle_seconds
+
+    def watchdog_config(self) -> WatchdogConfig:
+        return WatchdogConfig(**self.watchdog)
+
+    def renewed(self, at: float) -> SessionState:
+        fields = asdict(self)
+        fields["renewed_at"] = at
+        return SessionState(**fields)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> SessionState:
+        return cls(**json.loads(text))
+
+
+def bring_up(
+    life: Lifecycle, *, session_name: str, now: Callable[[], float] = time.time
+) -> SessionState:
+    """Run `life` (built with keep_on_success=True) and describe the node it kept.
+
+    Raises whatever the run raises; a run that ends without keeping its node (which
+    only a verified receipt allows) has already been torn down by the lifecycle.
+    """
+    if not life.keep_on_success:
+        raise ConfigError("bring_up needs a Lifecycle built with keep_on_success=True.")
+    started = now()
+    outcome = life.run()
+    if not outcome.kept or life.target is None or life.watchdog is None:
+        raise VerificationError(
+            f"Run {life.spec.run_id} did not keep its node "
+            f"(teardown {outcome.teardown_status}); no session was created."
+        )
+    spec, target, watchdog = life.spec, life.target, life.watchdog
+    return SessionState(
+        name=session_name,
+        run_id=spec.run_id,
+        node_name=spec.node_name,
+        zone=spec.zone.value,
+        project=spec.project.value,
+        api_endpoint=spec.api_endpoint,
+        accelerator_type=spec.accelerator.name,
+        spot=spec.spot,
+        ssh_user=target.user,
+        ssh_host=target.host,
+        ssh_port=target.port,
+        host_key_type=target.host_key.key_type,
+        host_key_b64=target.host_key.b64,
+        watchdog=asdict(watchdog),
+        started_at=started,
+        # The watchdog counts from boot, a little after `started`: this is the earliest.
+        deadline_at=started + watchdog.max_duration_seconds,
+        idle_seconds=watchdog.lease_seconds,
+        renewed_at=now(),
+    )
+
+
+def renew_argv(state: SessionState, *, now: Callable[[], float] = time.time) -> list[str]:
+    """The remote command that renews the session's lease once."""
+    return renew_command(state.watchdog_config(), int(now()))
+
+
+def take_down(
+    api: TpuApi,
+    state: SessionState,
+    *,
+    timeout: float = 600.0,
+    poll: float = 2.0,
+    notify: Callable[[str], None] = lambda _message: None,
+) -> TeardownReport:
+    """Delete the session's node and confirm by list, exactly as a run's teardown does.
+    A node the watchdog already deleted comes back as `already_gone`."""
+    return delete_and_confirm(
+        api,
+        state.zone,
+        state.node_name,
+        run_id=state.run_id,
+        known_ours=True,
+        settle=0.0,
+        timeout=timeout,
+        poll=poll,
+        max_poll=min(10.0, poll * 5),
+        notify=notify,
+    )
+
+
+def abandon(life: Lifecycle) -> TeardownReport:
+    """Delete a node the lifecycle kept but nobody recorded as a session, and close its
+    journal row: the run's teardown, run late."""
+    spec = life.spec
+    report = delete_and_confirm(
+        life.api,
+        spec.zone.value,
+        spec.node_name,
+        run_id=spec.run_id,
+        known_ours=True,
+        timeout=spec.timeouts.teardown,
+        notify=life.observer.note,
+    )
+    if life.journal is not None:
+        life.journal.run_finished(spec.run_id, "confirmed", "up did not record its session")
+    return report
