@@ -57,6 +57,7 @@ from tpulab.emulator.server import Emulator
 from tpulab.emulator.sshhost import EmbeddedHostBackend
 from tpulab.emulator.timing import Timing
 from tpulab.models import NodeRequest
+from tpulab.remote.bootstrap import EXTRAS_STAMP
 
 pytestmark = pytest.mark.slow
 
@@ -78,8 +79,16 @@ PHASES = {
     "execute": "execute",
     "collect": "collect",
 }
+# The phases of a run with a `-- CMD` (after the verifier), each held by the image too:
+# the workspace's unpack and the artifacts' pack (`python3 -c <transfer> unpack|pack`,
+# by `sitecustomize`), the extras' install (its `rm` of the extras stamp) and the
+# command itself (the matrix's workload script, _WORKLOAD_SCRIPT).
+WORKLOAD_PHASES = {"sync": "sync", "install": "install", "workload": "workload", "fetch": "fetch"}
+ALL_PHASES = {**PHASES, **WORKLOAD_PHASES}
 # Phases held per node by the emulated image (see _install_slow_image).
-SLOWED_BY_IMAGE = {"bootstrap", "stage", "execute", "collect"}
+SLOWED_BY_IMAGE = {"bootstrap", "stage", "execute", "collect", *WORKLOAD_PHASES}
+# What the workload script leaves in $TPULAB_RUN_DIR before it waits: it must come back.
+ARTIFACT = "matrix-artifact.txt"
 # Bounds, not timings: how long a hold lasts if the test never releases it.
 HOLD_LIMIT_SECONDS = 300
 # The watchdog rows' lease and boot grace, and how soon after a SIGKILL the node must be
@@ -100,12 +109,13 @@ LAUNCHER = (
 @dataclass(frozen=True)
 class Cell:
     signal: str  # "SIGINT", "SIGTERM", "SIGHUP", "SIGKILL" or "none"
-    phase: str  # a key of PHASES, or "" for the uninterrupted control run
+    phase: str  # a key of ALL_PHASES, or "" for the uninterrupted control run
+    variant: str = ""  # tells apart two cells of one signal and phase ("-wd": no sweep)
 
     @property
     def node(self) -> str:
         what = self.phase or "control"
-        return f"tpulab-m-{self.signal.lower()}-{what}"
+        return f"tpulab-m-{self.signal.lower()}-{what}{self.variant}"
 
 
 @dataclass
@@ -227,7 +237,7 @@ class Matrix:
     def wait_for_phase(self, cell: Cell, process: subprocess.Popen[str]) -> RunRow:
         """Until the journal names the phase and its hold is in effect. A bound, not a
         timing: the run cannot leave the phase before the test releases it."""
-        want = PHASES[cell.phase]
+        want = ALL_PHASES[cell.phase]
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if process.poll() is not None:
@@ -332,11 +342,17 @@ class Matrix:
 
 
 _SITECUSTOMIZE = f"""\
-# The emulated image's site hook: hold the verifier payload for chosen nodes.
+# The emulated image's site hook: hold the verifier payload and the workspace's and
+# artifacts' transfers (`python3 -c <transfer.py> unpack|pack ...`) for chosen nodes.
 import os, sys, time
+_tag = None
 if sys.argv and sys.argv[0].endswith("verify_tpu.py"):
+    _tag = "execute"
+elif len(sys.argv) > 1 and sys.argv[0] == "-c" and sys.argv[1] in ("unpack", "pack"):
+    _tag = "sync" if sys.argv[1] == "unpack" else "fetch"
+if _tag is not None:
     hold = os.path.join(os.environ.get("TPULAB_TEST_SLOW_DIR", "/nonexistent"),
-                        os.path.basename(os.environ.get("HOME", "")) + ".execute")
+                        os.path.basename(os.environ.get("HOME", "")) + "." + _tag)
     if os.path.isfile(hold):
         open(hold + ".reached", "w").close()
         deadline = time.monotonic() + {HOLD_LIMIT_SECONDS}
@@ -349,17 +365,22 @@ def _install_slow_image(root: Path) -> tuple[Path, Path]:
     """Emulated-image tools that hold when `$TPULAB_TEST_SLOW_DIR/<node>.<phase>` exists:
     they create `<...>.reached`, then wait until `<...>.release` exists (bounded).
     bootstrap starts with `mkdir -p`; staging and collection each check a sha256 on the
-    VM (the payload, then the receipt); the payload's interpreter runs `sitecustomize`.
+    VM (the payload, then the receipt); the extras' install starts by removing its stamp;
+    the payload's and the transfers' interpreters run `sitecustomize`.
     Returns the directories for PATH and PYTHONPATH."""
     bin_dir, site_dir = root / "bin", root / "site"
     bin_dir.mkdir(parents=True)
     site_dir.mkdir()
     (site_dir / "sitecustomize.py").write_text(_SITECUSTOMIZE)
-    for tool in ("mkdir", "sha256sum"):
+    for tool in ("mkdir", "sha256sum", "rm"):
         real = shutil.which(tool, path="/usr/bin:/bin")
         assert real is not None, f"{tool} is needed on this machine"
         if tool == "mkdir":
             tag = "tag=bootstrap"
+        elif tool == "rm":
+            # Only the extras' install removes the extras stamp first; any other `rm`
+            # (the bootstrap's) passes straight through.
+            tag = f'case "$*" in *{Path(EXTRAS_STAMP).name}*) tag=install ;; *) tag=none ;; esac'
         else:
             # The file to hash arrives as an argument or as stdin (`sha256sum < FILE`).
             tag = (
@@ -385,15 +406,19 @@ def _install_slow_image(root: Path) -> tuple[Path, Path]:
 
 
 @contextmanager
-def _served(tmp_path: Path, timing: Timing, faults: dict[str, Any]) -> Iterator[Matrix]:
+def _served(
+    tmp_path: Path, timing: Timing, faults: dict[str, Any], *, index: str | None = None
+) -> Iterator[Matrix]:
+    """`index`: a package index (URL) the image's uv and pip resolve from, for --with."""
     slow_dir = tmp_path / "slow"
     slow_dir.mkdir()
     bin_dir, site_dir = _install_slow_image(tmp_path / "image")
     base = preloaded_image_env()
+    offline = {"UV_DEFAULT_INDEX": index, "PIP_INDEX_URL": index} if index else {}
     image = ImageEnv(
         path=(str(bin_dir), *base.path),
         pythonpath=(str(site_dir), *base.pythonpath),
-        extra={**base.extra, "TPULAB_TEST_SLOW_DIR": str(slow_dir)},
+        extra={**base.extra, **offline, "TPULAB_TEST_SLOW_DIR": str(slow_dir)},
     )
     state = tmp_path / "emulator"
     backend = RefusingHosts(EmbeddedHostBackend(state, image=image))
@@ -415,6 +440,17 @@ def matrix(tmp_path: Path) -> Iterator[Matrix]:
     timing = Timing(create_seconds=0.3, delete_seconds=0.3, stockout_seconds=0.1)
     with _served(tmp_path, timing, {}) as m:
         yield m
+
+
+@pytest.fixture
+def with_index(tmp_path: Path) -> Iterator[Matrix]:
+    """The matrix's image plus a local package index holding one wheel (for --with)."""
+    from test_workload_extras import simple_index
+
+    index = simple_index(tmp_path / "index").as_uri()
+    timing = Timing(create_seconds=0.3, delete_seconds=0.3)
+    with _served(tmp_path, timing, {}, index=index) as served:
+        yield served
 
 
 @pytest.fixture
@@ -639,3 +675,109 @@ def test_sigkill_in_every_phase_leaves_nothing_even_without_teardown_verify(
     assert sweep.returncode == 0, sweep.stderr
     assert json.loads(sweep.stdout)["deleted"] == []
     assert matrix.journal.open_runs() == []
+
+
+_WORKLOAD_SCRIPT = f"""\
+# The matrix's `-- CMD`: leave an artifact in the run dir, then (for nodes held in
+# "workload") say so and wait for the test's release, bounded.
+import os, pathlib, time
+run_dir = pathlib.Path(os.environ["TPULAB_RUN_DIR"])
+run_dir.mkdir(parents=True, exist_ok=True)
+(run_dir / "{ARTIFACT}").write_text("written by " + os.environ["TPULAB_RUN_ID"])
+print("artifact written", flush=True)
+hold = pathlib.Path(os.environ["TPULAB_TEST_SLOW_DIR"],
+                    os.path.basename(os.environ["HOME"]) + ".workload")
+if hold.is_file():
+    pathlib.Path(str(hold) + ".reached").touch()
+    deadline = time.monotonic() + {HOLD_LIMIT_SECONDS}
+    while not pathlib.Path(str(hold) + ".release").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+"""
+
+
+def _workload_workspace(served: Matrix) -> Path:
+    """The small workspace every row uploads: the matrix's workload script only."""
+    work = served.workdir / "workspace"
+    work.mkdir()
+    (work / "matrix_work.py").write_text(_WORKLOAD_SCRIPT)
+    return work
+
+
+def _workload_args(
+    served: Matrix, cell: Cell, work: Path, *, with_package: bool
+) -> tuple[str, ...]:
+    """The workspace, a per-cell --out, the extra package when the row needs an
+    install, and the command (last: everything after `--` is the user's)."""
+    from test_workload_extras import PACKAGE, VERSION
+
+    extras = ("--with", f"{PACKAGE}=={VERSION}") if with_package else ()
+    out = served.workdir / f"out-{cell.node}"
+    return ("--workdir", str(work), "--out", str(out), *extras, "--", "python", "matrix_work.py")
+
+
+def _fetched_artifact(served: Matrix, cell: Cell) -> str | None:
+    found = sorted((served.workdir / f"out-{cell.node}").rglob(ARTIFACT))
+    return found[0].read_text() if found else None
+
+
+@pytest.mark.parametrize("phase", list(WORKLOAD_PHASES))
+def test_interrupted_in_a_workload_phase_leaves_nothing(
+    phase: str, with_index: Matrix, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One row per `-- CMD` phase (each its own test, so xdist spreads them): SIGINT and
+    SIGTERM exit 130 with the teardown confirmed (and, stopped in "workload", the
+    command's artifact fetched); SIGKILL leaves the node to `teardown --verify`; SIGKILL
+    with a short lease and no sweep leaves it to the VM's watchdog. Every INSTALL row
+    installs a real `--with` package from the local index (the phase exists only then)."""
+    served = with_index
+    cells = [Cell(sig, phase) for sig in ("SIGINT", "SIGTERM", "SIGKILL")]
+    cells.append(Cell("SIGKILL", phase, variant="-wd"))
+    work = _workload_workspace(served)
+
+    def run(cell: Cell) -> Outcome:
+        args = _workload_args(served, cell, work, with_package=phase == "install")
+        if cell.variant == "-wd":
+            return served.run(cell, extra=(*WATCHDOG_ARGS, *args), sweep=False)
+        return served.run(cell, extra=args)
+
+    with ThreadPoolExecutor(max_workers=len(cells)) as pool:
+        outcomes = list(pool.map(run, cells))
+    with capsys.disabled():
+        print(_table(outcomes).replace("(tpulab run", f"(`-- CMD` in {phase}; tpulab run"))
+
+    for o in outcomes:
+        cell = o.cell
+        where = f"{cell.signal}{cell.variant} in {phase}: {o.problems}"
+        assert not o.problems, where
+        assert o.gone_by_list, where
+        assert o.landed == WORKLOAD_PHASES[phase], where
+        if cell.signal == "SIGKILL":
+            assert o.exit_status == -signal.SIGKILL, where
+            assert o.node_left_by_kill, where
+            if cell.variant == "-wd":
+                assert o.sweep_exit is None, where  # gone by its watchdog alone
+            else:
+                assert o.sweep_exit == 0, where
+                assert o.sweep_deleted == [cell.node], where
+                assert o.journal == "confirmed", where
+        else:
+            assert o.exit_status == EXIT_INTERRUPTED, where
+            assert o.journal == "confirmed", where
+            if phase == "workload":
+                # Stopped on the VM, then fetched before the teardown.
+                row = served.row(cell.node)
+                assert row is not None, where
+                assert _fetched_artifact(served, cell) == f"written by {row.run_id}", where
+    assert served.emulator.node_names(PROJECT) == []
+
+    # The watchdog's row: `tpulab list` proves the node gone and closes it as such.
+    from tpulab.cleanup.journal import VANISHED
+
+    listed = tpulab(
+        "list", "--api-endpoint", served.gate.url, "--project", PROJECT, "--zone", ZONE,
+        "--json",
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    closed = {r["node_name"]: r["closed_as"] for r in json.loads(listed.stdout)["journal_missing"]}
+    assert closed == {Cell("SIGKILL", phase, variant="-wd").node: VANISHED}, closed
+    assert served.journal.open_runs() == []
