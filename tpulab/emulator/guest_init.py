@@ -109,7 +109,11 @@ def main(argv: list[str]) -> int:
     log_path, script_dir, tag_entry = argv[1:4]
     entry = tag_entry.encode()
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    # The handler only appends: calling stop.set() there could run while this thread
+    # holds the Event's lock inside stop.wait() and deadlock the init for good (seen: an
+    # init left sleeping on a futex for two hours after its test's SIGTERM).
+    terminated: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(signum))
     _become_subreaper()
 
     def watch_stdin() -> None:
@@ -126,7 +130,7 @@ def main(argv: list[str]) -> int:
             stderr=log,
         )
         running = True
-        while not stop.is_set():
+        while not stop.is_set() and not terminated:
             for pid, code in _reap():
                 if pid == script.pid and running:
                     running = False
