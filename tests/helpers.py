@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 import pytest
@@ -148,3 +149,24 @@ def killed_run(
     if create:
         create_ready_node(api, name, tpulab_labels(run_id), zone)
     return name
+
+
+def write_tree(root: Path, files: Mapping[str, str | bytes]) -> Path:
+    """Files (workspace-relative path -> content) written under `root`; `root`."""
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content, encoding="utf-8")
+    return root
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under `root` (relative path -> bytes): what a transfer left on a disk."""
+    return {
+        str(path.relative_to(root)): path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }

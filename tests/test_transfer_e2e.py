@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 import pytest
+from helpers import snapshot, write_tree
 
 from tpulab.errors import RemoteError, RemoteTimeoutError
 from tpulab.remote.bootstrap import CommandResult
@@ -25,22 +26,6 @@ if TYPE_CHECKING:
 pytest_plugins = ["ssh_fixtures"]
 
 PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END RSA PRIVATE KEY-----\n"
-
-
-def _tree(root: Path, files: dict[str, bytes]) -> Path:
-    for rel, content in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
-    return root
-
-
-def _snapshot(root: Path) -> dict[str, bytes]:
-    return {
-        str(path.relative_to(root)): path.read_bytes()
-        for path in sorted(root.rglob("*"))
-        if path.is_file()
-    }
 
 
 SELECTED = {
@@ -65,12 +50,12 @@ LEFT_BEHIND = {
 def test_upload_sends_only_the_selected_files_byte_identical(
     ssh_host: SshHost, tmp_path: Path
 ) -> None:
-    root = _tree(tmp_path / "ws", SELECTED | LEFT_BEHIND)
+    root = write_tree(tmp_path / "ws", SELECTED | LEFT_BEHIND)
     selection = select_workspace(root, allow_secrets=["deploy/cert.pem"])
-    _tree(ssh_host.sandbox / "work", {"stale.py": b"from an earlier run"})
+    write_tree(ssh_host.sandbox / "work", {"stale.py": b"from an earlier run"})
     with ssh_host.connect() as conn:
         manifest = upload_workspace(conn, selection, "~/work", timeout=60)
-    assert _snapshot(ssh_host.sandbox / "work") == SELECTED  # the host's own disk
+    assert snapshot(ssh_host.sandbox / "work") == SELECTED  # the host's own disk
     assert manifest.count == len(SELECTED)
     assert {e.path: e.sha256 for e in manifest.entries} == {
         rel: hashlib.sha256(data).hexdigest() for rel, data in SELECTED.items()
@@ -86,8 +71,8 @@ def test_fetch_brings_back_the_run_dir_globs_and_log_byte_identical(
         "metrics.jsonl": b'{"step": 1, "loss": 0.5}\n',
         "device.json": b'{"platform": "cpu"}',
     }
-    _tree(ssh_host.sandbox / ".tpulab/run-1/run", run)
-    _tree(ssh_host.sandbox / "work", {"plots/a.png": b"\x89PNG...", "src/x.py": b"x"})
+    write_tree(ssh_host.sandbox / ".tpulab/run-1/run", run)
+    write_tree(ssh_host.sandbox / "work", {"plots/a.png": b"\x89PNG...", "src/x.py": b"x"})
     (ssh_host.sandbox / ".tpulab/run-1/output.log").write_bytes(b"step 1\nstep 2\n")
     out = tmp_path / "tpulab-runs" / "run-1"
     with ssh_host.connect() as conn:
@@ -100,7 +85,7 @@ def test_fetch_brings_back_the_run_dir_globs_and_log_byte_identical(
             out=out,
             timeout=60,
         )
-    on_disk = _snapshot(out)
+    on_disk = snapshot(out)
     recorded = json.loads(on_disk.pop("manifest.json"))
     expected = {f"run/{rel}": data for rel, data in run.items()} | {
         "workspace/plots/a.png": b"\x89PNG...",
@@ -161,22 +146,22 @@ class Tampering:
 def test_a_corrupted_upload_is_refused_and_the_old_workspace_stays(
     ssh_host: SshHost, tmp_path: Path
 ) -> None:
-    root = _tree(tmp_path / "ws", {"a.bin": os.urandom(100_000), "b.py": b"print()"})
-    _tree(ssh_host.sandbox / "work", {"previous.py": b"kept"})
+    root = write_tree(tmp_path / "ws", {"a.bin": os.urandom(100_000), "b.py": b"print()"})
+    write_tree(ssh_host.sandbox / "work", {"previous.py": b"kept"})
     with ssh_host.connect() as conn:
         with pytest.raises(RemoteError, match=r"refused the workspace upload.*corrupt"):
             upload_workspace(
                 Tampering(conn, stdin_at=5000), select_workspace(root), "work", timeout=60
             )
-        assert _snapshot(ssh_host.sandbox / "work") == {"previous.py": b"kept"}
+        assert snapshot(ssh_host.sandbox / "work") == {"previous.py": b"kept"}
         upload_workspace(conn, select_workspace(root), "work", timeout=60)  # untouched: fine
-    assert _snapshot(ssh_host.sandbox / "work") == _snapshot(root)
+    assert snapshot(ssh_host.sandbox / "work") == snapshot(root)
 
 
 def test_a_corrupted_fetch_is_refused_and_nothing_is_kept(
     ssh_host: SshHost, tmp_path: Path
 ) -> None:
-    _tree(ssh_host.sandbox / "run", {"weights.bin": b"\x01" * 50_000})
+    write_tree(ssh_host.sandbox / "run", {"weights.bin": b"\x01" * 50_000})
     (ssh_host.sandbox / "out.log").write_bytes(b"log")
     out = tmp_path / "out"
     with ssh_host.connect() as conn:

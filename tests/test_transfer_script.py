@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import pytest
-from helpers import require_tool
+from helpers import require_tool, snapshot, write_tree
 
 from tpulab.errors import RemoteError, WorkspaceError
 from tpulab.remote.workspace import (
@@ -108,22 +108,6 @@ class LocalShell:
         return Result(process.returncode, "", stderr)
 
 
-def _tree(root: Path, files: dict[str, bytes]) -> Path:
-    for rel, content in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
-    return root
-
-
-def _snapshot(root: Path) -> dict[str, bytes]:
-    return {
-        str(path.relative_to(root)): path.read_bytes()
-        for path in sorted(root.rglob("*"))
-        if path.is_file()
-    }
-
-
 FILES = {
     "train.py": b"print('hi')\n",
     "pkg/__init__.py": b"",
@@ -138,20 +122,20 @@ FILES = {
 @pytest.mark.parametrize("gzip", [False, True], ids=["tar", "tar.gz"])
 def test_upload_then_fetch_round_trip_is_byte_identical(tmp_path: Path, gzip: bool) -> None:
     python = python310()
-    root = _tree(tmp_path / "ws", FILES)
+    root = write_tree(tmp_path / "ws", FILES)
     os.chmod(root / "train.py", 0o755)
     home = tmp_path / "home"
     home.mkdir()
     shell = LocalShell(home)
     selection = select_workspace(root)
     sent = upload_workspace(shell, selection, "work/ws", timeout=60, python=python, gzip=gzip)
-    assert _snapshot(home / "work/ws") == FILES
+    assert snapshot(home / "work/ws") == FILES
     assert os.access(home / "work/ws/train.py", os.X_OK)
     assert {entry.path: entry.sha256 for entry in sent.entries} == {
         rel: hashlib.sha256(data).hexdigest() for rel, data in FILES.items()
     }
 
-    run_dir = _tree(home / "run", {"ckpt/step_1.npz": os.urandom(200_000), "m.jsonl": b"{}\n"})
+    run_dir = write_tree(home / "run", {"ckpt/step_1.npz": os.urandom(200_000), "m.jsonl": b"{}\n"})
     (home / "cmd.log").write_bytes(b"line 1\nline 2\n")
     out = tmp_path / "out"
     got = fetch_artifacts(
@@ -173,7 +157,7 @@ def test_upload_then_fetch_round_trip_is_byte_identical(tmp_path: Path, gzip: bo
         "run/m.jsonl": b"{}\n",
         "cmd.log": b"line 1\nline 2\n",
     }
-    on_disk = _snapshot(out)
+    on_disk = snapshot(out)
     manifest = json.loads(on_disk.pop("manifest.json"))
     assert on_disk == expected
     assert got.missing == ("nothing-*", "absent/**")
@@ -189,11 +173,11 @@ def test_a_second_upload_replaces_the_previous_content(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     shell = LocalShell(home)
-    first = _tree(tmp_path / "v1", {"old.py": b"1", "keep.py": b"v1"})
+    first = write_tree(tmp_path / "v1", {"old.py": b"1", "keep.py": b"v1"})
     upload_workspace(shell, select_workspace(first), "ws", timeout=60, python=python)
-    second = _tree(tmp_path / "v2", {"keep.py": b"v2", "new.py": b"2"})
+    second = write_tree(tmp_path / "v2", {"keep.py": b"v2", "new.py": b"2"})
     upload_workspace(shell, select_workspace(second), "ws", timeout=60, python=python)
-    assert _snapshot(home / "ws") == {"keep.py": b"v2", "new.py": b"2"}
+    assert snapshot(home / "ws") == {"keep.py": b"v2", "new.py": b"2"}
     assert sorted(p.name for p in home.iterdir()) == ["ws"]  # no staging or old copy left
 
 
@@ -235,12 +219,12 @@ def test_unsafe_archives_are_refused_and_the_old_workspace_stays(
 ) -> None:
     python = python310()
     home = tmp_path / "a" / "home"
-    _tree(home / "ws", {"previous.py": b"old"})
+    write_tree(home / "ws", {"previous.py": b"old"})
     result = _unpack(python, home, _archive([(_member("ok.txt"), b"ok"), (member, b"evil")]))
     assert result.returncode == 3, result.stderr
     assert why in result.stderr.decode()
     assert result.stdout == b""
-    assert _snapshot(home / "ws") == {"previous.py": b"old"}
+    assert snapshot(home / "ws") == {"previous.py": b"old"}
     assert sorted(p.name for p in home.iterdir()) == ["ws"]
     assert not list((tmp_path / "a").glob("evil*"))
     assert not list(tmp_path.glob("evil*"))
@@ -249,7 +233,7 @@ def test_unsafe_archives_are_refused_and_the_old_workspace_stays(
 def test_a_corrupt_or_truncated_stream_is_refused(tmp_path: Path) -> None:
     python = python310()
     home = tmp_path / "home"
-    _tree(home / "ws", {"previous.py": b"old"})
+    write_tree(home / "ws", {"previous.py": b"old"})
     good = _archive([(_member("a.txt"), b"A" * 5000)])
     flipped = bytearray(good)
     flipped[600] ^= 0x01  # a byte of a.txt's data: the tar still parses
@@ -258,16 +242,16 @@ def test_a_corrupt_or_truncated_stream_is_refused(tmp_path: Path) -> None:
     assert "corrupt: sha256" in result.stderr.decode()
     result = _unpack(python, home, good[:-90])  # cut before the trailer
     assert result.returncode == 3
-    assert _snapshot(home / "ws") == {"previous.py": b"old"}
+    assert snapshot(home / "ws") == {"previous.py": b"old"}
     assert _unpack(python, home, good).returncode == 0
-    assert _snapshot(home / "ws") == {"a.txt": b"A" * 5000}
+    assert snapshot(home / "ws") == {"a.txt": b"A" * 5000}
 
 
 def test_pack_refuses_over_the_cap_before_sending_anything(tmp_path: Path) -> None:
     python = python310()
     home = tmp_path / "home"
-    _tree(home / "ws", {"big.bin": b"\0" * 50_000, "mid.bin": b"\0" * 20_000, "s": b"x"})
-    _tree(home / "run", {"r.txt": b"r" * 100})
+    write_tree(home / "ws", {"big.bin": b"\0" * 50_000, "mid.bin": b"\0" * 20_000, "s": b"x"})
+    write_tree(home / "run", {"r.txt": b"r" * 100})
     (home / "log").write_text("log")
     out = tmp_path / "out"
     with pytest.raises(RemoteError) as refused:
@@ -293,8 +277,8 @@ def test_pack_refuses_over_the_cap_before_sending_anything(tmp_path: Path) -> No
 def test_pack_never_leaves_the_workspace_through_a_symlink(tmp_path: Path) -> None:
     python = python310()
     home = tmp_path / "home"
-    _tree(home / "ws", {"inside.txt": b"in"})
-    _tree(tmp_path / "outside", {"secret.txt": b"laptop-only"})
+    write_tree(home / "ws", {"inside.txt": b"in"})
+    write_tree(tmp_path / "outside", {"secret.txt": b"laptop-only"})
     os.symlink(tmp_path / "outside", home / "ws" / "escape")
     (home / "run").mkdir()
     out = tmp_path / "out"
@@ -388,7 +372,7 @@ def test_fetch_refuses_files_that_differ_from_the_vms_manifest(tmp_path: Path) -
 def test_unpack_never_replaces_the_login_directory_or_above(tmp_path: Path, dest: str) -> None:
     python = python310()
     home = tmp_path / "home"
-    _tree(home, {".ssh/authorized_keys": b"ssh-ed25519 AAAA"})
+    write_tree(home, {".ssh/authorized_keys": b"ssh-ed25519 AAAA"})
     argv = unpack_command(dest, python=python)
     result = subprocess.run(
         argv,
@@ -400,7 +384,7 @@ def test_unpack_never_replaces_the_login_directory_or_above(tmp_path: Path, dest
     )
     assert result.returncode == 3
     assert b"login directory" in result.stderr
-    assert _snapshot(home) == {".ssh/authorized_keys": b"ssh-ed25519 AAAA"}
+    assert snapshot(home) == {".ssh/authorized_keys": b"ssh-ed25519 AAAA"}
     with pytest.raises(WorkspaceError, match="login directory"):
         upload_workspace(LocalShell(home), select_workspace(home), dest, timeout=60)
 
@@ -410,7 +394,7 @@ def test_fetch_dot_brings_the_whole_workspace_and_pack_refuses_escaping_patterns
 ) -> None:
     python = python310()
     home = tmp_path / "home"
-    _tree(home / "ws", {"a.txt": b"a", "sub/b.txt": b"b"})
+    write_tree(home / "ws", {"a.txt": b"a", "sub/b.txt": b"b"})
     (home / "run").mkdir()
     got = fetch_artifacts(
         LocalShell(home),

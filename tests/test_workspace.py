@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import write_tree
 
 from tpulab.errors import ConfigError, WorkspaceError
 from tpulab.remote.workspace import (
@@ -20,17 +21,6 @@ PEM = (
     "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n"
     "-----END OPENSSH PRIVATE KEY-----\n"
 )
-
-
-def _tree(root: Path, files: dict[str, str | bytes]) -> Path:
-    for rel, content in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
-            path.write_bytes(content)
-        else:
-            path.write_text(content)
-    return root
 
 
 def _paths(root: Path, **kwargs: object) -> set[str]:
@@ -50,7 +40,7 @@ def test_missing_or_non_directory_root_is_refused(tmp_path: Path) -> None:
 
 
 def test_always_excluded_whatever_the_ignore_files_say(tmp_path: Path) -> None:
-    root = _tree(
+    root = write_tree(
         tmp_path / "ws",
         {
             "train.py": "print()",
@@ -91,7 +81,7 @@ def test_always_excluded_whatever_the_ignore_files_say(tmp_path: Path) -> None:
 def test_secret_looking_files_are_refused_unless_allowed(
     tmp_path: Path, name: str, content: str
 ) -> None:
-    root = _tree(tmp_path / "ws", {"train.py": "print()", name: content})
+    root = write_tree(tmp_path / "ws", {"train.py": "print()", name: content})
     with pytest.raises(WorkspaceError) as refused:
         select_workspace(root)
     assert name in refused.value.message
@@ -103,7 +93,7 @@ def test_secret_looking_files_are_refused_unless_allowed(
 
 
 def test_ignored_secrets_are_not_refused_and_ordinary_json_is_fine(tmp_path: Path) -> None:
-    root = _tree(
+    root = write_tree(
         tmp_path / "ws",
         {
             "train.py": "print()",
@@ -118,7 +108,7 @@ def test_ignored_secrets_are_not_refused_and_ordinary_json_is_fine(tmp_path: Pat
 
 
 def test_allow_secret_naming_nothing_is_an_error(tmp_path: Path) -> None:
-    root = _tree(tmp_path / "ws", {"train.py": "x"})
+    root = write_tree(tmp_path / "ws", {"train.py": "x"})
     with pytest.raises(WorkspaceError, match="'keys/id_rsa'"):
         select_workspace(root, allow_secrets=["keys/id_rsa"])
     with pytest.raises(WorkspaceError, match="leaves the workspace"):
@@ -128,7 +118,7 @@ def test_allow_secret_naming_nothing_is_an_error(tmp_path: Path) -> None:
 def test_over_the_cap_lists_the_largest_entries(tmp_path: Path) -> None:
     files: dict[str, str | bytes] = {f"small/{i}.txt": b"x" * 10 for i in range(30)}
     files |= {"data/big.bin": b"\0" * 5000, "data/medium.bin": b"\0" * 3000}
-    root = _tree(tmp_path / "ws", files)
+    root = write_tree(tmp_path / "ws", files)
     with pytest.raises(WorkspaceError) as refused:
         select_workspace(root, max_bytes=4000)
     message = refused.value.message
@@ -144,7 +134,7 @@ def test_over_the_cap_lists_the_largest_entries(tmp_path: Path) -> None:
 
 
 def test_describe_counts_files_and_bytes(tmp_path: Path) -> None:
-    root = _tree(tmp_path / "ws", {f"f{i:04}": b"\0" * 512 for i in range(2000)})
+    root = write_tree(tmp_path / "ws", {f"f{i:04}": b"\0" * 512 for i in range(2000)})
     (root / ".git").mkdir()
     assert (
         select_workspace(root).describe() == "2 000 files, 1000.0 KiB (skipped: 1 always excluded)"
@@ -152,8 +142,8 @@ def test_describe_counts_files_and_bytes(tmp_path: Path) -> None:
 
 
 def test_symlinks_inside_go_up_as_files_and_leaving_ones_are_skipped(tmp_path: Path) -> None:
-    outside = _tree(tmp_path / "outside", {"secret.txt": "not yours"})
-    root = _tree(tmp_path / "ws", {"real.txt": "real", "dir/a.txt": "a"})
+    outside = write_tree(tmp_path / "outside", {"secret.txt": "not yours"})
+    root = write_tree(tmp_path / "ws", {"real.txt": "real", "dir/a.txt": "a"})
     os.symlink("real.txt", root / "alias.txt")
     os.symlink(outside / "secret.txt", root / "escape.txt")
     os.symlink(outside, root / "escape_dir")
