@@ -24,6 +24,7 @@ from tpulab.cli._exit import EXIT_TEARDOWN, guarded
 
 if TYPE_CHECKING:
     from tpulab.cleanup.sessions import SessionFiles, SessionStore
+    from tpulab.run.session import SessionState
 
 __all__ = ["DashDashCommand", "down_command", "ssh_command", "up_command"]
 
@@ -194,20 +195,34 @@ def down_command(
 
 def _down(store: SessionStore, files: SessionFiles) -> None:
     from tpulab.cleanup.journal import Journal
+    from tpulab.cleanup.sessions import conclude_gone, why_gone
     from tpulab.cloud.google import GoogleTpuApi
     from tpulab.run.session import take_down
 
     state = files.state
     api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint)
     report = take_down(api, state, notify=lambda message: print_stderr(message))
-    how = "it was already gone" if report.already_gone else "deleted, confirmed by list"
-    detail = "session ended by tpulab down" + (" (already gone)" if report.already_gone else "")
+    if report.already_gone:
+        # Nothing for `down` to delete: it went on its own (or someone deleted it).
+        concluded = conclude_gone(
+            store, state, why_gone(state, now=time.time()), seen_by="tpulab down"
+        )
+        for warning in concluded.warnings:
+            print_stderr(f"[yellow]journal:[/] {warning}")
+        typer.echo(
+            f"Session {state.name} is down: its node {state.node_name} was already gone "
+            f"(it {concluded.vanish.reason}); key removed."
+        )
+        return
     try:
-        Journal().close_run(state.run_id, "confirmed", detail)
+        Journal().close_run(state.run_id, "confirmed", "session ended by tpulab down")
     except (E.JournalError, ValueError) as error:
         print_stderr(f"[yellow]warning:[/] the journal could not record it: {error}")
     store.remove(state.name)
-    typer.echo(f"Session {state.name} is down: node {state.node_name} {how}; key removed.")
+    typer.echo(
+        f"Session {state.name} is down: node {state.node_name} deleted, confirmed by list; "
+        "key removed."
+    )
 
 
 class DashDashCommand(typer.core.TyperCommand):
@@ -248,6 +263,22 @@ def ssh_command(
     raise typer.Exit(status if isinstance(status, int) else 0)
 
 
+def _raise_if_gone(store: SessionStore, state: SessionState) -> None:
+    """The node did not answer: if the API says it is gone, say why, clean up, and exit
+    EXIT_REMOTE (NodeVanishedError); if it is still there, return (a plain SSH failure)."""
+    from tpulab.cleanup.sessions import ask_gone, conclude_gone
+    from tpulab.cloud.google import GoogleTpuApi
+
+    api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint)
+    vanish = ask_gone(api, state)
+    if vanish is None:
+        return
+    concluded = conclude_gone(store, state, vanish, seen_by="tpulab ssh")
+    for warning in concluded.warnings:
+        print_stderr(f"[yellow]journal:[/] {warning}")
+    raise concluded.error()
+
+
 def _ssh(store: SessionStore, files: SessionFiles, command: list[str]) -> int:
     from tpulab.run.session import renew_argv
 
@@ -276,6 +307,7 @@ def _ssh(store: SessionStore, files: SessionFiles, command: list[str]) -> int:
             check=False,
         )
         if renew.returncode != 0:
+            _raise_if_gone(store, state)
             raise E.RemoteError(
                 f"Could not reach session {state.name} to renew its lease "
                 f"({renew.stderr.strip() or f'ssh exit {renew.returncode}'}).",
