@@ -100,7 +100,7 @@ class Attachment:
         name = self.session
         if deadline_passed:
             cause = f"its --ttl deadline passed {during}"
-            hint = f"Start a new session with a longer --ttl (at most 24h): `tpulab up --name {name} ...`."
+            hint = "Start a new session with a longer --ttl (at most 24h) with `tpulab up`."
         elif life.renewer is not None and life.renewer.lapsed():
             cause = f"its --idle lease lapsed {during} (no renewal reached it)"
             hint = "A suspended laptop or a lost network lets the lease lapse; start a new session."

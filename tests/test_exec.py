@@ -1,0 +1,149 @@
+"""`tpulab exec` as a user types it: real subprocesses against an emulator served from
+this process (the session outlives each command, so the emulator must too), whose nodes
+are real SSH servers; `ssh` goes through the system's OpenSSH client. Nothing is
+mocked; every test ends by asking the emulator what is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import tpulab
+
+from tpulab.cleanup.journal import Journal
+from tpulab.emulator import Emulator
+from tpulab.emulator.hostenv import preloaded_image_env
+from tpulab.emulator.sshhost import EmbeddedHostBackend
+from tpulab.emulator.timing import Timing
+
+pytestmark = pytest.mark.slow
+
+PROJECT = "exec-proj"
+ZONE = "us-central1-a"
+LAB = Path(__file__).resolve().parent.parent / "examples" / "course_lab"
+EXIT_OK = 0
+EXIT_CONFIG = 2
+EXIT_REMOTE = 4
+EXIT_WORKLOAD = 9
+EXIT_INTERRUPTED = 130
+TRAIN = ("python", "train.py", "--run-dir", "$TPULAB_RUN_DIR", "--steps", "5")
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Emulator]:
+    state = tmp_path / "emulator"
+    backend = EmbeddedHostBackend(state, image=preloaded_image_env())
+    try:
+        with Emulator(
+            state, host_backend=backend, timing=Timing(create_seconds=0.3, delete_seconds=0.3)
+        ) as emulator:
+            yield emulator
+    finally:
+        backend.close()
+
+
+def up(emulator: Emulator, name: str, *extra: str) -> dict[str, object]:
+    """`tpulab up --name NAME`; the session's state as written to disk."""
+    done = tpulab(
+        "up", "--accelerator", "v5litepod-4", "--api-endpoint", emulator.url,
+        "--project", PROJECT, "--zone", ZONE, "--boot-timeout", "30", "--name", name, *extra,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == EXIT_OK, done.stderr + done.stdout
+    return json.loads(session_dir(name).joinpath("session.json").read_text())  # type: ignore[no-any-return]
+
+
+def session_dir(name: str) -> Path:
+    return Path(os.environ["TPULAB_HOME"]) / "state" / "sessions" / name
+
+
+def methods(emulator: Emulator) -> list[str]:
+    return [f"{entry['method']} {entry['path']}" for entry in emulator.requests()]
+
+
+def creates_sent(emulator: Emulator) -> list[str]:
+    return [m for m in methods(emulator) if m.startswith("POST") and m.endswith("/nodes")]
+
+
+def deletes(emulator: Emulator) -> list[str]:
+    return [m for m in methods(emulator) if m.startswith("DELETE")]
+
+
+def node_state(emulator: Emulator, node: str) -> str:
+    listed = tpulab(
+        "list", "--api-endpoint", emulator.url, "--project", PROJECT, "--zone", ZONE, "--json"
+    )
+    assert listed.returncode == EXIT_OK, listed.stderr
+    found = [n for n in json.loads(listed.stdout)["nodes"] if n["name"] == node]
+    return str(found[0]["state"]) if found else "gone"
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
+def test_up_two_execs_ssh_down_costs(served: Emulator, tmp_path: Path) -> None:
+    state = up(served, "lesson", "--ttl", "1h", "--idle", "10m")
+    assert isinstance(state["receipt_id"], str)
+    (node,) = served.node_names(PROJECT)
+    creates = creates_sent(served)
+
+    first = tpulab(
+        "exec", "lesson", "--workdir", str(LAB), "--out", str(tmp_path / "one"), "--", *TRAIN,
+        timeout=300,
+    )  # fmt: skip
+    assert first.returncode == EXIT_OK, first.stderr + first.stdout
+    assert "cmd ┃ training on 4 cpu device(s) for 5 steps" in first.stdout
+    assert "Exec " in first.stdout
+    assert "on session lesson" in first.stdout
+    # The timings show what an exec skips: no create, no bootstrap, no verifier.
+    (phases,) = [line for line in first.stdout.splitlines() if line.startswith("  phases")]
+    assert "connect" in phases
+    assert "workload" in phases
+    assert "create" not in phases.split("(")[0]
+    assert "bootstrap" not in phases.split("(")[0]
+    assert (tmp_path / "one" / "run" / "checkpoints" / "step_00005.npz").is_file()
+    record = json.loads((tmp_path / "one" / "run.json").read_text())
+    assert record["command"] == "exec"
+    assert record["session"] == "lesson"
+    assert record["receipt_id"] == state["receipt_id"]
+    assert record["node_name"] == node
+    assert record["workload"]["exit_status"] == 0
+    assert "create" not in record["phase_seconds"]
+    assert "bootstrap" not in record["phase_seconds"]
+    renewed = json.loads(session_dir("lesson").joinpath("session.json").read_text())
+    assert renewed["renewed_at"] > state["renewed_at"]
+
+    # The second exec lands in its own --out; the node is the same one, never recreated.
+    second = tpulab(
+        "exec", "--workdir", str(LAB), "--out", str(tmp_path / "two"), "--json", "--", *TRAIN,
+        timeout=300,
+    )  # fmt: skip
+    assert second.returncode == EXIT_OK, second.stderr + second.stdout
+    again = json.loads(second.stdout)
+    assert again["ok"] is True
+    assert again["command"] == "exec"
+    assert (tmp_path / "two" / "run" / "metrics.jsonl").is_file()
+    assert creates_sent(served) == creates
+    assert deletes(served) == []
+
+    shell = tpulab("ssh", "lesson", "--", "echo", "ok", timeout=60)
+    assert shell.returncode == EXIT_OK, shell.stderr
+    assert shell.stdout.strip() == "ok"
+
+    down = tpulab("down", "lesson", timeout=120)
+    assert down.returncode == EXIT_OK, down.stderr + down.stdout
+    assert served.node_names(PROJECT) == []
+    costs = tpulab("costs", "--json", timeout=60)
+    assert costs.returncode == EXIT_OK, costs.stderr
+    (entry,) = [e for e in json.loads(costs.stdout)["entries"] if e["run_id"] == state["run_id"]]
+    # Billed from the create to the confirmed delete: the whole session, both execs in it.
+    assert entry["billed_seconds"] > 0
+    row = Journal().get(str(state["run_id"]))
+    assert row is not None
+    assert row.teardown == "confirmed"
