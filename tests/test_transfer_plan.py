@@ -49,7 +49,7 @@ def test_transfers_are_recorded_with_the_exact_command_and_answered(
         )
 
     # The plan answers as a VM that received the selection (so the phases after it run).
-    assert [e.path for e in uploaded.entries] == ["train.py"]
+    assert [e.path for e in uploaded.manifest.entries] == ["train.py"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ws"]  # no --out, no staging
     up, down = (step for step in recorder.steps if step.action == "exec")
     assert up.argv == unpack_command("~/work")

@@ -58,6 +58,7 @@ from tpulab.remote.selection import (
     IGNORE_FILE,
     UploadSelection,
     check_fetch_patterns,
+    human_size,
     select_workspace,
 )
 
@@ -70,6 +71,7 @@ __all__ = [
     "Manifest",
     "ManifestEntry",
     "StreamShell",
+    "UploadResult",
     "UploadSelection",
     "WorkspaceError",
     "check_fetch_patterns",
@@ -161,6 +163,25 @@ class Manifest:
         return cls(tuple(entries), tuple(missing))
 
 
+@dataclass(frozen=True)
+class UploadResult:
+    """What an upload did: the workspace now on the VM and what it took to get it there."""
+
+    manifest: Manifest  # the whole workspace now on the VM (== the laptop's selection)
+    sent: Manifest  # what went over the wire (new or changed files)
+    unchanged: int  # files kept from the VM's previous copy
+    removed: int  # files on the VM that are no longer in the selection
+    wire_bytes: int  # bytes of the archive actually streamed (headers and trailer too)
+
+    def describe(self) -> str:
+        """E.g. "2 of 120 files sent (12.0 KiB); 118 unchanged; 1 removed"."""
+        text = (
+            f"{self.sent.count} of {self.manifest.count} files sent "
+            f"({human_size(self.sent.total_bytes)}); {self.unchanged} unchanged"
+        )
+        return text + (f"; {self.removed} removed" if self.removed else "")
+
+
 # -- the remote script ----------------------------------------------------------------
 
 
@@ -245,6 +266,7 @@ class _ArchiveWriter:
         self.selection = selection
         self.digest = hashlib.sha256()
         self.entries: list[ManifestEntry] = []
+        self.wire_bytes = 0
         self._compressor = zlib.compressobj(6, zlib.DEFLATED, 31) if gzip else None
 
     def _emit(self, data: bytes) -> bytes:
@@ -295,6 +317,7 @@ class _ArchiveWriter:
             for piece in self._file(rel, size):
                 pending += piece
                 if len(pending) >= _CHUNK:
+                    self.wire_bytes += len(pending)
                     yield bytes(pending)
                     pending.clear()
         pending += self._emit(bytes(2 * _BLOCK))
@@ -303,7 +326,9 @@ class _ArchiveWriter:
             self.digest.update(flushed)
             pending += flushed
         yield bytes(pending)
-        yield _TRAILER_PREFIX + self.digest.hexdigest().encode("ascii")
+        trailer = _TRAILER_PREFIX + self.digest.hexdigest().encode("ascii")
+        self.wire_bytes += len(pending) + len(trailer)
+        yield trailer
 
 
 def upload_workspace(
@@ -314,7 +339,7 @@ def upload_workspace(
     timeout: float,
     python: str = "python3",
     gzip: bool = False,
-) -> Manifest:
+) -> UploadResult:
     """Replace `remote_dir` on the VM with the selected files; their checked manifest.
 
     RemoteError if the VM refused the archive (corrupt, cut short, unsafe) or wrote
@@ -350,7 +375,9 @@ def upload_workspace(
             + _differences(local, remote),
             hint="Retry the run; if it persists the VM's disk may be failing.",
         )
-    return local
+    return UploadResult(
+        manifest=local, sent=local, unchanged=0, removed=0, wire_bytes=writer.wire_bytes
+    )
 
 
 def _differences(expected: Manifest, observed: Manifest) -> str:
