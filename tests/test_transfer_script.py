@@ -128,7 +128,9 @@ def test_upload_then_fetch_round_trip_is_byte_identical(tmp_path: Path, gzip: bo
     home.mkdir()
     shell = LocalShell(home)
     selection = select_workspace(root)
-    sent = upload_workspace(shell, selection, "work/ws", timeout=60, python=python, gzip=gzip)
+    sent = upload_workspace(
+        shell, selection, "work/ws", timeout=60, python=python, gzip=gzip
+    ).manifest
     assert snapshot(home / "work/ws") == FILES
     assert os.access(home / "work/ws/train.py", os.X_OK)
     assert {entry.path: entry.sha256 for entry in sent.entries} == {

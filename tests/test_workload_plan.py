@@ -29,7 +29,7 @@ from tpulab.config.workload import WorkloadSpec
 from tpulab.remote.cmdline import remote_command
 from tpulab.remote.keys import RunKey, SshTarget
 from tpulab.remote.ssh import RunResult
-from tpulab.remote.workload import STAGED_LAUNCHER
+from tpulab.remote.workload import STAGED_LAUNCHER, WORKSPACE_DIR
 from tpulab.run.plan import build_plan
 from tpulab.run.progress import Phase
 from tpulab.run.recording import (
@@ -124,7 +124,12 @@ def test_dry_run_of_a_command_sends_what_an_emulated_run_sends(
     assert {"sync", "workload", "fetch", "teardown"} <= phases
 
     # What the plan says about them, in words a user reads.
-    upload = next(s for s in steps if s.phase == "sync" and s.detail)
+    # The sync asks the VM for its manifest first (one command, through the seam the run
+    # uses too, so the equality above covers it), then streams what the VM lacks: on a
+    # fresh VM, everything.
+    listing, upload = (s for s in steps if s.phase == "sync" and s.detail)
+    assert listing.argv is not None and listing.argv[3:] == ["manifest", WORKSPACE_DIR]
+    assert upload.argv is not None and upload.argv[3:] == ["unpack", WORKSPACE_DIR]
     assert upload.detail is not None
     assert "streams 2 files" in upload.detail
     assert "job.py" in upload.detail

@@ -73,9 +73,9 @@ def test_streamed_archive_vs_file_by_file_sftp(ssh_host: SshHost, tmp_path: Path
         conn.open()
         for gzip in (False, True):
             started = time.perf_counter()
-            manifest = upload_workspace(conn, selection, "~/work", timeout=600, gzip=gzip)
+            uploaded = upload_workspace(conn, selection, "~/work", timeout=600, gzip=gzip)
             figures["up gz" if gzip else "up tar"] = time.perf_counter() - started
-            assert manifest.count == WORKSPACE_FILES
+            assert uploaded.manifest.count == WORKSPACE_FILES
         timed = names[:sample] if sample else names
         started = time.perf_counter()
         for rel in timed:

@@ -112,7 +112,8 @@ def _entries(manifest: Manifest | None) -> list[FileEntry]:
 
 
 def workload_summary(workload: WorkloadOutcome) -> WorkloadSummary:
-    upload, fetch = workload.upload, workload.fetch
+    upload = workload.upload.manifest if workload.upload else None
+    fetch = workload.fetch
     return WorkloadSummary(
         command=list(workload.command),
         env_names=list(workload.env_names),
@@ -165,7 +166,7 @@ def run_record(outcome: RunOutcome) -> RunRecord:
         versions=dict(boot.versions) if boot else {},
         workload=workload_summary(workload),
         phase_seconds={k: round(v, 3) for k, v in outcome.phase_seconds.items()},
-        upload=_entries(workload.upload),
+        upload=_entries(workload.upload.manifest if workload.upload else None),
         fetch=_entries(workload.fetch),
         api_calls=outcome.api_calls,
         teardown=outcome.teardown_status,
