@@ -114,6 +114,7 @@ def test_up_two_execs_ssh_down_costs(served: Emulator, tmp_path: Path) -> None:
     assert record["receipt_id"] == state["receipt_id"]
     assert record["node_name"] == node
     assert record["workload"]["exit_status"] == 0
+    assert record["upload_sent"]["files"] == record["workload"]["upload_files"] > 0
     assert "create" not in record["phase_seconds"]
     assert "bootstrap" not in record["phase_seconds"]
     renewed = json.loads(session_dir("lesson").joinpath("session.json").read_text())
@@ -128,6 +129,10 @@ def test_up_two_execs_ssh_down_costs(served: Emulator, tmp_path: Path) -> None:
     again = json.loads(second.stdout)
     assert again["ok"] is True
     assert again["command"] == "exec"
+    # The unchanged workspace is already on the VM: nothing of it is sent again.
+    assert again["upload_sent"]["files"] == 0
+    assert again["upload_sent"]["bytes"] == 0
+    assert again["upload_sent"]["unchanged_files"] == again["workload"]["upload_files"]
     assert (tmp_path / "two" / "run" / "metrics.jsonl").is_file()
     assert creates_sent(served) == creates
     assert deletes(served) == []
@@ -147,3 +152,92 @@ def test_up_two_execs_ssh_down_costs(served: Emulator, tmp_path: Path) -> None:
     row = Journal().get(str(state["run_id"]))
     assert row is not None
     assert row.teardown == "confirmed"
+
+
+def _exec_in_background(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tpulab", "exec", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def _wait_for(path: Path, process: subprocess.Popen[str], seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        if process.poll() is not None:
+            out, err = process.communicate()
+            pytest.fail(f"exec ended before its command started: {err}{out}")
+        assert time.monotonic() < deadline, "the command never started"
+        time.sleep(0.2)
+
+
+def test_interrupted_and_failing_execs_keep_the_session(served: Emulator, tmp_path: Path) -> None:
+    state = up(served, "keep", "--ttl", "1h", "--idle", "10m")
+    node = str(state["node_name"])
+    work = tmp_path / "work"
+    work.mkdir()
+    started = tmp_path / "started"
+    # The emulated node runs on this machine: the command can tell the test it started.
+    (work / "wait.py").write_text(
+        "import os, pathlib, sys, time\n"
+        "pathlib.Path(os.environ['TPULAB_RUN_DIR'], 'partial.txt').write_text('so far')\n"
+        "pathlib.Path(sys.argv[1]).write_text('1')\n"
+        "time.sleep(300)\n"
+    )
+    (work / "fail.py").write_text("print('about to fail', flush=True)\nraise SystemExit(6)\n")
+    (work / "mark.py").write_text(
+        "import os, pathlib, sys\n"
+        "pathlib.Path(os.environ['TPULAB_RUN_DIR'], sys.argv[1]).write_text(sys.argv[1])\n"
+        "print('marked', sys.argv[1])\n"
+    )
+    for number, signum in enumerate((signal.SIGINT, signal.SIGTERM)):
+        out = tmp_path / f"stopped-{number}"
+        started.unlink(missing_ok=True)
+        process = _exec_in_background(
+            "keep", "--workdir", str(work), "--out", str(out), "--", "python", "wait.py",
+            str(started),
+        )  # fmt: skip
+        _wait_for(started, process)
+        process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=120)
+        assert process.returncode == EXIT_INTERRUPTED, stderr + stdout
+        # Stopped on the VM, then fetched: what it wrote so far came back.
+        assert (out / "run" / "partial.txt").read_text() == "so far"
+        record = json.loads((out / "run.json").read_text())
+        assert record["workload"]["stopped"] is not None
+        assert record["teardown"] == "not-created"
+        assert deletes(served) == []
+        assert node_state(served, node) == "READY"
+        assert session_dir("keep").joinpath("key").is_file()
+
+    # A failing command: its own status, exit 9, and the session stays.
+    failing = tpulab(
+        "exec", "keep", "--workdir", str(work), "--out", str(tmp_path / "fail"), "--",
+        "python", "fail.py", timeout=300,
+    )  # fmt: skip
+    assert failing.returncode == EXIT_WORKLOAD, failing.stderr + failing.stdout
+    assert "exited with status 6" in failing.stderr
+    assert "about to fail" in (tmp_path / "fail" / "output.log").read_text()
+    assert deletes(served) == []
+    assert node_state(served, node) == "READY"
+
+    # And exec works again after all that; each exec's run dir starts empty, so no
+    # earlier exec's files (partial.txt, the first mark) ride back with a later one.
+    for mark in ("first", "second"):
+        done = tpulab(
+            "exec", "--workdir", str(work), "--out", str(tmp_path / mark), "--",
+            "python", "mark.py", mark, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == EXIT_OK, done.stderr + done.stdout
+    fetched = sorted(p.name for p in (tmp_path / "second" / "run").iterdir())
+    assert fetched == ["second"]
+    assert "marked first" not in (tmp_path / "second" / "output.log").read_text()
+    assert "about to fail" not in (tmp_path / "second" / "output.log").read_text()
+    assert deletes(served) == []
+    down = tpulab("down", "keep", timeout=120)
+    assert down.returncode == EXIT_OK, down.stderr
+    assert served.node_names(PROJECT) == []

@@ -362,4 +362,4 @@ def _upload_text(outcome: RunOutcome) -> str:
     upload = workload.upload
     if upload is None:
         return "nothing sent (the exec stopped before the sync)"
-    return f"{upload.count} files, {upload.total_bytes} bytes sent"
+    return f"{upload.describe()}; {upload.wire_bytes} bytes on the wire"

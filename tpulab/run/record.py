@@ -26,7 +26,7 @@ from tpulab.evidence.judge import Verdict
 from tpulab.run.progress import TeardownStatus
 
 if TYPE_CHECKING:
-    from tpulab.remote.workspace import Manifest
+    from tpulab.remote.workspace import Manifest, UploadResult
     from tpulab.run.lifecycle import RunOutcome
     from tpulab.run.workload import WorkloadOutcome
 
@@ -34,6 +34,7 @@ __all__ = [
     "RUN_RECORD_NAME",
     "FileEntry",
     "RunRecord",
+    "UploadSent",
     "WorkloadSummary",
     "read_run_record",
     "run_record",
@@ -75,6 +76,17 @@ class WorkloadSummary(_Part):
     extras: dict[str, str | None]
 
 
+class UploadSent(_Part):
+    """What the sync actually sent: on a session's second exec of an unchanged
+    workspace, nothing (the VM kept its copy)."""
+
+    files: int  # new or changed files sent
+    bytes: int  # their content bytes
+    unchanged_files: int  # kept from the VM's previous copy
+    removed_files: int  # on the VM, no longer in the workspace
+    wire_bytes: int  # the archive streamed, headers and trailer included
+
+
 class RunRecord(Envelope):
     """<out>/run.json (schema_version 1)."""
 
@@ -103,12 +115,25 @@ class RunRecord(Envelope):
     # `tpulab exec`: the session whose node ran it (never deleted by the exec, so
     # `teardown` stays "not-created"); `receipt_id` is then the one `up` verified there.
     session: str | None = None
+    upload_sent: UploadSent | None = None  # None: the run stopped before its sync
 
 
 def _entries(manifest: Manifest | None) -> list[FileEntry]:
     if manifest is None:
         return []
     return [FileEntry(path=e.path, bytes=e.bytes, sha256=e.sha256) for e in manifest.entries]
+
+
+def _sent(upload: UploadResult | None) -> UploadSent | None:
+    if upload is None:
+        return None
+    return UploadSent(
+        files=upload.sent.count,
+        bytes=upload.sent.total_bytes,
+        unchanged_files=upload.unchanged,
+        removed_files=upload.removed,
+        wire_bytes=upload.wire_bytes,
+    )
 
 
 def workload_summary(workload: WorkloadOutcome) -> WorkloadSummary:
@@ -149,6 +174,7 @@ def run_record(outcome: RunOutcome) -> RunRecord:
     return RunRecord(
         command="exec" if outcome.session is not None else "run",
         session=outcome.session,
+        upload_sent=_sent(workload.upload),
         ok=outcome.succeeded and error is None,
         run_id=spec.run_id,
         started=outcome.started,
