@@ -241,3 +241,111 @@ def test_interrupted_and_failing_execs_keep_the_session(served: Emulator, tmp_pa
     down = tpulab("down", "keep", timeout=120)
     assert down.returncode == EXIT_OK, down.stderr
     assert served.node_names(PROJECT) == []
+
+
+def test_a_command_outliving_idle_keeps_its_node_and_ttl_ends_it_clearly(
+    served: Emulator, tmp_path: Path
+) -> None:
+    state = up(served, "short", "--ttl", "75s", "--idle", "15s")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "nap.py").write_text("import sys, time\ntime.sleep(float(sys.argv[1]))\n")
+    # Longer than --idle: the exec renews the lease in the background, so the VM stays.
+    long = tpulab(
+        "exec", "short", "--workdir", str(work), "--out", str(tmp_path / "long"), "--",
+        "python", "nap.py", "25", timeout=300,
+    )  # fmt: skip
+    assert long.returncode == EXIT_OK, long.stderr + long.stdout
+    assert node_state(served, str(state["node_name"])) == "READY"
+
+    # This one outlives the session's --ttl: the watchdog deletes the node under it.
+    ended = tpulab(
+        "exec", "short", "--workdir", str(work), "--out", str(tmp_path / "ended"), "--",
+        "python", "nap.py", "300", timeout=300,
+    )  # fmt: skip
+    assert ended.returncode == EXIT_REMOTE, ended.stderr + ended.stdout
+    assert (
+        "Session short's node " + str(state["node_name"]) + " deleted itself: its --ttl "
+        "deadline passed during your command"
+    ) in " ".join(ended.stderr.split())
+    assert "Its key and state are removed." in " ".join(ended.stderr.split())
+    assert not session_dir("short").exists()
+    row = Journal().get(str(state["run_id"]))
+    assert row is not None
+    assert row.teardown == "confirmed"
+    assert "deadline passed" in (row.detail or "")
+    assert served.node_names(PROJECT) == []
+    record = json.loads((tmp_path / "ended" / "run.json").read_text())
+    assert record["ok"] is False
+    assert "--ttl deadline passed" in record["failure"]
+
+
+def test_bad_input_is_refused_before_anything_is_sent(served: Emulator, tmp_path: Path) -> None:
+    alone = tpulab("exec", "--", "true", timeout=60)
+    assert alone.returncode == EXIT_CONFIG
+    assert "No session is up" in alone.stderr
+    assert served.requests() == []
+
+    state = up(served, "gate")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "big.bin").write_bytes(b"x" * 4096)
+    sent = len(served.requests())
+    refused = {
+        ("nosuch", "--", "true"): "There is no session named 'nosuch'",
+        ("Not_A_Name", "--", "true"): "Session name 'Not_A_Name' is not valid",
+        ("gate",): "tpulab exec needs a command after --",
+        ("gate", "--env", "TPULAB_RUN_ID=x", "--", "true"): "is set by tpulab itself",
+        ("gate", "--max-upload", "0", "--", "true"): "Invalid --max-upload '0'",
+        ("gate", "--workdir", str(tmp_path / "nowhere"), "--", "true"): "does not exist",
+        (
+            "gate",
+            "--workdir",
+            str(work),
+            "--max-upload",
+            "1K",
+            "--",
+            "true",
+        ): "over the 1.0 KiB cap",
+    }
+    for args, said in refused.items():
+        done = tpulab("exec", *args, timeout=60)
+        assert done.returncode == EXIT_CONFIG, (args, done.stderr)
+        assert said in " ".join(done.stderr.split()), (args, done.stderr)
+
+    # The dry run is the exec's own Lifecycle over recording seams: no create, no
+    # bootstrap, no verifier, no delete; the lease renewal, sync, command and fetch.
+    where = ("--workdir", str(LAB))
+    plan = tpulab("exec", "gate", *where, "--dry-run", "--json", "--", "python", "train.py")
+    assert plan.returncode == EXIT_OK, plan.stderr
+    steps = json.loads(plan.stdout)["steps"]
+    assert json.loads(plan.stdout)["command"] == "exec"
+    rpcs = [step["action"] for step in steps if step["kind"] == "api"]
+    assert "CreateNode" not in rpcs
+    assert "DeleteNode" not in rpcs
+    phases = [step["phase"] for step in steps]
+    assert "bootstrap" not in phases
+    assert "verify" not in phases
+    assert [p for p in ("connect", "sync", "workload", "fetch") if p in phases] == [
+        "connect", "sync", "workload", "fetch",
+    ]  # fmt: skip
+    commands = [step.get("command") or "" for step in steps]
+    assert any("tpulab-lease" in line for line in commands)  # the lease renewed first
+    assert any("train.py" in line for line in commands)
+    human = tpulab("exec", "gate", *where, "--dry-run", "--", "python", "train.py")
+    assert human.returncode == EXIT_OK, human.stderr
+    assert "Plan for exec" in human.stdout
+    assert "on session gate" in human.stdout
+
+    # A session whose --ttl deadline passed is refused too (its node is gone or going).
+    path = session_dir("gate") / "session.json"
+    expired = {**json.loads(path.read_text()), "deadline_at": time.time() - 1}
+    path.write_text(json.dumps(expired))
+    done = tpulab("exec", "gate", "--", "true", timeout=60)
+    assert done.returncode == EXIT_CONFIG
+    assert "Session gate has expired" in done.stderr
+    assert len(served.requests()) == sent
+    down = tpulab("down", "gate", timeout=120)
+    assert down.returncode == EXIT_OK, down.stderr
+    assert served.node_names(PROJECT) == []
+    assert state["node_name"] not in served.node_names(PROJECT)
