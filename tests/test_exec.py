@@ -349,3 +349,60 @@ def test_bad_input_is_refused_before_anything_is_sent(served: Emulator, tmp_path
     assert down.returncode == EXIT_OK, down.stderr
     assert served.node_names(PROJECT) == []
     assert state["node_name"] not in served.node_names(PROJECT)
+
+
+_PROBE = """
+import json, sys
+from tpulab.cli import app
+try:
+    app(sys.argv[1:], prog_name="tpulab")
+except SystemExit as done:
+    code = done.code
+else:
+    code = 0
+heavy = sorted(name for name in sys.modules if name.split(".")[0] in {"jax", "jaxlib",
+    "paramiko", "grpc", "numpy"} or name.startswith("google.cloud"))
+print("\\nPROBE " + json.dumps({"code": code, "heavy": heavy}))
+"""
+
+
+def test_exec_help_and_dry_run_stay_light(tmp_path: Path) -> None:
+    import base64
+
+    from tpulab.cleanup.sessions import SessionStore
+    from tpulab.remote.keys import RunKey
+    from tpulab.run.session import SessionState
+
+    # A session as `up` leaves it on disk (the dry run reads its state, never its key).
+    key = RunKey()
+    store = SessionStore()
+    store.reserve("light", key.openssh_private_bytes())
+    blob = b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + bytes(32)
+    now = time.time()
+    store.save(
+        SessionState(
+            name="light", run_id="20261201t000000-abcdef", node_name="tpulab-light",
+            zone=ZONE, project=PROJECT, api_endpoint="http://127.0.0.1:9",
+            accelerator_type="v5litepod-4", spot=False, ssh_user="tpulab",
+            ssh_host="127.0.0.1", ssh_port=2222, host_key_type="ssh-ed25519",
+            host_key_b64=base64.b64encode(blob).decode(),
+            watchdog={
+                "run_id": "20261201t000000-abcdef", "node_name": "tpulab-light", "zone": ZONE,
+                "project": PROJECT, "lease_seconds": 600.0, "boot_grace_seconds": 600.0,
+                "max_duration_seconds": 3600.0,
+            },
+            started_at=now, deadline_at=now + 3600, idle_seconds=600.0, renewed_at=now,
+            receipt_id="r-light",
+        )
+    )  # fmt: skip
+    for argv in (
+        ["exec", "--help"],
+        ["exec", "light", "--workdir", str(LAB), "--dry-run", "--", "python", "train.py"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True, timeout=60
+        )
+        probe = json.loads(done.stdout.rsplit("PROBE ", 1)[1])
+        assert probe["code"] in (0, None), done.stderr + done.stdout
+        assert probe["heavy"] == [], f"`tpulab {' '.join(argv)}` imported {probe['heavy']}"
+    assert "receipt r-light" in done.stdout  # the gate the plan names

@@ -175,10 +175,21 @@ def build_attached_plan(
     over the recording seams (no key is read, nothing is contacted or written)."""
     from dataclasses import replace
 
+    from tpulab.contract import STARTUP_SCRIPT_METADATA
+    from tpulab.models import NodeRequest, tpulab_labels
+    from tpulab.remote.watchdog import startup_script
     from tpulab.run.lifecycle import Lifecycle
     from tpulab.run.recording import PlaceholderKey, PlanEnds, PlanRecorder
 
     recorder = PlanRecorder(spec)
+    # The session's node exists (READY, its watchdog armed by the startup-script `up`
+    # sent): the recording API answers for it as the real one would.
+    recorder.api.created = NodeRequest(
+        accelerator_type=spec.accelerator.name,
+        runtime_version=spec.accelerator.runtime_version,
+        labels=tpulab_labels(attachment.watchdog.run_id),
+        metadata={STARTUP_SCRIPT_METADATA: startup_script(attachment.watchdog)},
+    )
     life = Lifecycle(
         spec,
         api=recorder.api,
