@@ -301,6 +301,10 @@ def _conclude_gone(
     )
     for warning in done.warnings:
         print_stderr(f"[yellow]warning:[/] the journal could not record it: {warning}")
+    if done.vanish.cause != "ttl":
+        # The lease lapsed before this exec (or someone deleted the node): the
+        # session's own times say which, better than the exec's phase can.
+        return done.error()
     return E.NodeVanishedError(f"{gone.message} Its key and state are removed.", hint=gone.hint)
 
 
