@@ -128,8 +128,10 @@ def test_dry_run_of_a_command_sends_what_an_emulated_run_sends(
     # uses too, so the equality above covers it), then streams what the VM lacks: on a
     # fresh VM, everything.
     listing, upload = (s for s in steps if s.phase == "sync" and s.detail)
-    assert listing.argv is not None and listing.argv[3:] == ["manifest", WORKSPACE_DIR]
-    assert upload.argv is not None and upload.argv[3:] == ["unpack", WORKSPACE_DIR]
+    assert listing.argv is not None
+    assert listing.argv[3:] == ["manifest", WORKSPACE_DIR]
+    assert upload.argv is not None
+    assert upload.argv[3:] == ["unpack", WORKSPACE_DIR]
     assert upload.detail is not None
     assert "streams 2 files" in upload.detail
     assert "job.py" in upload.detail
