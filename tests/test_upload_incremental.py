@@ -22,6 +22,8 @@ from tpulab.errors import RemoteError
 from tpulab.remote.bootstrap import CommandResult
 from tpulab.remote.ssh import Connection
 from tpulab.remote.workspace import UploadResult, select_workspace, upload_workspace
+from tpulab.run.record import workload_summary
+from tpulab.run.workload import WorkloadOutcome
 
 if TYPE_CHECKING:
     from ssh_fixtures import SshHost
@@ -100,6 +102,13 @@ def test_one_changed_one_added_one_deleted_send_and_remove_exactly_those(
         rel: hashlib.sha256(data).hexdigest() for rel, data in snapshot(root).items()
     }
     assert os.access(on_vm / "notes/readme.md", os.X_OK)  # the keep list carries the mode
+    # run.json and `run --json` keep the whole manifest and add what was sent.
+    outcome = WorkloadOutcome(command=("python",), env_names=(), out=tmp_path, upload=result)
+    summary = workload_summary(outcome)
+    assert (summary.upload_files, summary.upload_sent_files) == (5, 2)
+    assert summary.upload_sent_bytes == result.sent.total_bytes
+    assert (summary.upload_unchanged, summary.upload_removed) == (3, 1)
+    assert summary.upload_wire_bytes == result.wire_bytes
 
 
 def test_a_file_changed_on_the_vm_between_uploads_is_sent_again(
