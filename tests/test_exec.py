@@ -114,7 +114,7 @@ def test_up_two_execs_ssh_down_costs(served: Emulator, tmp_path: Path) -> None:
     assert record["receipt_id"] == state["receipt_id"]
     assert record["node_name"] == node
     assert record["workload"]["exit_status"] == 0
-    assert record["upload_sent"]["files"] == record["workload"]["upload_files"] > 0
+    assert record["workload"]["upload_sent_files"] == record["workload"]["upload_files"] > 0
     assert "create" not in record["phase_seconds"]
     assert "bootstrap" not in record["phase_seconds"]
     renewed = json.loads(session_dir("lesson").joinpath("session.json").read_text())
@@ -130,9 +130,9 @@ def test_up_two_execs_ssh_down_costs(served: Emulator, tmp_path: Path) -> None:
     assert again["ok"] is True
     assert again["command"] == "exec"
     # The unchanged workspace is already on the VM: nothing of it is sent again.
-    assert again["upload_sent"]["files"] == 0
-    assert again["upload_sent"]["bytes"] == 0
-    assert again["upload_sent"]["unchanged_files"] == again["workload"]["upload_files"]
+    assert again["workload"]["upload_sent_files"] == 0
+    assert again["workload"]["upload_sent_bytes"] == 0
+    assert again["workload"]["upload_unchanged"] == again["workload"]["upload_files"] > 0
     assert (tmp_path / "two" / "run" / "metrics.jsonl").is_file()
     assert creates_sent(served) == creates
     assert deletes(served) == []

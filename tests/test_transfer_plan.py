@@ -57,7 +57,8 @@ def test_transfers_are_recorded_with_the_exact_command_and_answered(
     # (nothing there), so the whole selection streams and no --keep list goes with it.
     assert listing.argv == manifest_command("~/work")
     assert listing.command == remote_command(manifest_command("~/work"), timeout=60)
-    assert listing.detail is not None and "lists what it holds" in listing.detail
+    assert listing.detail is not None
+    assert "lists what it holds" in listing.detail
     assert uploaded.sent == uploaded.manifest
     assert (uploaded.unchanged, uploaded.removed) == (0, 0)
     assert up.argv == unpack_command("~/work")

@@ -384,7 +384,8 @@ class _ArchiveWriter:
             yield self._emit(bytes(_BLOCK - size % _BLOCK))
 
     def _keep_list(self) -> Iterator[bytes]:
-        body = json.dumps({"keep": [kept.to_json_obj() for kept in self.delta.keep]}).encode()
+        keep = [kept.to_json_obj() for kept in self.delta.keep]
+        body = json.dumps({"keep": keep}, separators=(",", ":")).encode()
         info = tarfile.TarInfo(_KEEP_MEMBER)
         info.size = len(body)
         info.mode = 0o644
