@@ -406,3 +406,32 @@ def test_exec_help_and_dry_run_stay_light(tmp_path: Path) -> None:
         assert probe["code"] in (0, None), done.stderr + done.stdout
         assert probe["heavy"] == [], f"`tpulab {' '.join(argv)}` imported {probe['heavy']}"
     assert "receipt r-light" in done.stdout  # the gate the plan names
+
+
+def test_the_launcher_starts_each_command_with_an_empty_run_dir(tmp_path: Path) -> None:
+    # Successive execs on one VM share the run dir and log: the launcher itself (run
+    # here, as the VM runs it) must clear them, or a fetch brings back old files.
+    launcher = Path(__file__).resolve().parent.parent / "remote_payloads" / "workload_launcher.py"
+    layout = {name: tmp_path / "run" / name for name in ("out", "output.log", "pid", "status")}
+
+    def launch(name: str) -> None:
+        script = (
+            "import os, pathlib, sys; "
+            "pathlib.Path(os.environ['TPULAB_RUN_DIR'], sys.argv[1]).write_text('x'); "
+            "print('wrote', sys.argv[1])"
+        )
+        subprocess.run(
+            [
+                sys.executable, str(launcher), "--workspace", str(tmp_path),
+                "--run-dir", str(layout["out"]), "--log", str(layout["output.log"]),
+                "--pid-file", str(layout["pid"]), "--status", str(layout["status"]),
+                "--venv", str(tmp_path / "venv"), "--timeout", "60", "--",
+                sys.executable, "-c", script, name,
+            ],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+
+    launch("first")
+    launch("second")
+    assert sorted(p.name for p in layout["out"].iterdir()) == ["second"]
+    assert layout["output.log"].read_text() == "wrote second\n"
