@@ -435,3 +435,18 @@ def test_the_launcher_starts_each_command_with_an_empty_run_dir(tmp_path: Path) 
     launch("second")
     assert sorted(p.name for p in layout["out"].iterdir()) == ["second"]
     assert layout["output.log"].read_text() == "wrote second\n"
+
+
+def test_a_session_file_from_before_receipt_ids_still_loads() -> None:
+    from tpulab.run.session import SessionState
+
+    older = {
+        "name": "old", "run_id": "20261201t000000-abcdef", "node_name": "tpulab-old",
+        "zone": ZONE, "project": PROJECT, "api_endpoint": None, "accelerator_type": "v5litepod-4",
+        "spot": False, "ssh_user": "tpulab", "ssh_host": "10.0.0.2", "ssh_port": 22,
+        "host_key_type": "ssh-ed25519", "host_key_b64": "AAAA", "watchdog": {},
+        "started_at": 1.0, "deadline_at": 2.0, "idle_seconds": 1.0, "renewed_at": 1.0,
+    }  # fmt: skip
+    state = SessionState.from_json(json.dumps(older))
+    assert state.receipt_id is None
+    assert json.loads(state.to_json())["receipt_id"] is None
