@@ -356,7 +356,8 @@ def exec_summary_lines(outcome: RunOutcome) -> list[Line]:
     if workload is not None:
         lines.append([("  upload    ", "dim"), (_upload_text(outcome), "")])
     lines.extend(workload_lines(outcome))
-    lines.append([("  node      ", "dim"), ("kept: the session is still up", "bold green")])
+    ended = f"`tpulab down {outcome.session}` ends it"
+    lines.append([("  session   ", "dim"), ("still up", "bold green"), (f" ({ended})", "dim")])
     return lines
 
 
