@@ -440,7 +440,7 @@ def test_the_launcher_starts_each_command_with_an_empty_run_dir(tmp_path: Path) 
 def test_a_session_file_from_before_receipt_ids_still_loads() -> None:
     from tpulab.run.session import SessionState
 
-    older = {
+    older: dict[str, object] = {
         "name": "old", "run_id": "20261201t000000-abcdef", "node_name": "tpulab-old",
         "zone": ZONE, "project": PROJECT, "api_endpoint": None, "accelerator_type": "v5litepod-4",
         "spot": False, "ssh_user": "tpulab", "ssh_host": "10.0.0.2", "ssh_port": 22,
