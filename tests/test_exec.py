@@ -450,3 +450,24 @@ def test_a_session_file_from_before_receipt_ids_still_loads() -> None:
     state = SessionState.from_json(json.dumps(older))
     assert state.receipt_id is None
     assert json.loads(state.to_json())["receipt_id"] is None
+
+
+def test_exec_on_a_session_whose_idle_lease_lapsed_says_so_and_cleans_up(
+    served: Emulator,
+) -> None:
+    state = up(served, "lapsed", "--idle", "10s")
+    # Nobody renews: the VM's watchdog deletes the node (10 s + its poll).
+    deadline = time.monotonic() + 90
+    while served.node_names(PROJECT):
+        assert time.monotonic() < deadline, "the idle session's node was not deleted"
+        time.sleep(0.5)
+    done = tpulab("exec", "lapsed", "--workdir", str(LAB), "--", "true", timeout=300)
+    assert done.returncode == EXIT_REMOTE, done.stderr + done.stdout
+    said = " ".join(done.stderr.split())
+    assert f"Session lapsed's node {state['node_name']}" in said
+    assert "idle for 10 s (--idle)" in said
+    assert "Its key and state are removed." in said
+    assert not session_dir("lapsed").exists()
+    row = Journal().get(str(state["run_id"]))
+    assert row is not None
+    assert row.teardown == "confirmed"

@@ -202,6 +202,8 @@ def _exec_spec(files: SessionFiles, flags: WorkloadFlags, installer: str) -> Run
         name=state.node_name,
         spot=state.spot,
         teardown_timeout=600.0,
+        # The node has been up since `up`: a minute for sshd to answer, not a boot's three.
+        boot_timeout=60.0,
         installer=installer,
         ssh_backend="embedded",
         adc_project=None,  # the session names its project

@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING
 from tpulab.errors import (
     InterruptedRun,
     NodeVanishedError,
+    RemoteError,
     TpuLabError,
     WorkloadFailedError,
 )
-from tpulab.run.lease import vanished
+from tpulab.run.lease import node_gone, vanished
 from tpulab.run.progress import Phase
 
 if TYPE_CHECKING:
@@ -78,6 +79,14 @@ class Attachment:
             receipt_id=state.receipt_id,
             deadline_at=state.deadline_at,
         )
+
+    def check_node(self, life: Lifecycle) -> None:
+        """Ask the API (GetNode) before connecting: a node its watchdog deleted since the
+        last command must not cost an SSH connect timeout to find out. RemoteError if it
+        is gone or DELETING (the lifecycle then names why: `vanished`)."""
+        state = node_gone(life.api, life.spec.zone.value, life.spec.node_name)
+        if state is not None:
+            raise RemoteError(f"GetNode says node {life.spec.node_name} is {state}")
 
     def vanished(self, life: Lifecycle, error: TpuLabError) -> NodeVanishedError | None:
         """The session's node gone (or DELETING) under the exec, named for what deleted

@@ -772,6 +772,8 @@ class Lifecycle:
         """Open SSH with the per-run key against the pinned host key (waits for sshd)."""
         assert self.target is not None
         assert self.key is not None
+        if self.attach is not None:
+            self.attach.check_node(self)  # a session's node that is gone: say so at once
         self.session = self._connect(self.target, self.key)
         # Connections open lazily; opening here makes this phase own the waiting for sshd.
         self.session.open()
