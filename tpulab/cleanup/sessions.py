@@ -25,10 +25,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from tpulab import paths
+from tpulab import catalog, paths
 from tpulab.cleanup.journal import VANISHED, Journal
 from tpulab.config.sessions import check_session_name
-from tpulab.errors import ConfigError, JournalError, NodeVanishedError, target_for
+from tpulab.errors import (
+    ConfigError,
+    JournalError,
+    NodeVanishedError,
+    UnknownAcceleratorError,
+    target_for,
+)
 from tpulab.run.lease import node_gone
 from tpulab.run.session import SessionState
 
@@ -45,6 +51,7 @@ __all__ = [
     "ask_gone",
     "check_session_name",
     "conclude_gone",
+    "estimated_cost",
     "reconcile_listed",
     "why_gone",
 ]
@@ -296,3 +303,14 @@ def reconcile_listed(
         else:
             up.append(files)
     return up, concluded
+
+
+def estimated_cost(state: SessionState, *, now: float) -> float | None:
+    """What the session's node has cost so far at list prices (`catalog.PRICE_DATE`),
+    spot-aware, from when its create was sent; None for a type not in the catalog. An
+    emulated session's figure is what Google would bill for it, as `list` says of nodes."""
+    try:
+        accelerator = catalog.lookup(state.accelerator_type)
+    except UnknownAcceleratorError:
+        return None
+    return accelerator.estimated_cost(max(0.0, now - state.started_at), spot=state.spot)
