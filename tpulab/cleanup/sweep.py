@@ -144,6 +144,7 @@ class SweepResult:
     live: list[NodeInfo] = field(default_factory=list)  # listed, but a live run owns them
     kept_sessions: list[NodeInfo] = field(default_factory=list)  # listed: live sessions kept
     ended_sessions: list[str] = field(default_factory=list)  # key and state removed
+    ended_rows: list[str] = field(default_factory=list)  # their rows (closed if open)
     list_errors: dict[str, str] = field(default_factory=dict)
     journal_warnings: list[str] = field(default_factory=list)
 
@@ -494,12 +495,13 @@ def sweep(
             journal=journal,
         )
         result.ended_sessions.append(state.name)
+        result.ended_rows.append(row.run_id)
         result.journal_warnings.extend(concluded.warnings)
         if concluded.journal_closed:
             result.closed_rows.append(row.run_id)
             result.vanished_rows.append(row.run_id)
-    on_its_own = [r for r in on_its_own if r.run_id not in result.vanished_rows]
-    vanished, warnings = close_vanished(journal, on_its_own, seen_by="teardown --verify")
+    others = [r for r in on_its_own if r.run_id not in result.ended_rows]
+    vanished, warnings = close_vanished(journal, others, seen_by="teardown --verify")
     result.closed_rows.extend(vanished)
     result.vanished_rows.extend(vanished)
     result.journal_warnings.extend(warnings)
