@@ -101,7 +101,10 @@ def test_why_gone_tells_ttl_idle_and_someone_else_apart() -> None:
     idle = why_gone(state, now=T0 + 600 + 1800)
     assert (idle.cause, idle.since) == ("idle", T0 + 2400)
     assert idle.reason == "deleted itself: idle for 30 min (--idle)"
-    ttl = why_gone(state, now=T0 + 7200)
+    # Both passed: the earlier one deleted it.
+    assert why_gone(state, now=T0 + 7200).cause == "idle"
+    renewed_late = _state("s", "r1", ttl=7200.0, idle=1800.0, renewed=T0 + 6000)
+    ttl = why_gone(renewed_late, now=T0 + 7300)
     assert (ttl.cause, ttl.since) == ("ttl", T0 + 7200)
     assert ttl.reason == "deleted itself: its hard deadline passed (--ttl 2 h)"
 

@@ -123,6 +123,19 @@ class SessionStore:
     def all(self) -> list[SessionFiles]:
         return [self.load(name) for name in self.names()]
 
+    def by_run_id(self) -> dict[str, SessionState]:
+        """The readable sessions' states by run id, for commands that meet their journal
+        rows (teardown, costs); one whose state cannot be read is left out (its node is
+        then treated like any run's)."""
+        found: dict[str, SessionState] = {}
+        for name in self.names():
+            try:
+                state = self.load(name).state
+            except (ConfigError, ValueError, TypeError):
+                continue
+            found[state.run_id] = state
+        return found
+
     def resolve(self, name: str | None) -> SessionFiles:
         """The named session, or the only one up when `name` is None."""
         if name is not None:
@@ -175,18 +188,23 @@ class Vanish:
 
 
 def why_gone(state: SessionState, *, now: float) -> Vanish:
-    """Classify a gone node by the session's deadline and idle expiry (wall clock).
-
-    The watchdog counts the deadline from boot, a little after `deadline_at`'s start,
-    and acts on its next poll: a node found gone after either moment went by it."""
-    if now >= state.deadline_at:
-        ttl = _duration(state.deadline_at - state.started_at)
-        return Vanish(
-            "ttl", f"deleted itself: its hard deadline passed (--ttl {ttl})", state.deadline_at
-        )
-    if now >= state.idle_expires_at:
-        idle = _duration(state.idle_seconds)
-        return Vanish("idle", f"deleted itself: idle for {idle} (--idle)", state.idle_expires_at)
+    """Classify a gone node by the session's deadline and idle expiry (wall clock): of
+    the two that have passed, the earlier is what deleted it (its watchdog acts on the
+    first); neither passed means someone else deleted it. The watchdog counts the
+    deadline from boot, a little after `deadline_at`'s start, and acts on its next
+    poll, so a node found gone after either moment went by it."""
+    lifetime = _duration(state.deadline_at - state.started_at)
+    ttl = Vanish(
+        "ttl", f"deleted itself: its hard deadline passed (--ttl {lifetime})", state.deadline_at
+    )
+    idle = Vanish(
+        "idle",
+        f"deleted itself: idle for {_duration(state.idle_seconds)} (--idle)",
+        state.idle_expires_at,
+    )
+    passed = [v for v in (ttl, idle) if v.since is not None and now >= v.since]
+    if passed:
+        return min(passed, key=lambda v: v.since or 0.0)
     return Vanish(
         "deleted",
         "was deleted by someone else: neither its --ttl nor its --idle had passed",

@@ -259,7 +259,7 @@ def find_orphans(
     now = now or datetime.now(timezone.utc)
     journal = journal or Journal()
     plan = SweepPlan(project=api.project, target=target, zones=[], run_id=run_id)
-    plan.session_states = _sessions_by_run(sessions or SessionStore())
+    plan.session_states = (sessions or SessionStore()).by_run_id()
     rows: list[RunRow] = []
     try:
         for row in journal.open_runs():
@@ -344,19 +344,6 @@ def find_orphans(
 
 def _is_session(row: RunRow | None) -> bool:
     return row is not None and row.teardown is None and row.phase == SESSION_PHASE
-
-
-def _sessions_by_run(store: SessionStore) -> dict[str, SessionState]:
-    """This machine's sessions by run id; one whose state cannot be read is skipped (its
-    node is then swept like any run's, by journal and labels)."""
-    found: dict[str, SessionState] = {}
-    for name in store.names():
-        try:
-            state = store.load(name).state
-        except (TpuLabError, ValueError, TypeError):
-            continue
-        found[state.run_id] = state
-    return found
 
 
 def _close(journal: Journal, run_id: str, detail: str, warnings: list[str]) -> bool:
