@@ -19,6 +19,7 @@ import pytest
 from helpers import tpulab
 
 from tpulab.cleanup.journal import Journal
+from tpulab.cleanup.report import UpEnvelope
 from tpulab.emulator import Emulator
 from tpulab.emulator.hostenv import preloaded_image_env
 from tpulab.emulator.sshhost import EmbeddedHostBackend
@@ -77,11 +78,21 @@ def _state_of(home: Path, name: str) -> dict[str, object]:
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
 def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None:
-    up = tpulab(*_up(served, "--name", "lesson-1", "--ttl", "1h", "--idle", "10m"), timeout=300)
+    up = tpulab(
+        *_up(served, "--name", "lesson-1", "--ttl", "1h", "--idle", "10m", "--json"), timeout=300
+    )
     assert up.returncode == EXIT_OK, up.stderr + up.stdout
-    assert "Session lesson-1 is up" in up.stdout
+    # --json: the session as an envelope on stdout, the progress on stderr.
+    envelope = UpEnvelope.model_validate_json(up.stdout)
+    assert envelope.ok
+    assert envelope.session is not None
+    assert envelope.session.name == "lesson-1"
+    assert envelope.run.receipt.verdict == "verified"
+    assert envelope.run.receipt.id is not None
+    assert "Verify" in up.stderr
     # The node is kept, and the session's key is on disk, owner-only.
     (node,) = served.node_names(PROJECT)
+    assert envelope.session.node_name == node
     key = _sessions_dir(tpulab_home) / "lesson-1" / "key"
     assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
     state = json.loads((key.parent / "session.json").read_text())
@@ -194,13 +205,20 @@ def test_a_failing_up_leaves_no_node_and_no_key(served: Emulator, tpulab_home: P
     # The node boots, SSH and the watchdog come up, then the verifier is killed before it
     # writes a receipt (it needs several seconds): the run's own teardown must delete
     # the node although `up` asked to keep it.
-    up = tpulab(*_up(served, "--name", "broken", "--payload-timeout", "1"), timeout=300)
+    up = tpulab(*_up(served, "--name", "broken", "--payload-timeout", "1", "--json"), timeout=300)
     assert up.returncode != EXIT_OK, up.stdout
-    assert "verify_tpu.py" in up.stderr
-    assert "was killed" in up.stderr
-    assert "Delete VM and confirm" in up.stdout
-    assert "confirmed by list" in up.stdout
-    assert "Session broken is up" not in up.stdout
+    # --json: the failure is the envelope `run --json` prints for it, inside up's.
+    envelope = UpEnvelope.model_validate_json(up.stdout)
+    assert not envelope.ok
+    assert envelope.session is None
+    assert envelope.error is not None
+    assert envelope.error.exit_status == up.returncode
+    assert "verify_tpu.py" in envelope.error.message
+    assert "was killed" in envelope.error.message
+    assert envelope.run.error == envelope.error
+    assert envelope.run.teardown.status == "confirmed"
+    assert "Delete VM and confirm" in up.stderr  # the progress, on stderr
+    assert "confirmed by list" in up.stderr
     methods = [entry["method"] for entry in served.requests()]
     assert "POST" in methods
     assert "DELETE" in methods

@@ -22,6 +22,7 @@ from tpulab.cleanup.sweep import Candidate, SweepPlan, SweepResult, sweep_comman
 from tpulab.envelope import Envelope, ErrorReport, NodeReport
 from tpulab.errors import TeardownError
 from tpulab.models import NodeInfo
+from tpulab.run.report import RunEnvelope
 
 __all__ = [
     "FailedDelete",
@@ -32,6 +33,7 @@ __all__ = [
     "SessionGoneReport",
     "SessionReport",
     "TeardownEnvelope",
+    "UpEnvelope",
     "list_envelope",
     "teardown_envelope",
     "teardown_error",
@@ -103,6 +105,15 @@ class SessionGoneReport(_Part):
     zone: str
     cause: GoneCause  # "ttl", "idle" or "deleted" (by someone else)
     reason: str
+
+
+class UpEnvelope(Envelope):
+    """`tpulab up --json`: the session kept (None when `up` failed) and the run that
+    verified it -- on failure, the very envelope `run --json` prints for it."""
+
+    command: Literal["up"] = "up"
+    session: SessionReport | None
+    run: RunEnvelope
 
 
 def session_report(files: SessionFiles, *, now: float) -> SessionReport:
