@@ -5,6 +5,11 @@ Google client, with a real journal and session store on disk. The end-to-end pat
 
 from __future__ import annotations
 
+import os
+import pty
+import select
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -239,4 +244,68 @@ def test_teardown_keeps_a_live_session_and_sweeps_the_rest(
     assert result.ended_sessions == ["live"]
     assert emulator.node_names(PROJECT) == []
     assert store.names() == []
+    assert journal.open_runs() == []
+
+
+def _on_a_terminal(args: list[str], answers: list[str]) -> tuple[int, str]:
+    """Run the CLI on a pseudo-terminal, answer its [y/N] prompts in order, and return
+    (exit status, everything it wrote)."""
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tpulab", *args],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        env={**os.environ, "COLUMNS": "200"},
+        close_fds=True,
+    )
+    os.close(terminal)
+    seen = b""
+    pending = list(answers)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([controller], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(controller, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+            if pending and seen.count(b"[y/N]") > len(answers) - len(pending):
+                os.write(controller, pending.pop(0).encode() + b"\r")
+        elif process.poll() is not None:
+            break
+    status = process.wait(timeout=30)
+    os.close(controller)
+    return status, seen.decode(errors="replace")
+
+
+def test_teardown_on_a_terminal_asks_apart_before_deleting_a_live_session(
+    api: GoogleTpuApi, emulator: Emulator
+) -> None:
+    journal, store = Journal(), SessionStore()  # this test's TPULAB_HOME, as the CLI's
+    session_node = killed_run(api, "sess-tty", journal=journal, phase="session")
+    key = _kept(
+        store, _state("tty", "sess-tty", api_endpoint=api.api_endpoint, started=time.time())
+    )
+    orphan = killed_run(api, "crashed-tty", journal=journal)
+    args = ["teardown", "--verify", "--api-endpoint", api.api_endpoint or "", "--project", PROJECT]
+    args += ["--zone", ZONE]
+    # No to the session, yes to the rest: only the orphan goes.
+    status, screen = _on_a_terminal(args, ["n", "y"])
+    assert status == 0, screen
+    assert "Also delete 1 live session(s) (tty)? [y/N]" in screen
+    assert "Delete 1 node(s)? [y/N]" in screen
+    assert f"Deleted and confirmed gone: {orphan}" in screen
+    assert "Kept session tty" in screen
+    assert emulator.node_names(PROJECT) == [session_node]
+    assert key.exists()
+    # Yes to the session too: its node, key and state go.
+    status, screen = _on_a_terminal(args, ["y", "y"])
+    assert status == 0, screen
+    assert f"Deleted and confirmed gone: {session_node}" in screen
+    assert emulator.node_names(PROJECT) == []
+    assert not key.exists()
     assert journal.open_runs() == []
