@@ -258,6 +258,15 @@ def test_two_sessions_down_one_touches_only_it(served: Emulator, tpulab_home: Pa
     assert "A session named 'one' already exists." in again.stderr
     assert len(served.requests()) == before
 
+    # A sweep keeps sessions that `up` really made (tests/test_sessions_gone.py has the
+    # rest of teardown's session rules, on sessions written directly).
+    where = ("--api-endpoint", served.url, "--project", PROJECT, "--zone", ZONE)
+    kept = tpulab("teardown", "--verify", "--yes", *where, timeout=120)
+    assert kept.returncode == EXIT_OK, kept.stderr + kept.stdout
+    assert "Kept session one" in kept.stdout
+    assert "Kept session two" in kept.stdout
+    assert len(served.node_names(PROJECT)) == 2
+
     down = tpulab("down", "one", timeout=120)
     assert down.returncode == EXIT_OK, down.stderr
     assert served.node_names(PROJECT) == [two["node_name"]]
@@ -266,34 +275,3 @@ def test_two_sessions_down_one_touches_only_it(served: Emulator, tpulab_home: Pa
     assert done.returncode == EXIT_OK, done.stderr
     assert served.node_names(PROJECT) == []
     assert list(_sessions_dir(tpulab_home).iterdir()) == []
-
-
-def test_teardown_keeps_live_sessions_unless_included(served: Emulator, tpulab_home: Path) -> None:
-    _up_at_once(served, "s1", "s2")
-    nodes = sorted(served.node_names(PROJECT))
-    assert len(nodes) == 2
-    where = ("--api-endpoint", served.url, "--project", PROJECT, "--zone", ZONE)
-    # --yes without --include-sessions: both kept, said so, and the exit is 0 (the final
-    # list shows only the kept sessions' nodes).
-    kept = tpulab("teardown", "--verify", "--yes", *where, timeout=120)
-    assert kept.returncode == EXIT_OK, kept.stderr + kept.stdout
-    assert "Kept session s1" in kept.stdout
-    assert "`tpulab down s1` or --include-sessions" in kept.stdout
-    assert "only the 2 kept session node(s) remain" in kept.stdout
-    assert sorted(served.node_names(PROJECT)) == nodes
-    assert sorted(p.name for p in _sessions_dir(tpulab_home).iterdir()) == ["s1", "s2"]
-    planned = tpulab(
-        "teardown", "--verify", "--dry-run", "--json", "--include-sessions", *where, timeout=120
-    )
-    document = json.loads(planned.stdout)
-    expected = sorted((str(_state_of(tpulab_home, n)["node_name"]), n) for n in ("s1", "s2"))
-    assert sorted((f["name"], f["session"]) for f in document["found"]) == expected
-    assert document["kept_sessions"] == []  # included: they would be deleted
-    assert sorted(served.node_names(PROJECT)) == nodes
-
-    swept = tpulab("teardown", "--verify", "--yes", "--include-sessions", *where, timeout=120)
-    assert swept.returncode == EXIT_OK, swept.stderr + swept.stdout
-    assert "Sessions ended (node gone; key and state removed): " in swept.stdout
-    assert served.node_names(PROJECT) == []
-    assert list(_sessions_dir(tpulab_home).iterdir()) == []
-    assert Journal().open_runs() == []

@@ -16,9 +16,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from helpers import ACCELERATOR, ZONE, killed_run
+from helpers import ACCELERATOR, ZONE, killed_run, tpulab
 
 from tpulab.cleanup.journal import VANISHED, Journal, target_for
+from tpulab.cleanup.report import TeardownEnvelope
 from tpulab.cleanup.sessions import (
     SessionStore,
     ask_gone,
@@ -308,4 +309,43 @@ def test_teardown_on_a_terminal_asks_apart_before_deleting_a_live_session(
     assert f"Deleted and confirmed gone: {session_node}" in screen
     assert emulator.node_names(PROJECT) == []
     assert not key.exists()
+    assert journal.open_runs() == []
+
+
+def test_teardown_keeps_two_live_sessions_under_yes_and_deletes_both_when_included(
+    api: GoogleTpuApi, emulator: Emulator
+) -> None:
+    # Two sessions as `up` leaves them (journal row in phase "session", state and key
+    # here, labelled node); the CLI is a real subprocess against the served emulator.
+    journal, store = Journal(), SessionStore()
+    nodes = {}
+    for name in ("s1", "s2"):
+        nodes[name] = killed_run(api, f"sess-{name}", journal=journal, phase="session")
+        state = _state(name, f"sess-{name}", api_endpoint=api.api_endpoint, started=time.time())
+        _kept(store, state)
+    where = ["--api-endpoint", api.api_endpoint or "", "--project", PROJECT, "--zone", ZONE]
+    kept = tpulab("teardown", "--verify", "--yes", *where, timeout=120)
+    assert kept.returncode == 0, kept.stderr + kept.stdout
+    assert "Kept session s1 (node tpulab-sess-s1): `tpulab down s1` or --include-sessions." in (
+        kept.stdout
+    )
+    assert "Kept session s2" in kept.stdout
+    assert "only the 2 kept session node(s) remain" in kept.stdout
+    assert emulator.node_names(PROJECT) == sorted(nodes.values())
+    assert store.names() == ["s1", "s2"]
+
+    planned = tpulab("teardown", "--verify", "--dry-run", "--json", *where, timeout=120)
+    assert planned.returncode == 0, planned.stderr
+    document = TeardownEnvelope.model_validate_json(planned.stdout)
+    assert sorted((f.name, f.session) for f in document.found) == sorted(
+        (node, name) for name, node in nodes.items()
+    )
+    assert document.kept_sessions == ["s1", "s2"]
+    assert document.deleted == []
+
+    swept = tpulab("teardown", "--verify", "--yes", "--include-sessions", *where, timeout=120)
+    assert swept.returncode == 0, swept.stderr + swept.stdout
+    assert "Sessions ended (node gone; key and state removed): " in swept.stdout
+    assert emulator.node_names(PROJECT) == []
+    assert store.names() == []
     assert journal.open_runs() == []
