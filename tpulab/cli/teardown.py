@@ -190,6 +190,7 @@ def _teardown_forget(
     api_endpoint: str | None,
     project: str | None,
     timeout: float,
+    include_sessions: bool = False,
 ) -> None:
     from tpulab.cleanup.forget import describe, forget, plan_forget
     from tpulab.cleanup.journal import Journal
@@ -207,6 +208,7 @@ def _teardown_forget(
         run_id=run_id,
         timeout=timeout,
         adc_project=adc_project,
+        include_sessions=include_sessions,
     ).scope
     if zones:
         raise ConfigError(
@@ -377,6 +379,7 @@ def teardown_command(
                 api_endpoint=api_endpoint,
                 project=project,
                 timeout=timeout,
+                include_sessions=include_sessions,
             )
             return
         _teardown_verify(
