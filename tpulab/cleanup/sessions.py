@@ -25,10 +25,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from tpulab import paths
+from tpulab import catalog, paths
 from tpulab.cleanup.journal import VANISHED, Journal
 from tpulab.config.sessions import check_session_name
-from tpulab.errors import ConfigError, JournalError, NodeVanishedError, target_for
+from tpulab.errors import (
+    ConfigError,
+    JournalError,
+    NodeVanishedError,
+    UnknownAcceleratorError,
+    target_for,
+)
 from tpulab.run.lease import node_gone
 from tpulab.run.session import SessionState
 
@@ -45,6 +51,7 @@ __all__ = [
     "ask_gone",
     "check_session_name",
     "conclude_gone",
+    "estimated_cost",
     "reconcile_listed",
     "why_gone",
 ]
@@ -116,6 +123,19 @@ class SessionStore:
     def all(self) -> list[SessionFiles]:
         return [self.load(name) for name in self.names()]
 
+    def by_run_id(self) -> dict[str, SessionState]:
+        """The readable sessions' states by run id, for commands that meet their journal
+        rows (teardown, costs); one whose state cannot be read is left out (its node is
+        then treated like any run's)."""
+        found: dict[str, SessionState] = {}
+        for name in self.names():
+            try:
+                state = self.load(name).state
+            except (ConfigError, ValueError, TypeError):
+                continue
+            found[state.run_id] = state
+        return found
+
     def resolve(self, name: str | None) -> SessionFiles:
         """The named session, or the only one up when `name` is None."""
         if name is not None:
@@ -168,18 +188,23 @@ class Vanish:
 
 
 def why_gone(state: SessionState, *, now: float) -> Vanish:
-    """Classify a gone node by the session's deadline and idle expiry (wall clock).
-
-    The watchdog counts the deadline from boot, a little after `deadline_at`'s start,
-    and acts on its next poll: a node found gone after either moment went by it."""
-    if now >= state.deadline_at:
-        ttl = _duration(state.deadline_at - state.started_at)
-        return Vanish(
-            "ttl", f"deleted itself: its hard deadline passed (--ttl {ttl})", state.deadline_at
-        )
-    if now >= state.idle_expires_at:
-        idle = _duration(state.idle_seconds)
-        return Vanish("idle", f"deleted itself: idle for {idle} (--idle)", state.idle_expires_at)
+    """Classify a gone node by the session's deadline and idle expiry (wall clock): of
+    the two that have passed, the earlier is what deleted it (its watchdog acts on the
+    first); neither passed means someone else deleted it. The watchdog counts the
+    deadline from boot, a little after `deadline_at`'s start, and acts on its next
+    poll, so a node found gone after either moment went by it."""
+    lifetime = _duration(state.deadline_at - state.started_at)
+    ttl = Vanish(
+        "ttl", f"deleted itself: its hard deadline passed (--ttl {lifetime})", state.deadline_at
+    )
+    idle = Vanish(
+        "idle",
+        f"deleted itself: idle for {_duration(state.idle_seconds)} (--idle)",
+        state.idle_expires_at,
+    )
+    passed = [v for v in (ttl, idle) if v.since is not None and now >= v.since]
+    if passed:
+        return min(passed, key=lambda v: v.since or 0.0)
     return Vanish(
         "deleted",
         "was deleted by someone else: neither its --ttl nor its --idle had passed",
@@ -296,3 +321,14 @@ def reconcile_listed(
         else:
             up.append(files)
     return up, concluded
+
+
+def estimated_cost(state: SessionState, *, now: float) -> float | None:
+    """What the session's node has cost so far at list prices (`catalog.PRICE_DATE`),
+    spot-aware, from when its create was sent; None for a type not in the catalog. An
+    emulated session's figure is what Google would bill for it, as `list` says of nodes."""
+    try:
+        accelerator = catalog.lookup(state.accelerator_type)
+    except UnknownAcceleratorError:
+        return None
+    return accelerator.estimated_cost(max(0.0, now - state.started_at), spot=state.spot)

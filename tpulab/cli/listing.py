@@ -68,11 +68,15 @@ def _sessions_table(sessions: list[SessionFiles]) -> None:
 
     from rich.table import Table
 
+    from tpulab.catalog import PRICE_DATE
+    from tpulab.cleanup.sessions import estimated_cost
+
     if not sessions:
         return
     now = time.time()
     table = Table(box=None, pad_edge=False)
-    for column in ("SESSION", "NODE", "ZONE", "TYPE", "DEADLINE IN", "IDLE EXPIRES IN"):
+    columns = ("SESSION", "NODE", "ZONE", "TYPE", "DEADLINE IN", "IDLE EXPIRES IN", "EST. COST")
+    for column in columns:
         table.add_column(column)
     for files in sessions:
         state = files.state
@@ -83,8 +87,14 @@ def _sessions_table(sessions: list[SessionFiles]) -> None:
             state.accelerator_type + (" (spot)" if state.spot else ""),
             age_text(max(0.0, state.deadline_at - now)),
             age_text(max(0.0, state.idle_expires_at - now)),
+            cost_text(estimated_cost(state, now=now)),
         )
-    table_console().print(table)
+    console = table_console()
+    console.print(table)
+    console.print(
+        f"{len(sessions)} session(s) up; cost so far from when each was created, at "
+        f"{PRICE_DATE} list prices (an estimate, not a bill)."
+    )
 
 
 def _list(
@@ -145,7 +155,8 @@ def _list(
     if as_json:
         from tpulab.cleanup.report import list_envelope
 
-        print_envelope(list_envelope(listing, view, closed), None)
+        envelope = list_envelope(listing, view, closed, sessions=sessions, sessions_gone=gone)
+        print_envelope(envelope, None)
         return
     _list_table(listing, view.states)
     _sessions_table(sessions)
