@@ -291,6 +291,8 @@ def test_bad_input_is_refused_before_anything_is_sent(served: Emulator, tmp_path
     work.mkdir()
     (work / "big.bin").write_bytes(b"x" * 4096)
     sent = len(served.requests())
+    capped_out = tmp_path / "capped"
+    capped = ("--workdir", str(work), "--max-upload", "1K", "--out", str(capped_out))
     refused = {
         ("nosuch", "--", "true"): "There is no session named 'nosuch'",
         ("Not_A_Name", "--", "true"): "Session name 'Not_A_Name' is not valid",
@@ -298,20 +300,13 @@ def test_bad_input_is_refused_before_anything_is_sent(served: Emulator, tmp_path
         ("gate", "--env", "TPULAB_RUN_ID=x", "--", "true"): "is set by tpulab itself",
         ("gate", "--max-upload", "0", "--", "true"): "Invalid --max-upload '0'",
         ("gate", "--workdir", str(tmp_path / "nowhere"), "--", "true"): "does not exist",
-        (
-            "gate",
-            "--workdir",
-            str(work),
-            "--max-upload",
-            "1K",
-            "--",
-            "true",
-        ): "over the 1.0 KiB cap",
+        ("gate", *capped, "--", "true"): "over the 1.0 KiB cap",
     }
     for args, said in refused.items():
         done = tpulab("exec", *args, timeout=60)
         assert done.returncode == EXIT_CONFIG, (args, done.stderr)
         assert said in " ".join(done.stderr.split()), (args, done.stderr)
+    assert not capped_out.exists()  # refused in validation: not even a run.json
 
     # The dry run is the exec's own Lifecycle over recording seams: no create, no
     # bootstrap, no verifier, no delete; the lease renewal, sync, command and fetch.
@@ -453,7 +448,7 @@ def test_a_session_file_from_before_receipt_ids_still_loads() -> None:
 
 
 def test_exec_on_a_session_whose_idle_lease_lapsed_says_so_and_cleans_up(
-    served: Emulator,
+    served: Emulator, tmp_path: Path
 ) -> None:
     state = up(served, "lapsed", "--idle", "10s")
     # Nobody renews: the VM's watchdog deletes the node (10 s + its poll).
@@ -461,7 +456,8 @@ def test_exec_on_a_session_whose_idle_lease_lapsed_says_so_and_cleans_up(
     while served.node_names(PROJECT):
         assert time.monotonic() < deadline, "the idle session's node was not deleted"
         time.sleep(0.5)
-    done = tpulab("exec", "lapsed", "--workdir", str(LAB), "--", "true", timeout=300)
+    out = ("--out", str(tmp_path / "out"))
+    done = tpulab("exec", "lapsed", "--workdir", str(LAB), *out, "--", "true", timeout=300)
     assert done.returncode == EXIT_REMOTE, done.stderr + done.stdout
     said = " ".join(done.stderr.split())
     assert f"Session lapsed's node {state['node_name']}" in said

@@ -279,7 +279,7 @@ def _run(
         with signals_to_teardown(display.alert, force_exit_status=EXIT_INTERRUPTED):
             life.run()
     except E.NodeVanishedError as gone:
-        failure = _conclude_gone(store, files, gone)
+        failure = _conclude_gone(store, files, gone, renewed_at=last_renewal_at(life))
     except E.TpuLabError as error:
         failure = error
     finally:
@@ -291,13 +291,21 @@ def _run(
 
 
 def _conclude_gone(
-    store: SessionStore, files: SessionFiles, gone: E.NodeVanishedError
+    store: SessionStore,
+    files: SessionFiles,
+    gone: E.NodeVanishedError,
+    *,
+    renewed_at: float | None,
 ) -> E.NodeVanishedError:
     """The session's node deleted itself under the exec: the shared cleanup (key, state,
     journal row), then the lifecycle's explanation, which knows the phase."""
     from tpulab.cleanup.sessions import conclude_gone, why_gone
 
     state = files.state
+    if renewed_at is not None:
+        # This exec kept the lease alive until the end: judge the idle expiry from that,
+        # not from the renewal on disk before it.
+        state = state.renewed(renewed_at)
     done = conclude_gone(
         store, state, why_gone(state, now=time.time()), seen_by="tpulab exec (GetNode)"
     )
