@@ -31,7 +31,8 @@ __all__ = ["exec_command"]
 def exec_command(
     ctx: typer.Context,
     name: Annotated[
-        str | None, typer.Argument(help="The session (omit if only one is up).")
+        str | None,
+        typer.Argument(metavar="S", help="The session (omit if only one is up)."),
     ] = None,
     workdir: Annotated[
         str | None,
