@@ -246,7 +246,9 @@ def test_interrupted_and_failing_execs_keep_the_session(served: Emulator, tmp_pa
 def test_a_command_outliving_idle_keeps_its_node_and_ttl_ends_it_clearly(
     served: Emulator, tmp_path: Path
 ) -> None:
-    state = up(served, "short", "--ttl", "75s", "--idle", "15s")
+    # The --ttl leaves room for `up` and the first exec on a loaded CI machine (both
+    # took up to ~45 s each under load); at 75 s the first exec could outlive it.
+    state = up(served, "short", "--ttl", "150s", "--idle", "15s")
     work = tmp_path / "work"
     work.mkdir()
     (work / "nap.py").write_text("import sys, time\ntime.sleep(float(sys.argv[1]))\n")
