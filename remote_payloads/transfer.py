@@ -1,14 +1,27 @@
 """The VM's half of tpulab's workspace transfers (stdlib only; runs on Python 3.10).
 
-Run as `python3 -c <this source> unpack DEST [--gzip]` or `... pack [options] -- PATTERN...`
-(nothing is staged first). Every remote path may be absolute, `~/x` or relative to the
-login directory.
+Run as `python3 -c <this source> manifest DEST`, `... unpack DEST [--gzip] [--keep]` or
+`... pack [options] -- PATTERN...` (nothing is staged first). Every remote path may be
+absolute, `~/x` or relative to the login directory.
 
+manifest prints `{"manifest": [{"path", "bytes", "sha256"}, ...]}` of the regular files
+        under DEST as they are NOW, hashed from their bytes (never remembered: the user's
+        command may have changed them); links and other non-regular files are left out
+        (they are never kept, so they go with the old copy); an absent DEST is `[]`.
 unpack  reads a tar from stdin followed by a trailer `TPULAB-ARCHIVE-SHA256:<64 hex>`
         (the sha256 of every byte before it); extracts it into a staging directory next to
         DEST, refusing absolute names, `..`, links, devices and duplicates; checks the
         trailer; then swaps the staging directory in for DEST (the previous content goes)
         and prints `{"manifest": [{"path", "bytes", "sha256"}, ...]}` on stdout.
+        With --keep the first member is `.tpulab-keep.json`, `{"keep": [{"path", "bytes",
+        "sha256", "mode", "mtime"}, ...]}`: files to take from the current DEST instead of
+        the archive. Each is COPIED into the staging directory and hashed as it is read;
+        one that is gone, behind a link, or whose bytes differ from the listed sha256 is
+        refused (stale bytes are never kept). A copy, not a hard link: the staging copy is
+        a fresh inode nothing else can hold, whereas a link would share it with whatever
+        else still names or has it open (another link the command made, a process it left
+        running), which could change the kept bytes after they were checked. The printed
+        manifest covers both the extracted and the kept files.
 pack    globs the patterns inside --workspace (never outside it: a match whose real path
         leaves the workspace is skipped), adds everything under --run-dir as `run/...` and
         --log as its basename, matches as `workspace/<path>`; over --max-bytes it refuses
@@ -27,13 +40,16 @@ import io
 import json
 import os
 import shutil
+import stat
 import sys
 import tarfile
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 TRAILER_PREFIX = b"TPULAB-ARCHIVE-SHA256:"
 TRAILER_LEN = len(TRAILER_PREFIX) + 64
 MANIFEST_MEMBER = ".tpulab-manifest.json"
+KEEP_MEMBER = ".tpulab-keep.json"
+KEEP_LIST_MAX = 64 * 2**20  # a keep list is ~150 bytes a file; past this it is not one
 CHUNK = 1 << 20
 REFUSED = 3
 
@@ -116,12 +132,29 @@ def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> d
     return {"path": member.name, "bytes": size, "sha256": digest.hexdigest()}
 
 
-def _extract(stream: io.RawIOBase, staging: str, gzip: bool) -> list[dict[str, object]]:
+def _extract(
+    stream: io.RawIOBase, staging: str, gzip: bool, kept_from: str | None
+) -> list[dict[str, object]]:
+    """Write the archive's files (and, with `kept_from`, the kept ones its first member
+    lists, copied from there) into `staging`; the manifest of what was written."""
     manifest: list[dict[str, object]] = []
     seen: set[str] = set()
     made: set[str] = {staging}  # makedirs per file costs a failing mkdir syscall each
     with tarfile.open(fileobj=stream, mode="r|gz" if gzip else "r|") as tar:
-        for member in tar:
+        members = iter(tar)
+        if kept_from is not None:
+            first = next(members, None)
+            if first is None or first.name != KEEP_MEMBER or not first.isreg():
+                raise Refused(f"--keep was given but the archive does not start with {KEEP_MEMBER}")
+            real_dest = os.path.realpath(kept_from)
+            for kept in _keep_list(tar, first):
+                if kept.path in seen:
+                    raise Refused(f"kept file {kept.path!r} is listed twice")
+                seen.add(kept.path)
+                target = os.path.join(staging, kept.path)
+                _make_parent(target, made)
+                manifest.append(_copy_kept(kept_from, real_dest, kept, target))
+        for member in members:
             name = _safe_name(member.name)
             if name in seen:
                 raise Refused(f"archive member {name!r} appears twice")
@@ -131,10 +164,7 @@ def _extract(stream: io.RawIOBase, staging: str, gzip: bool) -> list[dict[str, o
                 os.makedirs(target, exist_ok=True)
                 made.add(target)
             elif member.isreg():
-                parent = os.path.dirname(target)
-                if parent not in made:
-                    os.makedirs(parent, exist_ok=True)
-                    made.add(parent)
+                _make_parent(target, made)
                 member.name = name
                 manifest.append(_write_member(tar, member, target))
             else:
@@ -142,7 +172,121 @@ def _extract(stream: io.RawIOBase, staging: str, gzip: bool) -> list[dict[str, o
     return manifest
 
 
-def unpack(dest: str, gzip: bool) -> None:
+def _make_parent(target: str, made: set[str]) -> None:
+    parent = os.path.dirname(target)
+    if parent not in made:
+        os.makedirs(parent, exist_ok=True)
+        made.add(parent)
+
+
+# -- kept files -----------------------------------------------------------------------
+
+
+class Kept(NamedTuple):
+    """A file the laptop did not send because DEST holds it already, as it should be."""
+
+    path: str
+    bytes: int
+    sha256: str
+    mode: int
+    mtime: int
+
+
+def _keep_list(tar: tarfile.TarFile, member: tarfile.TarInfo) -> list[Kept]:
+    """The entries of the keep member, each checked for shape and a safe path."""
+    if member.size > KEEP_LIST_MAX:
+        raise Refused(f"{KEEP_MEMBER} is {member.size} bytes, too big for a keep list")
+    source = tar.extractfile(member)
+    try:
+        document = json.loads(source.read() if source is not None else b"")
+    except ValueError as exc:
+        raise Refused(f"{KEEP_MEMBER} is not JSON: {exc}") from exc
+    entries = document.get("keep") if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        raise Refused(f'{KEEP_MEMBER} holds no "keep" list')
+    kept: list[Kept] = []
+    for entry in entries:
+        if not isinstance(entry, dict) or set(entry) != set(Kept._fields):
+            raise Refused(f"malformed keep entry {str(entry)[:100]}")
+        path, size, digest, mode, mtime = (entry[field] for field in Kept._fields)
+        numbers = (size, mode, mtime)
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
+            raise Refused(f"malformed keep entry {str(entry)[:100]}")
+        if not isinstance(path, str) or not isinstance(digest, str) or len(digest) != 64:
+            raise Refused(f"malformed keep entry {str(entry)[:100]}")
+        kept.append(Kept(_safe_name(path), size, digest, mode, mtime))
+    return kept
+
+
+def _open_regular(path: str) -> io.BufferedReader | None:
+    """`path` opened for reading if it is a regular file (not through a final link), else
+    None. O_NONBLOCK: opening a FIFO the command left behind must not wait for a writer."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    handle = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        handle.close()
+        return None
+    return handle
+
+
+def _hash_copy(source: BinaryIO, out: BinaryIO | None) -> tuple[int, str]:
+    """Read `source` to its end (into `out`, if given): its size and sha256."""
+    digest = hashlib.sha256()
+    size = 0
+    for chunk in iter(lambda: source.read(CHUNK), b""):
+        digest.update(chunk)
+        size += len(chunk)
+        if out is not None:
+            out.write(chunk)
+    return size, digest.hexdigest()
+
+
+def _copy_kept(dest: str, real_dest: str, kept: Kept, target: str) -> dict[str, object]:
+    """Copy DEST/path to `target`, hashing what is read; refused unless it is the
+    regular file, with the bytes and sha256, that the laptop decided to keep."""
+    source = os.path.join(dest, kept.path)
+    if os.path.realpath(source) != os.path.join(real_dest, kept.path):
+        raise Refused(f"kept file {kept.path!r} is behind a link in {dest}")
+    handle = _open_regular(source)
+    if handle is None:
+        raise Refused(f"kept file {kept.path!r} is no longer a regular file in {dest}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    mode = 0o755 if kept.mode & 0o111 else 0o644
+    with handle, os.fdopen(os.open(target, flags, mode), "wb") as out:
+        size, digest = _hash_copy(handle, out)
+    if size != kept.bytes or digest != kept.sha256:
+        raise Refused(
+            f"kept file {kept.path!r} changed on the VM after its manifest was read "
+            f"({size} bytes, sha256 {digest[:12]}...; the laptop expected "
+            f"{kept.bytes} bytes, sha256 {kept.sha256[:12]}...); nothing was replaced"
+        )
+    os.utime(target, (kept.mtime, kept.mtime))
+    return {"path": kept.path, "bytes": size, "sha256": digest}
+
+
+def _manifest_of(dest: str) -> list[dict[str, object]]:
+    """The regular files under `dest` (links not followed), hashed from their bytes."""
+    entries: list[dict[str, object]] = []
+    for top, dirs, files in os.walk(dest):  # os.walk never descends into a linked dir
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(top, name)
+            handle = _open_regular(path)
+            if handle is None:
+                continue  # a link, a FIFO, unreadable: not listed, so sent rather than kept
+            with handle:
+                size, digest = _hash_copy(handle, None)
+            rel = os.path.relpath(path, dest).replace(os.sep, "/")
+            entries.append({"path": rel, "bytes": size, "sha256": digest})
+    entries.sort(key=lambda entry: str(entry["path"]))
+    return entries
+
+
+def _checked_dest(dest: str) -> str:
     dest = _resolve(dest)
     home = os.path.realpath(os.path.expanduser("~"))
     if _inside(home, dest) or _inside(os.getcwd(), dest):
@@ -150,6 +294,17 @@ def unpack(dest: str, gzip: bool) -> None:
         raise Refused(f"{dest} is the login directory or one of its parents")
     if os.path.lexists(dest) and (os.path.islink(dest) or not os.path.isdir(dest)):
         raise Refused(f"{dest} exists and is not a directory")
+    return dest
+
+
+def manifest(dest: str) -> None:
+    dest = _checked_dest(dest)
+    entries = _manifest_of(dest) if os.path.isdir(dest) else []
+    sys.stdout.write(json.dumps({"manifest": entries}) + "\n")
+
+
+def unpack(dest: str, gzip: bool, keep: bool) -> None:
+    dest = _checked_dest(dest)
     parent = os.path.dirname(dest)
     os.makedirs(parent, exist_ok=True)
     base = os.path.basename(dest)
@@ -159,7 +314,7 @@ def unpack(dest: str, gzip: bool) -> None:
     try:
         reader = TrailerReader(sys.stdin.buffer)
         try:
-            manifest = _extract(reader, staging, gzip)
+            written = _extract(reader, staging, gzip, dest if keep else None)
         except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
             raise Refused(f"the archive is damaged: {type(exc).__name__}: {exc}") from exc
         trailer = reader.trailer()
@@ -175,8 +330,8 @@ def unpack(dest: str, gzip: bool) -> None:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
-    manifest.sort(key=lambda entry: str(entry["path"]))
-    sys.stdout.write(json.dumps({"manifest": manifest}) + "\n")
+    written.sort(key=lambda entry: str(entry["path"]))
+    sys.stdout.write(json.dumps({"manifest": written}) + "\n")
 
 
 # -- pack -----------------------------------------------------------------------------
@@ -262,11 +417,11 @@ def pack(workspace: str, patterns: list[str], run_dir: str, log: str, cap: int, 
         for name in sorted(chosen):
             path = chosen[name]
             with open(path, "rb") as source:
-                stat = os.fstat(source.fileno())
+                opened = os.fstat(source.fileno())
                 info = tarfile.TarInfo(name)
-                info.size = stat.st_size  # as opened: a file still growing is cut here
-                info.mtime = int(stat.st_mtime)
-                info.mode = 0o755 if stat.st_mode & 0o111 else 0o644
+                info.size = opened.st_size  # as opened: a file still growing is cut here
+                info.mtime = int(opened.st_mtime)
+                info.mode = 0o755 if opened.st_mode & 0o111 else 0o644
                 hashing = _HashingReader(source, info.size)
                 tar.addfile(info, hashing)
             entries.append({"path": name, "bytes": info.size, "sha256": hashing.hexdigest()})
@@ -308,8 +463,13 @@ def _fail(status: int, message: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if argv[:1] == ["unpack"] and len(argv) in (2, 3) and argv[2:] in ([], ["--gzip"]):
-        unpack(argv[1], gzip=argv[2:] == ["--gzip"])
+    if argv[:1] == ["manifest"] and len(argv) == 2:
+        manifest(argv[1])
+        return
+    flags = argv[2:]
+    known = set(flags) <= {"--gzip", "--keep"} and len(set(flags)) == len(flags)
+    if argv[:1] == ["unpack"] and len(argv) >= 2 and known:
+        unpack(argv[1], gzip="--gzip" in flags, keep="--keep" in flags)
         return
     if argv[:1] == ["pack"] and "--" in argv:
         split = argv.index("--")
@@ -332,7 +492,11 @@ def main(argv: list[str]) -> None:
             gzip,
         )
         return
-    _fail(2, f"usage: unpack DEST [--gzip] | pack OPTIONS -- PATTERN...; got {argv!r}")
+    _fail(
+        2,
+        "usage: manifest DEST | unpack DEST [--gzip] [--keep] | pack OPTIONS -- PATTERN...; "
+        f"got {argv!r}",
+    )
 
 
 if __name__ == "__main__":

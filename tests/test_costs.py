@@ -23,11 +23,13 @@ from tpulab import paths
 from tpulab.catalog import PRICE_DATE
 from tpulab.cleanup.costs import CostsEnvelope, Ledger, ledger
 from tpulab.cleanup.journal import Journal, RunJournalAdapter, RunRow, TeardownResult
+from tpulab.cleanup.sessions import SessionStore, conclude_gone, why_gone
 from tpulab.cli import EXIT_CONFIG, EXIT_LOCAL_STATE
 from tpulab.cloud.google import GoogleTpuApi
 from tpulab.config import costs_inputs
 from tpulab.envelope import ErrorEnvelope
 from tpulab.errors import ConfigError, UnreachableError
+from tpulab.run.session import SessionState
 
 if TYPE_CHECKING:
     from run_rig import Rig
@@ -55,6 +57,7 @@ def _write(
     emulated: bool = False,
     live: bool = False,
     zone: str = "us-central1-a",
+    phase: str = "create",
 ) -> None:
     """One row as a run writes it: opened at `started`, closed (if) at the given time.
     `live`: owned by this process (a run in progress); otherwise by no process."""
@@ -70,6 +73,7 @@ def _write(
         "emulated": emulated,
         "spot": spot,
         "started": started,
+        "phase": phase,
     }
     row = RunRow.for_this_process(**fields) if live else RunRow(**fields)  # type: ignore[arg-type]
     journal.open_run(row)
@@ -498,3 +502,78 @@ def test_the_ledger_reads_every_row_not_only_the_newest_hundred(tmp_path: Path) 
     assert found.total.runs == 120
     assert found.total.estimated_cost == pytest.approx(120 * V5LITEPOD_4_HOUR / 60)
     assert time.monotonic() - started < 2.0
+
+
+def _session(name: str, run_id: str, started: datetime, *, ttl: float, idle: float) -> SessionState:
+    """A session's state as `tpulab up` saves it (only the fields costs reads matter)."""
+    begun = started.timestamp()
+    return SessionState(
+        name=name,
+        run_id=run_id,
+        node_name=f"tpulab-{run_id}",
+        zone="us-central1-a",
+        project="proj",
+        api_endpoint=None,
+        accelerator_type="v5litepod-4",
+        spot=False,
+        ssh_user="tpulab",
+        ssh_host="127.0.0.1",
+        ssh_port=22,
+        host_key_type="ssh-ed25519",
+        host_key_b64="AAAA",
+        watchdog={},
+        started_at=begun,
+        deadline_at=begun + ttl,
+        idle_seconds=idle,
+        renewed_at=begun,
+    )
+
+
+def test_sessions_show_as_sessions_up_to_now_or_to_where_they_ended(tpulab_home: Path) -> None:
+    now = datetime.now(timezone.utc)
+    store = SessionStore()
+    path = paths.journal_path()
+    # Up: its state is here and neither deadline nor idle expiry has passed.
+    up_start = now - timedelta(minutes=30)
+    _write(path, "sess-up", "v5litepod-4", up_start, phase="session")
+    store.reserve("lesson", b"key")
+    store.save(_session("lesson", "sess-up", up_start, ttl=7200, idle=3600))
+    # Ended on its own: found gone after its idle expiry, billed to that expiry.
+    idle_start = now - timedelta(hours=3)
+    _write(path, "sess-idle", "v5litepod-4", idle_start, phase="session")
+    idled = _session("idled", "sess-idle", idle_start, ttl=7200, idle=1800)
+    store.reserve("idled", b"key")
+    store.save(idled)
+    conclude_gone(store, idled, why_gone(idled, now=now.timestamp()), seen_by="a test")
+    # Open, but its state is gone: nobody here is in charge of it.
+    _write(path, "sess-lost", "v5litepod-4", now - timedelta(minutes=10), phase="session")
+
+    found = ledger(now=now)
+    entries = {e.row.run_id: e for e in found.entries}
+    assert {k: (e.kind, e.state) for k, e in entries.items()} == {
+        "sess-up": ("session", "up"),
+        "sess-idle": ("session", "deleted"),
+        "sess-lost": ("session", "open"),
+    }
+    assert entries["sess-up"].billed_seconds == pytest.approx(30 * 60, abs=1)
+    assert entries["sess-up"].session == "lesson"
+    assert entries["sess-idle"].billed_seconds == pytest.approx(30 * 60, abs=1)
+    assert usd(entries["sess-idle"].estimated_cost) == usd(V5LITEPOD_4_HOUR / 2)
+
+    status, out, err = invoke("costs")
+    assert status == 0
+    lines = {line.split()[2]: line for line in out.splitlines() if "sess-" in line}
+    assert "v5litepod-4 (session)" in lines["sess-up"]
+    assert "session lesson up" in lines["sess-up"]
+    assert "so far" in lines["sess-up"]
+    assert "session, deleted (confirmed)" in lines["sess-idle"]
+    assert "still billing?" in lines["sess-lost"]
+    assert "1 run(s) may still be billing" in err  # sess-lost only, not the session up
+    assert "1 session(s) up (lesson)" in err
+    status, out, _ = invoke("costs", "--json")
+    document = CostsEnvelope.model_validate_json(out)
+    assert {(e.run_id, e.kind, e.session, e.state) for e in document.entries} == {
+        ("sess-up", "session", "lesson", "up"),
+        ("sess-idle", "session", None, "deleted"),
+        ("sess-lost", "session", None, "open"),
+    }

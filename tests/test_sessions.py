@@ -9,14 +9,17 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from helpers import tpulab
 
 from tpulab.cleanup.journal import Journal
+from tpulab.cleanup.report import UpEnvelope
 from tpulab.emulator import Emulator
 from tpulab.emulator.hostenv import preloaded_image_env
 from tpulab.emulator.sshhost import EmbeddedHostBackend
@@ -28,6 +31,7 @@ PROJECT = "session-proj"
 ZONE = "us-central1-a"
 EXIT_OK = 0
 EXIT_CONFIG = 2
+EXIT_REMOTE = 4
 
 
 @pytest.fixture
@@ -54,13 +58,41 @@ def _sessions_dir(home: Path) -> Path:
     return home / "state" / "sessions"
 
 
+def _up_at_once(emulator: Emulator, *names: str, extra: tuple[str, ...] = ()) -> None:
+    """`tpulab up --name N` for each name, concurrently (each is its own process)."""
+
+    def one(name: str) -> subprocess.CompletedProcess[str]:
+        return tpulab(*_up(emulator, "--name", name, *extra), timeout=300)
+
+    with ThreadPoolExecutor(max_workers=len(names)) as pool:
+        for done in pool.map(one, names):
+            assert done.returncode == EXIT_OK, done.stderr + done.stdout
+
+
+def _state_of(home: Path, name: str) -> dict[str, object]:
+    loaded: dict[str, object] = json.loads(
+        (_sessions_dir(home) / name / "session.json").read_text()
+    )
+    return loaded
+
+
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
 def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None:
-    up = tpulab(*_up(served, "--name", "lesson-1", "--ttl", "1h", "--idle", "10m"), timeout=300)
+    up = tpulab(
+        *_up(served, "--name", "lesson-1", "--ttl", "1h", "--idle", "10m", "--json"), timeout=300
+    )
     assert up.returncode == EXIT_OK, up.stderr + up.stdout
-    assert "Session lesson-1 is up" in up.stdout
+    # --json: the session as an envelope on stdout, the progress on stderr.
+    envelope = UpEnvelope.model_validate_json(up.stdout)
+    assert envelope.ok
+    assert envelope.session is not None
+    assert envelope.session.name == "lesson-1"
+    assert envelope.run.receipt.verdict == "verified"
+    assert envelope.run.receipt.id is not None
+    assert "Verify" in up.stderr
     # The node is kept, and the session's key is on disk, owner-only.
     (node,) = served.node_names(PROJECT)
+    assert envelope.session.node_name == node
     key = _sessions_dir(tpulab_home) / "lesson-1" / "key"
     assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
     state = json.loads((key.parent / "session.json").read_text())
@@ -90,6 +122,29 @@ def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None
     assert "v5litepod-4" in line
     assert "59m" in line or "58m" in line  # deadline in ~1h
     assert "9m" in line  # idle expiry ~10 min after the renewal
+    assert "~$0.0" in line  # cost so far: a minute or two of a v5litepod-4
+    assert "session(s) up; cost so far" in listed.stdout
+    as_json = tpulab("list", "--json", *where, timeout=60)
+    assert as_json.returncode == EXIT_OK, as_json.stderr
+    (session,) = json.loads(as_json.stdout)["sessions"]
+    assert session["name"] == "lesson-1"
+    assert session["node_name"] == node
+    assert session["accelerator_type"] == "v5litepod-4"
+    assert 3300 < session["deadline_in_seconds"] <= 3600
+    assert 0 < session["estimated_cost_usd"] < 0.5
+
+    # SSH fails while the node is still there (a host key that does not match): the
+    # API is asked, says the node exists, and the plain "cannot reach" error stays.
+    state_file = key.parent / "session.json"
+    good = state_file.read_text()
+    state_file.write_text(
+        good.replace(state["host_key_b64"], "AAAAC3NzaC1lZDI1NTE5AAAAIA" + "A" * 43)
+    )
+    unreachable = tpulab("ssh", "lesson-1", "--", "true", timeout=60)
+    assert unreachable.returncode == EXIT_REMOTE
+    assert "Could not reach session lesson-1" in unreachable.stderr
+    assert key.exists()
+    state_file.write_text(good)
 
     down = tpulab("down", "lesson-1", timeout=120)
     assert down.returncode == EXIT_OK, down.stderr + down.stdout
@@ -102,40 +157,68 @@ def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None
     assert closed.teardown == "confirmed"
 
 
-def test_an_idle_session_deletes_itself_and_list_cleans_its_key(
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
+def test_idle_sessions_delete_themselves_and_ssh_down_list_say_why(
     served: Emulator, tpulab_home: Path
 ) -> None:
-    up = tpulab(*_up(served, "--name", "idle", "--idle", "10s"), timeout=300)
-    assert up.returncode == EXIT_OK, up.stderr + up.stdout
-    key = _sessions_dir(tpulab_home) / "idle" / "key"
-    assert key.is_file()
-    # Nobody renews the lease: the VM's watchdog deletes the node (10 s + its poll).
+    names = ("idle-ssh", "idle-down", "idle-list")
+    _up_at_once(served, *names, extra=("--idle", "10s"))
+    states = {name: _state_of(tpulab_home, name) for name in names}
+    # Nobody renews the leases: the VMs' watchdogs delete the nodes (10 s + their poll).
     deadline = time.monotonic() + 60
     while served.node_names(PROJECT):
-        assert time.monotonic() < deadline, "the idle session's node was not deleted"
+        assert time.monotonic() < deadline, "the idle sessions' nodes were not deleted"
         time.sleep(0.5)
+    why = "deleted itself: idle for 10 s (--idle)"
+
+    # ssh cannot reach it, asks the API, says why, cleans up, exits 4.
+    shell = tpulab("ssh", "idle-ssh", "--", "true", timeout=60)
+    assert shell.returncode == EXIT_REMOTE, shell.stderr
+    assert f"Session idle-ssh's node {states['idle-ssh']['node_name']}" in shell.stderr
+    assert why in shell.stderr
+    assert not (_sessions_dir(tpulab_home) / "idle-ssh").exists()
+
+    down = tpulab("down", "idle-down", timeout=60)
+    assert down.returncode == EXIT_OK, down.stderr
+    assert f"was already gone (it {why})" in down.stdout
+    assert not (_sessions_dir(tpulab_home) / "idle-down").exists()
+
     where = ("--api-endpoint", served.url, "--project", PROJECT, "--zone", ZONE)
-    listed = tpulab("list", *where, timeout=60)
+    listed = tpulab("list", "--json", *where, timeout=60)
     assert listed.returncode == EXIT_OK, listed.stderr
-    assert "session idle: its node" in listed.stderr
-    assert "is gone" in listed.stderr
-    assert not key.exists()
-    down = tpulab("down", "idle", timeout=60)
-    assert down.returncode == EXIT_CONFIG
-    assert "There is no session named 'idle'" in down.stderr
+    assert f"session idle-list's node {states['idle-list']['node_name']} {why}" in listed.stderr
+    document = json.loads(listed.stdout)
+    assert document["sessions"] == []
+    assert [(g["name"], g["cause"]) for g in document["sessions_gone"]] == [("idle-list", "idle")]
+    assert list(_sessions_dir(tpulab_home).iterdir()) == []
+    for name, state in states.items():
+        row = Journal().get(str(state["run_id"]))
+        assert row is not None
+        assert row.teardown == "confirmed", name
+        assert why in row.detail, (name, row.detail)
+    again = tpulab("down", "idle-list", timeout=60)
+    assert again.returncode == EXIT_CONFIG
+    assert "There is no session named 'idle-list'" in again.stderr
 
 
 def test_a_failing_up_leaves_no_node_and_no_key(served: Emulator, tpulab_home: Path) -> None:
     # The node boots, SSH and the watchdog come up, then the verifier is killed before it
     # writes a receipt (it needs several seconds): the run's own teardown must delete
     # the node although `up` asked to keep it.
-    up = tpulab(*_up(served, "--name", "broken", "--payload-timeout", "1"), timeout=300)
+    up = tpulab(*_up(served, "--name", "broken", "--payload-timeout", "1", "--json"), timeout=300)
     assert up.returncode != EXIT_OK, up.stdout
-    assert "verify_tpu.py" in up.stderr
-    assert "was killed" in up.stderr
-    assert "Delete VM and confirm" in up.stdout
-    assert "confirmed by list" in up.stdout
-    assert "Session broken is up" not in up.stdout
+    # --json: the failure is the envelope `run --json` prints for it, inside up's.
+    envelope = UpEnvelope.model_validate_json(up.stdout)
+    assert not envelope.ok
+    assert envelope.session is None
+    assert envelope.error is not None
+    assert envelope.error.exit_status == up.returncode
+    assert "verify_tpu.py" in envelope.error.message
+    assert "was killed" in envelope.error.message
+    assert envelope.run.error == envelope.error
+    assert envelope.run.teardown.status == "confirmed"
+    assert "Delete VM and confirm" in up.stderr  # the progress, on stderr
+    assert "confirmed by list" in up.stderr
     methods = [entry["method"] for entry in served.requests()]
     assert "POST" in methods
     assert "DELETE" in methods
@@ -161,9 +244,7 @@ def test_a_ttl_over_a_day_is_refused_before_any_api_call(served: Emulator) -> No
 
 
 def test_two_sessions_down_one_touches_only_it(served: Emulator, tpulab_home: Path) -> None:
-    for name in ("one", "two"):
-        up = tpulab(*_up(served, "--name", name), timeout=300)
-        assert up.returncode == EXIT_OK, up.stderr + up.stdout
+    _up_at_once(served, "one", "two")
     assert len(served.node_names(PROJECT)) == 2
     two = json.loads((_sessions_dir(tpulab_home) / "two" / "session.json").read_text())
     # With two up, the name may not be omitted.
@@ -176,6 +257,15 @@ def test_two_sessions_down_one_touches_only_it(served: Emulator, tpulab_home: Pa
     assert again.returncode == EXIT_CONFIG
     assert "A session named 'one' already exists." in again.stderr
     assert len(served.requests()) == before
+
+    # A sweep keeps sessions that `up` really made (tests/test_sessions_gone.py has the
+    # rest of teardown's session rules, on sessions written directly).
+    where = ("--api-endpoint", served.url, "--project", PROJECT, "--zone", ZONE)
+    kept = tpulab("teardown", "--verify", "--yes", *where, timeout=120)
+    assert kept.returncode == EXIT_OK, kept.stderr + kept.stdout
+    assert "Kept session one" in kept.stdout
+    assert "Kept session two" in kept.stdout
+    assert len(served.node_names(PROJECT)) == 2
 
     down = tpulab("down", "one", timeout=120)
     assert down.returncode == EXIT_OK, down.stderr

@@ -218,3 +218,13 @@ def test_a_live_run_is_skipped_not_reported_as_billing(emulator: Emulator) -> No
     assert "billing" not in done.stdout + done.stderr
     assert "gcloud compute tpus tpu-vm delete" not in done.stdout + done.stderr
     assert emulator.node_names(PROJECT) == [name]  # left to its own run
+
+
+def test_include_sessions_with_forget_is_refused_before_anything_is_contacted() -> None:
+    from helpers import invoke
+
+    status, _, err = invoke(
+        "teardown", "--forget", "--include-sessions", "--api-endpoint", "http://127.0.0.1:9"
+    )
+    assert status == 2
+    assert "--include-sessions applies to --verify, not --forget." in err

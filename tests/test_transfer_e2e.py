@@ -54,7 +54,7 @@ def test_upload_sends_only_the_selected_files_byte_identical(
     selection = select_workspace(root, allow_secrets=["deploy/cert.pem"])
     write_tree(ssh_host.sandbox / "work", {"stale.py": b"from an earlier run"})
     with ssh_host.connect() as conn:
-        manifest = upload_workspace(conn, selection, "~/work", timeout=60)
+        manifest = upload_workspace(conn, selection, "~/work", timeout=60).manifest
     assert snapshot(ssh_host.sandbox / "work") == SELECTED  # the host's own disk
     assert manifest.count == len(SELECTED)
     assert {e.path: e.sha256 for e in manifest.entries} == {

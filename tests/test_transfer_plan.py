@@ -15,6 +15,7 @@ from tpulab.remote.keys import HostKey, SshTarget
 from tpulab.remote.workspace import (
     fetch_artifacts,
     fetch_command,
+    manifest_command,
     select_workspace,
     unpack_command,
     upload_workspace,
@@ -49,9 +50,17 @@ def test_transfers_are_recorded_with_the_exact_command_and_answered(
         )
 
     # The plan answers as a VM that received the selection (so the phases after it run).
-    assert [e.path for e in uploaded.entries] == ["train.py"]
+    assert [e.path for e in uploaded.manifest.entries] == ["train.py"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ws"]  # no --out, no staging
-    up, down = (step for step in recorder.steps if step.action == "exec")
+    listing, up, down = (step for step in recorder.steps if step.action == "exec")
+    # The VM's manifest is asked for first, through the same seam, answered as a fresh VM
+    # (nothing there), so the whole selection streams and no --keep list goes with it.
+    assert listing.argv == manifest_command("~/work")
+    assert listing.command == remote_command(manifest_command("~/work"), timeout=60)
+    assert listing.detail is not None
+    assert "lists what it holds" in listing.detail
+    assert uploaded.sent == uploaded.manifest
+    assert (uploaded.unchanged, uploaded.removed) == (0, 0)
     assert up.argv == unpack_command("~/work")
     assert up.command == remote_command(unpack_command("~/work"), timeout=60)
     pack = fetch_command(

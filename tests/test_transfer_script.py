@@ -24,7 +24,9 @@ from helpers import require_tool, snapshot, write_tree
 
 from tpulab.errors import RemoteError, WorkspaceError
 from tpulab.remote.workspace import (
+    UploadResult,
     fetch_artifacts,
+    manifest_command,
     select_workspace,
     transfer_source,
     unpack_command,
@@ -128,7 +130,9 @@ def test_upload_then_fetch_round_trip_is_byte_identical(tmp_path: Path, gzip: bo
     home.mkdir()
     shell = LocalShell(home)
     selection = select_workspace(root)
-    sent = upload_workspace(shell, selection, "work/ws", timeout=60, python=python, gzip=gzip)
+    sent = upload_workspace(
+        shell, selection, "work/ws", timeout=60, python=python, gzip=gzip
+    ).manifest
     assert snapshot(home / "work/ws") == FILES
     assert os.access(home / "work/ws/train.py", os.X_OK)
     assert {entry.path: entry.sha256 for entry in sent.entries} == {
@@ -191,8 +195,10 @@ def _archive(members: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
     return raw + b"TPULAB-ARCHIVE-SHA256:" + hashlib.sha256(raw).hexdigest().encode()
 
 
-def _unpack(python: str, home: Path, stream: bytes) -> subprocess.CompletedProcess[bytes]:
-    argv = unpack_command("ws", python=python)
+def _unpack(
+    python: str, home: Path, stream: bytes, *flags: str
+) -> subprocess.CompletedProcess[bytes]:
+    argv = [*unpack_command("ws", python=python), *flags]
     return subprocess.run(argv, cwd=home, input=stream, capture_output=True, timeout=60)
 
 
@@ -201,6 +207,144 @@ def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile
     info.type = kind
     info.linkname = link
     return info
+
+
+@pytest.mark.parametrize("gzip", [False, True], ids=["tar", "tar.gz"])
+def test_a_second_upload_sends_only_what_changed_under_python310(
+    tmp_path: Path, gzip: bool
+) -> None:
+    python = python310()
+    home = tmp_path / "home"
+    home.mkdir()
+    shell = LocalShell(home)
+    root = write_tree(tmp_path / "ws", FILES)
+
+    def upload() -> UploadResult:
+        return upload_workspace(
+            shell, select_workspace(root), "work/ws", timeout=60, python=python, gzip=gzip
+        )
+
+    first = upload()
+    again = upload()
+    assert (first.sent.count, first.unchanged) == (len(FILES), 0)
+    assert (again.sent.count, again.sent.total_bytes, again.unchanged) == (0, 0, len(FILES))
+    assert snapshot(home / "work/ws") == FILES
+    (root / "pkg/__init__.py").write_bytes(b"VERSION = 2\n")
+    (root / "data/blob.bin").unlink()
+    changed = upload()
+    assert [entry.path for entry in changed.sent.entries] == ["pkg/__init__.py"]
+    assert (changed.unchanged, changed.removed) == (len(FILES) - 2, 1)
+    assert snapshot(home / "work/ws") == snapshot(root)
+    # Each upload asked the VM first; only the ones with something to keep say --keep.
+    verbs = [argv[3:] for argv in shell.argv]
+    flags = ["--gzip"] if gzip else []
+    assert verbs == [
+        ["manifest", "work/ws"],
+        ["unpack", "work/ws", *flags],
+        ["manifest", "work/ws"],
+        ["unpack", "work/ws", *flags, "--keep"],
+        ["manifest", "work/ws"],
+        ["unpack", "work/ws", *flags, "--keep"],
+    ]
+    assert sorted(p.name for p in (home / "work").iterdir()) == ["ws"]
+
+
+def _manifest(python: str, home: Path, dest: str) -> subprocess.CompletedProcess[bytes]:
+    argv = manifest_command(dest, python=python)
+    return subprocess.run(argv, cwd=home, capture_output=True, timeout=60)
+
+
+def test_the_vms_manifest_lists_its_regular_files_hashed_now(tmp_path: Path) -> None:
+    python = python310()
+    home = tmp_path / "home"
+    home.mkdir()
+    absent = _manifest(python, home, "ws")
+    assert absent.returncode == 0, absent.stderr
+    assert json.loads(absent.stdout) == {"manifest": []}
+    assert not (home / "ws").exists()  # asking creates nothing
+    write_tree(home / "ws", {"a.py": b"a", "sub/b.bin": b"\0" * 70_000})
+    write_tree(tmp_path / "outside", {"secret": b"not the workspace's"})
+    (home / "ws/to-outside").symlink_to(tmp_path / "outside/secret")
+    (home / "ws/linked-dir").symlink_to(tmp_path / "outside")
+    os.mkfifo(home / "ws/fifo")  # a FIFO the command left: listing must not block on it
+    listed = _manifest(python, home, "ws")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["manifest"] == [
+        {"path": "a.py", "bytes": 1, "sha256": hashlib.sha256(b"a").hexdigest()},
+        {
+            "path": "sub/b.bin",
+            "bytes": 70_000,
+            "sha256": hashlib.sha256(b"\0" * 70_000).hexdigest(),
+        },
+    ]
+    (home / "file").write_text("x")
+    refused = _manifest(python, home, "file")
+    assert refused.returncode == 3
+    assert "is not a directory" in refused.stderr.decode()
+    refused = _manifest(python, home, "~")
+    assert refused.returncode == 3
+    assert "login directory" in refused.stderr.decode()
+
+
+def _keep(*entries: dict[str, object]) -> tuple[tarfile.TarInfo, bytes]:
+    return _member(".tpulab-keep.json"), json.dumps({"keep": list(entries)}).encode()
+
+
+def _kept(path: str, data: bytes, **changes: object) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "path": path,
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "mode": 0o644,
+        "mtime": 1_700_000_000,
+    }
+    return entry | changes
+
+
+def test_a_hand_made_keep_list_is_honoured(tmp_path: Path) -> None:
+    python = python310()
+    home = tmp_path / "home"
+    write_tree(home / "ws", {"kept.py": b"kept", "dropped.py": b"gone"})
+    stream = _archive([_keep(_kept("kept.py", b"kept", mode=0o755)), (_member("new"), b"n")])
+    result = _unpack(python, home, stream, "--keep")
+    assert result.returncode == 0, result.stderr
+    assert snapshot(home / "ws") == {"kept.py": b"kept", "new": b"n"}
+    assert os.access(home / "ws/kept.py", os.X_OK)
+    assert int((home / "ws/kept.py").stat().st_mtime) == 1_700_000_000
+    assert [entry["path"] for entry in json.loads(result.stdout)["manifest"]] == ["kept.py", "new"]
+
+
+@pytest.mark.parametrize(
+    ("members", "why"),
+    [
+        ([(_member("new"), b"n")], "does not start with .tpulab-keep.json"),
+        ([_keep(_kept("../previous.py", b"old"))], "would escape"),
+        ([_keep(_kept("previous.py", b"older"))], "changed on the VM after its manifest"),
+        ([_keep(_kept("previous.py", b"old", bytes=2))], "changed on the VM after"),
+        ([_keep(_kept("absent.py", b"old"))], "no longer a regular file"),
+        ([_keep(_kept("link.py", b"old"))], "behind a link"),
+        ([_keep(_kept("dir/x.py", b"x"))], "behind a link"),
+        ([_keep(_kept("previous.py", b"old")), (_member("previous.py"), b"x")], "twice"),
+        ([_keep({"path": "previous.py"})], "malformed keep entry"),
+        ([(_member(".tpulab-keep.json"), b"[1]")], 'no "keep" list'),
+    ],
+)
+def test_unsafe_or_stale_keep_lists_are_refused_and_the_old_workspace_stays(
+    tmp_path: Path, members: list[tuple[tarfile.TarInfo, bytes]], why: str
+) -> None:
+    python = python310()
+    home = tmp_path / "home"
+    write_tree(home / "ws", {"previous.py": b"old"})
+    write_tree(tmp_path / "outside", {"x.py": b"x"})
+    (home / "ws/link.py").symlink_to(home / "ws/previous.py")
+    (home / "ws/dir").symlink_to(tmp_path / "outside")
+    before = snapshot(home / "ws")
+    result = _unpack(python, home, _archive(members), "--keep")
+    assert result.returncode == 3, result.stderr
+    assert why in result.stderr.decode()
+    assert result.stdout == b""
+    assert snapshot(home / "ws") == before
+    assert sorted(p.name for p in home.iterdir()) == ["ws"]
 
 
 @pytest.mark.parametrize(

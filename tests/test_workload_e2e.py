@@ -135,7 +135,7 @@ def test_course_lab_runs_after_the_verifier_and_comes_back_byte_identical(
     assert (out / "workspace" / "train.py").read_bytes() == (work / "train.py").read_bytes()
     assert "training on 4 cpu" in (out / "output.log").read_text()
     # The ignored file never went up (the upload manifest lists what did).
-    uploaded = {entry.path for entry in workload.upload.entries} if workload.upload else set()
+    uploaded = {e.path for e in workload.upload.manifest.entries} if workload.upload else set()
     assert "train.py" in uploaded
     assert "runs/ignored.txt" not in uploaded
     record = read_run_record(out / "run.json")

@@ -29,9 +29,10 @@ from tpulab.config.workload import WorkloadSpec
 from tpulab.remote.cmdline import remote_command
 from tpulab.remote.keys import RunKey, SshTarget
 from tpulab.remote.ssh import RunResult
-from tpulab.remote.workload import STAGED_LAUNCHER
+from tpulab.remote.workload import STAGED_LAUNCHER, WORKSPACE_DIR
 from tpulab.run.plan import build_plan
 from tpulab.run.progress import Phase
+from tpulab.run.record import RUN_RECORD_NAME, read_run_record
 from tpulab.run.recording import (
     PLACEHOLDER_NODE_IP,
     PLACEHOLDER_NONCE,
@@ -97,10 +98,22 @@ def test_dry_run_of_a_command_sends_what_an_emulated_run_sends(
         sessions.append(session)
         return session
 
-    life, _recorder, error = rig.run(spec, marks, connect=connect)
+    life, recorder, error = rig.run(spec, marks, connect=connect)
     assert error is None, error
     assert life.outcome.succeeded
     assert (tmp_path / "out" / "run" / "r.txt").read_text() == "1"
+    # A fresh VM holds nothing: the sync sent every file, and says so; run.json keeps
+    # the whole manifest and what was sent (here the same).
+    (sync,) = (p for p in recorder.phases if p.phase is Phase.SYNC)
+    assert sync.detail.startswith("2 of 2 files sent (")
+    assert sync.detail.endswith(f"); 0 unchanged into ~/{WORKSPACE_DIR}")
+    record = read_run_record(tmp_path / "out" / RUN_RECORD_NAME)
+    assert [entry.path for entry in record.upload] == ["data/table.csv", "job.py"]
+    assert record.upload_sent == record.upload
+    assert (record.workload.upload_sent_files, record.workload.upload_unchanged) == (2, 0)
+    assert record.workload.upload_removed == 0
+    assert record.workload.upload_wire_bytes is not None
+    assert record.workload.upload_wire_bytes > record.workload.upload_bytes
     (session,) = sessions
     assert life.target is not None
     assert life.key is not None
@@ -124,7 +137,14 @@ def test_dry_run_of_a_command_sends_what_an_emulated_run_sends(
     assert {"sync", "workload", "fetch", "teardown"} <= phases
 
     # What the plan says about them, in words a user reads.
-    upload = next(s for s in steps if s.phase == "sync" and s.detail)
+    # The sync asks the VM for its manifest first (one command, through the seam the run
+    # uses too, so the equality above covers it), then streams what the VM lacks: on a
+    # fresh VM, everything.
+    listing, upload = (s for s in steps if s.phase == "sync" and s.detail)
+    assert listing.argv is not None
+    assert listing.argv[3:] == ["manifest", WORKSPACE_DIR]
+    assert upload.argv is not None
+    assert upload.argv[3:] == ["unpack", WORKSPACE_DIR]
     assert upload.detail is not None
     assert "streams 2 files" in upload.detail
     assert "job.py" in upload.detail

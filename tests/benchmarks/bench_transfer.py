@@ -10,6 +10,11 @@ The SFTP baseline is slow by nature (a few round trips per file, and under sshd 
 `sha256sum` also pays the account's login shell), so it runs on the first
 TPULAB_BENCH_SFTP_FILES files of each tree (default: all) and is scaled to the whole
 tree (its cost is per file); the printed line says how many it timed.
+The second upload (`test_a_second_upload_sends_only_what_changed`): the same 50 MB /
+2 000-file workspace goes up to a fresh directory (everything sent), again unchanged
+(nothing sent: the VM's manifest matches), then with one file changed (that file sent);
+wall clock and bytes on the wire of each, as ratios to the full upload, same run.
+
 Run: `pytest tests/benchmarks/bench_transfer.py -s`.
 """
 
@@ -21,7 +26,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tpulab.remote.workspace import fetch_artifacts, select_workspace, upload_workspace
+from tpulab.remote.workspace import (
+    fetch_artifacts,
+    remote_manifest,
+    select_workspace,
+    upload_workspace,
+)
 
 if TYPE_CHECKING:
     from ssh_fixtures import SshHost
@@ -73,9 +83,9 @@ def test_streamed_archive_vs_file_by_file_sftp(ssh_host: SshHost, tmp_path: Path
         conn.open()
         for gzip in (False, True):
             started = time.perf_counter()
-            manifest = upload_workspace(conn, selection, "~/work", timeout=600, gzip=gzip)
+            uploaded = upload_workspace(conn, selection, "~/work", timeout=600, gzip=gzip)
             figures["up gz" if gzip else "up tar"] = time.perf_counter() - started
-            assert manifest.count == WORKSPACE_FILES
+            assert uploaded.manifest.count == WORKSPACE_FILES
         timed = names[:sample] if sample else names
         started = time.perf_counter()
         for rel in timed:
@@ -124,3 +134,55 @@ def test_streamed_archive_vs_file_by_file_sftp(ssh_host: SshHost, tmp_path: Path
     # Figures, not assertions beyond "the stream wins": they belong in the issue note.
     assert figures["up tar"] < figures["up sftp"]
     assert figures["down tar"] < figures["down sftp"]
+
+
+def test_a_second_upload_sends_only_what_changed(ssh_host: SshHost, tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    names = _make_files(workspace, WORKSPACE_FILES, "src/d")
+    selection = select_workspace(workspace)  # as in a run: before the sync phase
+    seconds: dict[str, float] = {}
+    wire: dict[str, int] = {}
+    # "full again" is what every upload to a kept VM cost before: each file sent, then
+    # the staging directory swapped in and the old copy removed. Here the VM holds a
+    # stale copy of every file (one byte longer), so the diff sends them all.
+    stale = ssh_host.sandbox / "again"
+    for rel in names:
+        (stale / rel).parent.mkdir(parents=True, exist_ok=True)
+        (stale / rel).write_bytes((workspace / rel).read_bytes() + b"!")
+    cases = [("full", "~/inc"), ("full again", "~/again"), ("unchanged", "~/inc")]
+    with ssh_host.connect() as conn:
+        conn.open()
+        for case, remote in [*cases, ("one changed", "~/inc")]:
+            if case == "one changed":
+                changed = workspace / names[7]
+                changed.write_bytes(os.urandom(changed.stat().st_size))
+                selection = select_workspace(workspace)
+            started = time.perf_counter()
+            result = upload_workspace(conn, selection, remote, timeout=600)
+            seconds[case] = time.perf_counter() - started
+            wire[case] = result.wire_bytes
+            assert result.manifest.count == WORKSPACE_FILES
+            expected_sent = 1 if case == "one changed" else 0 if case == "unchanged" else 2000
+            assert result.sent.count == expected_sent, result.describe()
+        started = time.perf_counter()
+        remote_manifest(conn, "~/inc", timeout=600)
+        seconds["manifest query"] = time.perf_counter() - started
+
+    kind = type(ssh_host.backend).__name__
+
+    def line(case: str) -> str:
+        return (
+            f"{case} {seconds[case]:.2f} s, {wire[case] / 1e6:.3f} MB "
+            f"(x{seconds[case] / seconds['full again']:.2f} time, "
+            f"x{wire[case] / wire['full again']:.4f} bytes)"
+        )
+
+    print(
+        f"\n{kind}: 50 MB / {WORKSPACE_FILES} files: fresh VM {seconds['full']:.2f} s, "
+        f"{wire['full'] / 1e6:.1f} MB; every file again (the old upload) "
+        f"{seconds['full again']:.2f} s, {wire['full again'] / 1e6:.1f} MB; vs that: "
+        f"{line('unchanged')}; {line('one changed')}; "
+        f"the VM's manifest alone {seconds['manifest query']:.2f} s"
+    )
+    assert wire["unchanged"] < wire["full again"] / 100
+    assert wire["one changed"] < wire["full again"] / 100

@@ -21,6 +21,13 @@ Billed time is derived from the row, because the journal stores no billing figur
   billed up to `now` and marked `still_billing` (the ledger cannot know; `tpulab
   teardown --verify` can).
 
+A session's row (`tpulab up`: journal phase "session") is of kind "session". While its
+state is on this machine and neither its --ttl deadline nor its idle expiry has passed,
+it is "up" (billing now, on purpose: billed to `now`, not flagged as a leak). Once
+ended, it is billed to its close: `tpulab down`'s confirmed delete, or for a node that
+deleted itself the earliest moment it can have gone, which `conclude_gone` records
+(tpulab.cleanup.sessions).
+
 Prices come from `Accelerator.estimated_cost`, the one cost rule, at `PRICE_DATE` list
 prices. Emulated rows are listed with their time but cost 0 and are totalled apart: an
 emulator bills nothing. Day totals put a row on the UTC day it started.
@@ -30,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from typing import Literal
@@ -40,9 +47,11 @@ from pydantic import BaseModel, ConfigDict
 from tpulab import catalog
 from tpulab.catalog import PRICE_DATE
 from tpulab.cleanup.journal import Journal, RunRow, row_is_live
+from tpulab.cleanup.sessions import SESSION_PHASE, SessionStore
 from tpulab.config.capacity import split_attempt
 from tpulab.envelope import Envelope
 from tpulab.errors import UnknownAcceleratorError
+from tpulab.run.session import SessionState
 
 __all__ = [
     "CostsEnvelope",
@@ -64,9 +73,12 @@ _EVERY_ROW = sys.maxsize
 # "deleted": teardown confirmed; "forgotten": closed by `teardown --forget` because its
 # endpoint is gone (never confirmed, billed to that moment); "closed": a closure this
 # version does not know (a newer journal's), billed to its end like "deleted".
+# "up": a session whose node is kept for it, live as far as this machine knows.
 BillingState = Literal[
-    "deleted", "not-created", "running", "open", "unconfirmed", "forgotten", "closed"
+    "deleted", "not-created", "running", "open", "unconfirmed", "forgotten", "closed", "up"
 ]
+# A journal row is a one-shot run's (or attempt's) or a session's (`tpulab up`).
+EntryKind = Literal["run", "session"]
 
 
 @dataclass(frozen=True)
@@ -82,15 +94,26 @@ class LedgerEntry:
     # The run this row is an attempt of, and which attempt (1: the run's own row).
     run_group: str = ""
     attempt: int = 1
+    session: str | None = None  # the session's name while its state is on this machine
 
     @property
     def group(self) -> str:
         return self.run_group or self.row.run_id
 
     @property
+    def kind(self) -> EntryKind:
+        return "session" if self.row.phase == SESSION_PHASE else "run"
+
+    @property
     def still_billing(self) -> bool:
-        """The node may exist now: the row was never closed, or closed unconfirmed."""
-        return self.state in ("running", "open", "unconfirmed")
+        """The node may exist now: the row was never closed, or closed unconfirmed (or
+        it is a session that is up: it does exist, and bills)."""
+        return self.state in ("running", "open", "unconfirmed", "up")
+
+    @property
+    def unaccounted(self) -> bool:
+        """May still bill with nobody in charge of it (a session that is up is)."""
+        return self.still_billing and self.state != "up"
 
     @property
     def day(self) -> date:
@@ -206,13 +229,21 @@ def _total(key: str, entries: Iterable[LedgerEntry]) -> LedgerTotal:
     )
 
 
-def _state(row: RunRow) -> BillingState:
+def _state(row: RunRow, session: SessionState | None, now: datetime) -> BillingState:
     if row.teardown == "not-created":
         return "not-created"
     if row.teardown == "unconfirmed":
         return "unconfirmed"
     if row.teardown is None:
-        return "running" if row_is_live(row) else "open"
+        if row_is_live(row):
+            return "running"
+        if (
+            session is not None
+            and row.phase == SESSION_PHASE
+            and now.timestamp() < min(session.deadline_at, session.idle_expires_at)
+        ):
+            return "up"
+        return "open"
     if row.teardown == "confirmed":
         return "deleted"
     if row.teardown == "forgotten":
@@ -220,8 +251,9 @@ def _state(row: RunRow) -> BillingState:
     return "closed"
 
 
-def _entry(row: RunRow, now: datetime) -> LedgerEntry:
-    state = _state(row)
+def _entry(row: RunRow, now: datetime, session: SessionState | None = None) -> LedgerEntry:
+    state = _state(row, session, now)
+    name = session.name if session is not None and row.teardown is None else None
     if state == "not-created":
         until: datetime | None = None
     elif state in ("deleted", "forgotten", "closed"):
@@ -230,11 +262,11 @@ def _entry(row: RunRow, now: datetime) -> LedgerEntry:
         until = now
     seconds = 0.0 if until is None else max((until - row.started).total_seconds(), 0.0)
     if row.emulated:
-        return LedgerEntry(row, state, until, seconds, None, 0.0)
+        return LedgerEntry(row, state, until, seconds, None, 0.0, session=name)
     try:
         accelerator = catalog.lookup(row.accelerator)
     except UnknownAcceleratorError:
-        return LedgerEntry(row, state, until, seconds, None, None)
+        return LedgerEntry(row, state, until, seconds, None, None, session=name)
     return LedgerEntry(
         row,
         state,
@@ -242,15 +274,22 @@ def _entry(row: RunRow, now: datetime) -> LedgerEntry:
         seconds,
         accelerator.price_per_hour(spot=row.spot),
         accelerator.estimated_cost(seconds, spot=row.spot),
+        session=name,
     )
 
 
 def ledger_from_rows(
-    rows: Iterable[RunRow], *, now: datetime, since: datetime | None = None
+    rows: Iterable[RunRow],
+    *,
+    now: datetime,
+    since: datetime | None = None,
+    sessions: Mapping[str, SessionState] | None = None,
 ) -> Ledger:
     """Price `rows` as of `now`. With `since`, rows that started before it are left out,
-    except those still billing: a node that may be running is never hidden."""
-    entries = [_entry(row, now) for row in rows]
+    except those still billing: a node that may be running is never hidden. `sessions`
+    are this machine's session states by run id (their rows may be "up")."""
+    found = sessions or {}
+    entries = [_entry(row, now, found.get(row.run_id)) for row in rows]
     if since is not None:
         entries = [e for e in entries if e.row.started >= since or e.still_billing]
     entries.sort(key=lambda e: e.row.started, reverse=True)
@@ -275,10 +314,17 @@ def ledger(
     since: datetime | None = None,
     now: datetime | None = None,
     journal: Journal | None = None,
+    sessions: SessionStore | None = None,
 ) -> Ledger:
-    """The ledger of this machine's journal. Raises JournalError when it is unreadable."""
+    """The ledger of this machine's journal (and its sessions' states, which say which
+    session rows are up). Raises JournalError when the journal is unreadable."""
     rows = (journal or Journal()).all_runs(limit=_EVERY_ROW)
-    return ledger_from_rows(rows, now=now or datetime.now(timezone.utc), since=since)
+    return ledger_from_rows(
+        rows,
+        now=now or datetime.now(timezone.utc),
+        since=since,
+        sessions=(sessions or SessionStore()).by_run_id(),
+    )
 
 
 # -- the --json envelope --------------------------------------------------------------
@@ -292,6 +338,8 @@ class LedgerEntryReport(_Part):
     """One row of the ledger, as `tpulab costs --json` prints it."""
 
     run_id: str
+    kind: EntryKind  # "session": kept by `tpulab up`
+    session: str | None  # the session's name while it is on this machine
     # The run this row is an attempt of (its own run_id for a run's first row) and which
     # attempt: failover attempts "<id>-aN" share the run_id "<id>" here.
     group_run_id: str
@@ -317,6 +365,7 @@ class RunCostReport(_Part):
     """One run with its attempts summed (each attempt is also its own entry)."""
 
     run_id: str
+    kind: EntryKind
     attempts: int
     attempt_run_ids: list[str]  # the entries' run ids, the first attempt first
     accelerator_type: str
@@ -360,6 +409,8 @@ def _entry_report(entry: LedgerEntry) -> LedgerEntryReport:
     row = entry.row
     return LedgerEntryReport(
         run_id=row.run_id,
+        kind=entry.kind,
+        session=entry.session,
         group_run_id=entry.group,
         attempt=entry.attempt,
         project=row.project,
@@ -396,6 +447,7 @@ def _run_report(run: RunCost) -> RunCostReport:
     first = run.entries[0].row
     return RunCostReport(
         run_id=run.run_id,
+        kind=run.entries[0].kind,
         attempts=run.attempts,
         attempt_run_ids=[e.row.run_id for e in run.entries],
         accelerator_type=first.accelerator,

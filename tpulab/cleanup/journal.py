@@ -351,15 +351,27 @@ class Journal:
             )
             self._require_one(cursor.rowcount, run_id)
 
-    def close_run(self, run_id: str, teardown: TeardownResult, detail: str = "") -> None:
-        """Record the teardown result. "unconfirmed" keeps the row in `open_runs()`."""
+    def close_run(
+        self,
+        run_id: str,
+        teardown: TeardownResult,
+        detail: str = "",
+        *,
+        ended: datetime | None = None,
+    ) -> None:
+        """Record the teardown result. "unconfirmed" keeps the row in `open_runs()`.
+
+        `ended` is when billing stopped if that is known better than "now" (a session
+        whose node deleted itself at its deadline, noticed later); `tpulab costs` bills
+        a closed row to it."""
         if teardown not in _TEARDOWN_RESULTS:
             raise ValueError(f"teardown must be one of {_TEARDOWN_RESULTS}, not {teardown!r}")
         now = _iso(self._now())
+        until = now if ended is None else _iso(ended)
         with self._transaction(write=True) as conn:
             cursor = conn.execute(
                 "UPDATE runs SET teardown = ?, detail = ?, ended = ?, updated = ? WHERE run_id = ?",
-                (teardown, detail, now, now, run_id),
+                (teardown, detail, until, now, run_id),
             )
             self._require_one(cursor.rowcount, run_id)
 

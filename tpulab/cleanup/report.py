@@ -7,8 +7,9 @@ scope clean; the CLI's exit status and the envelope's `ok` both come from it.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from datetime import datetime
+import time
+from collections.abc import Collection, Sequence
+from datetime import datetime, timezone
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -16,10 +17,12 @@ from pydantic import BaseModel, ConfigDict
 from tpulab.catalog import PRICE_DATE
 from tpulab.cleanup.journal import VANISHED, JournalView
 from tpulab.cleanup.listing import ListedNode, Listing
+from tpulab.cleanup.sessions import GoneCause, SessionConcluded, SessionFiles, estimated_cost
 from tpulab.cleanup.sweep import Candidate, SweepPlan, SweepResult, sweep_command_for
 from tpulab.envelope import Envelope, ErrorReport, NodeReport
 from tpulab.errors import TeardownError
 from tpulab.models import NodeInfo
+from tpulab.run.report import RunEnvelope
 
 __all__ = [
     "FailedDelete",
@@ -27,7 +30,10 @@ __all__ = [
     "JournalMissingRow",
     "ListEnvelope",
     "ListedNodeReport",
+    "SessionGoneReport",
+    "SessionReport",
     "TeardownEnvelope",
+    "UpEnvelope",
     "list_envelope",
     "teardown_envelope",
     "teardown_error",
@@ -68,6 +74,86 @@ class JournalMissingRow(_Part):
     closed_as: str | None = None
 
 
+class SessionReport(_Part):
+    """A session kept by `tpulab up` that is still up (its local state)."""
+
+    name: str
+    run_id: str
+    project: str
+    zone: str
+    node_name: str
+    accelerator_type: str
+    spot: bool
+    ssh_user: str
+    ssh_host: str
+    ssh_port: int
+    started_at: datetime
+    deadline_at: datetime  # the hard deadline (--ttl)
+    idle_expires_at: datetime  # the last lease renewal + --idle
+    deadline_in_seconds: float
+    idle_expires_in_seconds: float
+    age_seconds: float
+    estimated_cost_usd: float | None  # so far, at price_date list prices; None: unpriced
+
+
+class SessionGoneReport(_Part):
+    """A session whose node this listing found gone: its key and state were removed."""
+
+    name: str
+    run_id: str
+    node_name: str
+    zone: str
+    cause: GoneCause  # "ttl", "idle" or "deleted" (by someone else)
+    reason: str
+
+
+class UpEnvelope(Envelope):
+    """`tpulab up --json`: the session kept (None when `up` failed) and the run that
+    verified it -- on failure, the very envelope `run --json` prints for it."""
+
+    command: Literal["up"] = "up"
+    session: SessionReport | None
+    run: RunEnvelope
+
+
+def session_report(files: SessionFiles, *, now: float) -> SessionReport:
+    state = files.state
+
+    def at(epoch: float) -> datetime:
+        return datetime.fromtimestamp(epoch, timezone.utc)
+
+    return SessionReport(
+        name=state.name,
+        run_id=state.run_id,
+        project=state.project,
+        zone=state.zone,
+        node_name=state.node_name,
+        accelerator_type=state.accelerator_type,
+        spot=state.spot,
+        ssh_user=state.ssh_user,
+        ssh_host=state.ssh_host,
+        ssh_port=state.ssh_port,
+        started_at=at(state.started_at),
+        deadline_at=at(state.deadline_at),
+        idle_expires_at=at(state.idle_expires_at),
+        deadline_in_seconds=round(max(0.0, state.deadline_at - now), 1),
+        idle_expires_in_seconds=round(max(0.0, state.idle_expires_at - now), 1),
+        age_seconds=round(max(0.0, now - state.started_at), 1),
+        estimated_cost_usd=_cost(estimated_cost(state, now=now)),
+    )
+
+
+def _gone_report(concluded: SessionConcluded) -> SessionGoneReport:
+    return SessionGoneReport(
+        name=concluded.name,
+        run_id=concluded.run_id,
+        node_name=concluded.node_name,
+        zone=concluded.zone,
+        cause=concluded.vanish.cause,
+        reason=concluded.vanish.reason,
+    )
+
+
 class ListEnvelope(Envelope):
     """`tpulab list --json`."""
 
@@ -81,6 +167,8 @@ class ListEnvelope(Envelope):
     price_date: str
     journal_missing: list[JournalMissingRow]
     journal_error: str | None
+    sessions: list[SessionReport]  # sessions kept by `tpulab up` that are up
+    sessions_gone: list[SessionGoneReport]  # found gone by this listing: cleaned up
 
 
 def _node_fields(node: NodeInfo, age: float | None, cost: float | None) -> dict[str, object]:
@@ -115,9 +203,17 @@ def _listed(item: ListedNode, journal: str | None) -> ListedNodeReport:
 
 
 def list_envelope(
-    listing: Listing, view: JournalView, closed: Collection[str] = ()
+    listing: Listing,
+    view: JournalView,
+    closed: Collection[str] = (),
+    *,
+    sessions: Sequence[SessionFiles] = (),
+    sessions_gone: Sequence[SessionConcluded] = (),
+    now: float | None = None,
 ) -> ListEnvelope:
-    """`closed`: run ids of `view.vanished` rows this listing closed."""
+    """`closed`: run ids of `view.vanished` rows this listing closed; `sessions` and
+    `sessions_gone` as `tpulab.cleanup.sessions.reconcile_listed` returns them."""
+    moment = time.time() if now is None else now
     return ListEnvelope(
         ok=True,
         project=listing.project,
@@ -141,12 +237,17 @@ def list_envelope(
             for row in view.missing
         ],
         journal_error=view.error,
+        sessions=[session_report(files, now=moment) for files in sessions],
+        sessions_gone=[_gone_report(concluded) for concluded in sessions_gone],
     )
 
 
 class FoundNode(NodeReport):
     source: Literal["journal+labels", "labels"]
     live: bool  # its run is still in progress on this machine: left to finish
+    # The `tpulab up` session whose node this is; a live one is kept unless
+    # --include-sessions (then it is in `kept_sessions`).
+    session: str | None
 
 
 class FailedDelete(_Part):
@@ -170,6 +271,10 @@ class TeardownEnvelope(Envelope):
     closed_journal_rows: list[str]
     # Of those, the rows whose node went on its own (its watchdog, or someone else).
     vanished_journal_rows: list[str]
+    # Live sessions' names whose nodes were kept (not counted as remaining).
+    kept_sessions: list[str]
+    # Sessions whose key and state this teardown removed (node deleted or found gone).
+    ended_sessions: list[str]
     untouched_unlabelled: list[str]
     list_errors: dict[str, str]  # zone -> why it could not be listed
     other_targets: list[str]  # commands that sweep open journal rows of other targets
@@ -219,6 +324,7 @@ def _found(candidate: Candidate) -> FoundNode:
             **_node_fields(candidate.node, candidate.age_seconds, candidate.estimated_cost),
             "source": candidate.source,
             "live": candidate.live,
+            "session": candidate.session,
         }
     )
 
@@ -241,7 +347,7 @@ def teardown_envelope(
         target=plan.target,
         zones=plan.zones,
         run_id=plan.run_id,
-        found=[_found(c) for c in [*plan.candidates, *plan.live]],
+        found=[_found(c) for c in [*plan.candidates, *plan.live, *plan.sessions]],
         deleted=[c.node.name for c in result.deleted] if result else [],
         failed=[
             FailedDelete(node_name=c.node.name, error=e.message)
@@ -250,6 +356,8 @@ def teardown_envelope(
         remaining=[n.name for n in result.remaining] if result else None,
         closed_journal_rows=result.closed_rows if result else [],
         vanished_journal_rows=result.vanished_rows if result else [],
+        kept_sessions=[c.session for c in plan.sessions if c.session is not None],
+        ended_sessions=result.ended_sessions if result else [],
         untouched_unlabelled=[n.name for n in plan.lookalikes],
         list_errors=result.list_errors if result else plan.list_errors,
         other_targets=[sweep_command_for(row) for row in plan.other_rows],

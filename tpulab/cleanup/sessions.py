@@ -6,21 +6,55 @@
 The key is written with O_EXCL and mode 0600 (never through an existing file) and goes
 away with the session: `remove` deletes both, which `tpulab down` calls once the node
 is confirmed gone. `resolve(None)` is the one session when exactly one is up.
+
+When a session's node is found gone (it deleted itself at --ttl or --idle, or someone
+deleted it), `conclude_gone` is the one place that draws the consequences -- key and
+state removed, journal row closed -- for `list`, `ssh`, `exec`, `down` and `teardown`
+alike. `why_gone` says why from the session's own times; `ask_gone` asks the API
+(GetNode) first, for commands that only know that the node stopped answering.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
-from tpulab import paths
+from tpulab import catalog, paths
+from tpulab.cleanup.journal import VANISHED, Journal
 from tpulab.config.sessions import check_session_name
-from tpulab.errors import ConfigError, JournalError
+from tpulab.errors import (
+    ConfigError,
+    JournalError,
+    NodeVanishedError,
+    UnknownAcceleratorError,
+    target_for,
+)
+from tpulab.run.lease import node_gone
 from tpulab.run.session import SessionState
 
-__all__ = ["SESSION_PHASE", "SessionFiles", "SessionStore", "check_session_name"]
+if TYPE_CHECKING:
+    from tpulab.cloud.api import TpuApi
+
+__all__ = [
+    "SESSION_PHASE",
+    "GoneCause",
+    "SessionConcluded",
+    "SessionFiles",
+    "SessionStore",
+    "Vanish",
+    "ask_gone",
+    "check_session_name",
+    "conclude_gone",
+    "estimated_cost",
+    "reconcile_listed",
+    "why_gone",
+]
 
 # The journal's phase of a run whose node was kept by `tpulab up`.
 SESSION_PHASE = "session"
@@ -89,6 +123,19 @@ class SessionStore:
     def all(self) -> list[SessionFiles]:
         return [self.load(name) for name in self.names()]
 
+    def by_run_id(self) -> dict[str, SessionState]:
+        """The readable sessions' states by run id, for commands that meet their journal
+        rows (teardown, costs); one whose state cannot be read is left out (its node is
+        then treated like any run's)."""
+        found: dict[str, SessionState] = {}
+        for name in self.names():
+            try:
+                state = self.load(name).state
+            except (ConfigError, ValueError, TypeError):
+                continue
+            found[state.run_id] = state
+        return found
+
     def resolve(self, name: str | None) -> SessionFiles:
         """The named session, or the only one up when `name` is None."""
         if name is not None:
@@ -114,3 +161,174 @@ class SessionStore:
         if names:
             return f"Sessions up: {', '.join(names)} (see `tpulab list`)."
         return "No session is up; start one with `tpulab up --accelerator TYPE`."
+
+
+# Why a session's node went: its hard deadline (--ttl) passed, its idle lease (--idle)
+# lapsed, or neither had (so someone else deleted it).
+GoneCause = Literal["ttl", "idle", "deleted"]
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds:.3g} s"
+
+
+@dataclass(frozen=True)
+class Vanish:
+    """Why a session's node is gone, as far as the session's own times tell."""
+
+    cause: GoneCause
+    reason: str  # e.g. "deleted itself: idle for 30 min (--idle)"
+    # The earliest the node can have gone (its deadline or idle expiry), epoch seconds;
+    # None when someone else deleted it (then only "when it was seen gone" is known).
+    since: float | None
+
+
+def why_gone(state: SessionState, *, now: float) -> Vanish:
+    """Classify a gone node by the session's deadline and idle expiry (wall clock): of
+    the two that have passed, the earlier is what deleted it (its watchdog acts on the
+    first); neither passed means someone else deleted it. The watchdog counts the
+    deadline from boot, a little after `deadline_at`'s start, and acts on its next
+    poll, so a node found gone after either moment went by it."""
+    lifetime = _duration(state.deadline_at - state.started_at)
+    ttl = Vanish(
+        "ttl", f"deleted itself: its hard deadline passed (--ttl {lifetime})", state.deadline_at
+    )
+    idle = Vanish(
+        "idle",
+        f"deleted itself: idle for {_duration(state.idle_seconds)} (--idle)",
+        state.idle_expires_at,
+    )
+    passed = [v for v in (ttl, idle) if v.since is not None and now >= v.since]
+    if passed:
+        return min(passed, key=lambda v: v.since or 0.0)
+    return Vanish(
+        "deleted",
+        "was deleted by someone else: neither its --ttl nor its --idle had passed",
+        None,
+    )
+
+
+def ask_gone(
+    api: TpuApi, state: SessionState, *, now: Callable[[], float] = time.time
+) -> Vanish | None:
+    """Ask the API (GetNode) whether the session's node is gone or being deleted, and
+    why; None when it is still there or the API could not say (conclude nothing)."""
+    if node_gone(api, state.zone, state.node_name) is None:
+        return None
+    return why_gone(state, now=now())
+
+
+@dataclass(frozen=True)
+class SessionConcluded:
+    """What `conclude_gone` found and did."""
+
+    name: str
+    node_name: str
+    zone: str
+    run_id: str
+    vanish: Vanish
+    journal_closed: bool  # False: the row was already closed, or the journal failed
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def message(self) -> str:
+        """One sentence for the user, e.g. for `tpulab list`'s stderr."""
+        return (
+            f"session {self.name}'s node {self.node_name} {self.vanish.reason}; "
+            "its key and state are removed."
+        )
+
+    def error(self) -> NodeVanishedError:
+        """The same, as the error `ssh` and `exec` exit with (EXIT_REMOTE)."""
+        return NodeVanishedError(
+            f"Session {self.name}'s node {self.node_name} in {self.zone} is gone: it "
+            f"{self.vanish.reason}. Its key and state are removed.",
+            hint="Start a new one with `tpulab up`; a longer --ttl or --idle keeps it longer.",
+        )
+
+
+def conclude_gone(
+    store: SessionStore,
+    state: SessionState,
+    vanish: Vanish,
+    *,
+    seen_by: str,
+    journal: Journal | None = None,
+    now: Callable[[], float] = time.time,
+) -> SessionConcluded:
+    """The session's node is gone (the caller has seen it: a listing of its zone, or
+    GetNode): remove its key and state and close its journal row as vanished and
+    confirmed, billed to the earliest moment it can have gone (`vanish.since`).
+
+    Idempotent: a row some other command closed already is left as it is. The journal
+    failing only warns -- the node is gone, so the key must go regardless."""
+    journal = journal or Journal()
+    warnings: list[str] = []
+    closed = False
+    detail = f"{VANISHED}: session {state.name}'s node {vanish.reason} ({seen_by})"
+    until = min(vanish.since, now()) if vanish.since is not None else now()
+    try:
+        row = journal.get(state.run_id)
+        if row is not None and row.needs_teardown:
+            journal.close_run(
+                state.run_id,
+                "confirmed",
+                detail,
+                ended=datetime.fromtimestamp(max(until, row.started.timestamp()), timezone.utc),
+            )
+            closed = True
+    except JournalError as error:
+        warnings.append(error.message)
+    store.remove(state.name)
+    return SessionConcluded(
+        state.name, state.node_name, state.zone, state.run_id, vanish, closed, tuple(warnings)
+    )
+
+
+def reconcile_listed(
+    store: SessionStore,
+    *,
+    target: str,
+    project: str,
+    zones: Collection[str],
+    listed: Collection[tuple[str, str]],
+    seen_by: str,
+    journal: Journal | None = None,
+    now: Callable[[], float] = time.time,
+) -> tuple[list[SessionFiles], list[SessionConcluded]]:
+    """Sessions next to a listing of `zones` of `project` behind `target` (the journal's
+    name of the API, `target_for`): the ones still up, and the ones whose node the
+    listing covers but does not show (`listed` holds (zone, node name)), concluded gone.
+    Sessions the listing does not cover are returned as up: nothing is known of them."""
+    up: list[SessionFiles] = []
+    concluded: list[SessionConcluded] = []
+    for files in store.all():
+        state = files.state
+        covered = (
+            target_for(state.api_endpoint) == target
+            and state.project == project
+            and state.zone in zones
+        )
+        if covered and (state.zone, state.node_name) not in listed:
+            vanish = why_gone(state, now=now())
+            concluded.append(
+                conclude_gone(store, state, vanish, seen_by=seen_by, journal=journal, now=now)
+            )
+        else:
+            up.append(files)
+    return up, concluded
+
+
+def estimated_cost(state: SessionState, *, now: float) -> float | None:
+    """What the session's node has cost so far at list prices (`catalog.PRICE_DATE`),
+    spot-aware, from when its create was sent; None for a type not in the catalog. An
+    emulated session's figure is what Google would bill for it, as `list` says of nodes."""
+    try:
+        accelerator = catalog.lookup(state.accelerator_type)
+    except UnknownAcceleratorError:
+        return None
+    return accelerator.estimated_cost(max(0.0, now - state.started_at), spot=state.spot)

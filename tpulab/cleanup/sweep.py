@@ -9,6 +9,11 @@ that was lost or corrupted). Rules (invariant 4 of DESIGN.md):
 - a run whose process is still alive on this machine is left to finish its own
   teardown (unless the caller says otherwise): its node is reported as live, not as
   remaining -- its own teardown is running, so nothing is left unattended;
+- a live session's node (`tpulab up`: journal phase "session", its state on this
+  machine, its --ttl not passed) is kept unless the caller includes sessions: someone
+  is using it, and its watchdog deletes it at --ttl or --idle. It is reported as a kept
+  session, not as remaining. A session's node that is deleted (or found gone) takes its
+  key and state with it (`tpulab.cleanup.sessions`);
 - a journal row is closed only on evidence: its node was deleted and confirmed gone,
   or its zone was listed and no node carries its run label.
 
@@ -33,6 +38,7 @@ from datetime import datetime, timezone
 from tpulab import catalog
 from tpulab.cleanup.journal import Journal, RunRow, close_vanished, row_is_live, target_for
 from tpulab.cleanup.listing import queued_as_node
+from tpulab.cleanup.sessions import SESSION_PHASE, SessionStore, conclude_gone, why_gone
 from tpulab.cloud.api import QueuedResourceInfo, TpuApi
 from tpulab.config import Scope
 from tpulab.errors import (
@@ -48,6 +54,7 @@ from tpulab.errors import (
 )
 from tpulab.models import NodeInfo
 from tpulab.polling import Backoff, retry_call
+from tpulab.run.session import SessionState
 from tpulab.run.teardown import delete_and_confirm
 
 __all__ = [
@@ -73,6 +80,7 @@ class Candidate:
     estimated_cost: float | None
     target: str = TARGET_GOOGLE  # the API it lives behind (journal vocabulary)
     queued: QueuedResourceInfo | None = None  # the queued resource holding the node
+    session: str | None = None  # the `tpulab up` session whose node this is, if any
 
     @property
     def run_id(self) -> str | None:
@@ -98,6 +106,9 @@ class SweepPlan:
     run_id: str | None = None
     candidates: list[Candidate] = field(default_factory=list)  # to delete
     live: list[Candidate] = field(default_factory=list)  # a running process owns them
+    sessions: list[Candidate] = field(default_factory=list)  # live sessions: kept
+    # This machine's sessions by run id: their key and state go when their node does.
+    session_states: dict[str, SessionState] = field(default_factory=dict)
     stale_rows: list[RunRow] = field(default_factory=list)  # open rows, no node left
     lookalikes: list[NodeInfo] = field(default_factory=list)  # named like ours, unlabelled
     list_errors: dict[str, str] = field(default_factory=dict)  # zone -> why it failed
@@ -112,8 +123,14 @@ class SweepPlan:
 
     @property
     def clean(self) -> bool:
-        """Nothing to delete and every zone listed (live runs delete their own nodes)."""
+        """Nothing to delete and every zone listed (live runs delete their own nodes;
+        kept sessions are guarded by their watchdog and ended with `tpulab down`)."""
         return not (self.candidates or self.list_errors)
+
+    def include_sessions(self) -> None:
+        """Delete the live sessions too (--include-sessions, or the user said yes)."""
+        self.candidates.extend(self.sessions)
+        self.sessions = []
 
 
 @dataclass
@@ -125,6 +142,9 @@ class SweepResult:
     vanished_rows: list[str] = field(default_factory=list)  # closed: gone on their own
     remaining: list[NodeInfo] = field(default_factory=list)  # from the final list
     live: list[NodeInfo] = field(default_factory=list)  # listed, but a live run owns them
+    kept_sessions: list[NodeInfo] = field(default_factory=list)  # listed: live sessions kept
+    ended_sessions: list[str] = field(default_factory=list)  # key and state removed
+    ended_rows: list[str] = field(default_factory=list)  # their rows (closed if open)
     list_errors: dict[str, str] = field(default_factory=dict)
     journal_warnings: list[str] = field(default_factory=list)
 
@@ -219,6 +239,8 @@ def find_orphans(
     run_id: str | None = None,
     journal: Journal | None = None,
     include_live: bool = False,
+    include_sessions: bool = False,
+    sessions: SessionStore | None = None,
     now: datetime | None = None,
     list_for: float = 60.0,
     clock: Callable[[], float] = time.monotonic,
@@ -231,10 +253,13 @@ def find_orphans(
     in addition to the zones of this target's open journal rows. A journal that cannot
     be read is reported in `journal_error` and the search goes on by labels alone. A zone
     whose list keeps failing transiently for `list_for` seconds lands in `list_errors`.
+    A live session's node goes to `sessions` unless `include_sessions` (`sessions` is
+    this machine's session store, by default the state directory's).
     """
     now = now or datetime.now(timezone.utc)
     journal = journal or Journal()
     plan = SweepPlan(project=api.project, target=target, zones=[], run_id=run_id)
+    plan.session_states = (sessions or SessionStore()).by_run_id()
     rows: list[RunRow] = []
     try:
         for row in journal.open_runs():
@@ -292,9 +317,18 @@ def find_orphans(
             live = known is not None and known.teardown is None and row_is_live(known)
             age, cost = _age_and_cost(node, known, now)
             holder = queued_by_node.get(node.name) if node.managed_by_tpulab else None
-            candidate = Candidate(node, known, live, age, cost, target, holder)
+            state = plan.session_states.get(node.run_id or "")
+            session = state.name if state is not None and _is_session(known) else None
+            candidate = Candidate(node, known, live, age, cost, target, holder, session)
             if live and not include_live:
                 plan.live.append(candidate)
+            elif (
+                state is not None
+                and session is not None
+                and state.deadline_at > now.timestamp()
+                and not include_sessions
+            ):
+                plan.sessions.append(candidate)
             else:
                 plan.candidates.append(candidate)
     for row in rows:
@@ -306,6 +340,10 @@ def find_orphans(
                 continue  # may still be creating its node; it will close its own row
             plan.stale_rows.append(row)
     return plan
+
+
+def _is_session(row: RunRow | None) -> bool:
+    return row is not None and row.teardown is None and row.phase == SESSION_PHASE
 
 
 def _close(journal: Journal, run_id: str, detail: str, warnings: list[str]) -> bool:
@@ -351,6 +389,7 @@ def sweep(
     plan: SweepPlan,
     *,
     journal: Journal | None = None,
+    sessions: SessionStore | None = None,
     timeout: float = 600.0,
     poll: float = 2.0,
     max_poll: float = 10.0,
@@ -364,6 +403,7 @@ def sweep(
     list every zone once more. Never reports success for a node it could not see gone.
     """
     journal = journal or Journal()
+    store = sessions or SessionStore()
     result = SweepResult()
     say = notify or (lambda _message: None)
 
@@ -410,8 +450,13 @@ def sweep(
             result.deleted.append(candidate)
             if candidate.row is not None and run_id is not None:
                 detail = "deleted and confirmed by tpulab teardown --verify"
+                if candidate.session is not None:
+                    detail = f"session {candidate.session} {detail}"
                 if _close(journal, run_id, detail, result.journal_warnings):
                     result.closed_rows.append(run_id)
+            if candidate.session is not None:
+                store.remove(candidate.session)  # its node is confirmed gone: so is its key
+                result.ended_sessions.append(candidate.session)
         else:
             result.failed.append((candidate, outcome))
             if candidate.row is not None and run_id is not None:
@@ -423,7 +468,27 @@ def sweep(
     # own. The others (killed during the create; a teardown that could not confirm)
     # are closed as plain absence.
     on_its_own = [r for r in plan.stale_rows if r.teardown is None and r.phase != "create"]
-    vanished, warnings = close_vanished(journal, on_its_own, seen_by="teardown --verify")
+    # A session's row among them: its node deleted itself (or was deleted), and its key
+    # and state go with it, the row saying why (the one place: conclude_gone).
+    for row in on_its_own:
+        state = plan.session_states.get(row.run_id)
+        if state is None or row.phase != SESSION_PHASE:
+            continue
+        concluded = conclude_gone(
+            store,
+            state,
+            why_gone(state, now=time.time()),
+            seen_by="teardown --verify",
+            journal=journal,
+        )
+        result.ended_sessions.append(state.name)
+        result.ended_rows.append(row.run_id)
+        result.journal_warnings.extend(concluded.warnings)
+        if concluded.journal_closed:
+            result.closed_rows.append(row.run_id)
+            result.vanished_rows.append(row.run_id)
+    others = [r for r in on_its_own if r.run_id not in result.ended_rows]
+    vanished, warnings = close_vanished(journal, others, seen_by="teardown --verify")
     result.closed_rows.extend(vanished)
     result.vanished_rows.extend(vanished)
     result.journal_warnings.extend(warnings)
@@ -437,8 +502,10 @@ def sweep(
         api, plan.zones, run_id=plan.run_id, list_for=list_for, clock=clock, sleep=sleep
     )
     owned = {(c.node.zone, c.node.name) for c in plan.live}
+    kept = {(c.node.zone, c.node.name) for c in plan.sessions}
     result.live = [node for node in listed if (node.zone, node.name) in owned]
-    result.remaining = [node for node in listed if (node.zone, node.name) not in owned]
+    result.kept_sessions = [node for node in listed if (node.zone, node.name) in kept]
+    result.remaining = [node for node in listed if (node.zone, node.name) not in owned | kept]
     return result
 
 
@@ -450,6 +517,7 @@ def sweep_shielded(
     timeout: float,
     notify: Callable[[str], None],
     force_exit_status: int,
+    sessions: SessionStore | None = None,
 ) -> SweepResult:
     """`sweep` as `teardown --verify` and `tpulab.sweep` run it: signals turn into this
     same teardown, a second Ctrl-C is refused, and a forced quit (the third) prints what
@@ -462,10 +530,17 @@ def sweep_shielded(
         signals_to_teardown(notify, force_exit_status=force_exit_status),
         shield(f"deleting {names}", manual=commands or None),
     ):
-        return sweep(api, plan, journal=journal, timeout=timeout, notify=notify)
+        return sweep(api, plan, journal=journal, sessions=sessions, timeout=timeout, notify=notify)
 
 
-def find_in_scope(api: TpuApi, scope: Scope, *, journal: Journal, include_live: bool) -> SweepPlan:
+def find_in_scope(
+    api: TpuApi,
+    scope: Scope,
+    *,
+    journal: Journal,
+    include_live: bool,
+    include_sessions: bool = False,
+) -> SweepPlan:
     """`find_orphans` over a validated teardown scope (`tpulab.config.teardown_inputs`)."""
     return find_orphans(
         api,
@@ -474,4 +549,5 @@ def find_in_scope(api: TpuApi, scope: Scope, *, journal: Journal, include_live: 
         run_id=scope.run_id,
         journal=journal,
         include_live=include_live,
+        include_sessions=include_sessions,
     )

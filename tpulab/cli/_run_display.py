@@ -24,13 +24,21 @@ class RunDisplay:
     """Draws the run's progress (a RunObserver): a live spinner on a terminal, one plain
     line per phase otherwise; remote output only with -v."""
 
-    def __init__(self, *, verbose: bool, quiet: bool, command_quiet: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        verbose: bool,
+        quiet: bool,
+        command_quiet: bool = False,
+        stderr: bool | None = None,
+    ) -> None:
         self.quiet = quiet
         self.verbose = verbose
         # --quiet: the user's command's output only goes to its log on the VM (fetched).
         self.command_quiet = command_quiet
-        # With --json stdout carries only the envelope; everything else goes to stderr.
-        self.console = console(stderr=quiet)
+        # With --json stdout carries only the envelope; everything else goes to stderr
+        # (`stderr=True`: the progress too, as `up --json` shows it).
+        self.console = console(stderr=quiet if stderr is None else stderr)
         self._live: Live | None = None
         self._current: tuple[Phase, float] | None = None
 

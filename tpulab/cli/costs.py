@@ -28,7 +28,18 @@ _STATE_TEXT = {
     "running": "running now",
     "open": "still billing? (run ended without teardown)",
     "unconfirmed": "still billing? (teardown unconfirmed)",
+    "up": "up",
 }
+
+
+def _state_text(entry: LedgerEntry) -> str:
+    """The STATE cell: a session's row says so (up, or how it ended)."""
+    text = _STATE_TEXT[entry.state]
+    if entry.kind != "session":
+        return text
+    if entry.state == "up":
+        return f"session {entry.session} up (`tpulab down {entry.session}` ends it)"
+    return f"session, {text}"
 
 
 def _money(usd: float | None) -> str:
@@ -40,6 +51,8 @@ def _entry_cells(entry: LedgerEntry, *, attempt_of: bool = False) -> list[str]:
     kind = row.accelerator + (" (spot)" if row.spot else "")
     if row.queued_resource:
         kind += " (queued)"
+    if entry.kind == "session":
+        kind += " (session)"
     billed = age_text(entry.billed_seconds) + (" so far" if entry.still_billing else "")
     cost = "emulated" if row.emulated else _money(entry.estimated_cost)
     # An attempt under its run's line keeps its own full id: teardown and list use it.
@@ -52,7 +65,7 @@ def _entry_cells(entry: LedgerEntry, *, attempt_of: bool = False) -> list[str]:
         row.target,
         billed,
         cost,
-        _STATE_TEXT[entry.state],
+        _state_text(entry),
     ]
 
 
@@ -139,11 +152,18 @@ def _costs_table(found: Ledger) -> None:
             f"Emulated: {emulated.runs} run(s), {age_text(emulated.billed_seconds)} "
             "on the emulator, $0 (an emulator bills nothing)."
         )
-    if total.still_billing:
+    unaccounted = sum(1 for e in found.billable if e.unaccounted)
+    if unaccounted:
         print_stderr(
-            f"[yellow]{total.still_billing} run(s) may still be billing[/] (never closed, "
+            f"[yellow]{unaccounted} run(s) may still be billing[/] (never closed, "
             "or teardown unconfirmed); their time runs up to now. `tpulab list` shows "
             "what exists, `tpulab teardown --verify` deletes it."
+        )
+    up = [e.session for e in found.entries if e.state == "up"]
+    if up:
+        print_stderr(
+            f"{len(up)} session(s) up ({', '.join(n or '?' for n in up)}), billed up to now; "
+            "`tpulab down NAME` ends one."
         )
 
 
@@ -180,6 +200,9 @@ def costs_command(
     accelerator and overall. Billed time runs from just before CreateNode was sent to
     the confirmed deletion; a run that was never created bills 0; a run never closed,
     or whose teardown was unconfirmed, is billed up to now and flagged "still billing?".
+    A session (`tpulab up`) that is up is billed up to now and shown as up; an ended
+    one to its confirmed delete (`tpulab down`) or, if its node deleted itself, to its
+    deadline or idle expiry.
     Emulated runs are listed at $0 and totalled apart. Nothing is contacted: the
     figures are estimates from the journal and the catalog's dated list prices, not a
     bill (the Cloud Billing console has the bill).

@@ -16,6 +16,7 @@ from tpulab.cli._target import adc_project, api_context
 
 if TYPE_CHECKING:
     from tpulab.cleanup.listing import Listing
+    from tpulab.cleanup.sessions import SessionFiles
 
 __all__ = ["list_command"]
 
@@ -60,35 +61,25 @@ def _list_table(listing: Listing, journal_states: dict[tuple[str, str, str], str
     )
 
 
-def _sessions_table(listing: Listing, project: str, zones: list[str]) -> None:
-    """The sessions kept by `tpulab up` (local state, no API call of their own): time
-    left to the hard deadline and to the idle expiry. A session whose node this listing
-    covers but does not show has deleted itself: its key and state are removed now."""
+def _sessions_table(sessions: list[SessionFiles]) -> None:
+    """The sessions kept by `tpulab up` that are still up: time left to the hard
+    deadline and to the idle expiry (from the local state, no API call of their own)."""
     import time
 
     from rich.table import Table
 
-    from tpulab.cleanup.sessions import SessionStore
+    from tpulab.catalog import PRICE_DATE
+    from tpulab.cleanup.sessions import estimated_cost
 
-    store = SessionStore()
-    sessions = store.all()
     if not sessions:
         return
-    listed = {(item.node.zone, item.node.name) for item in listing.nodes}
     now = time.time()
     table = Table(box=None, pad_edge=False)
-    for column in ("SESSION", "NODE", "ZONE", "TYPE", "DEADLINE IN", "IDLE EXPIRES IN"):
+    columns = ("SESSION", "NODE", "ZONE", "TYPE", "DEADLINE IN", "IDLE EXPIRES IN", "EST. COST")
+    for column in columns:
         table.add_column(column)
     for files in sessions:
         state = files.state
-        covered = state.project == project and state.zone in zones
-        if covered and (state.zone, state.node_name) not in listed:
-            store.remove(state.name)
-            print_stderr(
-                f"session {state.name}: its node {state.node_name} is gone (it deleted "
-                "itself at --ttl or --idle, or was deleted); its key and state are removed."
-            )
-            continue
         table.add_row(
             state.name,
             state.node_name,
@@ -96,9 +87,14 @@ def _sessions_table(listing: Listing, project: str, zones: list[str]) -> None:
             state.accelerator_type + (" (spot)" if state.spot else ""),
             age_text(max(0.0, state.deadline_at - now)),
             age_text(max(0.0, state.idle_expires_at - now)),
+            cost_text(estimated_cost(state, now=now)),
         )
-    if table.row_count:
-        table_console().print(table)
+    console = table_console()
+    console.print(table)
+    console.print(
+        f"{len(sessions)} session(s) up; cost so far from when each was created, at "
+        f"{PRICE_DATE} list prices (an estimate, not a bill)."
+    )
 
 
 def _list(
@@ -112,6 +108,7 @@ def _list(
 ) -> None:
     from tpulab.cleanup.journal import VANISHED, Journal, close_vanished, journal_view, target_for
     from tpulab.cleanup.listing import list_nodes
+    from tpulab.cleanup.sessions import SessionStore, reconcile_listed
     from tpulab.config import list_scope
 
     scope = list_scope(
@@ -131,19 +128,41 @@ def _list(
         target=target_for(scope.api_endpoint, embedded_emulator=scope.emulate),
         journal=journal,
     )
+    # Sessions first: a session whose node the listing does not show deleted itself
+    # (or was deleted), and its key, state and row go with it, saying why.
+    target = target_for(scope.api_endpoint, embedded_emulator=scope.emulate)
+    sessions, gone = reconcile_listed(
+        SessionStore(),
+        target=target,
+        project=scope.project,
+        zones=scope.zones,
+        listed={(item.node.zone, item.node.name) for item in listing.nodes},
+        seen_by="tpulab list",
+        journal=journal,
+    )
+    for concluded in gone:
+        print_stderr(concluded.message)
+        for warning in concluded.warnings:
+            print_stderr(f"[yellow]journal:[/] {warning}")
+    by_session = {concluded.run_id for concluded in gone}
     # The listing proved these runs' nodes gone (their VMs deleted themselves, most
     # likely): the row is closed here rather than left for a sweep with nothing to do.
-    closed, warnings = close_vanished(journal, view.vanished, seen_by="tpulab list")
+    others = [row for row in view.vanished if row.run_id not in by_session]
+    closed, warnings = close_vanished(journal, others, seen_by="tpulab list")
+    closed += [c.run_id for c in gone if c.journal_closed]
     for warning in warnings:
         print_stderr(f"[yellow]journal:[/] {warning}")
     if as_json:
         from tpulab.cleanup.report import list_envelope
 
-        print_envelope(list_envelope(listing, view, closed), None)
+        envelope = list_envelope(listing, view, closed, sessions=sessions, sessions_gone=gone)
+        print_envelope(envelope, None)
         return
     _list_table(listing, view.states)
-    _sessions_table(listing, scope.project, scope.zones)
+    _sessions_table(sessions)
     for row in view.missing:
+        if row.run_id in by_session:
+            continue  # said above, with why
         if row.run_id in closed:
             print_stderr(
                 f"journal: run {row.run_id} (node {row.node_name} in {row.zone}) closed: "

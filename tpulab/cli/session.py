@@ -20,10 +20,13 @@ import typer.core
 
 from tpulab import errors as E
 from tpulab.cli._console import print_stderr
-from tpulab.cli._exit import EXIT_TEARDOWN, guarded
+from tpulab.cli._exit import EXIT_TEARDOWN, guarded, json_or_guarded
 
 if TYPE_CHECKING:
     from tpulab.cleanup.sessions import SessionFiles, SessionStore
+    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.progress import Recorder
+    from tpulab.run.session import SessionState
 
 __all__ = ["DashDashCommand", "down_command", "ssh_command", "up_command"]
 
@@ -68,6 +71,10 @@ def up_command(
     installer: Annotated[str, typer.Option("--installer")] = "uv",
     service_account: Annotated[str | None, typer.Option("--service-account")] = None,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print the session as a JSON envelope (progress on stderr)."),
+    ] = False,
 ) -> None:
     """Create a TPU VM, verify JAX on it, and KEEP it for `tpulab ssh`, until `tpulab down`.
 
@@ -108,9 +115,9 @@ def up_command(
             service_account=service_account,
         )
         session_name = check_session_name(name or f"s-{inputs.spec.run_id.split('-')[-1]}")
-        _up(inputs.spec, session_name, inputs.installer, verbose=verbose)
+        _up(inputs.spec, session_name, inputs.installer, verbose=verbose, as_json=as_json)
 
-    guarded(action)
+    json_or_guarded("up", as_json, action)
 
 
 def _adc_project() -> str | None:
@@ -119,7 +126,7 @@ def _adc_project() -> str | None:
     return adc_project()
 
 
-def _up(spec: object, session_name: str, installer: str, *, verbose: bool) -> None:
+def _up(spec: object, session_name: str, installer: str, *, verbose: bool, as_json: bool) -> None:
     from tpulab.cleanup.journal import RunJournalAdapter
     from tpulab.cleanup.sessions import SESSION_PHASE, SessionStore
     from tpulab.cli._run_display import RunDisplay
@@ -127,19 +134,22 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool) -> No
     from tpulab.config import RunSpec
     from tpulab.remote.ssh import RunKey
     from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.progress import FanOut, Recorder
     from tpulab.run.session import abandon, bring_up
     from tpulab.run.signals import shield, signals_to_teardown
 
     assert isinstance(spec, RunSpec)
     store = SessionStore()
     key = RunKey()
-    display = RunDisplay(verbose=verbose, quiet=False, command_quiet=False)
+    # With --json the envelope alone is on stdout; the progress goes to stderr.
+    display = RunDisplay(verbose=verbose, quiet=False, command_quiet=False, stderr=as_json)
+    recorder = Recorder()
     journal = RunJournalAdapter()
     life = Lifecycle(
         spec,
         api=GoogleTpuApi(spec.project.value, api_endpoint=spec.api_endpoint),
         journal=journal,
-        observer=display,
+        observer=FanOut([recorder, display]),
         shield=shield,
         installer="pip" if installer == "pip" else "uv",
         new_key=lambda: key,
@@ -151,7 +161,7 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool) -> No
         with signals_to_teardown(display.alert, force_exit_status=EXIT_TEARDOWN):
             state = bring_up(life, session_name=session_name)
         store.save(state)
-    except BaseException:
+    except BaseException as error:
         display.stop()
         if life.outcome.kept:
             # Handed over but never recorded (e.g. Ctrl-C, or the state could not be
@@ -159,9 +169,14 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool) -> No
             with shield(f"deleting node {spec.node_name}", manual=spec.leaked_node().what_to_do()):
                 abandon(life)
         store.remove(session_name)  # the run's teardown already ran: no node, no key
+        if as_json and isinstance(error, E.TpuLabError):
+            _up_envelope(life, recorder, None, error)
         raise
     display.stop()
     journal.phase_changed(state.run_id, SESSION_PHASE)
+    if as_json:
+        _up_envelope(life, recorder, store.load(state.name), None)
+        return
     left = state.deadline_at - time.time()
     typer.echo(
         f"Session {state.name} is up: node {state.node_name} ({state.accelerator_type}) in "
@@ -169,6 +184,24 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool) -> No
         f"itself in {left / 60:.0f} min (--ttl) or {state.idle_seconds / 60:.1f} min after "
         f"the last `tpulab ssh` (--idle). End it with `tpulab down {state.name}`."
     )
+
+
+def _up_envelope(
+    life: Lifecycle, recorder: Recorder, files: SessionFiles | None, error: E.TpuLabError | None
+) -> None:
+    """`up --json`'s envelope: the session, and the run as `run --json` reports it (on
+    failure exactly that run's envelope, with the same error and exit status)."""
+    from tpulab.cleanup.report import UpEnvelope, session_report
+    from tpulab.cli._exit import error_report, print_envelope
+    from tpulab.run.report import run_envelope
+
+    report = error_report(error) if error is not None else None
+    run = run_envelope(life.outcome, recorder, error=report)
+    if files is not None:
+        # Kept on purpose: verified, and not deleted (run's `ok` wants a confirmed delete).
+        run = run.model_copy(update={"ok": True})
+    session = session_report(files, now=time.time()) if files is not None else None
+    print_envelope(UpEnvelope(ok=error is None, session=session, run=run, error=report), error)
 
 
 def down_command(
@@ -194,20 +227,34 @@ def down_command(
 
 def _down(store: SessionStore, files: SessionFiles) -> None:
     from tpulab.cleanup.journal import Journal
+    from tpulab.cleanup.sessions import conclude_gone, why_gone
     from tpulab.cloud.google import GoogleTpuApi
     from tpulab.run.session import take_down
 
     state = files.state
     api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint)
     report = take_down(api, state, notify=lambda message: print_stderr(message))
-    how = "it was already gone" if report.already_gone else "deleted, confirmed by list"
-    detail = "session ended by tpulab down" + (" (already gone)" if report.already_gone else "")
+    if report.already_gone:
+        # Nothing for `down` to delete: it went on its own (or someone deleted it).
+        concluded = conclude_gone(
+            store, state, why_gone(state, now=time.time()), seen_by="tpulab down"
+        )
+        for warning in concluded.warnings:
+            print_stderr(f"[yellow]journal:[/] {warning}")
+        typer.echo(
+            f"Session {state.name} is down: its node {state.node_name} was already gone "
+            f"(it {concluded.vanish.reason}); key removed."
+        )
+        return
     try:
-        Journal().close_run(state.run_id, "confirmed", detail)
+        Journal().close_run(state.run_id, "confirmed", "session ended by tpulab down")
     except (E.JournalError, ValueError) as error:
         print_stderr(f"[yellow]warning:[/] the journal could not record it: {error}")
     store.remove(state.name)
-    typer.echo(f"Session {state.name} is down: node {state.node_name} {how}; key removed.")
+    typer.echo(
+        f"Session {state.name} is down: node {state.node_name} deleted, confirmed by list; "
+        "key removed."
+    )
 
 
 class DashDashCommand(typer.core.TyperCommand):
@@ -248,6 +295,22 @@ def ssh_command(
     raise typer.Exit(status if isinstance(status, int) else 0)
 
 
+def _raise_if_gone(store: SessionStore, state: SessionState) -> None:
+    """The node did not answer: if the API says it is gone, say why, clean up, and exit
+    EXIT_REMOTE (NodeVanishedError); if it is still there, return (a plain SSH failure)."""
+    from tpulab.cleanup.sessions import ask_gone, conclude_gone
+    from tpulab.cloud.google import GoogleTpuApi
+
+    api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint)
+    vanish = ask_gone(api, state)
+    if vanish is None:
+        return
+    concluded = conclude_gone(store, state, vanish, seen_by="tpulab ssh")
+    for warning in concluded.warnings:
+        print_stderr(f"[yellow]journal:[/] {warning}")
+    raise concluded.error()
+
+
 def _ssh(store: SessionStore, files: SessionFiles, command: list[str]) -> int:
     from tpulab.run.session import renew_argv
 
@@ -276,6 +339,7 @@ def _ssh(store: SessionStore, files: SessionFiles, command: list[str]) -> int:
             check=False,
         )
         if renew.returncode != 0:
+            _raise_if_gone(store, state)
             raise E.RemoteError(
                 f"Could not reach session {state.name} to renew its lease "
                 f"({renew.stderr.strip() or f'ssh exit {renew.returncode}'}).",

@@ -2,6 +2,9 @@
 
 The sweep is tpulab.cleanup.sweep; this module asks, prints and picks the exit status: 0 only
 when no tpulab node remains in scope, EXIT_TEARDOWN (with manual commands) otherwise.
+A live session's node (`tpulab up`) is kept unless --include-sessions is given or the
+user says yes to its own question; kept sessions do not count as remaining (exit 0):
+they are recorded here, guarded by their watchdog, and `tpulab down` ends them.
 `teardown --forget` (tpulab.cleanup.forget) closes the journal rows of an endpoint that
 is gone, after seeing it refuse the connection and asking.
 """
@@ -42,7 +45,7 @@ def _print_plan(plan: SweepPlan) -> None:
     if plan.run_id:
         where += f", run {plan.run_id}"
     console.print(f"Looked for tpulab nodes in {escape(where)}.")
-    found = [*plan.candidates, *plan.live]
+    found = [*plan.candidates, *plan.live, *plan.sessions]
     if found:
         table = Table(box=None, pad_edge=False)
         for column in ("ZONE", "NODE", "STATE", "RUN ID", "AGE", "EST. COST", "FOUND BY"):
@@ -55,7 +58,9 @@ def _print_plan(plan: SweepPlan) -> None:
                 c.run_id or "-",
                 age_text(c.age_seconds),
                 cost_text(c.estimated_cost),
-                c.source + (" [yellow](run in progress)[/]" if c.live else ""),
+                c.source
+                + (" [yellow](run in progress)[/]" if c.live else "")
+                + (f" (session {escape(c.session)})" if c.session else ""),
             )
         console.print(table)
         console.print(f"Costs are estimates from list prices ({PRICE_DATE}).")
@@ -68,6 +73,11 @@ def _print_plan(plan: SweepPlan) -> None:
         console.print(
             f"[yellow]{escape(c.node.name)} belongs to a run still in progress (pid {pid}); "
             "it deletes its own node. Re-run when it ends, or pass --include-live.[/]"
+        )
+    for c in plan.sessions:
+        console.print(
+            f"{escape(c.node.name)} is session {escape(c.session or '?')}'s node, live "
+            "(tpulab up): kept unless --include-sessions or you say yes."
         )
     for node in plan.lookalikes:
         console.print(f"Left alone: {escape(node.name)} has no tpulab labels (not ours).")
@@ -103,6 +113,7 @@ def _teardown_verify(
     api_endpoint: str | None,
     project: str | None,
     include_live: bool,
+    include_sessions: bool,
     timeout: float,
 ) -> None:
     from tpulab.cleanup.journal import Journal
@@ -119,17 +130,34 @@ def _teardown_verify(
         run_id=run_id,
         timeout=timeout,
         adc_project=adc_project,
+        include_sessions=include_sessions,
     )
     scope, timeout = inputs.scope, inputs.timeout
     journal = Journal()
     result: SweepResult | None = None
     declined = ""
     with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
-        plan = find_in_scope(api, scope, journal=journal, include_live=include_live)
+        plan = find_in_scope(
+            api,
+            scope,
+            journal=journal,
+            include_live=include_live,
+            include_sessions=include_sessions,
+        )
         if not as_json:
             _print_plan(plan)
         if dry_run:
             declined = "dry run: nothing was deleted"
+        elif plan.sessions and not yes and sys.stdin.isatty():
+            # Its own question: a session is in use, so "delete the leftovers" must not
+            # take it along by surprise.
+            names = ", ".join(c.session or c.node.name for c in plan.sessions)
+            if typer.confirm(
+                f"Also delete {len(plan.sessions)} live session(s) ({names})?", default=False
+            ):
+                plan.include_sessions()
+        if declined:
+            pass
         elif plan.candidates and not yes:
             if not sys.stdin.isatty():
                 declined = "not deleted: stdin is not a terminal and --yes was not given"
@@ -162,6 +190,7 @@ def _teardown_forget(
     api_endpoint: str | None,
     project: str | None,
     timeout: float,
+    include_sessions: bool = False,
 ) -> None:
     from tpulab.cleanup.forget import describe, forget, plan_forget
     from tpulab.cleanup.journal import Journal
@@ -179,6 +208,7 @@ def _teardown_forget(
         run_id=run_id,
         timeout=timeout,
         adc_project=adc_project,
+        include_sessions=include_sessions,
     ).scope
     if zones:
         raise ConfigError(
@@ -248,15 +278,29 @@ def _teardown_report(
 
             ids = ", ".join(result.vanished_rows)
             typer.echo(f"Their nodes were already gone ({VANISHED}): {ids}")
+        if result.ended_sessions:
+            ended = ", ".join(result.ended_sessions)
+            typer.echo(f"Sessions ended (node gone; key and state removed): {ended}")
         for warning in result.journal_warnings:
             print_stderr(f"journal: {warning}")
+    for c in plan.sessions:
+        typer.echo(
+            f"Kept session {c.session} (node {c.node.name}): `tpulab down {c.session}` or "
+            "--include-sessions."
+        )
     if error is not None:
         report_error(error)
     scope = f" for run {plan.run_id}" if plan.run_id else ""
     live = ""
     if plan.live:
         live = f"; {len(plan.live)} node(s) of runs still in progress delete themselves"
-    typer.echo(f"Verified: no tpulab node remains{scope} in {', '.join(plan.zones)}{live}.")
+    kept = ""
+    if result is not None and result.kept_sessions:
+        # The final list proved it: nothing but the kept sessions' nodes is left.
+        kept = f"; only the {len(result.kept_sessions)} kept session node(s) remain"
+    elif plan.sessions:
+        kept = f"; {len(plan.sessions)} live session node(s) kept"
+    typer.echo(f"Verified: no tpulab node remains{scope} in {', '.join(plan.zones)}{live}{kept}.")
 
 
 def teardown_command(
@@ -302,6 +346,14 @@ def teardown_command(
         bool,
         typer.Option("--include-live", help="Also delete nodes of runs still in progress here."),
     ] = False,
+    include_sessions: Annotated[
+        bool,
+        typer.Option(
+            "--include-sessions",
+            help="Also delete live sessions' nodes (`tpulab up`); without it they are kept "
+            "(asked in a terminal).",
+        ),
+    ] = False,
     timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds to wait for deletes to be confirmed.")
     ] = 600.0,
@@ -310,7 +362,9 @@ def teardown_command(
 
     Exit 0 only when no tpulab node remains in the searched zones; otherwise exit 6
     with the manual delete commands (also for --dry-run when something was found).
-    Nodes without tpulab's labels are never touched. With --forget, journal rows of a
+    Nodes without tpulab's labels are never touched. A live session's node (`tpulab
+    up`) is kept unless --include-sessions (or a yes at its own prompt): kept sessions
+    are listed and do not make the exit status non-zero. With --forget, journal rows of a
     gone endpoint are closed as "forgotten" instead (exit 2 if it still answers).
     """
 
@@ -325,6 +379,7 @@ def teardown_command(
                 api_endpoint=api_endpoint,
                 project=project,
                 timeout=timeout,
+                include_sessions=include_sessions,
             )
             return
         _teardown_verify(
@@ -339,6 +394,7 @@ def teardown_command(
             api_endpoint=api_endpoint,
             project=project,
             include_live=include_live,
+            include_sessions=include_sessions,
             timeout=timeout,
         )
 

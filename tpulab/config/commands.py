@@ -264,6 +264,7 @@ def teardown_inputs(
     env: Mapping[str, str] | None = None,
     adc_project: AdcProject | None = None,
     forget: bool = False,
+    include_sessions: bool = False,
 ) -> TeardownInputs:
     """`tpulab teardown`'s flags, validated. No zone is not an error here: the journal's
     open rows may supply them (`find_orphans` says so if nothing does). With `forget`
@@ -274,6 +275,12 @@ def teardown_inputs(
             "teardown needs --verify." if not verify else "Give --verify or --forget, not both.",
             hint="Run `tpulab teardown --verify` (add --dry-run to only look); "
             "`--forget --api-endpoint URL` only closes journal rows of an endpoint that is gone.",
+        )
+    if forget and include_sessions:
+        raise ConfigError(
+            "--include-sessions applies to --verify, not --forget.",
+            hint="`tpulab teardown --verify --include-sessions` also deletes live sessions' "
+            "nodes; `tpulab down S` ends one session.",
         )
     seconds = check_seconds("--timeout", timeout)
     scope = _scope(

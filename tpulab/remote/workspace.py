@@ -6,13 +6,22 @@ which `tpulab.remote.ssh.Connection` implements over one SSH channel. The remote
 so that nothing has to be staged first. Which files go up is decided before anything is
 created, by `tpulab.remote.selection` (re-exported here, so callers import one module).
 
-Upload, `upload_workspace`:
-    laptop: tar stream built file by file (each file hashed as it is archived, read once)
+Upload, `upload_workspace` (the same mechanism for a fresh VM and a kept one):
+    VM:     `transfer.py manifest`: the content manifest (path, bytes, sha256) of what
+            `remote_dir` holds now, hashed from the files (the user's command may have
+            changed them; nothing is remembered); none for an absent directory.
+    laptop: diffs the selection against it (a file is hashed here only when its path and
+            size match), then a tar stream of ONLY the new or changed files, built file
+            by file (each hashed as it is archived, read once), led by a keep list (path,
+            bytes, sha256, mode, mtime) of the unchanged ones when there are any
             -> trailer: the archive's sha256
-    VM:     `transfer.py unpack`: extracts into a staging directory next to `remote_dir`
-            (no absolute names, no `..`, no links, no devices), checks the trailer,
-            swaps the staging directory in for `remote_dir` and prints its manifest of
-            what it wrote; the laptop's manifest must equal it.
+    VM:     `transfer.py unpack [--keep]`: copies the kept files from the old directory
+            into a staging directory next to `remote_dir`, re-hashing each (one that no
+            longer matches is refused: stale bytes are never kept), extracts the archive
+            there (no absolute names, no `..`, no links, no devices), checks the trailer,
+            swaps the staging directory in for `remote_dir` (what is no longer selected
+            goes with the old one) and prints the manifest of the whole new directory;
+            the laptop's full manifest must equal it.
 
 Fetch, `fetch_artifacts`:
     VM:     `transfer.py pack`: globs the patterns inside the workspace, adds the run
@@ -58,6 +67,7 @@ from tpulab.remote.selection import (
     IGNORE_FILE,
     UploadSelection,
     check_fetch_patterns,
+    human_size,
     select_workspace,
 )
 
@@ -70,12 +80,15 @@ __all__ = [
     "Manifest",
     "ManifestEntry",
     "StreamShell",
+    "UploadResult",
     "UploadSelection",
     "WorkspaceError",
     "check_fetch_patterns",
     "fetch_artifacts",
     "fetch_command",
+    "manifest_command",
     "planned_answer",
+    "remote_manifest",
     "select_workspace",
     "transfer_source",
     "unpack_command",
@@ -89,6 +102,7 @@ MANIFEST_FILE = "manifest.json"  # in `out`, next to the fetched files
 # The transfer script's wire conventions (remote_payloads/transfer.py says the same).
 _TRAILER_PREFIX = b"TPULAB-ARCHIVE-SHA256:"
 _MANIFEST_MEMBER = ".tpulab-manifest.json"
+_KEEP_MEMBER = ".tpulab-keep.json"  # first member with `unpack --keep`
 _REFUSED = 3
 _CHUNK = 1 << 20
 _BLOCK = tarfile.BLOCKSIZE
@@ -161,6 +175,25 @@ class Manifest:
         return cls(tuple(entries), tuple(missing))
 
 
+@dataclass(frozen=True)
+class UploadResult:
+    """What an upload did: the workspace now on the VM and what it took to get it there."""
+
+    manifest: Manifest  # the whole workspace now on the VM (== the laptop's selection)
+    sent: Manifest  # what went over the wire (new or changed files)
+    unchanged: int  # files kept from the VM's previous copy
+    removed: int  # files on the VM that are no longer in the selection
+    wire_bytes: int  # bytes of the archive actually streamed (headers and trailer too)
+
+    def describe(self) -> str:
+        """E.g. "2 of 120 files sent (12.0 KiB); 118 unchanged; 1 removed"."""
+        text = (
+            f"{self.sent.count} of {self.manifest.count} files sent "
+            f"({human_size(self.sent.total_bytes)}); {self.unchanged} unchanged"
+        )
+        return text + (f"; {self.removed} removed" if self.removed else "")
+
+
 # -- the remote script ----------------------------------------------------------------
 
 
@@ -170,8 +203,15 @@ def transfer_source() -> str:
     return paths.payload_path("transfer.py").read_text(encoding="utf-8")
 
 
-def unpack_command(remote_dir: str, *, python: str = "python3", gzip: bool = False) -> list[str]:
-    return [python, "-c", transfer_source(), "unpack", remote_dir, *(["--gzip"] if gzip else [])]
+def manifest_command(remote_dir: str, *, python: str = "python3") -> list[str]:
+    return [python, "-c", transfer_source(), "manifest", remote_dir]
+
+
+def unpack_command(
+    remote_dir: str, *, python: str = "python3", gzip: bool = False, keep: bool = False
+) -> list[str]:
+    flags = [*(["--gzip"] if gzip else []), *(["--keep"] if keep else [])]
+    return [python, "-c", transfer_source(), "unpack", remote_dir, *flags]
 
 
 def fetch_command(
@@ -205,12 +245,13 @@ def fetch_command(
 
 def planned_answer(argv: Sequence[str]) -> bytes | None:
     """What a VM that received nothing writes on stdout for a transfer command, for the
-    recording session of a dry run (None: not a transfer): `unpack` an empty manifest
-    (the plan streams no workspace, so there is nothing to check), `pack` an archive
-    holding only an empty manifest."""
+    recording session of a dry run (None: not a transfer): `manifest` and `unpack` an
+    empty manifest (the VM holds nothing yet, so everything goes up; the plan streams no
+    workspace, so there is nothing to check), `pack` an archive holding only an empty
+    manifest."""
     if list(argv[1:3]) != ["-c", transfer_source()] or len(argv) < 4:
         return None
-    if argv[3] == "unpack":
+    if argv[3] in ("manifest", "unpack"):
         return b'{"manifest": []}\n'
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w|gz" if "--gzip" in argv else "w|") as tar:
@@ -238,13 +279,95 @@ def _refusal(result: CommandResult) -> str:
 # -- upload ---------------------------------------------------------------------------
 
 
-class _ArchiveWriter:
-    """The upload's tar stream as chunks, built one file at a time (never whole)."""
+@dataclass(frozen=True)
+class _Kept:
+    """A selected file the VM holds already (same path, bytes and sha256): not sent. The
+    mode and mtime are the laptop's, as a full upload would set them on the VM's copy."""
 
-    def __init__(self, selection: UploadSelection, gzip: bool) -> None:
-        self.selection = selection
+    entry: ManifestEntry
+    mode: int
+    mtime: int
+
+    def to_json_obj(self) -> dict[str, Any]:
+        entry = self.entry
+        return {
+            "path": entry.path,
+            "bytes": entry.bytes,
+            "sha256": entry.sha256,
+            "mode": self.mode,
+            "mtime": self.mtime,
+        }
+
+
+@dataclass(frozen=True)
+class _Delta:
+    """What goes up, what the VM keeps, and how many of its files go away."""
+
+    send: tuple[tuple[str, int], ...]  # (path, size), in selection order
+    keep: tuple[_Kept, ...]
+    removed: int
+
+
+def _open_selected(path: Path, size: int) -> tuple[BinaryIO, os.stat_result]:
+    """A selected file opened for reading; WorkspaceError if it changed size since the
+    selection (the selection is what was checked and what the manifest must say)."""
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise WorkspaceError(f"Cannot read {path}: {exc.strerror}") from exc
+    now = os.fstat(handle.fileno())
+    if now.st_size != size:
+        handle.close()
+        raise WorkspaceError(
+            f"{path} changed while the workspace was uploading ({size} -> {now.st_size} bytes)",
+            hint="Run again once whatever writes it has finished.",
+        )
+    return handle, now
+
+
+def _mode_of(status: os.stat_result) -> int:
+    return 0o755 if status.st_mode & stat.S_IXUSR else 0o644
+
+
+def _delta(selection: UploadSelection, on_vm: Manifest) -> _Delta:
+    """Diff the selection against the VM's manifest. Only a file whose path and size
+    match one on the VM is hashed here (the others must go up anyway, and are hashed as
+    they are archived), so a first upload reads each file once, as before."""
+    there = {entry.path: entry for entry in on_vm.entries}
+    send: list[tuple[str, int]] = []
+    keep: list[_Kept] = []
+    for rel, size in selection.files:
+        old = there.get(rel)
+        if old is None or old.bytes != size:
+            send.append((rel, size))
+            continue
+        path = selection.root / rel
+        handle, status = _open_selected(path, size)
+        digest = hashlib.sha256()
+        with handle:
+            try:
+                for chunk in iter(functools.partial(handle.read, _CHUNK), b""):
+                    digest.update(chunk)
+            except OSError as exc:
+                raise WorkspaceError(f"Cannot read {path}: {exc.strerror}") from exc
+        if digest.hexdigest() == old.sha256:
+            keep.append(_Kept(old, _mode_of(status), int(status.st_mtime)))
+        else:
+            send.append((rel, size))
+    chosen = {rel for rel, _size in selection.files}
+    return _Delta(tuple(send), tuple(keep), sum(path not in chosen for path in there))
+
+
+class _ArchiveWriter:
+    """The upload's tar stream as chunks, built one file at a time (never whole): the
+    keep list first (when the VM keeps anything), then the files that go up."""
+
+    def __init__(self, root: Path, delta: _Delta, gzip: bool) -> None:
+        self.root = root
+        self.delta = delta
         self.digest = hashlib.sha256()
-        self.entries: list[ManifestEntry] = []
+        self.entries: list[ManifestEntry] = []  # what was sent, hashed as read
+        self.wire_bytes = 0
         self._compressor = zlib.compressobj(6, zlib.DEFLATED, 31) if gzip else None
 
     def _emit(self, data: bytes) -> bytes:
@@ -253,25 +376,32 @@ class _ArchiveWriter:
         self.digest.update(data)
         return data
 
+    def _member(self, info: tarfile.TarInfo) -> bytes:
+        return self._emit(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+
+    def _padding(self, size: int) -> Iterator[bytes]:
+        if size % _BLOCK:
+            yield self._emit(bytes(_BLOCK - size % _BLOCK))
+
+    def _keep_list(self) -> Iterator[bytes]:
+        keep = [kept.to_json_obj() for kept in self.delta.keep]
+        body = json.dumps({"keep": keep}, separators=(",", ":")).encode()
+        info = tarfile.TarInfo(_KEEP_MEMBER)
+        info.size = len(body)
+        info.mode = 0o644
+        yield self._member(info)
+        yield self._emit(body)
+        yield from self._padding(len(body))
+
     def _file(self, rel: str, size: int) -> Iterator[bytes]:
-        path = self.selection.root / rel
-        try:
-            handle = path.open("rb")
-        except OSError as exc:
-            raise WorkspaceError(f"Cannot read {path}: {exc.strerror}") from exc
+        path = self.root / rel
+        handle, now = _open_selected(path, size)
         with handle:
-            now = os.fstat(handle.fileno())
-            if now.st_size != size:
-                raise WorkspaceError(
-                    f"{path} changed while the workspace was uploading ({size} -> "
-                    f"{now.st_size} bytes)",
-                    hint="Run again once whatever writes it has finished.",
-                )
             info = tarfile.TarInfo(rel)
             info.size = size
             info.mtime = int(now.st_mtime)
-            info.mode = 0o755 if now.st_mode & stat.S_IXUSR else 0o644
-            yield self._emit(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+            info.mode = _mode_of(now)
+            yield self._member(info)
             digest, left = hashlib.sha256(), size
             while left:
                 try:
@@ -283,27 +413,65 @@ class _ArchiveWriter:
                 left -= len(chunk)
                 digest.update(chunk)
                 yield self._emit(chunk)
-            if size % _BLOCK:
-                yield self._emit(bytes(_BLOCK - size % _BLOCK))
+            yield from self._padding(size)
         self.entries.append(ManifestEntry(rel, size, digest.hexdigest()))
+
+    def _pieces(self) -> Iterator[bytes]:
+        if self.delta.keep:
+            yield from self._keep_list()
+        for rel, size in self.delta.send:
+            yield from self._file(rel, size)
 
     def chunks(self) -> Iterator[bytes]:
         # Headers and padding are small pieces: send them coalesced with file data, in
         # pieces of about _CHUNK, not one SSH packet each (2 000 files: ~3x faster).
         pending = bytearray()
-        for rel, size in self.selection.files:
-            for piece in self._file(rel, size):
-                pending += piece
-                if len(pending) >= _CHUNK:
-                    yield bytes(pending)
-                    pending.clear()
+        for piece in self._pieces():
+            pending += piece
+            if len(pending) >= _CHUNK:
+                self.wire_bytes += len(pending)
+                yield bytes(pending)
+                pending.clear()
         pending += self._emit(bytes(2 * _BLOCK))
         if self._compressor is not None:
             flushed = self._compressor.flush()
             self.digest.update(flushed)
             pending += flushed
         yield bytes(pending)
-        yield _TRAILER_PREFIX + self.digest.hexdigest().encode("ascii")
+        trailer = _TRAILER_PREFIX + self.digest.hexdigest().encode("ascii")
+        self.wire_bytes += len(pending) + len(trailer)
+        yield trailer
+
+
+def _checked_remote_dir(remote_dir: str) -> None:
+    where = remote_dir.strip()
+    if not where or posixpath.normpath(where) in (".", "/", "~") or ".." in where.split("/"):
+        raise WorkspaceError(
+            f"Remote workspace directory {remote_dir!r} would replace the login directory "
+            "(or more); name a directory of its own, e.g. ~/tpulab-workspace"
+        )
+
+
+def remote_manifest(
+    shell: StreamShell, remote_dir: str, *, timeout: float, python: str = "python3"
+) -> Manifest:
+    """What `remote_dir` on the VM holds now (path, bytes, sha256), hashed there from
+    the files themselves; empty when it does not exist."""
+    _checked_remote_dir(remote_dir)
+    answer = io.BytesIO()
+    result = shell.run_streaming(
+        manifest_command(remote_dir, python=python), stdin=None, stdout=answer, timeout=timeout
+    )
+    if result.exit_status != 0:
+        raise RemoteError(
+            f"The VM could not list its copy of the workspace in {remote_dir}: {_refusal(result)}",
+            hint="Nothing was sent or replaced. Retry; if it persists, check the VM's "
+            "python3 and that the directory is readable.",
+        )
+    try:
+        return Manifest.from_json_obj(json.loads(answer.getvalue())["manifest"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RemoteError(f"The VM's listing of {remote_dir} is not a manifest: {exc}") from exc
 
 
 def upload_workspace(
@@ -314,21 +482,22 @@ def upload_workspace(
     timeout: float,
     python: str = "python3",
     gzip: bool = False,
-) -> Manifest:
-    """Replace `remote_dir` on the VM with the selected files; their checked manifest.
+) -> UploadResult:
+    """Make `remote_dir` on the VM hold exactly the selected files, sending only those
+    it does not hold already (by path, bytes and sha256 against its manifest, computed
+    there first); the rest it keeps from its previous copy, re-checked, and whatever is
+    no longer selected goes with that copy.
 
-    RemoteError if the VM refused the archive (corrupt, cut short, unsafe) or wrote
-    anything other than what was sent; `remote_dir` keeps its old content then."""
-    where = remote_dir.strip()
-    if not where or posixpath.normpath(where) in (".", "/", "~") or ".." in where.split("/"):
-        raise WorkspaceError(
-            f"Remote workspace directory {remote_dir!r} would replace the login directory "
-            "(or more); name a directory of its own, e.g. ~/tpulab-workspace"
-        )
-    writer = _ArchiveWriter(selection, gzip)
+    RemoteError if the VM refused the archive (corrupt, cut short, unsafe, a kept file
+    that changed on the VM in between) or holds anything other than the selection
+    afterwards; `remote_dir` keeps its old content then."""
+    _checked_remote_dir(remote_dir)
+    on_vm = remote_manifest(shell, remote_dir, timeout=timeout, python=python)
+    delta = _delta(selection, on_vm)
+    writer = _ArchiveWriter(selection.root, delta, gzip)
     answer = io.BytesIO()
     result = shell.run_streaming(
-        unpack_command(remote_dir, python=python, gzip=gzip),
+        unpack_command(remote_dir, python=python, gzip=gzip, keep=bool(delta.keep)),
         stdin=writer.chunks(),
         stdout=answer,
         timeout=timeout,
@@ -343,14 +512,22 @@ def upload_workspace(
         remote = Manifest.from_json_obj(json.loads(answer.getvalue())["manifest"])
     except (ValueError, KeyError, TypeError) as exc:
         raise RemoteError(f"The VM's answer to the upload is not a manifest: {exc}") from exc
-    local = Manifest.from_json_obj(Manifest(tuple(writer.entries)).to_json_obj())
+    sent = Manifest.from_json_obj(Manifest(tuple(writer.entries)).to_json_obj())
+    kept = tuple(kept.entry for kept in delta.keep)
+    local = Manifest.from_json_obj(Manifest(sent.entries + kept).to_json_obj())
     if remote != local:
         raise RemoteError(
             f"The workspace on the VM ({remote_dir}) differs from what was sent: "
             + _differences(local, remote),
             hint="Retry the run; if it persists the VM's disk may be failing.",
         )
-    return local
+    return UploadResult(
+        manifest=local,
+        sent=sent,
+        unchanged=len(kept),
+        removed=delta.removed,
+        wire_bytes=writer.wire_bytes,
+    )
 
 
 def _differences(expected: Manifest, observed: Manifest) -> str:

@@ -11,6 +11,7 @@
 - `read_state(...)`: the watchdog's guest attribute, waited for a little after SSH is
   up (the startup-script and SSH logins start concurrently on a real VM: the guest
   agent orders sshd, not the startup-scripts unit).
+- `node_gone(...)`: GetNode's answer to "is this node gone (or going)?".
 - `vanished(...)`: what to say when the node disappears under a live run -- the watchdog's
   deadline, a lapsed lease (the controller was stopped), or someone else.
 """
@@ -21,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from tpulab.errors import (
     CloudError,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LeaseRenewer",
+    "node_gone",
     "read_state",
     "vanished",
     "watchdog_config",
@@ -203,6 +205,20 @@ def read_state(
     return parse_state(value)
 
 
+def node_gone(api: TpuApi, zone: str, node_name: str) -> Literal["gone", "DELETING"] | None:
+    """Has the node gone (GetNode says NotFound) or is it being deleted? None when it is
+    still there, or when the API could not say (then nothing may be concluded)."""
+    from tpulab.models import NodeState
+
+    try:
+        node = api.get_node(zone, node_name)
+    except NotFoundError:
+        return "gone"
+    except CloudError:
+        return None
+    return "DELETING" if node.state == NodeState.DELETING else None
+
+
 def vanished(
     api: TpuApi,
     zone: str,
@@ -215,18 +231,9 @@ def vanished(
 ) -> NodeVanishedError | None:
     """A `NodeVanishedError` naming the likely cause when the node is gone or DELETING; None
     when it is still there (the error was something else)."""
-    from tpulab.models import NodeState
-
-    try:
-        node = api.get_node(zone, node_name)
-    except NotFoundError:
-        state = "gone"
-    except CloudError:
+    state = node_gone(api, zone, node_name)
+    if state is None:
         return None
-    else:
-        if node.state != NodeState.DELETING:
-            return None
-        state = "DELETING"
     if deadline_passed:
         cause = "its watchdog deleted it: the hard deadline (--max-duration) passed"
         hint = (

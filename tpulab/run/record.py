@@ -6,7 +6,8 @@ a script reads both the same way. It says what ran where and what came of it: th
 and its accelerator, the verifier's receipt id and verdict (the gate), the venv's
 versions (extras included), the command argv, the NAMES of the environment it was given
 (never the values: they may be secrets), its exit status, every phase's duration, the
-upload and fetch manifests (path, bytes, sha256), the API calls and the estimated cost.
+upload and fetch manifests (path, bytes, sha256; for the upload also what was sent: an
+incremental sync sends only new or changed files), the API calls and the estimated cost.
 The journal row of the run points to the file (tpulab.cleanup.journal, `run_record`).
 """
 
@@ -65,8 +66,16 @@ class WorkloadSummary(_Part):
     stopped: str | None  # why tpulab stopped it (an interrupt), if it did
     seconds: float | None
     out: str
-    upload_files: int
+    upload_files: int  # the whole workspace on the VM after the sync
     upload_bytes: int
+    # What the sync sent to get there (None: no sync happened, or a record written before
+    # uploads were incremental, when everything was sent): new or changed files, the
+    # files kept from the VM's previous copy, those it dropped, the archive's size.
+    upload_sent_files: int | None = None
+    upload_sent_bytes: int | None = None
+    upload_unchanged: int | None = None
+    upload_removed: int | None = None
+    upload_wire_bytes: int | None = None
     fetched_files: int | None  # None: nothing was fetched (see fetch_problem)
     fetched_bytes: int | None
     fetch_missing: list[str]  # --fetch patterns that matched nothing
@@ -93,8 +102,9 @@ class RunRecord(Envelope):
     versions: dict[str, str | None]
     workload: WorkloadSummary
     phase_seconds: dict[str, float]
-    upload: list[FileEntry]
+    upload: list[FileEntry]  # the whole workspace on the VM after the sync
     fetch: list[FileEntry]
+    upload_sent: list[FileEntry] | None = None  # what went over the wire (None: see above)
     api_calls: int
     teardown: TeardownStatus
     estimated_cost_usd: float
@@ -109,7 +119,8 @@ def _entries(manifest: Manifest | None) -> list[FileEntry]:
 
 
 def workload_summary(workload: WorkloadOutcome) -> WorkloadSummary:
-    upload, fetch = workload.upload, workload.fetch
+    uploaded, fetch = workload.upload, workload.fetch
+    upload = uploaded.manifest if uploaded else None
     return WorkloadSummary(
         command=list(workload.command),
         env_names=list(workload.env_names),
@@ -121,6 +132,11 @@ def workload_summary(workload: WorkloadOutcome) -> WorkloadSummary:
         out=str(workload.out),
         upload_files=upload.count if upload else 0,
         upload_bytes=upload.total_bytes if upload else 0,
+        upload_sent_files=uploaded.sent.count if uploaded else None,
+        upload_sent_bytes=uploaded.sent.total_bytes if uploaded else None,
+        upload_unchanged=uploaded.unchanged if uploaded else None,
+        upload_removed=uploaded.removed if uploaded else None,
+        upload_wire_bytes=uploaded.wire_bytes if uploaded else None,
         fetched_files=fetch.count if fetch else None,
         fetched_bytes=fetch.total_bytes if fetch else None,
         fetch_missing=list(fetch.missing) if fetch else [],
@@ -158,8 +174,9 @@ def run_record(outcome: RunOutcome) -> RunRecord:
         versions=dict(boot.versions) if boot else {},
         workload=workload_summary(workload),
         phase_seconds={k: round(v, 3) for k, v in outcome.phase_seconds.items()},
-        upload=_entries(workload.upload),
+        upload=_entries(workload.upload.manifest if workload.upload else None),
         fetch=_entries(workload.fetch),
+        upload_sent=_entries(workload.upload.sent) if workload.upload else None,
         api_calls=outcome.api_calls,
         teardown=outcome.teardown_status,
         estimated_cost_usd=round(outcome.estimated_cost, 4),

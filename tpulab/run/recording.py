@@ -505,6 +505,9 @@ class RecordingSession:
             answer = json.dumps({"manifest": entries}).encode()
         elif verb == "pack":
             detail = "the VM streams back one tar of these, checked file by file into --out"
+        elif verb is not None:  # `manifest`: what the VM holds decides what goes up
+            detail = "the VM lists what it holds (path, bytes, sha256); a fresh VM: nothing"
+            answer = planned_answer(argv) or b""
         self.recorder.add(
             "ssh",
             "exec",

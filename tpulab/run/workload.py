@@ -33,7 +33,7 @@ from tpulab.run.progress import COMMAND_STREAM, Phase
 
 if TYPE_CHECKING:
     from tpulab.config.workload import WorkloadSpec
-    from tpulab.remote.workspace import Manifest, UploadSelection
+    from tpulab.remote.workspace import Manifest, UploadResult, UploadSelection
     from tpulab.run.lifecycle import Lifecycle
 
 __all__ = ["WorkloadOutcome", "WorkloadRunner"]
@@ -56,7 +56,7 @@ class WorkloadOutcome:
     command: tuple[str, ...]
     env_names: tuple[str, ...]
     out: Path
-    upload: Manifest | None = None
+    upload: UploadResult | None = None  # the workspace on the VM and what was sent
     upload_description: str = ""
     extras: boot.ExtrasResult | None = None
     started: bool = False
@@ -164,14 +164,14 @@ class WorkloadRunner:
         assert session is not None
         assert self.selection is not None
         self.life._stage_file(self.launcher, wl.STAGED_LAUNCHER, "workload launcher")
-        manifest = upload_workspace(
+        uploaded = upload_workspace(
             session,
             self.selection,
             wl.WORKSPACE_DIR,
             timeout=_transfer_timeout(self.selection.total_bytes),
         )
-        self.outcome.upload = manifest
-        return f"{self.outcome.upload_description} into ~/{wl.WORKSPACE_DIR}"
+        self.outcome.upload = uploaded
+        return f"{uploaded.describe()} into ~/{wl.WORKSPACE_DIR}"
 
     def install(self) -> str:
         """The user's extras into the venv, after jax; a no-op on a ready venv."""
