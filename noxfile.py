@@ -39,6 +39,12 @@ def typecheck(session: nox.Session) -> None:
 # -n 2 took 713 s, 325 s of it two OpenSSH sessions hung until their timeouts (2026-12-01).
 # `nox -s tests -- -n 0` runs them in one process (the last -n wins).
 TEST_WORKERS = "4"
+# How xdist hands out the tests: "worksteal" gives each worker a contiguous share and
+# lets an idle one take half of a busy one's queue, so the long end-to-end tests near
+# the end of the collection do not pile onto whichever workers "load" had sent them.
+# Measured on 11 files (299 tests, the watchdog and workload e2e among them), -n 4,
+# 2026-12-01: load 94 s and 97 s, worksteal 86 s and 87 s.
+TEST_DISTRIBUTION = "worksteal"
 
 
 @nox.session
@@ -57,7 +63,7 @@ def tests(session: nox.Session) -> None:
     # 0.15 s of each `tpulab` subprocess's ~1.1 s CPU (__pycache__ is gitignored).
     session.run("python", "-m", "compileall", "-q", "tpulab")
     _payload_python_310(session)
-    session.run("pytest", "-n", TEST_WORKERS, *session.posargs)
+    session.run("pytest", "-n", TEST_WORKERS, "--dist", TEST_DISTRIBUTION, *session.posargs)
 
 
 def _payload_python_310(session: nox.Session) -> None:
