@@ -9,6 +9,7 @@ kills them all), its output must go both to the SSH stream (live) and to a log f
 the VM (fetched with the artifacts), and tpulab must learn its real exit status even
 when the SSH session that started it is gone. So:
 
+- R, L, P and S are removed first (successive commands on one kept VM share them);
 - the command runs in W with stdin closed, in a new session; its pid (= its process
   group) is written to P before anything else, for `kill -- -PGID` from another session;
 - TPULAB_RUN_DIR is R made absolute (created), VIRTUAL_ENV is V and V/bin leads PATH,
@@ -28,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,6 +103,12 @@ def main(argv: list[str]) -> int:
 
     run_dir = os.path.abspath(args.run_dir)
     venv = os.path.abspath(args.venv)
+    # A session's successive `tpulab exec`s share R, L, P and S: start from nothing, so
+    # the fetch brings back only this command's files and log, never an earlier one's.
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for path in (args.log, args.pid_file, args.status):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
     os.makedirs(run_dir, exist_ok=True)
     for path in (args.log, args.pid_file, args.status):
         os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)

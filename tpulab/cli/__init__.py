@@ -18,7 +18,18 @@ import typer.main
 
 from tpulab import __version__
 from tpulab import errors as E
-from tpulab.cli import costs, emulator, listing, receipts, run, runs, session, teardown, verify
+from tpulab.cli import (
+    costs,
+    emulator,
+    exec,
+    listing,
+    receipts,
+    run,
+    runs,
+    session,
+    teardown,
+    verify,
+)
 from tpulab.cli._console import print_stderr
 from tpulab.cli._exit import (
     EXIT_CLOUD,
@@ -98,6 +109,7 @@ def _root(
 # typer lists commands in registration order: the lifecycle first, then the tools.
 app.command("run")(run.run_command)
 app.command("up")(session.up_command)
+app.command("exec", cls=session.DashDashCommand)(exec.exec_command)
 app.command("ssh", cls=session.DashDashCommand)(session.ssh_command)
 app.command("down")(session.down_command)
 app.command("teardown")(teardown.teardown_command)

@@ -31,9 +31,10 @@ if TYPE_CHECKING:
 
     from tpulab.config import RunSpec
     from tpulab.run.attempts import Attempts
+    from tpulab.run.plan import PlanEnvelope
     from tpulab.run.progress import Recorder
 
-__all__ = ["run_command"]
+__all__ = ["print_plan_steps", "run_command"]
 
 
 def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
@@ -73,6 +74,14 @@ def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
     left = [key for key, where in plan.sources.items() if where == "default"]
     rest = f"; defaults: {', '.join(left)}" if left else ""
     out.print(f"[dim]Where values came from: {escape(', '.join(given) + rest)}.[/]")
+    print_plan_steps(plan)
+
+
+def print_plan_steps(plan: PlanEnvelope) -> None:
+    """The plan's numbered steps and its placeholders (`tpulab exec --dry-run` too)."""
+    from rich.markup import escape
+
+    out = console()
     for number, step in enumerate(plan.steps, 1):
         head = f"{number:>2}. [cyan]{step.kind:<5}[/] [bold]{step.phase:<9}[/]"
         if step.kind == "api":

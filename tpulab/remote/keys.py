@@ -93,6 +93,24 @@ class RunKey:
         )
         self._b64 = public.decode("ascii").split()[1]
 
+    @classmethod
+    def from_openssh_private(cls, data: bytes) -> RunKey:
+        """A session's key read back from its 0600 file (`tpulab up` wrote it with
+        `openssh_private_bytes`), so `tpulab exec` authenticates as the session."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        loaded = serialization.load_ssh_private_key(data, password=None)
+        if not isinstance(loaded, Ed25519PrivateKey):
+            raise ConfigError("The session's key is not an ed25519 key.")
+        key = cls.__new__(cls)
+        key._private = loaded
+        public = loaded.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+        key._b64 = public.decode("ascii").split()[1]
+        return key
+
     @property
     def public_b64(self) -> str:
         return self._b64

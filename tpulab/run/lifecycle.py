@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from tpulab.evidence.store import KeptReceipt, ReceiptStore
     from tpulab.remote.ssh import RunKey, SshTarget
     from tpulab.remote.watchdog import WatchdogState
+    from tpulab.run.attach import Attachment
     from tpulab.run.record import RunRecord
 
 __all__ = [
@@ -162,6 +163,10 @@ class RunOutcome:
     lease_renewals: int = 0
     lease_failures: int = 0
     kept: bool = False  # `tpulab up`: verified and handed over, deliberately not deleted
+    # `tpulab exec` (run/attach.py): the session it ran on, and the receipt `up` verified
+    # on that node -- the gate of its command, since an exec verifies nothing itself.
+    session: str | None = None
+    gate_receipt_id: str | None = None
 
     @property
     def verdict(self) -> Verdict | None:
@@ -187,6 +192,10 @@ class RunOutcome:
     def succeeded(self) -> bool:
         """Receipt verified AND teardown confirmed -- and, with a `-- CMD`, the command
         exited 0 and its artifacts came back."""
+        if self.session is not None:
+            # An exec: its node stays, and a session exists only once `up`'s receipt
+            # verified on it (run/session.py bring_up): the gate is behind it.
+            return self.workload is not None and self.workload.ok
         return (
             self.judgement is not None
             and self.judgement.verified
@@ -224,6 +233,7 @@ class Lifecycle:
         write_record: Callable[[RunRecord, Path], Path] | None = None,
         renew_in_background: bool = True,
         keep_on_success: bool = False,
+        attach: Attachment | None = None,
     ) -> None:
         self.spec = spec
         self.api = api
@@ -262,6 +272,14 @@ class Lifecycle:
         # `tpulab up`: a verified run hands its node over (run/session.py) instead of
         # deleting it; every failure before that still goes through the teardown.
         self.keep_on_success = keep_on_success
+        # `tpulab exec`: attached to a session's kept node (run/attach.py): no create,
+        # bootstrap, verifier or teardown; its key, pinned host key and watchdog are the
+        # session's.
+        self.attach = attach
+        if attach is not None:
+            self.key, self.target, self.watchdog = attach.key, attach.target, attach.watchdog
+            self.outcome.session = attach.session
+            self.outcome.gate_receipt_id = attach.receipt_id
         self._journalled = False
         self._current: Phase | None = None
         self._t0 = clock()
@@ -325,6 +343,10 @@ class Lifecycle:
         any other BaseException -- e.g. a signal turned into one -- unchanged); returns
         only when the receipt verified and the node is confirmed gone.
         """
+        if self.attach is not None:
+            from tpulab.run.attach import run_attached
+
+            return run_attached(self)  # a session's node: never torn down by an exec
         primary: BaseException | None = None
         try:
             self._phases()
@@ -404,6 +426,8 @@ class Lifecycle:
 
     def _vanished(self, error: TpuLabError) -> TpuLabError | None:
         """A node its watchdog (or anyone) deleted under us: say so, not the symptom."""
+        if self.attach is not None:
+            return self.attach.vanished(self, error)
         # Only a node that booted has a watchdog that could have fired.
         if self.watchdog is None or "ready_seen" not in self.outcome.milestones:
             return None
@@ -443,6 +467,13 @@ class Lifecycle:
         )
 
     def _each_phase(self) -> None:
+        if self.attach is not None:
+            # The session's node is READY and verified (its receipt gates the command).
+            self._phase(Phase.VALIDATE, self.validate)
+            self._phase(Phase.CONNECT, self.open_session)
+            assert self.workload is not None
+            self.workload.run()
+            return
         self._phase(Phase.VALIDATE, self.validate)
         self._phase(Phase.CREATE, self.create)
         self._phase(Phase.WAIT_READY, self.wait_ready)
@@ -465,6 +496,8 @@ class Lifecycle:
         from tpulab.remote.payload import check_nonce
         from tpulab.remote.ssh import RunKey
 
+        if self.attach is not None:
+            return self._validate_attached()
         try:
             source = self.spec.payload or paths.payload_path()
             self.payload_bytes = source.read_bytes()
@@ -482,6 +515,21 @@ class Lifecycle:
             self.outcome.workload = self.workload.outcome
             detail += "; " + self.workload.validate()
         return detail
+
+    def _validate_attached(self) -> str:
+        """An exec: only its workload is new (the node, key and receipt are the session's)."""
+        assert self.attach is not None
+        if self.spec.workload is None:
+            raise ConfigError(
+                "An exec needs a command after --.", hint="e.g. tpulab exec -- python train.py"
+            )
+        self.workload = WorkloadRunner(self, self.spec.workload)
+        self.outcome.workload = self.workload.outcome
+        receipt = self.attach.receipt_id or "not recorded"
+        return (
+            f"session {self.attach.session}: node {self.spec.node_name}, verified receipt "
+            f"{receipt}; {self.workload.validate()}"
+        )
 
     def create(self) -> str:
         """Journal the run, send CreateNode with labels + ssh key, wait for the operation.
@@ -724,6 +772,8 @@ class Lifecycle:
         """Open SSH with the per-run key against the pinned host key (waits for sshd)."""
         assert self.target is not None
         assert self.key is not None
+        if self.attach is not None:
+            self.attach.check_node(self)  # a session's node that is gone: say so at once
         self.session = self._connect(self.target, self.key)
         # Connections open lazily; opening here makes this phase own the waiting for sshd.
         self.session.open()

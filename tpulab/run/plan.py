@@ -29,7 +29,7 @@ EMBEDDED_ENDPOINT = "<embedded emulator>"
 class PlanEnvelope(Envelope):
     """`tpulab run --dry-run --json`: the resolved spec and the ordered steps of its run."""
 
-    command: Literal["run"] = "run"
+    command: Literal["run", "exec"] = "run"  # exec: the steps of `tpulab exec --dry-run`
     ok: bool = True
     dry_run: Literal[True] = True
     run_id: str

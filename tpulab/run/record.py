@@ -87,7 +87,7 @@ class WorkloadSummary(_Part):
 class RunRecord(Envelope):
     """<out>/run.json (schema_version 1)."""
 
-    command: Literal["run"] = "run"
+    command: Literal["run", "exec"] = "run"  # exec: a command on a session's kept node
     run_id: str
     started: datetime
     seconds: float
@@ -110,6 +110,9 @@ class RunRecord(Envelope):
     estimated_cost_usd: float
     price_date: str
     failure: str | None  # what ended the run, when it did not succeed
+    # `tpulab exec`: the session whose node ran it (never deleted by the exec, so
+    # `teardown` stays "not-created"); `receipt_id` is then the one `up` verified there.
+    session: str | None = None
 
 
 def _entries(manifest: Manifest | None) -> list[FileEntry]:
@@ -159,6 +162,8 @@ def run_record(outcome: RunOutcome) -> RunRecord:
         failure = error.message if isinstance(error, TpuLabError) else repr(error)
     boot = outcome.bootstrap
     return RunRecord(
+        command="exec" if outcome.session is not None else "run",
+        session=outcome.session,
         ok=outcome.succeeded and error is None,
         run_id=spec.run_id,
         started=outcome.started,
@@ -169,8 +174,10 @@ def run_record(outcome: RunOutcome) -> RunRecord:
         accelerator_type=spec.accelerator.name,
         emulated=spec.emulated,
         spot=spec.spot,
-        receipt_id=outcome.receipt.id if outcome.receipt else None,
-        verdict=outcome.verdict,
+        receipt_id=outcome.receipt.id if outcome.receipt else outcome.gate_receipt_id,
+        # An exec judged nothing itself; its gate is the receipt `up` verified.
+        verdict=outcome.verdict
+        or (Verdict.VERIFIED if outcome.gate_receipt_id is not None else None),
         versions=dict(boot.versions) if boot else {},
         workload=workload_summary(workload),
         phase_seconds={k: round(v, 3) for k, v in outcome.phase_seconds.items()},

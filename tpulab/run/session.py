@@ -50,6 +50,9 @@ class SessionState:
     deadline_at: float  # the watchdog's hard deadline (--ttl), epoch seconds
     idle_seconds: float  # the lease (--idle)
     renewed_at: float  # the last lease renewal, epoch seconds
+    # The id of the receipt `up` verified on this node: the gate every `exec` passes
+    # (DESIGN §3.9). A default, so a session.json written before it existed still loads.
+    receipt_id: str | None = None
 
     @property
     def idle_expires_at(self) -> float:
@@ -109,6 +112,7 @@ def bring_up(
         deadline_at=started + watchdog.max_duration_seconds,
         idle_seconds=watchdog.lease_seconds,
         renewed_at=now(),
+        receipt_id=life.outcome.receipt.id if life.outcome.receipt is not None else None,
     )
 
 

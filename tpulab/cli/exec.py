@@ -1,0 +1,381 @@
+"""`tpulab exec [S] -- CMD`: the workload of `run` on a session's kept, verified VM.
+
+The Lifecycle attached to the session's node (tpulab.run.attach): connect with the
+session's key and pinned host key, renew its idle lease (at once, then in the background
+while the command runs), sync, install, run, fetch -- and never delete the node, whatever
+happens. Its flags are `run`'s workload flags, validated by the same config (and the
+workspace's [tool.tpulab]); every check happens before anything is sent.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Annotated, Literal
+
+import typer
+
+from tpulab import errors as E
+from tpulab.cli._console import console, print_lines, print_stderr
+from tpulab.cli._exit import EXIT_INTERRUPTED, error_report, print_envelope, report_error
+from tpulab.cli.session import AFTER_DASHES
+
+if TYPE_CHECKING:
+    from tpulab.cleanup.sessions import SessionFiles, SessionStore
+    from tpulab.config import RunSpec, WorkloadFlags
+    from tpulab.run.lifecycle import RunOutcome
+    from tpulab.run.report import Line
+
+__all__ = ["exec_command"]
+
+
+def exec_command(
+    ctx: typer.Context,
+    name: Annotated[
+        str | None,
+        typer.Argument(metavar="S", help="The session (omit if only one is up)."),
+    ] = None,
+    workdir: Annotated[
+        str | None,
+        typer.Option(
+            "--workdir",
+            help="The workspace sent to the VM, and where \\[tool.tpulab] is read "
+            "(default: the current directory).",
+        ),
+    ] = None,
+    with_packages: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--with", metavar="PKG", help="Install PKG into the VM's venv first (repeatable)."
+        ),
+    ] = None,
+    requirements: Annotated[
+        str | None,
+        typer.Option("--requirements", metavar="FILE", help="Install FILE's requirements first."),
+    ] = None,
+    fetch: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fetch",
+            metavar="PATH",
+            help="Bring PATH (workspace-relative, globs) back after the command (repeatable).",
+        ),
+    ] = None,
+    out: Annotated[
+        str | None,
+        typer.Option(
+            "--out", metavar="DIR", help="Where artifacts land (default ./tpulab-runs/<exec id>/)."
+        ),
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", metavar="K=V", help="Set K=V for your command (repeatable)."),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout", help="Seconds your command may run before it is killed (default 3600)."
+        ),
+    ] = None,
+    max_upload: Annotated[
+        str | None,
+        typer.Option(
+            "--max-upload", metavar="SIZE", help="Refuse a bigger workspace (default 256M)."
+        ),
+    ] = None,
+    max_fetch: Annotated[
+        str | None,
+        typer.Option("--max-fetch", metavar="SIZE", help="Cap on what comes back (default 1G)."),
+    ] = None,
+    allow_secret: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-secret",
+            metavar="PATH",
+            help="Upload PATH although it looks like a secret (repeatable).",
+        ),
+    ] = None,
+    quiet: Annotated[
+        bool,
+        typer.Option("-q", "--quiet", help="Only log your command's output; do not stream it."),
+    ] = False,
+    installer: Annotated[
+        str, typer.Option("--installer", help="Installer for --with: uv (default) or pip.")
+    ] = "uv",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print every request and command; contact nothing.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the exec's record (run.json) as JSON.")
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("-v", "--verbose", help="Show remote output live.")
+    ] = False,
+) -> None:
+    """Run `-- CMD` on a session's VM (from `tpulab up`): sync, install, run, fetch.
+
+    The same workload as `tpulab run -- CMD`, without the create, bootstrap and verifier
+    (the session's node passed them at `up`) and without the delete: the VM stays up
+    for the next exec until `tpulab down`, --ttl or --idle. Each exec renews the idle
+    lease, and its artifacts land in their own --out:
+
+    tpulab exec lesson-1 --fetch ckpt/ -- python train.py --steps 5
+
+    Ctrl-C stops the command on the VM and fetches what it wrote (a second Ctrl-C skips
+    the fetch); the session stays up. Exit 0 when the command exited 0 and its artifacts
+    came back; 9 when it failed (its own status is in the summary).
+    """
+    from tpulab.config import WorkloadFlags
+
+    command = tuple(ctx.meta.get(AFTER_DASHES, ()))
+    flags = WorkloadFlags(
+        command=command,
+        workdir=workdir,
+        out=out,
+        env=tuple(env or ()),
+        with_packages=tuple(with_packages or ()),
+        requirements=requirements,
+        fetch=tuple(fetch or ()),
+        allow_secrets=tuple(allow_secret or ()),
+        max_upload=max_upload,
+        max_fetch=max_fetch,
+        timeout=timeout,
+        quiet=quiet,
+    )
+    try:
+        _exec(name, flags, installer, dry_run=dry_run, as_json=as_json, verbose=verbose)
+    except E.TpuLabError as error:
+        if as_json:
+            from tpulab.envelope import ErrorEnvelope
+
+            print_envelope(ErrorEnvelope(command="exec", error=error_report(error)), error)
+        report_error(error)
+
+
+def _exec(
+    name: str | None,
+    flags: WorkloadFlags,
+    installer: str,
+    *,
+    dry_run: bool,
+    as_json: bool,
+    verbose: bool,
+) -> None:
+    from tpulab.cleanup.sessions import SessionStore
+
+    store = SessionStore()
+    files = store.resolve(name)
+    spec = _exec_spec(files, flags, installer)
+    if dry_run:
+        _dry_run(spec, files, installer, as_json=as_json)
+        return
+    _run(store, files, spec, installer, as_json=as_json, verbose=verbose)
+
+
+def _exec_spec(files: SessionFiles, flags: WorkloadFlags, installer: str) -> RunSpec:
+    """The exec as a RunSpec on the session's node (a fresh id names its --out and
+    TPULAB_RUN_ID); every check of input happens here, before anything is sent."""
+    from tpulab.config import run_inputs
+
+    state = files.state
+    if not flags.command:
+        raise E.ConfigError(
+            "tpulab exec needs a command after --.",
+            hint=f"e.g. `tpulab exec {state.name} -- python train.py --steps 5`.",
+        )
+    if time.time() >= state.deadline_at:
+        raise E.ConfigError(
+            f"Session {state.name} has expired: its --ttl deadline passed, so its node has "
+            "deleted itself (or is about to).",
+            hint=f"`tpulab down {state.name}` confirms it gone and removes its key; "
+            "then start a new one with `tpulab up`.",
+        )
+    if not files.key_path.is_file():
+        raise E.ConfigError(
+            f"Session {state.name} has no key file at {files.key_path}.",
+            hint=f"End it with `tpulab down {state.name}` and start a new one.",
+        )
+    inputs = run_inputs(
+        accelerator=state.accelerator_type,
+        emulate=False,
+        api_endpoint=state.api_endpoint,
+        project=state.project,
+        zone=state.zone,
+        name=state.node_name,
+        spot=state.spot,
+        teardown_timeout=600.0,
+        # The node has been up since `up`: a minute for sshd to answer, not a boot's three.
+        boot_timeout=60.0,
+        installer=installer,
+        ssh_backend="embedded",
+        adc_project=None,  # the session names its project
+        workload=flags,
+    )
+    return inputs.spec
+
+
+def _dry_run(spec: RunSpec, files: SessionFiles, installer: str, *, as_json: bool) -> None:
+    from rich.markup import escape
+
+    from tpulab.cli.run import print_plan_steps
+    from tpulab.run.attach import Attachment, build_attached_plan
+    from tpulab.run.plan import plan_envelope
+    from tpulab.run.recording import PlaceholderKey
+
+    chosen: Literal["uv", "pip"] = "pip" if installer == "pip" else "uv"
+    attachment = Attachment.of(files.state, PlaceholderKey())
+    steps = build_attached_plan(spec, attachment, installer=chosen)
+    plan = plan_envelope(spec, steps, installer=chosen).model_copy(update={"command": "exec"})
+    if as_json:
+        typer.echo(plan.to_json())
+        return
+    state = files.state
+    console().print(
+        f"[bold]Plan for exec {plan.run_id}[/] on session {escape(state.name)}: node "
+        f"{plan.node_name} ({plan.accelerator_type}) in {plan.zone}, verified by receipt "
+        f"{escape(state.receipt_id or 'not recorded')} at `tpulab up`. Recorded from the "
+        "exec itself over recording seams: nothing is contacted. No create, bootstrap, "
+        "verifier or delete: the node stays the session's."
+    )
+    print_plan_steps(plan)
+
+
+def _run(
+    store: SessionStore,
+    files: SessionFiles,
+    spec: RunSpec,
+    installer: str,
+    *,
+    as_json: bool,
+    verbose: bool,
+) -> None:
+    from tpulab.cli._run_display import RunDisplay
+    from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.remote.keys import RunKey
+    from tpulab.run.attach import Attachment, last_renewal_at
+    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.progress import FanOut, Recorder
+    from tpulab.run.signals import shield, signals_to_teardown, skippable
+
+    state = files.state
+    try:
+        key = RunKey.from_openssh_private(files.key_path.read_bytes())
+    except (OSError, ValueError) as error:
+        raise E.ConfigError(
+            f"Cannot read session {state.name}'s key {files.key_path}: {error}",
+            hint=f"End it with `tpulab down {state.name}` and start a new one.",
+        ) from None
+    assert spec.workload is not None
+    display = RunDisplay(verbose=verbose, quiet=as_json, command_quiet=spec.workload.quiet)
+    life = Lifecycle(
+        spec,
+        api=GoogleTpuApi(state.project, api_endpoint=state.api_endpoint),
+        observer=FanOut([Recorder(), display]),
+        shield=shield,
+        skippable=skippable,
+        installer="pip" if installer == "pip" else "uv",
+        attach=Attachment.of(state, key),
+    )
+    failure: E.TpuLabError | None = None
+    try:
+        with signals_to_teardown(display.alert, force_exit_status=EXIT_INTERRUPTED):
+            life.run()
+    except E.NodeVanishedError as gone:
+        failure = _conclude_gone(store, files, gone, renewed_at=last_renewal_at(life))
+    except E.TpuLabError as error:
+        failure = error
+    finally:
+        display.stop()
+        renewed = last_renewal_at(life)
+        if renewed is not None and store.exists(state.name):
+            store.save(state.renewed(renewed))
+    _report(life.outcome, failure, as_json=as_json)
+
+
+def _conclude_gone(
+    store: SessionStore,
+    files: SessionFiles,
+    gone: E.NodeVanishedError,
+    *,
+    renewed_at: float | None,
+) -> E.NodeVanishedError:
+    """The session's node deleted itself under the exec: the shared cleanup (key, state,
+    journal row), then the lifecycle's explanation, which knows the phase."""
+    from tpulab.cleanup.sessions import conclude_gone, why_gone
+
+    state = files.state
+    if renewed_at is not None:
+        # This exec kept the lease alive until the end: judge the idle expiry from that,
+        # not from the renewal on disk before it.
+        state = state.renewed(renewed_at)
+    done = conclude_gone(
+        store, state, why_gone(state, now=time.time()), seen_by="tpulab exec (GetNode)"
+    )
+    for warning in done.warnings:
+        print_stderr(f"[yellow]warning:[/] the journal could not record it: {warning}")
+    if done.vanish.cause != "ttl":
+        # The lease lapsed before this exec (or someone deleted the node): the
+        # session's own times say which, better than the exec's phase can.
+        return done.error()
+    return E.NodeVanishedError(f"{gone.message} Its key and state are removed.", hint=gone.hint)
+
+
+def _report(outcome: RunOutcome, failure: E.TpuLabError | None, *, as_json: bool) -> None:
+    from tpulab.run.record import run_record
+
+    if as_json:
+        if outcome.workload is None:
+            if failure is not None:
+                raise failure
+            return
+        record = run_record(outcome)
+        if failure is not None:
+            record = record.model_copy(update={"error": error_report(failure)})
+        print_envelope(record, failure)
+        return
+    if outcome.workload is not None:
+        print_lines(exec_summary_lines(outcome))
+    if failure is not None:
+        raise failure
+
+
+def exec_summary_lines(outcome: RunOutcome) -> list[Line]:
+    """The end of an exec: where it ran, each phase's time (no create, bootstrap or
+    verifier: the session's node had them), what was uploaded, the command, what came back."""
+    from tpulab.run.report import _workload_lines as workload_lines
+
+    spec = outcome.spec
+    tag = " EMULATED" if spec.emulated else ""
+    receipt = outcome.gate_receipt_id or "not recorded"
+    phases = ", ".join(f"{phase} {took:.1f}s" for phase, took in outcome.phase_seconds.items())
+    where = f"{spec.node_name} ({spec.accelerator.name}) in {spec.zone.value}"
+    lines: list[Line] = [
+        [
+            ("Exec ", "bold"),
+            (spec.run_id, "bold cyan"),
+            (tag, "bold magenta"),
+            (f" on session {outcome.session}", "bold"),
+        ],
+        [("  node      ", "dim"), (where, "")],
+        [("  gate      ", "dim"), (f"receipt {receipt}, verified at `tpulab up`", "")],
+        [
+            ("  phases    ", "dim"),
+            (phases, ""),
+            ("  (no create, bootstrap or verifier: the session's node)", "dim"),
+        ],
+    ]
+    workload = outcome.workload
+    if workload is not None:
+        lines.append([("  upload    ", "dim"), (_upload_text(outcome), "")])
+    lines.extend(workload_lines(outcome))
+    ended = f"`tpulab down {outcome.session}` ends it"
+    lines.append([("  session   ", "dim"), ("still up", "bold green"), (f" ({ended})", "dim")])
+    return lines
+
+
+def _upload_text(outcome: RunOutcome) -> str:
+    workload = outcome.workload
+    assert workload is not None
+    upload = workload.upload
+    if upload is None:
+        return "nothing sent (the exec stopped before the sync)"
+    return f"{upload.describe()}; {upload.wire_bytes} bytes on the wire"

@@ -1,0 +1,221 @@
+"""`tpulab exec`: the run's Lifecycle attached to a session's kept node, never deleting it.
+
+    validate (the workload's selection and caps; nothing is sent)
+    -> connect (the session's key, the host key `up` pinned; the idle lease renewed at
+       once, then in the background while the command runs)
+    -> sync -> install -> workload -> fetch       (tpulab.run.workload, as for `run -- CMD`)
+    finally: stop renewing, close SSH -- on success, failure, Ctrl-C or SIGTERM alike.
+
+There is no create, bootstrap or verifier: the gate of DESIGN §3.9 (the command runs
+only on a node whose receipt verified) is the receipt `tpulab up` verified on this very
+node, whose id the session keeps and the exec's run.json records. There is no teardown
+either: the node belongs to the session, guarded by its watchdog (--ttl, --idle) until
+`tpulab down`. A node that disappears under an exec is named for what deleted it
+(`Attachment.vanished`, through tpulab.run.lease.vanished).
+
+The phases, observer, signals and run record are the Lifecycle's own (`attach=` is a
+mode of it, not a second runner), and `build_attached_plan` is that same Lifecycle over
+the recording seams of tpulab.run.recording: `tpulab exec --dry-run`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tpulab.errors import (
+    InterruptedRun,
+    NodeVanishedError,
+    RemoteError,
+    TpuLabError,
+    WorkloadFailedError,
+)
+from tpulab.run.lease import node_gone, vanished
+from tpulab.run.progress import Phase
+
+if TYPE_CHECKING:
+    from tpulab.config import RunSpec
+    from tpulab.remote import bootstrap as boot
+    from tpulab.remote.keys import RunKey, SshTarget
+    from tpulab.remote.watchdog import WatchdogConfig
+    from tpulab.run.lifecycle import Lifecycle, RunOutcome
+    from tpulab.run.recording import PlanStep
+    from tpulab.run.session import SessionState
+
+__all__ = ["Attachment", "build_attached_plan", "last_renewal_at", "run_attached"]
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """What an attached run needs of the session: where its node is and how to log in,
+    its watchdog (to renew the lease), the receipt that gated it, and its deadline."""
+
+    session: str
+    target: SshTarget
+    key: RunKey
+    watchdog: WatchdogConfig
+    receipt_id: str | None
+    deadline_at: float  # the watchdog's hard deadline (--ttl), wall clock
+    wall_clock: Callable[[], float] = time.time
+
+    @classmethod
+    def of(cls, state: SessionState, key: RunKey) -> Attachment:
+        from tpulab.remote.keys import HostKey, SshTarget
+
+        target = SshTarget(
+            state.ssh_host,
+            state.ssh_port,
+            state.ssh_user,
+            HostKey(state.host_key_type, state.host_key_b64),
+        )
+        return cls(
+            session=state.name,
+            target=target,
+            key=key,
+            watchdog=state.watchdog_config(),
+            receipt_id=state.receipt_id,
+            deadline_at=state.deadline_at,
+        )
+
+    def check_node(self, life: Lifecycle) -> None:
+        """Ask the API (GetNode) before connecting: a node its watchdog deleted since the
+        last command must not cost an SSH connect timeout to find out. RemoteError if it
+        is gone or DELETING (the lifecycle then names why: `vanished`)."""
+        state = node_gone(life.api, life.spec.zone.value, life.spec.node_name)
+        if state is not None:
+            raise RemoteError(f"GetNode says node {life.spec.node_name} is {state}")
+
+    def vanished(self, life: Lifecycle, error: TpuLabError) -> NodeVanishedError | None:
+        """The session's node gone (or DELETING) under the exec, named for what deleted
+        it; None when the node is still there (the error was something else)."""
+        phase = life._current
+        where = phase.label.lower() if phase is not None else "the exec"
+        deadline_passed = self.wall_clock() >= self.deadline_at
+        found = vanished(
+            life.api,
+            life.spec.zone.value,
+            life.spec.node_name,
+            phase=where,
+            error=error,
+            renewer=life.renewer,
+            deadline_passed=deadline_passed,
+        )
+        if found is None:
+            return None
+        during = "during your command" if phase in _COMMAND_PHASES else f"during {where}"
+        name = self.session
+        if deadline_passed:
+            cause = f"its --ttl deadline passed {during}"
+            hint = "Start a new session with a longer --ttl (at most 24h) with `tpulab up`."
+        elif life.renewer is not None and life.renewer.lapsed():
+            cause = f"its --idle lease lapsed {during} (no renewal reached it)"
+            hint = "A suspended laptop or a lost network lets the lease lapse; start a new session."
+        else:
+            cause = f"it was deleted by its watchdog or externally {during}"
+            hint = "Check who deleted it in the project's audit log; start a new session."
+        return NodeVanishedError(
+            f"Session {name}'s node {life.spec.node_name} deleted itself: {cause} "
+            f"({error.message}).",
+            hint=hint,
+        )
+
+
+_COMMAND_PHASES = (Phase.SYNC, Phase.INSTALL, Phase.WORKLOAD, Phase.FETCH)
+
+
+def run_attached(life: Lifecycle) -> RunOutcome:
+    """`Lifecycle.run()` of an attached lifecycle: the phases, then -- whatever happened
+    -- stop the renewer and close SSH. Never a DeleteNode: the node stays the session's.
+
+    Raises the first failure (KeyboardInterrupt as InterruptedRun, a failed command as
+    WorkloadFailedError); returns only when the command exited 0 and its artifacts came
+    back."""
+    assert life.attach is not None
+    primary: BaseException | None = None
+    try:
+        life._phases()
+    except BaseException as error:  # every exit path must close what it opened
+        primary = error
+    with life.shield(f"ending the exec on session {life.attach.session}"):
+        if life.renewer is not None:
+            # Stopped before the session closes, so it cannot race to reopen it.
+            life.renewer.stop()
+            life.outcome.lease_renewals = life.renewer.renewals
+            life.outcome.lease_failures = len(life.renewer.failures)
+        if life.session is not None:
+            session, life.session = life.session, None
+            with contextlib.suppress(Exception):
+                session.close()
+        outcome = life.outcome
+        outcome.error = primary
+        outcome.seconds = life.clock() - life._t0
+        with contextlib.suppress(Exception):
+            outcome.api_calls = life.api.call_count
+        # A record only once something was sent (bad input, refused in VALIDATE,
+        # creates nothing, not even a run.json).
+        if life.workload is not None and Phase.CONNECT.value in outcome.phase_seconds:
+            life._write_run_record()
+    if isinstance(primary, KeyboardInterrupt):
+        raise InterruptedRun("SIGINT") from None
+    if primary is not None:
+        raise primary
+    if not life.outcome.succeeded:
+        # Unreachable unless the phases and the outcome disagree: never exit 0 then.
+        raise WorkloadFailedError(
+            "The exec ended without your command succeeding and its artifacts fetched.",
+            exit_status=life.outcome.workload.exit_status if life.outcome.workload else None,
+        )
+    return life.outcome
+
+
+def last_renewal_at(life: Lifecycle) -> float | None:
+    """When (wall clock) the exec last renewed the session's lease; None if it never did."""
+    renewer = life.renewer
+    if renewer is None or renewer.last_renewed is None or life.attach is None:
+        return None
+    return life.attach.wall_clock() - (life.clock() - renewer.last_renewed)
+
+
+def build_attached_plan(
+    spec: RunSpec, attachment: Attachment, *, installer: boot.Installer = "uv"
+) -> list[PlanStep]:
+    """`tpulab exec --dry-run`: the steps of an exec, recorded from the attached Lifecycle
+    over the recording seams (no key is read, nothing is contacted or written)."""
+    from dataclasses import replace
+
+    from tpulab.contract import STARTUP_SCRIPT_METADATA
+    from tpulab.models import NodeRequest, tpulab_labels
+    from tpulab.remote.watchdog import startup_script
+    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.recording import PlaceholderKey, PlanEnds, PlanRecorder
+
+    recorder = PlanRecorder(spec)
+    # The session's node exists (READY, its watchdog armed by the startup-script `up`
+    # sent): the recording API answers for it as the real one would.
+    recorder.api.created = NodeRequest(
+        accelerator_type=spec.accelerator.name,
+        runtime_version=spec.accelerator.runtime_version,
+        labels=tpulab_labels(attachment.watchdog.run_id),
+        metadata={STARTUP_SCRIPT_METADATA: startup_script(attachment.watchdog)},
+    )
+    life = Lifecycle(
+        spec,
+        api=recorder.api,
+        connect=recorder.connect,
+        observer=recorder,
+        store=recorder.store,
+        installer=installer,
+        clock=recorder.clock,
+        sleep=recorder.sleep,
+        write_record=recorder.write_record,
+        renew_in_background=False,
+        attach=replace(attachment, key=PlaceholderKey(), wall_clock=lambda: 0.0),
+    )
+    try:
+        life.run()
+    except PlanEnds:
+        return recorder.steps
+    raise AssertionError("the dry run went past the point where evidence comes back")
