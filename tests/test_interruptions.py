@@ -31,7 +31,6 @@ instead of being counted under the wrong phase.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -481,21 +480,52 @@ def _table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def test_interruption_matrix(matrix: Matrix, capsys: pytest.CaptureFixture[str]) -> None:
+# The matrix's rows in three groups, each its own test so xdist spreads them (all 23
+# runs in one test took 90-220 s, the suite's long tail and close to its timeout; one
+# test per phase cost a served emulator and a `tpulab list` each, +20% CPU). Each group
+# runs its rows concurrently in one zone, beside a foreign node.
+PHASE_GROUPS = {
+    "before-ssh": ("create", "wait", "connect"),
+    "on-the-vm": ("bootstrap", "stage"),
+    "payload": ("execute", "collect"),
+}
+
+
+def _matrix_cells(group: str) -> list[Cell]:
+    """A group's rows: SIGINT, SIGTERM and SIGKILL (then `teardown --verify`) in each
+    of its phases; SIGHUP lands once, in "execute", and the uninterrupted control run
+    rides with the lightest group."""
+    cells = [
+        Cell(sig, phase)
+        for phase in PHASE_GROUPS[group]
+        for sig in ("SIGINT", "SIGTERM", "SIGKILL")
+    ]
+    if "execute" in PHASE_GROUPS[group]:
+        cells.append(Cell("SIGHUP", "execute"))
+    if group == "before-ssh":
+        cells.append(Cell("none", ""))
+    return cells
+
+
+def test_the_groups_cover_every_phase_once() -> None:
+    grouped = [phase for phases in PHASE_GROUPS.values() for phase in phases]
+    assert sorted(grouped) == sorted(PHASES)
+
+
+@pytest.mark.parametrize("group", list(PHASE_GROUPS))
+def test_interruption_matrix(
+    group: str, matrix: Matrix, capsys: pytest.CaptureFixture[str]
+) -> None:
     request = NodeRequest(accelerator_type="v5litepod-4", runtime_version="v2-alpha-tpuv5-lite")
     operation = matrix.api.create_node(ZONE, FOREIGN, request)
     matrix.api.wait_operation(operation, timeout=30)
-    cells = [Cell(sig, phase) for phase in PHASES for sig in ("SIGINT", "SIGTERM", "SIGKILL")]
-    cells += [Cell("SIGHUP", "execute"), Cell("none", "")]
-    # Slowest first, so the pool drains evenly; 2 CPUs share these with the SSH hosts.
+    cells = _matrix_cells(group)
     order = list(PHASES)
-    cells.sort(key=lambda c: -order.index(c.phase) if c.phase else -len(order))
-    workers = int(os.environ.get("TPULAB_MATRIX_WORKERS", "6"))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with ThreadPoolExecutor(max_workers=len(cells)) as pool:
         outcomes = list(pool.map(matrix.run, cells))
     outcomes.sort(key=lambda o: (o.cell.signal, order.index(o.cell.phase) if o.cell.phase else 9))
     with capsys.disabled():
-        print(_table(outcomes))
+        print(_table(outcomes).replace("(tpulab run", f"({group}; tpulab run"))
 
     listed = tpulab(
         "list", "--api-endpoint", matrix.emulator.url, "--project", PROJECT, "--zone", ZONE,
@@ -633,19 +663,19 @@ def test_ctrl_c_during_teardown_is_refused_and_a_quick_third_forces_quit(quick: 
     assert served.journal.open_runs() == []
 
 
+@pytest.mark.parametrize("group", list(PHASE_GROUPS))
 def test_sigkill_in_every_phase_leaves_nothing_even_without_teardown_verify(
-    matrix: Matrix, capsys: pytest.CaptureFixture[str]
+    group: str, matrix: Matrix, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from tpulab.cleanup.journal import VANISHED
 
-    cells = [Cell("SIGKILL", phase) for phase in PHASES]
+    cells = [Cell("SIGKILL", phase) for phase in PHASE_GROUPS[group]]
     order = list(PHASES)
-    workers = int(os.environ.get("TPULAB_MATRIX_WORKERS", "6"))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with ThreadPoolExecutor(max_workers=len(cells)) as pool:
         outcomes = list(pool.map(partial(matrix.run, extra=WATCHDOG_ARGS, sweep=False), cells))
     outcomes.sort(key=lambda o: order.index(o.cell.phase))
     with capsys.disabled():
-        print(_table(outcomes).replace("(tpulab run vs. served emulator)", "(no sweep)"))
+        print(_table(outcomes).replace("(tpulab run vs. served emulator)", f"(no sweep, {group})"))
     for o in outcomes:
         where = f"SIGKILL in {o.cell.phase}: {o.problems}"
         assert not o.problems, where
