@@ -349,3 +349,27 @@ def test_teardown_keeps_two_live_sessions_under_yes_and_deletes_both_when_includ
     assert emulator.node_names(PROJECT) == []
     assert store.names() == []
     assert journal.open_runs() == []
+
+
+def test_the_library_sweep_keeps_a_live_session_unless_told_to_include_it(
+    api: GoogleTpuApi, emulator: Emulator
+) -> None:
+    import tpulab
+
+    journal, store = Journal(), SessionStore()
+    node = killed_run(api, "sess-lib", journal=journal, phase="session")
+    _kept(store, _state("lib", "sess-lib", api_endpoint=api.api_endpoint, started=time.time()))
+    endpoint = api.api_endpoint
+
+    kept = tpulab.sweep(api_endpoint=endpoint, project=PROJECT, zones=[ZONE])
+    assert kept.kept_sessions == ["lib"]
+    assert emulator.node_names(PROJECT) == [node]
+    assert store.names() == ["lib"]
+
+    swept = tpulab.sweep(
+        api_endpoint=endpoint, project=PROJECT, zones=[ZONE], include_sessions=True
+    )
+    assert swept.kept_sessions == []
+    assert [found.name for found in swept.found] == [node]
+    assert emulator.node_names(PROJECT) == []
+    assert store.names() == []

@@ -175,6 +175,7 @@ def sweep(
     emulate: bool = False,
     api_endpoint: str | None = None,
     include_live: bool = False,
+    include_sessions: bool = False,
     dry_run: bool = False,
     timeout: float = 600.0,
     check: bool = True,
@@ -185,6 +186,8 @@ def sweep(
     journal's zones); never touches a node without tpulab's labels. Returns the report
     `--json` prints; raises TeardownError unless no tpulab node remains in scope (with
     `check=False` the report says so in `ok`, `error` and `manual_commands` instead).
+    A live session's node (`tpulab up`) is kept, as `--yes` without `--include-sessions`
+    keeps it; `include_sessions=True` deletes it too and removes its key and state.
     """
     from tpulab.cleanup.journal import Journal
     from tpulab.cleanup.report import teardown_envelope, teardown_error
@@ -207,7 +210,13 @@ def sweep(
     journal = Journal()
     result = None
     with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
-        plan = find_in_scope(api, scope, journal=journal, include_live=include_live)
+        plan = find_in_scope(
+            api,
+            scope,
+            journal=journal,
+            include_live=include_live,
+            include_sessions=include_sessions,
+        )
         if not dry_run:
             result = sweep_shielded(
                 api,
