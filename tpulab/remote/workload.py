@@ -74,10 +74,11 @@ else echo "TPULAB_STOP terminated"; fi
 
 # Is a command an earlier exec started still running? Its process group alive (a stale
 # pid file of a dead group is not), then what the launcher says it runs. Reads only.
+# `kill -s 0 --`, not `kill -0 --`: dash (Debian's and Ubuntu's sh) rejects the latter.
 _BUSY_SCRIPT = r"""
 pid=$(cat "$1" 2>/dev/null) || pid=
 case $pid in ''|*[!0-9]*) echo "TPULAB_BUSY none"; exit 0;; esac
-if kill -0 -- "-$pid" 2>/dev/null; then echo "TPULAB_BUSY $pid"; cat "$2" 2>/dev/null
+if kill -s 0 -- "-$pid" 2>/dev/null; then echo "TPULAB_BUSY $pid"; cat "$2" 2>/dev/null
 else echo "TPULAB_BUSY none"; fi
 """
 BUSY_MARKER = "TPULAB_BUSY "

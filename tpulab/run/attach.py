@@ -114,7 +114,8 @@ class Attachment:
         if busy.started_at is not None:
             started = datetime.fromtimestamp(busy.started_at, tz=timezone.utc)
             since = f", since {started:%Y-%m-%d %H:%M:%S} UTC"
-        stop = f"tpulab ssh {self.session} -- kill -TERM -- -{busy.pgid}"
+        # `-s TERM`: `kill -TERM -- -PGID` fails in dash, a login shell a VM may have.
+        stop = f"tpulab ssh {self.session} -- kill -s TERM -- -{busy.pgid}"
         raise RemoteError(
             f"Session {self.session} is busy: a command an earlier exec started still "
             f"runs on its node, process group {busy.pgid}{runs}{since}. Nothing was "
