@@ -88,7 +88,8 @@ def test_exec_is_refused_while_an_earlier_command_runs(served: Emulator, tmp_pat
     other = tmp_path / "other"
     refused = tpulab(
         "exec", "busy", "--workdir", str(work), "--out", str(tmp_path / "refused"), "--",
-        "python", "loop.py", str(other), timeout=300,
+        "python", "-c", "import sys; open(sys.argv[1], 'w').write('ran')", str(other),
+        timeout=300,
     )  # fmt: skip
     assert refused.returncode == EXIT_REMOTE, refused.stderr + refused.stdout
     said = " ".join(refused.stderr.split())
