@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import signal
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,3 +135,42 @@ def test_exec_is_refused_while_an_earlier_command_runs(served: Emulator, tmp_pat
     down = tpulab("down", "busy", timeout=120)
     assert down.returncode == EXIT_OK, down.stderr
     assert served.node_names(PROJECT) == []
+
+
+@pytest.mark.parametrize("shell", ["sh", "dash", "bash"])
+def test_the_busy_check_and_the_stop_read_a_real_process_group(tmp_path: Path, shell: str) -> None:
+    # The VM runs these scripts with its sh: dash on Debian and Ubuntu images, which
+    # rejects `kill -0 -- -PGID`. Run here, under each shell, against a real group.
+    from tpulab.remote import workload as wl
+
+    if shutil.which(shell) is None:
+        pytest.skip(f"no {shell} here")
+    pid_file, status = tmp_path / "command.pid", tmp_path / "status.json"
+
+    def run(argv: list[str]) -> str:
+        argv = [shell, *argv[1:]]
+        argv[argv.index(wl.PID_FILE)] = str(pid_file)
+        if wl.STATUS_PATH in argv:
+            argv[argv.index(wl.STATUS_PATH)] = str(status)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
+
+    assert wl.parse_busy_report(run(wl.busy_command())) is None  # no pid file: nothing ran
+    group = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    # Reaped as soon as it ends, as the launcher reaps its command (a zombie would
+    # still count as a member of the group).
+    reaper = threading.Thread(target=group.wait)
+    reaper.start()
+    try:
+        pid_file.write_text(f"{group.pid}\n")
+        status.write_text(json.dumps({"command": ["sleep", "60"], "pgid": group.pid}))
+        busy = wl.parse_busy_report(run(wl.busy_command()))
+        assert busy == wl.BusyCommand(group.pid, ["sleep", "60"], None)
+        assert run(wl.stop_command(grace=1)).strip() == "TPULAB_STOP terminated"
+        reaper.join(timeout=10)
+        assert group.returncode == -signal.SIGTERM
+    finally:
+        group.kill()
+        reaper.join()
+    # The pid file of a dead group stays behind: stale, not busy.
+    assert wl.parse_busy_report(run(wl.busy_command())) is None
+    assert run(wl.stop_command(grace=1)).strip() == "TPULAB_STOP already ended"

@@ -61,20 +61,23 @@ STOP_GRACE_SECONDS = 10.0
 LAUNCH_SLACK_SECONDS = STOP_GRACE_SECONDS + 30.0
 
 # Kill the command's process group from a second session: SIGTERM, up to `grace`
-# seconds for it to go, then SIGKILL. Says which happened.
+# seconds for it to go, then SIGKILL. Says which happened. `kill -s SIG --` because
+# dash (Debian's and Ubuntu's sh) rejects `kill -SIG -- -PGID` ("Illegal number").
 _STOP_SCRIPT = r"""
 pid_file=$1; grace=$2
 pid=$(cat "$pid_file" 2>/dev/null) || { echo "TPULAB_STOP not started"; exit 0; }
-if ! kill -TERM -- "-$pid" 2>/dev/null; then echo "TPULAB_STOP already ended"; exit 0; fi
+if ! kill -s TERM -- "-$pid" 2>/dev/null; then echo "TPULAB_STOP already ended"; exit 0; fi
 ticks=$((grace * 5))
-while [ "$ticks" -gt 0 ] && kill -0 -- "-$pid" 2>/dev/null; do sleep 0.2; ticks=$((ticks - 1)); done
-if kill -KILL -- "-$pid" 2>/dev/null; then echo "TPULAB_STOP killed"
+while [ "$ticks" -gt 0 ] && kill -s 0 -- "-$pid" 2>/dev/null; do
+  sleep 0.2; ticks=$((ticks - 1))
+done
+if kill -s KILL -- "-$pid" 2>/dev/null; then echo "TPULAB_STOP killed"
 else echo "TPULAB_STOP terminated"; fi
 """
 
 # Is a command an earlier exec started still running? Its process group alive (a stale
 # pid file of a dead group is not), then what the launcher says it runs. Reads only.
-# `kill -s 0 --`, not `kill -0 --`: dash (Debian's and Ubuntu's sh) rejects the latter.
+# `kill -s 0 --`, as in the stop script above.
 _BUSY_SCRIPT = r"""
 pid=$(cat "$1" 2>/dev/null) || pid=
 case $pid in ''|*[!0-9]*) echo "TPULAB_BUSY none"; exit 0;; esac
