@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["RunsListEnvelope", "runs_app"]
 
 runs_app = typer.Typer(
-    help="Records of your experiments (`tpulab run ... -- CMD`): <out>/run.json.",
+    help="Records of your experiments (`tpulab run ... -- CMD`, `tpulab exec`): <out>/run.json.",
     no_args_is_help=False,
 )
 
