@@ -136,6 +136,14 @@ def test_up_two_execs_ssh_down_costs(served: Emulator, tmp_path: Path) -> None:
     assert (tmp_path / "two" / "run" / "metrics.jsonl").is_file()
     assert creates_sent(served) == creates
     assert deletes(served) == []
+    # `tpulab runs` finds the execs' records as it finds a run's.
+    runs = tpulab("runs", "list", "--json", timeout=60)
+    assert runs.returncode == EXIT_OK, runs.stderr
+    listed = json.loads(runs.stdout)["runs"]
+    assert [(r["run_id"], r["command"], r["session"]) for r in listed] == [
+        (again["run_id"], "exec", "lesson"),
+        (record["run_id"], "exec", "lesson"),
+    ]
 
     shell = tpulab("ssh", "lesson", "--", "echo", "ok", timeout=60)
     assert shell.returncode == EXIT_OK, shell.stderr

@@ -1,6 +1,7 @@
 """`tpulab runs list|show` read back the run.json of `-- CMD` runs through the journal's
-pointer (journal schema 4), and a journal written by schema 1 is migrated in place (through
-2, the queued resource, and 3, the "forgotten" teardown, to 4)."""
+pointer (journal schema 5's `records`), and a journal written by schema 1 is migrated in
+place (through 2, the queued resource, 3, the "forgotten" teardown, and 4, the pointer in
+the row, to 5)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,38 @@ def test_a_schema_1_journal_is_migrated_in_place(tmp_path: Path) -> None:
     journal.set_run_record("old1", tmp_path / "out" / "run.json")
     assert journal.run_records() == [("old1", tmp_path / "out" / "run.json")]
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+
+
+# A schema-4 journal: the record's pointer in the run's own row.
+_V4_ROW = (
+    "INSERT INTO runs (run_id, project, zone, node_name, accelerator, target, emulated, "
+    "spot, started, updated, phase, ended, teardown, detail, run_record) VALUES ('r4', 'p', "
+    "'us-central1-a', 'tpulab-r4', 'v5litepod-4', 'google', 0, 0, "
+    "'2026-11-30T00:00:00+00:00', '2026-11-30T00:00:00+00:00', 'teardown', "
+    "'2026-11-30T00:10:00+00:00', 'confirmed', 'ok', '/lab/out/run.json')"
+)
+
+
+def test_a_schema_4_journals_record_pointers_move_to_records(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(_V1)
+        for statement in (
+            "ALTER TABLE runs ADD COLUMN queued_resource TEXT",
+            "ALTER TABLE runs ADD COLUMN run_record TEXT",
+            _V4_ROW,
+            "PRAGMA user_version = 4",
+        ):
+            conn.execute(statement)
+    journal = Journal(path)
+    assert journal.run_records() == [("r4", Path("/lab/out/run.json"))]
+    assert journal.run_record_of("r4") == Path("/lab/out/run.json")
+    assert journal.run_record_of("old1") is None
+    # An exec has no row of its own (it creates no node): its record is found all the same.
+    journal.set_run_record("r4-x", tmp_path / "x" / "run.json", session_run_id="r4")
+    assert journal.run_records()[0] == ("r4-x", tmp_path / "x" / "run.json")
+    assert journal.get("r4-x") is None
 
 
 @pytest.mark.slow

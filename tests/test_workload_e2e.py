@@ -259,8 +259,10 @@ def _interrupted_run(
             "long.py": f"""
             import os, time
             open(os.path.join(os.environ["TPULAB_RUN_DIR"], "progress.txt"), "w").write("1")
-            open({str(marker)!r}, "w").write("running")
+            # Printed before the marker that triggers the signal, so the line exists
+            # whenever the signal comes.
             print("running until stopped", flush=True)
+            open({str(marker)!r}, "w").write("running")
             time.sleep(300)
             """
         },

@@ -49,7 +49,7 @@ __all__ = [
     "target_for",
 ]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # The embedded emulator listens on a random port per process, so its rows are keyed by
 # TARGET_EMULATE (tpulab.errors, beside LeakedNode) rather than by a URL no later process
 # could reach.
@@ -83,10 +83,16 @@ CREATE TABLE runs (
     teardown    TEXT CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created', 'forgotten')),
     detail      TEXT NOT NULL DEFAULT '',
     queued_resource TEXT,
-    run_record  TEXT
+    run_record  TEXT  -- schema 4's pointer, moved to `records` by schema 5: unused
 );
 CREATE INDEX runs_by_teardown ON runs (teardown);
 CREATE INDEX runs_by_node ON runs (project, zone, node_name);
+CREATE TABLE records (
+    run_id      TEXT PRIMARY KEY,
+    path        TEXT NOT NULL,
+    session_run_id TEXT,
+    written     TEXT NOT NULL
+);
 """
 
 # Each step takes a journal of the version before it one version up (the key). Steps are
@@ -127,6 +133,20 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     # Schema 4 points a row at its run's record (<out>/run.json of a `-- CMD` run), which
     # is how `tpulab runs` finds them.
     3: ("ALTER TABLE runs ADD COLUMN run_record TEXT",),
+    # Schema 5 moves those pointers to a table of their own: a session's `tpulab exec`
+    # writes a record too, but it creates no node, so it has no row in `runs` (whose rows
+    # are what costs bills and teardown sweeps). The column stays, unused: dropping one
+    # needs SQLite 3.35, newer than some laptops' Python ships.
+    4: (
+        """CREATE TABLE records (
+    run_id      TEXT PRIMARY KEY,
+    path        TEXT NOT NULL,
+    session_run_id TEXT,
+    written     TEXT NOT NULL
+)""",
+        "INSERT INTO records (run_id, path, session_run_id, written) "
+        "SELECT run_id, run_record, NULL, started FROM runs WHERE run_record IS NOT NULL",
+    ),
 }
 
 # Queries are whole literals (no string building), so nothing user-supplied reaches SQL
@@ -375,13 +395,15 @@ class Journal:
             )
             self._require_one(cursor.rowcount, run_id)
 
-    def set_run_record(self, run_id: str, path: Path) -> None:
-        """Point the run's row at its record (<out>/run.json), for `tpulab runs`."""
+    def set_run_record(self, run_id: str, path: Path, *, session_run_id: str | None = None) -> None:
+        """Remember where a run's (or a session's exec's) record is, <out>/run.json, for
+        `tpulab runs`; an exec names the run id of the session it ran on."""
         with self._transaction(write=True) as conn:
-            cursor = conn.execute(
-                "UPDATE runs SET run_record = ? WHERE run_id = ?", (str(path), run_id)
+            conn.execute(
+                "INSERT OR REPLACE INTO records (run_id, path, session_run_id, written) "
+                "VALUES (?, ?, ?, ?)",
+                (run_id, str(path), session_run_id, _iso(self._now())),
             )
-            self._require_one(cursor.rowcount, run_id)
 
     # -- reading ---------------------------------------------------------------------
 
@@ -389,17 +411,14 @@ class Journal:
         """(run id, run.json path) of the runs that have a record, newest first."""
         with self._transaction() as conn:
             found = conn.execute(
-                "SELECT run_id, run_record FROM runs WHERE run_record IS NOT NULL "
-                "ORDER BY started DESC, rowid DESC LIMIT ?",
+                "SELECT run_id, path FROM records ORDER BY written DESC, rowid DESC LIMIT ?",
                 (limit,),
             ).fetchall()
         return [(str(run_id), Path(str(path))) for run_id, path in found]
 
     def run_record_of(self, run_id: str) -> Path | None:
         with self._transaction() as conn:
-            found = conn.execute(
-                "SELECT run_record FROM runs WHERE run_id = ?", (run_id,)
-            ).fetchone()
+            found = conn.execute("SELECT path FROM records WHERE run_id = ?", (run_id,)).fetchone()
         return None if found is None or found[0] is None else Path(str(found[0]))
 
     def get(self, run_id: str) -> RunRow | None:

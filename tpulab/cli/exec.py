@@ -20,6 +20,8 @@ from tpulab.cli._exit import EXIT_INTERRUPTED, error_report, print_envelope, rep
 from tpulab.cli.session import AFTER_DASHES
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from tpulab.cleanup.sessions import SessionFiles, SessionStore
     from tpulab.config import RunSpec, WorkloadFlags
     from tpulab.run.lifecycle import RunOutcome
@@ -288,7 +290,19 @@ def _run(
         renewed = last_renewal_at(life)
         if renewed is not None and store.exists(state.name):
             store.save(state.renewed(renewed))
+        if life.outcome.run_record is not None:
+            _remember_record(spec.run_id, life.outcome.run_record, state.run_id)
     _report(life.outcome, failure, as_json=as_json)
+
+
+def _remember_record(run_id: str, path: Path, session_run_id: str) -> None:
+    """Let `tpulab runs` find the exec's run.json, as it finds a run's."""
+    from tpulab.cleanup.journal import Journal
+
+    try:
+        Journal().set_run_record(run_id, path, session_run_id=session_run_id)
+    except E.JournalError as error:
+        print_stderr(f"[yellow]warning:[/] the journal could not point at run.json: {error}")
 
 
 def _conclude_gone(

@@ -1,6 +1,6 @@
-"""`tpulab runs [list|show ID]`: the records of `tpulab run ... -- CMD` runs.
+"""`tpulab runs [list|show ID]`: the records of `tpulab run ... -- CMD` and `tpulab exec`.
 
-The journal row of each such run points to its `<out>/run.json` (tpulab.run.record);
+The journal points to each one's `<out>/run.json` (tpulab.run.record);
 `list` reads them back newest first (a record that was moved or deleted is listed as
 such, not an error), `show` prints one, `--json` the record itself.
 """
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["RunsListEnvelope", "runs_app"]
 
 runs_app = typer.Typer(
-    help="Records of your experiments (`tpulab run ... -- CMD`): <out>/run.json.",
+    help="Records of your experiments (`tpulab run ... -- CMD`, `tpulab exec`): <out>/run.json.",
     no_args_is_help=False,
 )
 
@@ -110,6 +110,7 @@ def runs_list(
                     (f"{status:<11} ", style),
                     (" ".join(record.workload.command)[:60], ""),
                     (f"  {fetched if fetched is not None else 'no'} files back", "dim"),
+                    (f"  exec on session {record.session}" if record.session else "", "dim"),
                 ]
             )
         for run_id, why in unreadable.items():
