@@ -19,6 +19,8 @@ when the SSH session that started it is gone. So:
 - stdout and stderr are combined, copied to L and to our stdout as they come;
 - after T seconds the group gets SIGTERM, after G more SIGKILL (a timeout); SIGTERM,
   SIGINT or SIGHUP to this launcher do the same (a stop);
+- while the command runs S holds its argv, process group and start time (wall clock),
+  with "running": true, for tpulab's busy check before a later exec;
 - the result goes to S and, as one `TPULAB_WORKLOAD {json}` line, to stderr; the
   launcher exits with the command's status (128+N for a signal N).
 """
@@ -89,6 +91,16 @@ def _copy(source: int, log, sink) -> None:  # type: ignore[no-untyped-def]
                 sink_alive = False  # the SSH session is gone; keep logging
 
 
+def _write_status(path: str, status: dict[str, object]) -> str:
+    """Replace S whole (written aside, then renamed): a reader never sees half of it."""
+    text = json.dumps(status, sort_keys=True)
+    partial = path + ".partial"
+    with open(partial, "w") as status_file:
+        status_file.write(text + "\n")
+    os.replace(partial, path)
+    return text
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="workload_launcher")
     for name in ("--workspace", "--run-dir", "--log", "--pid-file", "--status", "--venv"):
@@ -150,6 +162,10 @@ def main(argv: list[str]) -> int:
             stopper.pgid = process.pid
             with open(args.pid_file, "w") as pid_file:
                 pid_file.write(f"{process.pid}\n")
+            # While it runs, S says what and since when: a later exec that finds the
+            # group alive (its busy check) names the command instead of starting another.
+            result.update(pgid=process.pid, started_at=round(time.time(), 3))
+            _write_status(args.status, dict(result, running=True))
             assert process.stdout is not None
             copier = threading.Thread(
                 target=_copy, args=(process.stdout.fileno(), log, sys.stdout.buffer), daemon=True
@@ -175,9 +191,7 @@ def main(argv: list[str]) -> int:
                 signal=-code if code < 0 else None,
             )
     result["seconds"] = round(time.monotonic() - started, 3)
-    text = json.dumps(result, sort_keys=True)
-    with open(args.status, "w") as status_file:
-        status_file.write(text + "\n")
+    text = _write_status(args.status, result)
     sys.stdout.flush()
     sys.stderr.write(MARKER + text + "\n")
     sys.stderr.flush()

@@ -11,7 +11,8 @@ line. Paths are relative to the login directory, like the bootstrap's.
     ~/jax-tpu-lab/run/out/           TPULAB_RUN_DIR: whatever is in it comes back
     ~/jax-tpu-lab/run/output.log     the command's combined output (comes back too)
     ~/jax-tpu-lab/run/command.pid    its process group, for a stop from another session
-    ~/jax-tpu-lab/run/status.json    what the launcher reported
+    ~/jax-tpu-lab/run/status.json    what the launcher reported (while it runs: its argv
+                                     and start time, for the busy check of a later exec)
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from tpulab.remote.bootstrap import LAB_DIR, VENV_DIR, VENV_PYTHON
 from tpulab.remote.payload import payload_env
 
 __all__ = [
+    "BUSY_MARKER",
+    "IDLE_REPORT",
     "LAUNCHER_NAME",
     "LOG_PATH",
     "RUN_DIR",
@@ -31,8 +34,11 @@ __all__ = [
     "STOP_GRACE_SECONDS",
     "WORKLOAD_MARKER",
     "WORKSPACE_DIR",
+    "BusyCommand",
     "LaunchReport",
+    "busy_command",
     "launch_command",
+    "parse_busy_report",
     "parse_launch_report",
     "stop_command",
     "workload_env",
@@ -55,16 +61,32 @@ STOP_GRACE_SECONDS = 10.0
 LAUNCH_SLACK_SECONDS = STOP_GRACE_SECONDS + 30.0
 
 # Kill the command's process group from a second session: SIGTERM, up to `grace`
-# seconds for it to go, then SIGKILL. Says which happened.
+# seconds for it to go, then SIGKILL. Says which happened. `kill -s SIG --` because
+# dash (Debian's and Ubuntu's sh) rejects `kill -SIG -- -PGID` ("Illegal number").
 _STOP_SCRIPT = r"""
 pid_file=$1; grace=$2
 pid=$(cat "$pid_file" 2>/dev/null) || { echo "TPULAB_STOP not started"; exit 0; }
-if ! kill -TERM -- "-$pid" 2>/dev/null; then echo "TPULAB_STOP already ended"; exit 0; fi
+if ! kill -s TERM -- "-$pid" 2>/dev/null; then echo "TPULAB_STOP already ended"; exit 0; fi
 ticks=$((grace * 5))
-while [ "$ticks" -gt 0 ] && kill -0 -- "-$pid" 2>/dev/null; do sleep 0.2; ticks=$((ticks - 1)); done
-if kill -KILL -- "-$pid" 2>/dev/null; then echo "TPULAB_STOP killed"
+while [ "$ticks" -gt 0 ] && kill -s 0 -- "-$pid" 2>/dev/null; do
+  sleep 0.2; ticks=$((ticks - 1))
+done
+if kill -s KILL -- "-$pid" 2>/dev/null; then echo "TPULAB_STOP killed"
 else echo "TPULAB_STOP terminated"; fi
 """
+
+# Is a command an earlier exec started still running? Its process group alive (a stale
+# pid file of a dead group is not), then what the launcher says it runs. Reads only.
+# `kill -s 0 --`, as in the stop script above.
+_BUSY_SCRIPT = r"""
+pid=$(cat "$1" 2>/dev/null) || pid=
+case $pid in ''|*[!0-9]*) echo "TPULAB_BUSY none"; exit 0;; esac
+if kill -s 0 -- "-$pid" 2>/dev/null; then echo "TPULAB_BUSY $pid"; cat "$2" 2>/dev/null
+else echo "TPULAB_BUSY none"; fi
+"""
+BUSY_MARKER = "TPULAB_BUSY "
+# What the check prints on a VM where nothing runs (a dry run's planned answer).
+IDLE_REPORT = BUSY_MARKER + "none\n"
 
 
 def workload_env(
@@ -110,6 +132,46 @@ def launch_command(command: Sequence[str], *, timeout: float) -> list[str]:
 def stop_command(grace: float = STOP_GRACE_SECONDS) -> list[str]:
     """argv that stops the running command (its whole process group)."""
     return ["sh", "-c", _STOP_SCRIPT, "sh", PID_FILE, str(max(1, round(grace)))]
+
+
+def busy_command() -> list[str]:
+    """argv that reports whether the last launched command's process group still runs."""
+    return ["sh", "-c", _BUSY_SCRIPT, "sh", PID_FILE, STATUS_PATH]
+
+
+@dataclass(frozen=True)
+class BusyCommand:
+    """A command still running on the VM: its process group, and -- when the launcher's
+    status file says so -- its argv and start time (wall clock on the VM)."""
+
+    pgid: int
+    command: list[str] | None
+    started_at: float | None
+
+
+def parse_busy_report(stdout: str) -> BusyCommand | None:
+    """None when nothing runs; ValueError when the output is not the check's."""
+    lines = stdout.splitlines()
+    at = next((i for i, line in enumerate(lines) if line.startswith(BUSY_MARKER)), None)
+    if at is None:
+        raise ValueError(f"no {BUSY_MARKER.strip()} line in {stdout[-200:]!r}")
+    said = lines[at][len(BUSY_MARKER) :].strip()
+    if said == "none":
+        return None
+    pgid = int(said)
+    try:
+        status = json.loads("\n".join(lines[at + 1 :]))
+    except ValueError:
+        status = None  # a launcher older than the status it writes at start
+    if not isinstance(status, dict) or status.get("pgid") != pgid:
+        return BusyCommand(pgid, None, None)  # the status is another command's (or none)
+    command = status.get("command")
+    started = status.get("started_at")
+    return BusyCommand(
+        pgid,
+        [str(arg) for arg in command] if isinstance(command, list) else None,
+        float(started) if isinstance(started, (int, float)) else None,
+    )
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """`tpulab exec`: the run's Lifecycle attached to a session's kept node, never deleting it.
 
     validate (the workload's selection and caps; nothing is sent)
-    -> connect (the session's key, the host key `up` pinned; the idle lease renewed at
-       once, then in the background while the command runs)
+    -> connect (the session's key, the host key `up` pinned; refused, with nothing
+       changed on the VM, while a command an earlier exec started still runs there;
+       the idle lease renewed at once, then in the background while the command runs)
     -> sync -> install -> workload -> fetch       (tpulab.run.workload, as for `run -- CMD`)
     finally: stop renewing, close SSH -- on success, failure, Ctrl-C or SIGTERM alike.
 
@@ -21,9 +22,11 @@ the recording seams of tpulab.run.recording: `tpulab exec --dry-run`.
 from __future__ import annotations
 
 import contextlib
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from tpulab.errors import (
@@ -88,6 +91,38 @@ class Attachment:
         if state is not None:
             raise RemoteError(f"GetNode says node {life.spec.node_name} is {state}")
 
+    def check_not_busy(self, session: boot.RemoteShell) -> None:
+        """Refuse, before the sync swaps the workspace and the launcher clears the run
+        dir, while a command an earlier exec started still runs on the node (an exec that
+        was SIGKILLed, or one in another terminal): a second command beside it would, on
+        a real TPU, not even open the chips the first one holds. RemoteError if busy."""
+        from tpulab.remote import workload as wl
+
+        result = session.run(wl.busy_command(), timeout=_BUSY_CHECK_TIMEOUT)
+        try:
+            busy = wl.parse_busy_report(result.stdout)
+        except ValueError as error:
+            raise RemoteError(
+                f"Cannot tell whether a command still runs on session {self.session}'s "
+                f"node ({error}; exit status {result.exit_status}).",
+                hint="Check the node with `tpulab ssh " + self.session + " -- true`.",
+            ) from None
+        if busy is None:
+            return
+        runs = f" ({shlex.join(busy.command)})" if busy.command else ""
+        since = ""
+        if busy.started_at is not None:
+            started = datetime.fromtimestamp(busy.started_at, tz=timezone.utc)
+            since = f", since {started:%Y-%m-%d %H:%M:%S} UTC"
+        # `-s TERM`: `kill -TERM -- -PGID` fails in dash, a login shell a VM may have.
+        stop = f"tpulab ssh {self.session} -- kill -s TERM -- -{busy.pgid}"
+        raise RemoteError(
+            f"Session {self.session} is busy: a command an earlier exec started still "
+            f"runs on its node, process group {busy.pgid}{runs}{since}. Nothing was "
+            "synced or started.",
+            hint=f"Wait for it to finish, or stop it with `{stop}`, then exec again.",
+        )
+
     def vanished(self, life: Lifecycle, error: TpuLabError) -> NodeVanishedError | None:
         """The session's node gone (or DELETING) under the exec, named for what deleted
         it; None when the node is still there (the error was something else)."""
@@ -124,6 +159,8 @@ class Attachment:
 
 
 _COMMAND_PHASES = (Phase.SYNC, Phase.INSTALL, Phase.WORKLOAD, Phase.FETCH)
+# The busy check reads two small files and signals nothing: seconds, even on a slow VM.
+_BUSY_CHECK_TIMEOUT = 30.0
 
 
 def run_attached(life: Lifecycle) -> RunOutcome:

@@ -777,6 +777,8 @@ class Lifecycle:
         self.session = self._connect(self.target, self.key)
         # Connections open lazily; opening here makes this phase own the waiting for sshd.
         self.session.open()
+        if self.attach is not None:
+            self.attach.check_not_busy(self.session)  # before the lease or anything changes
         where = f"{self.target.user}@{self.target.host}:{self.target.port}"
         if self.watchdog is None:
             return f"{where}; no watchdog (--no-watchdog)"

@@ -555,6 +555,8 @@ class RecordingSession:
                 + json.dumps(versions)
                 + "\n"
             )
+        if argv == wl.busy_command():  # an exec's check: a kept node where nothing runs
+            return _Reply(wl.IDLE_REPORT)
         if argv[:2] == [boot.VENV_PYTHON, wl.STAGED_LAUNCHER]:
             report = {"exit_status": 0, "started": True, "timed_out": False, "stopped": None}
             return _Reply(stderr=wl.WORKLOAD_MARKER + json.dumps(report) + "\n")
