@@ -5,7 +5,9 @@ node is a real SSH server; nothing is mocked."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
 import signal
@@ -16,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import tpulab
+from helpers import require_tool, tpulab
 from test_exec import EXIT_OK, EXIT_REMOTE, PROJECT, _exec_in_background, _wait_for, deletes, up
 
 from tpulab.emulator import Emulator
@@ -143,8 +145,7 @@ def test_the_busy_check_and_the_stop_read_a_real_process_group(tmp_path: Path, s
     # rejects `kill -0 -- -PGID`. Run here, under each shell, against a real group.
     from tpulab.remote import workload as wl
 
-    if shutil.which(shell) is None:
-        pytest.skip(f"no {shell} here")
+    require_tool(shutil.which(shell) is not None, shell)
     pid_file, status = tmp_path / "command.pid", tmp_path / "status.json"
 
     def run(argv: list[str]) -> str:
@@ -174,3 +175,54 @@ def test_the_busy_check_and_the_stop_read_a_real_process_group(tmp_path: Path, s
     # The pid file of a dead group stays behind: stale, not busy.
     assert wl.parse_busy_report(run(wl.busy_command())) is None
     assert run(wl.stop_command(grace=1)).strip() == "TPULAB_STOP already ended"
+
+
+def test_a_stop_returns_once_the_launcher_has_logged_the_last_output(tmp_path: Path) -> None:
+    # The real launcher, here, with a command whose grandchild leaves the group but keeps
+    # the output pipe: after the group dies the launcher waits for that pipe (5 s), then
+    # logs and writes its final status. A stop must not return before that, or the fetch
+    # that follows it could miss the log's last lines.
+    import sys
+
+    from tpulab import paths
+    from tpulab.remote import workload as wl
+
+    run = tmp_path / "run"
+    files = {
+        "log": run / "output.log", "pid": run / "command.pid", "status": run / "status.json",
+    }  # fmt: skip
+    work = tmp_path / "work"
+    work.mkdir()
+    holder = tmp_path / "holder.pid"
+    script = f"setsid sleep 30 & echo $! > {holder}; echo before the stop; sleep 60"
+    launcher = subprocess.Popen(
+        [
+            sys.executable, str(paths.payload_path(wl.LAUNCHER_NAME)),
+            "--workspace", str(work), "--run-dir", str(run / "out"), "--log", str(files["log"]),
+            "--pid-file", str(files["pid"]), "--status", str(files["status"]),
+            "--venv", str(tmp_path / "venv"), "--timeout", "120", "--grace", "2",
+            "--", "sh", "-c", script,
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while "before the stop" not in (files["log"].read_text() if files["log"].exists() else ""):
+            assert time.monotonic() < deadline, "the command never printed"
+            time.sleep(0.1)
+        argv = wl.stop_command(grace=2)
+        argv[argv.index(wl.PID_FILE)] = str(files["pid"])
+        argv[argv.index(wl.STATUS_PATH)] = str(files["status"])
+        said = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+        assert said.stdout.strip() == "TPULAB_STOP terminated"
+        # Returned only once the launcher was done: its final status, not "running".
+        final = json.loads(files["status"].read_text())
+        assert "running" not in final, final
+        assert final["signal"] == signal.SIGTERM
+        launcher.wait(timeout=30)
+    finally:
+        launcher.kill()
+        launcher.communicate()
+        if holder.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(holder.read_text()), signal.SIGKILL)

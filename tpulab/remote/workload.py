@@ -28,6 +28,7 @@ __all__ = [
     "BUSY_MARKER",
     "IDLE_REPORT",
     "LAUNCHER_NAME",
+    "LAUNCHER_SETTLE_SECONDS",
     "LOG_PATH",
     "RUN_DIR",
     "STAGED_LAUNCHER",
@@ -63,17 +64,31 @@ LAUNCH_SLACK_SECONDS = STOP_GRACE_SECONDS + 30.0
 # Kill the command's process group from a second session: SIGTERM, up to `grace`
 # seconds for it to go, then SIGKILL. Says which happened. `kill -s SIG --` because
 # dash (Debian's and Ubuntu's sh) rejects `kill -SIG -- -PGID` ("Illegal number").
+# Then up to `settle` seconds for the launcher to finish: it copies the last of the
+# command's output into the log and only then replaces its "running" status, so the
+# fetch that follows a stop gets the whole log (without this wait, a loaded VM could
+# be fetched from before the launcher had written the last lines).
 _STOP_SCRIPT = r"""
-pid_file=$1; grace=$2
+pid_file=$1; grace=$2; status=$3; settle=$4
 pid=$(cat "$pid_file" 2>/dev/null) || { echo "TPULAB_STOP not started"; exit 0; }
-if ! kill -s TERM -- "-$pid" 2>/dev/null; then echo "TPULAB_STOP already ended"; exit 0; fi
-ticks=$((grace * 5))
-while [ "$ticks" -gt 0 ] && kill -s 0 -- "-$pid" 2>/dev/null; do
+if kill -s TERM -- "-$pid" 2>/dev/null; then
+  ticks=$((grace * 5))
+  while [ "$ticks" -gt 0 ] && kill -s 0 -- "-$pid" 2>/dev/null; do
+    sleep 0.2; ticks=$((ticks - 1))
+  done
+  if kill -s KILL -- "-$pid" 2>/dev/null; then said=killed; else said=terminated; fi
+else
+  said="already ended"
+fi
+ticks=$((settle * 5))
+while [ "$ticks" -gt 0 ] && grep -q '"running": true' "$status" 2>/dev/null; do
   sleep 0.2; ticks=$((ticks - 1))
 done
-if kill -s KILL -- "-$pid" 2>/dev/null; then echo "TPULAB_STOP killed"
-else echo "TPULAB_STOP terminated"; fi
+echo "TPULAB_STOP $said"
 """
+# The launcher waits 5 s for a grandchild that holds the output pipe, then writes its
+# status: this is how long a stop waits for that.
+LAUNCHER_SETTLE_SECONDS = 10
 
 # Is a command an earlier exec started still running? Its process group alive (a stale
 # pid file of a dead group is not), then what the launcher says it runs. Reads only.
@@ -131,7 +146,10 @@ def launch_command(command: Sequence[str], *, timeout: float) -> list[str]:
 
 def stop_command(grace: float = STOP_GRACE_SECONDS) -> list[str]:
     """argv that stops the running command (its whole process group)."""
-    return ["sh", "-c", _STOP_SCRIPT, "sh", PID_FILE, str(max(1, round(grace)))]
+    return [
+        "sh", "-c", _STOP_SCRIPT, "sh", PID_FILE, str(max(1, round(grace))),
+        STATUS_PATH, str(LAUNCHER_SETTLE_SECONDS),
+    ]  # fmt: skip
 
 
 def busy_command() -> list[str]:

@@ -40,7 +40,7 @@ __all__ = ["WorkloadOutcome", "WorkloadRunner"]
 
 # After a Ctrl-C the fetch is a courtesy before the teardown: bounded, not the full cap.
 INTERRUPTED_FETCH_SECONDS = 120.0
-_STOP_TIMEOUT = wl.STOP_GRACE_SECONDS + 20.0
+_STOP_TIMEOUT = wl.STOP_GRACE_SECONDS + wl.LAUNCHER_SETTLE_SECONDS + 20.0
 _OUTPUT_TAIL_LINES = 40
 
 
