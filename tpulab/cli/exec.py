@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 
 from tpulab import errors as E
+from tpulab.cli import _workload_options as wo
 from tpulab.cli._console import console, print_lines, print_stderr
 from tpulab.cli._exit import EXIT_INTERRUPTED, error_report, print_envelope, report_error
 from tpulab.cli.session import AFTER_DASHES
@@ -36,70 +37,17 @@ def exec_command(
         str | None,
         typer.Argument(metavar="S", help="The session (omit if only one is up)."),
     ] = None,
-    workdir: Annotated[
-        str | None,
-        typer.Option(
-            "--workdir",
-            help="The workspace sent to the VM, and where \\[tool.tpulab] is read "
-            "(default: the current directory).",
-        ),
-    ] = None,
-    with_packages: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--with", metavar="PKG", help="Install PKG into the VM's venv first (repeatable)."
-        ),
-    ] = None,
-    requirements: Annotated[
-        str | None,
-        typer.Option("--requirements", metavar="FILE", help="Install FILE's requirements first."),
-    ] = None,
-    fetch: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--fetch",
-            metavar="PATH",
-            help="Bring PATH (workspace-relative, globs) back after the command (repeatable).",
-        ),
-    ] = None,
-    out: Annotated[
-        str | None,
-        typer.Option(
-            "--out", metavar="DIR", help="Where artifacts land (default ./tpulab-runs/<exec id>/)."
-        ),
-    ] = None,
-    env: Annotated[
-        list[str] | None,
-        typer.Option("--env", metavar="K=V", help="Set K=V for your command (repeatable)."),
-    ] = None,
-    timeout: Annotated[
-        float | None,
-        typer.Option(
-            "--timeout", help="Seconds your command may run before it is killed (default 3600)."
-        ),
-    ] = None,
-    max_upload: Annotated[
-        str | None,
-        typer.Option(
-            "--max-upload", metavar="SIZE", help="Refuse a bigger workspace (default 256M)."
-        ),
-    ] = None,
-    max_fetch: Annotated[
-        str | None,
-        typer.Option("--max-fetch", metavar="SIZE", help="Cap on what comes back (default 1G)."),
-    ] = None,
-    allow_secret: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--allow-secret",
-            metavar="PATH",
-            help="Upload PATH although it looks like a secret (repeatable).",
-        ),
-    ] = None,
-    quiet: Annotated[
-        bool,
-        typer.Option("-q", "--quiet", help="Only log your command's output; do not stream it."),
-    ] = False,
+    workdir: wo.Workdir = None,
+    with_packages: wo.WithPackages = None,
+    requirements: wo.Requirements = None,
+    fetch: wo.Fetch = None,
+    out: wo.Out = None,
+    env: wo.Env = None,
+    timeout: wo.Timeout = None,
+    max_upload: wo.MaxUpload = None,
+    max_fetch: wo.MaxFetch = None,
+    allow_secret: wo.AllowSecret = None,
+    quiet: wo.Quiet = False,
     installer: Annotated[
         str, typer.Option("--installer", help="Installer for --with: uv (default) or pip.")
     ] = "uv",

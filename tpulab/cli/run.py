@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 
 from tpulab import errors as E
+from tpulab.cli import _workload_options as wo
 from tpulab.cli._console import console, print_lines, print_stderr
 from tpulab.cli._exit import (
     EXIT_TEARDOWN,
@@ -327,14 +328,7 @@ def run_command(
     verbose: Annotated[
         bool, typer.Option("-v", "--verbose", help="Show remote output live.")
     ] = False,
-    timeout: Annotated[
-        float | None,
-        typer.Option(
-            "--timeout",
-            help="Seconds your command (after --) may run before it is killed remotely "
-            "(default 3600).",
-        ),
-    ] = None,
+    timeout: wo.Timeout = None,
     payload_timeout: Annotated[
         float,
         typer.Option("--payload-timeout", help="Seconds the verifier may run before it is killed."),
@@ -385,66 +379,16 @@ def run_command(
         str | None,
         typer.Option("--jax-version", help="Pin jax on the VM (default: the newest)."),
     ] = None,
-    workdir: Annotated[
-        str | None,
-        typer.Option(
-            "--workdir",
-            help="The workspace sent to the VM for your command, and where \\[tool.tpulab] "
-            "is read (default: the current directory).",
-        ),
-    ] = None,
-    with_packages: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--with", metavar="PKG", help="Install PKG into the VM's venv after jax (repeatable)."
-        ),
-    ] = None,
-    requirements: Annotated[
-        str | None,
-        typer.Option(
-            "--requirements", metavar="FILE", help="Install FILE's requirements after jax."
-        ),
-    ] = None,
-    fetch: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--fetch",
-            metavar="PATH",
-            help="Bring PATH (workspace-relative, globs) back after the command (repeatable).",
-        ),
-    ] = None,
-    out: Annotated[
-        str | None,
-        typer.Option(
-            "--out", metavar="DIR", help="Where artifacts land (default ./tpulab-runs/<run id>/)."
-        ),
-    ] = None,
-    env: Annotated[
-        list[str] | None,
-        typer.Option("--env", metavar="K=V", help="Set K=V for your command (repeatable)."),
-    ] = None,
-    max_upload: Annotated[
-        str | None,
-        typer.Option(
-            "--max-upload", metavar="SIZE", help="Refuse a bigger workspace (default 256M)."
-        ),
-    ] = None,
-    max_fetch: Annotated[
-        str | None,
-        typer.Option("--max-fetch", metavar="SIZE", help="Cap on what comes back (default 1G)."),
-    ] = None,
-    allow_secret: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--allow-secret",
-            metavar="PATH",
-            help="Upload PATH although it looks like a secret (repeatable).",
-        ),
-    ] = None,
-    quiet: Annotated[
-        bool,
-        typer.Option("-q", "--quiet", help="Only log your command's output; do not stream it."),
-    ] = False,
+    workdir: wo.Workdir = None,
+    with_packages: wo.WithPackages = None,
+    requirements: wo.Requirements = None,
+    fetch: wo.Fetch = None,
+    out: wo.Out = None,
+    env: wo.Env = None,
+    max_upload: wo.MaxUpload = None,
+    max_fetch: wo.MaxFetch = None,
+    allow_secret: wo.AllowSecret = None,
+    quiet: wo.Quiet = False,
     lease: Annotated[
         str | None,
         typer.Option(
