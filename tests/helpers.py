@@ -8,15 +8,18 @@ imports by name lives here, once:
 - `tpulab`: the CLI as a user runs it, a real `python -m tpulab` subprocess;
 - `invoke`: the same CLI in this process (typer's runner), when no subprocess is needed;
 - `create_ready_node`, `killed_run`: what the cloud and the journal hold after a run
-  was killed with SIGKILL, for the sweep and `teardown --verify` to find.
+  was killed with SIGKILL, for the sweep and `teardown --verify` to find;
+- `served_emulator`: the emulator as `tpulab emulator serve` runs it for a session's
+  tests (embedded SSH hosts on the preloaded image), closed with its hosts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -28,6 +31,8 @@ from tpulab.models import NodeRequest, tpulab_labels
 
 if TYPE_CHECKING:  # the Google client is heavy; tests that need it import it themselves
     from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.emulator import Emulator
+    from tpulab.emulator.timing import Timing
 
 __all__ = [
     "IN_CI",
@@ -36,6 +41,7 @@ __all__ = [
     "invoke",
     "killed_run",
     "require_tool",
+    "served_emulator",
     "tpulab",
 ]
 
@@ -170,3 +176,23 @@ def snapshot(root: Path) -> dict[str, bytes]:
         for path in sorted(root.rglob("*"))
         if path.is_file()
     }
+
+
+@contextlib.contextmanager
+def served_emulator(state: Path, timing: Timing | None = None) -> Iterator[Emulator]:
+    """An emulator whose nodes are embedded SSH hosts on the preloaded image (the CLI
+    reaches it by its URL, as it reaches `tpulab emulator serve`); `timing` defaults to
+    0.3 s creates and deletes."""
+    from tpulab.emulator import Emulator
+    from tpulab.emulator.hostenv import preloaded_image_env
+    from tpulab.emulator.sshhost import EmbeddedHostBackend
+    from tpulab.emulator.timing import Timing
+
+    backend = EmbeddedHostBackend(state, image=preloaded_image_env())
+    try:
+        # Quick creates and deletes: the session tests wait on the CLI, not the emulator.
+        chosen = timing if timing is not None else Timing(create_seconds=0.3, delete_seconds=0.3)
+        with Emulator(state, host_backend=backend, timing=chosen) as emulator:
+            yield emulator
+    finally:
+        backend.close()

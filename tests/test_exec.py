@@ -16,13 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import tpulab
+from helpers import served_emulator, tpulab
 
 from tpulab.cleanup.journal import Journal
 from tpulab.emulator import Emulator
-from tpulab.emulator.hostenv import preloaded_image_env
-from tpulab.emulator.sshhost import EmbeddedHostBackend
-from tpulab.emulator.timing import Timing
 
 pytestmark = pytest.mark.slow
 
@@ -39,15 +36,8 @@ TRAIN = ("python", "train.py", "--run-dir", "$TPULAB_RUN_DIR", "--steps", "5")
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Emulator]:
-    state = tmp_path / "emulator"
-    backend = EmbeddedHostBackend(state, image=preloaded_image_env())
-    try:
-        with Emulator(
-            state, host_backend=backend, timing=Timing(create_seconds=0.3, delete_seconds=0.3)
-        ) as emulator:
-            yield emulator
-    finally:
-        backend.close()
+    with served_emulator(tmp_path / "emulator") as emulator:
+        yield emulator
 
 
 def up(emulator: Emulator, name: str, *extra: str) -> dict[str, object]:

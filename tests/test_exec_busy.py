@@ -18,13 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import require_tool, tpulab
+from helpers import require_tool, served_emulator, tpulab
 from test_exec import EXIT_OK, EXIT_REMOTE, PROJECT, _exec_in_background, _wait_for, deletes, up
 
 from tpulab.emulator import Emulator
-from tpulab.emulator.hostenv import preloaded_image_env
-from tpulab.emulator.sshhost import EmbeddedHostBackend
-from tpulab.emulator.timing import Timing
 
 pytestmark = pytest.mark.slow
 
@@ -42,15 +39,8 @@ for tick in range(3000):
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Emulator]:
-    state = tmp_path / "emulator"
-    backend = EmbeddedHostBackend(state, image=preloaded_image_env())
-    try:
-        with Emulator(
-            state, host_backend=backend, timing=Timing(create_seconds=0.3, delete_seconds=0.3)
-        ) as emulator:
-            yield emulator
-    finally:
-        backend.close()
+    with served_emulator(tmp_path / "emulator") as emulator:
+        yield emulator
 
 
 def _advances(marker: Path, seconds: float = 30) -> str:

@@ -16,14 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import tpulab
+from helpers import served_emulator, tpulab
 
 from tpulab.cleanup.journal import Journal
 from tpulab.cleanup.report import UpEnvelope
 from tpulab.emulator import Emulator
-from tpulab.emulator.hostenv import preloaded_image_env
-from tpulab.emulator.sshhost import EmbeddedHostBackend
-from tpulab.emulator.timing import Timing
 
 pytestmark = pytest.mark.slow
 
@@ -36,15 +33,8 @@ EXIT_REMOTE = 4
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Emulator]:
-    state = tmp_path / "emulator"
-    backend = EmbeddedHostBackend(state, image=preloaded_image_env())
-    try:
-        with Emulator(
-            state, host_backend=backend, timing=Timing(create_seconds=0.3, delete_seconds=0.3)
-        ) as emulator:
-            yield emulator
-    finally:
-        backend.close()
+    with served_emulator(tmp_path / "emulator") as emulator:
+        yield emulator
 
 
 def _up(emulator: Emulator, *extra: str) -> list[str]:

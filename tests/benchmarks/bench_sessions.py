@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import served_emulator
 
 from tpulab.emulator import Emulator
-from tpulab.emulator.hostenv import preloaded_image_env
-from tpulab.emulator.sshhost import EmbeddedHostBackend
+from tpulab.emulator.timing import Timing
 
 ROUNDS = 5
 PROJECT = "bench-proj"
@@ -37,13 +37,9 @@ TRAIN = ("python", "train.py", "--run-dir", "$TPULAB_RUN_DIR", "--steps", "5")
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Emulator]:
-    state = tmp_path / "emulator"
-    backend = EmbeddedHostBackend(state, image=preloaded_image_env())
-    try:
-        with Emulator(state, host_backend=backend) as emulator:
-            yield emulator
-    finally:
-        backend.close()
+    # The emulator's default timing (a 3 s create): the create a session saves is counted.
+    with served_emulator(tmp_path / "emulator", timing=Timing()) as emulator:
+        yield emulator
 
 
 def _timed(*args: str) -> float:
