@@ -177,15 +177,7 @@ def run_attached(life: Lifecycle) -> RunOutcome:
     except BaseException as error:  # every exit path must close what it opened
         primary = error
     with life.shield(f"ending the exec on session {life.attach.session}"):
-        if life.renewer is not None:
-            # Stopped before the session closes, so it cannot race to reopen it.
-            life.renewer.stop()
-            life.outcome.lease_renewals = life.renewer.renewals
-            life.outcome.lease_failures = len(life.renewer.failures)
-        if life.session is not None:
-            session, life.session = life.session, None
-            with contextlib.suppress(Exception):
-                session.close()
+        life._release()
         outcome = life.outcome
         outcome.error = primary
         outcome.seconds = life.clock() - life._t0

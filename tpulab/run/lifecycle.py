@@ -402,6 +402,17 @@ class Lifecycle:
         and hard deadline guard it) and close SSH. The journal row stays open: the node
         is still billing until `tpulab down` confirms it gone."""
         self.outcome.kept = True
+        self._release()
+        self.outcome.seconds = self.clock() - self._t0
+        with contextlib.suppress(Exception):
+            self.outcome.api_calls = self.api.call_count
+        return self.outcome
+
+    def _release(self) -> None:
+        """Stop renewing the lease, then close SSH: the first thing every end of a run
+        does (teardown, `up`'s hand-over, the end of an exec). The renewer stops first,
+        so it cannot race to reopen the session; a dead connection must not delay what
+        follows (the delete), so closing never raises."""
         if self.renewer is not None:
             self.renewer.stop()
             self.outcome.lease_renewals = self.renewer.renewals
@@ -410,10 +421,6 @@ class Lifecycle:
             session, self.session = self.session, None
             with contextlib.suppress(Exception):
                 session.close()
-        self.outcome.seconds = self.clock() - self._t0
-        with contextlib.suppress(Exception):
-            self.outcome.api_calls = self.api.call_count
-        return self.outcome
 
     def _phases(self) -> None:
         try:
@@ -966,15 +973,7 @@ class Lifecycle:
         zone, name = self.spec.zone.value, self.spec.node_name
         manual = self.spec.leaked_node().what_to_do()
         with self.shield(f"deleting node {name} in {zone}", manual=manual):
-            if self.renewer is not None:
-                # Stopped before the session closes, so it cannot race to reopen it.
-                self.renewer.stop()
-                self.outcome.lease_renewals = self.renewer.renewals
-                self.outcome.lease_failures = len(self.renewer.failures)
-            if self.session is not None:
-                session, self.session = self.session, None
-                with contextlib.suppress(Exception):
-                    session.close()  # a dead connection must not delay the delete
+            self._release()
             if not self.outcome.create_sent:
                 self.outcome.teardown_status = "not-created"
                 return None
