@@ -143,17 +143,16 @@ class Attachment:
         during = "during your command" if phase in _COMMAND_PHASES else f"during {where}"
         name = self.session
         if deadline_passed:
-            cause = f"its --ttl deadline passed {during}"
+            cause = f"deleted itself: its --ttl deadline passed {during}"
             hint = "Start a new session with a longer --ttl (at most 24h) with `tpulab up`."
         elif life.renewer is not None and life.renewer.lapsed():
-            cause = f"its --idle lease lapsed {during} (no renewal reached it)"
+            cause = f"deleted itself: its --idle lease lapsed {during} (no renewal reached it)"
             hint = "A suspended laptop or a lost network lets the lease lapse; start a new session."
         else:
-            cause = f"it was deleted by its watchdog or externally {during}"
+            cause = f"is gone: deleted by its watchdog or externally {during}"
             hint = "Check who deleted it in the project's audit log; start a new session."
         return NodeVanishedError(
-            f"Session {name}'s node {life.spec.node_name} deleted itself: {cause} "
-            f"({error.message}).",
+            f"Session {name}'s node {life.spec.node_name} {cause} ({error.message}).",
             hint=hint,
         )
 
