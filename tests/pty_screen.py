@@ -5,13 +5,16 @@ terminal is a new pty, so bytes the test writes are keystrokes: b"\\x03" is a re
 (the line discipline sends SIGINT to the foreground group and echoes "^C", as a user's
 terminal does). `Screen` applies what rich's live display sends -- carriage return,
 newline, erase line, cursor up, hide/show cursor, colours -- so a test asserts on the
-lines a user would see, not on the raw byte stream.
+lines a user would see, not on the raw byte stream. `answer_prompts(args, answers)` is
+the simpler case: the CLI on a pty as stdin/stdout/stderr, its [y/N] prompts answered in
+order.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import pty
 import re
 import select
 import struct
@@ -22,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["PtyRun", "Screen", "spawn"]
+__all__ = ["PtyRun", "Screen", "answer_prompts", "spawn"]
 
 _ESCAPE = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])")
 
@@ -168,3 +171,38 @@ def spawn(args: list[str], env: Mapping[str, str] | None = None, columns: int = 
     )
     os.close(terminal)
     return PtyRun(process, controller)
+
+
+def answer_prompts(args: list[str], answers: list[str]) -> tuple[int, str]:
+    """Run `python -m tpulab ARGS` on a pseudo-terminal, answer its [y/N] prompts in
+    order, and return (exit status, everything it wrote)."""
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tpulab", *args],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        env={**os.environ, "COLUMNS": "200"},
+        close_fds=True,
+    )
+    os.close(terminal)
+    seen = b""
+    pending = list(answers)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([controller], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(controller, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+            if pending and seen.count(b"[y/N]") > len(answers) - len(pending):
+                os.write(controller, pending.pop(0).encode() + b"\r")
+        elif process.poll() is not None:
+            break
+    status = process.wait(timeout=30)
+    os.close(controller)
+    return status, seen.decode(errors="replace")

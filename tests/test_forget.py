@@ -9,17 +9,12 @@ The CLI runs as a user runs it (a subprocess); the endpoint is a real emulator, 
 
 from __future__ import annotations
 
-import os
-import pty
-import select
 import sqlite3
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from helpers import killed_run, tpulab
+from pty_screen import answer_prompts
 
 from tpulab.cleanup.journal import SCHEMA_VERSION, Journal, RunRow
 
@@ -146,48 +141,12 @@ def test_forget_without_a_terminal_or_yes_changes_nothing(
     assert row.needs_teardown
 
 
-def _on_a_terminal(args: list[str], answer: str) -> tuple[int, str]:
-    """Run the CLI with a pseudo-terminal as stdin/stdout, answer its prompt, return
-    (exit status, everything it wrote)."""
-    controller, terminal = pty.openpty()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tpulab", *args],
-        stdin=terminal,
-        stdout=terminal,
-        stderr=terminal,
-        env={**os.environ, "COLUMNS": "200"},
-        close_fds=True,
-    )
-    os.close(terminal)
-    seen = b""
-    answered = False
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([controller], [], [], 0.2)
-        if ready:
-            try:
-                chunk = os.read(controller, 4096)
-            except OSError:  # the child closed the terminal
-                break
-            if not chunk:
-                break
-            seen += chunk
-            if not answered and b"[y/N]" in seen:
-                os.write(controller, answer.encode() + b"\r")
-                answered = True
-        elif process.poll() is not None:
-            break
-    status = process.wait(timeout=30)
-    os.close(controller)
-    return status, seen.decode(errors="replace")
-
-
 def test_forget_asks_on_a_terminal_and_honours_the_answer(
     start_emulator: EmulatorStarter, tmp_path: Path
 ) -> None:
     url = gone_endpoint(start_emulator, tmp_path, "tty-1")
     args = ["teardown", "--forget", "--api-endpoint", url, "--project", PROJECT]
-    status, screen = _on_a_terminal(args, "n")
+    status, screen = answer_prompts(args, ["n"])
     assert status == 0, screen
     assert "Forget 1 journal row(s)? [y/N]" in screen
     assert "Not forgotten (declined): nothing was changed." in screen
@@ -195,7 +154,7 @@ def test_forget_asks_on_a_terminal_and_honours_the_answer(
     assert row is not None
     assert row.needs_teardown
 
-    status, screen = _on_a_terminal(args, "y")
+    status, screen = answer_prompts(args, ["y"])
     assert status == 0, screen
     assert "Forgotten (target gone): tty-1." in screen
     row = Journal().get("tty-1")

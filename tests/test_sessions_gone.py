@@ -5,11 +5,6 @@ Google client, with a real journal and session store on disk. The end-to-end pat
 
 from __future__ import annotations
 
-import os
-import pty
-import select
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -17,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers import ACCELERATOR, ZONE, killed_run, tpulab
+from pty_screen import answer_prompts
 
 from tpulab.cleanup.journal import VANISHED, Journal, target_for
 from tpulab.cleanup.report import TeardownEnvelope
@@ -248,41 +244,6 @@ def test_teardown_keeps_a_live_session_and_sweeps_the_rest(
     assert journal.open_runs() == []
 
 
-def _on_a_terminal(args: list[str], answers: list[str]) -> tuple[int, str]:
-    """Run the CLI on a pseudo-terminal, answer its [y/N] prompts in order, and return
-    (exit status, everything it wrote)."""
-    controller, terminal = pty.openpty()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tpulab", *args],
-        stdin=terminal,
-        stdout=terminal,
-        stderr=terminal,
-        env={**os.environ, "COLUMNS": "200"},
-        close_fds=True,
-    )
-    os.close(terminal)
-    seen = b""
-    pending = list(answers)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([controller], [], [], 0.2)
-        if ready:
-            try:
-                chunk = os.read(controller, 4096)
-            except OSError:  # the child closed the terminal
-                break
-            if not chunk:
-                break
-            seen += chunk
-            if pending and seen.count(b"[y/N]") > len(answers) - len(pending):
-                os.write(controller, pending.pop(0).encode() + b"\r")
-        elif process.poll() is not None:
-            break
-    status = process.wait(timeout=30)
-    os.close(controller)
-    return status, seen.decode(errors="replace")
-
-
 def test_teardown_on_a_terminal_asks_apart_before_deleting_a_live_session(
     api: GoogleTpuApi, emulator: Emulator
 ) -> None:
@@ -295,7 +256,7 @@ def test_teardown_on_a_terminal_asks_apart_before_deleting_a_live_session(
     args = ["teardown", "--verify", "--api-endpoint", api.api_endpoint or "", "--project", PROJECT]
     args += ["--zone", ZONE]
     # No to the session, yes to the rest: only the orphan goes.
-    status, screen = _on_a_terminal(args, ["n", "y"])
+    status, screen = answer_prompts(args, ["n", "y"])
     assert status == 0, screen
     assert "Also delete 1 live session(s) (tty)? [y/N]" in screen
     assert "Delete 1 node(s)? [y/N]" in screen
@@ -304,7 +265,7 @@ def test_teardown_on_a_terminal_asks_apart_before_deleting_a_live_session(
     assert emulator.node_names(PROJECT) == [session_node]
     assert key.exists()
     # Yes to the session too: its node, key and state go.
-    status, screen = _on_a_terminal(args, ["y", "y"])
+    status, screen = answer_prompts(args, ["y", "y"])
     assert status == 0, screen
     assert f"Deleted and confirmed gone: {session_node}" in screen
     assert emulator.node_names(PROJECT) == []
