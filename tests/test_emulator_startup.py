@@ -141,7 +141,12 @@ def test_startup_script_runs_at_boot(guest_emulator: Emulator, script: str, expe
     _wait("the exit status in the log", lambda: "exit status 0" in log.read_text())
     assert "hello from" in log.read_text()
     # As google_metadata_script_runner: the script's temporary directory is gone after.
-    assert not list((sandbox / ".tpulab-emulator").glob("metadata-scripts*"))
+    # The runner logs the exit status first and removes the directory after (a deferred
+    # RemoveAll in the agent, the next line in guest_init), so wait for it as well.
+    _wait(
+        "the script's temporary directory to be removed",
+        lambda: not list((sandbox / ".tpulab-emulator").glob("metadata-scripts*")),
+    )
 
 
 def test_a_node_without_a_startup_script_still_boots_its_metadata_server(
