@@ -12,13 +12,15 @@ imports by name lives here, once:
 - `served_emulator`: the emulator as `tpulab emulator serve` runs it for a session's
   tests (embedded SSH hosts on the preloaded image), closed with its hosts;
 - `wait_until`, `written_text`: wait for an event, or for a file another process writes,
-  with a bound that is never a timing (see `wait_until`).
+  with a bound that is never a timing (see `wait_until`);
+- `refused_port`: a loopback port that refuses connections for as long as it is held.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -43,6 +45,7 @@ __all__ = [
     "create_ready_node",
     "invoke",
     "killed_run",
+    "refused_port",
     "require_tool",
     "served_emulator",
     "tpulab",
@@ -241,3 +244,13 @@ def written_text(path: Path, what: str | None = None, timeout: float = WAIT_BOUN
 
     wait_until(lambda: text().endswith("\n"), what or f"{path} to be written", timeout)
     return text()
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A loopback port where every connection is refused, while the block runs: bound,
+    never listening. A port bound and released at once is free for any other test's
+    server (xdist runs four at a time) to take before the test's client connects."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
