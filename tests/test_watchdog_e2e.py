@@ -197,7 +197,10 @@ def test_a_payload_three_leases_long_completes_and_the_controller_deletes_its_no
     watchdog = report["watchdog"]
     assert watchdog["state"] == "armed"
     assert watchdog["lease_seconds"] == 10
-    assert watchdog["lease_renewals"] >= 3 * 10 / 2 - 2  # one every lease/5 = 2 s
+    # One every lease/5 = 2 s after the previous one returned: ~19 in this run at load 8
+    # (its 40 s of session), fewer when each SSH round trip is slower. At least half that
+    # rate over the 32 s held, whatever the load: they went on all along.
+    assert watchdog["lease_renewals"] >= 32 / (2 * 2), watchdog
     assert watchdog["lease_renewal_failures"] == 0
     deletes = _deletes(m, node)
     assert deletes
