@@ -24,7 +24,7 @@ from tpulab.cli._exit import (
     print_envelope,
     report_error,
 )
-from tpulab.cli._target import adc_project, api_context
+from tpulab.cli._target import adc_project, api_context, reach_notice
 from tpulab.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -227,6 +227,7 @@ def _teardown_forget(
         api_endpoint=scope.api_endpoint,
         retry_for=_FORGET_PROBE_SECONDS,
         request_timeout=10.0,
+        notify=reach_notice,
     )
     journal = Journal()
     plan = plan_forget(api, journal, target=target, run_id=scope.run_id)
