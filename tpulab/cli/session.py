@@ -8,6 +8,7 @@ pinned host key and renews the lease first; `down` is the run's delete-and-confi
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import subprocess
 import tempfile
@@ -235,7 +236,18 @@ def _down(store: SessionStore, files: SessionFiles) -> None:
 
     state = files.state
     api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice)
-    report = take_down(api, state, notify=lambda message: print_stderr(message))
+    try:
+        report = take_down(api, state, notify=lambda message: print_stderr(message))
+    except E.TeardownError as error:
+        # The session stays (its key, its state): `down` is what finishes it, for the
+        # API the node lives behind.
+        target = E.target_for(state.api_endpoint)
+        raise E.TeardownError(
+            f"{error.message} Session {state.name} is kept: run `tpulab down {state.name}` "
+            "again once the API answers.",
+            [dataclasses.replace(n, target=target, run_id=state.run_id) for n in error.leaked],
+            delete_attempts=error.delete_attempts,
+        ) from None
     if report.already_gone:
         # Nothing for `down` to delete: it went on its own (or someone deleted it).
         concluded = conclude_gone(

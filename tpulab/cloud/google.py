@@ -313,6 +313,11 @@ class GoogleTpuApi:
     def call_count(self) -> int:
         return self._calls
 
+    @property
+    def unreachable(self) -> str | None:
+        """Why the endpoint was declared down (it never answered this instance), or None."""
+        return self._reach.down
+
     # -- the calls -------------------------------------------------------------------
 
     def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:

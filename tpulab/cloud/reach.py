@@ -102,6 +102,12 @@ class Reach:
     def answered(self) -> bool:
         return self._answered
 
+    @property
+    def down(self) -> str | None:
+        """What went wrong, once the endpoint was declared down ("Connection refused; no
+        answer in 15 s"); None until then."""
+        return self._down
+
     def heard(self) -> None:
         """An HTTP answer arrived (success or an API error): the endpoint is there."""
         with self._lock:
