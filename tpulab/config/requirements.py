@@ -153,7 +153,8 @@ def _options(number: int, tokens: list[str]) -> Iterator[Reference]:
         else:
             continue
         path = _bare(value) if kind == "editable" else value
-        yield Reference(number, kind, value, _local_of(path, always_path=True))
+        shown = f"{option if option.startswith('--') else token[:2]} {value}"
+        yield Reference(number, kind, shown, _local_of(path, always_path=True))
 
 
 def _requirement(number: int, text: str) -> Reference:
@@ -247,7 +248,7 @@ def read_requirements(path: Path, *, workdir: Path, cwd: Path) -> RequirementsFi
         for ref in references(text, str(path)):
             if ref.local is not None:
                 raise ConfigError(
-                    f"{path}, line {ref.line}: {ref.value!r} is a local "
+                    f"{path}, line {ref.line}: {ref.value!r} names a local "
                     f"{_WHAT[ref.kind]}, but {path.name} is outside the workspace "
                     f"({workdir}): only its text goes to the VM, where that path does not "
                     "exist.",
@@ -284,6 +285,7 @@ class _WorkspaceCheck:
         self.workdir = workdir
         self.cwd = cwd.resolve()
         self.seen: set[Path] = set()
+        self.via: dict[Path, str] = {}  # a nested file -> the line that named it
         self.nested: list[tuple[str, str]] = []
         self.uploads: list[LocalPath] = []
 
@@ -319,6 +321,7 @@ class _WorkspaceCheck:
         if target in self.seen:
             return  # pip would loop; reading it once is enough to check it
         nested = _read(target, f"{where}:")
+        self.via[target] = f"{self.relative(path)}, line {ref.line}"
         self.nested.append((self.relative(target), nested))
         self.visit(target, nested)
 
@@ -374,8 +377,13 @@ class _WorkspaceCheck:
             )
 
     def _refuse(self, path: Path, ref: Reference, why: str) -> ConfigError:
+        chain, at = [], path
+        while at in self.via:
+            chain.append(self.via[at])
+            at = self.workdir / self.via[at].rsplit(", line ", 1)[0]
+        through = f" ({path.name} is read through {' <- '.join(chain)})" if chain else ""
         return ConfigError(
-            f"{path}, line {ref.line}: the {_WHAT[ref.kind]} {ref.value!r} {why}.",
+            f"{path}, line {ref.line}: {ref.value!r} ({_WHAT[ref.kind]}) {why}{through}.",
             hint=f"Everything {path.name} refers to must be inside the workspace "
             f"({self.workdir}), written relative to it (nested -r/-c files relative to the "
             "file naming them), as for `pip install -r` run there; or name the package "

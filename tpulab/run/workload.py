@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from tpulab.remote.workspace import Manifest, UploadResult, UploadSelection
     from tpulab.run.lifecycle import Lifecycle
 
-__all__ = ["WorkloadOutcome", "WorkloadRunner"]
+__all__ = ["WorkloadOutcome", "WorkloadRunner", "extras_for"]
 
 # After a Ctrl-C the fetch is a courtesy before the teardown: bounded, not the full cap.
 INTERRUPTED_FETCH_SECONDS = 120.0
@@ -94,19 +94,7 @@ class WorkloadRunner:
 
     @property
     def extras(self) -> boot.Extras:
-        packages = tuple(self.workload.with_packages)
-        reqs = self.workload.requirements
-        if reqs is None:
-            return boot.Extras(packages)
-        if reqs.workspace_path is None:
-            return boot.Extras(packages, reqs.text)  # outside the workspace: staged alone
-        return boot.Extras(
-            packages,
-            reqs.text,
-            nested_texts=tuple(text for _path, text in reqs.nested),
-            requirements_path=reqs.workspace_path,
-            install_dir=wl.WORKSPACE_DIR,
-        )
+        return extras_for(self.workload)
 
     # -- validation (inside the lifecycle's VALIDATE phase; nothing is sent) ------------
 
@@ -334,6 +322,25 @@ class WorkloadRunner:
         self.life.observer.note(
             f"your command was stopped on the VM ({said.removeprefix('TPULAB_STOP ')})"
         )
+
+
+def extras_for(workload: WorkloadSpec) -> boot.Extras:
+    """The venv's extras: a workspace requirements file is read from the synced copy,
+    the installer running in the workspace root (its relative references resolve as on
+    the laptop); one from outside is staged alone."""
+    packages = tuple(workload.with_packages)
+    reqs = workload.requirements
+    if reqs is None:
+        return boot.Extras(packages)
+    if reqs.workspace_path is None:
+        return boot.Extras(packages, reqs.text)
+    return boot.Extras(
+        packages,
+        reqs.text,
+        nested_texts=tuple(text for _path, text in reqs.nested),
+        requirements_path=reqs.workspace_path,
+        install_dir=wl.WORKSPACE_DIR,
+    )
 
 
 def _check_uploaded(reqs: RequirementsFile, selection: UploadSelection) -> None:
