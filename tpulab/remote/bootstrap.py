@@ -627,9 +627,12 @@ def install_extras(
         output = done.stdout + "\n" + done.stderr
         blamed = _blamed(extras, output)
         used = _marker(done.stdout, INSTALLER_MARKER) or installer
+        # A file naming only paths or URLs (`-e ./pkg`) has no package name to blame.
+        named = extras.requirements_path or "the --requirements file"
+        what = ", ".join(blamed) or f"the requirements of {named}"
         raise BootstrapError(
             f"Installing your extra packages with {used} failed (exit {done.exit_status}): "
-            f"{', '.join(blamed)} could not be installed.",
+            f"{what} could not be installed.",
             packages=blamed,
             exit_status=done.exit_status,
             output_tail=_tail(done),
