@@ -248,9 +248,10 @@ def test_the_dry_run_shows_that_pip_command_after_the_verifier(
         tmp_path / "w",
         {
             "train.py": "",
-            "requirements.txt": "-r base.txt\n-e ./pkg\n",
+            "requirements.txt": "-r base.txt\n-e ./pkg\n-e .\n-f .\n",
             "base.txt": "flax\n",
             "pkg/pyproject.toml": PROJECT_TOML,
+            "pyproject.toml": PROJECT_TOML,  # the workspace is a project itself: `-e .`
         },
     )
     spec = spec_for(work, requirements="requirements.txt")

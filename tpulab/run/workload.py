@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from tpulab import paths
@@ -350,8 +350,10 @@ def _check_uploaded(reqs: RequirementsFile, selection: UploadSelection) -> None:
         return
     files = {path for path, _size in selection.files}
     for item in reqs.uploads:
-        wanted = f"{item.path}/{item.project_file}" if item.project_file else item.path
-        carried = wanted in files or any(path.startswith(wanted + "/") for path in files)
+        # PurePosixPath: `-e .` is the root, whose project file is "pyproject.toml".
+        wanted = PurePosixPath(item.path, item.project_file or "").as_posix()
+        inside = "" if wanted == "." else wanted + "/"
+        carried = wanted in files or any(path.startswith(inside) for path in files)
         if not carried:
             raise ConfigError(
                 f"{item.source}: {wanted} is in the workspace but not in its upload "
