@@ -189,6 +189,7 @@ def test_a_file_outside_the_workspace_may_not_name_local_paths(
             "base.txt, line 3: '-e ./gone' (editable project (-e)) does not exist",
         ),
         ({"requirements.txt": "-r 'unterminated\n"}, "line 1: cannot parse"),
+        ({"requirements.txt": "flax\n-e\n"}, "line 2: -e has no value"),
     ],
 )
 def test_a_workspace_file_must_keep_its_references_in_the_workspace(

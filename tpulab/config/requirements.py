@@ -130,10 +130,10 @@ def references(text: str, source: str = "the requirements file") -> Iterator[Ref
                 f"{source}, line {number}: cannot parse {line!r} ({error}).",
                 hint="Fix the quoting on that line; pip would refuse it too.",
             ) from None
-        yield from _options(number, tokens)
+        yield from _options(number, tokens, f"{source}, line {number}")
 
 
-def _options(number: int, tokens: list[str]) -> Iterator[Reference]:
+def _options(number: int, tokens: list[str], where: str) -> Iterator[Reference]:
     index = 0
     while index < len(tokens):
         token = tokens[index]
@@ -152,8 +152,15 @@ def _options(number: int, tokens: list[str]) -> Iterator[Reference]:
                 index += 1
         else:
             continue
+        named = option if option.startswith("--") else token[:2]
+        if not value.strip():
+            raise ConfigError(
+                f"{where}: {named} has no value.",
+                hint=f"Give {named} its file, path or URL on the same line; pip would "
+                "refuse the line too.",
+            )
         path = _bare(value) if kind == "editable" else value
-        shown = f"{option if option.startswith('--') else token[:2]} {value}"
+        shown = f"{named} {value}"
         yield Reference(number, kind, shown, _local_of(path, always_path=True))
 
 
