@@ -199,6 +199,7 @@ def _run(
     verbose: bool,
 ) -> None:
     from tpulab.cli._run_display import RunDisplay
+    from tpulab.cli._target import reach_notice
     from tpulab.cloud.google import GoogleTpuApi
     from tpulab.remote.keys import RunKey
     from tpulab.run.attach import Attachment, last_renewal_at
@@ -218,7 +219,7 @@ def _run(
     display = RunDisplay(verbose=verbose, quiet=as_json, command_quiet=spec.workload.quiet)
     life = Lifecycle(
         spec,
-        api=GoogleTpuApi(state.project, api_endpoint=state.api_endpoint),
+        api=GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice),
         observer=FanOut([Recorder(), display]),
         shield=shield,
         skippable=skippable,
