@@ -152,7 +152,9 @@ def test_a_sigkilled_run_is_listed_as_interrupted_and_its_node_swept(
     )
     assert "interrupted" in _line_of(run_id)
     shown = tpulab("runs", "show", run_id)
-    assert "tpulab teardown --verify" in " ".join(shown.stdout.split())
+    said = " ".join(shown.stdout.split())
+    assert "tpulab teardown --verify" in said
+    assert "teardown not recorded" in said  # not the start record's "not-created"
 
     # The node it left is the sweep's, as after any SIGKILL.
     swept = tpulab(

@@ -213,7 +213,11 @@ def runs_show(
                 ("  phases    ", "dim"),
                 (", ".join(f"{k} {v:.1f}s" for k, v in record.phase_seconds.items()), ""),
             ],
-            [("  teardown  ", "dim"), (record.teardown, "")],
+            [
+                ("  teardown  ", "dim"),
+                # A start record's "not-created" is only what it knew when it began.
+                (record.teardown if record.state == "finished" else "not recorded", ""),
+            ],
             [
                 ("  cost      ", "dim"),
                 (f"~${record.estimated_cost_usd:.4f}", ""),
