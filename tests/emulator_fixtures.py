@@ -9,6 +9,10 @@ Use from a test module with `pytest_plugins = ["emulator_fixtures"]`, then ask f
   project `PROJECT`, with a fast polling schedule.
 - `start_emulator(state_dir, **kwargs)`: start more (e.g. to restart on the same state);
   each is stopped at the end of the test.
+- `held_emulator`: (emulator, clock) whose clock stands still until the test moves it
+  (`clock.now += seconds`): a node stays CREATING or DELETING, an operation in flight,
+  for as long as the test looks. On the real clock Timing.fast()'s 0.1-0.2 s can pass
+  before a loaded machine's next request, and the state the test asserts is gone.
 
 Helpers: `api_for(emulator, project=PROJECT, **kwargs)`, `node_request(...)`.
 Import names from here only under `TYPE_CHECKING` (pytest rewrites plugin asserts).
@@ -16,11 +20,13 @@ Import names from here only under `TYPE_CHECKING` (pytest rewrites plugin assert
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import FakeClock
 
 from tpulab.cloud.google import GoogleTpuApi
 from tpulab.emulator import Emulator, Timing
@@ -34,6 +40,7 @@ __all__ = [
     "api_for",
     "emulator",
     "fast_poll",
+    "held_emulator",
     "node_request",
     "start_emulator",
     "tpu_api",
@@ -96,3 +103,9 @@ def emulator(start_emulator: EmulatorStarter, tmp_path: Path) -> Emulator:
 @pytest.fixture
 def tpu_api(emulator: Emulator) -> GoogleTpuApi:
     return api_for(emulator)
+
+
+@pytest.fixture
+def held_emulator(start_emulator: EmulatorStarter, tmp_path: Path) -> tuple[Emulator, FakeClock]:
+    clock = FakeClock(time.time())  # wall-clock based, as the emulator's own clock is
+    return start_emulator(tmp_path / "held-emulator-state", clock=clock), clock

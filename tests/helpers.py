@@ -10,16 +10,21 @@ imports by name lives here, once:
 - `create_ready_node`, `killed_run`: what the cloud and the journal hold after a run
   was killed with SIGKILL, for the sweep and `teardown --verify` to find;
 - `served_emulator`: the emulator as `tpulab emulator serve` runs it for a session's
-  tests (embedded SSH hosts on the preloaded image), closed with its hosts.
+  tests (embedded SSH hosts on the preloaded image), closed with its hosts;
+- `wait_until`, `written_text`: wait for an event, or for a file another process writes,
+  with a bound that is never a timing (see `wait_until`);
+- `refused_port`: a loopback port that refuses connections for as long as it is held.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -40,12 +45,19 @@ __all__ = [
     "create_ready_node",
     "invoke",
     "killed_run",
+    "refused_port",
     "require_tool",
     "served_emulator",
     "tpulab",
+    "wait_until",
+    "written_text",
 ]
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+# How long `wait_until` waits by default. A bound, not a timing: CI runs 4 workers on 2
+# loaded cores (load 4-12), where a step that takes 0.1 s alone can take seconds.
+WAIT_BOUND = 120.0
 
 ACCELERATOR = "v5litepod-4"
 RUNTIME = "v2-alpha-tpuv5-lite"
@@ -196,3 +208,49 @@ def served_emulator(state: Path, timing: Timing | None = None) -> Iterator[Emula
             yield emulator
     finally:
         backend.close()
+
+
+def wait_until(
+    predicate: Callable[[], object],
+    what: str,
+    timeout: float = WAIT_BOUND,
+    interval: float = 0.05,
+) -> float:
+    """Poll `predicate` until it is true; the monotonic time it was first seen true.
+
+    Wait for the event the assertion is about, never for a neighbouring one that merely
+    usually comes first (a log line written before the state it announces, an exit
+    status before a clean-up). `timeout` is a bound for a hang, not a timing: past it
+    the test fails naming `what`, and a loaded machine only makes the wait longer.
+    """
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(interval)
+    return time.monotonic()
+
+
+def written_text(path: Path, what: str | None = None, timeout: float = WAIT_BOUND) -> str:
+    """The text of `path` once its writer has finished it: present and ending in a
+    newline. A file another process is writing exists before its bytes do (`echo $$ >
+    F` creates F, then writes), so "it exists" is not "it is written"; every writer
+    this waits for ends its text with a newline."""
+
+    def text() -> str:
+        try:
+            return path.read_text()
+        except FileNotFoundError:
+            return ""
+
+    wait_until(lambda: text().endswith("\n"), what or f"{path} to be written", timeout)
+    return text()
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A loopback port where every connection is refused, while the block runs: bound,
+    never listening. A port bound and released at once is free for any other test's
+    server (xdist runs four at a time) to take before the test's client connects."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])

@@ -188,7 +188,7 @@ def answer_prompts(args: list[str], answers: list[str]) -> tuple[int, str]:
     os.close(terminal)
     seen = b""
     pending = list(answers)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a bound; a teardown under load takes tens of s
     while time.monotonic() < deadline:
         ready, _, _ = select.select([controller], [], [], 0.2)
         if ready:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from helpers import FakeClock
 
 from tpulab import errors as E
 from tpulab.cloud.google import GoogleTpuApi, error_for_status
@@ -41,11 +42,16 @@ def _create_ready(api: GoogleTpuApi, name: str, **kwargs: Any) -> None:
     api.wait_operation(api.create_node(ZONE, name, _request(**kwargs)), timeout=10)
 
 
-def test_create_wait_get_round_trips_the_node(emulator: Emulator, tpu_api: GoogleTpuApi) -> None:
+def test_create_wait_get_round_trips_the_node(
+    held_emulator: tuple[Emulator, FakeClock],
+) -> None:
+    emulator, clock = held_emulator
+    tpu_api = _api(emulator)
     keys = "tpulab:ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample tpulab"
     operation = tpu_api.create_node(ZONE, "node-a", _request(spot=True, ssh_keys=keys))
     assert operation.startswith(f"projects/{PROJECT}/locations/{ZONE}/operations/")
     assert tpu_api.get_node(ZONE, "node-a").state is NodeState.CREATING
+    clock.now += 1  # past create_seconds
     tpu_api.wait_operation(operation, timeout=10)
     node = tpu_api.get_node(ZONE, "node-a")
     assert node.state is NodeState.READY
@@ -66,11 +72,16 @@ def test_create_wait_get_round_trips_the_node(emulator: Emulator, tpu_api: Googl
 
 
 def test_delete_operation_completes_and_the_node_is_gone(
-    emulator: Emulator, tpu_api: GoogleTpuApi
+    held_emulator: tuple[Emulator, FakeClock],
 ) -> None:
-    _create_ready(tpu_api, "node-b")
+    emulator, clock = held_emulator
+    tpu_api = _api(emulator)
+    create = tpu_api.create_node(ZONE, "node-b", _request())
+    clock.now += 1
+    tpu_api.wait_operation(create, timeout=10)
     operation = tpu_api.delete_node(ZONE, "node-b")
     assert tpu_api.get_node(ZONE, "node-b").state is NodeState.DELETING
+    clock.now += 1  # past delete_seconds
     tpu_api.wait_operation(operation, timeout=10)
     with pytest.raises(E.NotFoundError):
         tpu_api.get_node(ZONE, "node-b")
@@ -220,17 +231,6 @@ def test_rate_limit_429_is_transient_not_quota(emulator: Emulator, tpu_api: Goog
     assert "per minute" in caught.value.api_message.lower()
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 def test_create_is_sent_once_and_idempotent_calls_retry_until_their_deadline(
     emulator: Emulator,
 ) -> None:
@@ -302,19 +302,19 @@ def test_spot_preemption_is_seen_by_wait_for_state(
 
 
 def test_guest_attributes_appear_late_when_told_to(
-    emulator: Emulator, tpu_api: GoogleTpuApi
+    held_emulator: tuple[Emulator, FakeClock],
 ) -> None:
+    emulator, clock = held_emulator
+    tpu_api = _api(emulator)
     emulator.faults.guest_attributes_delay = 0.5
-    _create_ready(tpu_api, "node-g")
+    create = tpu_api.create_node(ZONE, "node-g", _request())
+    clock.now += 0.3  # READY (create_seconds 0.2), not yet 0.5 s past it
+    tpu_api.wait_operation(create, timeout=10)
     assert tpu_api.guest_attributes(ZONE, "node-g") == {}
     node = wait_for_state(tpu_api, ZONE, "node-g", {NodeState.READY}, timeout=5)
     assert node.state is NodeState.READY
-    import time
-
-    deadline = time.monotonic() + 5
-    while not (attributes := tpu_api.guest_attributes(ZONE, "node-g")):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    clock.now += 0.5
+    attributes = tpu_api.guest_attributes(ZONE, "node-g")
     assert "tpulab-emulator/ready-time" in attributes
     assert tpu_api.guest_attributes(ZONE, "node-g", "hostkeys/") == {}
 

@@ -9,7 +9,6 @@ code: a changed price or cost rule fails these tests on purpose.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from helpers import invoke
+from helpers import invoke, refused_port
 
 from tpulab import paths
 from tpulab.catalog import PRICE_DATE
@@ -438,13 +437,6 @@ def test_an_unreadable_journal_is_the_local_state_error(tpulab_home: Path, as_js
 # -- real runs ------------------------------------------------------------------------
 
 
-def _closed_port() -> int:
-    """A loopback port with nothing listening (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _timed(action: Callable[[], object]) -> tuple[datetime, datetime]:
     before = datetime.now(timezone.utc)
     action()
@@ -462,10 +454,11 @@ def test_real_emulated_runs_are_listed_with_their_time_at_no_cost(
     assert embedded_rig.leftovers() == []
     # A create that never left (nothing listens at the endpoint): closed "not-created".
     refused = embedded_rig.spec("v5litepod-1")
-    dead = GoogleTpuApi(refused.project.value, api_endpoint=f"http://127.0.0.1:{_closed_port()}")
-    refused_run, _ = embedded_rig.lifecycle(refused, journal=journal, api=dead)
-    with pytest.raises(UnreachableError):
-        refused_run.run()
+    with refused_port() as port:
+        dead = GoogleTpuApi(refused.project.value, api_endpoint=f"http://127.0.0.1:{port}")
+        refused_run, _ = embedded_rig.lifecycle(refused, journal=journal, api=dead)
+        with pytest.raises(UnreachableError):
+            refused_run.run()
     assert refused_run.outcome.teardown_status == "not-created"
 
     status, out, _ = invoke("costs", "--json")

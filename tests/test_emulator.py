@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from helpers import FakeClock
 
 from tpulab.emulator import FaultPlan
 from tpulab.emulator.wire import ACCELERATOR_CONFIG_TYPES, API_VERSIONS, HEALTHS, STATES
@@ -304,8 +305,13 @@ def test_faults_endpoint_speaks_only_valid_json(emulator: Emulator) -> None:
     assert faults["guest_attributes_delay"] == 0.0
 
 
-def test_update_node_applies_only_the_mask_when_its_operation_ends(emulator: Emulator) -> None:
-    wait_done(emulator, create(emulator, "u1", labels={"a": "1"}, description="before"))
+def test_update_node_applies_only_the_mask_when_its_operation_ends(
+    held_emulator: tuple[Emulator, FakeClock],
+) -> None:
+    emulator, clock = held_emulator
+    created = create(emulator, "u1", labels={"a": "1"}, description="before")
+    clock.now += 1
+    wait_done(emulator, created)
     body = {"labels": {"a": "2", "b": "3"}, "description": "not in the mask", "tags": ["t"]}
     status, operation = call(emulator, "PATCH", f"{BASE}/nodes/u1?updateMask=labels,tags", body)
     assert status == 200, operation
@@ -314,6 +320,7 @@ def test_update_node_applies_only_the_mask_when_its_operation_ends(emulator: Emu
     # A second update while the first is in flight is refused (gcloud expects a 409).
     status, answer = call(emulator, "PATCH", f"{BASE}/nodes/u1?updateMask=labels", body)
     assert (status, answer["error"]["status"]) == (409, "ABORTED")
+    clock.now += 1  # past update_seconds
     done = wait_done(emulator, operation)
     assert "error" not in done
     node = done["response"]
@@ -341,8 +348,9 @@ def test_update_node_refuses_what_it_cannot_update(
     assert words in answer["error"]["message"]
 
 
-def test_update_node_needs_a_ready_node(emulator: Emulator) -> None:
-    create(emulator, "u3")  # still CREATING
+def test_update_node_needs_a_ready_node(held_emulator: tuple[Emulator, FakeClock]) -> None:
+    emulator, _ = held_emulator
+    create(emulator, "u3")  # still CREATING: its clock stands still
     got, answer = call(emulator, "PATCH", f"{BASE}/nodes/u3?updateMask=labels", {"labels": {}})
     assert (got, answer["error"]["status"]) == (400, "FAILED_PRECONDITION")
     assert call(emulator, "PATCH", f"{BASE}/nodes/nope?updateMask=labels", {})[0] == 404

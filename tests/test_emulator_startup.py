@@ -12,13 +12,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from helpers import wait_until, written_text
 
 from tpulab.contract import (
     METADATA_HOST_ENV,
@@ -72,13 +71,6 @@ def _create(emulator: Emulator | str, name: str, metadata: dict[str, str]) -> No
         assert answer.status == 200
 
 
-def _wait(what: str, done: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _alive(pid: int) -> bool:
     """Running (not gone, not a zombie waiting to be reaped)."""
     try:
@@ -89,9 +81,8 @@ def _alive(pid: int) -> bool:
 
 
 def _pids(sandbox: Path, names: tuple[str, ...] = ("setsid", "double", "envi")) -> list[int]:
-    for name in names:
-        _wait(f"{name}.pid", lambda n=name: (sandbox / f"{n}.pid").is_file())  # type: ignore[misc]
-    pids = [int((sandbox / f"{name}.pid").read_text()) for name in names]
+    # `echo $! > F` creates F before it writes the pid: wait for the line, not the file.
+    pids = [int(written_text(sandbox / f"{name}.pid")) for name in names]
     assert all(_alive(pid) for pid in pids), pids
     return pids
 
@@ -117,7 +108,7 @@ def guest_emulator(start_emulator: EmulatorStarter, tmp_path: Path) -> Emulator:
             "#!/usr/bin/env python3\n"
             "import os, sys\n"
             "open(os.path.join(os.environ['HOME'], 'booted'), 'w').write("
-            "'python ' + os.environ['GCE_METADATA_HOST'])\n"
+            "'python ' + os.environ['GCE_METADATA_HOST'] + '\\n')\n"
             "print('hello from python', file=sys.stderr)\n",
             "python ",
             id="shebang-python",
@@ -134,18 +125,18 @@ def guest_emulator(start_emulator: EmulatorStarter, tmp_path: Path) -> Emulator:
 def test_startup_script_runs_at_boot(guest_emulator: Emulator, script: str, expected: str) -> None:
     _create(guest_emulator, "n1", {"startup-script": script})
     sandbox = guest_emulator.sandbox(PROJECT, ZONE, "n1")
-    _wait("the startup-script's file", lambda: (sandbox / "booted").is_file())
+    booted = written_text(sandbox / "booted", "the startup-script's file")
     address = _guest(guest_emulator, "n1")["metadata"]
-    assert (sandbox / "booted").read_text().strip() == f"{expected}{address}"
+    assert booted.strip() == f"{expected}{address}"
     log = guest_emulator.startup_log(PROJECT, ZONE, "n1")
-    _wait("the exit status in the log", lambda: "exit status 0" in log.read_text())
+    wait_until(lambda: "exit status 0" in log.read_text(), "the exit status in the log")
     assert "hello from" in log.read_text()
     # As google_metadata_script_runner: the script's temporary directory is gone after.
     # The runner logs the exit status first and removes the directory after (a deferred
     # RemoveAll in the agent, the next line in guest_init), so wait for it as well.
-    _wait(
-        "the script's temporary directory to be removed",
+    wait_until(
         lambda: not list((sandbox / ".tpulab-emulator").glob("metadata-scripts*")),
+        "the script's temporary directory to be removed",
     )
 
 
@@ -153,7 +144,7 @@ def test_a_node_without_a_startup_script_still_boots_its_metadata_server(
     guest_emulator: Emulator,
 ) -> None:
     _create(guest_emulator, "n1", {})
-    _wait("the metadata server", lambda: bool(_guest(guest_emulator, "n1").get("metadata")))
+    wait_until(lambda: bool(_guest(guest_emulator, "n1").get("metadata")), "the metadata server")
     assert _guest(guest_emulator, "n1")["tag"] is None
     assert not guest_emulator.startup_log(PROJECT, ZONE, "n1").exists()
 
@@ -176,8 +167,11 @@ _SELF_DELETE = textwrap.dedent(
     if os.fork() == 0:  # a daemon (double fork + setsid), as a watchdog would be
         os.setsid()
         if os.fork() == 0:
-            with open(os.path.join(os.environ["HOME"], "daemon.pid"), "w") as out:
-                out.write(str(os.getpid()))
+            # Written aside, then renamed: whoever sees the file sees the pid.
+            pid_file = os.path.join(os.environ["HOME"], "daemon.pid")
+            with open(pid_file + ".tmp", "w") as out:
+                out.write(f"{os.getpid()}\\n")
+            os.replace(pid_file + ".tmp", pid_file)
             time.sleep(600)
         os._exit(0)
     env = {}
@@ -208,13 +202,11 @@ def test_the_startup_script_deletes_its_own_node_and_its_daemon_dies(
     _create(guest_emulator, "selfdel", {"startup-script": _SELF_DELETE})
     _create(guest_emulator, "bystander", {})
     sandbox = guest_emulator.sandbox(PROJECT, ZONE, "selfdel")
-    _wait("the daemon", lambda: (sandbox / "daemon.pid").is_file())
-    daemon = int((sandbox / "daemon.pid").read_text())
-    _wait(
-        "the node to delete itself",
-        lambda: [n.name for n in api.list_nodes(ZONE)] == ["bystander"],
+    daemon = int(written_text(sandbox / "daemon.pid", "the daemon"))
+    wait_until(
+        lambda: [n.name for n in api.list_nodes(ZONE)] == ["bystander"], "the node to delete itself"
     )
-    _wait("the daemon to die with its node", lambda: not _alive(daemon), timeout=10)
+    wait_until(lambda: not _alive(daemon), "the daemon to die with its node")
 
 
 def test_daemonised_children_die_when_the_controller_deletes_the_node(
@@ -238,9 +230,9 @@ def test_daemonised_children_die_when_the_controller_deletes_the_node(
     assert Path((sandbox / "cwd.txt").read_text().strip()).resolve() == sandbox.resolve()
 
     api.wait_operation(api.delete_node(ZONE, "n1"), timeout=20)
-    _wait("the node to go", lambda: guest_emulator.node_names() == [])
-    _wait("every process of the node to die", lambda: not any(map(_alive, pids)), timeout=10)
-    _wait("the node's init to exit after them", lambda: not _alive(init_pid), timeout=10)
+    wait_until(lambda: guest_emulator.node_names() == [], "the node to go")
+    wait_until(lambda: not any(map(_alive, pids)), "every process of the node to die")
+    wait_until(lambda: not _alive(init_pid), "the node's init to exit after them")
 
 
 def test_preemption_powers_the_node_off(guest_emulator: Emulator) -> None:
@@ -259,7 +251,7 @@ def test_preemption_powers_the_node_off(guest_emulator: Emulator) -> None:
     urllib.request.urlopen(request, timeout=10).close()
     pids = _pids(guest_emulator.sandbox(PROJECT, ZONE, "spot"))
     guest_emulator.faults.preempt_after = 0.0
-    _wait("the processes of the preempted node to die", lambda: not any(map(_alive, pids)))
+    wait_until(lambda: not any(map(_alive, pids)), "the processes of the preempted node to die")
     assert guest_emulator.snapshot()["nodes"][f"{PROJECT}/{ZONE}/spot"]["state"] == "PREEMPTED"
 
 
@@ -315,7 +307,7 @@ def test_a_killed_emulator_takes_its_nodes_processes_along(
         pids = _pids(sandbox)
         os.kill(served.pid, signal.SIGKILL)
         served.wait(timeout=10)
-        _wait("the dead emulator's node processes to die", lambda: not any(map(_alive, pids)))
+        wait_until(lambda: not any(map(_alive, pids)), "the dead emulator's node processes to die")
     finally:
         if served.poll() is None:
             os.kill(served.pid, signal.SIGKILL)
@@ -356,7 +348,7 @@ def test_ssh_sessions_get_the_same_node_environment(
         return dict(attributes)
 
     host_key = wait_for_host_key(fetch, timeout=20)
-    _wait("the script's guest attribute", lambda: "tpulab/boot" in fetch())
+    wait_until(lambda: "tpulab/boot" in fetch(), "the script's guest attribute")
     assert attributes["tpulab/boot"] == "done"
     assert "hostkeys/ssh-ed25519" in attributes
     target = SshTarget(

@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from helpers import require_tool
+from helpers import require_tool, wait_until
 from test_gcloud import gcloud_env
 
 if TYPE_CHECKING:
@@ -24,15 +23,6 @@ pytest_plugins = ["emulator_fixtures"]
 pytestmark = pytest.mark.gcloud
 
 ZONE = "us-central1-a"
-
-
-def _until(check: object, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 def test_gcloud_queued_resources_create_describe_list_delete(
@@ -85,7 +75,7 @@ def test_gcloud_queued_resources_create_describe_list_delete(
         shown = json.loads(gcloud("describe", "gc-qr", "--format=json").stdout)
         return bool(shown["state"]["state"] == "ACTIVE")
 
-    _until(active)
+    wait_until(active, "the queued resource to become ACTIVE")
     assert emulator.node_names() == ["gc-qr-node"]
     node = emulator.snapshot()["nodes"][f"test-project/{ZONE}/gc-qr-node"]
     assert node["spot"] is True  # the spot tier makes a spot node
@@ -158,7 +148,7 @@ def test_tpu_client_create_queued_resource_over_rest(emulator: Emulator) -> None
         got = client.get_queued_resource(name=f"{parent}/queuedResources/cl-qr")
         return bool(got.state.state == tpu_v2.QueuedResourceState.State.FAILED)
 
-    _until(failed)
+    wait_until(failed, "the queued resource to fail")
     got = client.get_queued_resource(name=f"{parent}/queuedResources/cl-qr")
     assert "valid until" in got.state.failed_data.error.message
     assert emulator.node_names() == []  # never provisioned

@@ -3,6 +3,7 @@ touched, and how errors on the way are ridden out."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -96,15 +97,21 @@ def test_transient_list_and_delete_errors_are_ridden_out(
 def test_a_node_already_deleting_is_waited_for_not_deleted_again(
     emulator: Emulator, tpu_api: GoogleTpuApi
 ) -> None:
-    from tpulab.emulator import Timing
-
-    emulator.timing = Timing(create_seconds=0.05, delete_seconds=0.8, tick_seconds=0.02)
     create(tpu_api, "slow-delete", "run-e")
+    # The delete hangs until the teardown has seen the node DELETING and sleeps: a timed
+    # delete could end before a loaded machine's next request and there be nothing to see.
+    emulator.faults.delete_hangs = True
     tpu_api.delete_node(ZONE, "slow-delete")  # e.g. an earlier, interrupted teardown
     assert tpu_api.get_node(ZONE, "slow-delete").state is NodeState.DELETING
+
+    def let_the_delete_finish(seconds: float) -> None:
+        emulator.faults.delete_hangs = False
+        time.sleep(seconds)
+
     report = delete_and_confirm(
-        tpu_api, ZONE, "slow-delete", run_id="run-e", known_ours=False, timeout=10, poll=0.05
-    )
+        tpu_api, ZONE, "slow-delete", run_id="run-e", known_ours=False, timeout=10, poll=0.05,
+        sleep=let_the_delete_finish,
+    )  # fmt: skip
     assert report.confirmed
     assert report.list_calls >= 2
     assert report.delete_attempts == 0

@@ -63,7 +63,9 @@ def queued_resources(rig: Rig) -> list[str]:
 
 def test_capacity_after_a_delay_run_succeeds_and_both_are_gone(embedded_rig: Rig) -> None:
     rig = embedded_rig
-    rig.emulator.faults.capacity_after = {ZONE: 1.5}
+    # WAITING_FOR_RESOURCES lasts until capacity comes: long enough that a loaded
+    # machine's polls (0.1 s apart when idle) cannot all miss it.
+    rig.emulator.faults.capacity_after = {ZONE: 3.0}
     spec = queued_spec(rig, "30s")
     watch = QueueWatch(rig, Phase.CONNECT)
     life, recorder, error = rig.run(spec, watch)

@@ -22,10 +22,13 @@ from tpulab.emulator import Emulator
 pytestmark = pytest.mark.slow
 
 # Tells the test it started (the emulated node runs on this machine), then outlives it.
+# The marker is written aside and renamed: the test reads it as soon as it exists, and
+# a file being written exists (empty) before its text does.
 _WAIT = (
     "import os, pathlib, sys, time\n"
     "pathlib.Path(os.environ['TPULAB_RUN_DIR'], 'partial.txt').write_text('so far')\n"
-    "pathlib.Path(sys.argv[1]).write_text(os.environ['TPULAB_RUN_ID'])\n"
+    "pathlib.Path(sys.argv[1] + '.tmp').write_text(os.environ['TPULAB_RUN_ID'])\n"
+    "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
     "time.sleep(300)\n"
 )
 

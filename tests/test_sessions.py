@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from helpers import served_emulator, tpulab
 
+from tpulab.catalog import lookup
 from tpulab.cleanup.journal import Journal
 from tpulab.cleanup.report import UpEnvelope
 from tpulab.emulator import Emulator
@@ -42,6 +44,16 @@ def _up(emulator: Emulator, *extra: str) -> list[str]:
         "up", "--accelerator", "v5litepod-4", "--api-endpoint", emulator.url,
         "--project", PROJECT, "--zone", ZONE, "--boot-timeout", "30", *extra,
     ]  # fmt: skip
+
+
+# How `list` writes a time left: minutes and seconds ("59m07s") under an hour.
+_DURATION = re.compile(r"(\d+)m(\d\d)s")
+
+
+def _seconds(shown: str) -> int:
+    match = _DURATION.fullmatch(shown)
+    assert match is not None, shown
+    return int(match.group(1)) * 60 + int(match.group(2))
 
 
 def _sessions_dir(home: Path) -> Path:
@@ -105,23 +117,42 @@ def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None
     assert failing.returncode == 7, failing.stderr
 
     where = ("--api-endpoint", served.url, "--project", PROJECT, "--zone", ZONE)
+    # What `list` shows is counted from the session's own times, read as it ran: not
+    # from guesses like "within two minutes of the create", which a loaded machine's
+    # slower `up` outlasts (a v5litepod-4 costs ~$0.08 a minute).
+    current = json.loads((key.parent / "session.json").read_text())
+    before = time.time()
     listed = tpulab("list", *where, timeout=60)
+    after = time.time()
     assert listed.returncode == EXIT_OK, listed.stderr
     (line,) = [row for row in listed.stdout.splitlines() if row.startswith("lesson-1 ")]
     assert node in line
     assert "v5litepod-4" in line
-    assert "59m" in line or "58m" in line  # deadline in ~1h
-    assert "9m" in line  # idle expiry ~10 min after the renewal
-    assert "~$0.0" in line  # cost so far: a minute or two of a v5litepod-4
+    deadline_in, idle_in = [_seconds(word) for word in line.split() if _DURATION.fullmatch(word)]
+    assert current["deadline_at"] - after - 1 <= deadline_in <= current["deadline_at"] - before
+    idle_at = current["renewed_at"] + current["idle_seconds"]  # after the last `ssh`
+    assert idle_at - after - 1 <= idle_in <= idle_at - before
+    (cost,) = [float(word[2:]) for word in line.split() if word.startswith("~$")]
+    price = lookup("v5litepod-4").price_per_hour(spot=False)
+    low, high = (price * (t - current["started_at"]) / 3600 for t in (before, after))
+    assert low - 0.005 <= cost <= high + 0.005, (low, cost, high)
     assert "session(s) up; cost so far" in listed.stdout
     as_json = tpulab("list", "--json", *where, timeout=60)
+    after_json = time.time()
     assert as_json.returncode == EXIT_OK, as_json.stderr
     (session,) = json.loads(as_json.stdout)["sessions"]
     assert session["name"] == "lesson-1"
     assert session["node_name"] == node
     assert session["accelerator_type"] == "v5litepod-4"
-    assert 3300 < session["deadline_in_seconds"] <= 3600
-    assert 0 < session["estimated_cost_usd"] < 0.5
+    # Rounded to 0.1 s and to 4 decimals of a dollar.
+    json_deadline_in = session["deadline_in_seconds"]
+    assert (
+        current["deadline_at"] - after_json - 0.1
+        <= json_deadline_in
+        <= current["deadline_at"] - after + 0.1
+    )
+    cost_by_then = price * (after_json - current["started_at"]) / 3600
+    assert low - 0.0001 <= session["estimated_cost_usd"] <= cost_by_then + 0.0001
 
     # SSH fails while the node is still there (a host key that does not match): the
     # API is asked, says the node exists, and the plain "cannot reach" error stays.

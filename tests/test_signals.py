@@ -253,7 +253,8 @@ class Child:
         os.close(teardown_read)
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._pump_thread = threading.Thread(target=self._pump, daemon=True)
+        self._pump_thread.start()
 
     def _pump(self) -> None:
         assert self.process.stdout is not None
@@ -262,7 +263,7 @@ class Child:
 
     def wait_for(self, prefix: str) -> str:
         while True:
-            line = self.lines.get(timeout=20)
+            line = self.lines.get(timeout=60)  # a bound: the child starts Python first
             self.seen.append(line)
             if line.startswith(prefix):
                 return line
@@ -277,10 +278,13 @@ class Child:
         os.write(self._teardown, b"t")
 
     def finish(self) -> tuple[int, list[str]]:
-        status = self.process.wait(timeout=20)
+        status = self.process.wait(timeout=60)
+        # Every line is queued once the pump has read EOF: wait for that, not for a quiet
+        # 0.5 s, which a starved pump thread can outlast and lose the last lines.
+        self._pump_thread.join(timeout=60)
         while True:
             try:
-                self.seen.append(self.lines.get(timeout=0.5))
+                self.seen.append(self.lines.get_nowait())
             except queue.Empty:
                 return status, self.seen
 

@@ -9,11 +9,11 @@ mocked.
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from helpers import refused_port
 
 from tpulab.cleanup.journal import Journal, RunJournalAdapter
 from tpulab.cloud.google import GoogleTpuApi
@@ -177,29 +177,24 @@ def test_guest_attributes_answering_errors_at_first_are_not_yet(
     _assert_verified_and_clean(embedded_rig, life, error)
 
 
-def _closed_port() -> int:
-    """A loopback port with nothing listening (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_a_dead_endpoint_fails_in_seconds_creates_nothing_and_closes_the_row(
     embedded_rig: Rig,
 ) -> None:
-    endpoint = f"http://127.0.0.1:{_closed_port()}"
     spec = embedded_rig.spec("v5litepod-4")
     journal = Journal()
-    life = Lifecycle(
-        spec,
-        api=GoogleTpuApi(spec.project.value, api_endpoint=endpoint),
-        journal=RunJournalAdapter(journal),
-        teardown_poll=0.05,
-    )
-    started = time.monotonic()
-    with pytest.raises(UnreachableError, match="never sent") as caught:
-        life.run()
-    assert time.monotonic() - started < 5.0
+    with refused_port() as port:
+        life = Lifecycle(
+            spec,
+            api=GoogleTpuApi(spec.project.value, api_endpoint=f"http://127.0.0.1:{port}"),
+            journal=RunJournalAdapter(journal),
+            teardown_poll=0.05,
+        )
+        started = time.monotonic()
+        with pytest.raises(UnreachableError, match="never sent") as caught:
+            life.run()
+    # About a second here; the bug took the client's 60 s retry budget (or the 900 s
+    # create deadline). The bound tells those apart with room for a loaded runner.
+    assert time.monotonic() - started < 30.0
     assert not isinstance(caught.value, TeardownError)
     assert "billing" not in caught.value.message.lower()
     assert life.outcome.teardown_status == "not-created"
@@ -216,21 +211,22 @@ def test_tpulab_run_against_a_dead_endpoint_exits_3_in_seconds_without_billing_t
     import subprocess
     import sys
 
-    command = [
-        sys.executable, "-m", "tpulab", "run", "--accelerator", "v5litepod-4",
-        "--api-endpoint", f"http://127.0.0.1:{_closed_port()}", "--zone", "us-central1-a",
-    ]  # fmt: skip
     # No stopwatch (a loaded CI machine makes any bound flaky): the old code waited out
     # the 900 s create deadline, so a guard far below it but far above a normal failure
     # (about 2 s here, 24 s on a machine with load 15) is what tells the two apart.
-    done = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "COLUMNS": "200"},
-        check=False,
-    )
+    with refused_port() as port:
+        command = [
+            sys.executable, "-m", "tpulab", "run", "--accelerator", "v5litepod-4",
+            "--api-endpoint", f"http://127.0.0.1:{port}", "--zone", "us-central1-a",
+        ]  # fmt: skip
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={**os.environ, "COLUMNS": "200"},
+            check=False,
+        )
     said = done.stdout + done.stderr
     assert done.returncode == 3, said
     assert "never sent" in said

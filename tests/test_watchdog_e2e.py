@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import tpulab
+from helpers import tpulab, wait_until
 from test_interruptions import PROJECT, ZONE, Matrix, _served
 
 from tpulab.cleanup.journal import VANISHED
@@ -48,15 +48,6 @@ def _run(m: Matrix, node: str, *extra: str, as_json: bool = True) -> subprocess.
         "--project", PROJECT, "--zone", ZONE, "--name", node, *extra,
     ]  # fmt: skip
     return m.start_tpulab(*args, *(["--json"] if as_json else []), log=node)
-
-
-def _until(predicate: Callable[[], bool], what: str, timeout: float) -> float:
-    """Wait for `predicate`; the monotonic time it came true. A bound, not a timing."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(0.05)
-    return time.monotonic()
 
 
 def _in_phase(m: Matrix, node: str, phase: str, hold: str | None = None) -> Callable[[], bool]:
@@ -117,14 +108,14 @@ def test_sigkill_right_after_ready_the_vm_deletes_itself_within_the_grace(
     release = m.hold(node, "wait")  # the host key's guest attributes: right after READY
     process = _run(m, node, "--lease", "15s", "--boot-grace", "15s")
     try:
-        _until(_in_phase(m, node, "host-key", "wait"), "the run to wait for its host key", 120)
+        wait_until(_in_phase(m, node, "host-key", "wait"), "the run to wait for its host key", 120)
         process.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         assert process.wait(timeout=30) == -signal.SIGKILL
         release()
         # Before the first renewal only the boot grace (15 s from the watchdog's start,
         # which was before the kill) stands between the VM and its own DELETE.
-        gone = _until(_gone(m, node), "the node to delete itself", 15 + SLACK)
+        gone = wait_until(_gone(m, node), "the node to delete itself", 15 + SLACK)
     finally:
         _stop(process, release)
     assert gone - killed <= 15 + SLACK
@@ -156,11 +147,11 @@ def test_sigkill_during_the_payload_the_vm_deletes_itself_within_one_lease(
     release = m.hold(node, "execute")
     process = _run(m, node, "--lease", "15s")
     try:
-        _until(_in_phase(m, node, "execute"), "the payload to run", 180)
+        wait_until(_in_phase(m, node, "execute"), "the payload to run", 180)
         process.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         assert process.wait(timeout=30) == -signal.SIGKILL
-        gone = _until(_gone(m, node), "the node to delete itself", 15 + SLACK)
+        gone = wait_until(_gone(m, node), "the node to delete itself", 15 + SLACK)
     finally:
         _stop(process, release)
     # The last renewal was before the kill: one lease (plus a poll) later it fired.
@@ -194,7 +185,7 @@ def test_a_payload_three_leases_long_completes_and_the_controller_deletes_its_no
     release = m.hold(node, "execute")
     process = _run(m, node, "--lease", "10s")
     try:
-        _until(_in_phase(m, node, "execute"), "the payload to run", 180)
+        wait_until(_in_phase(m, node, "execute"), "the payload to run", 180)
         time.sleep(3 * 10 + 2)  # three leases with the payload running: renewal works
         assert node in m.emulator.node_names(PROJECT), "the watchdog fired on a live run"
         release()
@@ -206,7 +197,10 @@ def test_a_payload_three_leases_long_completes_and_the_controller_deletes_its_no
     watchdog = report["watchdog"]
     assert watchdog["state"] == "armed"
     assert watchdog["lease_seconds"] == 10
-    assert watchdog["lease_renewals"] >= 3 * 10 / 2 - 2  # one every lease/5 = 2 s
+    # One every lease/5 = 2 s after the previous one returned: ~19 in this run at load 8
+    # (its 40 s of session), fewer when each SSH round trip is slower. At least half that
+    # rate over the 32 s held, whatever the load: they went on all along.
+    assert watchdog["lease_renewals"] >= 32 / (2 * 2), watchdog
     assert watchdog["lease_renewal_failures"] == 0
     deletes = _deletes(m, node)
     assert deletes
@@ -220,10 +214,10 @@ def test_max_duration_deletes_a_hanging_run_while_its_controller_is_alive(
     release = m.hold(node, "execute")  # the payload hangs (until released, never here)
     process = _run(m, node, "--max-duration", "20s")
     try:
-        _until(_in_phase(m, node, "execute"), "the payload to run", 180)
+        wait_until(_in_phase(m, node, "execute"), "the payload to run", 180)
         # The guest (and its startup-script) boots at READY, on the emulator's wall clock.
         ready = m.emulator.snapshot()["nodes"][f"{PROJECT}/{ZONE}/{node}"]["ready_time"]
-        _until(_gone(m, node), "the node to delete itself at its deadline", 120)
+        wait_until(_gone(m, node), "the node to delete itself at its deadline", 120)
         gone = time.time()
         status = process.wait(timeout=120)  # the controller notices by itself
     finally:
@@ -270,9 +264,9 @@ def test_sigstop_past_the_lease_then_sigcont_confirms_the_teardown_and_says_why(
     release = m.hold(node, "execute")
     process = _run(m, node, "--lease", "10s")
     try:
-        _until(_in_phase(m, node, "execute"), "the payload to run", 180)
+        wait_until(_in_phase(m, node, "execute"), "the payload to run", 180)
         process.send_signal(signal.SIGSTOP)
-        _until(_gone(m, node), "the node to delete itself while the laptop sleeps", 10 + SLACK)
+        wait_until(_gone(m, node), "the node to delete itself while the laptop sleeps", 10 + SLACK)
         process.send_signal(signal.SIGCONT)
         status = process.wait(timeout=120)
     finally:
@@ -295,11 +289,11 @@ def test_a_watchdog_delete_racing_the_controllers_teardown_is_harmless(
     process = _run(m, node, "--lease", "10s")
     held = m.gate.hold(node, "delete")  # the controller's DeleteNode waits at the gate
     try:
-        _until(_in_phase(m, node, "execute"), "the payload to run", 180)
+        wait_until(_in_phase(m, node, "execute"), "the payload to run", 180)
         process.send_signal(signal.SIGINT)  # teardown: renewals stop, DeleteNode is held
         held.wait_reached()
         # Meanwhile the lease runs out and the VM deletes itself first.
-        _until(_gone(m, node), "the watchdog's delete", 10 + SLACK)
+        wait_until(_gone(m, node), "the watchdog's delete", 10 + SLACK)
         held.release()  # the controller's DeleteNode now meets NOT_FOUND: that is done
         status = process.wait(timeout=120)
     finally:

@@ -58,6 +58,14 @@ def _seq(config: WatchdogConfig) -> int:
     return int(line["seq"])
 
 
+# Waits (bounded: 60 s) until the lease file holds renewal 3 or later; the renewal
+# writes it whole (`mv`), one JSON line with sorted keys.
+_UNTIL_SEQ_3 = (
+    'n=0; until grep -qE \'"seq": ([3-9]|[1-9][0-9]+)}\' "$1" 2>/dev/null; do '
+    '[ "$n" -lt 600 ] || exit 1; n=$((n + 1)); sleep 0.1; done; echo done'
+)
+
+
 def test_renewals_share_the_connection_with_a_running_command(
     ssh_host: SshHost, config: WatchdogConfig
 ) -> None:
@@ -66,11 +74,15 @@ def test_renewals_share_the_connection_with_a_running_command(
         renewer = LeaseRenewer(session, config, note=notes.append)
         renewer.start()
         assert _seq(config) == 1  # the first renewal is done before start() returns
-        # The payload's long command runs on its own channel while the thread renews.
-        result = session.run(["sh", "-c", "sleep 5; echo done"], timeout=30, check=True)
+        # The payload's long command runs on its own channel while the thread renews: it
+        # ends once two background renewals went through (not after a fixed sleep, which
+        # a loaded machine's slower renewals could outlast).
+        result = session.run(
+            ["sh", "-c", _UNTIL_SEQ_3, "until-seq-3", config.lease_path], timeout=90, check=True
+        )
         assert result.stdout.strip() == "done"
         renewed = _seq(config)
-        assert renewed >= 3, renewed  # 5 s at one renewal per 2 s, plus the first
+        assert renewed >= 3, renewed  # the first, plus two from the thread
         renewer.stop()
         after_stop = _seq(config)
         time.sleep(config.renew_seconds * 2)
