@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from helpers import refused_port
 
 from tpulab.cleanup.journal import Journal, RunJournalAdapter
 from tpulab.cleanup.sessions import SessionStore
@@ -68,10 +69,12 @@ class FakeClock:
         self.now += seconds
 
 
-def _closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+@pytest.fixture
+def refused_url() -> Iterator[str]:
+    """An endpoint that refuses every connection for the whole test: its port stays bound
+    (never listening), so no other xdist worker's server can take it meanwhile."""
+    with refused_port() as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 class Blackhole:
@@ -116,9 +119,9 @@ def blackhole() -> Iterator[Blackhole]:
 
 @pytest.mark.parametrize("where", ["refused", "unresolvable"])
 def test_a_never_answering_endpoint_is_retried_on_the_schedule_then_declared_down(
-    where: str,
+    where: str, refused_url: str
 ) -> None:
-    url = _closed_port_url() if where == "refused" else UNRESOLVABLE
+    url = refused_url if where == "refused" else UNRESOLVABLE
     clock, notices = FakeClock(), list[str]()
     api = GoogleTpuApi(
         PROJECT,
@@ -150,9 +153,11 @@ def test_a_never_answering_endpoint_is_retried_on_the_schedule_then_declared_dow
     assert api.call_count == 5
 
 
-def test_a_create_to_a_dead_endpoint_is_resent_only_because_it_was_never_sent() -> None:
+def test_a_create_to_a_dead_endpoint_is_resent_only_because_it_was_never_sent(
+    refused_url: str,
+) -> None:
     clock = FakeClock()
-    url = _closed_port_url()
+    url = refused_url
     api = GoogleTpuApi(
         PROJECT, api_endpoint=url, clock=clock, sleep=clock.sleep, reach=CLOUD_SCHEDULE
     )
@@ -210,11 +215,13 @@ def test_an_endpoint_that_answered_once_is_never_declared_down(emulator: Emulato
 # -- the teardown: a dead endpoint ends it at once, a lost one does not -------------------
 
 
-def test_teardown_against_a_dead_endpoint_stops_at_once_and_says_nothing_was_deleted() -> None:
+def test_teardown_against_a_dead_endpoint_stops_at_once_and_says_nothing_was_deleted(
+    refused_url: str,
+) -> None:
     clock = FakeClock()
     api = GoogleTpuApi(
         PROJECT,
-        api_endpoint=_closed_port_url(),
+        api_endpoint=refused_url,
         clock=clock,
         sleep=clock.sleep,
         reach=CLOUD_SCHEDULE,
@@ -308,10 +315,10 @@ def _tpulab(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("where", ["refused", "blackhole", "unresolvable"])
 def test_tpulab_list_against_a_dead_endpoint_exits_3_with_what_to_do(
-    tpulab_home: Path, blackhole: Blackhole, where: str
+    tpulab_home: Path, blackhole: Blackhole, where: str, refused_url: str
 ) -> None:
     url, words = {
-        "refused": (_closed_port_url(), "Connection refused"),
+        "refused": (refused_url, "Connection refused"),
         "blackhole": (blackhole.url, "it accepted the connection but never answered"),
         "unresolvable": (UNRESOLVABLE, "its host name could not be resolved"),
     }[where]
@@ -339,10 +346,15 @@ def test_teardown_verify_against_a_dead_endpoint_exits_6_and_keeps_the_journal(
     emulator.stop()
     url = emulator.url
     before = sorted(r.run_id for r in Journal().open_runs())
-    done = _tpulab(
-        "teardown", "--verify", "--yes", "--api-endpoint", url, "--project", PROJECT,
-        "--zone", ZONE, home=tpulab_home,
-    )  # fmt: skip
+    # Hold the stopped emulator's port (bound, never listening), as refused_port does, so
+    # no other xdist worker's server can take it and answer in its place.
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        done = _tpulab(
+            "teardown", "--verify", "--yes", "--api-endpoint", url, "--project", PROJECT,
+            "--zone", ZONE, home=tpulab_home,
+        )  # fmt: skip
     assert done.returncode == 6, done.stderr
     out = done.stdout + done.stderr
     assert f"cannot reach the Cloud TPU API at {url}" in out
@@ -353,9 +365,9 @@ def test_teardown_verify_against_a_dead_endpoint_exits_6_and_keeps_the_journal(
 
 
 def test_down_against_a_dead_endpoint_exits_6_keeps_the_session_and_says_how_to_finish(
-    tpulab_home: Path,
+    tpulab_home: Path, refused_url: str
 ) -> None:
-    url = _closed_port_url()
+    url = refused_url
     store = SessionStore()
     store.reserve("lesson", b"not a real key")
     now = time.time()
