@@ -136,7 +136,12 @@ def test_two_execs_at_once_exactly_one_runs(served: Emulator, tmp_path: Path) ->
             time.sleep(0.1)
         (winner,) = [name for name, path in started.items() if path.exists()]
         loser = "b" if winner == "a" else "a"
-        _, refused_err = execs[loser].communicate(timeout=240)
+        deadline = time.monotonic() + 180
+        while execs[loser].poll() is None:
+            assert not started[loser].exists(), "both execs started their command"
+            assert time.monotonic() < deadline, "the second exec was neither refused nor run"
+            time.sleep(0.1)
+        _, refused_err = execs[loser].communicate(timeout=60)
         assert execs[loser].returncode == EXIT_REMOTE, refused_err
         lock_file = Path(started[winner].read_text()).parent / "exec.lock"
         assert not _lock_is_free(lock_file)  # held while the winner's command runs
