@@ -1,6 +1,6 @@
 """The exec lock of a tpulab session's VM, held for as long as this process's stdin is open.
 
-`tpulab exec` starts this over its own SSH connection (as `python3 -c SOURCE LOCK HOLDER`,
+`tpulab exec` starts this over its own SSH connection (as `python3 -I -S -c SOURCE LOCK HOLDER`,
 stdlib only, Python 3.10+), before it checks for a running command and before it syncs:
 
     TPULAB_LOCK locked                  the lock is ours; who holds it is in the lock file

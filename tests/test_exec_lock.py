@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -318,3 +319,70 @@ def test_the_lock_lives_as_long_as_the_connection_that_took_it(
     assert (status, seen) == (None, None)
     assert time.monotonic() - began < 1.5  # under the script's 2 s wait for a holder
     last.close()
+
+
+@pytest.mark.parametrize("version", ["3", "3.10", "3.12", "3.13"])
+def test_the_lock_script_on_each_python(tmp_path: Path, version: str) -> None:
+    # The VM's own python3 runs it (Ubuntu 22.04 has 3.10): run it here, the way the
+    # exec starts it, with a pipe for the stdin whose EOF ends the hold; under this
+    # machine's python3 always, and under each newer one that is installed.
+    from helpers import require_tool
+
+    if version == "3":
+        found = shutil.which("python3")
+        require_tool(found is not None, "python3")
+    else:
+        # pyenv's own interpreters, not its shims (which run only the selected version).
+        pyenv = sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))
+        found = str(pyenv[0]) if pyenv else shutil.which(f"python{version}")
+        if found is None:
+            pytest.skip(f"python{version} is not installed")
+    assert found is not None
+    python = found
+
+    def start(run_id: str) -> subprocess.Popen[str]:
+        argv = wl.lock_command(run_id=run_id, host="laptop", pid=7)
+        argv[0] = python
+        argv[argv.index(wl.LOCK_PATH)] = str(tmp_path / "lab" / "exec.lock")
+        return subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    first = start("first")
+    try:
+        assert first.stdout is not None
+        assert first.stdout.readline() == wl.LOCKED_REPORT
+        second = start("second")
+        said, errors = second.communicate(timeout=30)
+        assert second.returncode == 0, errors
+        holder = wl.parse_lock_report(said)
+        assert holder is not None
+        assert (holder.run_id, holder.host, holder.pid) == ("first", "laptop", 7)
+        assert first.poll() is None  # still holding
+    finally:
+        first.communicate(timeout=30)  # EOF on its stdin: it lets go and ends
+    assert first.returncode == 0
+    third = start("third")
+    said, errors = third.communicate(timeout=30)
+    assert wl.parse_lock_report(said) is None, errors  # free again
+
+
+@pytest.mark.parametrize(
+    ("stdout", "holder"),
+    [
+        (wl.LOCKED_REPORT, None),
+        ("noise\nTPULAB_LOCK held {}\n", wl.LockHolder(None, None, None, None)),
+        (
+            'TPULAB_LOCK held {"run_id": "r", "host": "h", "pid": 3, "since": 1.5}\n',
+            wl.LockHolder("r", "h", 3, 1.5),
+        ),
+    ],
+)
+def test_the_lock_report_is_read_strictly(stdout: str, holder: wl.LockHolder | None) -> None:
+    assert wl.parse_lock_report(stdout) == holder
+
+
+@pytest.mark.parametrize("stdout", ["", "Traceback ...\n", "TPULAB_LOCK maybe\n"])
+def test_an_unreadable_lock_report_is_an_error(stdout: str) -> None:
+    with pytest.raises(ValueError, match=r"TPULAB_LOCK|lock script"):
+        wl.parse_lock_report(stdout)

@@ -487,7 +487,8 @@ class RecordingSession:
         return self._reply(argv)
 
     def hold(self, argv: Sequence[str], *, timeout: float, answer_within: float) -> _Held:
-        is_lock = list(argv[:3]) == wl.lock_command(run_id="", host="", pid=0)[:3]
+        # All but the holder's note (this run, laptop and pid) is the lock's argv.
+        is_lock = list(argv[:-1]) == wl.lock_command(run_id="", host="", pid=0)[:-1]
         what = (
             f"takes the session's exec lock (flock on ~/{wl.LOCK_PATH}, noting this run, "
             "laptop and pid) or says who holds it -- then the exec is refused, nothing "
