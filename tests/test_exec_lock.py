@@ -360,7 +360,10 @@ def test_the_lock_script_on_each_python(tmp_path: Path, version: str) -> None:
         assert (holder.run_id, holder.host, holder.pid) == ("first", "laptop", 7)
         assert first.poll() is None  # still holding
     finally:
-        first.communicate(timeout=30)  # EOF on its stdin: it lets go and ends
+        try:
+            first.communicate(timeout=30)  # EOF on its stdin: it lets go and ends
+        finally:
+            first.kill()  # (a no-op once it has ended) never left behind by a failure
     assert first.returncode == 0
     third = start("third")
     said, errors = third.communicate(timeout=30)
