@@ -99,7 +99,8 @@ def test_every_flag_lands_in_the_spec_with_its_source(tmp_path: Path) -> None:
     assert work.env == (("SEED", "3"), ("EMPTY", ""), ("EQ", "a=b"))
     assert work.env_names == ("SEED", "EMPTY", "EQ")
     assert work.with_packages == ("flax", "optax>=0.2,<1", "orbax-checkpoint[all]==0.6.4")
-    assert work.requirements == reqs.resolve()
+    assert work.requirements is not None
+    assert work.requirements.path == reqs.resolve()
     assert work.fetch == ("ckpt/", "logs/*.json")
     assert work.allow_secrets == ("config/test.pem",)
     assert (work.max_upload, work.max_fetch) == (int(1.5 * 2**30), 64 * 1024)

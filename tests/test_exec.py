@@ -246,14 +246,18 @@ def test_a_command_outliving_idle_keeps_its_node_and_ttl_ends_it_clearly(
 ) -> None:
     # The --ttl leaves room for `up` and the first exec on a loaded CI machine (both
     # took up to ~45 s each under load); at 75 s the first exec could outlive it.
-    state = up(served, "short", "--ttl", "150s", "--idle", "15s")
+    # The --idle covers the gap between the two execs, when nothing renews the lease
+    # (the first one's exit, the second one's start, GetNode and SSH login): at 15 s a
+    # machine at load 12 let the node idle out there, before the second exec's renewer
+    # took over (CI, 2026-12-01).
+    state = up(served, "short", "--ttl", "180s", "--idle", "30s")
     work = tmp_path / "work"
     work.mkdir()
     (work / "nap.py").write_text("import sys, time\ntime.sleep(float(sys.argv[1]))\n")
     # Longer than --idle: the exec renews the lease in the background, so the VM stays.
     long = tpulab(
         "exec", "short", "--workdir", str(work), "--out", str(tmp_path / "long"), "--",
-        "python", "nap.py", "25", timeout=300,
+        "python", "nap.py", "40", timeout=300,
     )  # fmt: skip
     assert long.returncode == EXIT_OK, long.stderr + long.stdout
     assert node_state(served, str(state["node_name"])) == "READY"

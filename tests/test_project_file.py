@@ -85,7 +85,8 @@ def test_pyproject_supplies_every_default_with_its_source(tmp_path: Path) -> Non
     work = spec.workload
     assert work is not None
     assert work.with_packages == ("flax", "optax>=0.2")
-    assert work.requirements == (tmp_path / "reqs" / "extra.txt").resolve()
+    assert work.requirements is not None
+    assert work.requirements.path == (tmp_path / "reqs" / "extra.txt").resolve()
     assert work.fetch == ("ckpt/", "metrics.jsonl")
     assert work.env == (("WANDB_MODE", "offline"),)
     assert "data/raw/" in work.exclude

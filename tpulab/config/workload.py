@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from tpulab.config.requirements import RequirementsFile, read_requirements
 from tpulab.config.spec import check_seconds
 from tpulab.errors import ConfigError
 
@@ -66,7 +67,7 @@ class WorkloadSpec:
     out: Path  # absolute; default ./tpulab-runs/<run id>/
     env: tuple[tuple[str, str], ...]  # --env K=V and [tool.tpulab] env, names checked
     with_packages: tuple[str, ...]  # --with requirements (PEP 508 name, extras, versions)
-    requirements: Path | None  # --requirements FILE, absolute, readable
+    requirements: RequirementsFile | None  # --requirements FILE, read, references checked
     fetch: tuple[str, ...]  # --fetch patterns, workspace-relative
     exclude: tuple[str, ...]  # [tool.tpulab] exclude (gitignore syntax) + --out if inside
     allow_secrets: tuple[str, ...]  # --allow-secret PATH, workspace-relative
@@ -281,7 +282,7 @@ def build_workload(
     )
     sources["allow_secrets"] = "--allow-secret" if allow_secrets else "default"
     env = _merged_env(flags.env, defaults, sources)
-    requirements = _requirements(flags.requirements, cwd, defaults, sources)
+    requirements = _requirements(flags.requirements, cwd, workdir, defaults, sources)
     out = _out_dir(flags.out, run_id, cwd, sources)
     exclude = list(defaults.exclude)
     sources["exclude"] = defaults.source if "exclude" in defaults.keys else "default"
@@ -320,6 +321,14 @@ def _merged_env(
 
 
 def _requirements(
+    flag: str | None, cwd: Path, workdir: Path, defaults: ProjectDefaults, sources: dict[str, str]
+) -> RequirementsFile | None:
+    path = _requirements_path(flag, cwd, defaults, sources)
+    # Its references are checked against the workspace now, before anything is created.
+    return None if path is None else read_requirements(path, workdir=workdir, cwd=cwd)
+
+
+def _requirements_path(
     flag: str | None, cwd: Path, defaults: ProjectDefaults, sources: dict[str, str]
 ) -> Path | None:
     if flag is None:

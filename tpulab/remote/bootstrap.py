@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from tpulab.config.python import SYSTEM_PYTHON, check_python_request
+from tpulab.config.requirements import distribution_names
 from tpulab.contract import EMULATED_IMAGE_ENV
 from tpulab.errors import BootstrapError, CommandFailedError, RemoteError
 
@@ -275,10 +276,13 @@ _PROBE = (
 
 # The user's extras: skipped when the venv's stamp says exactly these were installed;
 # otherwise installed with uv (found as for jax) or pip, then stamped. Packages arrive
-# as "$@" and the requirements file as $5 (empty: none), never inside the script text.
+# as "$@", the requirements file as $5 (empty: none) and the directory the installer
+# runs in as $6 (empty: HOME), never inside the script text. The installer runs in $6
+# so that the file's relative paths resolve there as pip resolves them on the laptop
+# (nested -r/-c relative to the file naming them, the rest relative to the directory).
 _EXTRAS_SCRIPT = (
     r"""
-venv=$1; installer=$2; stamp=$3; want=$4; reqs=$5; shift 5
+venv=$1; installer=$2; stamp=$3; want=$4; reqs=$5; dir=$6; shift 6
 if [ -r "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "TPULAB_EXTRAS satisfied (stamp $want)"; exit 0
 fi
@@ -287,6 +291,8 @@ rm -f "$stamp"
 """
     + _FIND_UV
     + r"""
+venv=$PWD/$venv; stamp=$PWD/$stamp
+if [ -n "$dir" ] && ! cd "$dir"; then echo "tpulab: no synced workspace at $dir" >&2; exit 42; fi
 done=""
 if [ "$installer" = uv ]; then
   if [ -z "$uv" ] && [ -x "$venv/bin/uv" ]; then uv="$venv/bin/uv"; fi
@@ -360,36 +366,51 @@ def install_command(
 class Extras:
     """What the user asked the venv to hold besides jax (`--with`, `--requirements`).
 
-    `requirements_text` is the file's content (staged to STAGED_REQUIREMENTS); the
-    stamp covers both, so editing the file makes the next run install again.
+    `requirements_text` is the file's content. With `requirements_path` (relative to
+    `install_dir`) the VM installs from that synced copy, the installer running in
+    `install_dir` (the synced workspace) so that the file's relative references resolve
+    as on the laptop; without it the text is staged alone to STAGED_REQUIREMENTS. The
+    stamp covers the file, the nested -r/-c files (`nested_texts`) and where it is read,
+    so editing any of them makes the next run install again.
     """
 
     packages: tuple[str, ...] = ()
     requirements_text: str | None = None
+    nested_texts: tuple[str, ...] = ()
+    requirements_path: str | None = None
+    install_dir: str = ""
 
     def __bool__(self) -> bool:
         return bool(self.packages) or self.requirements_text is not None
 
     @property
+    def staged(self) -> bool:
+        """The file's text goes to STAGED_REQUIREMENTS (it is not in the workspace)."""
+        return self.requirements_text is not None and self.requirements_path is None
+
+    @property
     def stamp(self) -> str:
-        wanted = {"with": sorted(self.packages), "requirements": self.requirements_text}
+        wanted = {
+            "with": sorted(self.packages),
+            "requirements": self.requirements_text,
+            "nested": list(self.nested_texts),
+            "at": [self.install_dir, self.requirements_path],
+        }
         return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()
 
     @property
     def names(self) -> list[str]:
-        """Distribution names, for the probe: from `--with` and the file's plain lines."""
-        lines = list(self.packages)
-        for line in (self.requirements_text or "").splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line and not line.startswith("-"):
-                lines.append(line)
-        found = [match.group(0) for line in lines if (match := _DIST_NAME.match(line))]
+        """Distribution names, for the probe: `--with`'s and those the files name."""
+        found = [match.group(0) for line in self.packages if (match := _DIST_NAME.match(line))]
+        if self.requirements_text is not None:
+            found += distribution_names((self.requirements_text, *self.nested_texts))
         return list(dict.fromkeys(name.lower() for name in found))
 
     def describe(self) -> str:
         parts = list(self.packages)
         if self.requirements_text is not None:
-            parts.append(f"-r requirements ({len(self.names) - len(self.packages)} named)")
+            shown = self.requirements_path or "requirements"
+            parts.append(f"-r {shown} ({len(self.names) - len(self.packages)} named)")
         return " ".join(parts)
 
 
@@ -404,7 +425,10 @@ class ExtrasResult:
 
 
 def extras_command(extras: Extras, installer: Installer = "uv") -> list[str]:
-    reqs = STAGED_REQUIREMENTS if extras.requirements_text is not None else ""
+    if extras.requirements_path is not None:
+        reqs, where = extras.requirements_path, extras.install_dir
+    else:
+        reqs, where = (STAGED_REQUIREMENTS if extras.staged else ""), ""
     return [
         "sh",
         "-c",
@@ -415,6 +439,7 @@ def extras_command(extras: Extras, installer: Installer = "uv") -> list[str]:
         EXTRAS_STAMP,
         extras.stamp,
         reqs,
+        where,
         *extras.packages,
     ]
 
@@ -593,7 +618,8 @@ def install_extras(
 ) -> ExtrasResult:
     """Install the user's extras into the venv (after jax), unless its stamp says they
     are there; record their resolved versions. The requirements file, if any, must
-    already be staged at STAGED_REQUIREMENTS. Raises BootstrapError naming the package."""
+    already be on the VM: staged at STAGED_REQUIREMENTS, or synced with the workspace.
+    Raises BootstrapError naming the package."""
     tell = note or (lambda _message: None)
     started = clock()
     done = shell.run(extras_command(extras, installer), timeout=timeout, on_line=on_line)
@@ -601,9 +627,12 @@ def install_extras(
         output = done.stdout + "\n" + done.stderr
         blamed = _blamed(extras, output)
         used = _marker(done.stdout, INSTALLER_MARKER) or installer
+        # A file naming only paths or URLs (`-e ./pkg`) has no package name to blame.
+        named = extras.requirements_path or "the --requirements file"
+        what = ", ".join(blamed) or f"the requirements of {named}"
         raise BootstrapError(
             f"Installing your extra packages with {used} failed (exit {done.exit_status}): "
-            f"{', '.join(blamed)} could not be installed.",
+            f"{what} could not be installed.",
             packages=blamed,
             exit_status=done.exit_status,
             output_tail=_tail(done),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from tpulab import paths
@@ -32,11 +32,12 @@ from tpulab.remote import workload as wl
 from tpulab.run.progress import COMMAND_STREAM, Phase
 
 if TYPE_CHECKING:
+    from tpulab.config.requirements import RequirementsFile
     from tpulab.config.workload import WorkloadSpec
     from tpulab.remote.workspace import Manifest, UploadResult, UploadSelection
     from tpulab.run.lifecycle import Lifecycle
 
-__all__ = ["WorkloadOutcome", "WorkloadRunner"]
+__all__ = ["WorkloadOutcome", "WorkloadRunner", "extras_for"]
 
 # After a Ctrl-C the fetch is a courtesy before the teardown: bounded, not the full cap.
 INTERRUPTED_FETCH_SECONDS = 120.0
@@ -86,7 +87,6 @@ class WorkloadRunner:
         self.life = life
         self.workload = workload
         self.selection: UploadSelection | None = None
-        self.requirements_text: str | None = None
         self.launcher = b""
         self.outcome = WorkloadOutcome(
             command=tuple(workload.command), env_names=workload.env_names, out=workload.out
@@ -94,13 +94,14 @@ class WorkloadRunner:
 
     @property
     def extras(self) -> boot.Extras:
-        return boot.Extras(tuple(self.workload.with_packages), self.requirements_text)
+        return extras_for(self.workload)
 
     # -- validation (inside the lifecycle's VALIDATE phase; nothing is sent) ------------
 
     def validate(self) -> str:
         """Select the upload (WorkspaceError for over the cap or a secret-looking file),
-        check the fetch patterns and read the requirements file: all before any create."""
+        check the fetch patterns and that the sync carries what the requirements file
+        refers to: all before any create."""
         from tpulab.remote.workspace import check_fetch_patterns, select_workspace
 
         spec = self.workload
@@ -112,13 +113,7 @@ class WorkloadRunner:
         )
         check_fetch_patterns(spec.fetch)
         if spec.requirements is not None:
-            try:
-                self.requirements_text = spec.requirements.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as error:
-                raise ConfigError(
-                    f"Cannot read --requirements {spec.requirements}: {error}",
-                    hint="Pass a readable UTF-8 requirements file.",
-                ) from None
+            _check_uploaded(spec.requirements, self.selection)
         try:
             self.launcher = paths.payload_path(wl.LAUNCHER_NAME).read_bytes()
         except OSError as error:
@@ -179,7 +174,8 @@ class WorkloadRunner:
         session = life.session
         assert session is not None
         extras = self.extras
-        if extras.requirements_text is not None:
+        if extras.staged:
+            assert extras.requirements_text is not None
             data = extras.requirements_text.encode("utf-8")
             life._stage_file(data, boot.STAGED_REQUIREMENTS, "requirements file")
         result = boot.install_extras(
@@ -326,6 +322,46 @@ class WorkloadRunner:
         self.life.observer.note(
             f"your command was stopped on the VM ({said.removeprefix('TPULAB_STOP ')})"
         )
+
+
+def extras_for(workload: WorkloadSpec) -> boot.Extras:
+    """The venv's extras: a workspace requirements file is read from the synced copy,
+    the installer running in the workspace root (its relative references resolve as on
+    the laptop); one from outside is staged alone."""
+    packages = tuple(workload.with_packages)
+    reqs = workload.requirements
+    if reqs is None:
+        return boot.Extras(packages)
+    if reqs.workspace_path is None:
+        return boot.Extras(packages, reqs.text)
+    return boot.Extras(
+        packages,
+        reqs.text,
+        nested_texts=tuple(text for _path, text in reqs.nested),
+        requirements_path=reqs.workspace_path,
+        install_dir=wl.WORKSPACE_DIR,
+    )
+
+
+def _check_uploaded(reqs: RequirementsFile, selection: UploadSelection) -> None:
+    """A workspace requirements file is read on the VM from the synced copy: it, its
+    nested files and the local paths it names must all go up (not be ignored)."""
+    if reqs.workspace_path is None:
+        return
+    files = {path for path, _size in selection.files}
+    for item in reqs.uploads:
+        # PurePosixPath: `-e .` is the root, whose project file is "pyproject.toml".
+        wanted = PurePosixPath(item.path, item.project_file or "").as_posix()
+        inside = "" if wanted == "." else wanted + "/"
+        carried = wanted in files or any(path.startswith(inside) for path in files)
+        if not carried:
+            raise ConfigError(
+                f"{item.source}: {wanted} is in the workspace but not in its upload "
+                "(an ignore rule, [tool.tpulab] exclude or the always-excluded list skips "
+                "it), so pip on the VM would not find it.",
+                hint="Stop ignoring it (.tpulabignore can re-include with !PATH), or "
+                "install that package another way (--with NAME).",
+            )
 
 
 def _describe(error: BaseException) -> str:
