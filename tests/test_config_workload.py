@@ -19,6 +19,7 @@ from tpulab.config.workload import (
     RUNS_DIR,
     WorkloadFlags,
     check_env,
+    check_exclude_pattern,
     check_requirement,
     check_workspace_pattern,
     parse_size,
@@ -130,6 +131,7 @@ def test_every_flag_lands_in_the_spec_with_its_source(tmp_path: Path) -> None:
     ("option", "value"),
     [
         ("--fetch", "--fetch"),
+        ("--exclude", "--exclude"),
         ("--out", "--out"),
         ("--env", "--env"),
         ("--with", "--with"),
@@ -146,6 +148,7 @@ def test_workload_flags_without_a_command_are_refused(
 ) -> None:
     field = {
         "--fetch": ("fetch", ("x",)),
+        "--exclude": ("exclude", ("*.bin",)),
         "--out": ("out", "o"),
         "--env": ("env", ("A=1",)),
         "--with": ("with_packages", ("flax",)),
@@ -182,6 +185,8 @@ def test_workload_flags_without_a_command_are_refused(
         ({"fetch": ("../x",)}, "leaves the workspace"),
         ({"fetch": ("/etc/passwd",)}, "not inside the workspace"),
         ({"allow_secrets": ("../id_rsa",)}, "leaves the workspace"),
+        ({"exclude": ("#notes",)}, "--exclude '#notes' is a comment"),
+        ({"exclude": ("data/*.bin", "../x")}, "--exclude '../x' names nothing inside"),
     ],
 )
 def test_bad_workload_input_is_refused(
@@ -266,3 +271,64 @@ def test_workspace_patterns_are_normalised(text: str, normal: str) -> None:
 def test_workspace_patterns_outside_are_refused(text: str) -> None:
     with pytest.raises(ConfigError, match="--fetch"):
         check_workspace_pattern(text, "--fetch")
+
+
+def test_exclude_flags_come_after_the_files_patterns(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.tpulab]\nexclude = ["data/", "*.bin"]\n', encoding="utf-8"
+    )
+    work = spec_for(
+        tmp_path, exclude=("logs/", "!keep.bin", "logs/"), out=str(tmp_path / "o")
+    ).workload
+    assert work is not None
+    # Added to, not replacing, the file's; in order (later gitignore rules win, so the
+    # flag's "!keep.bin" brings back what the file's "*.bin" excludes); duplicates once.
+    assert work.exclude == ("data/", "*.bin", "logs/", "!keep.bin", "/o/")
+    assert work.sources["exclude"] == "pyproject.toml [tool.tpulab] + --exclude"
+    only_file = spec_for(tmp_path, out=str(tmp_path / "p")).workload
+    assert only_file is not None
+    assert only_file.exclude == ("data/", "*.bin", "/p/")
+    assert only_file.sources["exclude"] == "pyproject.toml [tool.tpulab]"
+    (tmp_path / "pyproject.toml").unlink()
+    only_flag = spec_for(tmp_path, exclude=("*.bin",), out=str(tmp_path / "q")).workload
+    assert only_flag is not None
+    assert (only_flag.exclude, only_flag.sources["exclude"]) == (("*.bin", "/q/"), "--exclude")
+
+
+_BAD_EXCLUDES = [
+    ("", "is not a pattern"),
+    ("   ", "is not a pattern"),
+    ("a\nb", "is not a pattern"),
+    ("#notes", "is a comment"),
+    ("data\\", "ends with a backslash"),
+    ("../secrets", "names nothing inside the workspace"),
+    ("a/../../b", "names nothing inside the workspace"),
+    ("~/x", "names nothing inside the workspace"),
+    ("!", "names nothing inside the workspace"),
+    ("/", "names nothing inside the workspace"),
+]
+
+
+@pytest.mark.parametrize(("pattern", "words"), _BAD_EXCLUDES)
+def test_bad_exclude_patterns_are_refused_from_the_flag_and_the_file(
+    tmp_path: Path, pattern: str, words: str
+) -> None:
+    with pytest.raises(ConfigError, match=words) as flag:
+        check_exclude_pattern(pattern)
+    assert repr(pattern) in flag.value.message  # names the pattern
+    assert flag.value.message.startswith("--exclude ")
+    quoted = pattern.replace("\\", "\\\\").replace("\n", "\\n")
+    (tmp_path / "pyproject.toml").write_text(
+        f'[tool.tpulab]\nexclude = ["ok/", "{quoted}"]\n', encoding="utf-8"
+    )
+    # The file's patterns pass the same check (the empty ones fail its list check first).
+    with pytest.raises(ConfigError, match=words if pattern.strip() else "non-empty") as file:
+        spec_for(tmp_path)
+    assert "pyproject.toml" in file.value.message
+
+
+@pytest.mark.parametrize(
+    "pattern", ["*.bin", "/data/", "!keep.bin", "\\#literal", "**/cache/**", "a b", "x\\\\"]
+)
+def test_good_exclude_patterns_pass_as_written(pattern: str) -> None:
+    assert check_exclude_pattern(pattern) == pattern

@@ -1,7 +1,7 @@
 """`tpulab runs list|show` read back the run.json of `-- CMD` runs through the journal's
 pointer (journal schema 5's `records`), and a journal written by schema 1 is migrated in
-place (through 2, the queued resource, 3, the "forgotten" teardown, and 4, the pointer in
-the row, to 5)."""
+place (through 2, the queued resource, 3, the "forgotten" teardown, 4, the pointer in
+the row, and 5, the `records` table, to 6, the pointer's writer process)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tpulab.cleanup.journal import SCHEMA_VERSION, Journal, RunJournalAdapter
+from tpulab.cleanup.journal import SCHEMA_VERSION, Journal, RecordPointer, RunJournalAdapter
 from tpulab.cli._exit import EXIT_CONFIG
 from tpulab.cli.runs import RunsListEnvelope
 from tpulab.run.record import RunRecord
@@ -66,9 +66,11 @@ def test_a_schema_1_journal_is_migrated_in_place(tmp_path: Path) -> None:
     assert old.queued_resource is None
     assert journal.run_record_of("old1") is None
     journal.set_run_record("old1", tmp_path / "out" / "run.json")
-    assert journal.run_records() == [("old1", tmp_path / "out" / "run.json")]
+    assert [(p.run_id, p.path) for p in journal.run_records()] == [
+        ("old1", tmp_path / "out" / "run.json")
+    ]
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
 
 
 # A schema-4 journal: the record's pointer in the run's own row.
@@ -93,13 +95,57 @@ def test_a_schema_4_journals_record_pointers_move_to_records(tmp_path: Path) -> 
         ):
             conn.execute(statement)
     journal = Journal(path)
-    assert journal.run_records() == [("r4", Path("/lab/out/run.json"))]
-    assert journal.run_record_of("r4") == Path("/lab/out/run.json")
+    assert journal.run_records() == [RecordPointer("r4", Path("/lab/out/run.json"))]
+    assert journal.run_record_of("r4") == RecordPointer("r4", Path("/lab/out/run.json"))
     assert journal.run_record_of("old1") is None
     # An exec has no row of its own (it creates no node): its record is found all the same.
     journal.set_run_record("r4-x", tmp_path / "x" / "run.json", session_run_id="r4")
-    assert journal.run_records()[0] == ("r4-x", tmp_path / "x" / "run.json")
+    newest = journal.run_records()[0]
+    assert (newest.run_id, newest.path, newest.session_run_id) == (
+        "r4-x",
+        tmp_path / "x" / "run.json",
+        "r4",
+    )
     assert journal.get("r4-x") is None
+
+
+def test_a_schema_5_journals_pointers_have_no_writer_and_new_ones_name_theirs(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "journal.sqlite3"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(_V1)
+        for statement in (
+            "ALTER TABLE runs ADD COLUMN queued_resource TEXT",
+            "ALTER TABLE runs ADD COLUMN run_record TEXT",
+            "CREATE TABLE records (run_id TEXT PRIMARY KEY, path TEXT NOT NULL, "
+            "session_run_id TEXT, written TEXT NOT NULL)",
+            "INSERT INTO records VALUES ('x5', '/lab/x5/run.json', 'old1', "
+            "'2026-11-30T00:00:00+00:00')",
+            "PRAGMA user_version = 5",
+        ):
+            conn.execute(statement)
+    journal = Journal(path)
+    (old,) = journal.run_records()
+    assert old == RecordPointer("x5", Path("/lab/x5/run.json"), session_run_id="old1")
+    assert not old.writer_alive  # a schema-5 pointer names no writer: never "still running"
+    # A pointer set now names this process, alive; one set by a process that exited is not.
+    journal.set_run_record("mine", tmp_path / "mine" / "run.json")
+    mine = journal.run_record_of("mine")
+    assert mine is not None
+    assert (mine.pid, mine.writer_alive) == (os.getpid(), True)
+    code = (
+        "import sys; from pathlib import Path; from tpulab.cleanup.journal import Journal; "
+        "Journal(Path(sys.argv[1])).set_run_record('gone', Path('/lab/gone/run.json'))"
+    )
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=60)
+    gone = journal.run_record_of("gone")
+    assert gone is not None
+    assert gone.pid is not None
+    assert gone.pid != os.getpid()
+    assert not gone.writer_alive
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 @pytest.mark.slow
@@ -111,7 +157,9 @@ def test_runs_list_and_show_read_back_the_record(embedded_rig: Rig, tmp_path: Pa
     spec = with_workload(embedded_rig.spec(), work, out, "python", "hello.py")
     _life, _, error = embedded_rig.run(spec, journal=RunJournalAdapter())
     assert error is None, error
-    assert Journal().run_record_of(spec.run_id) == out / "run.json"
+    pointer = Journal().run_record_of(spec.run_id)
+    assert pointer is not None
+    assert pointer.path == out / "run.json"
 
     listed = tpulab("runs", "list", "--json")
     assert listed.returncode == 0, listed.stderr

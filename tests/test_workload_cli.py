@@ -139,3 +139,70 @@ def test_sigkill_during_the_command_leaves_a_node_that_teardown_verify_deletes(
     assert swept.returncode == EXIT_OK, swept.stderr + swept.stdout
     assert nodes_left(fast_embedded_emulator) == []
     assert Journal().open_runs() == []
+
+
+_LIST_FILES = (
+    "import os\n"
+    "for root, dirs, files in os.walk('.'):\n"
+    "    dirs[:] = [d for d in dirs if d != '.tpulab']\n"
+    "    for name in files:\n"
+    "        print('has', os.path.relpath(os.path.join(root, name)))\n"
+)
+
+
+def _excluding_workspace(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    (work / "data").mkdir(parents=True)
+    (work / "pyproject.toml").write_text('[tool.tpulab]\nexclude = ["data/"]\n')
+    (work / "data" / "big.bin").write_text("bulk")
+    (work / "notes.tmp").write_text("scratch")
+    (work / "list.py").write_text(_LIST_FILES)
+    return work
+
+
+def test_exclude_adds_to_the_files_patterns_and_nothing_excluded_is_uploaded(
+    tmp_path: Path,
+) -> None:
+    from helpers import served_emulator
+
+    work = _excluding_workspace(tmp_path)
+    out = tmp_path / "out"
+    with served_emulator(tmp_path / "emulator") as emulator:
+        where = ("--api-endpoint", emulator.url, "--project", "p", "--zone", "us-central1-a")
+        # The plan says where the patterns came from: the file's and the flag's.
+        plan = tpulab(
+            "run", "--accelerator", "v5litepod-1", *where, "--workdir", str(work),
+            "--exclude", "*.tmp", "--dry-run", "--json", "--", "python", "list.py",
+        )  # fmt: skip
+        assert plan.returncode == EXIT_OK, plan.stderr
+        assert json.loads(plan.stdout)["sources"]["exclude"] == (
+            "pyproject.toml [tool.tpulab] + --exclude"
+        )
+        done = tpulab(
+            "run", "--accelerator", "v5litepod-1", *where, "--boot-timeout", "60",
+            "--workdir", str(work), "--out", str(out), "--exclude", "*.tmp",
+            "--", "python", "list.py",
+        )  # fmt: skip
+        assert done.returncode == EXIT_OK, done.stderr + done.stdout
+        # Neither the file's data/ nor the flag's *.tmp reached the VM.
+        seen = sorted(
+            line.split(" ", 1)[1]
+            for line in (out / "output.log").read_text().splitlines()
+            if line.startswith("has ")
+        )
+        assert seen == ["list.py", "pyproject.toml"]
+        record = json.loads((out / "run.json").read_text())
+        assert sorted(entry["path"] for entry in record["upload"]) == seen
+
+        # A bad pattern: exit 2, naming it, before any API call; nothing created.
+        before = len(emulator.requests())
+        refused = tpulab(
+            "run", "--accelerator", "v5litepod-1", *where, "--workdir", str(work),
+            "--out", str(tmp_path / "refused"), "--exclude", "data/../..", "--",
+            "python", "list.py",
+        )  # fmt: skip
+        assert refused.returncode == 2, refused.stderr + refused.stdout
+        assert "--exclude 'data/../..' names nothing inside the workspace" in refused.stderr
+        assert len(emulator.requests()) == before
+        assert not (tmp_path / "refused").exists()
+        assert emulator.node_names("p") == []

@@ -18,6 +18,11 @@
     │   ├── TransientError               5xx or rate limiting; worth retrying
     │   │   ├── UnreachableError             never sent (refused, DNS): nothing happened
     │   │   └── OutcomeUnknownError          sent, no answer (timeout, reset): may have acted
+    │   ├── EndpointDownError            nothing at the endpoint answered this command at
+    │   │   │                                all: no wait rides it out (tpulab.polling)
+    │   │   ├── EndpointUnreachableError     ... and no try was even sent (also Unreachable)
+    │   │   └── EndpointSilentError          ... a try was sent, none answered (also
+    │   │                                        OutcomeUnknown)
     │   ├── DeadlineError                an operation or state did not arrive in time
     │   └── PreemptedError               a spot node was preempted under the run
     ├── RemoteError                  talking to the VM over SSH went wrong
@@ -60,6 +65,9 @@ __all__ = [
     "ConfigError",
     "ConnectError",
     "DeadlineError",
+    "EndpointDownError",
+    "EndpointSilentError",
+    "EndpointUnreachableError",
     "HostKeyMismatchError",
     "InterruptedRun",
     "InvalidArgumentError",
@@ -197,6 +205,24 @@ class OutcomeUnknownError(TransientError):
     """The request was sent but no answer came (read timeout, connection reset).
 
     The server may have acted: after a CreateNode the node may exist."""
+
+
+class EndpointDownError(CloudError):
+    """No request of this command got any answer from the endpoint, for longer than the
+    reach budget (tpulab.cloud.reach): it is down or mistyped, or this machine is offline.
+
+    Not a TransientError of its own: every wait stops on it at once (tpulab.polling), and
+    later calls of the same command raise it again without waiting. An endpoint that
+    answered once is never declared down: losing it later stays a TransientError that
+    the waits (and a run's teardown) ride out under their own deadlines."""
+
+
+class EndpointUnreachableError(EndpointDownError, UnreachableError):
+    """No try was even sent (refused, DNS, connect timeout): nothing can have happened."""
+
+
+class EndpointSilentError(EndpointDownError, OutcomeUnknownError):
+    """A try was sent (the endpoint accepted the connection) but none was answered."""
 
 
 class DeadlineError(CloudError):

@@ -41,7 +41,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from tpulab.errors import DeadlineError
+from tpulab.errors import DeadlineError, EndpointDownError
 
 __all__ = [
     "ActiveWait",
@@ -193,7 +193,8 @@ def poll_until(
     happens exactly at the deadline (`timeout`, or the enclosing loop's, if sooner). An
     exception from `probe` that `retry_if` accepts counts as "not yet" (`on_retry` hears
     it with the coming delay); any other propagates at once -- that is how a caller stops
-    early (a preempted node, a failed operation). Past the deadline raises
+    early (a preempted node, a failed operation) -- and so does an EndpointDownError,
+    whatever `retry_if` says. Past the deadline raises
     `expired(tries)`, by default a DeadlineError worded with `describe(last_result)`.
     With `announce`, each probe runs under this loop's `ActiveWait` (see module doc).
     Without `enclose`, loops inside the probe keep their own deadlines instead of
@@ -221,7 +222,9 @@ def poll_until(
                 result = probe()
             finished = done(result)
         except Exception as error:
-            if retry_if is None or not retry_if(error):
+            # An endpoint that never answered this command at all ends every wait at
+            # once: each later call would fail the same way (see EndpointDownError).
+            if retry_if is None or not retry_if(error) or isinstance(error, EndpointDownError):
                 raise
             tries.error = error
         else:

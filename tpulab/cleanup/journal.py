@@ -39,17 +39,19 @@ __all__ = [
     "VANISHED",
     "Journal",
     "JournalView",
+    "RecordPointer",
     "RunJournalAdapter",
     "RunRow",
     "TeardownResult",
     "close_vanished",
     "journal_view",
+    "process_is_live",
     "process_marker",
     "row_is_live",
     "target_for",
 ]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # The embedded emulator listens on a random port per process, so its rows are keyed by
 # TARGET_EMULATE (tpulab.errors, beside LeakedNode) rather than by a URL no later process
 # could reach.
@@ -91,7 +93,10 @@ CREATE TABLE records (
     run_id      TEXT PRIMARY KEY,
     path        TEXT NOT NULL,
     session_run_id TEXT,
-    written     TEXT NOT NULL
+    written     TEXT NOT NULL,
+    pid         INTEGER,
+    host        TEXT,
+    proc_start  TEXT
 );
 """
 
@@ -147,6 +152,15 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "INSERT INTO records (run_id, path, session_run_id, written) "
         "SELECT run_id, run_record, NULL, started FROM runs WHERE run_record IS NOT NULL",
     ),
+    # Schema 6 stamps each pointer with the process that writes the record (pid, host,
+    # start time, as a run's row has them), which is how `tpulab runs` tells a record
+    # still being written from one whose run was SIGKILLed: an exec has no row in `runs`
+    # to ask. Older pointers have none; their records were written at the end anyway.
+    5: (
+        "ALTER TABLE records ADD COLUMN pid INTEGER",
+        "ALTER TABLE records ADD COLUMN host TEXT",
+        "ALTER TABLE records ADD COLUMN proc_start TEXT",
+    ),
 }
 
 # Queries are whole literals (no string building), so nothing user-supplied reaches SQL
@@ -175,6 +189,13 @@ _SELECT_NODE = (
     "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
     "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource FROM runs "
     "WHERE project = ? AND zone = ? AND node_name = ? ORDER BY started DESC, rowid DESC"
+)
+_SELECT_RECORDS = (
+    "SELECT run_id, path, session_run_id, pid, host, proc_start FROM records "
+    "ORDER BY written DESC, rowid DESC LIMIT ?"
+)
+_SELECT_RECORD = (
+    "SELECT run_id, path, session_run_id, pid, host, proc_start FROM records WHERE run_id = ?"
 )
 
 
@@ -266,24 +287,51 @@ class RunRow:
 
 
 def row_is_live(row: RunRow) -> bool:
-    """Is the process that wrote this row still running on this machine?
+    """Is the process that wrote this row still running on this machine?"""
+    return process_is_live(row.pid, row.host, row.proc_start)
+
+
+def process_is_live(pid: int | None, host: str | None, proc_start: str | None) -> bool:
+    """Is the process (pid on host, started at `proc_start`) still running here?
 
     A zombie (killed but not yet reaped) counts as dead; a reused pid is told apart by
-    the process start time where the platform exposes it.
+    the process start time where the platform exposes it. Another host's process is
+    never live: this machine cannot tell.
     """
-    if row.pid is None or row.host != socket.gethostname():
+    if pid is None or host != socket.gethostname():
         return False
     try:
-        os.kill(row.pid, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass  # exists, owned by someone else
-    if _process_state(row.pid) == "Z":
+    if _process_state(pid) == "Z":
         return False
-    if row.proc_start is not None:
-        return process_marker(row.pid) == row.proc_start
+    if proc_start is not None:
+        return process_marker(pid) == proc_start
     return True
+
+
+@dataclass(frozen=True)
+class RecordPointer:
+    """Where a run's (or an exec's) record is, and which process writes it.
+
+    The writer is stamped when the pointer is set, at the start of the run: a record
+    that still says "running" once its writer is gone belongs to a run that was killed
+    (SIGKILL, power loss) before it could write the final one.
+    """
+
+    run_id: str
+    path: Path
+    session_run_id: str | None = None
+    pid: int | None = None
+    host: str | None = None
+    proc_start: str | None = None
+
+    @property
+    def writer_alive(self) -> bool:
+        return process_is_live(self.pid, self.host, self.proc_start)
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -320,6 +368,18 @@ def _row(values: Sequence[object]) -> RunRow:
         teardown=teardown,  # type: ignore[arg-type]  # checked just above
         detail=str(detail),
         queued_resource=None if queued is None else str(queued),
+    )
+
+
+def _pointer(values: Sequence[object]) -> RecordPointer:
+    run_id, path, session_run_id, pid, host, proc_start = values
+    return RecordPointer(
+        run_id=str(run_id),
+        path=Path(str(path)),
+        session_run_id=None if session_run_id is None else str(session_run_id),
+        pid=None if pid is None else int(str(pid)),
+        host=None if host is None else str(host),
+        proc_start=None if proc_start is None else str(proc_start),
     )
 
 
@@ -397,29 +457,36 @@ class Journal:
 
     def set_run_record(self, run_id: str, path: Path, *, session_run_id: str | None = None) -> None:
         """Remember where a run's (or a session's exec's) record is, <out>/run.json, for
-        `tpulab runs`; an exec names the run id of the session it ran on."""
+        `tpulab runs`; an exec names the run id of the session it ran on. Called when the
+        run starts, by the process that writes the record, which the pointer names."""
+        pid = os.getpid()
         with self._transaction(write=True) as conn:
             conn.execute(
-                "INSERT OR REPLACE INTO records (run_id, path, session_run_id, written) "
-                "VALUES (?, ?, ?, ?)",
-                (run_id, str(path), session_run_id, _iso(self._now())),
+                "INSERT OR REPLACE INTO records (run_id, path, session_run_id, written, pid, "
+                "host, proc_start) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    str(path),
+                    session_run_id,
+                    _iso(self._now()),
+                    pid,
+                    socket.gethostname(),
+                    process_marker(pid),
+                ),
             )
 
     # -- reading ---------------------------------------------------------------------
 
-    def run_records(self, limit: int = 100) -> list[tuple[str, Path]]:
-        """(run id, run.json path) of the runs that have a record, newest first."""
+    def run_records(self, limit: int = 100) -> list[RecordPointer]:
+        """The runs that have a record, newest first."""
         with self._transaction() as conn:
-            found = conn.execute(
-                "SELECT run_id, path FROM records ORDER BY written DESC, rowid DESC LIMIT ?",
-                (limit,),
-            ).fetchall()
-        return [(str(run_id), Path(str(path))) for run_id, path in found]
+            found = conn.execute(_SELECT_RECORDS, (limit,)).fetchall()
+        return [_pointer(values) for values in found]
 
-    def run_record_of(self, run_id: str) -> Path | None:
+    def run_record_of(self, run_id: str) -> RecordPointer | None:
         with self._transaction() as conn:
-            found = conn.execute("SELECT path FROM records WHERE run_id = ?", (run_id,)).fetchone()
-        return None if found is None or found[0] is None else Path(str(found[0]))
+            found = conn.execute(_SELECT_RECORD, (run_id,)).fetchone()
+        return None if found is None else _pointer(found)
 
     def get(self, run_id: str) -> RunRow | None:
         with self._transaction() as conn:

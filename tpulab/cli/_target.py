@@ -13,7 +13,17 @@ if TYPE_CHECKING:
 
     from tpulab.cloud.api import TpuApi
 
-__all__ = ["adc_project", "api_context"]
+__all__ = ["adc_project", "api_context", "reach_notice"]
+
+
+def reach_notice(line: str) -> None:
+    """How a command shows that its endpoint has not answered yet and is being retried
+    ("cannot reach ..., retrying (2 of 5)"): on stderr, so --json output stays clean."""
+    from rich.markup import escape
+
+    from tpulab.cli._console import print_stderr
+
+    print_stderr(f"[yellow]  · {escape(line)}[/]")
 
 
 def api_context(
@@ -34,7 +44,7 @@ def api_context(
         return emulated_api(project, ssh=ssh)
     from tpulab.cloud.google import GoogleTpuApi
 
-    return nullcontext(GoogleTpuApi(project, api_endpoint=api_endpoint))
+    return nullcontext(GoogleTpuApi(project, api_endpoint=api_endpoint, notify=reach_notice))
 
 
 def adc_project() -> str | None:

@@ -10,6 +10,7 @@ import typer
 __all__ = [
     "AllowSecret",
     "Env",
+    "Exclude",
     "Fetch",
     "MaxFetch",
     "MaxUpload",
@@ -45,6 +46,16 @@ Fetch = Annotated[
         "--fetch",
         metavar="PATH",
         help="Bring PATH (workspace-relative, globs) back after the command (repeatable).",
+    ),
+]
+Exclude = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--exclude",
+        metavar="PATTERN",
+        help="Do not upload what PATTERN (gitignore syntax, workspace-relative) matches, "
+        "after \\[tool.tpulab] exclude (repeatable), e.g. --exclude 'data/*.bin' "
+        "--exclude checkpoints/.",
     ),
 ]
 Out = Annotated[

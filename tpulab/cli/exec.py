@@ -21,11 +21,13 @@ from tpulab.cli._exit import EXIT_INTERRUPTED, error_report, print_envelope, rep
 from tpulab.cli.session import AFTER_DASHES
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from tpulab.cleanup.sessions import SessionFiles, SessionStore
     from tpulab.config import RunSpec, WorkloadFlags
     from tpulab.run.lifecycle import RunOutcome
+    from tpulab.run.record import RunRecord
     from tpulab.run.report import Line
 
 __all__ = ["exec_command"]
@@ -41,6 +43,7 @@ def exec_command(
     with_packages: wo.WithPackages = None,
     requirements: wo.Requirements = None,
     fetch: wo.Fetch = None,
+    exclude: wo.Exclude = None,
     out: wo.Out = None,
     env: wo.Env = None,
     timeout: wo.Timeout = None,
@@ -85,6 +88,7 @@ def exec_command(
         with_packages=tuple(with_packages or ()),
         requirements=requirements,
         fetch=tuple(fetch or ()),
+        exclude=tuple(exclude or ()),
         allow_secrets=tuple(allow_secret or ()),
         max_upload=max_upload,
         max_fetch=max_fetch,
@@ -199,6 +203,7 @@ def _run(
     verbose: bool,
 ) -> None:
     from tpulab.cli._run_display import RunDisplay
+    from tpulab.cli._target import reach_notice
     from tpulab.cloud.google import GoogleTpuApi
     from tpulab.remote.keys import RunKey
     from tpulab.run.attach import Attachment, last_renewal_at
@@ -218,12 +223,13 @@ def _run(
     display = RunDisplay(verbose=verbose, quiet=as_json, command_quiet=spec.workload.quiet)
     life = Lifecycle(
         spec,
-        api=GoogleTpuApi(state.project, api_endpoint=state.api_endpoint),
+        api=GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice),
         observer=FanOut([Recorder(), display]),
         shield=shield,
         skippable=skippable,
         installer="pip" if installer == "pip" else "uv",
         attach=Attachment.of(state, key),
+        write_record=_record_writer(state.run_id),
     )
     failure: E.TpuLabError | None = None
     try:
@@ -238,9 +244,22 @@ def _run(
         renewed = last_renewal_at(life)
         if renewed is not None and store.exists(state.name):
             store.save(state.renewed(renewed))
-        if life.outcome.run_record is not None:
-            _remember_record(spec.run_id, life.outcome.run_record, state.run_id)
     _report(life.outcome, failure, as_json=as_json)
+
+
+def _record_writer(session_run_id: str) -> Callable[[RunRecord, Path], Path]:
+    """run.json through run.record's one writer; the start record is also pointed at from
+    the journal then, so that an exec killed mid-command is listed by `tpulab runs` (an
+    exec opens no journal row, whose start points a run's record)."""
+    from tpulab.run.record import write_run_record
+
+    def write(record: RunRecord, out: Path) -> Path:
+        path = write_run_record(record, out)
+        if record.state == "running":
+            _remember_record(record.run_id, path, session_run_id)
+        return path
+
+    return write
 
 
 def _remember_record(run_id: str, path: Path, session_run_id: str) -> None:

@@ -383,6 +383,7 @@ def run_command(
     with_packages: wo.WithPackages = None,
     requirements: wo.Requirements = None,
     fetch: wo.Fetch = None,
+    exclude: wo.Exclude = None,
     out: wo.Out = None,
     env: wo.Env = None,
     max_upload: wo.MaxUpload = None,
@@ -438,8 +439,9 @@ def run_command(
 
     Defaults may live in the workspace's pyproject.toml \\[tool.tpulab] (or tpulab.toml):
     accelerator, zone, project, python, with, requirements, fetch, env, exclude. Flags
-    override them; --dry-run shows where each value came from. Succeeds (exit 0) only
-    when the receipt verified AND the deletion was confirmed.
+    override them (--env and --exclude add to them); --dry-run shows where each value
+    came from. Succeeds (exit 0) only when the receipt verified AND the deletion was
+    confirmed.
     """
 
     def action() -> None:
@@ -477,6 +479,7 @@ def run_command(
                 with_packages=tuple(with_packages or ()),
                 requirements=requirements,
                 fetch=tuple(fetch or ()),
+                exclude=tuple(exclude or ()),
                 allow_secrets=tuple(allow_secret or ()),
                 max_upload=max_upload,
                 max_fetch=max_fetch,

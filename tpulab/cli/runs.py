@@ -3,6 +3,13 @@
 The journal points to each one's `<out>/run.json` (tpulab.run.record);
 `list` reads them back newest first (a record that was moved or deleted is listed as
 such, not an error), `show` prints one, `--json` the record itself.
+
+A record is written when its run starts ("running") and replaced at its end. One that
+still says "running" is told apart by the process that writes it, which the journal's
+pointer names (pid, host, start time, as a run's row does): alive, the run is still
+going; gone, the run was killed (SIGKILL, power loss) and is listed as "interrupted",
+with its out dir. The pointer, not the file, carries the writer: an exec has no journal
+row to ask, and an out dir copied to another machine must not look alive there.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from tpulab.run.record import RunRecord
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from tpulab.cleanup.journal import RecordPointer
+
 __all__ = ["RunsListEnvelope", "runs_app"]
 
 runs_app = typer.Typer(
@@ -34,6 +43,10 @@ class RunsListEnvelope(Envelope):
     command: Literal["runs list"] = "runs list"
     runs: list[RunRecord]
     unreadable: dict[str, str]  # run id -> what is wrong with its run.json
+    # Run ids whose record still says "running" but whose process is gone: killed
+    # (SIGKILL, power loss) before the end could replace it. Their artifacts, if any,
+    # are in the record's workload.out.
+    interrupted: list[str]
 
 
 def _read(path: Path) -> RunRecord:
@@ -55,21 +68,35 @@ def _read(path: Path) -> RunRecord:
         ) from None
 
 
-def _collect(limit: int) -> tuple[list[RunRecord], dict[str, str]]:
+def _collect(limit: int) -> tuple[list[RunRecord], dict[str, str], list[str]]:
     from tpulab.cleanup.journal import Journal
 
     records: list[RunRecord] = []
     unreadable: dict[str, str] = {}
-    for run_id, path in Journal().run_records(limit):
+    interrupted: list[str] = []
+    for pointer in Journal().run_records(limit):
         try:
-            records.append(_read(path))
+            record = _read(pointer.path)
         except E.ConfigError as error:
-            unreadable[run_id] = error.message
-    return records, unreadable
+            unreadable[pointer.run_id] = error.message
+            continue
+        records.append(record)
+        if _interrupted(record, pointer):
+            interrupted.append(record.run_id)
+    return records, unreadable, interrupted
 
 
-def _status(record: RunRecord) -> tuple[str, str]:
+def _interrupted(record: RunRecord, pointer: RecordPointer) -> bool:
+    """A start record whose writer is gone: the end never came to replace it."""
+    return record.state == "running" and not pointer.writer_alive
+
+
+def _status(record: RunRecord, *, interrupted: bool) -> tuple[str, str]:
     workload = record.workload
+    if interrupted:
+        return "interrupted", "bold red"
+    if record.state == "running":
+        return "running", "cyan"
     if not workload.started:
         return "not started", "yellow"
     if workload.timed_out:
@@ -91,17 +118,26 @@ def runs_list(
     """The runs with a command, newest first: status, accelerator, artifacts, where."""
 
     def action() -> None:
-        records, unreadable = _collect(limit)
+        records, unreadable, interrupted = _collect(limit)
         if as_json:
-            typer.echo(RunsListEnvelope(ok=True, runs=records, unreadable=unreadable).to_json())
+            envelope = RunsListEnvelope(
+                ok=True, runs=records, unreadable=unreadable, interrupted=interrupted
+            )
+            typer.echo(envelope.to_json())
             return
         if not records and not unreadable:
             print_lines([[("No runs with a command yet (tpulab run ... -- CMD).", "dim")]])
             return
         lines = []
         for record in records:
-            status, style = _status(record)
+            status, style = _status(record, interrupted=record.run_id in interrupted)
             fetched = record.workload.fetched_files
+            # A record that never finished has no artifacts to count: say where they go.
+            where = (
+                f"  out {record.workload.out}"
+                if record.state == "running"
+                else f"  {fetched if fetched is not None else 'no'} files back"
+            )
             lines.append(
                 [
                     (f"{record.run_id}  ", "bold cyan"),
@@ -109,7 +145,7 @@ def runs_list(
                     (f"{record.accelerator_type}{' EMULATED' if record.emulated else ''}  ", ""),
                     (f"{status:<11} ", style),
                     (" ".join(record.workload.command)[:60], ""),
-                    (f"  {fetched if fetched is not None else 'no'} files back", "dim"),
+                    (where, "dim"),
                     (f"  exec on session {record.session}" if record.session else "", "dim"),
                 ]
             )
@@ -130,17 +166,18 @@ def runs_show(
     def action() -> None:
         from tpulab.cleanup.journal import Journal
 
-        path = Journal().run_record_of(run_id)
-        if path is None:
+        pointer = Journal().run_record_of(run_id)
+        if pointer is None:
             raise E.ConfigError(
                 f"No run {run_id!r} with a command is in this machine's journal.",
                 hint="See `tpulab runs list` for the ids.",
             )
-        record = _read(path)
+        record = _read(pointer.path)
         if as_json:
             typer.echo(record.to_json())
             return
-        status, style = _status(record)
+        interrupted = _interrupted(record, pointer)
+        status, style = _status(record, interrupted=interrupted)
         workload = record.workload
         lines = [
             [
@@ -176,7 +213,11 @@ def runs_show(
                 ("  phases    ", "dim"),
                 (", ".join(f"{k} {v:.1f}s" for k, v in record.phase_seconds.items()), ""),
             ],
-            [("  teardown  ", "dim"), (record.teardown, "")],
+            [
+                ("  teardown  ", "dim"),
+                # A start record's "not-created" is only what it knew when it began.
+                (record.teardown if record.state == "finished" else "not recorded", ""),
+            ],
             [
                 ("  cost      ", "dim"),
                 (f"~${record.estimated_cost_usd:.4f}", ""),
@@ -185,9 +226,39 @@ def runs_show(
         ]
         if record.failure:
             lines.append([("  failure   ", "dim"), (record.failure, "red")])
+        if record.state == "running":
+            lines.append(_unfinished_line(record, pointer, interrupted=interrupted))
         print_lines(lines)
 
     guarded(action)
+
+
+def _unfinished_line(
+    record: RunRecord, pointer: RecordPointer, *, interrupted: bool
+) -> list[tuple[str, str]]:
+    """What a record that never finished means, and what to do about it."""
+    writer = f"process {pointer.pid} on {pointer.host}" if pointer.pid else "its process"
+    if not interrupted:
+        return [("  state     ", "dim"), (f"still running ({writer})", "cyan")]
+    if record.session is not None:
+        left = (
+            f"its command may still run on session {record.session}'s node: a new exec "
+            f"says so (busy); `tpulab ssh {record.session}` to look"
+        )
+    else:
+        left = (
+            "its VM, if it got one, deletes itself (its watchdog); `tpulab teardown "
+            "--verify` deletes it now and confirms"
+        )
+    return [
+        ("  state     ", "dim"),
+        (
+            f"interrupted: {writer} ended before the run finished (SIGKILL, power loss), so "
+            f"nothing after its start was recorded; {left}. What it fetched, if anything, "
+            f"is in {record.workload.out}",
+            "red",
+        ),
+    ]
 
 
 @runs_app.callback(invoke_without_command=True)

@@ -8,6 +8,7 @@ pinned host key and renews the lease first; `down` is the run's delete-and-confi
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import subprocess
 import tempfile
@@ -130,6 +131,7 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool, as_js
     from tpulab.cleanup.journal import RunJournalAdapter
     from tpulab.cleanup.sessions import SESSION_PHASE, SessionStore
     from tpulab.cli._run_display import RunDisplay
+    from tpulab.cli._target import reach_notice
     from tpulab.cloud.google import GoogleTpuApi
     from tpulab.config import RunSpec
     from tpulab.remote.ssh import RunKey
@@ -147,7 +149,7 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool, as_js
     journal = RunJournalAdapter()
     life = Lifecycle(
         spec,
-        api=GoogleTpuApi(spec.project.value, api_endpoint=spec.api_endpoint),
+        api=GoogleTpuApi(spec.project.value, api_endpoint=spec.api_endpoint, notify=reach_notice),
         journal=journal,
         observer=FanOut([recorder, display]),
         shield=shield,
@@ -228,12 +230,24 @@ def down_command(
 def _down(store: SessionStore, files: SessionFiles) -> None:
     from tpulab.cleanup.journal import Journal
     from tpulab.cleanup.sessions import conclude_gone, why_gone
+    from tpulab.cli._target import reach_notice
     from tpulab.cloud.google import GoogleTpuApi
     from tpulab.run.session import take_down
 
     state = files.state
-    api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint)
-    report = take_down(api, state, notify=lambda message: print_stderr(message))
+    api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice)
+    try:
+        report = take_down(api, state, notify=lambda message: print_stderr(message))
+    except E.TeardownError as error:
+        # The session stays (its key, its state): `down` is what finishes it, for the
+        # API the node lives behind.
+        target = E.target_for(state.api_endpoint)
+        raise E.TeardownError(
+            f"{error.message} Session {state.name} is kept: run `tpulab down {state.name}` "
+            "again once the API answers.",
+            [dataclasses.replace(n, target=target, run_id=state.run_id) for n in error.leaked],
+            delete_attempts=error.delete_attempts,
+        ) from None
     if report.already_gone:
         # Nothing for `down` to delete: it went on its own (or someone deleted it).
         concluded = conclude_gone(
@@ -299,9 +313,10 @@ def _raise_if_gone(store: SessionStore, state: SessionState) -> None:
     """The node did not answer: if the API says it is gone, say why, clean up, and exit
     EXIT_REMOTE (NodeVanishedError); if it is still there, return (a plain SSH failure)."""
     from tpulab.cleanup.sessions import ask_gone, conclude_gone
+    from tpulab.cli._target import reach_notice
     from tpulab.cloud.google import GoogleTpuApi
 
-    api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint)
+    api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice)
     vanish = ask_gone(api, state)
     if vanish is None:
         return

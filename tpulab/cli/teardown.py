@@ -24,11 +24,13 @@ from tpulab.cli._exit import (
     print_envelope,
     report_error,
 )
-from tpulab.cli._target import adc_project, api_context
-from tpulab.errors import ConfigError
+from tpulab.cli._target import adc_project, api_context, reach_notice
+from tpulab.errors import TARGET_GOOGLE, ConfigError
 
 if TYPE_CHECKING:
+    from tpulab.cleanup.journal import Journal
     from tpulab.cleanup.sweep import SweepPlan, SweepResult
+    from tpulab.cloud.api import TpuApi
 
 __all__ = ["teardown_command"]
 
@@ -172,7 +174,35 @@ def _teardown_verify(
                 notify=print_stderr,
                 force_exit_status=EXIT_TEARDOWN,
             )
+        unreachable = _unreachable(api)
+    if unreachable is not None and not as_json:
+        _say_unreachable(journal, plan, result, unreachable)
     _teardown_report(plan, result, declined, dry_run, as_json)
+
+
+def _unreachable(api: TpuApi) -> str | None:
+    from tpulab.cloud.google import GoogleTpuApi
+
+    return api.unreachable if isinstance(api, GoogleTpuApi) else None
+
+
+def _say_unreachable(
+    journal: Journal, plan: SweepPlan, result: SweepResult | None, why: str
+) -> None:
+    """After a sweep whose endpoint never answered: what that means for the user's nodes
+    (the exit status is already EXIT_TEARDOWN's, set by the report above)."""
+    deleted = "" if result is None or not result.deleted else " (only those listed above)"
+    rows = [row.run_id for row in journal.open_runs() if row.target == plan.target]
+    held = (
+        f"The journal still holds {len(rows)} run(s) ({', '.join(rows)}) whose node may exist"
+        if rows
+        else "No journal row here names a node there, but the zones could not be listed"
+    )
+    where = "" if plan.target == TARGET_GOOGLE else f" --api-endpoint {plan.target}"
+    print_stderr(
+        f"Nothing was deleted{deleted}: the Cloud TPU API could not be reached ({why}). "
+        f"{held}; run `tpulab teardown --verify{where}` again once it answers."
+    )
 
 
 # How long the probe of `--forget` retries a refused connection before believing it: an
@@ -227,6 +257,7 @@ def _teardown_forget(
         api_endpoint=scope.api_endpoint,
         retry_for=_FORGET_PROBE_SECONDS,
         request_timeout=10.0,
+        notify=reach_notice,
     )
     journal = Journal()
     plan = plan_forget(api, journal, target=target, run_id=scope.run_id)

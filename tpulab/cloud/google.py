@@ -24,8 +24,16 @@ from tpulab.cloud import rest
 from tpulab.cloud.api import QueuedResourceInfo, QueuedResourceRequest, TpuApi
 from tpulab.cloud.classify import HTTP_STATUS, RPC_STATUS, error_for_status, hint_for
 from tpulab.cloud.polling import operation_schedule
+from tpulab.cloud.reach import (
+    CLOUD_SCHEDULE,
+    LOOPBACK_SCHEDULE,
+    Reach,
+    ReachSchedule,
+    is_network_failure,
+)
 from tpulab.config.endpoint import classify_endpoint
 from tpulab.errors import (
+    CloudError,
     ConfigError,
     OutcomeUnknownError,
     PermissionDeniedError,
@@ -73,8 +81,10 @@ def _translate(error: Exception, what: str, endpoint: str) -> Exception:
             hint="Run `gcloud auth application-default login` and try again.",
         )
     if isinstance(error, auth_exceptions.TransportError):
-        return TransientError(
-            f"Could not {what}: cannot reach Google's sign-in service to refresh credentials.",
+        # The token is fetched before the API request goes out: it was never sent.
+        return UnreachableError(
+            f"Could not {what}: cannot reach Google's sign-in service to refresh "
+            "credentials; the request was never sent.",
             status="UNAVAILABLE",
             api_message=str(error),
             hint="Check the network and retry; offline, rehearse with --emulate.",
@@ -122,6 +132,30 @@ def _network_error(error: OSError, what: str, endpoint: str) -> TransientError:
         api_message=str(error),
         hint="Check the network and retry; `tpulab list` shows what exists.",
     )
+
+
+def _network_words(error: BaseException) -> str:
+    """What went wrong on the network, in a user's words, from the client's exception."""
+    from google.auth import exceptions as auth_exceptions
+    from requests import exceptions as http_exceptions
+    from urllib3 import exceptions as url_exceptions
+
+    if isinstance(error, auth_exceptions.TransportError):
+        return "cannot reach Google's sign-in service"
+    cause = error.args[0] if error.args else None
+    if isinstance(cause, url_exceptions.MaxRetryError):
+        cause = cause.reason
+    if isinstance(cause, url_exceptions.NameResolutionError):
+        return "its host name could not be resolved"
+    if isinstance(cause, url_exceptions.NewConnectionError):
+        return _reason(cause)  # the OS's words: "Connection refused"
+    if isinstance(error, http_exceptions.ConnectTimeout) or isinstance(
+        cause, url_exceptions.ConnectTimeoutError
+    ):
+        return "the connection timed out"
+    if isinstance(error, http_exceptions.Timeout):
+        return "it accepted the connection but never answered"
+    return f"the connection broke before an answer: {_reason(cause or error)}"
 
 
 def _reason(error: BaseException) -> str:
@@ -184,13 +218,16 @@ class GoogleTpuApi:
     Idempotent calls (get, list, guest attributes, operation get) ride out
     TransientErrors (503s, rate-limit 429s, lost replies) with backoff for up to
     `retry_for` seconds -- less when an enclosing wait's deadline comes sooner, so the
-    phase's deadline is what ends them (see `tpulab.polling`). An UnreachableError is not
-    retried here: a one-shot call to an endpoint where nothing listens fails at once,
-    and the waits that must outlast a network blip retry it under their own deadline.
-    Create and delete are sent once: whether resending is safe is the caller's call
-    (the lifecycle checks the node does not exist first). `poll` makes the
-    operation-polling schedule (default: about 1 s growing with jitter to 10 s; faster
-    for a local endpoint).
+    phase's deadline is what ends them (see `tpulab.polling`). Once the endpoint has
+    answered, an UnreachableError is not retried here: the waits that must outlast a
+    network blip retry it under their own deadline. Before it has answered anything,
+    every call that may safely be resent (any idempotent one; a create or delete only
+    while it was never sent) is retried on the short `reach` schedule, `notify` hearing
+    each retry, and then fails as an EndpointDownError that ends every wait
+    (`tpulab.cloud.reach`). Create and delete are otherwise sent once: whether resending
+    is safe is the caller's call (the lifecycle checks the node does not exist first).
+    `poll` makes the operation-polling schedule (default: about 1 s growing with jitter
+    to 10 s; faster for a local endpoint).
     """
 
     def __init__(
@@ -206,6 +243,8 @@ class GoogleTpuApi:
         retry_backoff: Callable[[], Iterable[float]] | None = None,
         request_timeout: float = 60.0,
         list_page_size: int = 0,
+        reach: ReachSchedule | None = None,
+        notify: Callable[[str], None] | None = None,
     ) -> None:
         from google.api_core.client_options import ClientOptions
         from google.cloud import tpu_v2
@@ -231,6 +270,13 @@ class GoogleTpuApi:
             (lambda: Backoff(initial=0.05, cap=0.5)) if local else (lambda: Backoff(0.5, 8.0))
         )
         self._endpoint_text = api_endpoint or "tpu.googleapis.com"
+        self._reach = Reach(
+            self._endpoint_text,
+            reach or (LOOPBACK_SCHEDULE if local else CLOUD_SCHEDULE),
+            clock=clock,
+            notify=notify or (lambda _line: None),
+            google=endpoint.kind == "google",
+        )
         if credentials is None:
             credentials = (
                 self._default_credentials() if endpoint.sends_credentials else self._anonymous()
@@ -267,6 +313,11 @@ class GoogleTpuApi:
     def call_count(self) -> int:
         return self._calls
 
+    @property
+    def unreachable(self) -> str | None:
+        """Why the endpoint was declared down (it never answered this instance), or None."""
+        return self._reach.down
+
     # -- the calls -------------------------------------------------------------------
 
     def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
@@ -275,9 +326,7 @@ class GoogleTpuApi:
         wire = rest.create_node(self.project, zone, node_id, request)
         create = _parse(tpu_v2.CreateNodeRequest, wire)
         operation = self._call(
-            lambda: self._client.create_node(
-                request=create, retry=None, timeout=self._request_timeout
-            ),
+            lambda timeout: self._client.create_node(request=create, retry=None, timeout=timeout),
             f"create node {node_id} in {zone}",
             idempotent=False,
         )
@@ -289,8 +338,8 @@ class GoogleTpuApi:
 
         def probe() -> Any:
             return self._call(
-                lambda: self._client.get_operation(
-                    request=request, retry=None, timeout=self._request_timeout
+                lambda timeout: self._client.get_operation(
+                    request=request, retry=None, timeout=timeout
                 ),
                 f"read operation {operation_name}",
                 idempotent=True,
@@ -315,9 +364,7 @@ class GoogleTpuApi:
 
         request = _parse(tpu_v2.GetNodeRequest, rest.get_node(self.project, zone, node_id))
         node = self._call(
-            lambda: self._client.get_node(
-                request=request, retry=None, timeout=self._request_timeout
-            ),
+            lambda timeout: self._client.get_node(request=request, retry=None, timeout=timeout),
             f"get node {node_id} in {zone}",
             idempotent=True,
         )
@@ -336,12 +383,7 @@ class GoogleTpuApi:
             # One page per call, never the pager's own iteration, so that every HTTP
             # request is counted and retried individually.
             page = self._call(
-                partial(
-                    self._client.list_nodes,
-                    request=request,
-                    retry=None,
-                    timeout=self._request_timeout,
-                ),
+                partial(self._client.list_nodes, request=request, retry=None),
                 f"list nodes in {zone}",
                 idempotent=True,
             )
@@ -355,9 +397,7 @@ class GoogleTpuApi:
 
         request = _parse(tpu_v2.DeleteNodeRequest, rest.delete_node(self.project, zone, node_id))
         operation = self._call(
-            lambda: self._client.delete_node(
-                request=request, retry=None, timeout=self._request_timeout
-            ),
+            lambda timeout: self._client.delete_node(request=request, retry=None, timeout=timeout),
             f"delete node {node_id} in {zone}",
             idempotent=False,
         )
@@ -369,8 +409,8 @@ class GoogleTpuApi:
         wire = rest.get_guest_attributes(self.project, zone, node_id, query_path)
         request = _parse(tpu_v2.GetGuestAttributesRequest, wire)
         response = self._call(
-            lambda: self._client.get_guest_attributes(
-                request=request, retry=None, timeout=self._request_timeout
+            lambda timeout: self._client.get_guest_attributes(
+                request=request, retry=None, timeout=timeout
             ),
             f"read guest attributes of {node_id} in {zone}",
             idempotent=True,
@@ -388,8 +428,8 @@ class GoogleTpuApi:
         wire = rest.create_queued_resource(self.project, zone, qr_id, request)
         create = _parse(tpu_v2.CreateQueuedResourceRequest, wire)
         operation = self._call(
-            lambda: self._client.create_queued_resource(
-                request=create, retry=None, timeout=self._request_timeout
+            lambda timeout: self._client.create_queued_resource(
+                request=create, retry=None, timeout=timeout
             ),
             f"create queued resource {qr_id} in {zone}",
             idempotent=False,
@@ -402,8 +442,8 @@ class GoogleTpuApi:
         wire = rest.get_queued_resource(self.project, zone, qr_id)
         request = _parse(tpu_v2.GetQueuedResourceRequest, wire)
         resource = self._call(
-            lambda: self._client.get_queued_resource(
-                request=request, retry=None, timeout=self._request_timeout
+            lambda timeout: self._client.get_queued_resource(
+                request=request, retry=None, timeout=timeout
             ),
             f"get queued resource {qr_id} in {zone}",
             idempotent=True,
@@ -421,12 +461,7 @@ class GoogleTpuApi:
             )
             request = _parse(tpu_v2.ListQueuedResourcesRequest, wire)
             page = self._call(  # one page per call, as list_nodes does
-                partial(
-                    self._client.list_queued_resources,
-                    request=request,
-                    retry=None,
-                    timeout=self._request_timeout,
-                ),
+                partial(self._client.list_queued_resources, request=request, retry=None),
                 f"list queued resources in {zone}",
                 idempotent=True,
             )
@@ -441,8 +476,8 @@ class GoogleTpuApi:
         wire = rest.delete_queued_resource(self.project, zone, qr_id, force=force)
         request = _parse(tpu_v2.DeleteQueuedResourceRequest, wire)
         operation = self._call(
-            lambda: self._client.delete_queued_resource(
-                request=request, retry=None, timeout=self._request_timeout
+            lambda timeout: self._client.delete_queued_resource(
+                request=request, retry=None, timeout=timeout
             ),
             f"delete queued resource {qr_id} in {zone}",
             idempotent=False,
@@ -472,29 +507,66 @@ class GoogleTpuApi:
 
     # -- plumbing --------------------------------------------------------------------
 
-    def _call(self, send: Callable[[], T], what: str, *, idempotent: bool) -> T:
-        """Send one request (each try counted); retry an idempotent one (class doc)."""
+    def _call(self, send: Callable[..., T], what: str, *, idempotent: bool) -> T:
+        """Send one request (each try counted; `send(timeout=...)`); retry an idempotent
+        one (class doc), and any one of an endpoint that has not answered yet while
+        resending is safe (`tpulab.cloud.reach`)."""
+        tries = 0
+        sent = False  # some try of this call reached the server (and got no answer)
+        words = ""  # what went wrong on the network on the last try
+
+        def resendable(error: Exception) -> bool:
+            return idempotent or isinstance(error, UnreachableError)
 
         def attempt() -> T:
+            nonlocal tries, sent, words
+            self._reach.raise_if_down(what)
+            tries += 1
+            timeout = self._reach.timeout(self._request_timeout)
             with self._calls_lock:
                 self._calls += 1
             try:
-                return send()
+                result = send(timeout=timeout)
             except Exception as raw:
                 error = _translate(raw, what, self._endpoint_text)
                 if error is raw:
                     raise
-                raise error from None
+                if not isinstance(error, CloudError) or not is_network_failure(error):
+                    self._reach.heard()  # an API error is an answer: something is there
+                    raise error from None
+                sent = sent or isinstance(error, OutcomeUnknownError)
+                words = _network_words(raw)
+                raise self._reach.failed(
+                    error,
+                    tries=tries,
+                    sent=sent,
+                    what=what,
+                    resendable=resendable(error),
+                    words=words,
+                ) from None
+            self._reach.heard()
+            return result
 
-        if not idempotent:
-            return attempt()
+        def retry_if(error: Exception) -> bool:
+            if self._reach.should_retry(error, resendable=resendable(error)):
+                return True
+            return idempotent and _worth_retrying(error)
+
+        def on_retry(error: Exception, _delay: float) -> None:
+            self._reach.retrying(error, tries=tries, words=words)
+
+        budget = self._retry_for if idempotent else 0.0
+        if not self._reach.answered:
+            # The reach schedule ends itself; it must not be cut by a shorter budget.
+            budget = max(budget, self._reach.schedule.budget + 1.0)
         return retry_call(
             attempt,
-            retry_if=_worth_retrying,
-            timeout=self._retry_for,
+            retry_if=retry_if,
+            timeout=budget,
             clock=self._clock,
             sleep=self._sleep,
-            backoff=self._retry_backoff(),
+            backoff=self._reach.delays(iter(self._retry_backoff())),
+            on_retry=on_retry,
         )
 
     def _to_info(self, node: Any, zone: str) -> NodeInfo:

@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpulab.config.workload import check_env, check_requirement, check_workspace_pattern
+from tpulab.config.workload import (
+    check_env,
+    check_exclude_pattern,
+    check_requirement,
+    check_workspace_pattern,
+)
 from tpulab.errors import ConfigError
 
 __all__ = ["ALLOWED_KEYS", "NO_PROJECT_FILE", "ProjectDefaults", "load_project_file"]
@@ -186,7 +191,9 @@ def _validated(path: Path, source: str, table: Mapping[str, Any]) -> ProjectDefa
             check_workspace_pattern(item, label.format("fetch")) for item in strings("fetch")
         ),
         env=_env_table(table.get("env"), where, label.format("env")),
-        exclude=strings("exclude"),
+        exclude=tuple(
+            check_exclude_pattern(item, label.format("exclude")) for item in strings("exclude")
+        ),
     )
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "WorkloadSpec",
     "build_workload",
     "check_env",
+    "check_exclude_pattern",
     "check_requirement",
     "check_workspace_pattern",
     "parse_size",
@@ -69,7 +70,8 @@ class WorkloadSpec:
     with_packages: tuple[str, ...]  # --with requirements (PEP 508 name, extras, versions)
     requirements: RequirementsFile | None  # --requirements FILE, read, references checked
     fetch: tuple[str, ...]  # --fetch patterns, workspace-relative
-    exclude: tuple[str, ...]  # [tool.tpulab] exclude (gitignore syntax) + --out if inside
+    # [tool.tpulab] exclude, then --exclude (gitignore syntax), then --out if inside
+    exclude: tuple[str, ...]
     allow_secrets: tuple[str, ...]  # --allow-secret PATH, workspace-relative
     max_upload: int = DEFAULT_MAX_UPLOAD  # bytes
     max_fetch: int = DEFAULT_MAX_FETCH  # bytes
@@ -174,6 +176,42 @@ def check_workspace_pattern(text: str, option: str) -> str:
     return normal + "/" if value.endswith("/") and normal != "." else normal
 
 
+def check_exclude_pattern(text: str, source: str = "--exclude") -> str:
+    """A gitignore pattern (tpulab.remote.ignore) for the upload, from the workspace's
+    file or --exclude: refused when it could only ever match nothing, which would upload
+    what the user meant to keep back (a comment, a trailing backslash, `..`, `~`)."""
+    value = text.strip()
+    example = (
+        f"e.g. {source} 'data/*.bin' or {source} checkpoints/"
+        if source.startswith("--")
+        else 'e.g. exclude = ["data/*.bin", "checkpoints/"]'
+    )
+    if not value or any(char in value for char in "\0\n\r"):
+        raise ConfigError(
+            f"{source} {text!r} is not a pattern.",
+            hint=f"Give one gitignore pattern, relative to the workspace, {example}.",
+        )
+    if value.startswith("#"):
+        raise ConfigError(
+            f"{source} {text!r} is a comment in gitignore syntax: it excludes nothing.",
+            hint=f"Escape a name that starts with # with a backslash: '\\{value}'.",
+        )
+    if value.endswith("\\") and not value.endswith("\\\\"):
+        raise ConfigError(
+            f"{source} {text!r} ends with a backslash, which git treats as matching nothing.",
+            hint=f"Remove the trailing backslash, {example}.",
+        )
+    body = value.removeprefix("!").strip("/")
+    parts = PurePosixPath(body).parts
+    if not body or body.startswith("~") or ".." in parts:
+        raise ConfigError(
+            f"{source} {text!r} names nothing inside the workspace.",
+            hint="Patterns match paths relative to the workspace (--workdir); no '..' or '~' "
+            f"(a leading / anchors one at the workspace root), {example}.",
+        )
+    return value
+
+
 def _unique(items: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
@@ -189,6 +227,7 @@ class WorkloadFlags:
     with_packages: Sequence[str] = ()
     requirements: str | None = None
     fetch: Sequence[str] = ()
+    exclude: Sequence[str] = ()
     allow_secrets: Sequence[str] = ()
     max_upload: str | None = None
     max_fetch: str | None = None
@@ -215,6 +254,7 @@ class WorkloadFlags:
             "--with": bool(self.with_packages),
             "--requirements": self.requirements is not None,
             "--fetch": bool(self.fetch),
+            "--exclude": bool(self.exclude),
             "--allow-secret": bool(self.allow_secrets),
             "--max-upload": self.max_upload is not None,
             "--max-fetch": self.max_fetch is not None,
@@ -245,7 +285,9 @@ def build_workload(
 
     Flags win over the workspace's file, which wins over defaults: a flag replaces the
     file's value (lists included, so `--with x` is exactly x), except `env`, whose names
-    merge, a flag's value winning for a name both set.
+    merge, a flag's value winning for a name both set, and `exclude`, whose flags come
+    after the file's patterns (later gitignore rules win, so `--exclude '!x'` can also
+    bring back what the file excludes).
     """
     flags.refuse_without_command()
     command = tuple(flags.command)
@@ -284,8 +326,10 @@ def build_workload(
     env = _merged_env(flags.env, defaults, sources)
     requirements = _requirements(flags.requirements, cwd, workdir, defaults, sources)
     out = _out_dir(flags.out, run_id, cwd, sources)
-    exclude = list(defaults.exclude)
-    sources["exclude"] = defaults.source if "exclude" in defaults.keys else "default"
+    exclude = [*defaults.exclude, *(check_exclude_pattern(p) for p in flags.exclude)]
+    places = [defaults.source] if "exclude" in defaults.keys else []
+    places += ["--exclude"] if flags.exclude else []
+    sources["exclude"] = " + ".join(places) or "default"
     if out.is_relative_to(workdir):
         # Artifacts landing inside the workspace must never ride up with the next upload.
         exclude.append("/" + out.relative_to(workdir).as_posix() + "/")

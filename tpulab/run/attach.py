@@ -240,9 +240,9 @@ def run_attached(life: Lifecycle) -> RunOutcome:
         outcome.seconds = life.clock() - life._t0
         with contextlib.suppress(Exception):
             outcome.api_calls = life.api.call_count
-        # A record only once something was sent (bad input, refused in VALIDATE,
-        # creates nothing, not even a run.json).
-        if life.workload is not None and Phase.CONNECT.value in outcome.phase_seconds:
+        # The final record replaces the start one (bad input, refused in VALIDATE,
+        # wrote neither: it creates nothing, not even a run.json).
+        if life._record_started:
             life._write_run_record()
     if isinstance(primary, KeyboardInterrupt):
         raise InterruptedRun("SIGINT") from None

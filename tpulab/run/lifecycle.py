@@ -79,7 +79,7 @@ if TYPE_CHECKING:
     from tpulab.remote.ssh import RunKey, SshTarget
     from tpulab.remote.watchdog import WatchdogState
     from tpulab.run.attach import Attachment
-    from tpulab.run.record import RunRecord
+    from tpulab.run.record import RecordState, RunRecord
 
 __all__ = [
     "Connect",
@@ -282,6 +282,7 @@ class Lifecycle:
             self.outcome.session = attach.session
             self.outcome.gate_receipt_id = attach.receipt_id
         self._journalled = False
+        self._record_started = False  # a start run.json was (tried to be) written
         self._current: Phase | None = None
         self._t0 = clock()
 
@@ -478,11 +479,13 @@ class Lifecycle:
         if self.attach is not None:
             # The session's node is READY and verified (its receipt gates the command).
             self._phase(Phase.VALIDATE, self.validate)
+            self._record_start()
             self._phase(Phase.CONNECT, self.open_session)
             assert self.workload is not None
             self.workload.run()
             return
         self._phase(Phase.VALIDATE, self.validate)
+        self._record_start()
         self._phase(Phase.CREATE, self.create)
         self._phase(Phase.WAIT_READY, self.wait_ready)
         self._phase(Phase.HOST_KEY, self.pin_host_key)
@@ -1055,13 +1058,23 @@ class Lifecycle:
         outcome.billed_seconds = max(0.0, end - begin) if begin is not None else 0.0
         with contextlib.suppress(Exception):
             outcome.api_calls = self.api.call_count
-        if self.workload is not None and outcome.create_sent:
-            self._write_run_record()
+        if self._record_started:
+            self._write_run_record()  # replaces the start record
         if self.journal is not None and self._journalled:
             detail = "ok" if outcome.error is None else _describe(outcome.error)
             self.journal.run_finished(self.spec.run_id, outcome.teardown_status, detail)
 
-    def _write_run_record(self) -> None:
+    def _record_start(self) -> None:
+        """A `-- CMD` run's run.json saying it started ("running"), once its input is valid
+        and before anything can bill or change a VM: a run killed from here on (SIGKILL,
+        power loss) still leaves its trace and out dir for `tpulab runs`. Its end
+        replaces it (`_finish`, or `run_attached` for an exec) whatever happens."""
+        if self.workload is None:
+            return
+        self._record_started = True
+        self._write_run_record(state="running")
+
+    def _write_run_record(self, *, state: RecordState = "finished") -> None:
         """<out>/run.json: the run's record (tpulab.run.record), beside its artifacts.
         A disk that refuses it is a note, never a reason to misreport the run."""
         from tpulab.run.record import run_record, write_run_record
@@ -1069,7 +1082,7 @@ class Lifecycle:
         assert self.spec.workload is not None
         write = self.write_record or write_run_record
         try:
-            record = run_record(self.outcome)
+            record = run_record(self.outcome, state=state)
             self.outcome.run_record = write(record, self.spec.workload.out)
         except OSError as error:
             self.observer.note(f"could not write run.json: {error}")

@@ -8,7 +8,13 @@ versions (extras included), the command argv, the NAMES of the environment it wa
 (never the values: they may be secrets), its exit status, every phase's duration, the
 upload and fetch manifests (path, bytes, sha256; for the upload also what was sent: an
 incremental sync sends only new or changed files), the API calls and the estimated cost.
-The journal row of the run points to the file (tpulab.cleanup.journal, `run_record`).
+The journal's `records` table points to the file (tpulab.cleanup.journal, `set_run_record`).
+
+The file is written twice through `write_run_record`: when the run starts (after its
+input validated, before anything can bill or change a VM) with `state` "running" and
+nothing yet to report, and at the end, replaced by the whole record ("finished"). A run
+killed in between (SIGKILL, a laptop losing power) leaves the first: `tpulab runs`
+shows it as interrupted, with its out dir, once the process that wrote it is gone.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RUN_RECORD_NAME",
     "FileEntry",
+    "RecordState",
     "RunRecord",
     "WorkloadSummary",
     "read_run_record",
@@ -43,6 +50,8 @@ __all__ = [
 ]
 
 RUN_RECORD_NAME = "run.json"
+# "running": written at the start, to be replaced at the end; "finished": the end's.
+RecordState = Literal["running", "finished"]
 
 
 class _Part(BaseModel):
@@ -88,6 +97,8 @@ class RunRecord(Envelope):
     """<out>/run.json (schema_version 1)."""
 
     command: Literal["run", "exec"] = "run"  # exec: a command on a session's kept node
+    # A file without it predates start records: it was written at the end.
+    state: RecordState = "finished"
     run_id: str
     started: datetime
     seconds: float
@@ -149,8 +160,9 @@ def workload_summary(workload: WorkloadOutcome) -> WorkloadSummary:
     )
 
 
-def run_record(outcome: RunOutcome) -> RunRecord:
-    """The record of a finished run that had a `-- CMD` (outcome.workload set)."""
+def run_record(outcome: RunOutcome, *, state: RecordState = "finished") -> RunRecord:
+    """The record of a run that had a `-- CMD` (outcome.workload set): at its end, or
+    ("running") as far as it got when it starts -- the same fields, most still empty."""
     from tpulab.errors import TpuLabError
 
     spec = outcome.spec
@@ -163,8 +175,9 @@ def run_record(outcome: RunOutcome) -> RunRecord:
     boot = outcome.bootstrap
     return RunRecord(
         command="exec" if outcome.session is not None else "run",
+        state=state,
         session=outcome.session,
-        ok=outcome.succeeded and error is None,
+        ok=state == "finished" and outcome.succeeded and error is None,
         run_id=spec.run_id,
         started=outcome.started,
         seconds=round(outcome.seconds, 3),

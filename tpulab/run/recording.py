@@ -189,9 +189,15 @@ class PlanRecorder:
         return RecordingSession(self, target, key)
 
     def write_record(self, record: RunRecord, out: Path) -> Path:
-        """Where a run would write its run.json; nothing is written."""
-        del record
+        """Where a run would write its run.json (at its start, then at its end); nothing
+        is written."""
         target = out / RUN_RECORD_NAME
+        if record.state == "running":
+            self.local(
+                f"write the run's start record to {target} (state running; the end "
+                "replaces it, so a run killed before then still shows in `tpulab runs`)"
+            )
+            return target
         self.local(
             f"write the run's record to {target} (and point its journal row at it)",
             phase=Phase.TEARDOWN.value,

@@ -38,6 +38,7 @@ from tpulab.cloud.api import QueuedResourceInfo, TpuApi
 from tpulab.errors import (
     CloudError,
     DeadlineError,
+    EndpointDownError,
     LeakedNode,
     NotFoundError,
     TeardownError,
@@ -111,6 +112,7 @@ class _Teardown:
         # What the API itself last said about a failed delete: a later round that only
         # ran out of time must not hide it from the final message.
         self.api_failure: str | None = None
+        self.deletes_accepted = 0  # DeleteNode (or queued resource) requests the API took
         # No jitter: one controller's teardown has nobody to fall into step with, and a
         # dry run shows the schedule as it is.
         self.schedule = Backoff(poll, max(poll, max_poll), factor=1.5, jitter=0.0)
@@ -159,6 +161,8 @@ class _Teardown:
             if is_node:
                 self.report.already_gone = self.report.delete_attempts == 1
             return
+        except EndpointDownError:
+            raise  # nothing answers: stop now (run() says what it means)
         except TransientError as error:
             self.problem(f"delete of {what} failed transiently ({error.message}); retrying")
             return
@@ -170,6 +174,7 @@ class _Teardown:
             if self.report.delete_sent_at is None:
                 self.report.delete_sent_at = self.clock()
                 self.on_delete_sent(self.report.delete_sent_at)
+        self.deletes_accepted += 1
         wait = self.remaining() - self.reserve
         if wait <= 0:
             return
@@ -177,6 +182,8 @@ class _Teardown:
             self.api.wait_operation(operation, timeout=wait)
         except DeadlineError:
             self.problem(f"delete operation for {what} did not finish in {wait:.1f} s")
+        except EndpointDownError:
+            raise  # nothing answers: stop now (run() says what it means)
         except CloudError as error:
             self.api_failure = f"delete operation for {what} failed: {_with_api_words(error)}"
             self.problem(self.api_failure)
@@ -188,6 +195,8 @@ class _Teardown:
             found = self.api.get_queued_resource(self.zone, self.queued_resource)
         except NotFoundError:
             return
+        except EndpointDownError:
+            raise  # nothing answers: stop now (run() says what it means)
         except CloudError as error:
             self.problem(f"get of queued resource {self.queued_resource} failed ({error.message})")
             return
@@ -204,6 +213,8 @@ class _Teardown:
         self.report.list_calls += 1
         try:
             listed = self.api.list_queued_resources(self.zone)
+        except EndpointDownError:
+            raise  # nothing answers: stop now (run() says what it means)
         except CloudError as error:
             self.problem(f"list of queued resources in {self.zone} failed: {error.message}")
             return None
@@ -214,6 +225,8 @@ class _Teardown:
         self.report.list_calls += 1
         try:
             return [node for node in self.api.list_nodes(self.zone) if self.belongs(node)]
+        except EndpointDownError:
+            raise  # nothing answers: stop now (run() says what it means)
         except CloudError as error:
             self.problem(f"list of zone {self.zone} failed: {error.message}")
             return None
@@ -225,6 +238,8 @@ class _Teardown:
         except NotFoundError:
             self.report.already_gone = True
             return
+        except EndpointDownError:
+            raise  # nothing answers: stop now (run() says what it means)
         except CloudError as error:
             self.problem(f"get of {self.name} failed ({error.message}); looking by list")
             return
@@ -273,19 +288,39 @@ class _Teardown:
 
         # Every round, its DeleteNode waits and the API's own retries run inside this one
         # deadline (tpulab.polling nests them), so nothing outlives `timeout`.
-        poll_until(
-            self.step,
-            self.confirmed,
-            timeout=max(0.0, self.deadline - self.clock()),
-            clock=self.clock,
-            sleep=self.sleep,
-            backoff=self.schedule,
-            expired=gone_too_late,
-            announce=False,
-        )
+        try:
+            poll_until(
+                self.step,
+                self.confirmed,
+                timeout=max(0.0, self.deadline - self.clock()),
+                clock=self.clock,
+                sleep=self.sleep,
+                backoff=self.schedule,
+                expired=gone_too_late,
+                announce=False,
+            )
+        except EndpointDownError as error:
+            # Only an endpoint that never answered this command is declared down (one that
+            # answered and then went away is waited for until the deadline): waiting on
+            # cannot help, so say at once what may remain and how to finish.
+            raise self.unreachable(error) from None
         self.report.confirmed = True
         self.report.seconds = self.clock() - self.started
         return self.report
+
+    def unreachable(self, error: EndpointDownError) -> TeardownError:
+        deleted = (
+            "a delete was sent but could not be confirmed"
+            if self.deletes_accepted
+            else "nothing was deleted"
+        )
+        return TeardownError(
+            f"Teardown NOT confirmed: {error.message} So {deleted}: node {self.name} "
+            f"(project {self.api.project}, zone {self.zone}) may exist and still be "
+            f"billing. {error.hint}",
+            [LeakedNode(self.api.project, self.zone, self.name)],
+            delete_attempts=self.report.delete_attempts,
+        )
 
     def failure(self, nodes: list[NodeInfo] | None) -> TeardownError:
         names = [node.name for node in nodes] if nodes else [self.name]

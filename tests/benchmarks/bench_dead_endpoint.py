@@ -1,0 +1,157 @@
+"""How long each command takes to fail against a dead endpoint, next to a live emulator.
+
+Three dead endpoints, each real: a closed loopback port (refused), a listener that
+accepts and never answers (blackhole), and a name under `.invalid` (never resolves; not
+loopback, so it gets the 15 s network-blip schedule). Each command runs as the user runs
+it (a fresh process), and the same command against a live served emulator is timed in
+the same run, so the table reads against this machine's load (the imports alone take
+seconds on a busy one). Before this change the same commands took from 12 s to 12 min.
+Run: `pytest tests/benchmarks/bench_dead_endpoint.py -s`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from helpers import create_ready_node
+
+from tpulab.cleanup.sessions import SessionStore
+from tpulab.cloud.google import GoogleTpuApi
+from tpulab.emulator import Emulator, Timing
+from tpulab.models import tpulab_labels
+from tpulab.run.session import SessionState
+
+PROJECT = "bench-project"
+ZONE = "us-central1-a"
+# Exit status of each command when the endpoint cannot be reached (README "Exit codes").
+# A run whose CreateNode was sent and never answered (blackhole) cannot know that no node
+# exists: 6, "may still be billing", with the commands that finish it.
+EXPECTED = {"list": 3, "teardown": 6, "down": 6, "run": 3}
+EXPECTED_AFTER_A_SENT_CREATE = {"run": 6}
+
+
+class _Blackhole:
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def _session(home: Path, url: str, node: str) -> None:
+    os.environ["TPULAB_HOME"] = str(home)  # SessionStore() reads it, as tpulab does
+    store = SessionStore()
+    store.reserve("bench", b"not a real key")
+    now = time.time()
+    store.save(
+        SessionState(
+            name="bench", run_id=node.removeprefix("tpulab-"), node_name=node, zone=ZONE,
+            project=PROJECT, api_endpoint=url, accelerator_type="v5litepod-4", spot=False,
+            ssh_user="u", ssh_host="127.0.0.1", ssh_port=22, host_key_type="ssh-ed25519",
+            host_key_b64="AAAA", watchdog={}, started_at=now, deadline_at=now + 3600,
+            idle_seconds=600, renewed_at=now,
+        )
+    )  # fmt: skip
+
+
+def _args(command: str, url: str) -> list[str]:
+    where = ["--api-endpoint", url, "--project", PROJECT, "--zone", ZONE]
+    return {
+        "list": ["list", *where],
+        "teardown": ["teardown", "--verify", "--yes", *where],
+        "down": ["down", "bench"],
+        "run": [
+            "run",
+            "--accelerator",
+            "v5litepod-4",
+            *where,
+            "--project",
+            PROJECT,
+            "--zone",
+            ZONE,
+        ],
+    }[command]
+
+
+def _timed(command: str, url: str, home: Path) -> tuple[float, int, str]:
+    env = {**os.environ, "TPULAB_HOME": str(home), "NO_GCE_CHECK": "True"}
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "tpulab", *_args(command, url)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return time.perf_counter() - started, done.returncode, done.stdout + done.stderr
+
+
+def test_dead_endpoints_fail_in_seconds(tmp_path: Path) -> None:
+    hole = _Blackhole()
+    dead = {
+        "refused": _closed_port_url(),
+        "blackhole": hole.url,
+        "unresolvable": "http://tpu-nowhere.invalid:8470",
+    }
+    rows: list[tuple[str, str, int, float]] = []
+    saved_home = os.environ.get("TPULAB_HOME")
+    try:
+        with Emulator(tmp_path / "emulator", timing=Timing.fast()) as live:
+            api = GoogleTpuApi(PROJECT, api_endpoint=live.url)
+            for command in ("list", "teardown", "down"):
+                home = tmp_path / f"live-{command}"
+                if command == "down":
+                    node = "tpulab-bench-live"
+                    create_ready_node(api, node, tpulab_labels("bench-live"), ZONE)
+                    _session(home, live.url, node)
+                seconds, status, output = _timed(command, live.url, home)
+                assert status == 0, output
+                rows.append((command, "live emulator", status, seconds))
+        for command in ("list", "teardown", "down", "run"):
+            for kind, url in dead.items():
+                home = tmp_path / f"{command}-{kind}"
+                if command == "down":
+                    _session(home, url, "tpulab-bench-dead")
+                seconds, status, output = _timed(command, url, home)
+                expected = EXPECTED[command]
+                if kind == "blackhole":
+                    expected = EXPECTED_AFTER_A_SENT_CREATE.get(command, expected)
+                assert status == expected, output
+                assert "cannot reach the Cloud TPU API at" in output, output
+                rows.append((command, kind, status, seconds))
+    finally:
+        hole.close()
+        if saved_home is None:
+            os.environ.pop("TPULAB_HOME", None)
+        else:
+            os.environ["TPULAB_HOME"] = saved_home
+    print("\ncommand   endpoint        exit   wall")
+    for command, kind, status, seconds in rows:
+        print(f"{command:<9} {kind:<15} {status:>4} {seconds:>6.1f} s")
