@@ -6,7 +6,8 @@ published for the node, and uses `RejectPolicy`: any other key aborts the handsh
 before authentication, let alone before a command runs.
 
 `Connection` is a context manager, opened lazily, with `run`, `run_streaming` (stdin and
-stdout as byte streams: the workspace transfers), `put` and `get`. Errors map
+stdout as byte streams: the workspace transfers), `hold` (a command left running, its
+stdin open, until the connection closes: the exec lock), `put` and `get`. Errors map
 onto `tpulab.errors` at this seam:
 
       paramiko.BadHostKeyException, "not found in known_hosts"  -> HostKeyMismatchError
@@ -29,6 +30,7 @@ seconds later in case the remote `timeout` itself is wedged.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import hashlib
 import io
 import logging
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HOST_KEY_ATTRIBUTE",
     "Connection",
+    "HeldCommand",
     "HostKey",
     "HostKeyNotPublishedError",
     "RunKey",
@@ -117,6 +120,16 @@ class RunResult:
     @property
     def output_tail(self) -> str:
         return (self.stdout + self.stderr)[-_TAIL:]
+
+
+@dataclass(frozen=True)
+class HeldCommand:
+    """What `Connection.hold` saw: the output up to the command's first stdout line, and
+    its exit status if it has already ended (None: it runs on, held by the connection)."""
+
+    exit_status: int | None
+    stdout: str
+    stderr: str
 
 
 class _LineSplitter:
@@ -210,6 +223,7 @@ class Connection:
         self._client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._home: str | None = None
+        self._held: list[paramiko.Channel] = []
 
     def __repr__(self) -> str:
         state = "open" if self._client is not None else "closed"
@@ -222,6 +236,7 @@ class Connection:
         self.close()
 
     def close(self) -> None:
+        self._let_go()
         if self._sftp is not None:
             self._sftp.close()
             self._sftp = None
@@ -609,6 +624,90 @@ class Connection:
     def _client_active(self) -> bool:
         transport = self._client.get_transport() if self._client is not None else None
         return transport is not None and transport.is_active()
+
+    # -- hold ----------------------------------------------------------------------------
+
+    def hold(self, argv: Sequence[str], *, timeout: float, answer_within: float) -> HeldCommand:
+        """Start `argv` and leave it running, its stdin open, for as long as this
+        connection: return once it has printed its first stdout line (or ended), within
+        `answer_within` seconds, else RemoteTimeoutError. `timeout` is the remote
+        `timeout --signal=KILL` around it, as for `run`.
+
+        Whatever holds the command's interest (the exec lock) ends with the connection:
+        `close` sends EOF to its stdin, and if this process dies instead, the SSH server
+        closes the session's pipes, which is the same EOF to the command."""
+        command = remote_command(argv, timeout=timeout)
+        shown = shlex.join(argv)
+        if len(shown) > 120:
+            shown = shown[:117] + "..."
+        with self._mapped(f"opening a session for {shown!r}"):
+            channel = self._transport().open_session(timeout=self.banner_timeout)
+        out, err = _LineSplitter("stdout", None), _LineSplitter("stderr", None)
+        give_up = self._clock() + answer_within
+        log.debug("ssh %s (held): %s", self.target, shown)
+        try:
+            with self._mapped(f"running {shown!r}"):
+                channel.exec_command(command)
+                ended = self._first_line(channel, out, err, give_up, shown, answer_within)
+        except BaseException:
+            channel.close()
+            raise
+        if ended:
+            channel.close()
+        else:
+            self._held.append(channel)
+        out.feed(b"", final=True)
+        err.feed(b"", final=True)
+        status = (channel.exit_status if channel.exit_status_ready() else -1) if ended else None
+        return HeldCommand(status, out.text, err.text)
+
+    def _first_line(
+        self,
+        channel: paramiko.Channel,
+        out: _LineSplitter,
+        err: _LineSplitter,
+        give_up: float,
+        shown: str,
+        answer_within: float,
+    ) -> bool:
+        """Read until a whole stdout line is in (False: the command runs on) or it ended
+        (True). Reads byte by byte once data is there: nothing past that line is taken."""
+        while True:
+            while channel.recv_stderr_ready():
+                err.feed(channel.recv_stderr(_CHUNK))
+            while channel.recv_ready():
+                data = channel.recv(1)
+                out.feed(data)
+                if data == b"\n":
+                    return False
+            if channel.exit_status_ready() or channel.closed:
+                if channel.recv_ready() or channel.recv_stderr_ready():
+                    continue
+                return True
+            if self._clock() >= give_up:
+                raise RemoteTimeoutError(
+                    f"{shown!r} on {self.target} said nothing within {answer_within:g}s",
+                    hint="The VM may be overloaded; check it and try again. Output so far: "
+                    + (out.text + err.text)[-300:],
+                )
+            select.select([channel], [], [], 0.01)
+
+    def _let_go(self) -> None:
+        """EOF to every held command, then a short wait for each to exit, so what it held
+        is free when `close` returns (the next exec from this laptop may follow at once).
+        A connection already dead has nothing to wait for; closing never raises."""
+        held, self._held = self._held, []
+        for channel in held:
+            with contextlib.suppress(Exception):
+                channel.shutdown_write()
+        deadline = time.monotonic() + _EOF_GRACE
+        for channel in held:
+            with contextlib.suppress(Exception):
+                if self._client_active():
+                    # Set by the exit status or the channel's close (real time: bounded
+                    # even under an injected clock).
+                    channel.status_event.wait(max(0.0, deadline - time.monotonic()))
+                channel.close()
 
     # -- files ---------------------------------------------------------------------------
 

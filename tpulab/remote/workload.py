@@ -13,14 +13,21 @@ line. Paths are relative to the login directory, like the bootstrap's.
     ~/jax-tpu-lab/run/command.pid    its process group, for a stop from another session
     ~/jax-tpu-lab/run/status.json    what the launcher reported (while it runs: its argv
                                      and start time, for the busy check of a later exec)
+    ~/jax-tpu-lab/exec.lock          the exec lock (remote_payloads/exec_lock.py): flocked
+                                     by the exec that holds it, for as long as its SSH
+                                     connection lives; inside, who that is
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
+from tpulab import paths
+from tpulab.config.sessions import MAX_TTL_SECONDS
 from tpulab.remote.bootstrap import LAB_DIR, VENV_DIR, VENV_PYTHON
 from tpulab.remote.payload import payload_env
 
@@ -29,6 +36,10 @@ __all__ = [
     "IDLE_REPORT",
     "LAUNCHER_NAME",
     "LAUNCHER_SETTLE_SECONDS",
+    "LOCKED_REPORT",
+    "LOCK_HOLD_SECONDS",
+    "LOCK_MARKER",
+    "LOCK_PATH",
     "LOG_PATH",
     "RUN_DIR",
     "STAGED_LAUNCHER",
@@ -36,11 +47,16 @@ __all__ = [
     "WORKLOAD_MARKER",
     "WORKSPACE_DIR",
     "BusyCommand",
+    "HeldAnswer",
+    "HoldingShell",
     "LaunchReport",
+    "LockHolder",
     "busy_command",
     "launch_command",
+    "lock_command",
     "parse_busy_report",
     "parse_launch_report",
+    "parse_lock_report",
     "stop_command",
     "workload_env",
 ]
@@ -220,3 +236,98 @@ def parse_launch_report(stderr: str) -> LaunchReport | None:
         except (ValueError, KeyError, TypeError):
             continue
     return found
+
+
+# -- the exec lock ----------------------------------------------------------------------
+
+LOCK_NAME = "exec_lock.py"
+LOCK_PATH = f"{LAB_DIR}/exec.lock"
+LOCK_MARKER = "TPULAB_LOCK "
+# What the lock script prints when the lock is ours (a dry run's planned answer).
+LOCKED_REPORT = LOCK_MARKER + "locked\n"
+# The remote `timeout` around the holder: past the longest a session lives (its --ttl
+# bound), so only the end of the exec's connection ends it, never the clock.
+LOCK_HOLD_SECONDS = MAX_TTL_SECONDS + 3600.0
+# The lock script answers at once (or after its 2 s wait for a holder that is letting
+# go): seconds, even on a slow VM.
+LOCK_ANSWER_SECONDS = 30.0
+
+
+class HeldAnswer(Protocol):
+    """What a held command printed up to its first stdout line; `exit_status` None while
+    it still runs (held open until the connection closes)."""
+
+    @property
+    def exit_status(self) -> int | None: ...
+
+    @property
+    def stdout(self) -> str: ...
+
+    @property
+    def stderr(self) -> str: ...
+
+
+class HoldingShell(Protocol):
+    """`tpulab.remote.ssh.Connection.hold`: start a command that runs, its stdin open, for
+    as long as the connection, and return once it has said its first line."""
+
+    def hold(self, argv: Sequence[str], *, timeout: float, answer_within: float) -> HeldAnswer: ...
+
+
+@functools.cache
+def _lock_source() -> str:
+    """remote_payloads/exec_lock.py, which travels as `python3 -c` (no staging: the lock
+    is taken before anything is synced)."""
+    return paths.payload_path(LOCK_NAME).read_text(encoding="utf-8")
+
+
+def lock_command(*, run_id: str, host: str, pid: int) -> list[str]:
+    """argv that takes the session's exec lock for this exec (run `run_id`, from laptop
+    `host`, process `pid`) and holds it until its stdin's EOF, or says who holds it."""
+    holder = json.dumps({"run_id": run_id, "host": host, "pid": pid}, sort_keys=True)
+    # -I -S: the system python3 alone, no user site or PYTHON* variables to shadow
+    # fcntl and json, and a faster start (it is on every exec's path).
+    return ["python3", "-I", "-S", "-c", _lock_source(), LOCK_PATH, holder]
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds the exec lock, as its holder wrote it (None: not written, or unreadable):
+    the exec's run id, the laptop's hostname and pid, when it took it (VM wall clock)."""
+
+    run_id: str | None
+    host: str | None
+    pid: int | None
+    since: float | None
+
+
+def parse_lock_report(stdout: str) -> LockHolder | None:
+    """None when the lock is ours; who holds it otherwise; ValueError when the output is
+    not the lock script's."""
+    line = next((x for x in stdout.splitlines() if x.startswith(LOCK_MARKER)), None)
+    if line is None:
+        raise ValueError(f"no {LOCK_MARKER.strip()} line in {stdout[-200:]!r}")
+    said = line[len(LOCK_MARKER) :].strip()
+    if said == "locked":
+        return None
+    verdict, _, note_json = said.partition(" ")
+    if verdict != "held":
+        raise ValueError(f"the lock script said {said[:80]!r}")
+    try:
+        note = json.loads(note_json)
+    except ValueError:
+        note = None
+    note = note if isinstance(note, dict) else {}
+
+    def text(key: str) -> str | None:
+        value = note.get(key)
+        return str(value) if isinstance(value, (str, int)) and str(value) else None
+
+    pid = note.get("pid")
+    since = note.get("since")
+    return LockHolder(
+        run_id=text("run_id"),
+        host=text("host"),
+        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        since=float(since) if isinstance(since, (int, float)) else None,
+    )

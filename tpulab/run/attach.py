@@ -1,9 +1,11 @@
 """`tpulab exec`: the run's Lifecycle attached to a session's kept node, never deleting it.
 
     validate (the workload's selection and caps; nothing is sent)
-    -> connect (the session's key, the host key `up` pinned; refused, with nothing
-       changed on the VM, while a command an earlier exec started still runs there;
-       the idle lease renewed at once, then in the background while the command runs)
+    -> connect (the session's key, the host key `up` pinned; the session's exec lock
+       taken, held by this connection until the exec ends; refused, with nothing
+       changed on the VM, while another exec holds the lock or a command an earlier
+       exec started still runs there; the idle lease renewed at once, then in the
+       background while the command runs)
     -> sync -> install -> workload -> fetch       (tpulab.run.workload, as for `run -- CMD`)
     finally: stop renewing, close SSH -- on success, failure, Ctrl-C or SIGTERM alike.
 
@@ -22,7 +24,9 @@ the recording seams of tpulab.run.recording: `tpulab exec --dry-run`.
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +46,7 @@ from tpulab.run.progress import Phase
 if TYPE_CHECKING:
     from tpulab.config import RunSpec
     from tpulab.remote import bootstrap as boot
+    from tpulab.remote import workload as wl
     from tpulab.remote.keys import RunKey, SshTarget
     from tpulab.remote.watchdog import WatchdogConfig
     from tpulab.run.lifecycle import Lifecycle, RunOutcome
@@ -90,6 +95,46 @@ class Attachment:
         state = node_gone(life.api, life.spec.zone.value, life.spec.node_name)
         if state is not None:
             raise RemoteError(f"GetNode says node {life.spec.node_name} is {state}")
+
+    def take_lock(self, session: wl.HoldingShell, run_id: str) -> None:
+        """Take the session's exec lock for this exec, before anything else is sent: two
+        execs started together would both pass the busy check below, then swap each
+        other's workspace and both run. The lock is held by a process on the VM that
+        lives as long as this SSH connection (tpulab.remote.ssh `hold`), so it goes with
+        the exec however it ends -- a SIGKILLed laptop included: no stale lock, ever.
+        RemoteError if another exec holds it (nothing is synced or started)."""
+        from tpulab.remote import workload as wl
+
+        argv = wl.lock_command(run_id=run_id, host=socket.gethostname(), pid=os.getpid())
+        answer = session.hold(
+            argv, timeout=wl.LOCK_HOLD_SECONDS, answer_within=wl.LOCK_ANSWER_SECONDS
+        )
+        try:
+            holder = wl.parse_lock_report(answer.stdout)
+        except ValueError as error:
+            said = f"exit status {answer.exit_status}" if answer.exit_status is not None else ""
+            tail = (answer.stderr.strip().splitlines() or [""])[-1][-200:]
+            raise RemoteError(
+                f"Cannot take session {self.session}'s exec lock ({error}"
+                + (f"; {said}" if said else "")
+                + (f"; {tail}" if tail else "")
+                + "). Nothing was synced or started.",
+                hint="Check the node with `tpulab ssh " + self.session + " -- python3 -V`.",
+            ) from None
+        if holder is None and answer.exit_status is None:
+            return  # ours, until this connection closes
+        if holder is None:
+            raise RemoteError(
+                f"Session {self.session}'s exec lock ended as soon as it was taken "
+                f"(exit status {answer.exit_status}). Nothing was synced or started.",
+                hint="Check the node with `tpulab ssh " + self.session + " -- python3 -V`.",
+            )
+        raise RemoteError(
+            f"Session {self.session} is busy: another exec holds its lock "
+            f"({_describe_holder(holder)}). Nothing was synced or started.",
+            hint="Wait for that exec to finish, or look at the node with "
+            f"`tpulab ssh {self.session}`, then exec again.",
+        )
 
     def check_not_busy(self, session: boot.RemoteShell) -> None:
         """Refuse, before the sync swaps the workspace and the launcher clears the run
@@ -155,6 +200,19 @@ class Attachment:
             f"Session {name}'s node {life.spec.node_name} {cause} ({error.message}).",
             hint=hint,
         )
+
+
+def _describe_holder(holder: wl.LockHolder) -> str:
+    """'run R from laptop H (pid P), since T UTC', with what the holder wrote."""
+    who = f"run {holder.run_id}" if holder.run_id else "an exec"
+    if holder.host:
+        who += f" from {holder.host}"
+    if holder.pid is not None:
+        who += f" (pid {holder.pid})"
+    if holder.since is not None:
+        started = datetime.fromtimestamp(holder.since, tz=timezone.utc)
+        who += f", since {started:%Y-%m-%d %H:%M:%S} UTC"
+    return who
 
 
 _COMMAND_PHASES = (Phase.SYNC, Phase.INSTALL, Phase.WORKLOAD, Phase.FETCH)

@@ -65,6 +65,7 @@ from tpulab.errors import (
 from tpulab.models import NodeInfo, NodeRequest, NodeState
 from tpulab.polling import Backoff, retry_call
 from tpulab.remote import bootstrap as boot
+from tpulab.remote import workload as wl
 from tpulab.remote.workspace import StreamShell
 from tpulab.run.lease import LeaseRenewer, read_state, vanished, watchdog_config
 from tpulab.run.progress import NullObserver, Phase, RunJournal, RunObserver, TeardownStatus
@@ -99,9 +100,9 @@ _REFUSED = (
 )
 
 
-class RemoteSession(boot.RemoteShell, StreamShell, Protocol):
+class RemoteSession(boot.RemoteShell, StreamShell, wl.HoldingShell, Protocol):
     """What the lifecycle needs from `tpulab.ssh.Connection`: the bootstrap's `run`,
-    plus opening, closing and file transfer."""
+    plus opening, closing, file transfer and `hold` (an exec's lock)."""
 
     def open(self) -> None: ...
 
@@ -788,7 +789,10 @@ class Lifecycle:
         # Connections open lazily; opening here makes this phase own the waiting for sshd.
         self.session.open()
         if self.attach is not None:
-            self.attach.check_not_busy(self.session)  # before the lease or anything changes
+            # Before the lease or anything changes: the lock first (two execs at once
+            # would both pass the busy check), held until the connection closes.
+            self.attach.take_lock(self.session, self.spec.run_id)
+            self.attach.check_not_busy(self.session)
         where = f"{self.target.user}@{self.target.host}:{self.target.port}"
         if self.watchdog is None:
             return f"{where}; no watchdog (--no-watchdog)"

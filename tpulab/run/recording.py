@@ -433,6 +433,15 @@ class _Reply:
         self.stderr = stderr
 
 
+class _Held:
+    """What a held command printed first, as `wl.HeldAnswer`: it runs on (no status)."""
+
+    def __init__(self, stdout: str) -> None:
+        self.exit_status: int | None = None
+        self.stdout = stdout
+        self.stderr = ""
+
+
 class RecordingSession:
     """A RemoteSession that records the command lines a `Connection` would execute.
 
@@ -482,6 +491,27 @@ class RecordingSession:
             command=command,
         )
         return self._reply(argv)
+
+    def hold(self, argv: Sequence[str], *, timeout: float, answer_within: float) -> _Held:
+        # All but the holder's note (this run, laptop and pid) is the lock's argv.
+        is_lock = list(argv[:-1]) == wl.lock_command(run_id="", host="", pid=0)[:-1]
+        what = (
+            f"takes the session's exec lock (flock on ~/{wl.LOCK_PATH}, noting this run, "
+            "laptop and pid) or says who holds it -- then the exec is refused, nothing "
+            "synced or started; "
+            if is_lock
+            else ""
+        )
+        self.recorder.add(
+            "ssh",
+            "exec",
+            argv=list(argv),
+            command=remote_command(argv, timeout=timeout),
+            detail=f"{what}answers within {answer_within:g}s, then stays running, its "
+            "stdin open, until the connection closes (the exec's end, or the laptop's): "
+            "what it holds goes with it",
+        )
+        return _Held(wl.LOCKED_REPORT if is_lock else "")  # an idle node: the lock is free
 
     def run_streaming(
         self,
