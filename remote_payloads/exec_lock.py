@@ -1,16 +1,22 @@
 """The exec lock of a tpulab session's VM, held for as long as this process's stdin is open.
 
-`tpulab exec` starts this over its own SSH connection (as `python3 -I -S -c SOURCE LOCK HOLDER`,
-stdlib only, Python 3.10+), before it checks for a running command and before it syncs:
+`tpulab exec` starts this over its own SSH connection (as `python3 -I -S -c SOURCE LOCK
+HOLDER SILENCE`, stdlib only, Python 3.10+), before it checks for a running command and
+before it syncs:
 
     TPULAB_LOCK locked                  the lock is ours; who holds it is in the lock file
     TPULAB_LOCK held {"run_id": ...}    another exec holds it (what it wrote there)
 
-and then, when locked, blocks reading stdin. The lock is an `flock` on an open file, so
-the kernel drops it when this process ends, and this process ends when its stdin reaches
-EOF: the exec closed its connection, or the laptop was killed or cut off and the SSH
-server closed the session's pipes. No lock outlives the connection that took it, so
-there is no stale lock to break, ever.
+and then, when locked, reads stdin. The lock is an `flock` on an open file, so the kernel
+drops it when this process ends, and this process ends
+- at stdin's EOF: the exec closed its connection, or the laptop was killed and its
+  kernel closed the TCP connection, so the SSH server closed the session's pipes;
+- after SILENCE seconds with nothing on stdin: the exec writes a heartbeat byte every
+  few seconds, so silence means a laptop that lost power or its network. No FIN ever
+  reaches the VM then, and sshd (ClientAliveInterval 0, TCP keepalive after 2 h, as on
+  Google's images) would keep the session's pipes open for hours: without the
+  heartbeat the lock would outlive its exec by that long.
+So no lock outlives its exec by more than SILENCE seconds: there is no stale lock to break.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import select
 import sys
 import time
 
@@ -71,11 +78,12 @@ def _take(fd: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: exec_lock.py LOCK_FILE HOLDER_JSON", file=sys.stderr)
+    if len(argv) != 3:
+        print("usage: exec_lock.py LOCK_FILE HOLDER_JSON SILENCE_SECONDS", file=sys.stderr)
         return 2
-    path, holder_json = argv
+    path, holder_json, silence_text = argv
     holder = json.loads(holder_json)
+    silence = float(silence_text)
     directory = os.path.dirname(path)
     if directory:
         os.makedirs(directory, exist_ok=True)
@@ -87,10 +95,15 @@ def main(argv: list[str]) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(holder) + "\n").encode("utf-8"), 0)
     print(MARKER + "locked", flush=True)
-    # Until EOF: the end of the exec, or of its connection. The lock goes with us.
-    while os.read(0, 65536):
-        pass
-    return 0
+    # Until EOF (the end of the exec, or of its connection) or a silence (a laptop gone
+    # without a word). The lock goes with us.
+    while True:
+        ready, _, _ = select.select([0], [], [], silence)
+        if not ready:
+            print(f"no heartbeat from the exec for {silence:g} s: letting go", file=sys.stderr)
+            return 0
+        if not os.read(0, 65536):
+            return 0
 
 
 if __name__ == "__main__":

@@ -258,11 +258,14 @@ from pathlib import Path
 from tpulab.remote import workload as wl
 from tpulab.remote.keys import HostKey, RunKey, SshTarget
 from tpulab.remote.ssh import Connection
-host, port, user, key_type, key_b64, key_file = sys.argv[1:]
+host, port, user, key_type, key_b64, key_file, silence, beat = sys.argv[1:]
 target = SshTarget(host, int(port), user, HostKey(key_type, key_b64))
 connection = Connection(target, RunKey.from_openssh_private(Path(key_file).read_bytes()))
 answer = connection.hold(
-    wl.lock_command(run_id="killed", host="laptop", pid=1), timeout=600, answer_within=30
+    wl.lock_command(run_id="killed", host="laptop", pid=1, silence=float(silence)),
+    timeout=600,
+    answer_within=30,
+    beat_every=float(beat),
 )
 print(json.dumps([answer.exit_status, answer.stdout]), flush=True)
 time.sleep(600)
@@ -279,19 +282,29 @@ def _hold(host: SshHost) -> tuple[int | None, wl.LockHolder | None, Connection]:
     return answer.exit_status, wl.parse_lock_report(answer.stdout), connection
 
 
-def test_the_lock_lives_as_long_as_the_connection_that_took_it(
-    ssh_host: SshHost, tmp_path: Path
-) -> None:
+def _start_holder(
+    ssh_host: SshHost,
+    tmp_path: Path,
+    silence: float = wl.LOCK_SILENCE_SECONDS,
+    beat: float = wl.LOCK_BEAT_SECONDS,
+) -> subprocess.Popen[str]:
     key_file = tmp_path / "key"
     key_file.write_bytes(ssh_host.key.openssh_private_bytes())
     target = ssh_host.target()
-    holder = subprocess.Popen(
+    return subprocess.Popen(
         [
             sys.executable, "-c", _HOLDER, target.host, str(target.port), target.user,
-            target.host_key.key_type, target.host_key.b64, str(key_file),
+            target.host_key.key_type, target.host_key.b64, str(key_file), str(silence),
+            str(beat),
         ],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+
+
+def test_the_lock_lives_as_long_as_the_connection_that_took_it(
+    ssh_host: SshHost, tmp_path: Path
+) -> None:
+    holder = _start_holder(ssh_host, tmp_path)
     try:
         assert holder.stdout is not None
         first = holder.stdout.readline()
@@ -321,6 +334,60 @@ def test_the_lock_lives_as_long_as_the_connection_that_took_it(
     last.close()
 
 
+def test_a_laptop_gone_silent_loses_the_lock_after_the_silence(
+    ssh_host: SshHost, tmp_path: Path
+) -> None:
+    # A laptop that loses power or its network sends no FIN: its TCP connection stays
+    # open on the VM (here: the holder process stopped, its socket left open), and only
+    # the missing heartbeat can tell. Beats every 0.5 s keep a 5 s silence from passing.
+    silence = 5.0
+    holder = _start_holder(ssh_host, tmp_path, silence=silence, beat=0.5)
+    try:
+        assert holder.stdout is not None
+        first = holder.stdout.readline()
+        assert first, holder.communicate(timeout=30)
+        assert json.loads(first) == [None, wl.LOCKED_REPORT]
+        # Alive and beating: still its lock after more than the silence.
+        time.sleep(2 * silence)
+        _, seen, other = _hold(ssh_host)
+        with other:
+            assert seen is not None, "a beating holder lost the lock"
+            assert seen.run_id == "killed"
+        holder.send_signal(signal.SIGSTOP)  # no beats, no FIN
+        from helpers import wait_until
+
+        def taken() -> bool:
+            _, seen, mine = _hold(ssh_host)
+            mine.close()
+            return seen is None
+
+        wait_until(taken, "the silent holder's lock to be let go")
+    finally:
+        holder.kill()
+        holder.communicate(timeout=30)
+
+
+def test_the_lock_script_lets_go_after_a_silence(tmp_path: Path) -> None:
+    argv = wl.lock_command(run_id="silent", host="laptop", pid=7, silence=1.0)
+    argv[0] = sys.executable
+    argv[argv.index(wl.LOCK_PATH)] = str(tmp_path / "exec.lock")
+    # Its stdin stays open and says nothing: only the silence can end it.
+    silent = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert silent.stdout is not None
+        assert silent.stdout.readline() == wl.LOCKED_REPORT
+        assert silent.wait(timeout=60) == 0
+        assert silent.stderr is not None
+        assert "no heartbeat from the exec for 1 s: letting go" in silent.stderr.read()
+    finally:
+        silent.kill()
+        silent.communicate()
+    again = subprocess.run(argv, input="", capture_output=True, text=True, timeout=60)
+    assert wl.parse_lock_report(again.stdout) is None, again.stderr  # free again
+
+
 @pytest.mark.parametrize("version", ["3", "3.10", "3.12", "3.13"])
 def test_the_lock_script_on_each_python(tmp_path: Path, version: str) -> None:
     # The VM's own python3 runs it (Ubuntu 22.04 has 3.10): run it here, the way the
@@ -335,8 +402,7 @@ def test_the_lock_script_on_each_python(tmp_path: Path, version: str) -> None:
         # pyenv's own interpreters, not its shims (which run only the selected version).
         pyenv = sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))
         found = str(pyenv[0]) if pyenv else shutil.which(f"python{version}")
-        if found is None:
-            pytest.skip(f"python{version} is not installed")
+        require_tool(found is not None, f"python{version}")
     assert found is not None
     python = found
 

@@ -39,6 +39,7 @@ import re
 import select
 import shlex
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -224,6 +225,7 @@ class Connection:
         self._sftp: paramiko.SFTPClient | None = None
         self._home: str | None = None
         self._held: list[paramiko.Channel] = []
+        self._beats: list[tuple[threading.Event, threading.Thread]] = []
 
     def __repr__(self) -> str:
         state = "open" if self._client is not None else "closed"
@@ -627,7 +629,14 @@ class Connection:
 
     # -- hold ----------------------------------------------------------------------------
 
-    def hold(self, argv: Sequence[str], *, timeout: float, answer_within: float) -> HeldCommand:
+    def hold(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        answer_within: float,
+        beat_every: float | None = None,
+    ) -> HeldCommand:
         """Start `argv` and leave it running, its stdin open, for as long as this
         connection: return once it has printed its first stdout line (or ended), within
         `answer_within` seconds, else RemoteTimeoutError. `timeout` is the remote
@@ -635,7 +644,10 @@ class Connection:
 
         Whatever holds the command's interest (the exec lock) ends with the connection:
         `close` sends EOF to its stdin, and if this process dies instead, the SSH server
-        closes the session's pipes, which is the same EOF to the command."""
+        closes the session's pipes, which is the same EOF to the command. A laptop that
+        loses power or its network closes nothing, so with `beat_every` a thread writes a
+        newline to the command's stdin that often until `close`, and the command can take
+        silence for the same end."""
         command = remote_command(argv, timeout=timeout)
         shown = shlex.join(argv)
         if len(shown) > 120:
@@ -656,6 +668,8 @@ class Connection:
             channel.close()
         else:
             self._held.append(channel)
+            if beat_every is not None:
+                self._start_beat(channel, beat_every, shown)
         out.feed(b"", final=True)
         err.feed(b"", final=True)
         status = (channel.exit_status if channel.exit_status_ready() else -1) if ended else None
@@ -692,10 +706,29 @@ class Connection:
                 )
             select.select([channel], [], [], 0.01)
 
+    def _start_beat(self, channel: paramiko.Channel, every: float, shown: str) -> None:
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(every):
+                try:
+                    channel.sendall(b"\n")
+                except Exception:  # the connection is gone: the command sees EOF or silence
+                    return
+
+        thread = threading.Thread(target=beat, name=f"tpulab-beat {shown[:40]}", daemon=True)
+        thread.start()
+        self._beats.append((stop, thread))
+
     def _let_go(self) -> None:
         """EOF to every held command, then a short wait for each to exit, so what it held
         is free when `close` returns (the next exec from this laptop may follow at once).
         A connection already dead has nothing to wait for; closing never raises."""
+        beats, self._beats = self._beats, []
+        for stop, _thread in beats:
+            stop.set()
+        for _stop, thread in beats:  # no heartbeat may race the EOF below
+            thread.join(timeout=_EOF_GRACE)
         held, self._held = self._held, []
         for channel in held:
             with contextlib.suppress(Exception):

@@ -251,6 +251,12 @@ LOCK_HOLD_SECONDS = MAX_TTL_SECONDS + 3600.0
 # The lock script answers at once (or after its 2 s wait for a holder that is letting
 # go): seconds, even on a slow VM.
 LOCK_ANSWER_SECONDS = 30.0
+# The exec writes a heartbeat byte to the lock's holder this often, and the holder lets
+# go after LOCK_SILENCE_SECONDS without one: a laptop that lost power or its network
+# sends no FIN, and the VM's sshd would keep the session (and the lock) for hours. Six
+# missed beats: a live exec on a slow link is never taken for a dead one.
+LOCK_BEAT_SECONDS = 10.0
+LOCK_SILENCE_SECONDS = 60.0
 
 
 class HeldAnswer(Protocol):
@@ -271,7 +277,14 @@ class HoldingShell(Protocol):
     """`tpulab.remote.ssh.Connection.hold`: start a command that runs, its stdin open, for
     as long as the connection, and return once it has said its first line."""
 
-    def hold(self, argv: Sequence[str], *, timeout: float, answer_within: float) -> HeldAnswer: ...
+    def hold(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        answer_within: float,
+        beat_every: float | None = None,
+    ) -> HeldAnswer: ...
 
 
 @functools.cache
@@ -281,13 +294,16 @@ def _lock_source() -> str:
     return paths.payload_path(LOCK_NAME).read_text(encoding="utf-8")
 
 
-def lock_command(*, run_id: str, host: str, pid: int) -> list[str]:
+def lock_command(
+    *, run_id: str, host: str, pid: int, silence: float = LOCK_SILENCE_SECONDS
+) -> list[str]:
     """argv that takes the session's exec lock for this exec (run `run_id`, from laptop
-    `host`, process `pid`) and holds it until its stdin's EOF, or says who holds it."""
+    `host`, process `pid`) and holds it until its stdin's EOF or `silence` seconds
+    without a heartbeat byte, or says who holds it."""
     holder = json.dumps({"run_id": run_id, "host": host, "pid": pid}, sort_keys=True)
     # -I -S: the system python3 alone, no user site or PYTHON* variables to shadow
     # fcntl and json, and a faster start (it is on every exec's path).
-    return ["python3", "-I", "-S", "-c", _lock_source(), LOCK_PATH, holder]
+    return ["python3", "-I", "-S", "-c", _lock_source(), LOCK_PATH, holder, f"{silence:g}"]
 
 
 @dataclass(frozen=True)

@@ -100,14 +100,18 @@ class Attachment:
         """Take the session's exec lock for this exec, before anything else is sent: two
         execs started together would both pass the busy check below, then swap each
         other's workspace and both run. The lock is held by a process on the VM that
-        lives as long as this SSH connection (tpulab.remote.ssh `hold`), so it goes with
-        the exec however it ends -- a SIGKILLed laptop included: no stale lock, ever.
+        lives as long as this SSH connection and its heartbeat (tpulab.remote.ssh `hold`),
+        so it goes with the exec however it ends -- a SIGKILLed laptop at once, one that
+        lost power or its network after LOCK_SILENCE_SECONDS: no stale lock, ever.
         RemoteError if another exec holds it (nothing is synced or started)."""
         from tpulab.remote import workload as wl
 
         argv = wl.lock_command(run_id=run_id, host=socket.gethostname(), pid=os.getpid())
         answer = session.hold(
-            argv, timeout=wl.LOCK_HOLD_SECONDS, answer_within=wl.LOCK_ANSWER_SECONDS
+            argv,
+            timeout=wl.LOCK_HOLD_SECONDS,
+            answer_within=wl.LOCK_ANSWER_SECONDS,
+            beat_every=wl.LOCK_BEAT_SECONDS,
         )
         try:
             holder = wl.parse_lock_report(answer.stdout)

@@ -492,9 +492,17 @@ class RecordingSession:
         )
         return self._reply(argv)
 
-    def hold(self, argv: Sequence[str], *, timeout: float, answer_within: float) -> _Held:
-        # All but the holder's note (this run, laptop and pid) is the lock's argv.
-        is_lock = list(argv[:-1]) == wl.lock_command(run_id="", host="", pid=0)[:-1]
+    def hold(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        answer_within: float,
+        beat_every: float | None = None,
+    ) -> _Held:
+        # All but the holder's note (this run, laptop and pid) and the silence it lets go
+        # after is the lock's argv.
+        is_lock = list(argv[:-2]) == wl.lock_command(run_id="", host="", pid=0)[:-2]
         what = (
             f"takes the session's exec lock (flock on ~/{wl.LOCK_PATH}, noting this run, "
             "laptop and pid) or says who holds it -- then the exec is refused, nothing "
@@ -508,8 +516,13 @@ class RecordingSession:
             argv=list(argv),
             command=remote_command(argv, timeout=timeout),
             detail=f"{what}answers within {answer_within:g}s, then stays running, its "
-            "stdin open, until the connection closes (the exec's end, or the laptop's): "
-            "what it holds goes with it",
+            "stdin open, until the connection closes (the exec's end, or the laptop's)"
+            + (
+                f" or {argv[-1]}s pass without the heartbeat byte sent every {beat_every:g}s"
+                if beat_every is not None
+                else ""
+            )
+            + ": what it holds goes with it",
         )
         return _Held(wl.LOCKED_REPORT if is_lock else "")  # an idle node: the lock is free
 
