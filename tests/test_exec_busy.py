@@ -26,13 +26,16 @@ from tpulab.emulator import Emulator
 pytestmark = pytest.mark.slow
 
 # Reads the workspace file by its path each time (a workspace swapped under it would
-# show) and keeps rewriting a marker the test watches.
+# show) and keeps rewriting a marker the test watches: written aside and renamed, since
+# a file rewritten in place is empty for a moment that a reader can land in.
 _LOOP = """\
 import os, pathlib, sys, time
 source = pathlib.Path(os.getcwd(), "message.txt")
 marker = pathlib.Path(sys.argv[1])
+aside = marker.with_name(marker.name + ".new")
 for tick in range(3000):
-    marker.write_text(f"{source.read_text()} {tick}")
+    aside.write_text(f"{source.read_text()} {tick}")
+    os.replace(aside, marker)
     time.sleep(0.1)
 """
 

@@ -49,13 +49,18 @@ pathlib.Path(os.environ["TPULAB_RUN_DIR"], "result.txt").write_text(message)
 print("read", message)
 """
 
-# Keeps rewriting a marker until stopped (an orphan once its exec is SIGKILLed).
+# Keeps rewriting a marker until stopped (an orphan once its exec is SIGKILLed). Each
+# file is written aside and renamed: one rewritten in place is empty for a moment that a
+# reader can land in.
 _LOOP = """\
 import os, pathlib, sys, time
-pathlib.Path(sys.argv[2]).write_text(f"{os.getcwd()} {os.getpgrp()}")
-marker = pathlib.Path(sys.argv[1])
+def put(path, text):
+    aside = pathlib.Path(path + ".new")
+    aside.write_text(text)
+    os.replace(aside, path)
+put(sys.argv[2], f"{os.getcwd()} {os.getpgrp()}")
 for tick in range(3000):
-    marker.write_text(str(tick))
+    put(sys.argv[1], str(tick))
     time.sleep(0.1)
 """
 
