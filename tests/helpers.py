@@ -13,7 +13,10 @@ imports by name lives here, once:
   tests (embedded SSH hosts on the preloaded image), closed with its hosts;
 - `wait_until`, `written_text`: wait for an event, or for a file another process writes,
   with a bound that is never a timing (see `wait_until`);
-- `refused_port`: a loopback port that refuses connections for as long as it is held.
+- `refused_port`: a loopback port that refuses connections for as long as it is held;
+- `Blackhole`: a loopback listener that accepts, reads the request, and never answers;
+- `workload_spec`: the RunSpec `run --emulate -- python train.py` builds, with workload
+  flags, for the config tests.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -36,11 +40,13 @@ from tpulab.models import NodeRequest, tpulab_labels
 
 if TYPE_CHECKING:  # the Google client is heavy; tests that need it import it themselves
     from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.config import RunSpec
     from tpulab.emulator import Emulator
     from tpulab.emulator.timing import Timing
 
 __all__ = [
     "IN_CI",
+    "Blackhole",
     "FakeClock",
     "create_ready_node",
     "invoke",
@@ -50,6 +56,7 @@ __all__ = [
     "served_emulator",
     "tpulab",
     "wait_until",
+    "workload_spec",
     "written_text",
 ]
 
@@ -254,3 +261,55 @@ def refused_port() -> Iterator[int]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         yield int(sock.getsockname()[1])
+
+
+class Blackhole:
+    """A real loopback listener that accepts connections, reads the request, and never
+    answers: a host on a dead network path, as a client sees it."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.recv(65536)
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def workload_spec(cwd: Path, **workload: object) -> RunSpec:
+    """The spec of `tpulab run --emulate [workload flags] -- python train.py` run in `cwd`."""
+    from tpulab.config import run_inputs
+    from tpulab.config.workload import WorkloadFlags
+
+    flags = WorkloadFlags(**{"command": ("python", "train.py"), **workload})  # type: ignore[arg-type]
+    return run_inputs(
+        accelerator="v5litepod-4",
+        emulate=True,
+        api_endpoint=None,
+        project=None,
+        zone=None,
+        name=None,
+        spot=False,
+        teardown_timeout=60.0,
+        installer="uv",
+        ssh_backend="embedded",
+        env={},
+        workload=flags,
+        cwd=cwd,
+    ).spec

@@ -10,14 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import workload_spec
 
-from tpulab.config import RunSpec, run_inputs
 from tpulab.config.workload import (
     DEFAULT_COMMAND_TIMEOUT,
     DEFAULT_MAX_FETCH,
     DEFAULT_MAX_UPLOAD,
     RUNS_DIR,
-    WorkloadFlags,
     check_env,
     check_exclude_pattern,
     check_requirement,
@@ -27,36 +26,17 @@ from tpulab.config.workload import (
 from tpulab.errors import ConfigError
 
 
-def spec_for(tmp_path: Path, **workload: object) -> RunSpec:
-    flags = WorkloadFlags(**{"command": ("python", "train.py"), **workload})  # type: ignore[arg-type]
-    return run_inputs(
-        accelerator="v5litepod-4",
-        emulate=True,
-        api_endpoint=None,
-        project=None,
-        zone=None,
-        name=None,
-        spot=False,
-        teardown_timeout=60.0,
-        installer="uv",
-        ssh_backend="embedded",
-        env={},
-        workload=flags,
-        cwd=tmp_path,
-    ).spec
-
-
 def test_a_run_without_a_command_has_no_workload(tmp_path: Path) -> None:
-    assert spec_for(tmp_path, command=()).workload is None
+    assert workload_spec(tmp_path, command=()).workload is None
     # --workdir alone is fine: it names the workspace whose [tool.tpulab] is read.
     (tmp_path / "lab").mkdir()
-    assert spec_for(tmp_path, command=(), workdir="lab").workload is None
+    assert workload_spec(tmp_path, command=(), workdir="lab").workload is None
     with pytest.raises(ConfigError, match="does not exist"):
-        spec_for(tmp_path, command=(), workdir="missing")
+        workload_spec(tmp_path, command=(), workdir="missing")
 
 
 def test_defaults(tmp_path: Path) -> None:
-    spec = spec_for(tmp_path)
+    spec = workload_spec(tmp_path)
     work = spec.workload
     assert work is not None
     assert work.command == ("python", "train.py")
@@ -77,7 +57,7 @@ def test_every_flag_lands_in_the_spec_with_its_source(tmp_path: Path) -> None:
     workdir.mkdir()
     reqs = tmp_path / "requirements.txt"
     reqs.write_text("flax\n")
-    spec = spec_for(
+    spec = workload_spec(
         tmp_path,
         command=("python", "-c", "print(1)"),
         workdir="lab",
@@ -160,7 +140,7 @@ def test_workload_flags_without_a_command_are_refused(
         "--quiet": ("quiet", True),
     }[option]
     with pytest.raises(ConfigError, match=f"{value} needs a command after --"):
-        spec_for(tmp_path, command=(), **{field[0]: field[1]})
+        workload_spec(tmp_path, command=(), **{field[0]: field[1]})
 
 
 @pytest.mark.parametrize(
@@ -196,16 +176,16 @@ def test_bad_workload_input_is_refused(
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "run.json").write_text("{}")
     with pytest.raises(ConfigError, match=words):
-        spec_for(tmp_path, **workload)
+        workload_spec(tmp_path, **workload)
 
 
 def test_an_out_dir_inside_the_workspace_is_excluded_from_the_upload(tmp_path: Path) -> None:
-    work = spec_for(tmp_path, out="results/exp1").workload
+    work = workload_spec(tmp_path, out="results/exp1").workload
     assert work is not None
     assert work.exclude == ("/results/exp1/",)
     # An existing empty directory is fine: nothing of another run is in it.
     (tmp_path / "empty").mkdir()
-    assert spec_for(tmp_path, out="empty").workload is not None
+    assert workload_spec(tmp_path, out="empty").workload is not None
 
 
 @pytest.mark.parametrize(
@@ -277,7 +257,7 @@ def test_exclude_flags_come_after_the_files_patterns(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text(
         '[tool.tpulab]\nexclude = ["data/", "*.bin"]\n', encoding="utf-8"
     )
-    work = spec_for(
+    work = workload_spec(
         tmp_path, exclude=("logs/", "!keep.bin", "logs/"), out=str(tmp_path / "o")
     ).workload
     assert work is not None
@@ -285,12 +265,12 @@ def test_exclude_flags_come_after_the_files_patterns(tmp_path: Path) -> None:
     # flag's "!keep.bin" brings back what the file's "*.bin" excludes); duplicates once.
     assert work.exclude == ("data/", "*.bin", "logs/", "!keep.bin", "/o/")
     assert work.sources["exclude"] == "pyproject.toml [tool.tpulab] + --exclude"
-    only_file = spec_for(tmp_path, out=str(tmp_path / "p")).workload
+    only_file = workload_spec(tmp_path, out=str(tmp_path / "p")).workload
     assert only_file is not None
     assert only_file.exclude == ("data/", "*.bin", "/p/")
     assert only_file.sources["exclude"] == "pyproject.toml [tool.tpulab]"
     (tmp_path / "pyproject.toml").unlink()
-    only_flag = spec_for(tmp_path, exclude=("*.bin",), out=str(tmp_path / "q")).workload
+    only_flag = workload_spec(tmp_path, exclude=("*.bin",), out=str(tmp_path / "q")).workload
     assert only_flag is not None
     assert (only_flag.exclude, only_flag.sources["exclude"]) == (("*.bin", "/q/"), "--exclude")
 
@@ -323,7 +303,7 @@ def test_bad_exclude_patterns_are_refused_from_the_flag_and_the_file(
     )
     # The file's patterns pass the same check (the empty ones fail its list check first).
     with pytest.raises(ConfigError, match=words if pattern.strip() else "non-empty") as file:
-        spec_for(tmp_path)
+        workload_spec(tmp_path)
     assert "pyproject.toml" in file.value.message
 
 

@@ -15,13 +15,12 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from helpers import refused_port
+from helpers import Blackhole, FakeClock, refused_port
 
 from tpulab.cleanup.journal import Journal, RunJournalAdapter
 from tpulab.cleanup.sessions import SessionStore
@@ -54,55 +53,12 @@ ZONE = "us-central1-a"
 UNRESOLVABLE = "http://tpu-nowhere.invalid:8470"
 
 
-class FakeClock:
-    """Time that moves only when slept: retries are counted, never waited for."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
 @pytest.fixture
 def refused_url() -> Iterator[str]:
     """An endpoint that refuses every connection for the whole test: its port stays bound
     (never listening), so no other xdist worker's server can take it meanwhile."""
     with refused_port() as port:
         yield f"http://127.0.0.1:{port}"
-
-
-class Blackhole:
-    """A real listener that accepts connections, reads the request, and never answers."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen()
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.held: list[socket.socket] = []
-        self.accepted = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.recv(65536)
-            self.held.append(conn)
-
-    def close(self) -> None:
-        self.sock.close()
-        for conn in self.held:
-            conn.close()
 
 
 @pytest.fixture
@@ -122,7 +78,7 @@ def test_a_never_answering_endpoint_is_retried_on_the_schedule_then_declared_dow
     where: str, refused_url: str
 ) -> None:
     url = refused_url if where == "refused" else UNRESOLVABLE
-    clock, notices = FakeClock(), list[str]()
+    clock, notices = FakeClock(now=1000.0), list[str]()
     api = GoogleTpuApi(
         PROJECT,
         api_endpoint=url,
@@ -156,7 +112,7 @@ def test_a_never_answering_endpoint_is_retried_on_the_schedule_then_declared_dow
 def test_a_create_to_a_dead_endpoint_is_resent_only_because_it_was_never_sent(
     refused_url: str,
 ) -> None:
-    clock = FakeClock()
+    clock = FakeClock(now=1000.0)
     url = refused_url
     api = GoogleTpuApi(
         PROJECT, api_endpoint=url, clock=clock, sleep=clock.sleep, reach=CLOUD_SCHEDULE
@@ -196,7 +152,7 @@ def test_a_create_sent_to_a_blackhole_keeps_its_unknown_outcome(blackhole: Black
 
 def test_an_endpoint_that_answered_once_is_never_declared_down(emulator: Emulator) -> None:
     # Losing a live endpoint is a blip to ride out (DESIGN §3.3), however long it lasts.
-    clock = FakeClock()
+    clock = FakeClock(now=1000.0)
     api = GoogleTpuApi(
         PROJECT,
         api_endpoint=emulator.url,
@@ -218,7 +174,7 @@ def test_an_endpoint_that_answered_once_is_never_declared_down(emulator: Emulato
 def test_teardown_against_a_dead_endpoint_stops_at_once_and_says_nothing_was_deleted(
     refused_url: str,
 ) -> None:
-    clock = FakeClock()
+    clock = FakeClock(now=1000.0)
     api = GoogleTpuApi(
         PROJECT,
         api_endpoint=refused_url,
@@ -280,7 +236,7 @@ def test_a_run_against_a_dead_endpoint_creates_nothing_and_closes_its_row(
 ) -> None:
     spec = embedded_rig.spec("v5litepod-4")
     journal = Journal()
-    clock = FakeClock()
+    clock = FakeClock(now=1000.0)
     api = GoogleTpuApi(
         spec.project.value,
         api_endpoint=UNRESOLVABLE,

@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from helpers import workload_spec
 from typer.testing import CliRunner
 
 from tpulab.cli import EXIT_CONFIG, app
-from tpulab.config import RunSpec, run_inputs
 from tpulab.config.requirements import read_requirements, references
-from tpulab.config.workload import WorkloadFlags
 from tpulab.errors import ConfigError
 from tpulab.remote import bootstrap as boot
 from tpulab.remote.workload import WORKSPACE_DIR
@@ -44,25 +43,6 @@ def tree(root: Path, files: dict[str, str]) -> Path:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text, encoding="utf-8")
     return root
-
-
-def spec_for(cwd: Path, **workload: object) -> RunSpec:
-    flags = WorkloadFlags(**{"command": ("python", "train.py"), **workload})  # type: ignore[arg-type]
-    return run_inputs(
-        accelerator="v5litepod-4",
-        emulate=True,
-        api_endpoint=None,
-        project=None,
-        zone=None,
-        name=None,
-        spot=False,
-        teardown_timeout=60.0,
-        installer="uv",
-        ssh_backend="embedded",
-        env={},
-        workload=flags,
-        cwd=cwd,
-    ).spec
 
 
 # -- reading a file as pip does -------------------------------------------------------
@@ -135,7 +115,7 @@ def test_a_workspace_file_resolves_nested_files_beside_it_and_paths_at_the_root(
 def test_a_file_outside_the_workspace_naming_packages_only_is_staged(tmp_path: Path) -> None:
     tree(tmp_path, {"reqs.txt": "flax\n-i https://pypi.org/simple\nx @ https://e.com/x.whl\n"})
     (tmp_path / "work").mkdir()
-    spec = spec_for(tmp_path, workdir="work", requirements="reqs.txt")
+    spec = workload_spec(tmp_path, workdir="work", requirements="reqs.txt")
     assert spec.workload is not None
     assert spec.workload.requirements is not None
     assert spec.workload.requirements.workspace_path is None
@@ -161,7 +141,7 @@ def test_a_file_outside_the_workspace_may_not_name_local_paths(
 ) -> None:
     tree(tmp_path, {"outside/reqs.txt": f"flax\n{line}\n", "work/train.py": ""})
     with pytest.raises(ConfigError) as refused:
-        spec_for(tmp_path, workdir="work", requirements="outside/reqs.txt")
+        workload_spec(tmp_path, workdir="work", requirements="outside/reqs.txt")
     message = refused.value.message
     assert f"{tmp_path / 'outside' / 'reqs.txt'}, line 2" in message
     assert kind in message
@@ -197,7 +177,7 @@ def test_a_workspace_file_must_keep_its_references_in_the_workspace(
 ) -> None:
     work = tree(tmp_path / "work", files)
     with pytest.raises(ConfigError) as refused:
-        spec_for(work, requirements="requirements.txt")
+        workload_spec(work, requirements="requirements.txt")
     assert words in refused.value.message
     assert "requirements.txt" in refused.value.message  # the file given, nested or not
 
@@ -207,7 +187,7 @@ def test_a_path_that_only_exists_from_the_users_own_directory_says_so(tmp_path: 
     # here, would find ./pkg; the VM runs pip in the workspace root, where it is not.
     tree(tmp_path, {"pkg/pyproject.toml": PROJECT_TOML, "work/requirements.txt": "-e ./pkg\n"})
     with pytest.raises(ConfigError) as refused:
-        spec_for(tmp_path, workdir="work", requirements="work/requirements.txt")
+        workload_spec(tmp_path, workdir="work", requirements="work/requirements.txt")
     message = refused.value.message
     assert "runs in the workspace root" in message
     assert f"exists relative to your current directory {tmp_path.resolve()}" in message
@@ -227,7 +207,7 @@ def test_the_install_runs_in_the_workspace_root_and_the_stamp_covers_nested_file
     tmp_path: Path,
 ) -> None:
     work = tree(tmp_path / "w", {"requirements.txt": "-r base.txt\n", "base.txt": "flax\n"})
-    spec = spec_for(work, requirements="requirements.txt")
+    spec = workload_spec(work, requirements="requirements.txt")
     assert spec.workload is not None
     wanted = extras_for(spec.workload)
     argv = boot.extras_command(wanted)
@@ -255,7 +235,7 @@ def test_the_dry_run_shows_that_pip_command_after_the_verifier(
             "pyproject.toml": PROJECT_TOML,  # the workspace is a project itself: `-e .`
         },
     )
-    spec = spec_for(work, requirements="requirements.txt")
+    spec = workload_spec(work, requirements="requirements.txt")
     steps = build_plan(spec)
     phases = [s.phase for s in steps]
     install = next(s for s in steps if s.phase == Phase.INSTALL.value and s.argv)

@@ -11,15 +11,14 @@ Run: `pytest tests/benchmarks/bench_dead_endpoint.py -s`.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-from helpers import create_ready_node
+from helpers import Blackhole, create_ready_node, refused_port
 
 from tpulab.cleanup.sessions import SessionStore
 from tpulab.cloud.google import GoogleTpuApi
@@ -34,35 +33,6 @@ ZONE = "us-central1-a"
 # exists: 6, "may still be billing", with the commands that finish it.
 EXPECTED = {"list": 3, "teardown": 6, "down": 6, "run": 3}
 EXPECTED_AFTER_A_SENT_CREATE = {"run": 6}
-
-
-class _Blackhole:
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen()
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.held.append(conn)
-
-    def close(self) -> None:
-        self.sock.close()
-        for conn in self.held:
-            conn.close()
-
-
-def _closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def _session(home: Path, url: str, node: str) -> None:
@@ -114,9 +84,10 @@ def _timed(command: str, url: str, home: Path) -> tuple[float, int, str]:
 
 
 def test_dead_endpoints_fail_in_seconds(tmp_path: Path) -> None:
-    hole = _Blackhole()
+    hole = Blackhole()
+    held = contextlib.ExitStack()  # the refused port stays bound, never listening
     dead = {
-        "refused": _closed_port_url(),
+        "refused": f"http://127.0.0.1:{held.enter_context(refused_port())}",
         "blackhole": hole.url,
         "unresolvable": "http://tpu-nowhere.invalid:8470",
     }
@@ -148,6 +119,7 @@ def test_dead_endpoints_fail_in_seconds(tmp_path: Path) -> None:
                 rows.append((command, kind, status, seconds))
     finally:
         hole.close()
+        held.close()
         if saved_home is None:
             os.environ.pop("TPULAB_HOME", None)
         else:
