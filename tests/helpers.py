@@ -14,6 +14,7 @@ imports by name lives here, once:
 - `wait_until`, `written_text`: wait for an event, or for a file another process writes,
   with a bound that is never a timing (see `wait_until`);
 - `refused_port`: a loopback port that refuses connections for as long as it is held;
+- `advances`: the next value of a marker file a running command keeps rewriting;
 - `Blackhole`: a loopback listener that accepts, reads the request, and never answers;
 - `workload_spec`: the RunSpec `run --emulate -- python train.py` builds, with workload
   flags, for the config tests.
@@ -48,6 +49,7 @@ __all__ = [
     "IN_CI",
     "Blackhole",
     "FakeClock",
+    "advances",
     "create_ready_node",
     "invoke",
     "killed_run",
@@ -313,3 +315,14 @@ def workload_spec(cwd: Path, **workload: object) -> RunSpec:
         workload=flags,
         cwd=cwd,
     ).spec
+
+
+def advances(marker: Path, seconds: float = 30) -> str:
+    """The next value of `marker`, which a running command keeps rewriting (aside, then
+    renamed): proof that the command is alive and still writing."""
+    before = marker.read_text()
+    deadline = time.monotonic() + seconds
+    while (now := marker.read_text()) == before:
+        assert time.monotonic() < deadline, f"the command stopped writing at {before!r}"
+        time.sleep(0.1)
+    return now

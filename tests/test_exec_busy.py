@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import require_tool, served_emulator, tpulab
+from helpers import advances, require_tool, served_emulator, tpulab
 from test_exec import EXIT_OK, EXIT_REMOTE, PROJECT, _exec_in_background, _wait_for, deletes, up
 
 from tpulab.emulator import Emulator
@@ -46,16 +46,6 @@ def served(tmp_path: Path) -> Iterator[Emulator]:
         yield emulator
 
 
-def _advances(marker: Path, seconds: float = 30) -> str:
-    """The marker's next value: the command is alive and still writing."""
-    before = marker.read_text()
-    deadline = time.monotonic() + seconds
-    while (now := marker.read_text()) == before:
-        assert time.monotonic() < deadline, f"the command stopped writing at {before!r}"
-        time.sleep(0.1)
-    return now
-
-
 def test_exec_is_refused_while_an_earlier_command_runs(served: Emulator, tmp_path: Path) -> None:
     up(served, "busy", "--ttl", "1h", "--idle", "10m")
     work = tmp_path / "work"
@@ -70,7 +60,7 @@ def test_exec_is_refused_while_an_earlier_command_runs(served: Emulator, tmp_pat
     _wait_for(marker, first)
     first.kill()  # SIGKILL: no stop reaches the VM, so its command lives on there
     first.communicate(timeout=60)
-    _advances(marker)
+    advances(marker)
 
     # The dry run lists the check, in CONNECT before the lease and the sync (it contacts
     # nothing, so it plans for a node where nothing runs).
@@ -105,7 +95,7 @@ def test_exec_is_refused_while_an_earlier_command_runs(served: Emulator, tmp_pat
     # Nothing changed under the running command: no second command, its workspace file
     # not replaced, its marker still advancing.
     assert not other.exists()
-    assert _advances(marker).startswith("first ")
+    assert advances(marker).startswith("first ")
 
     stopped = tpulab(*stop.split()[1:], timeout=60)
     assert stopped.returncode == EXIT_OK, stopped.stderr

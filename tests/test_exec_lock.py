@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from helpers import served_emulator, tpulab
+from helpers import advances, served_emulator, tpulab
 from test_exec import EXIT_OK, EXIT_REMOTE, PROJECT, _exec_in_background, _wait_for, deletes, up
 
 from tpulab.emulator import Emulator
@@ -211,7 +211,7 @@ def test_a_sigkilled_exec_leaves_no_stale_lock_only_its_orphan(
     first.kill()  # SIGKILL: no stop, no close; the SSH server sees the connection die
     first.communicate(timeout=60)
     _until(lambda: _lock_is_free(lock_file), "the lock outlived the killed exec's connection")
-    _advance(marker)  # ... but its command lives on
+    advances(marker)  # ... but its command lives on
 
     # The next exec takes the (free) lock, and the busy check refuses it for the orphan.
     refused = tpulab(
@@ -239,15 +239,6 @@ def test_a_sigkilled_exec_leaves_no_stale_lock_only_its_orphan(
     down = tpulab("down", "orphan", timeout=120)
     assert down.returncode == EXIT_OK, down.stderr
     assert served.node_names(PROJECT) == []
-
-
-def _advance(marker: Path, seconds: float = 30) -> str:
-    before = marker.read_text()
-    deadline = time.monotonic() + seconds
-    while (now := marker.read_text()) == before:
-        assert time.monotonic() < deadline, f"the command stopped writing at {before!r}"
-        time.sleep(0.1)
-    return now
 
 
 def _stopped(marker: Path) -> bool:
