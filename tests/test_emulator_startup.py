@@ -321,6 +321,65 @@ def test_a_killed_emulator_takes_its_nodes_processes_along(
     assert (sandbox / "boots.txt").read_text().split() == ["boot", "boot"]
 
 
+@pytest.mark.parametrize("successor", ["reboots", "deletes"])
+def test_a_killed_emulators_ssh_session_processes_die_with_the_node(
+    start_emulator: EmulatorStarter, tmp_path: Path, successor: str
+) -> None:
+    # A SIGKILLed `tpulab run --emulate -- CMD` takes its embedded emulator, and the SSH
+    # server its command ran under, along; the command lived on (seen: an hour-long
+    # launcher left running on this machine after `teardown --verify` deleted its node).
+    # On a VM, a reboot or a delete powers everything off: so must the successor here.
+    from tpulab.cloud.google import GoogleTpuApi
+
+    state = tmp_path / "state"
+    served = subprocess.Popen(
+        [
+            sys.executable, "-m", "tpulab", "emulator", "serve", "--port=0",
+            f"--state={state}", "--ssh=embedded", "--create-seconds=0.2",
+            "--delete-seconds=0.2",
+        ],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    orphan = 0
+    try:
+        assert served.stdout is not None
+        first = served.stdout.readline()
+        assert "listening on http://" in first, first
+        url = first.rsplit(" ", 1)[-1].strip()
+        key = RunKey()
+        _create(url, "n1", {"ssh-keys": key.metadata_entry(USER)})
+        api = GoogleTpuApi(PROJECT, api_endpoint=url)
+        attributes: dict[str, str] = {}
+
+        def fetch() -> dict[str, str]:
+            attributes.clear()
+            attributes.update(api.guest_attributes(ZONE, "n1"))
+            return dict(attributes)
+
+        host_key = wait_for_host_key(fetch, timeout=60)
+        target = SshTarget("127.0.0.1", ssh_port_from(attributes), USER, host_key)
+        with Connection(target, key, connect_timeout=20) as connection:
+            started = connection.run("sleep 600 >/dev/null 2>&1 & echo $!", timeout=30, check=True)
+        orphan = int(started.stdout.strip())
+        os.kill(served.pid, signal.SIGKILL)
+        served.wait(timeout=10)
+        assert _alive(orphan)  # what the dead emulator's SSH server left behind
+
+        if successor == "reboots":  # the node is READY: a successor with guests boots it
+            start_emulator(state, guests=True)
+        else:  # one without guests or hosts only deletes it
+            emulator = start_emulator(state)
+            api = GoogleTpuApi(PROJECT, api_endpoint=emulator.url)
+            api.wait_operation(api.delete_node(ZONE, "n1"), timeout=60)
+        wait_until(lambda: not _alive(orphan), f"the old boot's session process ({successor})")
+    finally:
+        if served.poll() is None:
+            os.kill(served.pid, signal.SIGKILL)
+            served.wait(timeout=10)
+        if orphan and _alive(orphan):
+            os.kill(orphan, signal.SIGKILL)
+
+
 def test_ssh_sessions_get_the_same_node_environment(
     start_emulator: EmulatorStarter, host_backend: HostBackend, tmp_path: Path
 ) -> None:

@@ -182,7 +182,7 @@ class OpenSshHostBackend:
                 self.stop(node_key)
                 raise
         log.info("sshd for %s on 127.0.0.1:%d (listening in %.1fs)", node_key, port, refuse_for)
-        return HostEndpoint("127.0.0.1", port, {pair.key_type: pair.b64 for pair in pairs})
+        return HostEndpoint("127.0.0.1", port, {pair.key_type: pair.b64 for pair in pairs}, tag=tag)
 
     def update_keys(self, node_key: str, ssh_keys_metadata: str) -> None:
         # sshd reads AuthorizedKeysFile at each login, so replacing the file is enough.

@@ -344,6 +344,7 @@ class Emulator:
         for node in gone:
             key = node_key(node["project"], node["zone"], node["name"])
             self._stop_host(key)
+            _kill_boot(node)  # booted by an emulator that died: nobody else will
             shutil.rmtree(self.sandbox(node["project"], node["zone"], node["name"]), True)
 
     def _tick_loop(self) -> None:
@@ -386,8 +387,7 @@ class Emulator:
                 ):
                     # A new boot. The old one's init died with its emulator; should any
                     # process of it have survived, it goes now (its tag is on record).
-                    if (node.get("guest") or {}).get("tag"):
-                        kill_tagged(node["guest"]["tag"])
+                    _kill_boot(node)
                     node["host"] = {"owner": self._owner}
                     node["guest_attributes"] = {}
                     to_start.append(dict(node))
@@ -491,6 +491,7 @@ class Emulator:
                         "host": endpoint.host,
                         "port": endpoint.port,
                         "ssh_keys": ssh_keys,  # what it accepts; the ticker compares
+                        "tag": endpoint.tag,  # its sessions' processes: see _kill_boot
                     }
                     # As the guest agent does: one `hostkeys/<type>` per key sshd serves,
                     # beside what the node's own processes have written since boot.
@@ -892,6 +893,17 @@ def _refuse_constant(name: str) -> Any:
     # json.loads accepts NaN and Infinity, which are not JSON; refuse them on input so
     # they can never come back out (as the faults endpoint used to echo `Infinity`).
     raise ValueError(f"{name} is not valid JSON")
+
+
+def _kill_boot(node: Record) -> None:
+    """Kill whatever a boot of `node` left running: its startup-script's tree (the guest's
+    tag) and its SSH sessions' processes (the host's tag), as powering off a VM does.
+    The emulator that booted it stops its own on delete; one that died (SIGKILL) leaves
+    them orphaned on this machine, and only these recorded tags find them again."""
+    for part in ("guest", "host"):
+        tag = (node.get(part) or {}).get("tag")
+        if tag:
+            kill_tagged(tag)
 
 
 def _owner_alive(owner: str | None) -> bool:

@@ -128,7 +128,9 @@ class EmbeddedHostBackend:
             port,
             refuse_for,
         )
-        return HostEndpoint("127.0.0.1", port, {pair.key_type: pair.b64 for pair in pairs})
+        return HostEndpoint(
+            "127.0.0.1", port, {pair.key_type: pair.b64 for pair in pairs}, tag=node.tag
+        )
 
     def update_keys(self, node_key: str, ssh_keys_metadata: str) -> None:
         authorized = _authorized(ssh_keys_metadata)
