@@ -167,6 +167,7 @@ def test_two_execs_at_once_exactly_one_runs(served: Emulator, tmp_path: Path) ->
         str(execs[winner].pid),
     )
     assert "Wait for that exec to finish, or look at the node with `tpulab ssh pair`" in said
+    assert "An exec whose laptop lost power or its network lets go within 60 s." in said
     # The loser's command never ran and its workspace never reached the VM: the winner
     # read its own file when it went on, and only its artifacts came back.
     assert not started[loser].exists()

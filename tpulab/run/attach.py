@@ -137,7 +137,8 @@ class Attachment:
             f"Session {self.session} is busy: another exec holds its lock "
             f"({_describe_holder(holder)}). Nothing was synced or started.",
             hint="Wait for that exec to finish, or look at the node with "
-            f"`tpulab ssh {self.session}`, then exec again.",
+            f"`tpulab ssh {self.session}`, then exec again. An exec whose laptop lost "
+            f"power or its network lets go within {wl.LOCK_SILENCE_SECONDS:g} s.",
         )
 
     def check_not_busy(self, session: boot.RemoteShell) -> None:
