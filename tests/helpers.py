@@ -14,6 +14,8 @@ imports by name lives here, once:
 - `wait_until`, `written_text`: wait for an event, or for a file another process writes,
   with a bound that is never a timing (see `wait_until`);
 - `refused_port`: a loopback port that refuses connections for as long as it is held;
+- `cli_imports`: what a `tpulab ...` command imports, run in a fresh interpreter, to
+  keep `--help` and `--dry-run` light;
 - `advances`: the next value of a marker file a running command keeps rewriting;
 - `Blackhole`: a loopback listener that accepts, reads the request, and never answers;
 - `workload_spec`: the RunSpec `run --emulate -- python train.py` builds, with workload
@@ -23,6 +25,7 @@ imports by name lives here, once:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -46,10 +49,13 @@ if TYPE_CHECKING:  # the Google client is heavy; tests that need it import it th
     from tpulab.emulator.timing import Timing
 
 __all__ = [
+    "HEAVY_MODULES",
     "IN_CI",
     "Blackhole",
+    "CliImports",
     "FakeClock",
     "advances",
+    "cli_imports",
     "create_ready_node",
     "invoke",
     "killed_run",
@@ -326,3 +332,54 @@ def advances(marker: Path, seconds: float = 30) -> str:
         assert time.monotonic() < deadline, f"the command stopped writing at {before!r}"
         time.sleep(0.1)
     return now
+
+
+# What `tpulab --help` and `--dry-run` must never import: they would cost seconds.
+HEAVY_MODULES = (
+    "jax", "jaxlib", "numpy", "paramiko", "asyncssh", "grpc", "google.cloud", "google.auth",
+)  # fmt: skip
+
+_IMPORTS_PROBE = """
+import json, sys
+{preamble}
+from tpulab.cli import app
+try:
+    app(sys.argv[2:], prog_name="tpulab")
+except SystemExit as done:
+    code = done.code
+else:
+    code = 0
+heavy = sorted(
+    name for name in sys.modules
+    if any(name == m or name.startswith(m + ".") for m in json.loads(sys.argv[1]))
+)
+print("\\nPROBE " + json.dumps({{"code": code, "heavy": heavy}}))
+"""
+
+
+@dataclass(frozen=True)
+class CliImports:
+    """The exit code `tpulab ARGV` chose, the HEAVY_MODULES it imported, and its output."""
+
+    code: object
+    heavy: list[str]
+    stdout: str
+    stderr: str
+
+
+def cli_imports(*argv: str, env: Mapping[str, str] | None = None, preamble: str = "") -> CliImports:
+    """Run `tpulab ARGV` in a fresh interpreter (this one has imported everything
+    already) and report which HEAVY_MODULES it imported; `preamble` runs first (a test
+    that the probe notices an import)."""
+    done = subprocess.run(
+        [
+            sys.executable, "-c", _IMPORTS_PROBE.format(preamble=preamble),
+            json.dumps(HEAVY_MODULES), *argv,
+        ],
+        capture_output=True, text=True, timeout=60, check=False,
+        env=None if env is None else {**os.environ, **env},
+    )  # fmt: skip
+    assert "\nPROBE " in done.stdout, done.stderr + done.stdout
+    head, _, probe = done.stdout.rpartition("\nPROBE ")
+    found = json.loads(probe)
+    return CliImports(found["code"], found["heavy"], head, done.stderr)

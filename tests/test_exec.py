@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import served_emulator, tpulab
+from helpers import cli_imports, served_emulator, tpulab
 
 from tpulab.cleanup.journal import Journal
 from tpulab.emulator import Emulator
@@ -350,21 +350,6 @@ def test_bad_input_is_refused_before_anything_is_sent(served: Emulator, tmp_path
     assert state["node_name"] not in served.node_names(PROJECT)
 
 
-_PROBE = """
-import json, sys
-from tpulab.cli import app
-try:
-    app(sys.argv[1:], prog_name="tpulab")
-except SystemExit as done:
-    code = done.code
-else:
-    code = 0
-heavy = sorted(name for name in sys.modules if name.split(".")[0] in {"jax", "jaxlib",
-    "paramiko", "grpc", "numpy"} or name.startswith("google.cloud"))
-print("\\nPROBE " + json.dumps({"code": code, "heavy": heavy}))
-"""
-
-
 def test_exec_help_and_dry_run_stay_light(tmp_path: Path) -> None:
     import base64
 
@@ -398,12 +383,9 @@ def test_exec_help_and_dry_run_stay_light(tmp_path: Path) -> None:
         ["exec", "--help"],
         ["exec", "light", "--workdir", str(LAB), "--dry-run", "--", "python", "train.py"],
     ):
-        done = subprocess.run(
-            [sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True, timeout=60
-        )
-        probe = json.loads(done.stdout.rsplit("PROBE ", 1)[1])
-        assert probe["code"] in (0, None), done.stderr + done.stdout
-        assert probe["heavy"] == [], f"`tpulab {' '.join(argv)}` imported {probe['heavy']}"
+        done = cli_imports(*argv)
+        assert done.code in (0, None), done.stderr + done.stdout
+        assert done.heavy == [], f"`tpulab {' '.join(argv)}` imported {done.heavy}"
     assert "receipt r-light" in done.stdout  # the gate the plan names
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from helpers import cli_imports
 
 from tpulab import paths
 from tpulab.cli import EXIT_CLOUD, EXIT_CONFIG, EXIT_OK, EXIT_TEARDOWN
@@ -218,29 +219,14 @@ def test_unconfirmed_teardown_has_its_own_status_and_the_manual_command(bare: Em
 
 
 def test_dry_run_prints_every_step_and_imports_nothing_heavy(tmp_path: Path) -> None:
-    code = (
-        "import sys\n"
-        "from tpulab.cli import app\n"
-        "try:\n"
-        "    app(['run', '--accelerator', 'v5litepod-4', '--dry-run', '--project', 'my-proj-1',"
-        " '--zone', 'us-east5-b', '--spot'], prog_name='tpulab')\n"
-        "except SystemExit as done:\n"
-        "    assert done.code in (0, None), done.code\n"
-        "heavy = [m for m in ('jax', 'paramiko', 'google.cloud', 'google.auth', 'asyncssh')"
-        " if m in sys.modules]\n"
-        "print('HEAVY', heavy)\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "CLOUDSDK_CONFIG": str(tmp_path / "no-gcloud"), "COLUMNS": "300"},
-    )
-    assert done.returncode == 0, done.stderr
+    done = cli_imports(
+        "run", "--accelerator", "v5litepod-4", "--dry-run", "--project", "my-proj-1",
+        "--zone", "us-east5-b", "--spot",
+        env={"CLOUDSDK_CONFIG": str(tmp_path / "no-gcloud"), "COLUMNS": "300"},
+    )  # fmt: skip
+    assert done.code in (0, None), done.stderr
     out = done.stdout
-    assert "HEAVY []" in out
+    assert done.heavy == [], done.heavy
     assert "Recorded from the run itself" in out
     assert "API base https://tpu.googleapis.com" in out
     base = "/v2/projects/my-proj-1/locations/us-east5-b"
@@ -272,23 +258,10 @@ def test_dry_run_prints_every_step_and_imports_nothing_heavy(tmp_path: Path) -> 
 
 
 def test_run_help_stays_light() -> None:
-    code = (
-        "import sys\n"
-        "from tpulab.cli import app\n"
-        "try:\n"
-        "    app(['run', '--help'], prog_name='tpulab')\n"
-        "except SystemExit:\n"
-        "    pass\n"
-        "heavy = [m for m in ('jax', 'paramiko', 'google.cloud', 'asyncssh')"
-        " if m in sys.modules]\n"
-        "print('HEAVY', heavy)\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
+    done = cli_imports("run", "--help")
     assert "--accelerator" in done.stdout
     assert "--dry-run" in done.stdout
-    assert "HEAVY []" in done.stdout
+    assert done.heavy == [], done.heavy
 
 
 def test_dry_run_json_is_a_versioned_plan() -> None:
