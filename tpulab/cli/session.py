@@ -115,8 +115,12 @@ def up_command(
             max_duration=times.max_duration,
             service_account=service_account,
         )
+        from tpulab.contract import KIND_SESSION
+
         session_name = check_session_name(name or f"s-{inputs.spec.run_id.split('-')[-1]}")
-        _up(inputs.spec, session_name, inputs.installer, verbose=verbose, as_json=as_json)
+        # Labelled a session: `teardown --verify` elsewhere then knows it is kept on purpose.
+        spec = dataclasses.replace(inputs.spec, kind=KIND_SESSION)
+        _up(spec, session_name, inputs.installer, verbose=verbose, as_json=as_json)
 
     json_or_guarded("up", as_json, action)
 

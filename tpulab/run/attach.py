@@ -277,7 +277,7 @@ def build_attached_plan(
     over the recording seams (no key is read, nothing is contacted or written)."""
     from dataclasses import replace
 
-    from tpulab.contract import STARTUP_SCRIPT_METADATA
+    from tpulab.contract import KIND_SESSION, STARTUP_SCRIPT_METADATA
     from tpulab.models import NodeRequest, tpulab_labels
     from tpulab.remote.watchdog import startup_script
     from tpulab.run.lifecycle import Lifecycle
@@ -289,7 +289,7 @@ def build_attached_plan(
     recorder.api.created = NodeRequest(
         accelerator_type=spec.accelerator.name,
         runtime_version=spec.accelerator.runtime_version,
-        labels=tpulab_labels(attachment.watchdog.run_id),
+        labels=tpulab_labels(attachment.watchdog.run_id, kind=KIND_SESSION),
         metadata={STARTUP_SCRIPT_METADATA: startup_script(attachment.watchdog)},
     )
     life = Lifecycle(
