@@ -10,6 +10,7 @@ attributes, where the nodes' own watchdogs put them."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from helpers import served_emulator, tpulab, wait_until
+from test_exec import _exec_in_background, _wait_for
 
 from tpulab.cloud.google import GoogleTpuApi
 from tpulab.contract import KIND_LABEL, LEASE_ATTRIBUTE, OWNER_LABEL
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.slow
 PROJECT = "liveness-proj"
 ZONE = "us-central1-a"
 EXIT_OK = 0
+EXIT_REMOTE = 4
 
 
 @pytest.fixture
@@ -135,3 +138,65 @@ def test_teardown_from_a_second_home_keeps_a_live_session_of_the_first(
     assert taken.returncode == EXIT_OK, taken.stderr + taken.stdout
     assert f"Deleted and confirmed gone: {live_node}" in taken.stdout
     assert served.node_names(PROJECT) == []
+
+
+# Tells the test it started, waits for its go-ahead, then leaves an artifact.
+_WAITER = """\
+import os, pathlib, sys, time
+started, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+started.write_text("started")
+deadline = time.monotonic() + 240
+while not go.exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+pathlib.Path(os.environ["TPULAB_RUN_DIR"], "result.txt").write_text("kept")
+"""
+
+
+def test_down_refuses_while_an_exec_holds_the_session_unless_forced(
+    served: Emulator, tpulab_home: Path, tmp_path: Path
+) -> None:
+    node = str(_up(served, tpulab_home, "busy", "10m")["node_name"])
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "waiter.py").write_text(_WAITER)
+
+    def exec_waiting(tag: str) -> tuple[subprocess.Popen[str], Path, Path, Path]:
+        started, go, out = tmp_path / f"started-{tag}", tmp_path / f"go-{tag}", tmp_path / tag
+        process = _exec_in_background(
+            "busy", "--workdir", str(work), "--out", str(out), "--",
+            "python", "waiter.py", str(started), str(go),
+        )  # fmt: skip
+        _wait_for(started, process)
+        return process, go, out, started
+
+    first, go, out, _ = exec_waiting("first")
+    try:
+        refused = tpulab("down", "busy", timeout=120)
+    finally:
+        go.write_text("go")
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == EXIT_REMOTE, refused.stderr + refused.stdout
+    record_out, record_err = first.communicate(timeout=240)
+    assert first.returncode == EXIT_OK, record_err + record_out
+    run_id = json.loads((out / "run.json").read_text())["run_id"]
+    assert (
+        f"Session busy is in use: an exec holds its lock (run {run_id} from "
+        f"{socket.gethostname()} (pid {first.pid}), since " in said
+    ), said
+    assert "Nothing was deleted." in said
+    assert "`tpulab down busy --force`" in said
+    # The exec it spared finished and fetched its artifact; the session is intact.
+    assert (out / "run" / "result.txt").read_text() == "kept"
+    assert served.node_names(PROJECT) == [node]
+    assert (tpulab_home / "state" / "sessions" / "busy" / "key").exists()
+
+    # --force deletes it under a running exec, as asked.
+    second, go, _, _ = exec_waiting("second")
+    try:
+        forced = tpulab("down", "busy", "--force", timeout=120)
+        assert forced.returncode == EXIT_OK, forced.stderr + forced.stdout
+        assert served.node_names(PROJECT) == []
+    finally:
+        go.write_text("go")
+        second.communicate(timeout=240)
+    assert second.returncode != EXIT_OK

@@ -53,7 +53,13 @@ if TYPE_CHECKING:
     from tpulab.run.recording import PlanStep
     from tpulab.run.session import SessionState
 
-__all__ = ["Attachment", "build_attached_plan", "last_renewal_at", "run_attached"]
+__all__ = [
+    "Attachment",
+    "build_attached_plan",
+    "describe_holder",
+    "last_renewal_at",
+    "run_attached",
+]
 
 
 @dataclass(frozen=True)
@@ -71,17 +77,9 @@ class Attachment:
 
     @classmethod
     def of(cls, state: SessionState, key: RunKey) -> Attachment:
-        from tpulab.remote.keys import HostKey, SshTarget
-
-        target = SshTarget(
-            state.ssh_host,
-            state.ssh_port,
-            state.ssh_user,
-            HostKey(state.host_key_type, state.host_key_b64),
-        )
         return cls(
             session=state.name,
-            target=target,
+            target=state.ssh_target(),
             key=key,
             watchdog=state.watchdog_config(),
             receipt_id=state.receipt_id,
@@ -135,7 +133,7 @@ class Attachment:
             )
         raise RemoteError(
             f"Session {self.session} is busy: another exec holds its lock "
-            f"({_describe_holder(holder)}). Nothing was synced or started.",
+            f"({describe_holder(holder)}). Nothing was synced or started.",
             hint="Wait for that exec to finish, or look at the node with "
             f"`tpulab ssh {self.session}`, then exec again. An exec whose laptop lost "
             f"power or its network lets go within {wl.LOCK_SILENCE_SECONDS:g} s.",
@@ -207,7 +205,7 @@ class Attachment:
         )
 
 
-def _describe_holder(holder: wl.LockHolder) -> str:
+def describe_holder(holder: wl.LockHolder) -> str:
     """'run R from laptop H (pid P), since T UTC', with what the holder wrote."""
     who = f"run {holder.run_id}" if holder.run_id else "an exec"
     if holder.host:
