@@ -1058,11 +1058,15 @@ class Lifecycle:
         outcome.billed_seconds = max(0.0, end - begin) if begin is not None else 0.0
         with contextlib.suppress(Exception):
             outcome.api_calls = self.api.call_count
-        if self._record_started:
-            self._write_run_record()  # replaces the start record
-        if self.journal is not None and self._journalled:
-            detail = "ok" if outcome.error is None else _describe(outcome.error)
-            self.journal.run_finished(self.spec.run_id, outcome.teardown_status, detail)
+        try:
+            if self._record_started:
+                self._write_run_record()  # replaces the start record
+        finally:
+            # Whatever the record did, the journal row says how the teardown ended: a row
+            # left open would later read as a run "deleted by its watchdog".
+            if self.journal is not None and self._journalled:
+                detail = "ok" if outcome.error is None else _describe(outcome.error)
+                self.journal.run_finished(self.spec.run_id, outcome.teardown_status, detail)
 
     def _record_start(self) -> None:
         """A `-- CMD` run's run.json saying it started ("running"), once its input is valid
@@ -1084,8 +1088,8 @@ class Lifecycle:
         try:
             record = run_record(self.outcome, state=state)
             self.outcome.run_record = write(record, self.spec.workload.out)
-        except OSError as error:
-            self.observer.note(f"could not write run.json: {error}")
+        except Exception as error:  # a disk's refusal, or a value the record cannot hold
+            self.observer.note(f"could not write run.json: {type(error).__name__}: {error}")
 
 
 def _is_interrupt(error: BaseException | None) -> bool:
