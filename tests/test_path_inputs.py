@@ -301,3 +301,40 @@ with open(os.path.join(run, b"ok-\\xfe\\xfd.txt"), "w") as handle:
 with open(os.path.join(run, b"argv.txt"), "w") as handle:
     handle.write(str(len(sys.argv[1])))
 """
+
+
+@pytest.mark.slow
+def test_a_record_that_cannot_be_written_at_the_end_still_closes_the_journal_row(
+    embedded_rig: Rig, tmp_path: Path
+) -> None:
+    """A failure after the delete (here: the final run.json refused with an error that is
+    not an OSError, as the surrogates of a non-UTF-8 name were) is a note; the journal row
+    still says the teardown was confirmed, and run.json is written without the file lists.
+    Before, the error escaped _finish: the row stayed open (later closed as 'deleted by
+    its watchdog') and run.json said "running"."""
+    from test_workload_e2e import with_workload, workspace
+
+    from tpulab.run.record import RunRecord, write_run_record
+
+    def refuses_the_end(record: RunRecord, out: Path) -> Path:
+        if record.state == "finished" and record.fetch:
+            raise ValueError("the record cannot hold this")
+        return write_run_record(record, out)
+
+    work = workspace(tmp_path, {"hello.py": "print('hello')\n"})
+    spec = with_workload(embedded_rig.spec(), work, tmp_path / "out", "python", "hello.py")
+    _life, recorder, error = embedded_rig.run(
+        spec, journal=RunJournalAdapter(), write_record=refuses_the_end
+    )
+    assert error is None, error
+    assert embedded_rig.leftovers() == []
+    row = Journal().get(spec.run_id)
+    assert row is not None
+    assert (row.teardown, row.detail) == ("confirmed", "ok")
+    assert any("could not write run.json: ValueError" in note for note in recorder.notes)
+    # ... and run.json says how the run ended (not the start's "running"), without the
+    # file lists it could not hold; their counts stay.
+    record = read_run_record(tmp_path / "out" / "run.json")
+    assert (record.state, record.ok, record.fetch) == ("finished", True, [])
+    assert record.workload.exit_status == 0
+    assert record.workload.fetched_files  # output.log at least

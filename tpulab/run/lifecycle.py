@@ -1085,11 +1085,25 @@ class Lifecycle:
 
         assert self.spec.workload is not None
         write = self.write_record or write_run_record
+        record = None
         try:
             record = run_record(self.outcome, state=state)
             self.outcome.run_record = write(record, self.spec.workload.out)
         except Exception as error:  # a disk's refusal, or a value the record cannot hold
-            self.observer.note(f"could not write run.json: {type(error).__name__}: {error}")
+            said = f"{type(error).__name__}: {error}"
+            self.observer.note(f"could not write run.json: {said}")
+            if record is None or isinstance(error, OSError):
+                return  # nothing to fall back to, or a disk that will refuse that too
+            # The file lists (every name the upload and the fetch saw) are what a record
+            # can fail on; without them (their counts stay in `workload`) it still says
+            # truthfully how the run ended, rather than leaving the start's "running".
+            reduced = record.model_copy(update={"upload": [], "fetch": [], "upload_sent": None})
+            try:
+                self.outcome.run_record = write(reduced, self.spec.workload.out)
+            except Exception as again:
+                self.observer.note(f"could not write run.json without its file lists: {again}")
+            else:
+                self.observer.note("run.json was written without its file lists")
 
 
 def _is_interrupt(error: BaseException | None) -> bool:
