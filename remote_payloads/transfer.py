@@ -424,11 +424,12 @@ def pack(workspace: str, patterns: list[str], run_dir: str, log: str, cap: int, 
             path = chosen[name]
             # Not through a final link: the log is checked above, but the command may
             # still be replacing it (a stop's settle time), so check where it is read.
-            source = _open_regular(path) if name == os.path.basename(log) else open(path, "rb")
-            if source is None:
+            is_log = name == os.path.basename(log)
+            checked = _open_regular(path) if is_log else None
+            if is_log and checked is None:
                 missing.append(log)
                 continue
-            with source:
+            with checked or open(path, "rb") as source:
                 opened = os.fstat(source.fileno())
                 info = tarfile.TarInfo(name)
                 info.size = opened.st_size  # as opened: a file still growing is cut here

@@ -19,16 +19,15 @@ import signal
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, cast
 
 import pytest
 
 from tpulab.config import RunSpec
 from tpulab.config.workload import WorkloadSpec
 from tpulab.errors import InterruptedRun
-from tpulab.remote.bootstrap import CommandResult
 from tpulab.remote.keys import RunKey, SshTarget
-from tpulab.remote.ssh import Connection
+from tpulab.remote.ssh import Connection, RunResult
 from tpulab.run.record import read_run_record
 from tpulab.run.signals import shield, signals_to_teardown, skippable
 
@@ -92,16 +91,18 @@ class SignallingConnection(Connection):
         stdout: BinaryIO | None,
         timeout: float,
         env: Mapping[str, str] | None = None,
-    ) -> CommandResult:
+    ) -> RunResult:
         if "pack" not in argv or stdout is None:
             return super().run_streaming(argv, stdin=stdin, stdout=stdout, timeout=timeout, env=env)
-        counting = _Signalling(stdout, self.at, self.fired)
+        counting = cast(
+            BinaryIO, _Signalling(stdout, self.at, self.fired)
+        )  # write() is all it uses
         try:
             return super().run_streaming(
-                argv, stdin=stdin, stdout=counting, timeout=timeout, env=env  # type: ignore[arg-type]
+                argv, stdin=stdin, stdout=counting, timeout=timeout, env=env
             )
         finally:
-            self.streamed = counting.size
+            self.streamed = cast(_Signalling, counting).size
 
 
 def _spec(rig: Rig, tmp_path: Path, files: dict[str, int]) -> RunSpec:
@@ -163,7 +164,8 @@ def test_one_ctrl_c_during_the_fetch_lets_it_finish_every_byte(rig: Rig, tmp_pat
     spec = _spec(rig, tmp_path, files)
     # One SIGINT once 2 MiB of the 52 MiB stream have arrived: mid-fetch, by construction.
     life, recorder, session, notes, error = _run(rig, spec, at=[2 * MiB])
-    assert session.fired and session.fired[0] < session.streamed, (session.fired, session.streamed)
+    assert session.fired, "no signal was sent"
+    assert session.fired[0] < session.streamed, (session.fired, session.streamed)
     # Everything in (the command had exited 0): a confirmed run, exit 0 as the README's
     # exit table says of a signal after the receipt verified.
     assert error is None, error
