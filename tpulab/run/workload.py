@@ -272,6 +272,11 @@ class WorkloadRunner:
                 "without reporting on your command.",
                 hint="Its output: " + (result.stderr.strip()[-300:] or "(none)"),
             )
+        if report.unstreamed_lines:
+            life.observer.note(
+                f"{report.unstreamed_lines} lines of output were not streamed (this end "
+                "fell behind; the command was not slowed): see output.log"
+            )
         self.outcome.exit_status = report.exit_status if not report.timed_out else None
         self.outcome.timed_out = report.timed_out
         self.outcome.seconds = report.seconds
