@@ -135,6 +135,7 @@ def lease_file(state: dict[str, object]) -> Path:
     return Path(f"/tmp/tpulab-lease-{state['run_id']}")
 
 
+@pytest.mark.timeout(900)  # an `up` and a `down` on a loaded CI machine
 def test_forward_a_page_renew_the_lease_end_with_ctrl_c_then_ssh_config_and_down(
     served: str, home: Path
 ) -> None:
@@ -217,6 +218,7 @@ def test_forward_a_page_renew_the_lease_end_with_ctrl_c_then_ssh_config_and_down
 
 
 @pytest.mark.network
+@pytest.mark.timeout(1500)  # an `up`, an exec, JupyterLab from PyPI, a `down`
 def test_notebook_serves_the_workspace_and_ctrl_c_stops_jupyter(
     served: str, tmp_path: Path
 ) -> None:

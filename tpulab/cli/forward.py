@@ -57,7 +57,14 @@ def connect_renewed(
             f"Session {state.name} has no key file at {files.key_path}.",
             hint=f"End it with `tpulab down {state.name}` and start a new one.",
         )
-    ssh = session_ssh(state, files.key_path, known_hosts_path(files))
+    try:
+        ssh = session_ssh(state, files.key_path, known_hosts_path(files))
+    except E.RemoteError as error:  # the pinned key in session.json does not parse
+        raise E.RemoteError(
+            f"Could not reach session {state.name}: its pinned host key is unusable "
+            f"({error.message}); nothing was sent.",
+            hint=f"End it with `tpulab down {state.name}` and start a new one.",
+        ) from None
     renewer = session_renewer(ssh, state)
     renewer.background = background
     renewer.start()
