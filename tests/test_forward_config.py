@@ -177,3 +177,26 @@ def test_ssh_config_needs_a_session_or_all_not_both() -> None:
     status, out, err = invoke("ssh-config", "s", "--all")
     assert status == EXIT_CONFIG
     assert "--all, not both" in out + err
+
+
+def test_a_session_found_gone_takes_its_ssh_entry_with_it(tmp_path: Path) -> None:
+    """`conclude_gone` (--ttl/--idle expiry seen by list, ssh, exec, down, the sweep)
+    removes the session's directory, and with it the Host entry the Include reads."""
+    from tpulab.cleanup.sessions import SessionFiles, conclude_gone, why_gone
+    from tpulab.cleanup.ssh_config import host_block, write_entry
+    from tpulab.remote.keys import RunKey
+
+    store = SessionStore(tmp_path / "sessions")
+    key = RunKey()
+    config = WatchdogConfig("r", "n", "z", "p", 60.0, 60.0, 3600.0)
+    state = _state(config)
+    key_path = store.reserve(state.name, key.openssh_private_bytes())
+    store.save(state)
+    files = SessionFiles(state, key_path)
+    entry = write_entry(files)
+    assert entry.read_text() == host_block(files)
+    assert "Host tpulab-s\n" in entry.read_text()
+    assert "StrictHostKeyChecking yes" in entry.read_text()
+    concluded = conclude_gone(store, state, why_gone(state, now=7200.0), seen_by="test")
+    assert concluded.vanish.cause == "idle"
+    assert not entry.exists()
