@@ -139,7 +139,8 @@ def lease_file(state: dict[str, object]) -> Path:
 def test_forward_a_page_renew_the_lease_end_with_ctrl_c_then_ssh_config_and_down(
     served: str, home: Path
 ) -> None:
-    state = up(served, "fwd", "--idle", "20s", "--ttl", "1h")
+    # 60 s: the steps after the forward (ssh-config, plain ssh) do not renew the lease.
+    state = up(served, "fwd", "--idle", "60s", "--ttl", "1h")
     remote, local = free_port(), free_port()
     www = "www"
     started = tpulab(
