@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from tpulab import paths
+from tpulab.envelope import escape_undecodable
 from tpulab.errors import TARGET_EMULATE, TARGET_GOOGLE, JournalError, target_for
 from tpulab.models import NodeInfo
 
@@ -451,7 +452,8 @@ class Journal:
         with self._transaction(write=True) as conn:
             cursor = conn.execute(
                 "UPDATE runs SET teardown = ?, detail = ?, ended = ?, updated = ? WHERE run_id = ?",
-                (teardown, detail, until, now, run_id),
+                # A detail may quote a file name that is not UTF-8, which SQLite refuses.
+                (teardown, escape_undecodable(detail), until, now, run_id),
             )
             self._require_one(cursor.rowcount, run_id)
 
