@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import shlex
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -31,7 +27,13 @@ if TYPE_CHECKING:
     from tpulab.run.progress import Recorder
     from tpulab.run.session import SessionState
 
-__all__ = ["DashDashCommand", "down_command", "ssh_command", "up_command"]
+__all__ = [
+    "DashDashCommand",
+    "down_command",
+    "raise_if_gone",
+    "ssh_command",
+    "up_command",
+]
 
 
 def up_command(
@@ -347,25 +349,49 @@ def ssh_command(
     name: Annotated[
         str | None, typer.Argument(help="The session (omit if only one is up).")
     ] = None,
+    forwards: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-L",
+            metavar="[BIND:]PORT[:HOST:HOSTPORT]",
+            help="Forward this laptop's PORT to HOST:HOSTPORT as the VM sees it (default "
+            "localhost:PORT), as OpenSSH's -L (repeatable).",
+        ),
+    ] = None,
+    forward_only: Annotated[
+        bool, typer.Option("-N", help="Forward only (-L), no shell: until Ctrl-C.")
+    ] = False,
 ) -> None:
     """Open a shell on the session's VM (OpenSSH, pinned host key), or run `-- CMD`.
 
-    Renews the session's idle lease first.
+    Renews the session's idle lease first, and keeps renewing it while -L forwards are
+    open: `tpulab ssh S -L 6006 -N` shows the VM's TensorBoard at localhost:6006.
     """
     command = list(ctx.meta.get(AFTER_DASHES, ()))
 
     def action() -> int:
         from tpulab.cleanup.sessions import SessionStore
+        from tpulab.cli.forward import ssh_session
+        from tpulab.config.forward import parse_forwards
 
+        # The -L specs first: a bad one is refused before any session file is read.
+        parsed = parse_forwards(forwards or [])
+        if forward_only and not parsed:
+            raise E.ConfigError("-N forwards only: give at least one -L.", hint=_L_EXAMPLE)
+        if forward_only and command:
+            raise E.ConfigError("-N runs no command: drop -N, or the command after --.")
         store = SessionStore()
         files = store.resolve(name)
-        return _ssh(store, files, command)
+        return ssh_session(store, files, command, parsed, forward_only=forward_only)
 
     status = guarded(action)
     raise typer.Exit(status if isinstance(status, int) else 0)
 
 
-def _raise_if_gone(store: SessionStore, state: SessionState) -> None:
+_L_EXAMPLE = "e.g. `tpulab ssh S -L 18080:localhost:8000 -N`."
+
+
+def raise_if_gone(store: SessionStore, state: SessionState) -> None:
     """The node did not answer: if the API says it is gone, say why, clean up, and exit
     EXIT_REMOTE (NodeVanishedError); if it is still there, return (a plain SSH failure)."""
     from tpulab.cleanup.sessions import ask_gone, conclude_gone
@@ -380,43 +406,3 @@ def _raise_if_gone(store: SessionStore, state: SessionState) -> None:
     for warning in concluded.warnings:
         print_stderr(f"[yellow]journal:[/] {warning}")
     raise concluded.error()
-
-
-def _ssh(store: SessionStore, files: SessionFiles, command: list[str]) -> int:
-    from tpulab.run.session import renew_argv
-
-    state = files.state
-    with tempfile.TemporaryDirectory(prefix="tpulab-ssh-") as scratch:
-        known_hosts = Path(scratch) / "known_hosts"
-        host = state.ssh_host if state.ssh_port == 22 else f"[{state.ssh_host}]:{state.ssh_port}"
-        known_hosts.write_text(f"{host} {state.host_key_type} {state.host_key_b64}\n")
-        base = [
-            "ssh", "-F", "/dev/null", "-i", str(files.key_path), "-p", str(state.ssh_port),
-            "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
-            "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes",
-            "-o", "LogLevel=ERROR", f"{state.ssh_user}@{state.ssh_host}",
-        ]  # fmt: skip
-        now = time.time()
-        renew = subprocess.run(
-            [
-                *base[:1],
-                "-o",
-                "BatchMode=yes",
-                *base[1:],
-                shlex.join(renew_argv(state, now=lambda: now)),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if renew.returncode != 0:
-            _raise_if_gone(store, state)
-            raise E.RemoteError(
-                f"Could not reach session {state.name} to renew its lease "
-                f"({renew.stderr.strip() or f'ssh exit {renew.returncode}'}).",
-                hint="It may have deleted itself (--ttl or --idle passed): `tpulab down "
-                f"{state.name}` confirms and cleans up.",
-            )
-        store.save(state.renewed(now))
-        remote = [shlex.join(command)] if command else []
-        return subprocess.run([*base, *remote], check=False).returncode
