@@ -110,6 +110,13 @@ class FaultPlan:
     node_identity_cannot_delete_nodes: list[str] = field(default_factory=list)
     """As `node_identity_cannot_delete`, for the nodes of these names only."""
 
+    queued_invalid: bool = False
+    """A queued resource FAILS when its capacity arrives with INVALID_ARGUMENT (a request
+    the service accepted, then found it cannot fulfil), failedData.error a full
+    google.rpc.Status. A quota failure of a queued resource is `quota_zones` /
+    `quota_regions`: its node create is refused at provisioning, so it FAILS with the
+    quota's RESOURCE_EXHAUSTED."""
+
     capacity_after: dict[str, float] = field(default_factory=dict)
     """zone (or "*") -> seconds before capacity arrives there. A queued resource waits
     that long after its creation, WAITING_FOR_RESOURCES (and FAILS if its validUntil

@@ -21,6 +21,7 @@ __all__ = [
     "error_body",
     "parse_enum",
     "rfc3339",
+    "rpc_status",
 ]
 
 STATES = {
@@ -61,6 +62,7 @@ ACCELERATOR_CONFIG_TYPES = {
 
 _RPC_CODES = {
     "INVALID_ARGUMENT": 3,
+    "DEADLINE_EXCEEDED": 4,
     "NOT_FOUND": 5,
     "ALREADY_EXISTS": 6,
     "PERMISSION_DENIED": 7,
@@ -95,22 +97,30 @@ class ApiError(Exception):
         return _RPC_CODES.get(self.status, 2)
 
 
+def _error_info(error: ApiError) -> dict[str, Any]:
+    return {
+        "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+        "reason": error.reason,
+        "domain": "tpu.googleapis.com",
+        "metadata": {"service": "tpu.googleapis.com", **error.metadata},
+    }
+
+
 def error_body(error: ApiError) -> dict[str, Any]:
     return {
         "error": {
             "code": error.http_code,
             "message": error.message,
             "status": error.status,
-            "details": [
-                {
-                    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                    "reason": error.reason,
-                    "domain": "tpu.googleapis.com",
-                    "metadata": {"service": "tpu.googleapis.com", **error.metadata},
-                }
-            ],
+            "details": [_error_info(error)],
         }
     }
+
+
+def rpc_status(error: ApiError) -> dict[str, Any]:
+    """The error as a google.rpc.Status (an operation's or a queued resource's `error`):
+    the rpc code (not the HTTP one), the message and its ErrorInfo detail."""
+    return {"code": error.rpc_code, "message": error.message, "details": [_error_info(error)]}
 
 
 def enum_value(table: dict[str, int], name: str, *, as_int: bool) -> int | str:
