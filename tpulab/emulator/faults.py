@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["GUEST_ATTRIBUTE_ERRORS", "METHODS", "FaultPlan"]
+__all__ = ["GUEST_ATTRIBUTE_ERRORS", "METHODS", "PREEMPTED_STATES", "FaultPlan"]
 
 # The method names `transient` understands ("*" means any call).
 METHODS = (
@@ -37,6 +37,9 @@ METHODS = (
     "delete_queued_resource",
     "get_compute_project",
 )
+
+# What `preempt_as` may be: the states a reclaimed spot node is reported in.
+PREEMPTED_STATES = ("PREEMPTED", "TERMINATED")
 
 # What `guest_attributes_error` may be: the HTTP status and google.rpc status it answers.
 GUEST_ATTRIBUTE_ERRORS = {"NOT_FOUND": 404, "FAILED_PRECONDITION": 400}
@@ -78,6 +81,13 @@ class FaultPlan:
     preempt_nodes: int | None = None
     """How many spot nodes `preempt_after` may still preempt (one fewer per node it
     preempts); None: every one."""
+    preempt_as: str = "PREEMPTED"
+    """The state a preempted spot node ends in: PREEMPTED, or TERMINATED (a real state a
+    reclaimed TPU VM may show instead; SkyPilot #1468)."""
+    preempt_state_lag: float = 0.0
+    """Seconds the API keeps saying READY after `preempt_after` stopped the VM (its SSH
+    host and guest are gone at once), as the state can lag by about a minute
+    (SkyPilot #849)."""
     create_preempted: int = 0
     """The next N spot create operations fail with code 3, the API's "preempted during
     create" ("... update is not supported while in state PREEMPTED")."""
@@ -220,6 +230,9 @@ class FaultPlan:
         checked: dict[str, Any] = {}
         for name, value in values.items():
             checked[name] = _checked(name, value, getattr(defaults, name))
+        ended = checked.get("preempt_as", self.preempt_as)
+        if ended not in PREEMPTED_STATES:
+            raise ValueError(f"preempt_as cannot be {ended!r}; known: {list(PREEMPTED_STATES)}")
         error = checked.get("guest_attributes_error", self.guest_attributes_error)
         if error not in GUEST_ATTRIBUTE_ERRORS:
             raise ValueError(

@@ -268,7 +268,7 @@ def advance_queued(cloud: CloudState, now: float) -> None:
         elif state == "ACTIVE":
             if ours is None:
                 record["state"] = "SUSPENDED"  # its node was deleted from under it
-            elif ours["state"] == "PREEMPTED":
+            elif ours["state"] in {"PREEMPTED", "TERMINATED"}:
                 # The service reclaims a preempted spot node of a queued resource.
                 record["state"] = "SUSPENDING"
                 cloud.delete_node(record["project"], record["zone"], record["node_id"], now)

@@ -376,13 +376,16 @@ class Emulator:
                 if mine and "port" in host and host.get("ssh_keys") != ssh_keys:
                     host["ssh_keys"] = ssh_keys  # UpdateNode (or OS Login) changed them
                     to_rekey.append((key, ssh_keys))
-                if mine and node["state"] not in {"READY", "DELETING"}:
+                # A preempted VM stops at once, while the API may still say READY.
+                stopped = node.get("vm_stopped_at") is not None
+                if mine and (stopped or node["state"] not in {"READY", "DELETING"}):
                     to_stop.append(key)
                     node["host"] = None
                     node["guest_attributes"] = {}
                 elif (
                     (self.host_backend is not None or self.guests)
                     and node["state"] == "READY"
+                    and not stopped
                     and not _owner_alive(host.get("owner"))
                 ):
                     # A new boot. The old one's init died with its emulator; should any
