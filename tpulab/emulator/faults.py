@@ -98,6 +98,11 @@ class FaultPlan:
     until this many seconds after READY, as the API can before the agent publishes."""
     guest_attributes_error: str = "NOT_FOUND"
     """NOT_FOUND (404) or FAILED_PRECONDITION (400), for `guest_attributes_error_for`."""
+    guest_attributes_disabled: bool = False
+    """The organisation policy constraints/compute.disableGuestAttributesAccess is
+    enforced: getGuestAttributes answers 400 FAILED_PRECONDITION naming the constraint,
+    with a google.rpc.PreconditionFailure violation of that type (the shape of Google's
+    org-policy refusals; the exact words of this one are not on record)."""
     ssh_refuse_for: float = 0.0
     """Passed to the host backend: the SSH server refuses connections this long."""
     host_key_types: list[str] = field(default_factory=list)

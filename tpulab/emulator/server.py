@@ -727,7 +727,30 @@ class Emulator:
         return 200, {"guestAttributes": [{"queryPath": query_path, "queryValue": {"items": items}}]}
 
     def _guest_attributes_fault(self, node: Record, now: float) -> None:
-        """The `guest_attributes_error_for` fault: an error until that long after READY."""
+        """The `guest_attributes_error_for` fault: an error until that long after READY;
+        `guest_attributes_disabled`: the org policy's refusal, always."""
+        if self.faults.guest_attributes_disabled:
+            constraint = "constraints/compute.disableGuestAttributesAccess"
+            subject = f"projects/{node['project']}"
+            raise ApiError(
+                400,
+                "FAILED_PRECONDITION",
+                f"Constraint {constraint} violated for {subject}: access to guest "
+                "attributes is disabled by an organization policy.",
+                reason="CONSTRAINT_VIOLATED",
+                details=[
+                    {
+                        "@type": "type.googleapis.com/google.rpc.PreconditionFailure",
+                        "violations": [
+                            {
+                                "type": constraint,
+                                "subject": subject,
+                                "description": "Guest attributes access is disabled.",
+                            }
+                        ],
+                    }
+                ],
+            )
         error_for = self.faults.guest_attributes_error_for
         ready_time = node.get("ready_time")
         if error_for <= 0 or (ready_time is not None and now >= ready_time + error_for):

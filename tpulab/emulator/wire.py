@@ -84,6 +84,7 @@ class ApiError(Exception):
         *,
         reason: str = "",
         metadata: dict[str, str] | None = None,
+        details: list[dict[str, Any]] | None = None,
     ) -> None:
         super().__init__(message)
         self.http_code = http_code
@@ -91,6 +92,7 @@ class ApiError(Exception):
         self.message = message
         self.reason = reason or status
         self.metadata = dict(metadata or {})
+        self.details = list(details or [])  # after the ErrorInfo, e.g. a PreconditionFailure
 
     @property
     def rpc_code(self) -> int:
@@ -112,7 +114,7 @@ def error_body(error: ApiError) -> dict[str, Any]:
             "code": error.http_code,
             "message": error.message,
             "status": error.status,
-            "details": [_error_info(error)],
+            "details": [_error_info(error), *error.details],
         }
     }
 
@@ -120,7 +122,8 @@ def error_body(error: ApiError) -> dict[str, Any]:
 def rpc_status(error: ApiError) -> dict[str, Any]:
     """The error as a google.rpc.Status (an operation's or a queued resource's `error`):
     the rpc code (not the HTTP one), the message and its ErrorInfo detail."""
-    return {"code": error.rpc_code, "message": error.message, "details": [_error_info(error)]}
+    details = [_error_info(error), *error.details]
+    return {"code": error.rpc_code, "message": error.message, "details": details}
 
 
 def enum_value(table: dict[str, int], name: str, *, as_int: bool) -> int | str:
