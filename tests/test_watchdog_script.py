@@ -202,7 +202,9 @@ def _config(tmp: str, **overrides: float) -> WatchdogConfig:
         node_name=NODE,
         zone=ZONE,
         project=PROJECT,
-        **values,
+        lease_seconds=values["lease_seconds"],
+        boot_grace_seconds=values["boot_grace_seconds"],
+        max_duration_seconds=values["max_duration_seconds"],
     )
 
 
