@@ -279,7 +279,7 @@ def advance_queued(cloud: CloudState, now: float) -> None:
                 if record["force"] and ours["state"] != "DELETING":
                     cloud.delete_node(record["project"], record["zone"], record["node_id"], now)
                 continue  # gone only once its node is
-            since = record.get("deleting_since", now)
+            since = record.setdefault("deleting_since", now)  # (older records lack it)
             if now < since + cloud.timing.delete_seconds:
                 continue
             operation = cloud.operations.get(record.get("delete_op") or "")
