@@ -13,10 +13,18 @@ is not held up, and then:
    It publishes the answer as the guest attribute `tpulab/watchdog`:
    `armed`, `unverified: ...` (the check itself was refused: armed, but unproven),
    `no-permission: ...` or `error: ...`;
-3. every `poll_seconds` checks the lease and the hard deadline, and when either passed
-   publishes `firing: lease expired` / `firing: deadline` and sends
-   `DELETE v2/projects/P/locations/Z/nodes/N` with the token, retrying transient
-   failures; 404 means the node is already going, which is all it wanted.
+3. publishes the lease as the guest attribute `tpulab/lease`, JSON `{"renewed_at":
+   EPOCH, "lease_seconds": S, "renewals": N}` -- at its start (the boot grace standing in
+   for the lease) and at every renewal it sees -- so `tpulab teardown --verify` on another
+   machine can tell live work (a fresh lease) from a node left behind;
+4. every `poll_seconds` checks the lease and the hard deadline, and when either passed
+   publishes `firing: lease expired` / `firing: deadline` and sends the DELETEs its
+   config lists (`delete_paths`; by default `v2/projects/P/locations/Z/nodes/N`) with
+   the token, retrying transient failures; 404 means it is already going, which is all
+   it wanted. A node made by a queued resource lists that first, with `force=true`, so
+   the queued resource goes with its node (deleting only the node would leave it
+   SUSPENDED and holding quota), then the node itself. Every path must name this VM's
+   own project, zone and node name (the queued resource is named like its node).
 
 The lease: the controller writes the lease file over its SSH session every few seconds
 (a new line each time; `{"seq": n, "lease_seconds": s}`). The watchdog does not trust
@@ -78,6 +86,10 @@ RESOURCE_MANAGER_BASE = "https://cloudresourcemanager.googleapis.com/"
 
 STATE_NAMESPACE = "tpulab"
 STATE_KEY = "watchdog"
+# The lease as the watchdog last saw it (tpulab.contract.LEASE_ATTRIBUTE): when it was
+# last renewed (this VM's wall clock) and for how long, so that tpulab on another
+# machine can tell a node in use from one left behind.
+LEASE_KEY = "lease"
 DELETE_PERMISSION = "tpu.nodes.delete"
 # What the controller reads back (tpulab.remote.watchdog parses the same prefixes).
 ARMED = "armed"
@@ -108,6 +120,7 @@ class Config:
     boot_grace_seconds: float
     max_duration_seconds: float
     poll_seconds: float
+    delete_paths: tuple[str, ...] = ()  # empty: this node's own DELETE only
 
     @classmethod
     def from_json(cls, text: str) -> Config:
@@ -124,6 +137,7 @@ class Config:
             boot_grace_seconds=_positive(data["boot_grace_seconds"]),
             max_duration_seconds=_positive(data["max_duration_seconds"]),
             poll_seconds=_positive(data["poll_seconds"]),
+            delete_paths=tuple(str(p) for p in data.get("delete_paths") or ()),
         )
 
 
@@ -236,6 +250,22 @@ class Identity:
     email: str
 
 
+def delete_targets(config: Config, identity: Identity) -> list[str]:
+    """The DELETE paths (relative to the API root) for this VM; ValueError if the config
+    names anything that is not this node or its like-named queued resource."""
+    parent = f"v2/projects/{identity.project}/locations/{identity.zone}/"
+    node = f"{parent}nodes/{identity.node_name}"
+    paths = list(config.delete_paths) or [node]
+    for path in paths:
+        where, _, query = path.partition("?")
+        ours = where in (node, f"{parent}queuedResources/{identity.node_name}")
+        if not ours or query not in ("", "force=true"):
+            raise ValueError(
+                f"refusing to delete {path!r}: not this VM's node or its queued resource"
+            )
+    return paths
+
+
 def identity_of(metadata: Metadata, config: Config) -> Identity:
     """Who this VM is, from the metadata server; ValueError if it is not the node the
     config was made for (the watchdog never deletes another node)."""
@@ -274,8 +304,10 @@ class Watchdog:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         log: Callable[[str], None] = print,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
+        self.wall = wall
         self.metadata = metadata
         self.api_base = _root(api_base)
         self.rm_base = _root(resource_manager_base)
@@ -288,6 +320,11 @@ class Watchdog:
         self.renewals = 0
         self._lease_text: str | None = None
         self._published = ""
+        # The lease to publish (wall clock only for others to read; the decisions above
+        # stay monotonic), and whether it still has to go out.
+        self.renewed_at = wall()
+        self.lease_for = config.boot_grace_seconds
+        self._lease_unpublished = True
 
     # -- state -------------------------------------------------------------------------
 
@@ -303,6 +340,26 @@ class Watchdog:
             self.log(f"could not publish the state: {error}")
             return
         self._published = state
+
+    def publish_lease(self) -> None:
+        """Publish the lease if it changed since the last publication; a failure is
+        logged and retried at the next poll (the lease decides nothing here)."""
+        if not self._lease_unpublished:
+            return
+        value = json.dumps(
+            {
+                "renewed_at": round(self.renewed_at, 3),
+                "lease_seconds": self.lease_for,
+                "renewals": self.renewals,
+            },
+            sort_keys=True,
+        )
+        try:
+            self.metadata.put_guest_attribute(STATE_NAMESPACE, LEASE_KEY, value)
+        except HttpError as error:
+            self.log(f"could not publish the lease: {error}")
+            return
+        self._lease_unpublished = False
 
     def arm(self, identity: Identity) -> str:
         """Check the delete permission; publish and return the state."""
@@ -359,6 +416,9 @@ class Watchdog:
             pass  # a renewal all the same; the configured lease applies
         self.renewals += 1
         self.lease_until = self.clock() + seconds
+        self.renewed_at = self.wall()
+        self.lease_for = seconds
+        self._lease_unpublished = True
 
     def why_fire(self) -> str | None:
         now = self.clock()
@@ -371,19 +431,25 @@ class Watchdog:
     # -- deleting ----------------------------------------------------------------------
 
     def delete_node(self, identity: Identity) -> bool:
-        """One DELETE of this node; True when it is accepted or already gone."""
-        name = f"projects/{identity.project}/locations/{identity.zone}/nodes/{identity.node_name}"
+        """One DELETE of each target (the queued resource, the node); True when every
+        one is accepted or already gone. A refused one does not stop the next."""
+        done = True
+        for path in delete_targets(self.config, identity):
+            done = self._delete(path) and done
+        return done
+
+    def _delete(self, path: str) -> bool:
         try:
-            request("DELETE", self.api_base + "v2/" + name, headers=self._auth({}))
+            request("DELETE", self.api_base + path, headers=self._auth({}))
         except HttpError as error:
             if error.status == 404:
-                self.log("the node is already gone")
+                self.log(f"{path} is already gone")
                 return True
-            self.log(f"DELETE {name} failed: {error}")
+            self.log(f"DELETE {path} failed: {error}")
             if not error.transient:
                 self.publish(f"{ERROR}delete refused ({error})")
             return False
-        self.log(f"DELETE {name} accepted")
+        self.log(f"DELETE {path} accepted")
         return True
 
     def fire(self, identity: Identity, reason: str) -> None:
@@ -419,10 +485,17 @@ class Watchdog:
             if self.why_fire() is not None:
                 self.publish(f"{ERROR}cannot learn this VM's identity; cannot delete it")
             self.sleep(self.config.poll_seconds)
+        try:
+            delete_targets(self.config, identity)
+        except ValueError as error:
+            self.publish(f"{ERROR}{error}")
+            return  # never delete anything not this VM's own
         self.arm(identity)
         while True:
             self.observe_lease()
             reason = self.why_fire()
+            if reason is None:
+                self.publish_lease()
             if reason is not None:
                 self.log(f"firing: {reason} ({self.renewals} renewal(s) seen)")
                 self.fire(identity, reason)
