@@ -159,6 +159,9 @@ class RunSpec:
     # What the node is for, as its `tpulab-kind` label says: KIND_RUN, or KIND_SESSION
     # for `tpulab up` (which keeps it).
     kind: str = KIND_RUN
+    # The node's `tpulab-owner` label; None: this home's id, made on first use. The dry
+    # run sets it (the existing id, or a placeholder) so that a plan writes nothing.
+    owner: str | None = None
 
     @property
     def max_duration_seconds(self) -> float | None:
@@ -193,7 +196,8 @@ class RunSpec:
     def labels(self) -> dict[str, str]:
         """The node's labels: tpulab's, its run, its kind and this home's owner id (made
         on first use: `tpulab.paths.owner_id`)."""
-        return tpulab_labels(self.run_id, kind=self.kind, owner=paths.owner_id())
+        owner = self.owner if self.owner is not None else paths.owner_id()
+        return tpulab_labels(self.run_id, kind=self.kind, owner=owner)
 
     @property
     def target(self) -> str:
