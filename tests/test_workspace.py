@@ -231,3 +231,18 @@ def test_more_credential_files_are_flagged_by_name(tmp_path: Path, name: str) ->
     root = write_tree(tmp_path / "ws", {"train.py": "print()", name: "x"})
     with pytest.raises(WorkspaceError, match=re.escape(f"{name}: a credentials file by name")):
         select_workspace(root)
+
+
+def test_over_the_cap_says_by_how_much_and_exact_bytes_when_they_round_alike(
+    tmp_path: Path,
+) -> None:
+    root = write_tree(tmp_path / "ws", {"a.bin": b"\0" * (3 * 2**20 + 1)})
+    with pytest.raises(WorkspaceError) as barely:
+        select_workspace(root, max_bytes=3 * 2**20)
+    # Once "3.0 MiB, over the 3.0 MiB cap": no excess to be seen.
+    assert "3.0 MiB: 1 B over the 3.0 MiB cap (3 145 729 bytes against 3 145 728)" in (
+        barely.value.message
+    )
+    with pytest.raises(WorkspaceError) as clearly:
+        select_workspace(root, max_bytes=2 * 2**20)
+    assert "3.0 MiB: 1.0 MiB over the 2.0 MiB cap; the largest" in clearly.value.message

@@ -84,9 +84,10 @@ def up_command(
 
     def action() -> None:
         from tpulab.config import run_inputs
-        from tpulab.config.sessions import check_session_name, session_times
+        from tpulab.config.sessions import check_session_name, session_name_flag, session_times
 
-        # Every check before any API call: the bound on --ttl first.
+        # Every check before any API call: the name and the bound on --ttl first.
+        chosen_name = session_name_flag(name)
         times = session_times(ttl, idle)
         if emulate:
             raise E.ConfigError(
@@ -115,7 +116,7 @@ def up_command(
             max_duration=times.max_duration,
             service_account=service_account,
         )
-        session_name = check_session_name(name or f"s-{inputs.spec.run_id.split('-')[-1]}")
+        session_name = chosen_name or check_session_name(f"s-{inputs.spec.run_id.split('-')[-1]}")
         _up(inputs.spec, session_name, inputs.installer, verbose=verbose, as_json=as_json)
 
     json_or_guarded("up", as_json, action)
@@ -294,7 +295,8 @@ def ssh_command(
 ) -> None:
     """Open a shell on the session's VM (OpenSSH, pinned host key), or run `-- CMD`.
 
-    Renews the session's idle lease first.
+    One argument after `--` is a command line for the remote shell (`-- 'cd x && y'`),
+    as with ssh; several are run as exactly those words. Renews the idle lease first.
     """
     command = list(ctx.meta.get(AFTER_DASHES, ()))
 
@@ -362,5 +364,13 @@ def _ssh(store: SessionStore, files: SessionFiles, command: list[str]) -> int:
                 f"{state.name}` confirms and cleans up.",
             )
         store.save(state.renewed(now))
-        remote = [shlex.join(command)] if command else []
-        return subprocess.run([*base, *remote], check=False).returncode
+        return subprocess.run([*base, *_remote_command(command)], check=False).returncode
+
+
+def _remote_command(command: list[str]) -> list[str]:
+    """What `tpulab ssh S -- CMD` gives OpenSSH. One argument is a command line for the
+    remote shell, as `ssh host 'cd x && y'` is; several are an argv, each word quoted
+    (OpenSSH would join them with spaces and let the shell split them again)."""
+    if len(command) == 1:
+        return command
+    return [shlex.join(command)] if command else []

@@ -28,6 +28,7 @@ __all__ = [
     "UploadSelection",
     "check_fetch_patterns",
     "human_size",
+    "over_cap",
     "select_workspace",
 ]
 
@@ -67,6 +68,16 @@ def human_size(size: int) -> str:
 
 def _count(n: int) -> str:
     return f"{n:,}".replace(",", " ")
+
+
+def over_cap(total: int, cap: int, what: str = "cap") -> str:
+    """By how much `total` bytes exceed `cap`: "12.0 MiB over the 256.0 MiB cap", with
+    the exact bytes when both round to the same figure ("300.0 MiB, over the 300.0 MiB
+    cap" read as no excess at all)."""
+    text = f"{human_size(total - cap)} over the {human_size(cap)} {what}"
+    if human_size(total) == human_size(cap):
+        text += f" ({_count(total)} bytes against {_count(cap)})"
+    return text
 
 
 @dataclass(frozen=True)
@@ -219,14 +230,14 @@ class _Verdicts:
         return rules
 
     def of_entry(self, path: str, *, is_dir: bool) -> str | None:
-        """"always excluded", "ignored" or None for `path`, its directory being walked."""
+        """ "always excluded", "ignored" or None for `path`, its directory being walked."""
         if self.always.ignored(path, is_dir=is_dir) or (
             is_dir and (self.root / path / "pyvenv.cfg").is_file()
         ):
             return "always excluded"
-        if self.user.ignored(path, is_dir=is_dir) or self.rules_in(
-            posixpath.dirname(path)
-        ).ignored(path, is_dir=is_dir):
+        if self.user.ignored(path, is_dir=is_dir) or self.rules_in(posixpath.dirname(path)).ignored(
+            path, is_dir=is_dir
+        ):
             return "ignored"
         return None
 
@@ -342,8 +353,8 @@ def select_workspace(
             f"  {human_size(size):>10}  {path}" for path, size in selection.largest()
         )
         raise WorkspaceError(
-            f"The workspace upload is {selection.describe()}, over the "
-            f"{human_size(max_bytes)} cap; the largest entries:\n{listing}",
+            f"The workspace upload is {selection.describe()}: "
+            f"{over_cap(total, max_bytes)}; the largest entries:\n{listing}",
             hint=f"Exclude what the VM does not need in {IGNORE_FILE} (gitignore syntax), "
             "or raise the cap with --max-upload.",
         )

@@ -3,7 +3,8 @@
     CreateQueuedResource (the node spec the lifecycle built: labels, ssh key, spot)
       -> wait for its operation -> poll its state through the one wait loop:
          ACCEPTED -> WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE   (return)
-         FAILED (e.g. validUntil passed before capacity)  -> StockoutError, the API's reason
+         FAILED: validUntil passed before capacity       -> QueueExpiredError ("expired")
+         FAILED otherwise                                 -> StockoutError, the API's reason
          SUSPENDED (its spot node was reclaimed)          -> CloudError "SUSPENDED"
 
 The queued resource is named like the node, so teardown (teardown.py, with
@@ -20,7 +21,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from tpulab.cloud.api import QUEUED_FINAL_STATES, QueuedResourceInfo, QueuedResourceRequest
-from tpulab.errors import CloudError, StockoutError, TransientError
+from tpulab.config.resolve import format_duration
+from tpulab.errors import CloudError, QueueExpiredError, StockoutError, TransientError
 from tpulab.polling import poll_until
 
 if TYPE_CHECKING:
@@ -63,7 +65,8 @@ def create_through_queue(
     """
     zone, name = spec.zone.value, spec.node_name
     request = QueuedResourceRequest(node_id=name, node=node, valid_for_seconds=spec.valid_for)
-    deadline = clock() + queue_wait_seconds(spec)
+    sent_at = clock()
+    deadline = sent_at + queue_wait_seconds(spec)
     on_sent()
     try:
         operation = api.create_queued_resource(zone, name, request)
@@ -81,7 +84,7 @@ def create_through_queue(
             seen.append(found.state)
             note(f"queued resource {name}: {found.state}")
         if found.state in QUEUED_FINAL_STATES:
-            raise _ended(found, spec)
+            raise _ended(found, spec, seen, waited=clock() - sent_at)
         return found.state == "ACTIVE"
 
     poll_until(
@@ -101,7 +104,30 @@ def create_through_queue(
     return f"node {name} through queued resource {name} ({' -> '.join(seen)}{window})"
 
 
-def _ended(found: QueuedResourceInfo, spec: RunSpec) -> CloudError:
+def _expired(found: QueuedResourceInfo, spec: RunSpec, seen: list[str], waited: float) -> bool:
+    """Did FAILED mean that the --valid-for window passed before capacity came? It did
+    if it never got as far as PROVISIONING, and the window is over (by the laptop's
+    clock, which started before the service's) or the API's reason says so."""
+    if spec.valid_for is None or {"PROVISIONING", "ACTIVE"} & set(seen):
+        return False
+    said = found.failure.lower()
+    return waited >= spec.valid_for or "valid until" in said or "validuntil" in said
+
+
+def _ended(
+    found: QueuedResourceInfo, spec: RunSpec, seen: list[str], *, waited: float
+) -> CloudError:
+    if found.state == "FAILED" and _expired(found, spec, seen, waited):
+        return QueueExpiredError(
+            f"Queued resource {found.name} in {found.zone} expired: no capacity came "
+            f"within --valid-for {format_duration(spec.valid_for or 0)}"
+            + (f" ({found.failure})" if found.failure else "")
+            + ".",
+            status="FAILED",
+            api_message=found.failure,
+            hint="Retry with a longer --valid-for, another --zone, or later; the queued "
+            "resource is deleted by the teardown.",
+        )
     if found.state == "FAILED":
         reason = found.failure or "the API gave no reason"
         return StockoutError(

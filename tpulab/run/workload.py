@@ -143,10 +143,10 @@ class WorkloadRunner:
         try:
             life._phase(Phase.FETCH, lambda: self.fetch(self._fetch_timeout()))
         except TpuLabError as error:
+            self.outcome.fetch_problem = error.message  # the summary and run.json say why
             if failure is None:
                 raise
             # The command's failure is what the user must hear; the fetch's is a note.
-            self.outcome.fetch_problem = error.message
             life.observer.note(f"fetching the artifacts failed too: {error.message}")
         if failure is not None:
             raise failure
