@@ -279,6 +279,9 @@ def test_a_command_outliving_idle_keeps_its_node_and_ttl_ends_it_clearly(
         "deadline passed during your command"
     ) in " ".join(ended.stderr.split())
     assert "Its key and state are removed." in " ".join(ended.stderr.split())
+    # The summary above that error does not say the opposite.
+    assert "still up" not in ended.stdout + ended.stderr
+    assert "ended: its node is gone" in ended.stdout + ended.stderr
     assert not session_dir("short").exists()
     row = Journal().get(str(state["run_id"]))
     assert row is not None

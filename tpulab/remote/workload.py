@@ -217,6 +217,9 @@ class LaunchReport:
     timed_out: bool
     stopped: str | None
     seconds: float | None
+    # Lines the launcher left out of the stream because the laptop fell behind (all
+    # of them are in the log on the VM, which is fetched).
+    unstreamed_lines: int = 0
 
 
 def parse_launch_report(stderr: str) -> LaunchReport | None:
@@ -232,6 +235,7 @@ def parse_launch_report(stderr: str) -> LaunchReport | None:
                 timed_out=bool(data.get("timed_out", False)),
                 stopped=data.get("stopped"),
                 seconds=data.get("seconds"),
+                unstreamed_lines=int(data.get("unstreamed_lines") or 0),
             )
         except (ValueError, KeyError, TypeError):
             continue

@@ -222,7 +222,7 @@ def run_record(
         workload=workload_summary(workload),
         phase_seconds={k: round(v, 3) for k, v in outcome.phase_seconds.items()},
         upload=_entries(workload.upload.manifest if workload.upload else None),
-        fetch=_entries(workload.fetch),
+        fetch=_entries(workload.fetch or workload.kept),  # what is in `out`
         upload_sent=_entries(workload.upload.sent) if workload.upload else None,
         api_calls=outcome.api_calls,
         teardown=outcome.teardown_status,
