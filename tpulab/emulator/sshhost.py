@@ -257,6 +257,7 @@ class EmbeddedHostBackend:
         finally:
             os.close(status_write)
         node.processes.add(proc)
+        reporting = asyncio.ensure_future(_status(status_read))  # owns the fd from now on
         assert proc.stdin is not None
         # Not awaited with the output: like sshd, a command that exits without reading
         # all of its stdin ends the session (the client sees its status and stops sending).
@@ -267,10 +268,11 @@ class EmbeddedHostBackend:
             await asyncio.gather(
                 _pump(proc.stdout, process.stdout), _pump(proc.stderr, process.stderr)
             )
-            status = await _status(status_read)
+            status = await reporting
         finally:
             feeding.cancel()
-            await asyncio.gather(feeding, return_exceptions=True)
+            reporting.cancel()  # done already, unless the session ended some other way
+            await asyncio.gather(feeding, reporting, return_exceptions=True)
             # The holder outlives the command while what it left runs: keep it (stop
             # kills its tree) until it exits on its own.
             retiring = asyncio.ensure_future(_retire(node, proc))
@@ -321,15 +323,18 @@ async def _drain_tasks() -> None:
 
 async def _status(fd: int) -> int | None:
     """The command's exit status as its holder wrote it on `fd` (None: it wrote none)."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0)
-    )
+    pipe = os.fdopen(fd, "rb", 0)
     try:
-        said = await reader.read()
+        reader = asyncio.StreamReader()
+        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), pipe
+        )
+        try:
+            said = await reader.read()
+        finally:
+            transport.close()
     finally:
-        transport.close()
+        pipe.close()  # (a no-op once the transport has closed it)
     try:
         return int(said)
     except ValueError:
