@@ -9,6 +9,7 @@ Reads the tree, never the network. `tpulab.remote.workspace` sends the result.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import posixpath
@@ -86,6 +87,7 @@ class UploadSelection:
     files: tuple[tuple[str, int], ...]  # (posix path relative to root, size in bytes)
     total_bytes: int
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
+    loops: tuple[str, ...] = ()  # symlinks that loop (skipped), named for the user
     # Links skipped because their target is: "link -> target (why)", for the summary.
     skipped_links: tuple[str, ...] = ()
 
@@ -97,15 +99,15 @@ class UploadSelection:
         text = f"{_count(len(self.files))} {noun}, {human_size(self.total_bytes)}"
         if self.skipped:
             text += " (skipped: " + ", ".join(f"{n} {why}" for why, n in self.skipped.items())
-            if self.skipped_links:
-                shown = ", ".join(self.skipped_links[:_LINKS_SHOWN])
-                more = len(self.skipped_links) - _LINKS_SHOWN
-                text += f": {shown}" + (f" and {more} more" if more > 0 else "")
+            named = [*self.loops, *self.skipped_links]
+            if named:
+                shown = ", ".join(named[:_NAMED]) + (", ..." if len(named) > _NAMED else "")
+                text += f": {shown}"
             text += ")"
         return text
 
 
-_LINKS_SHOWN = 3
+_NAMED = 5  # skipped links named in the summary
 
 
 # File names that hold credentials by convention, whatever their content.
@@ -197,6 +199,20 @@ def _rules_of(directory: Path, base: str) -> list[IgnoreRule]:
     return rules
 
 
+def _link_target(link: Path) -> Path | None:
+    """Where `link` leads (maybe nowhere: a dangling link), or None when it loops."""
+    try:
+        target = link.resolve()
+    except RuntimeError:  # Python 3.11's resolve(): "Symlink loop from ..."
+        return None
+    try:
+        os.stat(target)
+    except OSError as error:  # 3.13+ resolves a loop to itself, and stat() says ELOOP
+        if error.errno == errno.ELOOP:
+            return None
+    return target
+
+
 def _normalised_relative(path: str, option: str) -> str:
     """The config layer's one rule for workspace paths, raised as a WorkspaceError."""
     if "\0" in path:
@@ -269,7 +285,9 @@ def select_workspace(
     refusal names both). A link leading outside the workspace, and any link to a
     directory, is skipped (counted in `skipped`). Refusing those would block runs over
     harmless links (editor state, a `result` link to a build store); following them
-    would send files the user never put in the workspace, or loop.
+    would send files the user never put in the workspace, or loop. A link that loops
+    (a -> b -> a) is skipped like a dangling one, under its own reason, and named in
+    `loops` (README "Workspace sync").
     """
     if not root.exists():
         raise WorkspaceError(
@@ -285,6 +303,7 @@ def select_workspace(
     skipped: dict[str, int] = {}
     skipped_links: list[str] = []
     secrets: list[tuple[str, str]] = []
+    loops: list[str] = []
 
     def skip(reason: str) -> None:
         skipped[reason] = skipped.get(reason, 0) + 1
@@ -307,7 +326,11 @@ def select_workspace(
             full = Path(child.path)
             shown, reason = path, None
             if child.is_symlink():
-                target = full.resolve()
+                target = _link_target(full)
+                if target is None:
+                    loops.append(path)
+                    skip("symlink loops")
+                    continue
                 if not target.is_file() or not target.is_relative_to(root):
                     skip("symlinks leaving the workspace or to directories")
                     continue
@@ -347,7 +370,9 @@ def select_workspace(
             "--allow-secret PATH for each one the VM really needs.",
         )
     total = sum(size for _path, size in files)
-    selection = UploadSelection(root, tuple(files), total, skipped, tuple(skipped_links))
+    selection = UploadSelection(
+        root, tuple(files), total, skipped, tuple(loops), tuple(skipped_links)
+    )
     if total > max_bytes:
         listing = "\n".join(
             f"  {human_size(size):>10}  {path}" for path, size in selection.largest()

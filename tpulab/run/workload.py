@@ -122,6 +122,9 @@ class WorkloadRunner:
             exclude=spec.exclude,
         )
         check_fetch_patterns(spec.fetch)
+        # The launch line's size, measured on the line `command` will send (E2BIG).
+        argv, env, ssh_timeout = self._launch()
+        wl.checked_launch_line(argv, env=env, timeout=ssh_timeout)
         if spec.requirements is not None:
             _check_uploaded(spec.requirements, self.selection)
         try:
@@ -245,11 +248,8 @@ class WorkloadRunner:
         life = self.life
         session = life.session
         assert session is not None
-        spec, workload = life.spec, self.workload
-        env = wl.workload_env(
-            spec.platform, spec.accelerator.devices_per_host, spec.run_id, workload.env
-        )
-        argv = wl.launch_command(workload.command, timeout=workload.timeout)
+        workload = self.workload
+        argv, env, ssh_timeout = self._launch()
         tail = self.outcome.output_tail
 
         def on_line(stream: str, line: str) -> None:
@@ -260,9 +260,7 @@ class WorkloadRunner:
             life.observer.remote_output(COMMAND_STREAM if stream == "stdout" else stream, line)
 
         self.outcome.started = True
-        result = session.run(
-            argv, env=env, timeout=workload.timeout + wl.LAUNCH_SLACK_SECONDS, on_line=on_line
-        )
+        result = session.run(argv, env=env, timeout=ssh_timeout, on_line=on_line)
         report = wl.parse_launch_report(result.stderr)
         if report is None:
             # The launcher itself did not report (it could not start): say what it said.
@@ -286,6 +284,16 @@ class WorkloadRunner:
         if report.timed_out:
             return f"killed on the VM after its {workload.timeout:g} s --timeout"
         return f"exit {report.exit_status} after {report.seconds or 0:.1f} s"
+
+    def _launch(self) -> tuple[list[str], dict[str, str], float]:
+        """The launcher's argv, the command's environment and the SSH wrapper's limit:
+        what `command` sends, and what `validate` measures."""
+        spec, workload = self.life.spec, self.workload
+        env = wl.workload_env(
+            spec.platform, spec.accelerator.devices_per_host, spec.run_id, workload.env
+        )
+        argv = wl.launch_command(workload.command, timeout=workload.timeout)
+        return argv, env, workload.timeout + wl.LAUNCH_SLACK_SECONDS
 
     def fetch(self, timeout: float) -> str:
         """The run dir, the log and the --fetch patterns into --out, checked file by file."""
