@@ -207,6 +207,9 @@ def test_interrupted_and_failing_execs_keep_the_session(served: Emulator, tmp_pa
         assert (out / "run" / "partial.txt").read_text() == "so far"
         record = json.loads((out / "run.json").read_text())
         assert record["workload"]["stopped"] is not None
+        # The record says what ended it, as --json does (it once had "error": null).
+        assert record["error"]["type"] == "InterruptedRun", record["error"]
+        assert record["error"]["exit_status"] == EXIT_INTERRUPTED
         assert record["teardown"] == "not-created"
         assert deletes(served) == []
         assert node_state(served, node) == "READY"
@@ -220,6 +223,9 @@ def test_interrupted_and_failing_execs_keep_the_session(served: Emulator, tmp_pa
     assert failing.returncode == EXIT_WORKLOAD, failing.stderr + failing.stdout
     assert "exited with status 6" in failing.stderr
     assert "about to fail" in (tmp_path / "fail" / "output.log").read_text()
+    error = json.loads((tmp_path / "fail" / "run.json").read_text())["error"]
+    assert (error["type"], error["exit_status"]) == ("WorkloadFailedError", EXIT_WORKLOAD)
+    assert "exited with status 6" in error["message"]
     assert deletes(served) == []
     assert node_state(served, node) == "READY"
 

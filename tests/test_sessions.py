@@ -115,6 +115,12 @@ def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None
     # The remote command's own exit status comes back.
     failing = tpulab("ssh", "lesson-1", "--", "sh", "-c", "exit 7", timeout=60)
     assert failing.returncode == 7, failing.stderr
+    # One argument is a command line for the remote shell, as with OpenSSH (it once ran
+    # 'cd / && pwd' as a program's name: exit 127); several stay words, each quoted.
+    compound = tpulab("ssh", "lesson-1", "--", "cd / && pwd", timeout=60)
+    assert (compound.returncode, compound.stdout) == (EXIT_OK, "/\n"), compound.stderr
+    words = tpulab("ssh", "lesson-1", "--", "echo", "a  b", "$HOME", timeout=60)
+    assert (words.returncode, words.stdout) == (EXIT_OK, "a  b $HOME\n"), words.stderr
 
     where = ("--api-endpoint", served.url, "--project", PROJECT, "--zone", ZONE)
     # What `list` shows is counted from the session's own times, read as it ran: not
@@ -260,7 +266,7 @@ def test_down_of_a_missing_session_is_a_clear_error(tpulab_home: Path) -> None:
 def test_a_ttl_over_a_day_is_refused_before_any_api_call(served: Emulator) -> None:
     done = tpulab(*_up(served, "--ttl", "25h"), timeout=60)
     assert done.returncode == EXIT_CONFIG
-    assert "--ttl '25h' is out of range: a session lives at most 24 h" in done.stderr
+    assert "--ttl '25h' is too long: the maximum is 1d." in done.stderr
     assert served.requests() == []
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shlex
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from helpers import wait_until
 
 from tpulab.errors import (
     AuthError,
@@ -346,3 +348,26 @@ def test_a_node_key_with_shell_metacharacters_is_inert(
     host.backend.stop(node_key)
     assert not list(tmp_path.rglob("pwned"))
     assert not list(Path.cwd().glob("pwned"))
+
+
+@pytest.mark.parametrize("escape", ["env -i", "setsid env -i"])
+def test_a_daemon_without_the_node_tag_dies_with_the_node(ssh_host: SshHost, escape: str) -> None:
+    """Deleting a node kills what its sessions left running, even a daemon that wiped its
+    environment (the node's tag lived there), left its session and its directory: it
+    stays in the tree of the session's holder (a child subreaper), where stop finds it.
+    It once survived `down` and node deletes."""
+    from tpulab.emulator.hostenv import NODE_TAG_VAR
+
+    pid_file = ssh_host.sandbox / "daemon.pid"
+    inner = f"cd / && sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > {pid_file}"
+    with ssh_host.connect() as conn:
+        done = conn.run(f"{escape} /bin/sh -c {shlex.quote(inner)}", timeout=60)
+        assert done.exit_status == 0, done.stderr
+        # The session has ended; its daemon lives on, as on a VM.
+        assert conn.run(["true"], timeout=30).exit_status == 0
+    pid = int(pid_file.read_text())
+    assert _pid_alive(pid)
+    assert NODE_TAG_VAR.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+    assert os.readlink(f"/proc/{pid}/cwd") == "/"
+    ssh_host.backend.stop("node-1")  # what deleting (or rebooting) the node does
+    wait_until(lambda: not _pid_alive(pid), f"the daemon {pid} to die with its node", 30)

@@ -411,7 +411,7 @@ def test_pack_refuses_over_the_cap_before_sending_anything(tmp_path: Path) -> No
             python=python,
         )
     message = refused.value.message
-    assert "over the 58.6 KiB fetch cap" in message
+    assert "68.5 KiB in 5 files, 9.9 KiB over the 58.6 KiB fetch cap;" in message  # by how much
     assert message.index("workspace/big.bin") < message.index("workspace/mid.bin")
     assert refused.value.hint
     assert "--max-fetch" in refused.value.hint

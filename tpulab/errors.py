@@ -80,6 +80,7 @@ __all__ = [
     "OutcomeUnknownError",
     "PermissionDeniedError",
     "PreemptedError",
+    "QueueExpiredError",
     "QuotaError",
     "ReceiptStoreError",
     "RemoteError",
@@ -165,6 +166,11 @@ class CloudError(TpuLabError):
 
 class StockoutError(CloudError):
     pass
+
+
+class QueueExpiredError(StockoutError):
+    """A queued resource's --valid-for window passed before capacity came (FAILED): no
+    capacity in time, said as such rather than as an ordinary stockout."""
 
 
 class LocationError(CloudError):

@@ -230,10 +230,13 @@ def _run(
         installer="pip" if installer == "pip" else "uv",
         attach=Attachment.of(state, key),
         write_record=_record_writer(state.run_id),
+        report_error=error_report,
     )
     failure: E.TpuLabError | None = None
     try:
-        with signals_to_teardown(display.alert, force_exit_status=EXIT_INTERRUPTED):
+        with signals_to_teardown(
+            display.alert, force_exit_status=EXIT_INTERRUPTED, keeps_node=True
+        ):
             life.run()
     except E.NodeVanishedError as gone:
         failure = _conclude_gone(store, files, gone, renewed_at=last_renewal_at(life))

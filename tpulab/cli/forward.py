@@ -105,7 +105,7 @@ def ssh_session(
         check_local_ports_free(forwards)
     ssh, renewer = connect_renewed(store, files, background=bool(forwards))
     if not forwards:
-        return subprocess.run(ssh.argv(remote=command), check=False).returncode
+        return subprocess.run(ssh.argv(remote=command, typed=True), check=False).returncode
     state = files.state
 
     def save_renewal() -> None:

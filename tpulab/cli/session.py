@@ -88,9 +88,10 @@ def up_command(
 
     def action() -> None:
         from tpulab.config import run_inputs
-        from tpulab.config.sessions import check_session_name, session_times
+        from tpulab.config.sessions import check_session_name, session_name_flag, session_times
 
-        # Every check before any API call: the bound on --ttl first.
+        # Every check before any API call: the name and the bound on --ttl first.
+        chosen_name = session_name_flag(name)
         times = session_times(ttl, idle)
         if emulate:
             raise E.ConfigError(
@@ -121,7 +122,7 @@ def up_command(
         )
         from tpulab.contract import KIND_SESSION
 
-        session_name = check_session_name(name or f"s-{inputs.spec.run_id.split('-')[-1]}")
+        session_name = chosen_name or check_session_name(f"s-{inputs.spec.run_id.split('-')[-1]}")
         # Labelled a session: `teardown --verify` elsewhere then knows it is kept on purpose.
         spec = dataclasses.replace(inputs.spec, kind=KIND_SESSION)
         _up(spec, session_name, inputs.installer, verbose=verbose, as_json=as_json)
@@ -364,8 +365,10 @@ def ssh_command(
 ) -> None:
     """Open a shell on the session's VM (OpenSSH, pinned host key), or run `-- CMD`.
 
-    Renews the session's idle lease first, and keeps renewing it while -L forwards are
-    open: `tpulab ssh S -L 6006 -N` shows the VM's TensorBoard at localhost:6006.
+    One argument after `--` is a command line for the remote shell (`-- 'cd x && y'`),
+    as with ssh; several are run as exactly those words. Renews the session's idle lease
+    first, and keeps renewing it while -L forwards are open: `tpulab ssh S -L 6006 -N`
+    shows the VM's TensorBoard at localhost:6006.
     """
     command = list(ctx.meta.get(AFTER_DASHES, ()))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from tpulab.config.resolve import parse_duration
+from tpulab.config.resolve import given, out_of_range, parse_duration
 from tpulab.errors import ConfigError
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "MAX_TTL_SECONDS",
     "SessionTimes",
     "check_session_name",
+    "session_name_flag",
     "session_times",
 ]
 
@@ -37,6 +38,15 @@ def check_session_name(name: str) -> str:
             "31 characters (e.g. lesson-3).",
         )
     return name
+
+
+def session_name_flag(name: str | None) -> str | None:
+    """`up --name`, checked before anything else: None when it was left out (the name is
+    then s-<run id>); `--name ''` is refused, never read as "left out"."""
+    if name is None:
+        return None
+    given(name, "--name", hint="Pass a session name (e.g. lesson-3), or leave --name out.")
+    return check_session_name(name)
 
 
 class SessionTimes:
@@ -59,7 +69,7 @@ def session_times(ttl: str | None, idle: str | None) -> SessionTimes:
     ttl_seconds = parse_duration("--ttl", ttl or DEFAULT_TTL)
     if not MIN_SECONDS <= ttl_seconds <= MAX_TTL_SECONDS:
         raise ConfigError(
-            f"--ttl {ttl!r} is out of range: a session lives at most 24 h.",
+            out_of_range("--ttl", ttl or DEFAULT_TTL, ttl_seconds, MIN_SECONDS, MAX_TTL_SECONDS),
             hint="Pass --ttl between 10s and 24h (default 2h); start a new session after it.",
         )
     # A --ttl shorter than the default idle lease makes the lease the whole session.
@@ -70,7 +80,14 @@ def session_times(ttl: str | None, idle: str | None) -> SessionTimes:
     )
     if not MIN_SECONDS <= idle_seconds <= ttl_seconds:
         raise ConfigError(
-            f"--idle {idle!r} is out of range.",
+            out_of_range(
+                "--idle",
+                idle or DEFAULT_IDLE,
+                idle_seconds,
+                MIN_SECONDS,
+                ttl_seconds,
+                high_is="the --ttl",
+            ),
             hint="Pass --idle between 10s and the --ttl (default 30m).",
         )
     return SessionTimes(ttl_seconds, idle_seconds)

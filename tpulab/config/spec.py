@@ -290,6 +290,8 @@ def build_run_spec(
         python, emulated=target.emulated, from_file=from_file
     )
     window = check_valid_for(valid_for, queued=queued)
+    if queued:
+        check_queued_capacity(capacity)
     # Until its first renewal the watchdog must outwait the controller's own boot waits.
     dog = watchdog_settings(
         watchdog or WatchdogRequest(), boot_wait_seconds=timeouts.host_key + timeouts.connect
@@ -325,6 +327,30 @@ def build_run_spec(
 # How long a queued resource may wait for capacity. The API documents no bound of its
 # own; a week keeps a typo ("30d" for "30m") from queueing a request for a month.
 MAX_VALID_FOR_SECONDS = 7 * 86400
+
+
+def check_queued_capacity(capacity: Capacity) -> None:
+    """A queued run is one request in one zone: the service itself waits for capacity,
+    for as long as --valid-for. Failing over to another zone, re-queueing after a pass or
+    recovering a preempted node (a queued node that is preempted is SUSPENDED, not
+    recreated) would each be a second wait the user did not ask for -- and, across N
+    zones, N windows one after the other -- so they are refused, not half done."""
+    clashes = []
+    if len(capacity.zones) > 1:
+        clashes.append(
+            f"{len(capacity.zones)} zones ({', '.join(z.value for z in capacity.zones)})"
+        )
+    if capacity.recover:
+        clashes.append(f"--recover {capacity.recover}")
+    if capacity.retry_until_up:
+        clashes.append("--retry-until-up")
+    if clashes:
+        raise ConfigError(
+            f"--queued takes one zone and waits there; it does not combine with "
+            f"{' or '.join(clashes)}.",
+            hint="Pass one --zone with --queued (bound the wait with --valid-for), or drop "
+            "--queued to fail over across zones and retry.",
+        )
 
 
 def check_valid_for(text: str | None, *, queued: bool) -> int | None:
