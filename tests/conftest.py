@@ -18,3 +18,39 @@ def tpulab_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "tpulab-home"
     monkeypatch.setenv("TPULAB_HOME", str(home))
     return home
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tiers (tests/tiers.py): `e2e`, `network`, and `smoke` for
+    the end-to-end tests `nox -s quick` keeps."""
+    from tiers import SMOKE_TESTS, sources_of, tiers_of_source
+
+    root = Path(str(config.rootpath))
+    for item in items:
+        if not isinstance(item, pytest.Function):
+            continue
+        if _node_id(item, root) in SMOKE_TESTS:
+            item.add_marker(pytest.mark.smoke)
+        explicit = {mark.name for mark in item.iter_markers()}
+        found = tiers_of_source(sources_of(_roots(item)))
+        if "slow" in explicit:
+            found.setdefault("e2e", "marked slow")
+        for tier, reason in found.items():
+            if tier not in explicit:
+                item.add_marker(getattr(pytest.mark, tier)(reason=reason))
+
+
+def _node_id(item: pytest.Item, root: Path) -> str:
+    path = Path(str(item.path)).resolve()
+    relative = path.relative_to(root) if path.is_relative_to(root) else path
+    return f"{relative.as_posix()}::{item.name}"
+
+
+def _roots(item: pytest.Function) -> list[object]:
+    """The test function and every fixture function it uses, however indirectly."""
+    fixtures = [
+        definition.func
+        for definitions in item._fixtureinfo.name2fixturedefs.values()
+        for definition in definitions
+    ]
+    return [item.function, *fixtures]
