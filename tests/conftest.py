@@ -33,8 +33,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.smoke)
         explicit = {mark.name for mark in item.iter_markers()}
         found = tiers_of_source(sources_of(_roots(item)))
-        if "slow" in explicit:
-            found.setdefault("e2e", "marked slow")
+        for marker in ("slow", "gcloud"):
+            if marker in explicit:
+                found.setdefault("e2e", f"marked {marker}")
+        if "benchmarks" in Path(str(item.path)).parts:
+            found.setdefault("e2e", "a benchmark (tests/benchmarks/smoke.py)")
         for tier, reason in found.items():
             if tier not in explicit:
                 item.add_marker(getattr(pytest.mark, tier)(reason=reason))

@@ -20,6 +20,10 @@ END_TO_END = [
     'done = tpulab("run", "--accelerator", "v5litepod-4",\n    "--api-endpoint", url)',
     'done = tpulab("exec", "pair", "--emulate", "--", "true")',
     "result = run_local_payload(devices=4, platform='cpu', nonce='n', timeout=60)",
+    'status, out, _ = invoke("verify", "--local", "--devices", "4")',
+    'done = tpulab("--help")',
+    "done = tpulab(*args, timeout=60)",
+    'probe = cli_imports("--help")',
 ]
 
 NETWORK = [
@@ -31,8 +35,7 @@ NETWORK = [
 
 NEITHER = [
     'code, out, _ = invoke("list", "--emulate", "--json")',
-    'done = tpulab("run", "--accelerator", "v5litepod-4", "--emulate", "--dry-run", "--json")',
-    'done = tpulab("--help")',
+    'status, out, _ = invoke("run", "--accelerator", "v5litepod-4", "--emulate", "--dry-run")',
     "emulator = start_emulator(tmp_path / 'state')  # the API alone, no SSH hosts",
 ]
 
@@ -105,4 +108,4 @@ def test_conftest_marks_the_collected_tests(pytestconfig: pytest.Config) -> None
     assert sorted(test for test, marks in tiers.items() if "smoke" in marks) == sorted(SMOKE_TESTS)
     assert tiers[f"{run_cli}::test_run_emulate[embedded]"] == {"e2e", "network"}
     assert tiers[f"{run_cli}::test_run_against_a_served_emulator[openssh]"] == {"e2e"}
-    assert tiers[f"{run_cli}::test_dry_run_json_is_a_versioned_plan"] == set()
+    assert tiers[f"{run_cli}::test_run_help_stays_light"] == {"e2e"}  # a subprocess

@@ -2,8 +2,9 @@
 
 - `e2e`: the test brings up real SSH hosts (either host backend, `served_emulator`, the
   `rig` fixtures), drives a whole `Lifecycle`, runs `tpulab emulator serve`, a `tpulab`
-  CLI run/exec/session against the local emulator, or the payload under jax in a
-  subprocess. About a tenth of the tests, and nearly all of the suite's CPU.
+  CLI run/exec/session against the local emulator, the payload under jax in a
+  subprocess, or any `tpulab` (or, marked `gcloud`, gcloud) subprocess: each costs a
+  second or more of CPU. A quarter of the tests, and nearly all of the suite's CPU.
 - `network`: the test's emulated node bootstraps on the bare image, which installs uv and
   jax from the package index (uv's and pip's caches in `hostenv.default_cache_dir()`
   spare the download after the first run, but a fresh machine needs the index).
@@ -12,7 +13,8 @@ The decision reads source text, not a hand-kept list of test names, so a test ad
 tomorrow is tiered by what it does: the test function, every fixture it uses (however
 indirectly), and every function or class of the tests directory those call, followed
 name by name through their globals. A test (or module) may also say it outright with
-`@pytest.mark.e2e` / `@pytest.mark.network`; `slow` (the older marker) counts as e2e.
+`@pytest.mark.e2e` / `@pytest.mark.network`; `slow` (the older marker) and `gcloud`
+count as e2e, and so does every benchmark (tests/benchmarks/smoke.py).
 
 `nox -s quick` runs `-m "not e2e and not network"` plus SMOKE_TESTS; `nox -s tests` runs
 everything.
@@ -40,7 +42,13 @@ E2E_PATTERNS: dict[str, re.Pattern[str]] = {
     "a whole lifecycle in-process": re.compile(r"\bLifecycle\("),
     "`tpulab emulator serve`": re.compile(r"[\"']emulator[\"'],\s*[\"']serve[\"']"),
     "a CLI run against the emulator": re.compile(_CLI_RUN),
-    "the payload under jax in a subprocess": re.compile(r"\brun_local_payload\("),
+    "the payload under jax in a subprocess": re.compile(
+        r"\b(run_local_payload|real_run|payload_command)\(|[\"']verify[\"'],\s*[\"']--local[\"']"
+    ),
+    # ~1 s of CPU each (the CLI's imports), and tests make them by the dozen.
+    "a `tpulab` subprocess": re.compile(
+        r"\btpulab\(\s*[\"'*]|[\"']-m[\"'],\s*[\"']tpulab[\"']|\bcli_imports\("
+    ),
 }
 
 # What makes a test need the package index: the bootstrap's install on a node of the
