@@ -17,6 +17,7 @@ imports by name lives here, once:
 - `cli_imports`: what a `tpulab ...` command imports, run in a fresh interpreter, to
   keep `--help` and `--dry-run` light;
 - `advances`: the next value of a marker file a running command keeps rewriting;
+- `group_ended`: no live process is left in a process group (the event "it stopped");
 - `Blackhole`: a loopback listener that accepts, reads the request, and never answers;
 - `workload_spec`: the RunSpec `run --emulate -- python train.py` builds, with workload
   flags, for the config tests.
@@ -57,6 +58,7 @@ __all__ = [
     "advances",
     "cli_imports",
     "create_ready_node",
+    "group_ended",
     "invoke",
     "killed_run",
     "refused_port",
@@ -332,6 +334,21 @@ def advances(marker: Path, seconds: float = 30) -> str:
         assert time.monotonic() < deadline, f"the command stopped writing at {before!r}"
         time.sleep(0.1)
     return now
+
+
+def group_ended(pgid: int) -> bool:
+    """No live process is left in process group `pgid` on this machine (Linux /proc),
+    which is where the emulator's nodes run their commands: the event "it stopped",
+    where a marker that did not change for a while only says "it was slow". Zombies
+    are dead (nothing they could still write), so they do not count."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # gone between the listing and the read
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return False
+    return True
 
 
 # What `tpulab --help` and `--dry-run` must never import: they would cost seconds.

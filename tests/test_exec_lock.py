@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from helpers import advances, served_emulator, tpulab
+from helpers import advances, group_ended, served_emulator, tpulab, wait_until
 from test_exec import EXIT_OK, EXIT_REMOTE, PROJECT, _exec_in_background, _wait_for, deletes, up
 
 from tpulab.emulator import Emulator
@@ -229,7 +229,7 @@ def test_a_sigkilled_exec_leaves_no_stale_lock_only_its_orphan(
     assert _lock_is_free(lock_file)  # the refused exec let go of it too
 
     os.killpg(int(pgid), signal.SIGTERM)  # the orphan stopped (its node is this machine)
-    _until(lambda: _stopped(marker), "the orphan did not stop")
+    wait_until(lambda: group_ended(int(pgid)), f"the orphan's process group {pgid} to end")
     again = tpulab(
         "exec", "orphan", "--workdir", str(work), "--out", str(tmp_path / "again"), "--",
         "python", "-c", "print('after the orphan')", timeout=300,
@@ -240,12 +240,6 @@ def test_a_sigkilled_exec_leaves_no_stale_lock_only_its_orphan(
     down = tpulab("down", "orphan", timeout=120)
     assert down.returncode == EXIT_OK, down.stderr
     assert served.node_names(PROJECT) == []
-
-
-def _stopped(marker: Path) -> bool:
-    before = marker.read_text()
-    time.sleep(0.5)
-    return marker.read_text() == before
 
 
 # A laptop-side process holding the lock over its own Connection, to be SIGKILLed.
@@ -351,7 +345,6 @@ def test_a_laptop_gone_silent_loses_the_lock_after_the_silence(
             assert seen is not None, "a beating holder lost the lock"
             assert seen.run_id == "killed"
         holder.send_signal(signal.SIGSTOP)  # no beats, no FIN
-        from helpers import wait_until
 
         def taken() -> bool:
             _, seen, mine = _hold(ssh_host)
