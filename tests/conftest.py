@@ -4,6 +4,7 @@ its own TPULAB_HOME so nothing touches the user's."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,29 @@ import pytest
 # google-auth probes the GCE metadata server (a link-local address) when looking for
 # credentials; tests must only ever talk to loopback, and subprocesses inherit this.
 os.environ["NO_GCE_CHECK"] = "True"
+
+
+def _children_start_with_default_signals() -> None:
+    """Every child a test starts gets SIGINT, SIGTERM and SIGHUP at their defaults, as a
+    foreground command in a terminal has them, whatever this runner inherited.
+
+    A background job of a non-interactive shell (some CI runners) starts with SIGINT
+    ignored, `nohup` adds SIGHUP, and an ignored signal stays ignored across exec: a
+    `tpulab` child would then rightly keep ignoring the Ctrl-C its test sends. A signal
+    *handled* here is reset to its default by exec instead, so an ignored one becomes
+    handled by a no-op: this process still ignores it, in effect, its children do not.
+    One place for every helper that starts a child (subprocess, xdist's workers too).
+    """
+
+    def ignore(signum: int, frame: object) -> None:
+        """Ignored, as the runner asked, but by a handler, which exec resets."""
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is signal.SIG_IGN:
+            signal.signal(signum, ignore)
+
+
+_children_start_with_default_signals()
 
 
 @pytest.fixture(autouse=True)

@@ -4,6 +4,8 @@ Fixtures live in conftest.py (and the `*_fixtures.py` plugins); anything a test 
 imports by name lives here, once:
 
 - `require_tool`: skip locally, fail in CI, when a system tool is missing;
+- `require_python`: a real interpreter of a version ("3.12"), found as the emulated
+  image finds its own (system or pyenv, never a shim, whatever HOME is);
 - `FakeClock`: time that moves only when the code under test sleeps (or a test says so);
 - `tpulab`: the CLI as a user runs it, a real `python -m tpulab` subprocess;
 - `invoke`: the same CLI in this process (typer's runner), when no subprocess is needed;
@@ -62,6 +64,7 @@ __all__ = [
     "invoke",
     "killed_run",
     "refused_port",
+    "require_python",
     "require_tool",
     "served_emulator",
     "tpulab",
@@ -88,6 +91,25 @@ def require_tool(available: bool, what: str) -> None:
     if IN_CI:
         pytest.fail(f"{what} is required in CI (CI=true) but is not installed")
     pytest.skip(f"{what} is not installed")
+
+
+def require_python(version: str) -> str:
+    """A real interpreter of `version` ("3" for this machine's python3, or "3.X"):
+    required like any tool. Never a pyenv shim (it runs only the version pyenv has
+    selected, and fails when HOME is not pyenv's), and found without HOME."""
+    from tpulab.emulator.hostenv import find_interpreter
+
+    if version == "3":
+        found = next(
+            (p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)),
+            None,
+        )
+    else:
+        interpreter = find_interpreter(version)
+        found = None if interpreter is None else str(interpreter)
+    require_tool(found is not None, f"python{version}")
+    assert found is not None
+    return found
 
 
 @dataclass

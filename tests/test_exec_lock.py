@@ -10,7 +10,6 @@ import fcntl
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -383,18 +382,9 @@ def test_the_lock_script_on_each_python(tmp_path: Path, version: str) -> None:
     # The VM's own python3 runs it (Ubuntu 22.04 has 3.10): run it here, the way the
     # exec starts it, with a pipe for the stdin whose EOF ends the hold; under this
     # machine's python3 always, and under each newer one that is installed.
-    from helpers import require_tool
+    from helpers import require_python
 
-    if version == "3":
-        found = shutil.which("python3")
-        require_tool(found is not None, "python3")
-    else:
-        # pyenv's own interpreters, not its shims (which run only the selected version).
-        pyenv = sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))
-        found = str(pyenv[0]) if pyenv else shutil.which(f"python{version}")
-        require_tool(found is not None, f"python{version}")
-    assert found is not None
-    python = found
+    python = require_python(version)
 
     def start(run_id: str) -> subprocess.Popen[str]:
         argv = wl.lock_command(run_id=run_id, host="laptop", pid=7)
