@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -41,6 +42,14 @@ NASTY = [
     "-n",
     "*",
 ]
+
+
+def _refuses(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
 
 
 def _pid_alive(pid: int) -> bool:
@@ -217,13 +226,25 @@ def test_tpu_busy_is_reported_as_such(ssh_host: SshHost) -> None:
 def test_a_server_that_listens_late_is_waited_for(
     start_ssh_host: HostStarter, tmp_path: Path
 ) -> None:
-    # Timed from before the host starts: it cannot listen sooner than 1.5 s after this,
-    # however long the start itself takes, so the bound is exact, not a window.
-    started = time.monotonic()
-    host = start_ssh_host(tmp_path / "sandbox", refuse_for=1.5)
-    with host.connect(connect_timeout=15) as conn:
+    # Timed from before the host starts, a connection tried less than `refuse` seconds
+    # later is inside the refusal however slow the start: it must be refused. Tried
+    # later (a loaded machine), it proves nothing, so the host is started again with a
+    # window four times as long. A bound on the elapsed time alone would also pass on
+    # a host that listened at once but was slow to answer.
+    for attempt, refuse in enumerate((1.5, 6.0, 24.0)):
+        started = time.monotonic()
+        host = start_ssh_host(
+            tmp_path / f"sandbox-{attempt}", node_key=f"late-{attempt}", refuse_for=refuse
+        )
+        refused = _refuses(host.endpoint.host, host.endpoint.port)
+        inside = time.monotonic() - started < refuse  # measured once the probe is done
+        if inside:
+            break
+    assert inside, "never reached the host inside its refusal"
+    assert refused, "the host accepted a connection inside its refusal window"
+    with host.connect(connect_timeout=refuse + 15) as conn:
         assert conn.run(["echo", "up"], timeout=10).stdout == "up\n"
-    assert time.monotonic() - started >= 1.5
+    assert time.monotonic() - started >= refuse
 
 
 def test_a_server_that_never_listens_is_reported_past_the_deadline(
