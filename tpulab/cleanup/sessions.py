@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from tpulab import catalog, paths
-from tpulab.cleanup.journal import VANISHED, Journal
+from tpulab.cleanup.journal import SESSION_PHASE, VANISHED, Journal
 from tpulab.config.sessions import check_session_name
 from tpulab.errors import (
     ConfigError,
@@ -55,9 +55,6 @@ __all__ = [
     "reconcile_listed",
     "why_gone",
 ]
-
-# The journal's phase of a run whose node was kept by `tpulab up`.
-SESSION_PHASE = "session"
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,10 @@ pinned host key and renews the lease first; `down` is the run's delete-and-confi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import shlex
-import subprocess
-import tempfile
 import time
-from pathlib import Path
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -29,7 +27,13 @@ if TYPE_CHECKING:
     from tpulab.run.progress import Recorder
     from tpulab.run.session import SessionState
 
-__all__ = ["DashDashCommand", "down_command", "ssh_command", "up_command"]
+__all__ = [
+    "DashDashCommand",
+    "down_command",
+    "raise_if_gone",
+    "ssh_command",
+    "up_command",
+]
 
 
 def up_command(
@@ -115,8 +119,12 @@ def up_command(
             max_duration=times.max_duration,
             service_account=service_account,
         )
+        from tpulab.contract import KIND_SESSION
+
         session_name = check_session_name(name or f"s-{inputs.spec.run_id.split('-')[-1]}")
-        _up(inputs.spec, session_name, inputs.installer, verbose=verbose, as_json=as_json)
+        # Labelled a session: `teardown --verify` elsewhere then knows it is kept on purpose.
+        spec = dataclasses.replace(inputs.spec, kind=KIND_SESSION)
+        _up(spec, session_name, inputs.installer, verbose=verbose, as_json=as_json)
 
     json_or_guarded("up", as_json, action)
 
@@ -211,8 +219,19 @@ def down_command(
         str | None, typer.Argument(help="The session (omit if only one is up).")
     ] = None,
     all_sessions: Annotated[bool, typer.Option("--all", help="End every session.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Delete even while an exec runs on the session (it loses its artifacts).",
+        ),
+    ] = False,
 ) -> None:
-    """Delete a session's VM, confirm it gone by list, and remove its key and state."""
+    """Delete a session's VM, confirm it gone by list, and remove its key and state.
+
+    Refused (exit 4, nothing deleted) while an exec holds the session's lock, unless
+    --force: `down` takes that lock itself for the delete, so no exec starts meanwhile.
+    """
 
     def action() -> None:
         from tpulab.cleanup.sessions import SessionStore
@@ -222,22 +241,28 @@ def down_command(
             raise E.ConfigError("Pass a session name or --all, not both.")
         chosen = store.all() if all_sessions else [store.resolve(name)]
         for files in chosen:
-            _down(store, files)
+            _down(store, files, force=force)
 
     guarded(action)
 
 
-def _down(store: SessionStore, files: SessionFiles) -> None:
+def _down(store: SessionStore, files: SessionFiles, *, force: bool) -> None:
     from tpulab.cleanup.journal import Journal
     from tpulab.cleanup.sessions import conclude_gone, why_gone
     from tpulab.cli._target import reach_notice
     from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.run.lease import node_gone
     from tpulab.run.session import take_down
 
     state = files.state
     api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice)
     try:
-        report = take_down(api, state, notify=lambda message: print_stderr(message))
+        with contextlib.ExitStack() as held:
+            # A node still there may have an exec running on it: `down` holds the exec
+            # lock for the delete, or refuses (unless --force). A gone node has none.
+            if not force and node_gone(api, state.zone, state.node_name) is None:
+                held.enter_context(_exec_lock_held(files))
+            report = take_down(api, state, notify=lambda message: print_stderr(message))
     except E.TeardownError as error:
         # The session stays (its key, its state): `down` is what finishes it, for the
         # API the node lives behind.
@@ -271,6 +296,39 @@ def _down(store: SessionStore, files: SessionFiles) -> None:
     )
 
 
+@contextlib.contextmanager
+def _exec_lock_held(files: SessionFiles) -> Iterator[None]:
+    """Hold the session's exec lock for the delete; RemoteError (exit 4, nothing
+    deleted) while an exec holds it. A lock that cannot be checked is said, not fatal:
+    a node `down` cannot reach is no node an exec is using either."""
+    from tpulab.remote.keys import RunKey
+    from tpulab.run.attach import describe_holder
+    from tpulab.run.session import exec_lock_for_down
+
+    state = files.state
+    try:
+        key = RunKey.from_openssh_private(files.key_path.read_bytes())
+    except (OSError, ValueError) as error:
+        print_stderr(f"[yellow]note:[/] cannot check for a running exec (the key: {error}).")
+        yield
+        return
+    with exec_lock_for_down(state, key) as lock:
+        if lock.holder is not None:
+            raise E.RemoteError(
+                f"Session {state.name} is in use: an exec holds its lock "
+                f"({describe_holder(lock.holder)}). Deleting its node now would end that "
+                "exec and lose its artifacts. Nothing was deleted.",
+                hint=f"Wait for the exec to finish, then `tpulab down {state.name}`; or "
+                f"`tpulab down {state.name} --force` to delete it anyway.",
+            )
+        if lock.unchecked is not None:
+            print_stderr(
+                f"[yellow]note:[/] could not check session {state.name} for a running "
+                f"exec ({lock.unchecked}); deleting its node anyway."
+            )
+        yield
+
+
 class DashDashCommand(typer.core.TyperCommand):
     """Keeps what follows `--` apart from the positional arguments, so that in
     `tpulab ssh [S] -- CMD` the session name is never mistaken for the command's first
@@ -291,25 +349,49 @@ def ssh_command(
     name: Annotated[
         str | None, typer.Argument(help="The session (omit if only one is up).")
     ] = None,
+    forwards: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-L",
+            metavar="[BIND:]PORT[:HOST:HOSTPORT]",
+            help="Forward this laptop's PORT to HOST:HOSTPORT as the VM sees it (default "
+            "localhost:PORT), as OpenSSH's -L (repeatable).",
+        ),
+    ] = None,
+    forward_only: Annotated[
+        bool, typer.Option("-N", help="Forward only (-L), no shell: until Ctrl-C.")
+    ] = False,
 ) -> None:
     """Open a shell on the session's VM (OpenSSH, pinned host key), or run `-- CMD`.
 
-    Renews the session's idle lease first.
+    Renews the session's idle lease first, and keeps renewing it while -L forwards are
+    open: `tpulab ssh S -L 6006 -N` shows the VM's TensorBoard at localhost:6006.
     """
     command = list(ctx.meta.get(AFTER_DASHES, ()))
 
     def action() -> int:
         from tpulab.cleanup.sessions import SessionStore
+        from tpulab.cli.forward import ssh_session
+        from tpulab.config.forward import parse_forwards
 
+        # The -L specs first: a bad one is refused before any session file is read.
+        parsed = parse_forwards(forwards or [])
+        if forward_only and not parsed:
+            raise E.ConfigError("-N forwards only: give at least one -L.", hint=_L_EXAMPLE)
+        if forward_only and command:
+            raise E.ConfigError("-N runs no command: drop -N, or the command after --.")
         store = SessionStore()
         files = store.resolve(name)
-        return _ssh(store, files, command)
+        return ssh_session(store, files, command, parsed, forward_only=forward_only)
 
     status = guarded(action)
     raise typer.Exit(status if isinstance(status, int) else 0)
 
 
-def _raise_if_gone(store: SessionStore, state: SessionState) -> None:
+_L_EXAMPLE = "e.g. `tpulab ssh S -L 18080:localhost:8000 -N`."
+
+
+def raise_if_gone(store: SessionStore, state: SessionState) -> None:
     """The node did not answer: if the API says it is gone, say why, clean up, and exit
     EXIT_REMOTE (NodeVanishedError); if it is still there, return (a plain SSH failure)."""
     from tpulab.cleanup.sessions import ask_gone, conclude_gone
@@ -324,43 +406,3 @@ def _raise_if_gone(store: SessionStore, state: SessionState) -> None:
     for warning in concluded.warnings:
         print_stderr(f"[yellow]journal:[/] {warning}")
     raise concluded.error()
-
-
-def _ssh(store: SessionStore, files: SessionFiles, command: list[str]) -> int:
-    from tpulab.run.session import renew_argv
-
-    state = files.state
-    with tempfile.TemporaryDirectory(prefix="tpulab-ssh-") as scratch:
-        known_hosts = Path(scratch) / "known_hosts"
-        host = state.ssh_host if state.ssh_port == 22 else f"[{state.ssh_host}]:{state.ssh_port}"
-        known_hosts.write_text(f"{host} {state.host_key_type} {state.host_key_b64}\n")
-        base = [
-            "ssh", "-F", "/dev/null", "-i", str(files.key_path), "-p", str(state.ssh_port),
-            "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
-            "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes",
-            "-o", "LogLevel=ERROR", f"{state.ssh_user}@{state.ssh_host}",
-        ]  # fmt: skip
-        now = time.time()
-        renew = subprocess.run(
-            [
-                *base[:1],
-                "-o",
-                "BatchMode=yes",
-                *base[1:],
-                shlex.join(renew_argv(state, now=lambda: now)),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if renew.returncode != 0:
-            _raise_if_gone(store, state)
-            raise E.RemoteError(
-                f"Could not reach session {state.name} to renew its lease "
-                f"({renew.stderr.strip() or f'ssh exit {renew.returncode}'}).",
-                hint="It may have deleted itself (--ttl or --idle passed): `tpulab down "
-                f"{state.name}` confirms and cleans up.",
-            )
-        store.save(state.renewed(now))
-        remote = [shlex.join(command)] if command else []
-        return subprocess.run([*base, *remote], check=False).returncode
