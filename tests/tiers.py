@@ -97,7 +97,8 @@ def _code_names(code: types.CodeType) -> Iterator[str]:
 
 
 def _referenced(obj: object) -> Iterator[object]:
-    """Functions and classes of the tests directory that `obj` names in its body."""
+    """Functions and classes of the tests directory that `obj` names in its body, and
+    the constant command lines it names (`SERVE = [sys.executable, "-m", ...]`)."""
     members: Iterable[object] = vars(obj).values() if isinstance(obj, type) else [obj]
     for member in members:
         function = getattr(member, "__func__", member)
@@ -109,10 +110,18 @@ def _referenced(obj: object) -> Iterator[object]:
             target = namespace.get(name)
             if callable(target) and _in_tests(target):
                 yield target
+            elif isinstance(target, (list, tuple)) and all(isinstance(t, str) for t in target):
+                yield _Constant(repr(target))
+
+
+class _Constant(str):
+    """A constant's text, read as source (its repr)."""
 
 
 @functools.cache
 def _source(obj: object) -> str:
+    if isinstance(obj, _Constant):
+        return str(obj)
     try:
         return inspect.getsource(obj)  # type: ignore[arg-type]
     except (OSError, TypeError):
