@@ -82,6 +82,7 @@ def watchdog_config(spec: RunSpec) -> WatchdogConfig | None:
         lease_seconds=settings.lease_seconds,
         boot_grace_seconds=settings.boot_grace_seconds,
         max_duration_seconds=deadline,
+        queued_resource=spec.node_name if spec.queued else None,
     )
 
 
