@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import cli_imports, served_emulator, tpulab
+from helpers import cli_imports, require_tool, served_emulator, tpulab
 
 from tpulab.cleanup.journal import Journal
 from tpulab.emulator import Emulator
@@ -76,8 +76,8 @@ def node_state(emulator: Emulator, node: str) -> str:
     return str(found[0]["state"]) if found else "gone"
 
 
-@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
 def test_up_two_execs_ssh_down_costs(served: Emulator, tmp_path: Path) -> None:
+    require_tool(shutil.which("ssh") is not None, "OpenSSH client (ssh)")
     state = up(served, "lesson", "--ttl", "1h", "--idle", "10m")
     assert isinstance(state["receipt_id"], str)
     (node,) = served.node_names(PROJECT)

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import served_emulator, tpulab
+from helpers import require_tool, served_emulator, tpulab
 
 from tpulab.catalog import lookup
 from tpulab.cleanup.journal import Journal
@@ -78,8 +78,8 @@ def _state_of(home: Path, name: str) -> dict[str, object]:
     return loaded
 
 
-@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
 def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None:
+    require_tool(shutil.which("ssh") is not None, "OpenSSH client (ssh)")
     up = tpulab(
         *_up(served, "--name", "lesson-1", "--ttl", "1h", "--idle", "10m", "--json"), timeout=300
     )
@@ -184,10 +184,10 @@ def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None
     assert closed.teardown == "confirmed"
 
 
-@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
 def test_idle_sessions_delete_themselves_and_ssh_down_list_say_why(
     served: Emulator, tpulab_home: Path
 ) -> None:
+    require_tool(shutil.which("ssh") is not None, "OpenSSH client (ssh)")
     names = ("idle-ssh", "idle-down", "idle-list")
     _up_at_once(served, *names, extra=("--idle", "10s"))
     states = {name: _state_of(tpulab_home, name) for name in names}

@@ -55,6 +55,7 @@ __all__ = [
     "bare_image_env",
     "default_cache_dir",
     "find_image_python",
+    "find_interpreter",
     "held",
     "image_env",
     "kill_tagged",
@@ -130,14 +131,27 @@ def preloaded_image_env() -> ImageEnv:
 _VERSIONED = re.compile(r"python(3\.\d+)$")
 
 
+def _pyenv_roots() -> list[str]:
+    """Where pyenv may keep its interpreters: $PYENV_ROOT, the root of any pyenv
+    directory on PATH (its shims or bin), and ~/.pyenv -- so they are found when HOME
+    is not the home pyenv was installed in (a test's, a CI runner's)."""
+    roots = [os.environ.get("PYENV_ROOT", "")]
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        path = Path(entry)
+        if "pyenv" in entry and path.name in ("shims", "bin"):
+            roots.append(str(path.parent))
+    roots.append(str(Path.home() / ".pyenv"))
+    return list(dict.fromkeys(root for root in roots if root))
+
+
 def _candidate_interpreters() -> list[Path]:
     """Real (non-venv) CPython 3 interpreters on this machine: the system's and pyenv's.
-    Not the controller's PATH, which may lead into a venv holding tpulab and jax."""
-    pyenv_root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+    Not the controller's PATH, which may lead into a venv holding tpulab and jax, nor
+    pyenv's shims, which run only the version pyenv has selected."""
     patterns = [
         "/usr/bin/python3.*",
         "/usr/local/bin/python3.*",
-        f"{glob.escape(pyenv_root)}/versions/*/bin/python3.*",
+        *(f"{glob.escape(root)}/versions/*/bin/python3.*" for root in _pyenv_roots()),
     ]
     found: list[Path] = []
     for pattern in patterns:
@@ -198,6 +212,13 @@ def find_image_python() -> tuple[Path, str]:
             path,
         )
     return path, version
+
+
+def find_interpreter(version: str) -> Path | None:
+    """A real CPython "3.X" (3.10 or newer) on this machine, or None."""
+    major, minor = (int(part) for part in version.split("."))
+    found = _interpreters().get((major, minor))
+    return found[0] if found else None
 
 
 def local_pythons() -> dict[str, Path]:
