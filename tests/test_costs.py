@@ -241,6 +241,10 @@ def test_since_reads_dates_date_times_and_durations(text: str, expected: datetim
         ("2026-13-01", "Invalid --since"),
         ("2027-01-01", "in the future"),
         ("  ", "--since is empty"),
+        # Past datetime's range: was an OverflowError traceback (exit 1).
+        ("999999d", "out of range: a duration back from now is at most 3650d"),
+        ("9999999999999d", "out of range"),
+        ("3651d", "out of range"),
     ],
 )
 def test_a_bad_since_is_a_config_error_that_teaches(text: str, says: str) -> None:
@@ -408,6 +412,13 @@ def test_an_empty_journal_says_so(tpulab_home: Path) -> None:
     status, out, _ = invoke("costs", "--since", "1d")
     assert status == 0
     assert "No runs in this machine's journal since" in out
+
+
+def test_a_since_past_datetimes_range_exits_2_with_the_range(tpulab_home: Path) -> None:
+    status, _, err = invoke("costs", "--since", "999999d")
+    assert status == EXIT_CONFIG
+    assert "at most 3650d" in err
+    assert "Traceback" not in err and "OverflowError" not in err
 
 
 @pytest.mark.parametrize("as_json", [False, True])
