@@ -183,14 +183,14 @@ def test_idle_sessions_delete_themselves_and_ssh_down_list_say_why(
     served: Emulator, tpulab_home: Path
 ) -> None:
     names = ("idle-ssh", "idle-down", "idle-list")
-    _up_at_once(served, *names, extra=("--idle", "10s"))
+    _up_at_once(served, *names, extra=("--idle", "30s"))
     states = {name: _state_of(tpulab_home, name) for name in names}
-    # Nobody renews the leases: the VMs' watchdogs delete the nodes (10 s + their poll).
-    deadline = time.monotonic() + 60
+    # Nobody renews the leases: the VMs' watchdogs delete the nodes (30 s + their poll).
+    deadline = time.monotonic() + 90
     while served.node_names(PROJECT):
         assert time.monotonic() < deadline, "the idle sessions' nodes were not deleted"
         time.sleep(0.5)
-    why = "deleted itself: idle for 10 s (--idle)"
+    why = "deleted itself: idle for 30 s (--idle)"
 
     # ssh cannot reach it, asks the API, says why, cleans up, exits 4.
     shell = tpulab("ssh", "idle-ssh", "--", "true", timeout=60)

@@ -179,11 +179,13 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool, as_js
     if as_json:
         _up_envelope(life, recorder, store.load(state.name), None)
         return
-    left = state.deadline_at - time.time()
+    left = max(0.0, state.deadline_at - time.time())
+    # Under a minute left reads in seconds (a rounded "0 min", or "-0 min", said nothing).
+    in_left = f"{left / 60:.0f} min" if left >= 60 else f"{left:.0f} s"
     typer.echo(
         f"Session {state.name} is up: node {state.node_name} ({state.accelerator_type}) in "
         f"{state.zone}, {state.ssh_user}@{state.ssh_host}:{state.ssh_port}. It deletes "
-        f"itself in {left / 60:.0f} min (--ttl) or {state.idle_seconds / 60:.1f} min after "
+        f"itself in {in_left} (--ttl) or {state.idle_seconds / 60:.1f} min after "
         f"the last `tpulab ssh` (--idle). End it with `tpulab down {state.name}`."
     )
 

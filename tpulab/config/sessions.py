@@ -25,7 +25,17 @@ __all__ = [
 DEFAULT_TTL = "2h"
 DEFAULT_IDLE = "30m"
 MAX_TTL_SECONDS = 24 * 3600.0
-MIN_SECONDS = 10.0  # the watchdog's own lower bound for a lease (config.watchdog)
+# The shortest --ttl: the deadline counts from the create, and `up` itself (create, boot,
+# bootstrap, verify) takes 13-30 s on the emulator, up to ~45 s on a loaded machine, and
+# minutes on a real TPU. Below 3 min a session would be gone before, or just after, it
+# is first used; `up` still refuses to call a session whose deadline passed during it
+# a success (run.session.bring_up).
+MIN_TTL_SECONDS = 180.0
+# The shortest --idle: nothing renews the lease between two commands, and the gap from
+# one exec's exit to the next one's renewal (GetNode, SSH login, renewer start) took
+# over 15 s on a loaded machine (CI, 2026-12-01). Below 30 s even a script's
+# `up && exec && exec` could lose its node between two commands.
+MIN_IDLE_SECONDS = 30.0
 _NAME = re.compile(r"[a-z][a-z0-9-]{0,30}")
 
 
@@ -57,10 +67,16 @@ class SessionTimes:
 
 def session_times(ttl: str | None, idle: str | None) -> SessionTimes:
     ttl_seconds = parse_duration("--ttl", ttl or DEFAULT_TTL)
-    if not MIN_SECONDS <= ttl_seconds <= MAX_TTL_SECONDS:
+    if ttl_seconds > MAX_TTL_SECONDS:
         raise ConfigError(
             f"--ttl {ttl!r} is out of range: a session lives at most 24 h.",
-            hint="Pass --ttl between 10s and 24h (default 2h); start a new session after it.",
+            hint="Pass --ttl between 3m and 24h (default 2h); start a new session after it.",
+        )
+    if ttl_seconds < MIN_TTL_SECONDS:
+        raise ConfigError(
+            f"--ttl {ttl!r} is too short: a session lives at least 3 min, because `up` "
+            "itself takes from 30 s (emulator) to several minutes (a real TPU).",
+            hint="Pass --ttl between 3m and 24h (default 2h).",
         )
     # A --ttl shorter than the default idle lease makes the lease the whole session.
     idle_seconds = (
@@ -68,9 +84,10 @@ def session_times(ttl: str | None, idle: str | None) -> SessionTimes:
         if idle is None
         else parse_duration("--idle", idle)
     )
-    if not MIN_SECONDS <= idle_seconds <= ttl_seconds:
+    if not MIN_IDLE_SECONDS <= idle_seconds <= ttl_seconds:
         raise ConfigError(
-            f"--idle {idle!r} is out of range.",
-            hint="Pass --idle between 10s and the --ttl (default 30m).",
+            f"--idle {idle!r} is out of range: at least 30 s (the gap between two "
+            "commands) and at most the --ttl.",
+            hint="Pass --idle between 30s and the --ttl (default 30m).",
         )
     return SessionTimes(ttl_seconds, idle_seconds)

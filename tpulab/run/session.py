@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from tpulab.errors import ConfigError, VerificationError
+from tpulab.errors import ConfigError, NodeVanishedError, VerificationError
 from tpulab.remote.watchdog import WatchdogConfig, renew_command
 from tpulab.run.teardown import TeardownReport, delete_and_confirm
 
@@ -92,6 +92,16 @@ def bring_up(
             f"(teardown {outcome.teardown_status}); no session was created."
         )
     spec, target, watchdog = life.spec, life.target, life.watchdog
+    deadline = started + watchdog.max_duration_seconds
+    if now() >= deadline:
+        # The watchdog deletes the node at its deadline, during or just after `up`: a
+        # session that cannot be used is not a success (the caller deletes the node).
+        raise NodeVanishedError(
+            f"Session {session_name}'s --ttl "
+            f"({watchdog.max_duration_seconds:g} s) passed while `up` was still bringing it "
+            f"up ({now() - started:.0f} s): its node deletes itself, so it is not kept.",
+            hint="Pass a longer --ttl (the default is 2h).",
+        )
     return SessionState(
         name=session_name,
         run_id=spec.run_id,
@@ -109,7 +119,7 @@ def bring_up(
         watchdog=asdict(watchdog),
         started_at=started,
         # The watchdog counts from boot, a little after `started`: this is the earliest.
-        deadline_at=started + watchdog.max_duration_seconds,
+        deadline_at=deadline,
         idle_seconds=watchdog.lease_seconds,
         renewed_at=now(),
         receipt_id=life.outcome.receipt.id if life.outcome.receipt is not None else None,
