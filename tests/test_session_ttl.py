@@ -38,9 +38,7 @@ EXIT_CONFIG = 2
         ("3m", "4m", "at most the --ttl"),
     ],
 )
-def test_a_ttl_or_idle_too_short_to_use_is_refused(
-    ttl: str, idle: str | None, says: str
-) -> None:
+def test_a_ttl_or_idle_too_short_to_use_is_refused(ttl: str, idle: str | None, says: str) -> None:
     with pytest.raises(ConfigError, match=says) as caught:
         session_times(ttl, idle)
     assert caught.value.hint is not None

@@ -114,10 +114,10 @@ def _exec(
     as_json: bool,
     verbose: bool,
 ) -> None:
-    from tpulab.cleanup.sessions import SessionStore
+    from tpulab.cli.session import session_store
 
-    store = SessionStore()
-    files = store.resolve(name)
+    with session_store() as store:  # warns of damaged state files before the exec
+        files = store.resolve(name)
     spec = _exec_spec(files, flags, installer)
     if dry_run:
         _dry_run(spec, files, installer, as_json=as_json)

@@ -13,6 +13,8 @@ import shlex
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from tpulab.run.progress import Recorder
     from tpulab.run.session import SessionState
 
-__all__ = ["DashDashCommand", "down_command", "ssh_command", "up_command"]
+__all__ = ["DashDashCommand", "down_command", "session_store", "ssh_command", "up_command"]
 
 
 def up_command(
@@ -119,6 +121,26 @@ def up_command(
         _up(inputs.spec, session_name, inputs.installer, verbose=verbose, as_json=as_json)
 
     json_or_guarded("up", as_json, action)
+
+
+@contextmanager
+def session_store() -> Iterator[SessionStore]:
+    """The sessions' store for one command; on the way out (an error's included) each
+    damaged state file it set aside is named on stderr -- except the one the command's
+    own error already names (`tpulab ssh c1` of a damaged c1)."""
+    from tpulab.cleanup.sessions import SessionStore
+
+    store = SessionStore()
+    said: str | None = None
+    try:
+        yield store
+    except E.StateFileError as error:
+        said = error.message
+        raise
+    finally:
+        for damaged in store.damaged:
+            if damaged.error().message != said:
+                print_stderr(f"[yellow]warning:[/] {damaged.message}")
 
 
 def _adc_project() -> str | None:
@@ -217,14 +239,12 @@ def down_command(
     """Delete a session's VM, confirm it gone by list, and remove its key and state."""
 
     def action() -> None:
-        from tpulab.cleanup.sessions import SessionStore
-
-        store = SessionStore()
         if all_sessions and name is not None:
             raise E.ConfigError("Pass a session name or --all, not both.")
-        chosen = store.all() if all_sessions else [store.resolve(name)]
-        for files in chosen:
-            _down(store, files)
+        with session_store() as store:
+            chosen = store.all() if all_sessions else [store.resolve(name)]
+            for files in chosen:
+                _down(store, files)
 
     guarded(action)
 
@@ -301,10 +321,8 @@ def ssh_command(
     command = list(ctx.meta.get(AFTER_DASHES, ()))
 
     def action() -> int:
-        from tpulab.cleanup.sessions import SessionStore
-
-        store = SessionStore()
-        files = store.resolve(name)
+        with session_store() as store:  # warns of damaged state files before the shell
+            files = store.resolve(name)
         return _ssh(store, files, command)
 
     status = guarded(action)

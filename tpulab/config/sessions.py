@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_IDLE",
     "DEFAULT_TTL",
     "MAX_TTL_SECONDS",
+    "SESSION_NAME",
     "SessionTimes",
     "check_session_name",
     "session_times",
@@ -36,11 +37,11 @@ MIN_TTL_SECONDS = 180.0
 # over 15 s on a loaded machine (CI, 2026-12-01). Below 30 s even a script's
 # `up && exec && exec` could lose its node between two commands.
 MIN_IDLE_SECONDS = 30.0
-_NAME = re.compile(r"[a-z][a-z0-9-]{0,30}")
+SESSION_NAME = re.compile(r"[a-z][a-z0-9-]{0,30}")
 
 
 def check_session_name(name: str) -> str:
-    if not _NAME.fullmatch(name):
+    if not SESSION_NAME.fullmatch(name):
         raise ConfigError(
             f"Session name {name!r} is not valid.",
             hint="Use lower-case letters, digits and '-', starting with a letter, at most "

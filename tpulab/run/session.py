@@ -70,8 +70,34 @@ class SessionState:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> SessionState:
-        return cls(**json.loads(text))
+    def from_json(cls, text: str | bytes) -> SessionState:
+        """Parse a session.json strictly (types included: a port of "22" or a missing
+        deadline would fail later, in the middle of a command); ValueError saying what
+        is wrong, in a few words."""
+        from pydantic import TypeAdapter, ValidationError
+
+        if not text.strip():
+            raise ValueError("the file is empty")
+        try:
+            return TypeAdapter(cls).validate_json(text, strict=True)
+        except ValidationError as error:
+            raise ValueError(_what_is_wrong(error)) from None
+
+
+def _what_is_wrong(error: Any) -> str:
+    """A pydantic ValidationError in one short phrase (a dozen missing fields would
+    otherwise fill the screen)."""
+    problems: list[dict[str, Any]] = list(error.errors())
+    missing = [".".join(map(str, p["loc"])) for p in problems if p["type"] == "missing"]
+    if missing and len(missing) == len(problems):
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        return f"fields missing: {', '.join(missing[:3])}{more}"
+    first = problems[0]
+    where = ".".join(map(str, first["loc"]))
+    said = f"{where}: {first['msg']}" if where else str(first["msg"])
+    if first["type"] == "dataclass_type":
+        said = "not a JSON object"
+    return said + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
 
 
 def bring_up(
