@@ -526,7 +526,16 @@ def _session(name: str, run_id: str, started: datetime, *, ttl: float, idle: flo
         ssh_port=22,
         host_key_type="ssh-ed25519",
         host_key_b64="AAAA",
-        watchdog={},
+        # A session's state without its watchdog is damaged (set aside): a whole one.
+        watchdog={
+            "run_id": run_id,
+            "node_name": f"tpulab-{run_id}",
+            "zone": "us-central1-a",
+            "project": "proj",
+            "lease_seconds": idle,
+            "boot_grace_seconds": 300.0,
+            "max_duration_seconds": ttl,
+        },
         started_at=begun,
         deadline_at=begun + ttl,
         idle_seconds=idle,
