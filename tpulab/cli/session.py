@@ -347,40 +347,84 @@ def _raise_if_gone(store: SessionStore, state: SessionState) -> None:
 
 
 def _ssh(store: SessionStore, files: SessionFiles, command: list[str]) -> int:
-    from tpulab.run.session import renew_argv
-
     state = files.state
     with tempfile.TemporaryDirectory(prefix="tpulab-ssh-") as scratch:
         known_hosts = Path(scratch) / "known_hosts"
-        host = state.ssh_host if state.ssh_port == 22 else f"[{state.ssh_host}]:{state.ssh_port}"
-        known_hosts.write_text(f"{host} {state.host_key_type} {state.host_key_b64}\n")
-        base = [
-            "ssh", "-F", "/dev/null", "-i", str(files.key_path), "-p", str(state.ssh_port),
-            "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
-            "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes",
-            "-o", "LogLevel=ERROR", f"{state.ssh_user}@{state.ssh_host}",
-        ]  # fmt: skip
         now = time.time()
-        renew = subprocess.run(
-            [
-                *base[:1],
-                "-o",
-                "BatchMode=yes",
-                *base[1:],
-                shlex.join(renew_argv(state, now=lambda: now)),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        renew = _renew(files, state, known_hosts, now)
         if renew.returncode != 0:
-            _raise_if_gone(store, state)
-            raise E.RemoteError(
-                f"Could not reach session {state.name} to renew its lease "
-                f"({renew.stderr.strip() or f'ssh exit {renew.returncode}'}).",
-                hint="It may have deleted itself (--ttl or --idle passed): `tpulab down "
-                f"{state.name}` confirms and cleans up.",
-            )
+            # Before any "may have deleted itself": the node may only have moved (a new
+            # ephemeral IP, a restarted emulator's port). Ask the API where it is and
+            # try once more there, with the same pinned host key.
+            moved = _readdressed(state)
+            if moved is not None:
+                print_stderr(
+                    f"Session {state.name}'s node moved from {state.ssh_host}:{state.ssh_port} "
+                    f"to {moved.ssh_host}:{moved.ssh_port} (GetNode); reaching it there."
+                )
+                store.save(moved)
+                state = moved
+                renew = _renew(files, state, known_hosts, now)
+        if renew.returncode != 0:
+            _refuse_unreachable(store, state, renew)
         store.save(state.renewed(now))
         remote = [shlex.join(command)] if command else []
-        return subprocess.run([*base, *remote], check=False).returncode
+        return subprocess.run([*_ssh_base(files, state, known_hosts), *remote]).returncode
+
+
+def _ssh_base(files: SessionFiles, state: SessionState, known_hosts: Path) -> list[str]:
+    """The OpenSSH command line to the session's node, its host key pinned (a
+    known_hosts holding only it, for the address it is at)."""
+    host = state.ssh_host if state.ssh_port == 22 else f"[{state.ssh_host}]:{state.ssh_port}"
+    known_hosts.write_text(f"{host} {state.host_key_type} {state.host_key_b64}\n")
+    return [
+        "ssh", "-F", "/dev/null", "-i", str(files.key_path), "-p", str(state.ssh_port),
+        "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
+        "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes",
+        "-o", "LogLevel=ERROR", f"{state.ssh_user}@{state.ssh_host}",
+    ]  # fmt: skip
+
+
+def _renew(
+    files: SessionFiles, state: SessionState, known_hosts: Path, now: float
+) -> subprocess.CompletedProcess[str]:
+    from tpulab.run.session import renew_argv
+
+    base = _ssh_base(files, state, known_hosts)
+    argv = [*base[:1], "-o", "BatchMode=yes", *base[1:]]
+    return subprocess.run(
+        [*argv, shlex.join(renew_argv(state, now=lambda: now))],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def _readdressed(state: SessionState) -> SessionState | None:
+    from tpulab.cli._target import reach_notice
+    from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.run.session import readdressed
+
+    api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice)
+    return readdressed(api, state)
+
+
+def _refuse_unreachable(
+    store: SessionStore, state: SessionState, renew: subprocess.CompletedProcess[str]
+) -> None:
+    said = renew.stderr.strip() or f"ssh exit {renew.returncode}"
+    if "host key verification failed" in said.lower():
+        # The pin holds at any address: another machine there is never logged in to.
+        raise E.HostKeyMismatchError(
+            f"Session {state.name}'s node at {state.ssh_host}:{state.ssh_port} does not "
+            f"present the host key `up` pinned ({state.host_key_type}): refused ({said}).",
+            hint="Something else answers at the node's address, or the node was rebuilt: "
+            f"end the session with `tpulab down {state.name}` and start a new one.",
+        )
+    _raise_if_gone(store, state)
+    raise E.RemoteError(
+        f"Could not reach session {state.name} at {state.ssh_host}:{state.ssh_port} to "
+        f"renew its lease ({said}).",
+        hint="GetNode did not say it is gone: check your network, or `tpulab down "
+        f"{state.name}` to end it.",
+    )

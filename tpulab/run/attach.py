@@ -95,6 +95,29 @@ class Attachment:
         state = node_gone(life.api, life.spec.zone.value, life.spec.node_name)
         if state is not None:
             raise RemoteError(f"GetNode says node {life.spec.node_name} is {state}")
+        self.follow_address(life)
+
+    def follow_address(self, life: Lifecycle) -> None:
+        """Connect where the node is now (tpulab.run.session.node_address): a restarted
+        VM's new external IP, or a restarted emulator's new port, would otherwise cost
+        the connect timeout and end as "unreachable". Only the address changes: the
+        host key stays the one `up` pinned, so a different machine there is refused."""
+        from dataclasses import replace
+
+        from tpulab.run.session import node_address
+
+        assert life.target is not None
+        found = node_address(
+            life.api, life.spec.zone.value, life.spec.node_name, ask_port=life.spec.emulated
+        )
+        old = (life.target.host, life.target.port)
+        if found is None or found == old:
+            return
+        life.target = replace(life.target, host=found[0], port=found[1])
+        life.observer.note(
+            f"session {self.session}'s node moved from {old[0]}:{old[1]} to "
+            f"{found[0]}:{found[1]} (GetNode); its pinned host key must still match there"
+        )
 
     def take_lock(self, session: wl.HoldingShell, run_id: str) -> None:
         """Take the session's exec lock for this exec, before anything else is sent: two

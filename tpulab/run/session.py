@@ -27,7 +27,15 @@ if TYPE_CHECKING:
     from tpulab.cloud.api import TpuApi
     from tpulab.run.lifecycle import Lifecycle
 
-__all__ = ["SessionState", "abandon", "bring_up", "renew_argv", "take_down"]
+__all__ = [
+    "SessionState",
+    "abandon",
+    "bring_up",
+    "node_address",
+    "readdressed",
+    "renew_argv",
+    "take_down",
+]
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,40 @@ def bring_up(
         renewed_at=now(),
         receipt_id=life.outcome.receipt.id if life.outcome.receipt is not None else None,
     )
+
+
+def node_address(
+    api: TpuApi, zone: str, node_name: str, *, ask_port: bool = True
+) -> tuple[str, int] | None:
+    """Where the node's SSH listens now, from the API: GetNode's external IP (what `up`
+    connected to) and the port (22, or the emulator's published one, a guest attribute:
+    `ask_port`). None when the API cannot say (no such node, no external IP, an API
+    error): then nothing may be concluded. A VM's ephemeral external IP can change (a
+    restart), and an emulator restarted gives its nodes new ports: a session's saved
+    address is only where the node was. The host key is not read here: the session's
+    pinned one still has to match at the new address."""
+    from tpulab.errors import CloudError, RemoteError
+    from tpulab.remote.keys import ssh_port_from
+
+    try:
+        node = api.get_node(zone, node_name)
+        if not node.external_ip:
+            return None
+        port = ssh_port_from(api.guest_attributes(zone, node_name)) if ask_port else 22
+    except (CloudError, RemoteError):
+        return None
+    return node.external_ip, port
+
+
+def readdressed(api: TpuApi, state: SessionState) -> SessionState | None:
+    """The session at its node's current address when the API says it moved; None when
+    it did not (or the API cannot say)."""
+    found = node_address(api, state.zone, state.node_name)
+    if found is None or found == (state.ssh_host, state.ssh_port):
+        return None
+    fields = asdict(state)
+    fields["ssh_host"], fields["ssh_port"] = found
+    return SessionState(**fields)
 
 
 def renew_argv(state: SessionState, *, now: Callable[[], float] = time.time) -> list[str]:
