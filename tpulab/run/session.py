@@ -25,11 +25,13 @@ from tpulab.run.teardown import TeardownReport, delete_and_confirm
 
 if TYPE_CHECKING:
     from tpulab.cloud.api import TpuApi
+    from tpulab.models import NodeInfo
     from tpulab.run.lifecycle import Lifecycle
 
 __all__ = [
     "SessionState",
     "abandon",
+    "address_of",
     "bring_up",
     "node_address",
     "readdressed",
@@ -163,21 +165,32 @@ def bring_up(
 def node_address(
     api: TpuApi, zone: str, node_name: str, *, ask_port: bool = True
 ) -> tuple[str, int] | None:
-    """Where the node's SSH listens now, from the API: GetNode's external IP (what `up`
-    connected to) and the port (22, or the emulator's published one, a guest attribute:
-    `ask_port`). None when the API cannot say (no such node, no external IP, an API
-    error): then nothing may be concluded. A VM's ephemeral external IP can change (a
-    restart), and an emulator restarted gives its nodes new ports: a session's saved
+    """Where the node's SSH listens now, from the API (GetNode, then `address_of`); None
+    when the API cannot say (no such node, an API error): then nothing may be
+    concluded."""
+    from tpulab.errors import CloudError
+
+    try:
+        node = api.get_node(zone, node_name)
+    except CloudError:
+        return None
+    return address_of(api, node, ask_port=ask_port)
+
+
+def address_of(api: TpuApi, node: NodeInfo, *, ask_port: bool = True) -> tuple[str, int] | None:
+    """A node's SSH address: its external IP (what `up` connected to) and the port (22,
+    or the emulator's published one, a guest attribute: `ask_port`). None without an
+    external IP or when the port cannot be read. A VM's ephemeral external IP can change
+    (a restart), and a restarted emulator gives its nodes new ports: a session's saved
     address is only where the node was. The host key is not read here: the session's
     pinned one still has to match at the new address."""
     from tpulab.errors import CloudError, RemoteError
     from tpulab.remote.keys import ssh_port_from
 
+    if not node.external_ip:
+        return None
     try:
-        node = api.get_node(zone, node_name)
-        if not node.external_ip:
-            return None
-        port = ssh_port_from(api.guest_attributes(zone, node_name)) if ask_port else 22
+        port = ssh_port_from(api.guest_attributes(node.zone, node.name)) if ask_port else 22
     except (CloudError, RemoteError):
         return None
     return node.external_ip, port
