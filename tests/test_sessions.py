@@ -155,7 +155,7 @@ def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None
     assert low - 0.0001 <= session["estimated_cost_usd"] <= cost_by_then + 0.0001
 
     # SSH fails while the node is still there (a host key that does not match): the
-    # API is asked, says the node exists, and the plain "cannot reach" error stays.
+    # API is asked, says the node exists where it was, and the mismatch is named.
     state_file = key.parent / "session.json"
     good = state_file.read_text()
     state_file.write_text(
@@ -163,7 +163,8 @@ def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None
     )
     unreachable = tpulab("ssh", "lesson-1", "--", "true", timeout=60)
     assert unreachable.returncode == EXIT_REMOTE
-    assert "Could not reach session lesson-1" in unreachable.stderr
+    assert "does not present the host key `up` pinned" in unreachable.stderr
+    assert "moved" not in unreachable.stderr
     assert key.exists()
     state_file.write_text(good)
 
