@@ -27,7 +27,11 @@ pack    globs the patterns inside --workspace (never outside it: a match whose r
         --log as its basename, matches as `workspace/<path>`; over --max-bytes it refuses
         BEFORE writing anything, naming the largest entries; else streams a tar on stdout
         whose last member, `.tpulab-manifest.json`, lists each file's bytes and sha256 as
-        read, and the patterns that matched nothing.
+        read, and the patterns that matched nothing. Each member's PAX header also
+        carries the sha256 of the file before it (`TPULAB.prev.sha256`), so a stream cut
+        short still vouches for every file that fully arrived before the cut. The log is
+        never read through a link (a command that replaced it with one gets it listed as
+        missing), as nothing under the run directory is read outside it.
 
 Exit status: 0 done, 2 bad arguments, 3 refused (the reason on stderr, one line).
 """
@@ -48,6 +52,7 @@ from typing import BinaryIO, NamedTuple
 TRAILER_PREFIX = b"TPULAB-ARCHIVE-SHA256:"
 TRAILER_LEN = len(TRAILER_PREFIX) + 64
 MANIFEST_MEMBER = ".tpulab-manifest.json"
+PREV_SHA256 = "TPULAB.prev.sha256"  # PAX key: the previous file member's sha256
 KEEP_MEMBER = ".tpulab-keep.json"
 KEEP_LIST_MAX = 64 * 2**20  # a keep list is ~150 bytes a file; past this it is not one
 CHUNK = 1 << 20
@@ -380,7 +385,7 @@ def _select(
             chosen["run/" + os.path.relpath(path, run_dir).replace(os.sep, "/")] = path
     else:
         missing.append(run_dir)
-    if os.path.isfile(log):
+    if os.path.isfile(log) and not os.path.islink(log):
         chosen[os.path.basename(log)] = log
     else:
         missing.append(log)
@@ -413,22 +418,33 @@ def pack(workspace: str, patterns: list[str], run_dir: str, log: str, cap: int, 
         )
     entries: list[dict[str, object]] = []
     out = sys.stdout.buffer
+    vouch: dict[str, str] = {}  # the previous file's sha256, for the next member's header
     with tarfile.open(fileobj=out, mode="w|gz" if gzip else "w|", format=tarfile.PAX_FORMAT) as tar:
         for name in sorted(chosen):
             path = chosen[name]
-            with open(path, "rb") as source:
+            # Not through a final link: the log is checked above, but the command may
+            # still be replacing it (a stop's settle time), so check where it is read.
+            is_log = name == os.path.basename(log)
+            checked = _open_regular(path) if is_log else None
+            if is_log and checked is None:
+                missing.append(log)
+                continue
+            with checked or open(path, "rb") as source:
                 opened = os.fstat(source.fileno())
                 info = tarfile.TarInfo(name)
                 info.size = opened.st_size  # as opened: a file still growing is cut here
                 info.mtime = int(opened.st_mtime)
                 info.mode = 0o755 if opened.st_mode & 0o111 else 0o644
+                info.pax_headers = dict(vouch)
                 hashing = _HashingReader(source, info.size)
                 tar.addfile(info, hashing)
+            vouch = {PREV_SHA256: hashing.hexdigest()}
             entries.append({"path": name, "bytes": info.size, "sha256": hashing.hexdigest()})
         body = json.dumps({"manifest": entries, "missing": missing}).encode()
         info = tarfile.TarInfo(MANIFEST_MEMBER)
         info.size = len(body)
         info.mode = 0o644
+        info.pax_headers = dict(vouch)
         tar.addfile(info, io.BytesIO(body))
     out.flush()
 

@@ -13,7 +13,11 @@ is not held up, and then:
    It publishes the answer as the guest attribute `tpulab/watchdog`:
    `armed`, `unverified: ...` (the check itself was refused: armed, but unproven),
    `no-permission: ...` or `error: ...`;
-3. every `poll_seconds` checks the lease and the hard deadline, and when either passed
+3. publishes the lease as the guest attribute `tpulab/lease`, JSON `{"renewed_at":
+   EPOCH, "lease_seconds": S, "renewals": N}` -- at its start (the boot grace standing in
+   for the lease) and at every renewal it sees -- so `tpulab teardown --verify` on another
+   machine can tell live work (a fresh lease) from a node left behind;
+4. every `poll_seconds` checks the lease and the hard deadline, and when either passed
    publishes `firing: lease expired` / `firing: deadline` and sends
    `DELETE v2/projects/P/locations/Z/nodes/N` with the token, retrying transient
    failures; 404 means the node is already going, which is all it wanted.
@@ -78,6 +82,10 @@ RESOURCE_MANAGER_BASE = "https://cloudresourcemanager.googleapis.com/"
 
 STATE_NAMESPACE = "tpulab"
 STATE_KEY = "watchdog"
+# The lease as the watchdog last saw it (tpulab.contract.LEASE_ATTRIBUTE): when it was
+# last renewed (this VM's wall clock) and for how long, so that tpulab on another
+# machine can tell a node in use from one left behind.
+LEASE_KEY = "lease"
 DELETE_PERMISSION = "tpu.nodes.delete"
 # What the controller reads back (tpulab.remote.watchdog parses the same prefixes).
 ARMED = "armed"
@@ -274,8 +282,10 @@ class Watchdog:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         log: Callable[[str], None] = print,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
+        self.wall = wall
         self.metadata = metadata
         self.api_base = _root(api_base)
         self.rm_base = _root(resource_manager_base)
@@ -288,6 +298,11 @@ class Watchdog:
         self.renewals = 0
         self._lease_text: str | None = None
         self._published = ""
+        # The lease to publish (wall clock only for others to read; the decisions above
+        # stay monotonic), and whether it still has to go out.
+        self.renewed_at = wall()
+        self.lease_for = config.boot_grace_seconds
+        self._lease_unpublished = True
 
     # -- state -------------------------------------------------------------------------
 
@@ -303,6 +318,26 @@ class Watchdog:
             self.log(f"could not publish the state: {error}")
             return
         self._published = state
+
+    def publish_lease(self) -> None:
+        """Publish the lease if it changed since the last publication; a failure is
+        logged and retried at the next poll (the lease decides nothing here)."""
+        if not self._lease_unpublished:
+            return
+        value = json.dumps(
+            {
+                "renewed_at": round(self.renewed_at, 3),
+                "lease_seconds": self.lease_for,
+                "renewals": self.renewals,
+            },
+            sort_keys=True,
+        )
+        try:
+            self.metadata.put_guest_attribute(STATE_NAMESPACE, LEASE_KEY, value)
+        except HttpError as error:
+            self.log(f"could not publish the lease: {error}")
+            return
+        self._lease_unpublished = False
 
     def arm(self, identity: Identity) -> str:
         """Check the delete permission; publish and return the state."""
@@ -359,6 +394,9 @@ class Watchdog:
             pass  # a renewal all the same; the configured lease applies
         self.renewals += 1
         self.lease_until = self.clock() + seconds
+        self.renewed_at = self.wall()
+        self.lease_for = seconds
+        self._lease_unpublished = True
 
     def why_fire(self) -> str | None:
         now = self.clock()
@@ -423,6 +461,8 @@ class Watchdog:
         while True:
             self.observe_lease()
             reason = self.why_fire()
+            if reason is None:
+                self.publish_lease()
             if reason is not None:
                 self.log(f"firing: {reason} ({self.renewals} renewal(s) seen)")
                 self.fire(identity, reason)

@@ -16,7 +16,11 @@ when the SSH session that started it is gone. So:
   so `python` is the venv's; everything else comes from the environment tpulab set;
 - no shell ever sees the argv, so `$TPULAB_RUN_DIR` / `$TPULAB_RUN_ID` (as `$X` or
   `${X}`, single-quoted on the laptop) are substituted here, and nothing else is;
-- stdout and stderr are combined, copied to L and to our stdout as they come;
+- stdout and stderr are combined, copied to L as they come and, through a bounded
+  buffer, to our stdout (the SSH stream): when the laptop reads slower than the command
+  writes, whole lines are dropped from the stream -- never from L, and the command is
+  never slowed -- and the stream says so where they were: "tpulab: N lines not
+  streamed: see output.log"; the result counts them (`unstreamed_lines`);
 - after T seconds the group gets SIGTERM, after G more SIGKILL (a timeout); SIGTERM,
   SIGINT or SIGHUP to this launcher do the same (a stop);
 - while the command runs S holds its argv, process group and start time (wall clock),
@@ -71,9 +75,91 @@ def _signal_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
 
 
-def _copy(source: int, log, sink) -> None:  # type: ignore[no-untyped-def]
-    """Copy the command's output to the log and to our stdout, chunk by chunk."""
-    sink_alive = True
+# The stream's buffer: a burst this big rides out a slow link without a drop; past it,
+# lines are dropped from the stream (never from the log). At the end, the laptop gets
+# DRAIN_SECONDS to take what is buffered before the rest is counted as dropped.
+STREAM_BUFFER_BYTES = 4 * 2**20
+DRAIN_SECONDS = 10.0
+_LONGEST_LINE = 64 * 1024  # a carriage-return progress bar is one "line" past this
+
+
+class _Stream:
+    """The bounded buffer between the copier (never blocked) and the SSH stream (which
+    blocks as long as the laptop does not read). Items are blocks of whole lines, or the
+    count of lines dropped at that point."""
+
+    def __init__(self, sink) -> None:  # type: ignore[no-untyped-def]
+        self.sink = sink
+        self.items: list[bytes | int] = []
+        self.buffered = 0
+        self.dropped = 0
+        self.closing = False
+        self.cond = threading.Condition()
+        self.sender = threading.Thread(target=self._send, daemon=True)
+        self.sender.start()
+
+    def put(self, block: bytes) -> None:
+        with self.cond:
+            if self.buffered + len(block) <= STREAM_BUFFER_BYTES and not self.closing:
+                self.items.append(block)
+                self.buffered += len(block)
+                self.cond.notify()
+            else:
+                self._drop(block.count(b"\n") or 1)
+
+    def _drop(self, lines: int) -> None:
+        self.dropped += lines
+        if self.items and isinstance(self.items[-1], int):
+            self.items[-1] += lines
+        else:
+            self.items.append(lines)
+            self.cond.notify()
+
+    def _send(self) -> None:
+        alive = True
+        while True:
+            with self.cond:
+                while not self.items and not self.closing:
+                    self.cond.wait()
+                if not self.items:
+                    return
+                item = self.items.pop(0)
+                if isinstance(item, bytes):
+                    self.buffered -= len(item)
+            data = item if isinstance(item, bytes) else _notice(item)
+            if alive:
+                try:
+                    self.sink.write(data)
+                    self.sink.flush()
+                except (OSError, ValueError):
+                    alive = False  # the SSH session is gone; the log has everything
+
+    def close(self) -> int:
+        """Let the laptop take what is buffered (for at most DRAIN_SECONDS), drop the
+        rest; the number of lines never streamed."""
+        deadline = time.monotonic() + DRAIN_SECONDS
+        with self.cond:
+            self.closing = True
+            self.cond.notify()
+            while self.items and time.monotonic() < deadline:
+                self.cond.wait(timeout=0.1)
+            late = [item for item in self.items if isinstance(item, bytes)]
+            if late:
+                self.items = [item for item in self.items if isinstance(item, int)]
+                self.buffered = 0
+                self._drop(sum(block.count(b"\n") or 1 for block in late))
+            self.cond.notify()
+        self.sender.join()
+        return self.dropped
+
+
+def _notice(lines: int) -> bytes:
+    return f"tpulab: {lines} lines not streamed: see output.log\n".encode()
+
+
+def _copy(source: int, log, stream: _Stream) -> None:  # type: ignore[no-untyped-def]
+    """Copy the command's output to the log, and its whole lines to the stream."""
+    carry = b""
     while True:
         try:
             chunk = os.read(source, 65536)
@@ -83,12 +169,15 @@ def _copy(source: int, log, sink) -> None:  # type: ignore[no-untyped-def]
             break
         log.write(chunk)
         log.flush()
-        if sink_alive:
-            try:
-                sink.write(chunk)
-                sink.flush()
-            except (OSError, ValueError):
-                sink_alive = False  # the SSH session is gone; keep logging
+        carry += chunk
+        end = carry.rfind(b"\n") + 1
+        if end == 0 and len(carry) < _LONGEST_LINE:
+            continue
+        end = end or len(carry)
+        block, carry = carry[:end], carry[end:]
+        stream.put(block)
+    if carry:
+        stream.put(carry)
 
 
 def _write_status(path: str, status: dict[str, object]) -> str:
@@ -141,6 +230,7 @@ def main(argv: list[str]) -> int:
 
     started = time.monotonic()
     result: dict[str, object] = {"command": command}
+    stream: _Stream | None = None
     with open(args.log, "ab") as log:
         try:
             process = subprocess.Popen(
@@ -167,8 +257,9 @@ def main(argv: list[str]) -> int:
             result.update(pgid=process.pid, started_at=round(time.time(), 3))
             _write_status(args.status, dict(result, running=True))
             assert process.stdout is not None
+            stream = _Stream(sys.stdout.buffer)
             copier = threading.Thread(
-                target=_copy, args=(process.stdout.fileno(), log, sys.stdout.buffer), daemon=True
+                target=_copy, args=(process.stdout.fileno(), log, stream), daemon=True
             )
             copier.start()
             deadline = started + args.timeout
@@ -192,6 +283,11 @@ def main(argv: list[str]) -> int:
             )
     result["seconds"] = round(time.monotonic() - started, 3)
     text = _write_status(args.status, result)
+    if stream is not None:
+        # After the status: the command is over for everyone (a busy check, a stop's
+        # settle) while the laptop takes the rest of the stream.
+        result["unstreamed_lines"] = stream.close()
+        text = json.dumps(result, sort_keys=True)
     sys.stdout.flush()
     sys.stderr.write(MARKER + text + "\n")
     sys.stderr.flush()

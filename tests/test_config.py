@@ -25,6 +25,7 @@ from tpulab.config import (
 )
 from tpulab.errors import ConfigError, UnknownAcceleratorError, UnsupportedAcceleratorError
 from tpulab.models import check_zone
+from tpulab.paths import owner_id, owner_id_path
 
 
 @pytest.fixture(autouse=True)
@@ -155,7 +156,16 @@ def test_emulated_spec_defaults_and_labels() -> None:
     assert spec.emulated
     assert spec.platform == "cpu"
     assert spec.node_name == f"tpulab-{spec.run_id}"
-    assert spec.labels == {"managed-by": "tpulab", "tpulab-run": spec.run_id}
+    # What the node is, and which tpulab home made it: made once, then the same id.
+    owner = owner_id()
+    assert spec.labels == {
+        "managed-by": "tpulab",
+        "tpulab-run": spec.run_id,
+        "tpulab-kind": "run",
+        "tpulab-owner": owner,
+    }
+    assert owner_id_path().read_text().strip() == owner
+    assert spec.labels["tpulab-owner"] == owner
 
 
 def test_endpoint_mode_is_emulated_only_on_loopback() -> None:

@@ -273,6 +273,9 @@ def test_a_command_outliving_idle_keeps_its_node_and_ttl_ends_it_clearly(
         "deadline passed during your command"
     ) in " ".join(ended.stderr.split())
     assert "Its key and state are removed." in " ".join(ended.stderr.split())
+    # The summary above that error does not say the opposite.
+    assert "still up" not in ended.stdout + ended.stderr
+    assert "ended: its node is gone" in ended.stdout + ended.stderr
     assert not session_dir("short").exists()
     row = Journal().get(str(state["run_id"]))
     assert row is not None
@@ -296,6 +299,9 @@ def test_bad_input_is_refused_before_anything_is_sent(served: Emulator, tmp_path
     (work / "big.bin").write_bytes(b"x" * 4096)
     sent = len(served.requests())
     capped_out = tmp_path / "capped"
+    loop = tmp_path / "loop-a"
+    loop.symlink_to(tmp_path / "loop-b")
+    (tmp_path / "loop-b").symlink_to(loop)
     capped = ("--workdir", str(work), "--max-upload", "1K", "--out", str(capped_out))
     refused = {
         ("nosuch", "--", "true"): "There is no session named 'nosuch'",
@@ -305,11 +311,21 @@ def test_bad_input_is_refused_before_anything_is_sent(served: Emulator, tmp_path
         ("gate", "--max-upload", "0", "--", "true"): "Invalid --max-upload '0'",
         ("gate", "--workdir", str(tmp_path / "nowhere"), "--", "true"): "does not exist",
         ("gate", *capped, "--", "true"): "over the 1.0 KiB cap",
+        # Issue 20 #2, #5, #13: every path flag proven usable, the launch line bounded.
+        ("gate", "--out", str(work / "big.bin" / "out"), "--", "true"): (
+            "big.bin is not a directory"
+        ),
+        ("gate", "--workdir", str(loop), "--", "true"): "--workdir",
+        ("gate", "--out", str(loop), "--", "true"): "--out",
+        ("gate", "--requirements", str(loop), "--", "true"): "--requirements",
+        ("gate", "--workdir", str(work), "--", "echo", "x" * 131_000): "over the 98,304-byte",
     }
     for args, said in refused.items():
         done = tpulab("exec", *args, timeout=60)
         assert done.returncode == EXIT_CONFIG, (args, done.stderr)
         assert said in " ".join(done.stderr.split()), (args, done.stderr)
+        if str(loop) in args:
+            assert "goes through a symbolic link loop" in " ".join(done.stderr.split())
     assert not capped_out.exists()  # refused in validation: not even a run.json
 
     # The dry run is the exec's own Lifecycle over recording seams: no create, no

@@ -31,6 +31,7 @@ from tpulab.errors import (
 from tpulab.evidence.localrun import run_local_payload
 from tpulab.evidence.receipt import expectation_for, parse_receipt, verify_receipt
 from tpulab.models import NodeRequest
+from tpulab.paths import owner_id
 from tpulab.run.progress import WORKLOAD_PHASES, NullObserver, Phase
 
 if TYPE_CHECKING:
@@ -70,7 +71,12 @@ def test_run_verifies_a_v5litepod_4_and_leaves_nothing(rig: Rig) -> None:
     # While it ran, the node carried our labels and only this run's key.
     (node,) = snoop.nodes.values()
     assert isinstance(node, dict)
-    assert node["labels"] == {"managed-by": "tpulab", "tpulab-run": spec.run_id}
+    assert node["labels"] == {
+        "managed-by": "tpulab",
+        "tpulab-run": spec.run_id,
+        "tpulab-kind": "run",
+        "tpulab-owner": owner_id(),
+    }
     (key_line,) = node["metadata"]["ssh-keys"].splitlines()
     assert key_line.startswith("tpulab:ssh-ed25519 ")
     # The kept receipt verifies on its own, and was kept before the delete was sent.

@@ -283,7 +283,12 @@ def test_dry_run_json_is_a_versioned_plan() -> None:
     assert kinds.index(("verify", "local")) < kinds.index(("teardown", "api"))
     create = next(step for step in plan["steps"] if step["action"] == "CreateNode")
     assert create["method"] == "POST"
-    assert create["body"]["labels"] == {"managed-by": "tpulab", "tpulab-run": plan["run_id"]}
+    assert create["body"]["labels"] == {
+        "managed-by": "tpulab",
+        "tpulab-run": plan["run_id"],
+        "tpulab-kind": "run",
+        "tpulab-owner": paths.owner_id(),  # this home's, as the plan's subprocess saw it
+    }
     assert create["body"]["metadata"]["ssh-keys"] == (
         "tpulab:ssh-ed25519 <PER-RUN-PUBLIC-KEY> tpulab"
     )

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import pytest
 from helpers import require_tool, snapshot, write_tree
@@ -557,3 +557,99 @@ def test_fetch_dot_brings_the_whole_workspace_and_pack_refuses_escaping_patterns
     assert result.returncode == 3
     assert b"not inside the workspace" in result.stderr
     assert result.stdout == b""
+
+
+def test_pack_never_reads_the_log_through_a_link(tmp_path: Path) -> None:
+    # The user's command replaced its log with a link (to /etc/passwd, here a stand-in
+    # outside the run dir): it is not followed, as nothing under the run dir is.
+    python = python310()
+    home = tmp_path / "home"
+    write_tree(home / "run", {"r.txt": b"r"})
+    write_tree(tmp_path / "outside", {"passwd": b"root:x:0:0"})
+    (home / "output.log").symlink_to(tmp_path / "outside" / "passwd")
+    out = tmp_path / "out"
+    got = fetch_artifacts(
+        LocalShell(home),
+        workspace="ws",
+        patterns=[],
+        run_dir="run",
+        log_path="output.log",
+        out=out,
+        timeout=60,
+        python=python,
+    )
+    assert [entry.path for entry in got.entries] == ["run/r.txt"]
+    assert str(home / "output.log") in got.missing
+    assert not (out / "output.log").exists()
+
+
+class _CutAt:
+    """The laptop's end of a stream that breaks after `limit` bytes (a signal, a drop)."""
+
+    def __init__(self, sink: BinaryIO, limit: int) -> None:
+        self.sink, self.limit, self.size = sink, limit, 0
+
+    def write(self, data: bytes) -> int:
+        if self.size + len(data) > self.limit:
+            data = data[: self.limit - self.size]
+            self.sink.write(data)
+            raise KeyboardInterrupt  # what a second Ctrl-C is, with no signal guard
+        self.size += len(data)
+        return self.sink.write(data)
+
+
+class CuttingShell(LocalShell):
+    def __init__(self, home: Path, limit: int) -> None:
+        super().__init__(home)
+        self.limit = limit
+
+    def run_streaming(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: BinaryIO | Iterable[bytes] | None,
+        stdout: BinaryIO | None,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+    ) -> Result:
+        assert stdout is not None
+        cut = cast(BinaryIO, _CutAt(stdout, self.limit))  # write() is all it uses
+        return super().run_streaming(argv, stdin=stdin, stdout=cut, timeout=timeout, env=env)
+
+
+def test_a_fetch_cut_short_keeps_each_file_that_fully_arrived_and_checked(
+    tmp_path: Path,
+) -> None:
+    python = python310()
+    home = tmp_path / "home"
+    files = {"a.bin": os.urandom(300_000), "b.bin": os.urandom(300_000), "c.bin": os.urandom(2**20)}
+    write_tree(home / "run", files)
+    (home / "output.log").write_text("the log\n")
+    out = tmp_path / "out"
+    kept: list[object] = []
+    # output.log, a.bin, b.bin arrive whole; the cut falls inside c.bin.
+    with pytest.raises(KeyboardInterrupt):
+        fetch_artifacts(
+            CuttingShell(home, 700_000),
+            workspace="ws",
+            patterns=[],
+            run_dir="run",
+            log_path="output.log",
+            out=out,
+            timeout=60,
+            python=python,
+            kept=kept.append,
+        )
+    assert (out / "run" / "a.bin").read_bytes() == files["a.bin"]
+    assert (out / "run" / "b.bin").read_bytes() == files["b.bin"]
+    assert (out / "output.log").read_text() == "the log\n"
+    assert not (out / "run" / "c.bin").exists()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is False
+    assert [entry["path"] for entry in manifest["files"]] == [
+        "output.log",
+        "run/a.bin",
+        "run/b.bin",
+    ]
+    assert len(kept) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "out"]  # no staging left

@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 from helpers import wait_until, written_text
 
-from tpulab.remote.watchdog import WatchdogConfig, parse_state, renew_command, startup_script
+from tpulab.remote.watchdog import (
+    PublishedLease,
+    WatchdogConfig,
+    parse_lease,
+    parse_state,
+    renew_command,
+    startup_script,
+)
 
 PROJECT, ZONE, NODE = "wd-proj", "us-central1-a", "tpulab-wd-node"
 TOKEN = "ya29.test-token"
@@ -338,3 +345,39 @@ def test_a_vm_that_is_not_the_configured_node_is_never_deleted(
     assert parsed.kind == "error"
     assert "someone-elses-node" in parsed.detail
     wait_until(lambda: not dog.alive(), "the watchdog to stand down")
+
+
+def test_the_lease_is_published_at_start_and_at_every_renewal_for_other_machines(
+    cloud: tuple[FakeCloud, str], armed: list[Armed]
+) -> None:
+    state, address = cloud
+
+    def leases() -> list[PublishedLease]:
+        with state.lock:
+            values = list(state.attributes.get("tpulab/lease", []))
+        parsed = [parse_lease(value) for value in values]
+        assert None not in parsed, values
+        return [lease for lease in parsed if lease is not None]
+
+    before_start = time.time()
+    dog = _start(armed, _config("1ea5e0", lease_seconds=30.0, boot_grace_seconds=45.0), address)
+    wait_until(leases, "the lease published at the watchdog's start")
+    (first,) = leases()
+    # Before any renewal the boot grace is the lease, counted from the watchdog's start.
+    assert (first.renewals, first.lease_seconds) == (0, 45.0)
+    assert before_start <= first.renewed_at <= time.time()
+    assert first.fresh(time.time())
+    before_renewal = time.time()
+    dog.renew()
+    wait_until(lambda: len(leases()) == 2, "the lease published after the renewal")
+    second = leases()[1]
+    assert (second.renewals, second.lease_seconds) == (1, 30.0)
+    # Dated when the watchdog saw the renewal: after it was written, within a poll.
+    assert before_renewal <= second.renewed_at <= time.time()
+    # Each renewal is published once, with its count (the poll between them re-sends
+    # nothing: the third value is this renewal's, not a repeat of the second).
+    dog.renew()
+    wait_until(lambda: len(leases()) == 3, "the lease published after a second renewal")
+    assert leases()[2].renewals == 2
+    assert not second.fresh(second.renewed_at + 30.0)
+    assert state.deletes() == []

@@ -188,6 +188,8 @@ def sweep(
     `check=False` the report says so in `ok`, `error` and `manual_commands` instead).
     A live session's node (`tpulab up`) is kept, as `--yes` without `--include-sessions`
     keeps it; `include_sessions=True` deletes it too and removes its key and state.
+    A node this journal does not know whose watchdog's lease is fresh (another machine's
+    or home's live work) is kept too, in `kept_elsewhere`, unless `include_live=True`.
     """
     from tpulab.cleanup.journal import Journal
     from tpulab.cleanup.report import teardown_envelope, teardown_error

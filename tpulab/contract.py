@@ -17,6 +17,10 @@ __all__ = [
     "HOST_KEY_ATTRIBUTE",
     "HOST_KEY_NAMESPACE",
     "HOST_KEY_TYPES",
+    "KIND_LABEL",
+    "KIND_RUN",
+    "KIND_SESSION",
+    "LEASE_ATTRIBUTE",
     "MANAGED_BY_LABEL",
     "MANAGED_BY_VALUE",
     "METADATA_DEFAULT_HOST",
@@ -26,6 +30,7 @@ __all__ = [
     "METADATA_IP_ENV",
     "METADATA_ROOT_PATH",
     "OS_LOGIN_METADATA",
+    "OWNER_LABEL",
     "RESOURCE_MANAGER_BASE_ENV",
     "RESOURCE_MANAGER_DEFAULT_BASE",
     "RUN_ID_LABEL",
@@ -41,6 +46,13 @@ __all__ = [
 MANAGED_BY_LABEL = "managed-by"
 MANAGED_BY_VALUE = "tpulab"
 RUN_ID_LABEL = "tpulab-run"
+# What the node is for (a run deletes it at its end; a session keeps it for `tpulab up`)
+# and which tpulab home made it (`tpulab.paths.owner_id`): with the watchdog's lease
+# below, they let `teardown --verify` on another machine tell live work from leftovers.
+KIND_LABEL = "tpulab-kind"
+KIND_RUN = "run"
+KIND_SESSION = "session"
+OWNER_LABEL = "tpulab-owner"
 
 # Node metadata key whose lines `user:ssh-ed25519 KEY user` the guest agent installs.
 SSH_KEYS_METADATA = "ssh-keys"
@@ -103,3 +115,8 @@ DELETE_NODE_PERMISSION = "tpu.nodes.delete"
 # getGuestAttributes keys it (namespace/key): "armed", "unverified: ...",
 # "no-permission: ...", "error: ...", "firing: ...".
 WATCHDOG_STATE_ATTRIBUTE = "tpulab/watchdog"
+# Where the watchdog publishes its lease: JSON {"renewed_at": EPOCH, "lease_seconds": S,
+# "renewals": N}, the VM's wall clock at the last renewal it saw (its start before the
+# first, the boot grace standing in for the lease). Fresh means the node is still
+# someone's live work; stale means its watchdog should have deleted it.
+LEASE_ATTRIBUTE = "tpulab/lease"

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+from pydantic_core import PydanticSerializationError
 
 from tpulab.errors import TpuLabError, VerificationError
 
@@ -37,6 +38,7 @@ __all__ = [
     "ErrorReport",
     "FailedRequirement",
     "NodeReport",
+    "escape_undecodable",
 ]
 
 SCHEMA_VERSION = 1
@@ -90,8 +92,14 @@ class Envelope(_Strict):
     error: ErrorReport | None = None
 
     def to_json(self) -> str:
-        """The document as printed: keys in declaration order, two-space indent."""
-        return self.model_dump_json(indent=2)
+        """The document as printed: keys in declaration order, two-space indent. A text
+        that UTF-8 cannot carry (a file name that is not UTF-8) is written escaped, by
+        `escape_undecodable`, instead of failing the whole document."""
+        try:
+            return self.model_dump_json(indent=2)
+        except PydanticSerializationError:
+            escaped = _escaped(self.model_dump(mode="python", round_trip=True))
+            return type(self).model_validate(escaped).model_dump_json(indent=2)
 
 
 class ErrorEnvelope(Envelope):
@@ -113,3 +121,39 @@ class NodeReport(_Strict):
     run_id: str | None
     age_seconds: float | None
     estimated_cost_usd: float | None
+
+
+def escape_undecodable(text: str) -> str:
+    """`text`, with what UTF-8 cannot carry written out in ASCII; unchanged otherwise.
+
+    Python reads a file name that is not UTF-8 (b"\\xff.bin", from os.scandir or a tar
+    member) with the surrogateescape handler: each undecodable byte becomes one lone
+    surrogate (U+DCFF for 0xff). JSON and SQLite refuse those, so each is written as the
+    four characters \\xNN of its byte ("\\xff.bin"), as Python's backslashreplace shows
+    it; any other lone surrogate as \\uXXXX. README "Run records" documents the form.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "".join(_escape_char(char) for char in text)
+    return text
+
+
+def _escape_char(char: str) -> str:
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # surrogateescape's stand-in for the byte code - 0xDC00
+        return f"\\x{code - 0xDC00:02x}"
+    if 0xD800 <= code <= 0xDFFF:
+        return f"\\u{code:04x}"
+    return char
+
+
+def _escaped(value: object) -> object:
+    """A model dump with every string passed through `escape_undecodable`."""
+    if isinstance(value, str):
+        return escape_undecodable(value)
+    if isinstance(value, dict):
+        return {_escaped(key): _escaped(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_escaped(item) for item in value)
+    return value

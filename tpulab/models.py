@@ -13,7 +13,13 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tpulab.contract import MANAGED_BY_LABEL, MANAGED_BY_VALUE, RUN_ID_LABEL
+from tpulab.contract import (
+    KIND_LABEL,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    OWNER_LABEL,
+    RUN_ID_LABEL,
+)
 from tpulab.errors import ConfigError
 
 __all__ = [
@@ -110,10 +116,28 @@ class NodeInfo(BaseModel):
     def run_id(self) -> str | None:
         return self.labels.get(RUN_ID_LABEL)
 
+    @property
+    def kind(self) -> str | None:
+        """ "run" or "session" (None: a node made before tpulab labelled it)."""
+        return self.labels.get(KIND_LABEL)
 
-def tpulab_labels(run_id: str) -> dict[str, str]:
-    """The labels every node tpulab creates carries; teardown finds nodes by them."""
-    return {MANAGED_BY_LABEL: MANAGED_BY_VALUE, RUN_ID_LABEL: check_label(RUN_ID_LABEL, run_id)}
+    @property
+    def owner(self) -> str | None:
+        """The id of the tpulab home that made it (None: made before it was labelled)."""
+        return self.labels.get(OWNER_LABEL)
+
+
+def tpulab_labels(
+    run_id: str, *, kind: str | None = None, owner: str | None = None
+) -> dict[str, str]:
+    """The labels every node tpulab creates carries; teardown finds nodes by them, and
+    by `kind` (run or session) and `owner` (the tpulab home) tells whose work it is."""
+    labels = {MANAGED_BY_LABEL: MANAGED_BY_VALUE, RUN_ID_LABEL: check_label(RUN_ID_LABEL, run_id)}
+    if kind is not None:
+        labels[KIND_LABEL] = check_label(KIND_LABEL, kind)
+    if owner is not None:
+        labels[OWNER_LABEL] = check_label(OWNER_LABEL, owner)
+    return labels
 
 
 def check_node_name(name: str) -> str:

@@ -7,12 +7,17 @@ touch the user's real receipts or journal); otherwise platformdirs picks the usu
 from __future__ import annotations
 
 import os
+import re
+import secrets
+import socket
 from pathlib import Path
 
 __all__ = [
     "data_dir",
     "emulator_state_dir",
     "journal_path",
+    "owner_id",
+    "owner_id_path",
     "payload_path",
     "receipts_dir",
     "state_dir",
@@ -48,6 +53,44 @@ def receipts_dir() -> Path:
 
 def journal_path() -> Path:
     return state_dir() / "journal.sqlite3"
+
+
+# An owner id is a GCP label value ([a-z0-9_-], at most 63): the host's name, for the
+# humans who read "live elsewhere (owner ...)", then 12 random hex digits, so two homes
+# on one host (two TPULAB_HOMEs, two users) never share one.
+_OWNER_ID = re.compile(r"^[a-z0-9_-]{1,63}$")
+
+
+def owner_id_path() -> Path:
+    return state_dir() / "owner-id"
+
+
+def owner_id() -> str:
+    """This tpulab home's owner id: made once (by whichever process comes first), kept
+    beside the journal, stamped on every node as its `tpulab-owner` label. A file that
+    is damaged (not a label value) is replaced: the id only names, it grants nothing."""
+    path = owner_id_path()
+    try:
+        found = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        found = ""
+    if _OWNER_ID.match(found):
+        return found
+    host = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-")[:40]
+    made = f"{host or 'host'}-{secrets.token_hex(6)}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    aside = path.with_name(f".owner-id.{os.getpid()}.{secrets.token_hex(4)}")
+    aside.write_text(made + "\n", encoding="ascii")
+    try:
+        if found:
+            os.replace(aside, path)  # damaged: this one takes its place
+            return owner_id()
+        os.link(aside, path)  # fails if another process made one first: use that
+    except FileExistsError:
+        return owner_id()
+    finally:
+        aside.unlink(missing_ok=True)
+    return made
 
 
 def emulator_state_dir() -> Path:

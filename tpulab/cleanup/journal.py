@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from tpulab import paths
+from tpulab.envelope import escape_undecodable
 from tpulab.errors import TARGET_EMULATE, TARGET_GOOGLE, JournalError, target_for
 from tpulab.models import NodeInfo
 
@@ -33,7 +34,9 @@ if TYPE_CHECKING:
     from tpulab.config import RunSpec
 
 __all__ = [
+    "NOT_IN_JOURNAL",
     "SCHEMA_VERSION",
+    "SESSION_PHASE",
     "TARGET_EMULATE",
     "TARGET_GOOGLE",
     "VANISHED",
@@ -451,7 +454,8 @@ class Journal:
         with self._transaction(write=True) as conn:
             cursor = conn.execute(
                 "UPDATE runs SET teardown = ?, detail = ?, ended = ?, updated = ? WHERE run_id = ?",
-                (teardown, detail, until, now, run_id),
+                # A detail may quote a file name that is not UTF-8, which SQLite refuses.
+                (teardown, escape_undecodable(detail), until, now, run_id),
             )
             self._require_one(cursor.rowcount, run_id)
 
@@ -653,8 +657,17 @@ class JournalView:
     vanished: list[RunRow] = field(default_factory=list)
 
 
+# The journal's phase of a run whose node was kept by `tpulab up` (its process has
+# ended on purpose: the session lives on, guarded by its watchdog).
+SESSION_PHASE = "session"
+# What `list` says of a tpulab node no row of this journal names.
+NOT_IN_JOURNAL = "not in this machine's journal"
+
+
 def _state_text(row: RunRow) -> str:
     if row.teardown is None:
+        if row.phase == SESSION_PHASE:
+            return "session (kept by `tpulab up`; `tpulab down` ends it)"
         if row_is_live(row):
             return f"running ({row.phase})"
         return f"orphaned at {row.phase}: run `tpulab teardown --verify`"
@@ -687,7 +700,7 @@ def journal_view(
             if by_label:
                 states[key] = _state_text(by_label[0])
             elif node.managed_by_tpulab:
-                states[key] = "not in this machine's journal"
+                states[key] = NOT_IN_JOURNAL
         listed = {(n.project, n.zone, n.name) for n in nodes}
         projects = {project} if project else {n.project for n in nodes}
         wanted_zones = set(zones) | {n.zone for n in nodes}

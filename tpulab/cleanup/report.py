@@ -248,6 +248,25 @@ class FoundNode(NodeReport):
     # The `tpulab up` session whose node this is; a live one is kept unless
     # --include-sessions (then it is in `kept_sessions`).
     session: str | None
+    # Its labels: "run" or "session", and the tpulab home that made it (None: a node
+    # made before tpulab labelled them).
+    kind: str | None
+    owner: str | None
+    # For a node this journal does not know: what its watchdog's lease says ("live
+    # elsewhere (...)", "lease lapsed (...)", "no lease information (...)").
+    liveness: str | None
+
+
+class KeptElsewhere(_Part):
+    """A node this journal does not know whose lease is fresh: kept (not remaining)."""
+
+    node_name: str
+    zone: str
+    run_id: str | None
+    kind: str | None
+    owner: str | None
+    renewed_seconds_ago: float
+    lease_seconds: float
 
 
 class FailedDelete(_Part):
@@ -273,6 +292,9 @@ class TeardownEnvelope(Envelope):
     vanished_journal_rows: list[str]
     # Live sessions' names whose nodes were kept (not counted as remaining).
     kept_sessions: list[str]
+    # Nodes live elsewhere (another machine or tpulab home), kept unless --include-live
+    # (not counted as remaining).
+    kept_elsewhere: list[KeptElsewhere]
     # Sessions whose key and state this teardown removed (node deleted or found gone).
     ended_sessions: list[str]
     untouched_unlabelled: list[str]
@@ -325,7 +347,26 @@ def _found(candidate: Candidate) -> FoundNode:
             "source": candidate.source,
             "live": candidate.live,
             "session": candidate.session,
+            "kind": candidate.node.kind,
+            "owner": candidate.node.owner,
+            "liveness": candidate.liveness.describe() if candidate.liveness else None,
         }
+    )
+
+
+def _kept_elsewhere(candidate: Candidate) -> KeptElsewhere:
+    liveness = candidate.liveness
+    lease = liveness.lease if liveness is not None else None
+    assert liveness is not None  # kept for its fresh lease: it was read, and found
+    assert lease is not None
+    return KeptElsewhere(
+        node_name=candidate.node.name,
+        zone=candidate.node.zone,
+        run_id=candidate.run_id,
+        kind=candidate.node.kind,
+        owner=candidate.node.owner,
+        renewed_seconds_ago=round(lease.age(liveness.now), 1),
+        lease_seconds=lease.lease_seconds,
     )
 
 
@@ -347,7 +388,7 @@ def teardown_envelope(
         target=plan.target,
         zones=plan.zones,
         run_id=plan.run_id,
-        found=[_found(c) for c in [*plan.candidates, *plan.live, *plan.sessions]],
+        found=[_found(c) for c in [*plan.candidates, *plan.live, *plan.sessions, *plan.elsewhere]],
         deleted=[c.node.name for c in result.deleted] if result else [],
         failed=[
             FailedDelete(node_name=c.node.name, error=e.message)
@@ -357,6 +398,7 @@ def teardown_envelope(
         closed_journal_rows=result.closed_rows if result else [],
         vanished_journal_rows=result.vanished_rows if result else [],
         kept_sessions=[c.session for c in plan.sessions if c.session is not None],
+        kept_elsewhere=[_kept_elsewhere(c) for c in plan.elsewhere],
         ended_sessions=result.ended_sessions if result else [],
         untouched_unlabelled=[n.name for n in plan.lookalikes],
         list_errors=result.list_errors if result else plan.list_errors,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from tpulab import catalog, paths
-from tpulab.cleanup.journal import VANISHED, Journal
+from tpulab.cleanup.journal import SESSION_PHASE, VANISHED, Journal
 from tpulab.config.sessions import SESSION_NAME, check_session_name
 from tpulab.errors import (
     ConfigError,
@@ -63,9 +63,6 @@ __all__ = [
     "reconcile_listed",
     "why_gone",
 ]
-
-# The journal's phase of a run whose node was kept by `tpulab up`.
-SESSION_PHASE = "session"
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,12 @@ that was lost or corrupted). Rules (invariant 4 of DESIGN.md):
   is using it, and its watchdog deletes it at --ttl or --idle. It is reported as a kept
   session, not as remaining. A session's node that is deleted (or found gone) takes its
   key and state with it (`tpulab.cleanup.sessions`);
+- a node this journal does not know whose watchdog's lease is fresh (renewed within
+  its period: `tpulab.cleanup.liveness`) is live work of another machine or home -- a
+  session in use, a run mid-command -- and is kept unless the caller includes live
+  nodes. It is reported as "live elsewhere", not as remaining. A node with no lease
+  information is judged by the journal alone, as before, and says so; a lapsed lease
+  is a leftover like any other;
 - a journal row is closed only on evidence: its node was deleted and confirmed gone,
   or its zone was listed and no node carries its run label.
 
@@ -32,12 +38,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 from tpulab import catalog
 from tpulab.cleanup.journal import Journal, RunRow, close_vanished, row_is_live, target_for
 from tpulab.cleanup.listing import queued_as_node
+from tpulab.cleanup.liveness import Liveness, read_liveness
 from tpulab.cleanup.sessions import SESSION_PHASE, SessionStore, conclude_gone, why_gone
 from tpulab.cloud.api import QueuedResourceInfo, TpuApi
 from tpulab.config import Scope
@@ -81,6 +88,8 @@ class Candidate:
     target: str = TARGET_GOOGLE  # the API it lives behind (journal vocabulary)
     queued: QueuedResourceInfo | None = None  # the queued resource holding the node
     session: str | None = None  # the `tpulab up` session whose node this is, if any
+    # Labels and lease, read for a node this journal does not know (None: it knows it).
+    liveness: Liveness | None = None
 
     @property
     def run_id(self) -> str | None:
@@ -107,6 +116,7 @@ class SweepPlan:
     candidates: list[Candidate] = field(default_factory=list)  # to delete
     live: list[Candidate] = field(default_factory=list)  # a running process owns them
     sessions: list[Candidate] = field(default_factory=list)  # live sessions: kept
+    elsewhere: list[Candidate] = field(default_factory=list)  # fresh lease, not ours: kept
     # This machine's sessions by run id: their key and state go when their node does.
     session_states: dict[str, SessionState] = field(default_factory=dict)
     stale_rows: list[RunRow] = field(default_factory=list)  # open rows, no node left
@@ -132,6 +142,17 @@ class SweepPlan:
         self.candidates.extend(self.sessions)
         self.sessions = []
 
+    def include_elsewhere(self) -> None:
+        """Delete the nodes live elsewhere too (--include-live, or the user said yes)."""
+        self.candidates.extend(self.elsewhere)
+        self.elsewhere = []
+
+    @property
+    def unjudged(self) -> list[Candidate]:
+        """Candidates this journal does not know and whose lease said nothing: deleted
+        on the journal's word alone, as before leases were published."""
+        return [c for c in self.candidates if c.liveness is not None and c.liveness.lease is None]
+
 
 @dataclass
 class SweepResult:
@@ -143,6 +164,7 @@ class SweepResult:
     remaining: list[NodeInfo] = field(default_factory=list)  # from the final list
     live: list[NodeInfo] = field(default_factory=list)  # listed, but a live run owns them
     kept_sessions: list[NodeInfo] = field(default_factory=list)  # listed: live sessions kept
+    kept_elsewhere: list[NodeInfo] = field(default_factory=list)  # listed: live elsewhere
     ended_sessions: list[str] = field(default_factory=list)  # key and state removed
     ended_rows: list[str] = field(default_factory=list)  # their rows (closed if open)
     list_errors: dict[str, str] = field(default_factory=dict)
@@ -245,6 +267,7 @@ def find_orphans(
     list_for: float = 60.0,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    this_home: str | None = None,
 ) -> SweepPlan:
     """Look (journal, then every zone's `list`) and say what a sweep would do.
 
@@ -254,7 +277,9 @@ def find_orphans(
     be read is reported in `journal_error` and the search goes on by labels alone. A zone
     whose list keeps failing transiently for `list_for` seconds lands in `list_errors`.
     A live session's node goes to `sessions` unless `include_sessions` (`sessions` is
-    this machine's session store, by default the state directory's).
+    this machine's session store, by default the state directory's). A node the journal
+    does not know whose lease is fresh goes to `elsewhere` unless `include_live`
+    (`this_home`, this home's owner id, only names it in what is shown).
     """
     now = now or datetime.now(timezone.utc)
     journal = journal or Journal()
@@ -286,6 +311,7 @@ def find_orphans(
         )
     rows_by_run = {row.run_id: row for row in rows}
     labelled_runs: set[str] = set()
+    unknown: list[Candidate] = []  # not in this journal: their leases decide
     for zone in plan.zones:
         try:
             listed = _list_zone(api, zone, list_for=list_for, clock=clock, sleep=sleep)
@@ -329,8 +355,11 @@ def find_orphans(
                 and not include_sessions
             ):
                 plan.sessions.append(candidate)
+            elif known is None:
+                unknown.append(candidate)
             else:
                 plan.candidates.append(candidate)
+    _judge_by_lease(api, plan, unknown, include_live=include_live, now=now, this_home=this_home)
     for row in rows:
         listed_ok = row.zone not in plan.list_errors
         if not listed_ok:
@@ -340,6 +369,27 @@ def find_orphans(
                 continue  # may still be creating its node; it will close its own row
             plan.stale_rows.append(row)
     return plan
+
+
+def _judge_by_lease(
+    api: TpuApi,
+    plan: SweepPlan,
+    unknown: list[Candidate],
+    *,
+    include_live: bool,
+    now: datetime,
+    this_home: str | None,
+) -> None:
+    """Nodes this journal does not know: kept when their lease is fresh (live work of
+    another machine or home), candidates otherwise, each with what its lease said."""
+    read = read_liveness(api, [c.node for c in unknown], this_home=this_home, now=now.timestamp)
+    for candidate in unknown:
+        liveness = read[(candidate.node.zone, candidate.node.name)]
+        judged = replace(candidate, liveness=liveness)
+        if liveness.fresh and not include_live:
+            plan.elsewhere.append(judged)
+        else:
+            plan.candidates.append(judged)
 
 
 def _is_session(row: RunRow | None) -> bool:
@@ -503,9 +553,13 @@ def sweep(
     )
     owned = {(c.node.zone, c.node.name) for c in plan.live}
     kept = {(c.node.zone, c.node.name) for c in plan.sessions}
+    elsewhere = {(c.node.zone, c.node.name) for c in plan.elsewhere}
     result.live = [node for node in listed if (node.zone, node.name) in owned]
     result.kept_sessions = [node for node in listed if (node.zone, node.name) in kept]
-    result.remaining = [node for node in listed if (node.zone, node.name) not in owned | kept]
+    result.kept_elsewhere = [node for node in listed if (node.zone, node.name) in elsewhere]
+    result.remaining = [
+        node for node in listed if (node.zone, node.name) not in owned | kept | elsewhere
+    ]
     return result
 
 
@@ -542,6 +596,8 @@ def find_in_scope(
     include_sessions: bool = False,
 ) -> SweepPlan:
     """`find_orphans` over a validated teardown scope (`tpulab.config.teardown_inputs`)."""
+    from tpulab import paths
+
     return find_orphans(
         api,
         target=target_for(scope.api_endpoint, embedded_emulator=scope.emulate),
@@ -550,4 +606,5 @@ def find_in_scope(
         journal=journal,
         include_live=include_live,
         include_sessions=include_sessions,
+        this_home=paths.owner_id(),
     )

@@ -331,12 +331,15 @@ def _report(outcome: RunOutcome, failure: E.TpuLabError | None, *, as_json: bool
         print_envelope(record, failure)
         return
     if outcome.workload is not None:
-        print_lines(exec_summary_lines(outcome))
+        # A node that vanished under the exec was concluded gone (key and state removed):
+        # the summary must not call the session up right above the error saying so.
+        ended = isinstance(failure, E.NodeVanishedError)
+        print_lines(exec_summary_lines(outcome, session_ended=ended))
     if failure is not None:
         raise failure
 
 
-def exec_summary_lines(outcome: RunOutcome) -> list[Line]:
+def exec_summary_lines(outcome: RunOutcome, *, session_ended: bool = False) -> list[Line]:
     """The end of an exec: where it ran, each phase's time (no create, bootstrap or
     verifier: the session's node had them), what was uploaded, the command, what came back."""
     from tpulab.run.report import _workload_lines as workload_lines
@@ -365,6 +368,9 @@ def exec_summary_lines(outcome: RunOutcome) -> list[Line]:
     if workload is not None:
         lines.append([("  upload    ", "dim"), (_upload_text(outcome), "")])
     lines.extend(workload_lines(outcome))
+    if session_ended:
+        lines.append([("  session   ", "dim"), ("ended: its node is gone", "bold red")])
+        return lines
     ended = f"`tpulab down {outcome.session}` ends it"
     lines.append([("  session   ", "dim"), ("still up", "bold green"), (f" ({ended})", "dim")])
     return lines

@@ -6,6 +6,7 @@ journal's view of each node next to it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -108,9 +109,11 @@ def _list(
 ) -> None:
     from tpulab.cleanup.journal import VANISHED, Journal, close_vanished, journal_view, target_for
     from tpulab.cleanup.listing import list_nodes
+    from tpulab.cleanup.liveness import with_liveness
     from tpulab.cleanup.sessions import reconcile_listed
     from tpulab.cli.session import session_store
     from tpulab.config import list_scope
+    from tpulab.paths import owner_id
 
     scope = list_scope(
         project=project,
@@ -119,16 +122,21 @@ def _list(
         api_endpoint=api_endpoint,
         adc_project=adc_project,
     )
+    journal = Journal()
     with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
         listing = list_nodes(api, scope.zones, include_all=include_all)
-    journal = Journal()
-    view = journal_view(
-        [item.node for item in listing.nodes],
-        zones=scope.zones,
-        project=scope.project,
-        target=target_for(scope.api_endpoint, embedded_emulator=scope.emulate),
-        journal=journal,
-    )
+        nodes = [item.node for item in listing.nodes]
+        view = journal_view(
+            nodes,
+            zones=scope.zones,
+            project=scope.project,
+            target=target_for(scope.api_endpoint, embedded_emulator=scope.emulate),
+            journal=journal,
+        )
+        # A node this journal does not know: its lease says whether it is someone's
+        # live work (another machine's or home's) or a leftover.
+        states = with_liveness(api, nodes, view.states, this_home=owner_id())
+        view = dataclasses.replace(view, states=states)
     # Sessions first: a session whose node the listing does not show deleted itself
     # (or was deleted), and its key, state and row go with it, saying why.
     target = target_for(scope.api_endpoint, embedded_emulator=scope.emulate)

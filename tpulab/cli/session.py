@@ -8,6 +8,7 @@ pinned host key and renews the lease first; `down` is the run's delete-and-confi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shlex
 import subprocess
@@ -117,8 +118,12 @@ def up_command(
             max_duration=times.max_duration,
             service_account=service_account,
         )
+        from tpulab.contract import KIND_SESSION
+
         session_name = check_session_name(name or f"s-{inputs.spec.run_id.split('-')[-1]}")
-        _up(inputs.spec, session_name, inputs.installer, verbose=verbose, as_json=as_json)
+        # Labelled a session: `teardown --verify` elsewhere then knows it is kept on purpose.
+        spec = dataclasses.replace(inputs.spec, kind=KIND_SESSION)
+        _up(spec, session_name, inputs.installer, verbose=verbose, as_json=as_json)
 
     json_or_guarded("up", as_json, action)
 
@@ -235,8 +240,19 @@ def down_command(
         str | None, typer.Argument(help="The session (omit if only one is up).")
     ] = None,
     all_sessions: Annotated[bool, typer.Option("--all", help="End every session.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Delete even while an exec runs on the session (it loses its artifacts).",
+        ),
+    ] = False,
 ) -> None:
-    """Delete a session's VM, confirm it gone by list, and remove its key and state."""
+    """Delete a session's VM, confirm it gone by list, and remove its key and state.
+
+    Refused (exit 4, nothing deleted) while an exec holds the session's lock, unless
+    --force: `down` takes that lock itself for the delete, so no exec starts meanwhile.
+    """
 
     def action() -> None:
         if all_sessions and name is not None:
@@ -244,22 +260,28 @@ def down_command(
         with session_store() as store:
             chosen = store.all() if all_sessions else [store.resolve(name)]
             for files in chosen:
-                _down(store, files)
+                _down(store, files, force=force)
 
     guarded(action)
 
 
-def _down(store: SessionStore, files: SessionFiles) -> None:
+def _down(store: SessionStore, files: SessionFiles, *, force: bool) -> None:
     from tpulab.cleanup.journal import Journal
     from tpulab.cleanup.sessions import conclude_gone, why_gone
     from tpulab.cli._target import reach_notice
     from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.run.lease import node_gone
     from tpulab.run.session import take_down
 
     state = files.state
     api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice)
     try:
-        report = take_down(api, state, notify=lambda message: print_stderr(message))
+        with contextlib.ExitStack() as held:
+            # A node still there may have an exec running on it: `down` holds the exec
+            # lock for the delete, or refuses (unless --force). A gone node has none.
+            if not force and node_gone(api, state.zone, state.node_name) is None:
+                held.enter_context(_exec_lock_held(files))
+            report = take_down(api, state, notify=lambda message: print_stderr(message))
     except E.TeardownError as error:
         # The session stays (its key, its state): `down` is what finishes it, for the
         # API the node lives behind.
@@ -291,6 +313,39 @@ def _down(store: SessionStore, files: SessionFiles) -> None:
         f"Session {state.name} is down: node {state.node_name} deleted, confirmed by list; "
         "key removed."
     )
+
+
+@contextlib.contextmanager
+def _exec_lock_held(files: SessionFiles) -> Iterator[None]:
+    """Hold the session's exec lock for the delete; RemoteError (exit 4, nothing
+    deleted) while an exec holds it. A lock that cannot be checked is said, not fatal:
+    a node `down` cannot reach is no node an exec is using either."""
+    from tpulab.remote.keys import RunKey
+    from tpulab.run.attach import describe_holder
+    from tpulab.run.session import exec_lock_for_down
+
+    state = files.state
+    try:
+        key = RunKey.from_openssh_private(files.key_path.read_bytes())
+    except (OSError, ValueError) as error:
+        print_stderr(f"[yellow]note:[/] cannot check for a running exec (the key: {error}).")
+        yield
+        return
+    with exec_lock_for_down(state, key) as lock:
+        if lock.holder is not None:
+            raise E.RemoteError(
+                f"Session {state.name} is in use: an exec holds its lock "
+                f"({describe_holder(lock.holder)}). Deleting its node now would end that "
+                "exec and lose its artifacts. Nothing was deleted.",
+                hint=f"Wait for the exec to finish, then `tpulab down {state.name}`; or "
+                f"`tpulab down {state.name} --force` to delete it anyway.",
+            )
+        if lock.unchecked is not None:
+            print_stderr(
+                f"[yellow]note:[/] could not check session {state.name} for a running "
+                f"exec ({lock.unchecked}); deleting its node anyway."
+            )
+        yield
 
 
 class DashDashCommand(typer.core.TyperCommand):

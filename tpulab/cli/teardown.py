@@ -4,7 +4,10 @@ The sweep is tpulab.cleanup.sweep; this module asks, prints and picks the exit s
 when no tpulab node remains in scope, EXIT_TEARDOWN (with manual commands) otherwise.
 A live session's node (`tpulab up`) is kept unless --include-sessions is given or the
 user says yes to its own question; kept sessions do not count as remaining (exit 0):
-they are recorded here, guarded by their watchdog, and `tpulab down` ends them.
+they are recorded here, guarded by their watchdog, and `tpulab down` ends them. A node
+this journal does not know whose watchdog's lease is fresh is live work of another
+machine or home ("live elsewhere"): kept the same way, unless --include-live or a yes
+at its own question.
 `teardown --forget` (tpulab.cleanup.forget) closes the journal rows of an endpoint that
 is gone, after seeing it refuse the connection and asking.
 """
@@ -47,7 +50,7 @@ def _print_plan(plan: SweepPlan) -> None:
     if plan.run_id:
         where += f", run {plan.run_id}"
     console.print(f"Looked for tpulab nodes in {escape(where)}.")
-    found = [*plan.candidates, *plan.live, *plan.sessions]
+    found = [*plan.candidates, *plan.live, *plan.sessions, *plan.elsewhere]
     if found:
         table = Table(box=None, pad_edge=False)
         for column in ("ZONE", "NODE", "STATE", "RUN ID", "AGE", "EST. COST", "FOUND BY"):
@@ -62,7 +65,8 @@ def _print_plan(plan: SweepPlan) -> None:
                 cost_text(c.estimated_cost),
                 c.source
                 + (" [yellow](run in progress)[/]" if c.live else "")
-                + (f" (session {escape(c.session)})" if c.session else ""),
+                + (f" (session {escape(c.session)})" if c.session else "")
+                + (" [yellow](live elsewhere)[/]" if c in plan.elsewhere else ""),
             )
         console.print(table)
         console.print(f"Costs are estimates from list prices ({PRICE_DATE}).")
@@ -81,6 +85,21 @@ def _print_plan(plan: SweepPlan) -> None:
             f"{escape(c.node.name)} is session {escape(c.session or '?')}'s node, live "
             "(tpulab up): kept unless --include-sessions or you say yes."
         )
+    for c in plan.elsewhere:
+        assert c.liveness is not None
+        console.print(
+            f"[yellow]{escape(c.node.name)}: {escape(c.liveness.describe())}; not in this "
+            "machine's journal: kept unless --include-live or you say yes.[/]"
+        )
+    for c in plan.unjudged:
+        assert c.liveness is not None
+        console.print(
+            f"{escape(c.node.name)}: {escape(c.liveness.describe())}; not in this "
+            "machine's journal: judged a leftover by the journal alone."
+        )
+    for c in plan.candidates:
+        if c.liveness is not None and c.liveness.lease is not None:
+            console.print(f"{escape(c.node.name)}: {escape(c.liveness.describe())}: a leftover.")
     for node in plan.lookalikes:
         console.print(f"Left alone: {escape(node.name)} has no tpulab labels (not ours).")
     for zone, message in plan.list_errors.items():
@@ -158,6 +177,14 @@ def _teardown_verify(
                 f"Also delete {len(plan.sessions)} live session(s) ({names})?", default=False
             ):
                 plan.include_sessions()
+        if not dry_run and plan.elsewhere and not yes and sys.stdin.isatty():
+            # Someone else's live work: asked apart, never taken along by "delete".
+            names = ", ".join(c.node.name for c in plan.elsewhere)
+            if typer.confirm(
+                f"Also delete {len(plan.elsewhere)} node(s) live elsewhere ({names})?",
+                default=False,
+            ):
+                plan.include_elsewhere()
         if declined:
             pass
         elif plan.candidates and not yes:
@@ -319,6 +346,9 @@ def _teardown_report(
             f"Kept session {c.session} (node {c.node.name}): `tpulab down {c.session}` or "
             "--include-sessions."
         )
+    for c in plan.elsewhere:
+        assert c.liveness is not None
+        typer.echo(f"Kept {c.node.name}: {c.liveness.describe()}; --include-live deletes it.")
     if error is not None:
         report_error(error)
     scope = f" for run {plan.run_id}" if plan.run_id else ""
@@ -331,6 +361,10 @@ def _teardown_report(
         kept = f"; only the {len(result.kept_sessions)} kept session node(s) remain"
     elif plan.sessions:
         kept = f"; {len(plan.sessions)} live session node(s) kept"
+    if result is not None and result.kept_elsewhere:
+        kept += f"; only the {len(result.kept_elsewhere)} node(s) live elsewhere remain"
+    elif plan.elsewhere:
+        kept += f"; {len(plan.elsewhere)} node(s) live elsewhere kept"
     typer.echo(f"Verified: no tpulab node remains{scope} in {', '.join(plan.zones)}{live}{kept}.")
 
 
@@ -375,7 +409,11 @@ def teardown_command(
     project: Annotated[str | None, typer.Option("--project", help="Google Cloud project.")] = None,
     include_live: Annotated[
         bool,
-        typer.Option("--include-live", help="Also delete nodes of runs still in progress here."),
+        typer.Option(
+            "--include-live",
+            help="Also delete nodes of runs still in progress here, and nodes live "
+            "elsewhere (not in this journal, their watchdog's lease fresh).",
+        ),
     ] = False,
     include_sessions: Annotated[
         bool,
@@ -395,7 +433,9 @@ def teardown_command(
     with the manual delete commands (also for --dry-run when something was found).
     Nodes without tpulab's labels are never touched. A live session's node (`tpulab
     up`) is kept unless --include-sessions (or a yes at its own prompt): kept sessions
-    are listed and do not make the exit status non-zero. With --forget, journal rows of a
+    are listed and do not make the exit status non-zero. So is a node live elsewhere (not
+    in this journal, its watchdog's lease fresh: another machine's or home's session or
+    run), unless --include-live or a yes at its own prompt. With --forget, journal rows of a
     gone endpoint are closed as "forgotten" instead (exit 2 if it still answers).
     """
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tpulab.config.local_paths import resolve_local
 from tpulab.config.workload import (
     check_env,
     check_exclude_pattern,
@@ -200,11 +201,12 @@ def _validated(path: Path, source: str, table: Mapping[str, Any]) -> ProjectDefa
 def _requirements_file(root: Path, value: str | None, where: str) -> Path | None:
     if value is None:
         return None
-    path = (root / value).resolve()
+    hint = "Give a path relative to the workspace, or remove the key."
+    path = resolve_local(root / value, f"requirements in {where}", hint=hint)
     if not path.is_file():
         raise ConfigError(
             f"requirements in {where} names {value!r}, which is not a file ({path}).",
-            hint="Give a path relative to the workspace, or remove the key.",
+            hint=hint,
         )
     return path
 

@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
+from tpulab.config.local_paths import resolve_local
 from tpulab.errors import ConfigError
 
 __all__ = [
@@ -319,7 +320,7 @@ class _WorkspaceCheck:
 
     def _nested(self, path: Path, ref: Reference, where: str) -> None:
         assert ref.local is not None
-        target = (path.parent / ref.local).resolve()
+        target = self._resolved(path, ref, path.parent / ref.local)
         self._inside(path, ref, target, base=f"the directory of {path.name}")
         if not target.is_file():
             raise self._refuse(
@@ -335,8 +336,8 @@ class _WorkspaceCheck:
     def _location(self, path: Path, ref: Reference, where: str) -> None:
         assert ref.local is not None
         # pip tries the requirements file's directory first, then the directory it runs in.
-        beside = (path.parent / ref.local).resolve()
-        target = beside if beside.exists() else (self.workdir / ref.local).resolve()
+        beside = self._resolved(path, ref, path.parent / ref.local)
+        target = beside if beside.exists() else self._resolved(path, ref, self.workdir / ref.local)
         self._inside(path, ref, target, base="the workspace root")
         if not target.exists():
             raise self._refuse(path, ref, self._missing(ref, target))
@@ -344,7 +345,7 @@ class _WorkspaceCheck:
 
     def _package(self, path: Path, ref: Reference, where: str) -> None:
         assert ref.local is not None
-        target = (self.workdir / ref.local).resolve()
+        target = self._resolved(path, ref, self.workdir / ref.local)
         self._inside(path, ref, target, base="the workspace root")
         if target.is_dir():
             project = next(
@@ -363,6 +364,14 @@ class _WorkspaceCheck:
             self.uploads.append(LocalPath(self.relative(target), where))
         else:
             raise self._refuse(path, ref, self._missing(ref, target))
+
+    def _resolved(self, path: Path, ref: Reference, target: Path) -> Path:
+        """`target` resolved; a link loop or an unusable name is refused, naming the line."""
+        return resolve_local(
+            target,
+            f"{path}, line {ref.line}: {ref.value!r} ->",
+            hint="Fix the path or the link it goes through, or remove the line.",
+        )
 
     def _missing(self, ref: Reference, target: Path) -> str:
         said = f"does not exist ({target}; pip on the VM runs in the workspace root)"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tpulab import catalog
+from tpulab import catalog, paths
 from tpulab.config.capacity import Capacity, check_attempt_names, choose_capacity
 from tpulab.config.endpoint import Mode, Target, choose_target
 from tpulab.config.python import REAL_PYTHON, check_jax_version, choose_python
@@ -39,6 +39,7 @@ from tpulab.config.watchdog import (
     check_service_account,
     watchdog_settings,
 )
+from tpulab.contract import KIND_RUN
 from tpulab.errors import ConfigError, LeakedNode, target_for
 from tpulab.models import check_node_name, check_run_id, tpulab_labels
 
@@ -155,6 +156,9 @@ class RunSpec:
     watchdog: WatchdogSettings | None = None
     # The node's service account e-mail; None: the project's default compute account.
     service_account: str | None = None
+    # What the node is for, as its `tpulab-kind` label says: KIND_RUN, or KIND_SESSION
+    # for `tpulab up` (which keeps it).
+    kind: str = KIND_RUN
 
     @property
     def max_duration_seconds(self) -> float | None:
@@ -187,7 +191,9 @@ class RunSpec:
 
     @property
     def labels(self) -> dict[str, str]:
-        return tpulab_labels(self.run_id)
+        """The node's labels: tpulab's, its run, its kind and this home's owner id (made
+        on first use: `tpulab.paths.owner_id`)."""
+        return tpulab_labels(self.run_id, kind=self.kind, owner=paths.owner_id())
 
     @property
     def target(self) -> str:

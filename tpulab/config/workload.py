@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from tpulab.config.local_paths import check_utf8, prove_creatable, resolve_local
 from tpulab.config.requirements import RequirementsFile, read_requirements
 from tpulab.config.spec import check_seconds
 from tpulab.errors import ConfigError
@@ -268,12 +269,14 @@ def check_workdir(flag: str | None, cwd: Path) -> Path:
     """The workspace root: --workdir (relative to `cwd`) or `cwd`, an existing directory."""
     if flag is not None and not flag.strip():
         raise ConfigError("--workdir is empty.", hint="Pass a directory, or leave it out.")
-    path = (cwd / Path(flag).expanduser()).resolve() if flag is not None else cwd.resolve()
+    hint = "Pass --workdir DIR, an existing directory (default: the current one)."
+    given = cwd / Path(flag).expanduser() if flag is not None else cwd
+    path = resolve_local(given, "--workdir", hint=hint)
     if not path.is_dir():
         what = "is not a directory" if path.exists() else "does not exist"
         raise ConfigError(
             f"Workdir {path} {what}.",
-            hint="Pass --workdir DIR, an existing directory (default: the current one).",
+            hint=hint,
         )
     return path
 
@@ -380,7 +383,8 @@ def _requirements_path(
         return defaults.requirements
     if not flag.strip():
         raise ConfigError("--requirements is empty.", hint="Pass a file, or leave it out.")
-    path = (cwd / Path(flag).expanduser()).resolve()
+    hint = "Pass an existing, readable requirements file."
+    path = resolve_local(cwd / Path(flag).expanduser(), "--requirements", hint=hint)
     if path.exists() and not path.is_file():
         raise ConfigError(f"--requirements {flag} is not a file.", hint="Pass a file.")
     try:
@@ -389,29 +393,51 @@ def _requirements_path(
     except OSError as error:
         raise ConfigError(
             f"--requirements {flag}: cannot read {path} ({error.strerror}).",
-            hint="Pass an existing, readable requirements file.",
+            hint=hint,
         ) from None
     sources["requirements"] = "--requirements"
     return path
 
 
 def _out_dir(flag: str | None, run_id: str, cwd: Path, sources: dict[str, str]) -> Path:
+    """--out (default ./tpulab-runs/<run id>/), proven creatable and writable now: the
+    artifacts of a billed VM must have somewhere to land (tpulab.config.local_paths)."""
     if flag is None:
         sources["out"] = "default"
-        return (cwd / RUNS_DIR / run_id).resolve()
+        hint = (
+            f"The default --out is ./{RUNS_DIR}/<run id>/ in the current directory ({cwd}); "
+            "run from a writable directory or pass --out DIR on a writable disk."
+        )
+        path = resolve_local(cwd / RUNS_DIR / run_id, "--out (default)", hint=hint)
+        check_utf8(path, "--out (default)", hint=hint)
+        prove_creatable(path, "--out (default)", hint=hint)
+        return path
     if not flag.strip():
         raise ConfigError("--out is empty.", hint="Pass a directory, or leave --out out.")
-    path = (cwd / Path(flag).expanduser()).resolve()
+    hint = (
+        "Pass --out DIR, a new or empty directory on a writable disk (its parent may be "
+        f"missing: it is created), or leave --out out for ./{RUNS_DIR}/<run id>/."
+    )
+    path = resolve_local(cwd / Path(flag).expanduser(), "--out", hint=hint)
+    check_utf8(path, "--out", hint=hint)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"--out {path} is a file.", hint="Pass a directory for the artifacts.")
-    if path.is_dir() and any(path.iterdir()):
+    if path.is_dir() and _has_entries(path, hint):
         # Two runs' artifacts in one directory could not be told apart (or would overwrite).
         raise ConfigError(
             f"--out {path} is not empty.",
             hint=f"Pass a new or empty directory, or leave --out out for ./{RUNS_DIR}/<run id>/.",
         )
+    prove_creatable(path, "--out", hint=hint)
     sources["out"] = "--out"
     return path
+
+
+def _has_entries(path: Path, hint: str) -> bool:
+    try:
+        return any(path.iterdir())
+    except OSError as error:
+        raise ConfigError(f"--out {path} cannot be listed: {error.strerror}.", hint=hint) from None
 
 
 def _size(flag: str | None, option: str, default: int, sources: dict[str, str], name: str) -> int:

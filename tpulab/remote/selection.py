@@ -9,6 +9,7 @@ Reads the tree, never the network. `tpulab.remote.workspace` sends the result.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -74,6 +75,7 @@ class UploadSelection:
     files: tuple[tuple[str, int], ...]  # (posix path relative to root, size in bytes)
     total_bytes: int
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
+    loops: tuple[str, ...] = ()  # symlinks that loop (skipped), named for the user
 
     def largest(self, n: int = 10) -> list[tuple[str, int]]:
         return sorted(self.files, key=lambda item: (-item[1], item[0]))[:n]
@@ -83,6 +85,9 @@ class UploadSelection:
         text = f"{_count(len(self.files))} {noun}, {human_size(self.total_bytes)}"
         if self.skipped:
             text += " (skipped: " + ", ".join(f"{n} {why}" for why, n in self.skipped.items())
+            if self.loops:
+                shown = ", ".join(self.loops[:5]) + (", ..." if len(self.loops) > 5 else "")
+                text += f": {shown}"
             text += ")"
         return text
 
@@ -159,6 +164,20 @@ def _rules_of(directory: Path, base: str) -> list[IgnoreRule]:
     return rules
 
 
+def _link_target(link: Path) -> Path | None:
+    """Where `link` leads (maybe nowhere: a dangling link), or None when it loops."""
+    try:
+        target = link.resolve()
+    except RuntimeError:  # Python 3.11's resolve(): "Symlink loop from ..."
+        return None
+    try:
+        os.stat(target)
+    except OSError as error:  # 3.13+ resolves a loop to itself, and stat() says ELOOP
+        if error.errno == errno.ELOOP:
+            return None
+    return target
+
+
 def _normalised_relative(path: str, option: str) -> str:
     """The config layer's one rule for workspace paths, raised as a WorkspaceError."""
     if "\0" in path:
@@ -186,7 +205,8 @@ def select_workspace(
     link leading outside it, and any link to a directory, is skipped (counted in
     `skipped`). Refusing them would block runs over harmless links (editor state, a
     `result` link to a build store); following them would send files the user never put
-    in the workspace, or loop.
+    in the workspace, or loop. A link that loops (a -> b -> a) is skipped like a dangling
+    one, under its own reason, and named in `loops` (README "Workspace sync").
     """
     if not root.exists():
         raise WorkspaceError(
@@ -202,6 +222,7 @@ def select_workspace(
     files: list[tuple[str, int]] = []
     skipped: dict[str, int] = {}
     secrets: list[tuple[str, str]] = []
+    loops: list[str] = []
 
     def skip(reason: str) -> None:
         skipped[reason] = skipped.get(reason, 0) + 1
@@ -229,7 +250,11 @@ def select_workspace(
                 continue
             full = Path(child.path)
             if is_link:
-                target = full.resolve()
+                target = _link_target(full)
+                if target is None:
+                    loops.append(path)
+                    skip("symlink loops")
+                    continue
                 if not target.is_file() or not target.is_relative_to(root):
                     skip("symlinks leaving the workspace or to directories")
                     continue
@@ -260,7 +285,7 @@ def select_workspace(
             "--allow-secret PATH for each one the VM really needs.",
         )
     total = sum(size for _path, size in files)
-    selection = UploadSelection(root, tuple(files), total, skipped)
+    selection = UploadSelection(root, tuple(files), total, skipped, tuple(loops))
     if total > max_bytes:
         listing = "\n".join(
             f"  {human_size(size):>10}  {path}" for path, size in selection.largest()

@@ -12,23 +12,30 @@ real-GCP facts it rests on). This module builds what arms it and reads what it s
   watchdog never reads half a line).
 - `parse_state(value)`: the watchdog's guest attribute `tpulab/watchdog` as a
   `WatchdogState` the run reports ("armed", or why not and what to grant).
+- `parse_lease(value)`: its guest attribute `tpulab/lease` as a `PublishedLease`: when
+  the node's lease was last renewed and for how long, which tells whoever lists the
+  node (on any machine) whether it is someone's live work.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 from tpulab import paths
-from tpulab.contract import DELETE_NODE_PERMISSION, WATCHDOG_STATE_ATTRIBUTE
+from tpulab.contract import DELETE_NODE_PERMISSION, LEASE_ATTRIBUTE, WATCHDOG_STATE_ATTRIBUTE
 
 __all__ = [
     "DELETE_ROLE",
+    "LEASE_ATTRIBUTE",
     "STATE_ATTRIBUTE",
     "WATCHDOG_PAYLOAD",
+    "PublishedLease",
     "WatchdogConfig",
     "WatchdogState",
+    "parse_lease",
     "parse_state",
     "renew_command",
     "startup_script",
@@ -202,3 +209,42 @@ def parse_state(value: str | None) -> WatchdogState:
         if text.startswith(prefix):
             return WatchdogState(kind, text[len(prefix) :], raw=value)
     return WatchdogState("error", f"unrecognised state {text[:100]!r}", raw=value)
+
+
+@dataclass(frozen=True)
+class PublishedLease:
+    """The lease as the node's watchdog last published it (the VM's wall clock)."""
+
+    renewed_at: float  # epoch seconds of the last renewal it saw (its start before one)
+    lease_seconds: float
+    renewals: int
+
+    def age(self, now: float) -> float:
+        """Seconds since the last renewal, by this machine's clock (never negative: a VM
+        clock a little ahead must not read as a renewal from the future)."""
+        return max(0.0, now - self.renewed_at)
+
+    def fresh(self, now: float) -> bool:
+        """Renewed within its lease: the watchdog has not fired, so someone is using the
+        node. (Clocks on both sides are NTP-synced; a skew of seconds against leases of
+        minutes does not change the answer.)"""
+        return now - self.renewed_at < self.lease_seconds
+
+
+def parse_lease(value: str | None) -> PublishedLease | None:
+    """`tpulab/lease`'s value; None when there is none or it is not the watchdog's."""
+    if not value:
+        return None
+    try:
+        data = json.loads(value)
+        lease = PublishedLease(
+            renewed_at=float(data["renewed_at"]),
+            lease_seconds=float(data["lease_seconds"]),
+            renewals=int(data.get("renewals", 0)),
+        )
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    finite = math.isfinite(lease.renewed_at) and math.isfinite(lease.lease_seconds)
+    if not (finite and lease.lease_seconds > 0 and lease.renewed_at > 0):
+        return None
+    return lease

@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from tpulab import paths
 from tpulab.config.sessions import MAX_TTL_SECONDS
+from tpulab.errors import ConfigError
 from tpulab.remote.bootstrap import LAB_DIR, VENV_DIR, VENV_PYTHON
+from tpulab.remote.cmdline import remote_command
 from tpulab.remote.payload import payload_env
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "LOCK_MARKER",
     "LOCK_PATH",
     "LOG_PATH",
+    "MAX_COMMAND_LINE_BYTES",
     "RUN_DIR",
     "STAGED_LAUNCHER",
     "STOP_GRACE_SECONDS",
@@ -52,6 +55,7 @@ __all__ = [
     "LaunchReport",
     "LockHolder",
     "busy_command",
+    "checked_launch_line",
     "launch_command",
     "lock_command",
     "parse_busy_report",
@@ -160,6 +164,47 @@ def launch_command(command: Sequence[str], *, timeout: float) -> list[str]:
     ]
 
 
+# The most bytes the launch's remote command line may have (`remote_command` of the
+# launcher's argv with the command's environment as `export`s: exactly what the SSH
+# exec request carries). sshd hands that whole string to the login shell as ONE argument
+# (`$SHELL -c LINE`), and Linux refuses any single argument over MAX_ARG_STRLEN (32
+# pages: 128 KiB, its NUL included) with E2BIG; the shell's exec of the launcher then
+# carries the argv and the exported values again, under ARG_MAX for argv and environment
+# together (a quarter of the stack limit: 2 MiB by default). The VM fails such a command
+# before it starts and the SSH channel just closes, which reads as a dropped connection
+# (a preemption?) at run time; so it is refused while validating, before the create.
+# 96 KiB leaves 32 KiB of that 128 KiB for quoting changes and for what the VM adds (the
+# login environment, sshd's SSH_* variables) and is far below the SSH packet limit
+# servers enforce (OpenSSH: 256 KiB).
+MAX_COMMAND_LINE_BYTES = 96 * 1024
+
+
+def checked_launch_line(argv: Sequence[str], *, env: Mapping[str, str], timeout: float) -> str:
+    """The exact line `Connection.run(argv, env=env, timeout=timeout)` sends for a
+    `launch_command` argv; ConfigError when it is over MAX_COMMAND_LINE_BYTES, naming
+    its largest part (an argument of the command after `--`, or an --env value)."""
+    line = remote_command(argv, env=env, timeout=timeout)
+    size = _bytes(line)
+    if size <= MAX_COMMAND_LINE_BYTES:
+        return line
+    command = list(argv)[list(argv).index("--") + 1 :] if "--" in argv else list(argv)
+    parts = [(f"argument {i} of the command", arg) for i, arg in enumerate(command, 1)]
+    parts += [(f"the value of {name}", value) for name, value in env.items()]
+    what, largest = max(parts, key=lambda part: _bytes(part[1]))
+    raise ConfigError(
+        f"The command line sent to the VM would be {size:,} bytes (the command after -- "
+        f"and the --env values, quoted), over the {MAX_COMMAND_LINE_BYTES:,}-byte (96 KiB) "
+        f"limit; the largest part is {what}, {_bytes(largest):,} bytes. Linux refuses "
+        "one argument over 128 KiB (E2BIG): the VM could not even start it.",
+        hint="Put large inputs in a file in the workspace (--workdir is uploaded) and "
+        "pass its path to the command, or have the command read them from there.",
+    )
+
+
+def _bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogateescape"))
+
+
 def stop_command(grace: float = STOP_GRACE_SECONDS) -> list[str]:
     """argv that stops the running command (its whole process group)."""
     return [
@@ -217,6 +262,9 @@ class LaunchReport:
     timed_out: bool
     stopped: str | None
     seconds: float | None
+    # Lines the launcher left out of the stream because the laptop fell behind (all
+    # of them are in the log on the VM, which is fetched).
+    unstreamed_lines: int = 0
 
 
 def parse_launch_report(stderr: str) -> LaunchReport | None:
@@ -232,6 +280,7 @@ def parse_launch_report(stderr: str) -> LaunchReport | None:
                 timed_out=bool(data.get("timed_out", False)),
                 stopped=data.get("stopped"),
                 seconds=data.get("seconds"),
+                unstreamed_lines=int(data.get("unstreamed_lines") or 0),
             )
         except (ValueError, KeyError, TypeError):
             continue

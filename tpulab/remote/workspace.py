@@ -33,6 +33,11 @@ Fetch, `fetch_artifacts`:
             them into place and writes `out/manifest.json`. Layout of `out`:
             `run/...` (the run directory), `workspace/<path>` (the `--fetch` matches),
             `<basename of the log>`.
+            A fetch cut short (a second Ctrl-C, its time bound, a dropped connection)
+            keeps what had arrived: each member's header carries the sha256 of the file
+            before it, so every file that fully arrived and was vouched for goes into
+            `out` (`manifest.json` lists them, `"complete": false`); the file the cut
+            fell in, or whose sha256 had not arrived yet, is not kept.
 
 Uncompressed tar is the default: on the links these run over (loopback, a VM's NIC)
 gzip costs more CPU time than it saves wire time; `gzip=True` is there to measure that
@@ -41,6 +46,7 @@ gzip costs more CPU time than it saves wire time; `gzip=True` is there to measur
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
@@ -53,7 +59,7 @@ import stat
 import tarfile
 import tempfile
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
@@ -102,6 +108,7 @@ MANIFEST_FILE = "manifest.json"  # in `out`, next to the fetched files
 # The transfer script's wire conventions (remote_payloads/transfer.py says the same).
 _TRAILER_PREFIX = b"TPULAB-ARCHIVE-SHA256:"
 _MANIFEST_MEMBER = ".tpulab-manifest.json"
+_PREV_SHA256 = "TPULAB.prev.sha256"  # PAX key: the sha256 of the member before
 _KEEP_MEMBER = ".tpulab-keep.json"  # first member with `unpack --keep`
 _REFUSED = 3
 _CHUNK = 1 << 20
@@ -581,15 +588,27 @@ def _safe_member(name: str) -> str:
     return "/".join(parts)
 
 
-def _unpack_local(spool: BinaryIO, staging: Path, gzip: bool) -> tuple[Manifest, Manifest]:
-    """(what the VM's manifest says, what was written) for the archive in `spool`."""
-    written: list[ManifestEntry] = []
+@dataclass
+class _Unpacked:
+    """What an extraction got to (filled in as it goes, so a cut stream keeps it)."""
+
+    written: list[ManifestEntry]
+    vouched: dict[str, str]  # path -> the sha256 the VM sent for it
     claimed: Manifest | None = None
+
+
+def _unpack_local(spool: BinaryIO, staging: Path, gzip: bool, done: _Unpacked) -> None:
+    """Extract the archive in `spool` into `staging`, recording into `done` each file
+    written and every sha256 the VM vouched for (the next member's header, the manifest)."""
     seen: set[str] = set()
     made: set[Path] = set()
+    previous: str | None = None
     with tarfile.open(fileobj=spool, mode="r|gz" if gzip else "r|") as tar:
         for member in tar:
             name = _safe_member(member.name)
+            vouched = member.pax_headers.get(_PREV_SHA256)
+            if previous is not None and vouched is not None:
+                done.vouched[previous] = vouched
             if not member.isreg() or name in seen:
                 raise RemoteError(
                     f"The fetched archive holds {name!r} as a link, device or duplicate; "
@@ -600,7 +619,8 @@ def _unpack_local(spool: BinaryIO, staging: Path, gzip: bool) -> tuple[Manifest,
             assert source is not None  # a regular member always has data
             if name == _MANIFEST_MEMBER:
                 body = json.loads(source.read(64 * 2**20))
-                claimed = Manifest.from_json_obj(body["manifest"], missing=body["missing"])
+                done.claimed = Manifest.from_json_obj(body["manifest"], missing=body["missing"])
+                done.vouched.update((e.path, e.sha256) for e in done.claimed.entries)
                 continue
             target = staging / name
             _ensure_dir(target.parent, made)
@@ -611,10 +631,39 @@ def _unpack_local(spool: BinaryIO, staging: Path, gzip: bool) -> tuple[Manifest,
                     size += len(chunk)
                     out.write(chunk)
             os.chmod(target, 0o755 if member.mode & 0o111 else 0o644)
-            written.append(ManifestEntry(name, size, digest.hexdigest()))
-    if claimed is None:
-        raise RemoteError("The fetched archive has no manifest (cut short?); nothing was kept")
-    return claimed, Manifest.from_json_obj(Manifest(tuple(written)).to_json_obj())
+            done.written.append(ManifestEntry(name, size, digest.hexdigest()))
+            previous = name
+
+
+def _place(files: Path, out: Path, manifest: Manifest, *, complete: bool) -> None:
+    """Move the checked files from staging into `out` and write `out/manifest.json`."""
+    out.mkdir(parents=True, exist_ok=True)
+    made: set[Path] = set()
+    for entry in manifest.entries:
+        target = out / entry.path
+        _ensure_dir(target.parent, made)
+        os.replace(files / entry.path, target)
+    record: dict[str, Any] = {"files": manifest.to_json_obj(), "missing": list(manifest.missing)}
+    if not complete:
+        record["complete"] = False
+    (out / MANIFEST_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def _keep_arrived(spool: BinaryIO, files: Path, out: Path, gzip: bool) -> Manifest:
+    """A fetch cut short: extract what the spool holds, and keep in `out` every file that
+    fully arrived with the sha256 the VM vouched for; the cut file is left out."""
+    done = _Unpacked([], {})
+    files.mkdir(exist_ok=True)
+    spool.seek(0)
+    # The cut shows up as whatever the truncated stream raises: stop there.
+    cut = (tarfile.TarError, EOFError, OSError, ValueError, KeyError, TypeError, RemoteError)
+    with contextlib.suppress(*cut):
+        _unpack_local(spool, files, gzip, done)
+    kept = tuple(entry for entry in done.written if done.vouched.get(entry.path) == entry.sha256)
+    manifest = Manifest.from_json_obj(Manifest(kept).to_json_obj())
+    if manifest.entries:
+        _place(files, out, manifest, complete=False)
+    return manifest
 
 
 def fetch_artifacts(
@@ -629,6 +678,7 @@ def fetch_artifacts(
     timeout: float,
     python: str = "python3",
     gzip: bool = False,
+    kept: Callable[[Manifest], None] | None = None,
 ) -> Manifest:
     """Bring the patterns, the run directory and the log back into `out`; the checked
     manifest (also written to `out/manifest.json`). Patterns, a run directory or a log
@@ -636,6 +686,9 @@ def fetch_artifacts(
 
     RemoteError when the VM refuses (over `max_bytes`: its message lists the largest
     entries) or what arrived differs from the VM's manifest; nothing lands in `out` then.
+    When the stream itself is cut short (any exception while it flows, a signal's
+    included, or the VM's packer failing), the files that fully arrived and were
+    vouched for are kept in `out` (`kept` hears of them) and the error propagates.
     """
     if posixpath.basename(log_path.rstrip("/")) in ("", MANIFEST_FILE, "run", "workspace"):
         raise WorkspaceError(
@@ -657,13 +710,19 @@ def fetch_artifacts(
     try:
         with (staging / "archive.tar").open("w+b") as handle:
             spool = _CappedSpool(handle, max_bytes + _FETCH_OVERHEAD)
-            result = shell.run_streaming(
-                argv,
-                stdin=None,
-                stdout=cast(BinaryIO, spool),  # write() is all a StreamShell uses
-                timeout=timeout,
-            )
+            try:
+                result = shell.run_streaming(
+                    argv,
+                    stdin=None,
+                    stdout=cast(BinaryIO, spool),  # write() is all a StreamShell uses
+                    timeout=timeout,
+                )
+            except BaseException:
+                if spool.size <= spool.limit:  # cut short, not a VM past the cap
+                    _report_kept(kept, _keep_arrived(handle, staging / "files", out, gzip))
+                raise
             if result.exit_status != 0:
+                _report_kept(kept, _keep_arrived(handle, staging / "files", out, gzip))
                 raise RemoteError(
                     f"The VM did not send the artifacts: {_refusal(result)}",
                     hint="Over the cap: raise --max-fetch or narrow --fetch."
@@ -673,13 +732,18 @@ def fetch_artifacts(
             handle.seek(0)
             files = staging / "files"
             files.mkdir()
+            done = _Unpacked([], {})
             try:
-                claimed, written = _unpack_local(handle, files, gzip)
+                _unpack_local(handle, files, gzip, done)
             except (tarfile.TarError, EOFError, ValueError, KeyError, TypeError) as exc:
                 raise RemoteError(
                     f"The fetched archive is damaged ({type(exc).__name__}: {exc}); "
                     "nothing was kept"
                 ) from exc
+        claimed = done.claimed
+        if claimed is None:
+            raise RemoteError("The fetched archive has no manifest (cut short?); nothing was kept")
+        written = Manifest.from_json_obj(Manifest(tuple(done.written)).to_json_obj())
         if claimed.entries != written.entries:
             raise RemoteError(
                 "The fetched artifacts differ from the VM's manifest: "
@@ -688,15 +752,13 @@ def fetch_artifacts(
                 hint="Retry the fetch; a file still being written on the VM changes "
                 "under the packer.",
             )
-        out.mkdir(parents=True, exist_ok=True)
-        made: set[Path] = set()
-        for entry in written.entries:
-            target = out / entry.path
-            _ensure_dir(target.parent, made)
-            os.replace(files / entry.path, target)
         manifest = Manifest(written.entries, claimed.missing)
-        record = {"files": manifest.to_json_obj(), "missing": list(manifest.missing)}
-        (out / MANIFEST_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        _place(files, out, manifest, complete=True)
         return manifest
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _report_kept(kept: Callable[[Manifest], None] | None, manifest: Manifest) -> None:
+    if kept is not None and manifest.entries:
+        kept(manifest)

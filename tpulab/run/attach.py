@@ -54,7 +54,13 @@ if TYPE_CHECKING:
     from tpulab.run.recording import PlanStep
     from tpulab.run.session import SessionState
 
-__all__ = ["Attachment", "build_attached_plan", "last_renewal_at", "run_attached"]
+__all__ = [
+    "Attachment",
+    "build_attached_plan",
+    "describe_holder",
+    "last_renewal_at",
+    "run_attached",
+]
 
 
 @dataclass(frozen=True)
@@ -72,17 +78,9 @@ class Attachment:
 
     @classmethod
     def of(cls, state: SessionState, key: RunKey) -> Attachment:
-        from tpulab.remote.keys import HostKey, SshTarget
-
-        target = SshTarget(
-            state.ssh_host,
-            state.ssh_port,
-            state.ssh_user,
-            HostKey(state.host_key_type, state.host_key_b64),
-        )
         return cls(
             session=state.name,
-            target=target,
+            target=state.ssh_target(),
             key=key,
             watchdog=state.watchdog_config(),
             receipt_id=state.receipt_id,
@@ -159,7 +157,7 @@ class Attachment:
             )
         raise RemoteError(
             f"Session {self.session} is busy: another exec holds its lock "
-            f"({_describe_holder(holder)}). Nothing was synced or started.",
+            f"({describe_holder(holder)}). Nothing was synced or started.",
             hint="Wait for that exec to finish, or look at the node with "
             f"`tpulab ssh {self.session}`, then exec again. An exec whose laptop lost "
             f"power or its network lets go within {wl.LOCK_SILENCE_SECONDS:g} s.",
@@ -231,7 +229,7 @@ class Attachment:
         )
 
 
-def _describe_holder(holder: wl.LockHolder) -> str:
+def describe_holder(holder: wl.LockHolder) -> str:
     """'run R from laptop H (pid P), since T UTC', with what the holder wrote."""
     who = f"run {holder.run_id}" if holder.run_id else "an exec"
     if holder.host:
@@ -301,7 +299,7 @@ def build_attached_plan(
     over the recording seams (no key is read, nothing is contacted or written)."""
     from dataclasses import replace
 
-    from tpulab.contract import STARTUP_SCRIPT_METADATA
+    from tpulab.contract import KIND_SESSION, STARTUP_SCRIPT_METADATA
     from tpulab.models import NodeRequest, tpulab_labels
     from tpulab.remote.watchdog import startup_script
     from tpulab.run.lifecycle import Lifecycle
@@ -313,7 +311,7 @@ def build_attached_plan(
     recorder.api.created = NodeRequest(
         accelerator_type=spec.accelerator.name,
         runtime_version=spec.accelerator.runtime_version,
-        labels=tpulab_labels(attachment.watchdog.run_id),
+        labels=tpulab_labels(attachment.watchdog.run_id, kind=KIND_SESSION),
         metadata={STARTUP_SCRIPT_METADATA: startup_script(attachment.watchdog)},
     )
     life = Lifecycle(

@@ -1058,11 +1058,15 @@ class Lifecycle:
         outcome.billed_seconds = max(0.0, end - begin) if begin is not None else 0.0
         with contextlib.suppress(Exception):
             outcome.api_calls = self.api.call_count
-        if self._record_started:
-            self._write_run_record()  # replaces the start record
-        if self.journal is not None and self._journalled:
-            detail = "ok" if outcome.error is None else _describe(outcome.error)
-            self.journal.run_finished(self.spec.run_id, outcome.teardown_status, detail)
+        try:
+            if self._record_started:
+                self._write_run_record()  # replaces the start record
+        finally:
+            # Whatever the record did, the journal row says how the teardown ended: a row
+            # left open would later read as a run "deleted by its watchdog".
+            if self.journal is not None and self._journalled:
+                detail = "ok" if outcome.error is None else _describe(outcome.error)
+                self.journal.run_finished(self.spec.run_id, outcome.teardown_status, detail)
 
     def _record_start(self) -> None:
         """A `-- CMD` run's run.json saying it started ("running"), once its input is valid
@@ -1081,11 +1085,25 @@ class Lifecycle:
 
         assert self.spec.workload is not None
         write = self.write_record or write_run_record
+        record = None
         try:
             record = run_record(self.outcome, state=state)
             self.outcome.run_record = write(record, self.spec.workload.out)
-        except OSError as error:
-            self.observer.note(f"could not write run.json: {error}")
+        except Exception as error:  # a disk's refusal, or a value the record cannot hold
+            said = f"{type(error).__name__}: {error}"
+            self.observer.note(f"could not write run.json: {said}")
+            if record is None or isinstance(error, OSError):
+                return  # nothing to fall back to, or a disk that will refuse that too
+            # The file lists (every name the upload and the fetch saw) are what a record
+            # can fail on; without them (their counts stay in `workload`) it still says
+            # truthfully how the run ended, rather than leaving the start's "running".
+            reduced = record.model_copy(update={"upload": [], "fetch": [], "upload_sent": None})
+            try:
+                self.outcome.run_record = write(reduced, self.spec.workload.out)
+            except Exception as again:
+                self.observer.note(f"could not write run.json without its file lists: {again}")
+            else:
+                self.observer.note("run.json was written without its file lists")
 
 
 def _is_interrupt(error: BaseException | None) -> bool:

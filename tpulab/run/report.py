@@ -450,6 +450,18 @@ def _workload_lines(outcome: RunOutcome) -> list[Line]:
                 (f" in {workload.out}", "dim"),
             ]
         )
+    elif workload.kept is not None:
+        kept = workload.kept
+        lines.append(
+            [
+                ("  artifacts ", "dim"),
+                (
+                    f"PARTLY fetched: {kept.count} files, {kept.total_bytes / 2**20:.1f} MiB",
+                    "yellow",
+                ),
+                (f" in {workload.out} ({workload.fetch_problem})", "dim"),
+            ]
+        )
     elif workload.started:
         why = workload.fetch_problem or "not fetched"
         lines.append([("  artifacts ", "dim"), (f"NOT fetched: {why}", "yellow")])

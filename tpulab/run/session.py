@@ -8,31 +8,41 @@
 - `bring_up(life)`: the Lifecycle with `keep_on_success`, so a failed `up` goes through
   the very teardown of `run` and only a verified one keeps its node.
 - `take_down(api, state)`: the run's teardown (`delete_and_confirm`) for a kept node.
+- `exec_lock_for_down(state, key)`: `down` takes the session's exec lock (the one each
+  `exec` takes: tpulab.run.attach) before it deletes, so it never deletes a node under a
+  running exec (which would lose its artifacts), and no exec starts meanwhile.
 - `renew_argv(state)`: the watchdog's lease renewal as one remote command.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from tpulab.errors import ConfigError, NodeVanishedError, VerificationError
+from tpulab.errors import ConfigError, NodeVanishedError, TpuLabError, VerificationError
 from tpulab.remote.watchdog import WatchdogConfig, renew_command
 from tpulab.run.teardown import TeardownReport, delete_and_confirm
 
 if TYPE_CHECKING:
     from tpulab.cloud.api import TpuApi
     from tpulab.models import NodeInfo
+    from tpulab.remote.keys import RunKey, SshTarget
+    from tpulab.remote.workload import LockHolder
     from tpulab.run.lifecycle import Lifecycle
 
 __all__ = [
+    "DownLock",
     "SessionState",
     "abandon",
     "address_of",
     "bring_up",
+    "exec_lock_for_down",
     "node_address",
     "readdressed",
     "renew_argv",
@@ -70,6 +80,13 @@ class SessionState:
 
     def watchdog_config(self) -> WatchdogConfig:
         return WatchdogConfig(**self.watchdog)
+
+    def ssh_target(self) -> SshTarget:
+        """Where its node listens, with the host key `up` pinned."""
+        from tpulab.remote.keys import HostKey, SshTarget
+
+        host_key = HostKey(self.host_key_type, self.host_key_b64)
+        return SshTarget(self.ssh_host, self.ssh_port, self.ssh_user, host_key)
 
     def renewed(self, at: float) -> SessionState:
         fields = asdict(self)
@@ -234,6 +251,57 @@ def take_down(
         max_poll=min(10.0, poll * 5),
         notify=notify,
     )
+
+
+@dataclass(frozen=True)
+class DownLock:
+    """What `down` found of the session's exec lock: `holder` when an exec holds it
+    (deleting would kill that exec); `unchecked` saying why it could not be looked at;
+    neither when `down` holds it now (until the context ends)."""
+
+    holder: LockHolder | None = None
+    unchecked: str | None = None
+
+
+# `down` waits this long for the node's SSH server: a node that does not answer in time
+# cannot be serving an exec either, and `down` goes on to delete it (saying so).
+DOWN_CONNECT_SECONDS = 20.0
+
+
+@contextmanager
+def exec_lock_for_down(
+    state: SessionState, key: RunKey, *, connect_timeout: float = DOWN_CONNECT_SECONDS
+) -> Iterator[DownLock]:
+    """Take the session's exec lock for `down`, exactly as an exec takes it, and hold it
+    for the context (the delete): an exec started meanwhile is refused, never deleted
+    under. Yields who holds it instead, or why it could not be checked; never raises for
+    an unreachable node (the caller decides)."""
+    from tpulab.remote import workload as wl
+    from tpulab.remote.ssh import Connection
+
+    with Connection(state.ssh_target(), key, connect_timeout=connect_timeout) as connection:
+        argv = wl.lock_command(
+            run_id=f"down-{state.run_id}", host=socket.gethostname(), pid=os.getpid()
+        )
+        try:
+            answer = connection.hold(
+                argv,
+                timeout=wl.LOCK_HOLD_SECONDS,
+                answer_within=wl.LOCK_ANSWER_SECONDS,
+                beat_every=wl.LOCK_BEAT_SECONDS,
+            )
+            holder = wl.parse_lock_report(answer.stdout)
+        except TpuLabError as error:
+            found = DownLock(unchecked=error.message)
+        except ValueError as error:
+            found = DownLock(unchecked=f"the lock script answered {error}")
+        else:
+            if holder is None and answer.exit_status is not None:
+                ended = f"the lock ended as soon as it was taken (exit {answer.exit_status})"
+                found = DownLock(unchecked=ended)
+            else:
+                found = DownLock(holder=holder)
+        yield found
 
 
 def abandon(life: Lifecycle) -> TeardownReport:

@@ -21,7 +21,13 @@ SIGHUP come from supervisors and closing terminals, which should not abandon a n
 One step may be skippable instead: inside `skippable(describe)` (the fetch of the user's
 artifacts after a first Ctrl-C), the next signal raises `StepSkipped` rather than being
 refused, so a second Ctrl-C skips that step and the run goes straight on to teardown.
-A shield inside it still wins: nothing skips a teardown.
+A shield inside it still wins: nothing skips a teardown. With `finish_within=S` the
+step is one a FIRST signal must not cut short either (the fetch of a command that has
+ended: raising there would drop artifacts that are already on their way): that signal
+is recorded as the run's interrupt without raising, the user is told the step goes on
+for at most S seconds and that another Ctrl-C skips it, and from then on the step is
+skippable; past S seconds a SIGALRM skips it as a second Ctrl-C would. The body then
+ends normally and its caller decides (`interrupted()` names the signal).
 
 A signal the process inherited as ignored (e.g. SIGHUP under `nohup`) stays ignored.
 Outside the main thread both context managers do nothing (Python delivers signals only
@@ -71,11 +77,13 @@ class SignalInterrupt(BaseException):
 class StepSkipped(BaseException):
     """A signal arrived inside `skippable(...)`: skip that step (not the teardown)."""
 
-    def __init__(self, signum: int, step: str) -> None:
+    def __init__(self, signum: int, step: str, *, why: str | None = None) -> None:
         self.signum = signum
         self.signal_name = signal.Signals(signum).name
         self.step = step
-        super().__init__(f"{step} skipped by {self.signal_name}")
+        # What skipped it, for the user: "SIGINT", or the bound that ran out.
+        self.why = why or self.signal_name
+        super().__init__(f"{step} skipped by {self.why}")
 
 
 # The Ctrl-C that may force a quit: never the 2nd, so a second Ctrl-C cannot abort teardown.
@@ -93,6 +101,9 @@ class _Guard:
     describe: str = "tearing down"
     manual: str | None = None
     skippable: str | None = None  # the step a signal would skip now, if any
+    # The step a first signal must let finish, and for at most how many seconds.
+    deferring: tuple[str, float] | None = None
+    bounded: tuple[str, float] | None = None  # the deferred step whose SIGALRM is armed
     last_refusal: float | None = None
     ctrl_c_presses: int = 0  # every SIGINT of the run, including one that began teardown
     refused: list[str] = field(default_factory=list)
@@ -108,6 +119,9 @@ class _Guard:
             self.ctrl_c_presses += 1
         if self.interrupt is None and self.shield_depth == 0:
             self.interrupt = SignalInterrupt(signum)
+            if self.deferring is not None:
+                self._defer(signum, *self.deferring)
+                return
             raise self.interrupt
         if self.skippable is not None and self.shield_depth == 0:
             step, self.skippable = self.skippable, None  # one skip per step
@@ -129,6 +143,32 @@ class _Guard:
             else ""
         )
         self.say(f"{name} ignored: {what}; tpulab will exit when it is done.{more}")
+
+    def _defer(self, signum: int, step: str, bound: float) -> None:
+        """A first signal inside `skippable(step, finish_within=bound)`: the step goes
+        on, now skippable, for at most `bound` seconds (then SIGALRM skips it)."""
+        self.deferring = None
+        self.skippable = step
+        if hasattr(signal, "setitimer"):
+            self.bounded = (step, bound)
+            signal.setitimer(signal.ITIMER_REAL, bound)
+        self.say(
+            f"{signal.Signals(signum).name}: letting {step} finish (at most {bound:g} s); "
+            f"press Ctrl-C again to skip {step}."
+        )
+
+    def expire(self, signum: int, frame: FrameType | None) -> None:
+        """SIGALRM: a deferred step ran past its bound; skip it like a second Ctrl-C."""
+        del signum, frame
+        bounded, self.bounded = self.bounded, None
+        if bounded is None or self.skippable != bounded[0] or self.shield_depth:
+            return  # the step is over (or shielded): nothing to cut short
+        step, bound = bounded
+        self.skippable = None
+        assert self.interrupt is not None
+        why = f"its {bound:g} s bound after {self.interrupt.signal_name}"
+        self.say(f"{step[:1].upper() + step[1:]} ran past {why}: skipping it.")
+        raise StepSkipped(self.interrupt.signum, step, why=why)
 
     def _force_exit(self) -> None:
         lines = [f"Forced quit while {self.describe}: the node may still exist and bill."]
@@ -208,22 +248,36 @@ def shield(describe: str, *, manual: str | None = None) -> Iterator[None]:
 
 
 @contextmanager
-def skippable(describe: str) -> Iterator[None]:
+def skippable(describe: str, *, finish_within: float | None = None) -> Iterator[None]:
     """Let the next signal skip the body (raising StepSkipped) instead of being refused.
 
     For a bounded, optional step between an interrupt and the teardown: fetching the
-    user's artifacts after a first Ctrl-C. Does nothing outside `signals_to_teardown` or
-    off the main thread (there a KeyboardInterrupt does the skipping).
+    user's artifacts after a first Ctrl-C. With `finish_within`, a step that runs before
+    any interrupt (the fetch of a command that ended by itself): a first signal there is
+    recorded but lets the body go on for at most that many seconds (module docstring).
+    Does nothing outside `signals_to_teardown` or off the main thread (there a
+    KeyboardInterrupt does the skipping).
     """
     guard = _active
     if guard is None or not _in_main_thread():
         yield
         return
-    saved, guard.skippable = guard.skippable, describe
+    saved = guard.skippable, guard.deferring
+    alarm = finish_within is not None and guard.interrupt is None and hasattr(signal, "SIGALRM")
+    previous_alarm = signal.signal(signal.SIGALRM, guard.expire) if alarm else None
+    if finish_within is not None and guard.interrupt is None:
+        guard.deferring = (describe, finish_within)
+    else:
+        guard.skippable = describe
     try:
         yield
     finally:
-        guard.skippable = saved
+        # The step is over: first make a late alarm a no-op, then disarm it.
+        guard.skippable, guard.deferring = saved
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            guard.bounded = None
+            signal.signal(signal.SIGALRM, previous_alarm or signal.SIG_DFL)
 
 
 def interrupted() -> str | None:

@@ -10,7 +10,10 @@ The fetch happens whatever the command did: success, a non-zero exit, a timeout 
 launcher killed its process group on the VM). A first Ctrl-C or SIGTERM while the command
 runs stops it on the VM and gives the fetch a bounded time, inside `skippable`, so a
 second one skips the fetch and goes straight to the teardown, which keeps every
-guarantee it has (it runs in the lifecycle's `finally`, shielded).
+guarantee it has (it runs in the lifecycle's `finally`, shielded). A first one during
+the fetch of a command that had ended lets that fetch finish (at most
+INTERRUPTED_FETCH_SECONDS more; `skippable(..., finish_within=)`), and a second one skips
+it. A fetch cut short keeps the files that fully arrived (tpulab.remote.workspace).
 
 `WorkloadRunner` is driven by `tpulab.run.lifecycle.Lifecycle` through its `_phase`, so
 phases, journal and observer see these phases like any other, and `--dry-run` records
@@ -20,13 +23,18 @@ every command and transfer through the same seams.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from tpulab import paths
-from tpulab.errors import ConfigError, RemoteError, TpuLabError, WorkloadFailedError
+from tpulab.errors import (
+    ConfigError,
+    InterruptedRun,
+    RemoteError,
+    TpuLabError,
+    WorkloadFailedError,
+)
 from tpulab.remote import bootstrap as boot
 from tpulab.remote import workload as wl
 from tpulab.run.progress import COMMAND_STREAM, Phase
@@ -43,6 +51,7 @@ __all__ = ["WorkloadOutcome", "WorkloadRunner", "extras_for"]
 INTERRUPTED_FETCH_SECONDS = 120.0
 _STOP_TIMEOUT = wl.STOP_GRACE_SECONDS + wl.LAUNCHER_SETTLE_SECONDS + 20.0
 _OUTPUT_TAIL_LINES = 40
+_FETCH_STEP = "the fetch"  # as the signal messages name it: "press Ctrl-C again to skip ..."
 
 
 def _transfer_timeout(size: int) -> float:
@@ -67,6 +76,7 @@ class WorkloadOutcome:
     seconds: float | None = None
     fetch: Manifest | None = None
     fetch_problem: str | None = None  # why nothing (or not everything) came back
+    kept: Manifest | None = None  # what a fetch cut short kept (files that fully arrived)
     output_tail: list[str] = field(default_factory=list)
 
     @property
@@ -112,6 +122,9 @@ class WorkloadRunner:
             exclude=spec.exclude,
         )
         check_fetch_patterns(spec.fetch)
+        # The launch line's size, measured on the line `command` will send (E2BIG).
+        argv, env, ssh_timeout = self._launch()
+        wl.checked_launch_line(argv, env=env, timeout=ssh_timeout)
         if spec.requirements is not None:
             _check_uploaded(spec.requirements, self.selection)
         try:
@@ -141,15 +154,52 @@ class WorkloadRunner:
             raise
         failure = self._failure()
         try:
-            life._phase(Phase.FETCH, lambda: self.fetch(self._fetch_timeout()))
+            # The command has ended: a first signal now must not drop what is on its way.
+            with life.skippable(_FETCH_STEP, finish_within=INTERRUPTED_FETCH_SECONDS):
+                life._phase(Phase.FETCH, lambda: self.fetch(self._fetch_timeout()))
         except TpuLabError as error:
+            self._cut_short(error)
             if failure is None:
                 raise
             # The command's failure is what the user must hear; the fetch's is a note.
-            self.outcome.fetch_problem = error.message
             life.observer.note(f"fetching the artifacts failed too: {error.message}")
+        except BaseException as error:  # a signal: skipped (2nd) or not deferred (no guard)
+            self._cut_short(error)
+            raise self._interruption(error) from None
         if failure is not None:
             raise failure
+        from tpulab.run.signals import interrupted
+
+        signal_name = interrupted()
+        if signal_name is not None:
+            # A first signal let the fetch finish; the run ends as interrupted (which,
+            # everything being in, the lifecycle may count as complete).
+            raise InterruptedRun(signal_name)
+
+    def _cut_short(self, error: BaseException) -> None:
+        """The fetch did not complete: say why, and what it kept."""
+        outcome = self.outcome
+        problem = _describe(error)
+        if _is_skip(error):
+            by = getattr(error, "why", None) or "SIGINT"
+            problem = f"skipped by {by} during the fetch"
+        kept = outcome.kept
+        if kept is not None:
+            problem += (
+                f"; kept the {kept.count} files ({kept.total_bytes / 2**20:.1f} MiB) that had "
+                "fully arrived, each checked against the VM's sha256 (see manifest.json)"
+            )
+        outcome.fetch_problem = problem
+        if _is_skip(error):
+            self.life.observer.note(f"artifacts not all fetched: {problem}")
+
+    def _interruption(self, error: BaseException) -> BaseException:
+        """What ends the run after a signal cut the fetch short: the run's interrupt."""
+        from tpulab.run.signals import StepSkipped, interrupted
+
+        if isinstance(error, StepSkipped):
+            return InterruptedRun(interrupted() or error.signal_name)
+        return error
 
     def sync(self) -> str:
         """Stage the launcher (sha256-checked) and upload the workspace as one archive."""
@@ -198,11 +248,8 @@ class WorkloadRunner:
         life = self.life
         session = life.session
         assert session is not None
-        spec, workload = life.spec, self.workload
-        env = wl.workload_env(
-            spec.platform, spec.accelerator.devices_per_host, spec.run_id, workload.env
-        )
-        argv = wl.launch_command(workload.command, timeout=workload.timeout)
+        workload = self.workload
+        argv, env, ssh_timeout = self._launch()
         tail = self.outcome.output_tail
 
         def on_line(stream: str, line: str) -> None:
@@ -213,9 +260,7 @@ class WorkloadRunner:
             life.observer.remote_output(COMMAND_STREAM if stream == "stdout" else stream, line)
 
         self.outcome.started = True
-        result = session.run(
-            argv, env=env, timeout=workload.timeout + wl.LAUNCH_SLACK_SECONDS, on_line=on_line
-        )
+        result = session.run(argv, env=env, timeout=ssh_timeout, on_line=on_line)
         report = wl.parse_launch_report(result.stderr)
         if report is None:
             # The launcher itself did not report (it could not start): say what it said.
@@ -224,6 +269,11 @@ class WorkloadRunner:
                 f"The workload launcher on the VM failed (exit {result.exit_status}) "
                 "without reporting on your command.",
                 hint="Its output: " + (result.stderr.strip()[-300:] or "(none)"),
+            )
+        if report.unstreamed_lines:
+            life.observer.note(
+                f"{report.unstreamed_lines} lines of output were not streamed (this end "
+                "fell behind; the command was not slowed): see output.log"
             )
         self.outcome.exit_status = report.exit_status if not report.timed_out else None
         self.outcome.timed_out = report.timed_out
@@ -234,6 +284,16 @@ class WorkloadRunner:
         if report.timed_out:
             return f"killed on the VM after its {workload.timeout:g} s --timeout"
         return f"exit {report.exit_status} after {report.seconds or 0:.1f} s"
+
+    def _launch(self) -> tuple[list[str], dict[str, str], float]:
+        """The launcher's argv, the command's environment and the SSH wrapper's limit:
+        what `command` sends, and what `validate` measures."""
+        spec, workload = self.life.spec, self.workload
+        env = wl.workload_env(
+            spec.platform, spec.accelerator.devices_per_host, spec.run_id, workload.env
+        )
+        argv = wl.launch_command(workload.command, timeout=workload.timeout)
+        return argv, env, workload.timeout + wl.LAUNCH_SLACK_SECONDS
 
     def fetch(self, timeout: float) -> str:
         """The run dir, the log and the --fetch patterns into --out, checked file by file."""
@@ -251,6 +311,7 @@ class WorkloadRunner:
             out=workload.out,
             max_bytes=workload.max_fetch,
             timeout=timeout,
+            kept=self._kept,
         )
         self.outcome.fetch = manifest
         missing = f"; nothing matched {', '.join(manifest.missing)}" if manifest.missing else ""
@@ -258,6 +319,9 @@ class WorkloadRunner:
             f"{manifest.count} files, {manifest.total_bytes / 2**20:.1f} MiB into "
             f"{workload.out}{missing}"
         )
+
+    def _kept(self, manifest: Manifest) -> None:
+        self.outcome.kept = manifest
 
     # -- failure paths --------------------------------------------------------------------
 
@@ -291,25 +355,24 @@ class WorkloadRunner:
         a dropped connection): stop it on the VM, then fetch what exists, bounded; a
         second signal meanwhile skips both (StepSkipped, or KeyboardInterrupt when no
         signal guard is installed) and the teardown follows."""
-        from tpulab.run.signals import StepSkipped
-
         life = self.life
         why = _describe(error)
         self.outcome.stopped = why
-        with life.skippable("fetching your artifacts"):
+        with life.skippable(_FETCH_STEP):
             try:
                 self._stop()
                 life._phase(
                     Phase.FETCH,
                     lambda: self.fetch(min(INTERRUPTED_FETCH_SECONDS, self._fetch_timeout())),
                 )
-            except (StepSkipped, KeyboardInterrupt) as skip:
-                self.outcome.fetch_problem = f"skipped: {_describe(skip)} during the fetch"
-                life.observer.note("artifacts not fetched (second interrupt); tearing down")
-            except Exception as failed:  # the teardown must follow whatever happens here
-                message = failed.message if isinstance(failed, TpuLabError) else str(failed)
-                self.outcome.fetch_problem = message
-                life.observer.note(f"could not fetch the artifacts after {why}: {message}")
+            except BaseException as failed:  # the teardown must follow whatever happens here
+                if not isinstance(failed, Exception) and not _is_skip(failed):
+                    raise
+                self._cut_short(failed)
+                if not _is_skip(failed):
+                    life.observer.note(
+                        f"could not fetch the artifacts after {why}: {self.outcome.fetch_problem}"
+                    )
 
     def _stop(self) -> None:
         session = self.life.session
@@ -364,6 +427,14 @@ def _check_uploaded(reqs: RequirementsFile, selection: UploadSelection) -> None:
             )
 
 
+def _is_skip(error: BaseException) -> bool:
+    """A second signal (or the bound after the first) skipping the fetch; or, with no
+    signal guard installed, the KeyboardInterrupt that does the same."""
+    from tpulab.run.signals import StepSkipped
+
+    return isinstance(error, StepSkipped | KeyboardInterrupt)
+
+
 def _describe(error: BaseException) -> str:
     name = getattr(error, "signal_name", None)
     if name:
@@ -375,10 +446,18 @@ def _describe(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
+class Skippable(Protocol):
+    """`tpulab.run.signals.skippable`: a step a second signal may skip (and, with
+    `finish_within`, one a first signal lets finish, bounded)."""
+
+    def __call__(
+        self, describe: str, *, finish_within: float | None = None
+    ) -> contextlib.AbstractContextManager[object]: ...
+
+
 # Used by the lifecycle's default seam: no signal guard, nothing to skip with.
-def no_skip(describe: str) -> contextlib.AbstractContextManager[object]:
-    del describe
+def no_skip(
+    describe: str, *, finish_within: float | None = None
+) -> contextlib.AbstractContextManager[object]:
+    del describe, finish_within
     return contextlib.nullcontext()
-
-
-Skippable = Callable[[str], contextlib.AbstractContextManager[object]]
