@@ -18,9 +18,13 @@ is not held up, and then:
    for the lease) and at every renewal it sees -- so `tpulab teardown --verify` on another
    machine can tell live work (a fresh lease) from a node left behind;
 4. every `poll_seconds` checks the lease and the hard deadline, and when either passed
-   publishes `firing: lease expired` / `firing: deadline` and sends
-   `DELETE v2/projects/P/locations/Z/nodes/N` with the token, retrying transient
-   failures; 404 means the node is already going, which is all it wanted.
+   publishes `firing: lease expired` / `firing: deadline` and sends the DELETEs its
+   config lists (`delete_paths`; by default `v2/projects/P/locations/Z/nodes/N`) with
+   the token, retrying transient failures; 404 means it is already going, which is all
+   it wanted. A node made by a queued resource lists that first, with `force=true`, so
+   the queued resource goes with its node (deleting only the node would leave it
+   SUSPENDED and holding quota), then the node itself. Every path must name this VM's
+   own project, zone and node name (the queued resource is named like its node).
 
 The lease: the controller writes the lease file over its SSH session every few seconds
 (a new line each time; `{"seq": n, "lease_seconds": s}`). The watchdog does not trust
@@ -116,6 +120,7 @@ class Config:
     boot_grace_seconds: float
     max_duration_seconds: float
     poll_seconds: float
+    delete_paths: tuple[str, ...] = ()  # empty: this node's own DELETE only
 
     @classmethod
     def from_json(cls, text: str) -> Config:
@@ -132,6 +137,7 @@ class Config:
             boot_grace_seconds=_positive(data["boot_grace_seconds"]),
             max_duration_seconds=_positive(data["max_duration_seconds"]),
             poll_seconds=_positive(data["poll_seconds"]),
+            delete_paths=tuple(str(p) for p in data.get("delete_paths") or ()),
         )
 
 
@@ -242,6 +248,22 @@ class Identity:
     zone: str
     node_name: str
     email: str
+
+
+def delete_targets(config: Config, identity: Identity) -> list[str]:
+    """The DELETE paths (relative to the API root) for this VM; ValueError if the config
+    names anything that is not this node or its like-named queued resource."""
+    parent = f"v2/projects/{identity.project}/locations/{identity.zone}/"
+    node = f"{parent}nodes/{identity.node_name}"
+    paths = list(config.delete_paths) or [node]
+    for path in paths:
+        where, _, query = path.partition("?")
+        ours = where in (node, f"{parent}queuedResources/{identity.node_name}")
+        if not ours or query not in ("", "force=true"):
+            raise ValueError(
+                f"refusing to delete {path!r}: not this VM's node or its queued resource"
+            )
+    return paths
 
 
 def identity_of(metadata: Metadata, config: Config) -> Identity:
@@ -409,19 +431,25 @@ class Watchdog:
     # -- deleting ----------------------------------------------------------------------
 
     def delete_node(self, identity: Identity) -> bool:
-        """One DELETE of this node; True when it is accepted or already gone."""
-        name = f"projects/{identity.project}/locations/{identity.zone}/nodes/{identity.node_name}"
+        """One DELETE of each target (the queued resource, the node); True when every
+        one is accepted or already gone. A refused one does not stop the next."""
+        done = True
+        for path in delete_targets(self.config, identity):
+            done = self._delete(path) and done
+        return done
+
+    def _delete(self, path: str) -> bool:
         try:
-            request("DELETE", self.api_base + "v2/" + name, headers=self._auth({}))
+            request("DELETE", self.api_base + path, headers=self._auth({}))
         except HttpError as error:
             if error.status == 404:
-                self.log("the node is already gone")
+                self.log(f"{path} is already gone")
                 return True
-            self.log(f"DELETE {name} failed: {error}")
+            self.log(f"DELETE {path} failed: {error}")
             if not error.transient:
                 self.publish(f"{ERROR}delete refused ({error})")
             return False
-        self.log(f"DELETE {name} accepted")
+        self.log(f"DELETE {path} accepted")
         return True
 
     def fire(self, identity: Identity, reason: str) -> None:
@@ -457,6 +485,11 @@ class Watchdog:
             if self.why_fire() is not None:
                 self.publish(f"{ERROR}cannot learn this VM's identity; cannot delete it")
             self.sleep(self.config.poll_seconds)
+        try:
+            delete_targets(self.config, identity)
+        except ValueError as error:
+            self.publish(f"{ERROR}{error}")
+            return  # never delete anything not this VM's own
         self.arm(identity)
         while True:
             self.observe_lease()

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+import tpulab.emulator as emulated_package
 from tpulab import catalog
 from tpulab.errors import ConfigError, UnknownAcceleratorError, UnsupportedAcceleratorError
 
@@ -108,12 +115,71 @@ def test_a_huge_accelerator_flag_is_refused_without_being_echoed_whole() -> None
     assert "100010 characters" in caught.value.message
 
 
-def test_the_emulator_reads_the_catalogs_zone_table() -> None:
-    # One table: the emulator's zones module is the catalog's, not a copy of it.
+def _rows_disagree(ours: Mapping[str, Any], emulated: Mapping[str, Any]) -> list[str]:
+    """Every zone whose row differs between the catalog's table and the emulator's own."""
+    problems = []
+    for name in sorted(set(ours) | set(emulated)):
+        mine, theirs = ours.get(name), emulated.get(name)
+        if mine is None or theirs is None:
+            problems.append(f"{name}: only in {'the emulator' if mine is None else 'catalog'}")
+        elif sorted(mine.accelerator_types()) != sorted(theirs.accelerator_types()):
+            problems.append(f"{name}: types differ")
+        elif mine.runtime_versions() != theirs.runtime_versions():
+            problems.append(f"{name}: runtimes differ")
+    return problems
+
+
+def _emulator_modules_importing_the_catalog() -> list[str]:
+    found = []
+    for source in Path(emulated_package.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            if any(name == "tpulab.catalog" for name in names) or (
+                isinstance(node, ast.ImportFrom)
+                and node.module == "tpulab"
+                and any(alias.name == "catalog" for alias in node.names)
+            ):
+                found.append(source.name)
+    return found
+
+
+def test_the_emulator_keeps_its_own_zone_table_and_it_agrees_with_the_catalog() -> None:
+    # Two tables, not one: a wrong row shared by both sides could never fail a test.
     from tpulab.emulator import zones as emulated
 
-    assert emulated.ZONES is catalog.ZONES
-    assert emulated.Zone is catalog.Zone
+    assert not _emulator_modules_importing_the_catalog()
+    assert _rows_disagree(catalog.ZONES, emulated.ZONES) == []
+    assert emulated.ACCELERATOR_SIZES == catalog.ACCELERATOR_SIZES
+    for accelerator in catalog.CATALOG.values():
+        family = catalog.accelerator_family(accelerator.name) or ""
+        assert accelerator.runtime_version in emulated.RUNTIMES[family], accelerator.name
+        size = int(accelerator.name.rsplit("-", 1)[1])
+        assert size in emulated.ACCELERATOR_SIZES[family], accelerator.name
+    # Each of the emulator's rows names the Google page it was read from.
+    assert all(zone.source.startswith(emulated.REGIONS_PAGE) for zone in emulated.ZONES.values())
+    assert set(emulated.SIZE_SOURCES) == set(emulated.ACCELERATOR_SIZES)
+
+
+@pytest.mark.parametrize("side", ["catalog", "emulator"])
+def test_a_wrong_row_on_either_side_is_caught(side: str) -> None:
+    from tpulab.emulator import zones as emulated
+
+    ours: dict[str, Any] = dict(catalog.ZONES)
+    theirs: dict[str, Any] = dict(emulated.ZONES)
+    wrong = ours if side == "catalog" else theirs
+    # us-west4-a hosts v5e only; say it hosts v6e (on one side), or drop a zone.
+    wrong["us-west4-a"] = dataclasses.replace(wrong["us-west4-a"], families=("v6e",))
+    assert _rows_disagree(ours, theirs) == ["us-west4-a: types differ"]
+    del wrong["us-east1-d"]
+    assert "us-east1-d: only in " + ("the emulator" if side == "catalog" else "catalog") in (
+        _rows_disagree(ours, theirs)
+    )
 
 
 def test_every_catalog_accelerator_is_offered_somewhere() -> None:

@@ -156,6 +156,17 @@ REAL_ANSWERS: list[tuple[str, str, str, type[E.CloudError], Scope]] = [
         E.NotFoundError,
         "fatal",
     ),
+    (
+        RPC_STATUS[4],
+        "The queued resource could not be provisioned before its 'valid until' start "
+        "timing constraint expired (2026-01-01T00:00:00Z): no capacity for v5litepod-4 in "
+        "zone us-central1-a in time.",
+        "a queued resource's failedData.error when its window closed: the v2 discovery "
+        "document's words for FAILED ('the valid until start timing constraint expired'); "
+        "the code (4) and the rest are the emulator's (tpulab/emulator/queued.py)",
+        E.StockoutError,
+        "zone",
+    ),
 ]
 
 

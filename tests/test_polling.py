@@ -27,6 +27,7 @@ from tpulab.models import NodeInfo, NodeRequest, NodeState
 from tpulab.polling import Backoff, poll_until, retry_call, time_left
 from tpulab.remote.keys import (
     HOST_KEY_ATTRIBUTE,
+    GuestAttributesDisabledError,
     HostKey,
     HostKeyNotPublishedError,
     RunKey,
@@ -433,8 +434,11 @@ def test_wait_for_state_rides_out_a_storm_until_its_deadline() -> None:
         NotFoundError("Could not read guest attributes: not found.", status="NOT_FOUND"),
         InvalidArgumentError("precondition", status="FAILED_PRECONDITION"),
         _unavailable(),
+        # gcloud's `tpu-vm ssh` treats any HttpError here as "not yet" (issue 23 #6).
+        InvalidArgumentError("bad request", status="INVALID_ARGUMENT"),
+        PermissionDeniedError("denied", status="PERMISSION_DENIED"),
     ],
-    ids=["404", "FAILED_PRECONDITION", "503"],
+    ids=["404", "FAILED_PRECONDITION", "503", "INVALID_ARGUMENT", "PERMISSION_DENIED"],
 )
 def test_host_key_wait_treats_early_api_errors_as_not_published(not_yet: Exception) -> None:
     clock = FakeClock()
@@ -449,14 +453,42 @@ def test_host_key_wait_treats_early_api_errors_as_not_published(not_yet: Excepti
     assert fetch.calls == 9
 
 
-def test_host_key_wait_gives_up_at_its_deadline_and_keeps_fatal_errors_fatal() -> None:
+def test_host_key_wait_gives_up_at_its_deadline_quoting_the_last_error() -> None:
     clock = FakeClock()
     start = clock.now
     missing = Flaky(10**6, NotFoundError("not found", status="NOT_FOUND"))
     with pytest.raises(HostKeyNotPublishedError, match="within 30s"):
         wait_for_host_key(lambda: {"x": missing()}, timeout=30, clock=clock, sleep=clock.sleep)
     assert clock.now == pytest.approx(start + 30)
-    denied = Flaky(10**6, PermissionDeniedError("denied", status="PERMISSION_DENIED"))
-    with pytest.raises(PermissionDeniedError):
+    # Any API error is "not yet" until the deadline, as gcloud has it; then it is quoted.
+    denied = Flaky(
+        10**6,
+        PermissionDeniedError("Permission denied on guest attributes", status="PERMISSION_DENIED"),
+    )
+    with pytest.raises(HostKeyNotPublishedError) as caught:
         wait_for_host_key(lambda: {"x": denied()}, timeout=30, clock=clock, sleep=clock.sleep)
-    assert denied.calls == 1
+    assert denied.calls > 1
+    assert (
+        "the API's last answer: PERMISSION_DENIED: Permission denied on guest attributes"
+        in caught.value.message
+    )
+
+
+def test_host_key_wait_names_the_guest_attributes_org_policy_at_once() -> None:
+    clock = FakeClock()
+    policy = Flaky(
+        10**6,
+        InvalidArgumentError(
+            "Could not get guest attributes: the API rejected the request as invalid.",
+            status="FAILED_PRECONDITION",
+            api_message="Constraint constraints/compute.disableGuestAttributesAccess violated "
+            "for projects/p: access to guest attributes is disabled by an organization policy.",
+        ),
+    )
+    with pytest.raises(GuestAttributesDisabledError) as caught:
+        wait_for_host_key(lambda: {"x": policy()}, timeout=30, clock=clock, sleep=clock.sleep)
+    assert policy.calls == 1  # no wait can outlast a policy
+    assert "compute.disableGuestAttributesAccess" in caught.value.message
+    assert "org-policies disable-enforce compute.disableGuestAttributesAccess" in (
+        caught.value.hint or ""
+    )

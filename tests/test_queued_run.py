@@ -99,7 +99,8 @@ def test_window_passes_failed_reported_and_nothing_left(embedded_rig: Rig) -> No
     rig.emulator.faults.capacity_after = {ZONE: 3600.0}  # never within the window
     life, _, error = rig.run(queued_spec(rig, "2s"))
     assert isinstance(error, StockoutError)
-    assert error.status == "FAILED"
+    assert error.status == "DEADLINE_EXCEEDED"  # failedData.error.code 4, as classified
+    assert "FAILED" in error.message
     assert "valid until" in error.message
     assert life.outcome.teardown_status == "confirmed"
     assert rig.leftovers() == []

@@ -177,6 +177,28 @@ def test_guest_attributes_answering_errors_at_first_are_not_yet(
     _assert_verified_and_clean(embedded_rig, life, error)
 
 
+def test_the_guest_attributes_org_policy_is_named_at_once_and_nothing_is_left(
+    embedded_rig: Rig,
+) -> None:
+    # constraints/compute.disableGuestAttributesAccess: the host key can never be read.
+    # Every other API error is "not yet" until the deadline; this one is named at once.
+    from tpulab.remote.keys import GuestAttributesDisabledError
+
+    embedded_rig.emulator.faults.guest_attributes_disabled = True
+    life, _, error = embedded_rig.run(embedded_rig.spec("v5litepod-1"))
+    assert isinstance(error, GuestAttributesDisabledError), error
+    assert "constraints/compute.disableGuestAttributesAccess" in error.message
+    assert "disable-enforce compute.disableGuestAttributesAccess" in (error.hint or "")
+    asked = [
+        r
+        for r in embedded_rig.emulator.requests()
+        if r["path"].endswith(":getGuestAttributes") and "caller" not in r
+    ]
+    assert len(asked) == 1  # no waiting out the host-key deadline
+    assert life.outcome.teardown_status == "confirmed"
+    assert embedded_rig.leftovers() == []
+
+
 def test_a_dead_endpoint_fails_in_seconds_creates_nothing_and_closes_the_row(
     embedded_rig: Rig,
 ) -> None:

@@ -308,3 +308,43 @@ def test_a_watchdog_delete_racing_the_controllers_teardown_is_harmless(
     row = m.row(node)
     assert row is not None
     assert row.teardown == "confirmed"
+
+
+def _queued_names(m: Matrix) -> list[str]:
+    return [key.rsplit("/", 1)[-1] for key in m.emulator.snapshot().get("queued_resources", {})]
+
+
+def test_sigkill_of_a_queued_run_the_vm_deletes_its_queued_resource_and_itself(
+    served: Matrix,
+) -> None:
+    """A queued node's watchdog deletes the queued resource with force=true (node and
+    queued resource go), not only the node, which would leave the queued resource
+    SUSPENDED and holding quota."""
+    m, node = served, "tpulab-wd-kill-queued"
+    release = m.hold(node, "execute")
+    process = _run(m, node, "--queued", "--lease", "15s")
+    try:
+        wait_until(_in_phase(m, node, "execute"), "the payload to run", 180)
+        assert node in _queued_names(m)
+        process.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        assert process.wait(timeout=30) == -signal.SIGKILL
+        gone = wait_until(
+            lambda: node not in m.emulator.node_names(PROJECT) and node not in _queued_names(m),
+            "the queued resource and its node to be deleted by the VM",
+            15 + SLACK,
+        )
+    finally:
+        _stop(process, release)
+    assert gone - killed <= 15 + SLACK
+    queued_deletes = [
+        entry
+        for entry in m.emulator.requests()
+        if entry["method"] == "DELETE" and entry["path"].endswith(f"/queuedResources/{node}")
+    ]
+    assert queued_deletes, "the watchdog must delete the queued resource"
+    assert all(_by_watchdog(d, node) for d in queued_deletes), queued_deletes
+    assert ["force", "true"] in queued_deletes[0]["query"]
+    # `tpulab list` shows neither the node nor its queued resource.
+    listed = _list_json(m)["nodes"]
+    assert [row for row in listed if node in (row["name"], row.get("queued_resource"))] == []

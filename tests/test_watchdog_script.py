@@ -6,6 +6,7 @@ in tests/test_watchdog_e2e.py). Lease renewals are the controller's real argv, r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -208,7 +209,9 @@ def _config(tmp: str, **overrides: float) -> WatchdogConfig:
         node_name=NODE,
         zone=ZONE,
         project=PROJECT,
-        **values,
+        lease_seconds=values["lease_seconds"],
+        boot_grace_seconds=values["boot_grace_seconds"],
+        max_duration_seconds=values["max_duration_seconds"],
     )
 
 
@@ -345,6 +348,36 @@ def test_a_vm_that_is_not_the_configured_node_is_never_deleted(
     assert parsed.kind == "error"
     assert "someone-elses-node" in parsed.detail
     wait_until(lambda: not dog.alive(), "the watchdog to stand down")
+
+
+def test_a_queued_node_deletes_its_queued_resource_with_force_then_itself(
+    cloud: tuple[FakeCloud, str], armed: list[Armed]
+) -> None:
+    """Deleting only the node would leave its queued resource SUSPENDED, holding quota."""
+    state, address = cloud
+    config = dataclasses.replace(_config("9a8b7c"), queued_resource=NODE)
+    _start(armed, config, address)
+    wait_until(lambda: len(state.deletes()) >= 2, "both DELETEs")
+    first, second = state.deletes()[:2]
+    assert (
+        first.path == f"/v2/projects/{PROJECT}/locations/{ZONE}/queuedResources/{NODE}?force=true"
+    )
+    assert second.path == NODE_PATH
+    assert first.headers["Authorization"] == f"Bearer {TOKEN}"
+
+
+def test_a_delete_path_naming_another_resource_is_refused(
+    cloud: tuple[FakeCloud, str], armed: list[Armed]
+) -> None:
+    state, address = cloud
+    config = dataclasses.replace(_config("6d5e4f", boot_grace_seconds=1.0), queued_resource="x")
+    dog = _start(armed, config, address)
+    wait_until(lambda: state.states(), "a published state")
+    wait_until(lambda: not dog.alive(), "the watchdog to stand down")
+    assert state.deletes() == []
+    parsed = parse_state(state.states()[0])
+    assert parsed.kind == "error"
+    assert "queuedResources/x" in parsed.detail
 
 
 def test_the_lease_is_published_at_start_and_at_every_renewal_for_other_machines(

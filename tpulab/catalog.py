@@ -4,9 +4,10 @@ Facts come from the Cloud TPU documentation (DESIGN.md §6). v2/v3/v4/v5p names 
 TensorCores; v5litepod/v6e names count chips, which is why `v2-8` has 4 chips but 8 JAX
 devices while `v5litepod-8` has 8 of each. Prices are list estimates, shown as such.
 
-The zone table (`ZONES`: which zone offers which family) lives here too, as the one
-table both the controller (`--zone auto`, `zones_offering`) and the emulator (what a
-zone accepts) read.
+The zone table (`ZONES`: which zone offers which family) lives here too, for
+`--zone auto` (`zones_offering`). The emulator keeps its own copy of Google's tables
+(tpulab/emulator/zones.py), so that a wrong row here is refused by the emulated API as it
+would be online; tests/test_catalog.py checks that the two agree.
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ from tpulab.cli import (
     costs,
     emulator,
     exec,
+    forward,
     listing,
+    notebook,
     receipts,
     run,
     runs,
@@ -111,6 +113,8 @@ app.command("run")(run.run_command)
 app.command("up")(session.up_command)
 app.command("exec", cls=session.DashDashCommand)(exec.exec_command)
 app.command("ssh", cls=session.DashDashCommand)(session.ssh_command)
+app.command("ssh-config")(forward.ssh_config_command)
+app.command("notebook")(notebook.notebook_command)
 app.command("down")(session.down_command)
 app.command("teardown")(teardown.teardown_command)
 app.command("list")(listing.list_command)

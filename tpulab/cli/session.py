@@ -10,13 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import shlex
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -32,7 +28,16 @@ if TYPE_CHECKING:
     from tpulab.run.progress import Recorder
     from tpulab.run.session import SessionState
 
-__all__ = ["DashDashCommand", "down_command", "session_store", "ssh_command", "up_command"]
+__all__ = [
+    "DashDashCommand",
+    "down_command",
+    "raise_if_gone",
+    "readdressed_session",
+    "refuse_unreachable",
+    "session_store",
+    "ssh_command",
+    "up_command",
+]
 
 
 def up_command(
@@ -368,23 +373,48 @@ def ssh_command(
     name: Annotated[
         str | None, typer.Argument(help="The session (omit if only one is up).")
     ] = None,
+    forwards: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-L",
+            metavar="[BIND:]PORT[:HOST:HOSTPORT]",
+            help="Forward this laptop's PORT to HOST:HOSTPORT as the VM sees it (default "
+            "localhost:PORT), as OpenSSH's -L (repeatable).",
+        ),
+    ] = None,
+    forward_only: Annotated[
+        bool, typer.Option("-N", help="Forward only (-L), no shell: until Ctrl-C.")
+    ] = False,
 ) -> None:
     """Open a shell on the session's VM (OpenSSH, pinned host key), or run `-- CMD`.
 
-    Renews the session's idle lease first.
+    Renews the session's idle lease first, and keeps renewing it while -L forwards are
+    open: `tpulab ssh S -L 6006 -N` shows the VM's TensorBoard at localhost:6006.
     """
     command = list(ctx.meta.get(AFTER_DASHES, ()))
 
     def action() -> int:
+        from tpulab.cli.forward import ssh_session
+        from tpulab.config.forward import parse_forwards
+
+        # The -L specs first: a bad one is refused before any session file is read.
+        parsed = parse_forwards(forwards or [])
+        if forward_only and not parsed:
+            raise E.ConfigError("-N forwards only: give at least one -L.", hint=_L_EXAMPLE)
+        if forward_only and command:
+            raise E.ConfigError("-N runs no command: drop -N, or the command after --.")
         with session_store() as store:  # warns of damaged state files before the shell
             files = store.resolve(name)
-        return _ssh(store, files, command)
+        return ssh_session(store, files, command, parsed, forward_only=forward_only)
 
     status = guarded(action)
     raise typer.Exit(status if isinstance(status, int) else 0)
 
 
-def _raise_if_gone(store: SessionStore, state: SessionState) -> None:
+_L_EXAMPLE = "e.g. `tpulab ssh S -L 18080:localhost:8000 -N`."
+
+
+def raise_if_gone(store: SessionStore, state: SessionState) -> None:
     """The node did not answer: if the API says it is gone, say why, clean up, and exit
     EXIT_REMOTE (NodeVanishedError); if it is still there, return (a plain SSH failure)."""
     from tpulab.cleanup.sessions import ask_gone, conclude_gone
@@ -401,85 +431,39 @@ def _raise_if_gone(store: SessionStore, state: SessionState) -> None:
     raise concluded.error()
 
 
-def _ssh(store: SessionStore, files: SessionFiles, command: list[str]) -> int:
-    state = files.state
-    with tempfile.TemporaryDirectory(prefix="tpulab-ssh-") as scratch:
-        known_hosts = Path(scratch) / "known_hosts"
-        now = time.time()
-        renew = _renew(files, state, known_hosts, now)
-        if renew.returncode != 0:
-            # Before any "may have deleted itself": the node may only have moved (a new
-            # ephemeral IP, a restarted emulator's port). Ask the API where it is and
-            # try once more there, with the same pinned host key.
-            moved = _readdressed(state)
-            if moved is not None:
-                print_stderr(
-                    f"Session {state.name}'s node moved from {state.ssh_host}:{state.ssh_port} "
-                    f"to {moved.ssh_host}:{moved.ssh_port} (GetNode); reaching it there."
-                )
-                store.save(moved)
-                state = moved
-                renew = _renew(files, state, known_hosts, now)
-        if renew.returncode != 0:
-            _refuse_unreachable(store, state, renew)
-        store.save(state.renewed(now))
-        remote = [shlex.join(command)] if command else []
-        return subprocess.run([*_ssh_base(files, state, known_hosts), *remote]).returncode
-
-
-def _ssh_base(files: SessionFiles, state: SessionState, known_hosts: Path) -> list[str]:
-    """The OpenSSH command line to the session's node, its host key pinned (a
-    known_hosts holding only it, for the address it is at)."""
-    host = state.ssh_host if state.ssh_port == 22 else f"[{state.ssh_host}]:{state.ssh_port}"
-    known_hosts.write_text(f"{host} {state.host_key_type} {state.host_key_b64}\n")
-    return [
-        "ssh", "-F", "/dev/null", "-i", str(files.key_path), "-p", str(state.ssh_port),
-        "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
-        "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes",
-        "-o", "LogLevel=ERROR", f"{state.ssh_user}@{state.ssh_host}",
-    ]  # fmt: skip
-
-
-def _renew(
-    files: SessionFiles, state: SessionState, known_hosts: Path, now: float
-) -> subprocess.CompletedProcess[str]:
-    from tpulab.run.session import renew_argv
-
-    base = _ssh_base(files, state, known_hosts)
-    argv = [*base[:1], "-o", "BatchMode=yes", *base[1:]]
-    return subprocess.run(
-        [*argv, shlex.join(renew_argv(state, now=lambda: now))],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
-def _readdressed(state: SessionState) -> SessionState | None:
+def readdressed_session(state: SessionState) -> SessionState | None:
+    """The session at its node's current address when the API says it moved (a new
+    ephemeral IP, a restarted emulator's port); None when it did not or cannot say."""
     from tpulab.cli._target import reach_notice
     from tpulab.cloud.google import GoogleTpuApi
     from tpulab.run.session import readdressed
 
     api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice)
-    return readdressed(api, state)
+    moved = readdressed(api, state)
+    if moved is not None:
+        print_stderr(
+            f"Session {state.name}'s node moved from {state.ssh_host}:{state.ssh_port} "
+            f"to {moved.ssh_host}:{moved.ssh_port} (GetNode); reaching it there."
+        )
+    return moved
 
 
-def _refuse_unreachable(
-    store: SessionStore, state: SessionState, renew: subprocess.CompletedProcess[str]
-) -> None:
-    said = renew.stderr.strip() or f"ssh exit {renew.returncode}"
-    if "host key verification failed" in said.lower():
+def refuse_unreachable(store: SessionStore, state: SessionState, why: str) -> None:
+    """SSH to the session failed where the API says its node is: a host key that is not
+    the pinned one is named as such; a node gone is concluded gone (raise_if_gone);
+    else the plain failure. Always raises."""
+    if "host key verification failed" in why.lower():
         # The pin holds at any address: another machine there is never logged in to.
         raise E.HostKeyMismatchError(
             f"Session {state.name}'s node at {state.ssh_host}:{state.ssh_port} does not "
-            f"present the host key `up` pinned ({state.host_key_type}): refused ({said}).",
+            f"present the host key `up` pinned ({state.host_key_type}): refused ({why}).",
             hint="Something else answers at the node's address, or the node was rebuilt: "
             f"end the session with `tpulab down {state.name}` and start a new one.",
         )
-    _raise_if_gone(store, state)
+    raise_if_gone(store, state)
     raise E.RemoteError(
         f"Could not reach session {state.name} at {state.ssh_host}:{state.ssh_port} to "
-        f"renew its lease ({said}).",
+        f"renew its lease ({why}).",
         hint="GetNode did not say it is gone: check your network, or `tpulab down "
         f"{state.name}` to end it.",
     )

@@ -18,7 +18,8 @@ from tpulab.models import NodeInfo, NodeRequest
 __all__ = ["QUEUED_FINAL_STATES", "QueuedResourceInfo", "QueuedResourceRequest", "TpuApi"]
 
 # QueuedResourceState.State values after which no node will come (without a new request).
-QUEUED_FINAL_STATES = frozenset({"FAILED", "SUSPENDED"})
+# DELETING too: someone deleted it, and waiting would only wait out the timeout.
+QUEUED_FINAL_STATES = frozenset({"FAILED", "SUSPENDED", "DELETING"})
 
 
 class QueuedResourceRequest(BaseModel):
@@ -47,6 +48,7 @@ class QueuedResourceInfo(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     spot: bool = False
     failure: str = ""  # state.failedData.error.message, when FAILED
+    failure_code: int = 0  # state.failedData.error.code (a google.rpc.Code), when FAILED
     create_time: datetime | None = None
 
     @property

@@ -269,6 +269,17 @@ RULES: tuple[Rule, ...] = (
         "zone",
     ),
     Rule(
+        # A queued resource FAILED because its window ('valid until') passed before
+        # capacity came: a stockout that outlasted the window, not a slow API.
+        _statuses("DEADLINE_EXCEEDED"),
+        StockoutError,
+        "no capacity came before the queued resource's window closed",
+        "No capacity came within the window. Retry with a longer --valid-for, another "
+        "--zone, or later.",
+        "zone",
+        phrases=("valid until",),
+    ),
+    Rule(
         _statuses("DEADLINE_EXCEEDED"),
         DeadlineError,
         "the API did not answer in time",
@@ -320,6 +331,9 @@ def hint_for(kind: type[CloudError]) -> str:
 _SCOPE_OF_CLASS: tuple[tuple[type[CloudError], Scope], ...] = (
     (PermissionDeniedError, "fatal"),
     (AlreadyExistsError, "fatal"),
+    # Something else deleted what this run was waiting for (a queued resource seen
+    # DELETING): as the NOT_FOUND rows, another zone is no answer.
+    (NotFoundError, "fatal"),
     (QuotaError, "region"),
 )
 

@@ -489,9 +489,10 @@ class GoogleTpuApi:
         specs = list(resource.tpu.node_spec) if resource.tpu else []
         node = specs[0].node if specs else None
         state = resource.state
-        failure = ""
+        failure, failure_code = "", 0
         if state is not None and "failed_data" in state and state.failed_data.error:
             failure = str(state.failed_data.error.message)
+            failure_code = int(state.failed_data.error.code)
         return QueuedResourceInfo(
             project=self.project,
             zone=parts[3] if len(parts) >= 6 else zone,
@@ -502,6 +503,7 @@ class GoogleTpuApi:
             labels=dict(node.labels) if node is not None else {},
             spot="spot" in resource,
             failure=failure,
+            failure_code=failure_code,
             create_time=resource.create_time if "create_time" in resource else None,
         )
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from tpulab.errors import PreemptedError, TransientError
+from tpulab.errors import CloudError, PreemptedError, TransientError
 from tpulab.polling import Backoff, poll_until
 
 if TYPE_CHECKING:
@@ -41,21 +41,33 @@ def wait_for_state(
 ) -> NodeInfo:
     """Poll `get_node` until the node is in one of `want`; return it.
 
-    A spot node turning PREEMPTED raises PreemptedError at once (unless PREEMPTED is
-    wanted), because waiting longer cannot bring it back. Transient errors are ridden
+    A node turning PREEMPTED (a spot node also TERMINATED or STOPPED) raises
+    PreemptedError at once (unless wanted), because waiting longer cannot bring it back;
+    any other node TERMINATED raises CloudError. Transient errors are ridden
     out until the deadline.
     """
     from tpulab.models import NodeState
 
+    # How Google reports a reclaimed spot VM: PREEMPTED, or TERMINATED / STOPPED (a
+    # TPU VM need not go READY -> PREEMPTED: SkyPilot #1468). None comes back by itself.
+    reclaimed = {NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.STOPPED}
+
     def done(node: NodeInfo) -> bool:
         if node.state in want:
             return True
-        if node.state is NodeState.PREEMPTED:
+        if node.state is NodeState.PREEMPTED or (node.spot and node.state in reclaimed):
             raise PreemptedError(
-                f"Node {node_id} in {zone} was preempted while waiting for {_names(want)}.",
+                f"Node {node_id} in {zone} was preempted ({node.state.value}) while waiting "
+                f"for {_names(want)}.",
                 status="PREEMPTED",
                 hint="Spot capacity was reclaimed by Google; nothing is wrong with the run. "
                 "Retry later, or run without --spot.",
+            )
+        if node.state is NodeState.TERMINATED:
+            raise CloudError(
+                f"Node {node_id} in {zone} is TERMINATED while waiting for {_names(want)}.",
+                status="TERMINATED",
+                hint="Google ended the VM (a maintenance event or a host failure); retry.",
             )
         return False
 

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["GUEST_ATTRIBUTE_ERRORS", "METHODS", "FaultPlan"]
+__all__ = ["GUEST_ATTRIBUTE_ERRORS", "METHODS", "PREEMPTED_STATES", "FaultPlan"]
 
 # The method names `transient` understands ("*" means any call).
 METHODS = (
@@ -37,6 +37,9 @@ METHODS = (
     "delete_queued_resource",
     "get_compute_project",
 )
+
+# What `preempt_as` may be: the states a reclaimed spot node is reported in.
+PREEMPTED_STATES = ("PREEMPTED", "TERMINATED")
 
 # What `guest_attributes_error` may be: the HTTP status and google.rpc status it answers.
 GUEST_ATTRIBUTE_ERRORS = {"NOT_FOUND": 404, "FAILED_PRECONDITION": 400}
@@ -78,6 +81,13 @@ class FaultPlan:
     preempt_nodes: int | None = None
     """How many spot nodes `preempt_after` may still preempt (one fewer per node it
     preempts); None: every one."""
+    preempt_as: str = "PREEMPTED"
+    """The state a preempted spot node ends in: PREEMPTED, or TERMINATED (a real state a
+    reclaimed TPU VM may show instead; SkyPilot #1468)."""
+    preempt_state_lag: float = 0.0
+    """Seconds the API keeps saying READY after `preempt_after` stopped the VM (its SSH
+    host and guest are gone at once), as the state can lag by about a minute
+    (SkyPilot #849)."""
     create_preempted: int = 0
     """The next N spot create operations fail with code 3, the API's "preempted during
     create" ("... update is not supported while in state PREEMPTED")."""
@@ -88,6 +98,11 @@ class FaultPlan:
     until this many seconds after READY, as the API can before the agent publishes."""
     guest_attributes_error: str = "NOT_FOUND"
     """NOT_FOUND (404) or FAILED_PRECONDITION (400), for `guest_attributes_error_for`."""
+    guest_attributes_disabled: bool = False
+    """The organisation policy constraints/compute.disableGuestAttributesAccess is
+    enforced: getGuestAttributes answers 400 FAILED_PRECONDITION naming the constraint,
+    with a google.rpc.PreconditionFailure violation of that type (the shape of Google's
+    org-policy refusals; the exact words of this one are not on record)."""
     ssh_refuse_for: float = 0.0
     """Passed to the host backend: the SSH server refuses connections this long."""
     host_key_types: list[str] = field(default_factory=list)
@@ -109,6 +124,13 @@ class FaultPlan:
     with that token answers 403 PERMISSION_DENIED. The controller is unaffected."""
     node_identity_cannot_delete_nodes: list[str] = field(default_factory=list)
     """As `node_identity_cannot_delete`, for the nodes of these names only."""
+
+    queued_invalid: bool = False
+    """A queued resource FAILS when its capacity arrives with INVALID_ARGUMENT (a request
+    the service accepted, then found it cannot fulfil), failedData.error a full
+    google.rpc.Status. A quota failure of a queued resource is `quota_zones` /
+    `quota_regions`: its node create is refused at provisioning, so it FAILS with the
+    quota's RESOURCE_EXHAUSTED."""
 
     capacity_after: dict[str, float] = field(default_factory=dict)
     """zone (or "*") -> seconds before capacity arrives there. A queued resource waits
@@ -213,6 +235,9 @@ class FaultPlan:
         checked: dict[str, Any] = {}
         for name, value in values.items():
             checked[name] = _checked(name, value, getattr(defaults, name))
+        ended = checked.get("preempt_as", self.preempt_as)
+        if ended not in PREEMPTED_STATES:
+            raise ValueError(f"preempt_as cannot be {ended!r}; known: {list(PREEMPTED_STATES)}")
         error = checked.get("guest_attributes_error", self.guest_attributes_error)
         if error not in GUEST_ATTRIBUTE_ERRORS:
             raise ValueError(

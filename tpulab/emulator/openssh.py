@@ -302,7 +302,9 @@ class OpenSshHostBackend:
             ("PermitRootLogin", "prohibit-password"),
             ("AllowUsers", self.login_user),
             ("AllowAgentForwarding", "no"),
-            ("AllowTcpForwarding", "no"),
+            # `tpulab ssh -L` and `tpulab notebook` forward ports as on a real VM (whose
+            # sshd allows it); `remote` (-R) stays off: nothing listens for the client.
+            ("AllowTcpForwarding", "local"),
             ("X11Forwarding", "no"),
             ("PermitTTY", "no"),
             ("PermitUserEnvironment", "no"),

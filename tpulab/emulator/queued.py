@@ -2,10 +2,19 @@
 
 A queued resource asks the service to create its node when capacity appears:
 
-    ACCEPTED -> WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE
-                      |  validUntil passed first          | its spot node preempted
-                      v                                    v
-                    FAILED                        SUSPENDING -> SUSPENDED
+    WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE
+          |  validUntil passed first,      | its spot node preempted
+          |  quota, an invalid request     v
+          v                              SUSPENDING -> SUSPENDED
+        FAILED (failedData.error: a full google.rpc.Status)
+
+A new queued resource starts WAITING_FOR_RESOURCES: Google's QueuedResourceState
+documents that state as having replaced ACCEPTED (which only an old record, or another
+service, still shows; the controller accepts both). FAILED's `failedData.error` carries
+code, message and an ErrorInfo detail, so the controller can tell a quota failure
+(`quota_zones` fault), an invalid request (`queued_invalid`) and no capacity in time
+apart. A deleted queued resource stays DELETING until its node is gone and then for
+the emulator's delete time, as a real deletion takes a while.
 
 PROVISIONING creates the node of `tpu.nodeSpec[0]` through `CloudState.create_node`,
 so it is an ordinary node (labels, metadata, an SSH host once READY). `capacity_after`
@@ -28,7 +37,7 @@ from datetime import datetime
 from typing import Any
 
 from tpulab.emulator.state import CloudState, longrunning_json, node_key
-from tpulab.emulator.wire import ApiError, enum_value, rfc3339
+from tpulab.emulator.wire import ApiError, enum_value, rfc3339, rpc_status
 from tpulab.emulator.zones import ZONES
 
 __all__ = [
@@ -151,7 +160,7 @@ def create_queued_resource(
         "spot": body.get("spot") is not None,
         "queueing_policy": dict(policy),
         "valid_until": _valid_until(policy, now),
-        "state": "ACCEPTED",
+        "state": "WAITING_FOR_RESOURCES",
         "create_time": now,
         "error": None,
         "force": False,
@@ -199,6 +208,7 @@ def delete_queued_resource(
     record["state_before_delete"] = record["state"]
     record["state"] = "DELETING"
     record["force"] = force
+    record["deleting_since"] = now
     operation = _operation(cloud, record, "delete", now, done_at=None)
     record["delete_op"] = operation["name"]
     return operation
@@ -225,26 +235,40 @@ def advance_queued(cloud: CloudState, now: float) -> None:
                 # The discovery document's words for this failure (QueuedResourceState
                 # FAILED): "unavailability of resources within the constraints of the
                 # request (e.g., the 'valid until' start timing constraint expired)".
-                record["error"] = {
-                    "code": 4,
-                    "message": "The queued resource could not be provisioned before its "
-                    f"'valid until' start timing constraint expired ({rfc3339(until)}): "
-                    f"no capacity for {record['node'].get('acceleratorType', '')} in zone "
-                    f"{record['zone']} in time.",
-                }
+                record["error"] = rpc_status(
+                    ApiError(
+                        504,
+                        "DEADLINE_EXCEEDED",
+                        "The queued resource could not be provisioned before its 'valid "
+                        f"until' start timing constraint expired ({rfc3339(until)}): no "
+                        f"capacity for {record['node'].get('acceleratorType', '')} in zone "
+                        f"{record['zone']} in time.",
+                        reason="STOCKOUT",
+                    )
+                )
+            elif now >= capacity_at and cloud.faults.queued_invalid:
+                record["state"] = "FAILED"
+                record["failed_at"] = now
+                # What the service says when it finds, at provisioning, a request it had
+                # accepted invalid: the generic INVALID_ARGUMENT wording.
+                record["error"] = rpc_status(
+                    ApiError(400, "INVALID_ARGUMENT", "Request contains an invalid argument.")
+                )
             elif now >= capacity_at:
                 start = record["create_time"] + cloud.timing.queue_seconds
                 _provision(cloud, record, max(capacity_at, start))
         elif state == "PROVISIONING":
             if ours is None:
                 record["state"] = "FAILED"
-                record["error"] = {"code": 13, "message": "Provisioning the node failed."}
+                record["error"] = rpc_status(
+                    ApiError(500, "INTERNAL", "Provisioning the node failed.")
+                )
             elif ours["state"] == "READY":
                 record["state"] = "ACTIVE"
         elif state == "ACTIVE":
             if ours is None:
                 record["state"] = "SUSPENDED"  # its node was deleted from under it
-            elif ours["state"] == "PREEMPTED":
+            elif ours["state"] in {"PREEMPTED", "TERMINATED"}:
                 # The service reclaims a preempted spot node of a queued resource.
                 record["state"] = "SUSPENDING"
                 cloud.delete_node(record["project"], record["zone"], record["node_id"], now)
@@ -255,6 +279,9 @@ def advance_queued(cloud: CloudState, now: float) -> None:
                 if record["force"] and ours["state"] != "DELETING":
                     cloud.delete_node(record["project"], record["zone"], record["node_id"], now)
                 continue  # gone only once its node is
+            since = record.setdefault("deleting_since", now)  # (older records lack it)
+            if now < since + cloud.timing.delete_seconds:
+                continue
             operation = cloud.operations.get(record.get("delete_op") or "")
             if operation is not None:
                 operation["done_at"] = now
@@ -269,7 +296,7 @@ def _provision(cloud: CloudState, record: Record, at: float) -> None:
         cloud.create_node(record["project"], record["zone"], record["node_id"], body, at)
     except ApiError as error:
         record["state"] = "FAILED"
-        record["error"] = {"code": error.rpc_code, "message": error.message}
+        record["error"] = rpc_status(error)  # e.g. the zone's quota (`quota_zones`)
         return
     node = cloud.nodes[node_key(record["project"], record["zone"], record["node_id"])]
     node["queued_resource"] = record["name"]
@@ -346,7 +373,7 @@ def queued_resource_json(record: Record, *, as_int: bool) -> Record:
     data = _STATE_DATA.get(state)
     if data == "failedData":
         error = record.get("error") or {"code": 2, "message": "unknown"}
-        state_json[data] = {"error": {**error, "details": []}}
+        state_json[data] = {"error": {"details": [], **error}}
     elif data is not None:
         state_json[data] = {}
     if state in {"SUSPENDING", "SUSPENDED", "FAILED"}:

@@ -376,13 +376,16 @@ class Emulator:
                 if mine and "port" in host and host.get("ssh_keys") != ssh_keys:
                     host["ssh_keys"] = ssh_keys  # UpdateNode (or OS Login) changed them
                     to_rekey.append((key, ssh_keys))
-                if mine and node["state"] not in {"READY", "DELETING"}:
+                # A preempted VM stops at once, while the API may still say READY.
+                stopped = node.get("vm_stopped_at") is not None
+                if mine and (stopped or node["state"] not in {"READY", "DELETING"}):
                     to_stop.append(key)
                     node["host"] = None
                     node["guest_attributes"] = {}
                 elif (
                     (self.host_backend is not None or self.guests)
                     and node["state"] == "READY"
+                    and not stopped
                     and not _owner_alive(host.get("owner"))
                 ):
                     # A new boot. The old one's init died with its emulator; should any
@@ -724,7 +727,30 @@ class Emulator:
         return 200, {"guestAttributes": [{"queryPath": query_path, "queryValue": {"items": items}}]}
 
     def _guest_attributes_fault(self, node: Record, now: float) -> None:
-        """The `guest_attributes_error_for` fault: an error until that long after READY."""
+        """The `guest_attributes_error_for` fault: an error until that long after READY;
+        `guest_attributes_disabled`: the org policy's refusal, always."""
+        if self.faults.guest_attributes_disabled:
+            constraint = "constraints/compute.disableGuestAttributesAccess"
+            subject = f"projects/{node['project']}"
+            raise ApiError(
+                400,
+                "FAILED_PRECONDITION",
+                f"Constraint {constraint} violated for {subject}: access to guest "
+                "attributes is disabled by an organization policy.",
+                reason="CONSTRAINT_VIOLATED",
+                details=[
+                    {
+                        "@type": "type.googleapis.com/google.rpc.PreconditionFailure",
+                        "violations": [
+                            {
+                                "type": constraint,
+                                "subject": subject,
+                                "description": "Guest attributes access is disabled.",
+                            }
+                        ],
+                    }
+                ],
+            )
         error_for = self.faults.guest_attributes_error_for
         ready_time = node.get("ready_time")
         if error_for <= 0 or (ready_time is not None and now >= ready_time + error_for):

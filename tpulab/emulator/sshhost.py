@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _CALL_TIMEOUT = 30.0
 _CHUNK = 64 * 1024
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})  # where `ssh -L` may lead
 
 
 @dataclass
@@ -200,6 +201,13 @@ class EmbeddedHostBackend:
 
             def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
                 return bytes(key.public_data) in node.authorized.get(username, set())
+
+            def connection_requested(
+                self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
+            ) -> bool:
+                # `ssh -L` (tpulab ssh -L, tpulab notebook) to the VM's own localhost, as
+                # a real VM's sshd allows; this VM IS this machine, so only loopback.
+                return dest_host in _LOOPBACK
 
         class _SandboxSFTP(asyncssh.SFTPServer):
             # Relative paths (and the client's start directory ".") resolve in the

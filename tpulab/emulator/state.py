@@ -115,11 +115,19 @@ class CloudState:
             if (
                 state == "READY"
                 and node["spot"]
+                and node.get("vm_stopped_at") is None
                 and preempt is not None
                 and now >= node["ready_time"] + preempt
                 and self.faults.take_preemption()
             ):
-                node["state"] = "PREEMPTED"
+                # The VM stops now (server.py stops its host); the API says so only
+                # `preempt_state_lag` later, and then as PREEMPTED or TERMINATED.
+                node["vm_stopped_at"] = now
+                node["reported_at"] = now + self.faults.preempt_state_lag
+                node["reported_state"] = self.faults.preempt_as
+            stopped = node.get("vm_stopped_at") is not None
+            if state == "READY" and stopped and now >= node["reported_at"]:
+                node["state"] = node["reported_state"]
                 node["health"] = "HEALTH_UNSPECIFIED"
             if state == "DELETING":
                 operation = self.operations.get(node["delete_op"])

@@ -19,7 +19,8 @@ class Timing:
     stockout_seconds: float = 0.5
     """How long a create operation runs before failing with a stockout."""
     queue_seconds: float = 1.0
-    """How long a queued resource stays ACCEPTED before WAITING_FOR_RESOURCES."""
+    """How long a queued resource waits (WAITING_FOR_RESOURCES) at least, capacity or not,
+    before it is provisioned."""
     tick_seconds: float = 0.05
     """How often the background ticker advances state and starts SSH hosts."""
     page_size: int = 50

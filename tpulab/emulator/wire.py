@@ -21,6 +21,7 @@ __all__ = [
     "error_body",
     "parse_enum",
     "rfc3339",
+    "rpc_status",
 ]
 
 STATES = {
@@ -61,6 +62,7 @@ ACCELERATOR_CONFIG_TYPES = {
 
 _RPC_CODES = {
     "INVALID_ARGUMENT": 3,
+    "DEADLINE_EXCEEDED": 4,
     "NOT_FOUND": 5,
     "ALREADY_EXISTS": 6,
     "PERMISSION_DENIED": 7,
@@ -82,6 +84,7 @@ class ApiError(Exception):
         *,
         reason: str = "",
         metadata: dict[str, str] | None = None,
+        details: list[dict[str, Any]] | None = None,
     ) -> None:
         super().__init__(message)
         self.http_code = http_code
@@ -89,10 +92,20 @@ class ApiError(Exception):
         self.message = message
         self.reason = reason or status
         self.metadata = dict(metadata or {})
+        self.details = list(details or [])  # after the ErrorInfo, e.g. a PreconditionFailure
 
     @property
     def rpc_code(self) -> int:
         return _RPC_CODES.get(self.status, 2)
+
+
+def _error_info(error: ApiError) -> dict[str, Any]:
+    return {
+        "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+        "reason": error.reason,
+        "domain": "tpu.googleapis.com",
+        "metadata": {"service": "tpu.googleapis.com", **error.metadata},
+    }
 
 
 def error_body(error: ApiError) -> dict[str, Any]:
@@ -101,16 +114,16 @@ def error_body(error: ApiError) -> dict[str, Any]:
             "code": error.http_code,
             "message": error.message,
             "status": error.status,
-            "details": [
-                {
-                    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                    "reason": error.reason,
-                    "domain": "tpu.googleapis.com",
-                    "metadata": {"service": "tpu.googleapis.com", **error.metadata},
-                }
-            ],
+            "details": [_error_info(error), *error.details],
         }
     }
+
+
+def rpc_status(error: ApiError) -> dict[str, Any]:
+    """The error as a google.rpc.Status (an operation's or a queued resource's `error`):
+    the rpc code (not the HTTP one), the message and its ErrorInfo detail."""
+    details = [_error_info(error), *error.details]
+    return {"code": error.rpc_code, "message": error.message, "details": details}
 
 
 def enum_value(table: dict[str, int], name: str, *, as_int: bool) -> int | str:

@@ -36,13 +36,13 @@ from tpulab.errors import (
     ConfigError,
     ConnectError,
     HostKeyMismatchError,
-    NotFoundError,
-    TransientError,
 )
 from tpulab.polling import Backoff, Tries, poll_until
 
 __all__ = [
+    "GUEST_ATTRIBUTES_POLICY",
     "HOST_KEY_ATTRIBUTE",
+    "GuestAttributesDisabledError",
     "HostKey",
     "HostKeyNotPublishedError",
     "RunKey",
@@ -60,6 +60,18 @@ _USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 
 class HostKeyNotPublishedError(ConnectError):
     """The node has no `hostkeys/ssh-ed25519` guest attribute (yet)."""
+
+
+class GuestAttributesDisabledError(ConnectError):
+    """The organisation policy `compute.disableGuestAttributesAccess` is enforced: the
+    host key can never be read, so waiting is pointless."""
+
+
+# The org policy constraint that blocks getGuestAttributes. gcloud's `tpu-vm ssh` names
+# it in its troubleshooting text (command_lib/compute/tpus/tpu_vm/ssh.py,
+# IAP_TROUBLESHOOTING_HELP); Google's org-policy refusals name the constraint they
+# enforce, which is what recognises it here.
+GUEST_ATTRIBUTES_POLICY = "compute.disableGuestAttributesAccess"
 
 
 def fingerprint(blob: bytes) -> str:
@@ -253,15 +265,18 @@ def wait_for_host_key(
 ) -> HostKey:
     """Poll guest attributes until the host key appears (it may lag READY).
 
-    Until the deadline, "not yet" is: no key in the attributes, a transient API error,
-    or getGuestAttributes answering NOT_FOUND or FAILED_PRECONDITION -- which the API
-    does before the guest agent has published anything (gcloud's `tpu-vm ssh` treats any
-    HTTP error there as "not yet"; we keep permission and argument errors fatal)."""
+    Until the deadline, "not yet" is: no key in the attributes, or any API error from
+    getGuestAttributes -- as gcloud's `tpu-vm ssh` treats every HttpError there
+    (command_lib/compute/tpus/tpu_vm/ssh.py, GetGuestAttributes): the API answers
+    NOT_FOUND, FAILED_PRECONDITION and others before the guest agent has published.
+    When it gives up it quotes the last error. One answer ends the wait at once: the org
+    policy compute.disableGuestAttributesAccess, which no wait can outlast."""
 
     def not_published(tries: Tries[HostKey]) -> Exception:
+        last = f"; the API's last answer: {_said(tries.error)}" if tries.error else ""
         error = HostKeyNotPublishedError(
             f"The node did not publish its SSH host key ({HOST_KEY_ATTRIBUTE}) "
-            f"within {tries.timeout:g}s",
+            f"within {tries.timeout:g}s{last}",
             hint="Check the node in the console (serial port output); if the image "
             "just boots slowly, give it longer with --boot-timeout. Nothing was sent "
             "to the VM.",
@@ -273,7 +288,7 @@ def wait_for_host_key(
         log.debug("host key not available yet (%s); next look in %.1fs", error, delay)
 
     return poll_until(
-        lambda: host_key_from(fetch_attrs()),
+        lambda: host_key_from(_unless_disabled(fetch_attrs)),
         lambda _key: True,
         timeout=timeout,
         clock=clock,
@@ -288,6 +303,29 @@ def wait_for_host_key(
 
 
 def _not_published_yet(error: Exception) -> bool:
-    if isinstance(error, HostKeyNotPublishedError | TransientError | NotFoundError):
-        return True
-    return isinstance(error, CloudError) and error.status == "FAILED_PRECONDITION"
+    return isinstance(error, HostKeyNotPublishedError | CloudError)
+
+
+def _said(error: Exception) -> str:
+    words = str(getattr(error, "message", "") or error).strip()
+    status = getattr(error, "status", None)
+    return f"{status}: {words}" if status and status not in words else words
+
+
+def _unless_disabled(fetch_attrs: Callable[[], Mapping[str, str]]) -> Mapping[str, str]:
+    try:
+        return fetch_attrs()
+    except CloudError as error:
+        said = f"{error.message} {error.api_message or ''}"
+        if GUEST_ATTRIBUTES_POLICY.lower() not in said.lower():
+            raise
+        raise GuestAttributesDisabledError(
+            "The node's SSH host key cannot be read: the organisation policy "
+            f"constraints/{GUEST_ATTRIBUTES_POLICY} is enforced for this project, so the "
+            f"API refuses getGuestAttributes ({_said(error)}).",
+            hint="tpulab pins the VM's SSH host key from guest attributes and does not "
+            "connect without it. Ask an organisation policy administrator to stop "
+            f"enforcing {GUEST_ATTRIBUTES_POLICY} for this project (`gcloud "
+            f"resource-manager org-policies disable-enforce {GUEST_ATTRIBUTES_POLICY} "
+            "--project=PROJECT`), then run again. Nothing was sent to the VM.",
+        ) from error

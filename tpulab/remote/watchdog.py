@@ -63,6 +63,21 @@ class WatchdogConfig:
     lease_seconds: float
     boot_grace_seconds: float
     max_duration_seconds: float
+    # --queued: the queued resource (named like the node) that made the node.
+    queued_resource: str | None = None
+
+    @property
+    def delete_paths(self) -> tuple[str, ...]:
+        """What the watchdog DELETEs when it fires, relative to the TPU API's root. A
+        queued node's queued resource goes first, with force=true, so the node AND the
+        queued resource go (a lone node DELETE leaves the queued resource SUSPENDED,
+        still holding quota); the node's own DELETE follows, so the VM still goes should
+        the queued-resource delete be refused."""
+        parent = f"v2/projects/{self.project}/locations/{self.zone}"
+        node = f"{parent}/nodes/{self.node_name}"
+        if self.queued_resource is None:
+            return (node,)
+        return (f"{parent}/queuedResources/{self.queued_resource}?force=true", node)
 
     @property
     def lease_path(self) -> str:
@@ -104,6 +119,7 @@ class WatchdogConfig:
                 "boot_grace_seconds": self.boot_grace_seconds,
                 "max_duration_seconds": self.max_duration_seconds,
                 "poll_seconds": self.poll_seconds,
+                "delete_paths": list(self.delete_paths),
             },
             sort_keys=True,
             separators=(",", ":"),

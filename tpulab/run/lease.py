@@ -84,6 +84,7 @@ def watchdog_config(spec: RunSpec) -> WatchdogConfig | None:
         lease_seconds=settings.lease_seconds,
         boot_grace_seconds=settings.boot_grace_seconds,
         max_duration_seconds=deadline,
+        queued_resource=spec.node_name if spec.queued else None,
     )
 
 
@@ -95,6 +96,10 @@ class LeaseRenewer:
     config: WatchdogConfig
     note: Callable[[str], None] = lambda _message: None
     background: bool = True  # False: only the foreground renewal (a dry run's plan)
+    # The watchdog counts a renewal only when the lease file's text CHANGES: a renewer
+    # that writes after another one's (a forward after an exec) starts from a seq that
+    # cannot repeat theirs (tpulab.run.forward passes the wall clock in ms).
+    first_seq: int = 1
     clock: Callable[[], float] = time.monotonic
     renewals: int = 0
     failures: list[str] = field(default_factory=list)
@@ -121,7 +126,7 @@ class LeaseRenewer:
                 return False
             try:
                 self.session.run(
-                    renew_command(self.config, self.renewals + 1),
+                    renew_command(self.config, self.first_seq + self.renewals),
                     timeout=min(self.config.lease_seconds, 20.0),
                     check=True,
                 )

@@ -45,7 +45,9 @@ from tpulab.contract import (
 from tpulab.errors import (
     AlreadyExistsError,
     CloudError,
+    CommandFailedError,
     ConfigError,
+    DeadlineError,
     InterruptedRun,
     InvalidArgumentError,
     LeakedNode,
@@ -63,7 +65,7 @@ from tpulab.errors import (
     VerificationError,
 )
 from tpulab.models import NodeInfo, NodeRequest, NodeState
-from tpulab.polling import Backoff, retry_call
+from tpulab.polling import Backoff, poll_until, retry_call
 from tpulab.remote import bootstrap as boot
 from tpulab.remote import workload as wl
 from tpulab.remote.workspace import StreamShell
@@ -88,6 +90,14 @@ __all__ = [
     "RunOutcome",
     "Shield",
 ]
+
+# The states in which Google reports a reclaimed spot TPU VM (see `_preemption`).
+_RECLAIMED = frozenset(
+    {NodeState.PREEMPTED.value, NodeState.TERMINATED.value, NodeState.STOPPED.value}
+)
+# How long a failed spot run asks the API whether its node was preempted: the state can
+# lag the VM stopping by about a minute (SkyPilot #849); twice that, bounded.
+PREEMPTION_WAIT_SECONDS = 120.0
 
 # Sync refusals: the API said no before creating anything, so there is nothing to delete.
 _REFUSED = (
@@ -235,8 +245,10 @@ class Lifecycle:
         renew_in_background: bool = True,
         keep_on_success: bool = False,
         attach: Attachment | None = None,
+        preemption_wait: float = PREEMPTION_WAIT_SECONDS,
     ) -> None:
         self.spec = spec
+        self.preemption_wait = preemption_wait
         self.api = api
         self.connect = connect
         self.journal = journal
@@ -454,26 +466,87 @@ class Lifecycle:
 
     def _preemption(self, error: TpuLabError) -> PreemptedError | None:
         """A spot node reclaimed under us shows up as a dropped SSH session or a failed
-        call; ask the API, so the user hears "preempted" rather than a symptom."""
+        call; ask the API, so the user hears "preempted" rather than a symptom.
+
+        Google reports it late and in more than one way: the state can stay READY for
+        about a minute after the VM stopped (SkyPilot #849), and a reclaimed TPU VM may
+        end TERMINATED or STOPPED rather than PREEMPTED, or simply vanish (SkyPilot
+        #1468). So the node is polled for up to `preemption_wait` seconds (a command's
+        own non-zero exit is no symptom: one look then), and any of those counts."""
         if (
             not self.spec.spot
             or isinstance(error, PreemptedError)
             or not self.outcome.create_accepted
+            or self.attach is not None
         ):
             return None
-        try:
-            node = self.api.get_node(self.spec.zone.value, self.spec.node_name)
-        except CloudError:
-            return None
-        if node.state != NodeState.PREEMPTED:
+        own_exit = isinstance(error, CommandFailedError) and error.exit_status >= 0
+        wait = 0.0 if own_exit else self.preemption_wait
+        if wait > 0:
+            self.observer.note(
+                f"spot node {self.spec.node_name}: {_describe(error)}; asking the API for up "
+                f"to {wait:g} s whether it was preempted (its state can lag the VM)"
+            )
+        seen = self._reclaimed_state(wait)
+        if seen is None:
             return None
         phase = self._current.label if self._current else "the run"
         return PreemptedError(
-            f"Spot node {node.name} was preempted during {phase.lower()} ({error.message}).",
+            f"Spot node {self.spec.node_name} was preempted during {phase.lower()} "
+            f"(the API says {seen}; {error.message}).",
             status="PREEMPTED",
             hint="Spot capacity was reclaimed by Google; nothing is wrong with the run. "
             "Retry later, or run without --spot (on-demand costs about five times more).",
         )
+
+    def _reclaimed_state(self, wait: float) -> str | None:
+        """The state that says a spot node was reclaimed (or "gone"), polled for up to
+        `wait` s; None if it still looks alive then, or if its own watchdog (or someone)
+        is deleting it, which `_vanished` explains."""
+        zone, name = self.spec.zone.value, self.spec.node_name
+        last: list[str] = []
+
+        def look() -> str:
+            try:
+                state = self.api.get_node(zone, name).state.value
+            except NotFoundError:
+                state = "gone"
+            if not last or last[-1] != state:
+                if last:
+                    self.observer.note(f"spot node {name}: {state}")
+                last.append(state)
+            return state
+
+        settled = {*_RECLAIMED, NodeState.DELETING.value, "gone"}
+        try:
+            state = poll_until(
+                look,
+                lambda found: found in settled,
+                timeout=wait,
+                clock=self.clock,
+                sleep=self.sleep,
+                backoff=self.poll,
+                retry_if=lambda failure: isinstance(failure, TransientError),
+                describe=lambda _found: f"spot node {name} to show whether it was preempted",
+            )
+        except DeadlineError:
+            return None  # still READY (or similar) all along: not a preemption
+        except CloudError:
+            return None  # the API cannot say; the original error stands
+        if state == NodeState.DELETING.value:
+            return None
+        if state == "gone" and self._watchdog_fired():
+            return None
+        return state
+
+    def _watchdog_fired(self) -> bool:
+        """Would this run's own watchdog have deleted the node by now?"""
+        if self.watchdog is None:
+            return False
+        created = self.outcome.milestones.get("create_sent", self._t0)
+        if self.clock() - created >= self.watchdog.max_duration_seconds:
+            return True
+        return self.renewer is not None and self.renewer.lapsed()
 
     def _each_phase(self) -> None:
         if self.attach is not None:

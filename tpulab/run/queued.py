@@ -2,9 +2,14 @@
 
     CreateQueuedResource (the node spec the lifecycle built: labels, ssh key, spot)
       -> wait for its operation -> poll its state through the one wait loop:
-         ACCEPTED -> WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE   (return)
-         FAILED (e.g. validUntil passed before capacity)  -> StockoutError, the API's reason
+         [ACCEPTED ->] WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE   (return)
+         FAILED     -> classified from failedData.error by cloud/classify.py: quota ->
+                       QuotaError, invalid request -> InvalidArgumentError (fatal), no
+                       capacity in time (or unplaceable) -> StockoutError
          SUSPENDED (its spot node was reclaimed)          -> CloudError "SUSPENDED"
+         DELETING (someone deleted it)                    -> NotFoundError, at once
+
+(Google documents WAITING_FOR_RESOURCES as having replaced ACCEPTED; both are waiting.)
 
 The queued resource is named like the node, so teardown (teardown.py, with
 `queued_resource=`) deletes it with force and confirms both are gone, and
@@ -20,7 +25,14 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from tpulab.cloud.api import QUEUED_FINAL_STATES, QueuedResourceInfo, QueuedResourceRequest
-from tpulab.errors import CloudError, StockoutError, TransientError
+from tpulab.cloud.classify import RPC_STATUS, classify, error_for_status
+from tpulab.errors import (
+    CloudError,
+    DeadlineError,
+    NotFoundError,
+    StockoutError,
+    TransientError,
+)
 from tpulab.polling import poll_until
 
 if TYPE_CHECKING:
@@ -103,17 +115,40 @@ def create_through_queue(
 
 def _ended(found: QueuedResourceInfo, spec: RunSpec) -> CloudError:
     if found.state == "FAILED":
-        reason = found.failure or "the API gave no reason"
-        return StockoutError(
-            f"Queued resource {found.name} in {found.zone} FAILED: {reason}",
-            status="FAILED",
-            api_message=found.failure,
-            hint="No capacity came within the window. Retry with a longer --valid-for, "
-            "another --zone, or later; the queued resource is deleted by the teardown.",
+        return _failed(found)
+    if found.state == "DELETING":
+        return NotFoundError(
+            f"Queued resource {found.name} in {found.zone} is being deleted (DELETING): "
+            "something other than this run deleted it before its node was ready.",
+            status="DELETING",
+            hint="Another `tpulab teardown`, a colleague or a script deleted it. Check with "
+            "`tpulab list`, then run again.",
         )
     return CloudError(
         f"Queued resource {found.name} in {found.zone} was SUSPENDED: its node was "
         "reclaimed" + (" (spot capacity taken back)" if spec.spot else "") + ".",
         status="SUSPENDED",
         hint="Retry the run; with --spot, capacity can be taken back at any time.",
+    )
+
+
+def _failed(found: QueuedResourceInfo) -> CloudError:
+    """FAILED, classified by the one table from `failedData.error` (code and message):
+    a quota is a quota, an invalid request is fatal, no capacity in time is a stockout.
+    The API documents FAILED as resources unavailable within the request's constraints,
+    so what the table cannot place (or would call an outage) stays a stockout."""
+    status = RPC_STATUS.get(found.failure_code, "UNKNOWN")
+    reason = found.failure or "the API gave no reason"
+    message = f"Queued resource {found.name} in {found.zone} FAILED: {reason}"
+    rule = classify(status, reason)
+    if rule is not None and not issubclass(rule.kind, TransientError | DeadlineError):
+        # The table's class, hint and scope (scope_of re-reads status and message).
+        error = error_for_status(status, reason, "provision the queued resource")
+        return rule.kind(message, status=status, api_message=reason, hint=error.hint)
+    return StockoutError(
+        message,
+        status="FAILED",
+        api_message=found.failure,
+        hint="No capacity came within the window. Retry with a longer --valid-for, "
+        "another --zone, or later; the queued resource is deleted by the teardown.",
     )
