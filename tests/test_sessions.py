@@ -158,9 +158,15 @@ def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None
     # API is asked, says the node exists where it was, and the mismatch is named.
     state_file = key.parent / "session.json"
     good = state_file.read_text()
-    state_file.write_text(
-        good.replace(state["host_key_b64"], "AAAAC3NzaC1lZDI1NTE5AAAAIA" + "A" * 43)
-    )
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    other = (
+        Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    )  # a valid ed25519 key, not the node's
+    state_file.write_text(good.replace(state["host_key_b64"], other.decode().split()[1]))
     unreachable = tpulab("ssh", "lesson-1", "--", "true", timeout=60)
     assert unreachable.returncode == EXIT_REMOTE
     assert "does not present the host key `up` pinned" in unreachable.stderr
