@@ -458,9 +458,9 @@ def test_a_session_file_from_before_receipt_ids_still_loads() -> None:
 def test_exec_on_a_session_whose_idle_lease_lapsed_says_so_and_cleans_up(
     served: Emulator, tmp_path: Path
 ) -> None:
-    state = up(served, "lapsed", "--idle", "10s")
-    # Nobody renews: the VM's watchdog deletes the node (10 s + its poll).
-    deadline = time.monotonic() + 90
+    state = up(served, "lapsed", "--idle", "30s")
+    # Nobody renews: the VM's watchdog deletes the node (30 s + its poll).
+    deadline = time.monotonic() + 120
     while served.node_names(PROJECT):
         assert time.monotonic() < deadline, "the idle session's node was not deleted"
         time.sleep(0.5)
@@ -469,7 +469,7 @@ def test_exec_on_a_session_whose_idle_lease_lapsed_says_so_and_cleans_up(
     assert done.returncode == EXIT_REMOTE, done.stderr + done.stdout
     said = " ".join(done.stderr.split())
     assert f"Session lapsed's node {state['node_name']}" in said
-    assert "idle for 10 s (--idle)" in said
+    assert "idle for 30 s (--idle)" in said
     assert "Its key and state are removed." in said
     assert not session_dir("lapsed").exists()
     row = Journal().get(str(state["run_id"]))

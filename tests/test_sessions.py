@@ -161,15 +161,22 @@ def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None
     assert low - 0.0001 <= session["estimated_cost_usd"] <= cost_by_then + 0.0001
 
     # SSH fails while the node is still there (a host key that does not match): the
-    # API is asked, says the node exists, and the plain "cannot reach" error stays.
+    # API is asked, says the node exists where it was, and the mismatch is named.
     state_file = key.parent / "session.json"
     good = state_file.read_text()
-    state_file.write_text(
-        good.replace(state["host_key_b64"], "AAAAC3NzaC1lZDI1NTE5AAAAIA" + "A" * 43)
-    )
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    other = (
+        Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    )  # a valid ed25519 key, not the node's
+    state_file.write_text(good.replace(state["host_key_b64"], other.decode().split()[1]))
     unreachable = tpulab("ssh", "lesson-1", "--", "true", timeout=60)
     assert unreachable.returncode == EXIT_REMOTE
-    assert "Could not reach session lesson-1" in unreachable.stderr
+    assert "does not present the host key `up` pinned" in unreachable.stderr
+    assert "moved" not in unreachable.stderr
     assert key.exists()
     state_file.write_text(good)
 
@@ -189,14 +196,14 @@ def test_idle_sessions_delete_themselves_and_ssh_down_list_say_why(
 ) -> None:
     require_tool(shutil.which("ssh") is not None, "OpenSSH client (ssh)")
     names = ("idle-ssh", "idle-down", "idle-list")
-    _up_at_once(served, *names, extra=("--idle", "10s"))
+    _up_at_once(served, *names, extra=("--idle", "30s"))
     states = {name: _state_of(tpulab_home, name) for name in names}
-    # Nobody renews the leases: the VMs' watchdogs delete the nodes (10 s + their poll).
-    deadline = time.monotonic() + 60
+    # Nobody renews the leases: the VMs' watchdogs delete the nodes (30 s + their poll).
+    deadline = time.monotonic() + 90
     while served.node_names(PROJECT):
         assert time.monotonic() < deadline, "the idle sessions' nodes were not deleted"
         time.sleep(0.5)
-    why = "deleted itself: idle for 10 s (--idle)"
+    why = "deleted itself: idle for 30 s (--idle)"
 
     # ssh cannot reach it, asks the API, says why, cleans up, exits 4.
     shell = tpulab("ssh", "idle-ssh", "--", "true", timeout=60)

@@ -200,7 +200,7 @@ def test_session_times_name_the_bound_they_broke() -> None:
     with pytest.raises(ConfigError) as short:
         session_times("1s", None)
     # Once "--ttl '1s' is out of range: a session lives at most 24 h".
-    assert short.value.message == "--ttl '1s' is too short: the minimum is 10s."
+    assert short.value.message == "--ttl '1s' is too short: the minimum is 3m."
     with pytest.raises(ConfigError) as long:
         session_times("25h", None)
     assert long.value.message == "--ttl '25h' is too long: the maximum is 1d."

@@ -86,6 +86,7 @@ __all__ = [
     "RemoteError",
     "RemoteTimeoutError",
     "RequirementFailure",
+    "StateFileError",
     "StockoutError",
     "TeardownError",
     "TpuBusyError",
@@ -435,6 +436,11 @@ class TeardownError(TpuLabError):
 
 class JournalError(TpuLabError):
     pass
+
+
+class StateFileError(TpuLabError):
+    """One of tpulab's own state files (a session's state) is damaged: it was set
+    aside, and the other files are unaffected."""
 
 
 class ReceiptStoreError(TpuLabError):

@@ -248,5 +248,7 @@ def write_run_record(record: RunRecord, out: Path) -> Path:
 
 
 def read_run_record(path: Path) -> RunRecord:
-    """Parse a run.json (strict: what parses is exactly the contract)."""
-    return RunRecord.model_validate_json(path.read_text(encoding="utf-8"))
+    """Parse a run.json (strict: what parses is exactly the contract). Bytes, so that a
+    file that is not UTF-8 is a ValidationError like any other damage (read_text's
+    UnicodeDecodeError escaped `runs list` and hid every record)."""
+    return RunRecord.model_validate_json(path.read_bytes())
