@@ -64,6 +64,28 @@ TEST_DISTRIBUTION = "worksteal"
 def tests(session: nox.Session) -> None:
     """The whole suite, end-to-end tests included (they need sshd and gcloud in CI),
     spread over TEST_WORKERS processes."""
+    _install_for_tests(session)
+    _payload_python_310(session)
+    session.run("pytest", "-n", TEST_WORKERS, "--dist", TEST_DISTRIBUTION, *session.posargs)
+
+
+# The edit-test loop's tier (tests/tiers.py marks every test from what it runs): no
+# real SSH hosts, whole lifecycles, CLI runs or package-index installs, but the two
+# `smoke` tests (one emulated run end to end, one Ctrl-C teardown).
+QUICK_TIER = "smoke or not (e2e or network)"
+
+
+@nox.session
+def quick(session: nox.Session) -> None:
+    """The fast tier for the edit-test loop; `nox -s tests` stays the whole suite."""
+    _install_for_tests(session)
+    session.run(
+        "pytest", "-n", TEST_WORKERS, "--dist", TEST_DISTRIBUTION, "-m", QUICK_TIER,
+        *session.posargs,
+    )  # fmt: skip
+
+
+def _install_for_tests(session: nox.Session) -> None:
     # Compile bytecode at install, as pip does: under PYTHONDONTWRITEBYTECODE (set on the
     # CI machines) a uv venv has no .pyc, so each of the suite's hundreds of `tpulab`
     # subprocesses recompiled the Google client, pydantic, rich, paramiko ... from
@@ -75,8 +97,6 @@ def tests(session: nox.Session) -> None:
     # The editable tpulab is not in site-packages, so uv leaves it alone: another
     # 0.15 s of each `tpulab` subprocess's ~1.1 s CPU (__pycache__ is gitignored).
     session.run("python", "-m", "compileall", "-q", "tpulab")
-    _payload_python_310(session)
-    session.run("pytest", "-n", TEST_WORKERS, "--dist", TEST_DISTRIBUTION, *session.posargs)
 
 
 def _payload_python_310(session: nox.Session) -> None:

@@ -412,9 +412,11 @@ def pack(workspace: str, patterns: list[str], run_dir: str, log: str, cap: int, 
     if total > cap:
         largest = sorted(sizes.items(), key=lambda item: (-item[1], item[0]))[:10]
         listing = ", ".join(f"{name} ({_human(size)})" for name, size in largest)
+        over = f"{_human(total - cap)} over the {_human(cap)} fetch cap"
+        if _human(total) == _human(cap):  # "1.0 GiB, over the 1.0 GiB cap" says nothing
+            over += f" ({total} bytes against {cap})"
         raise Refused(
-            f"the artifacts are {_human(total)} in {len(sizes)} files, over the "
-            f"{_human(cap)} fetch cap; largest: {listing}"
+            f"the artifacts are {_human(total)} in {len(sizes)} files, {over}; largest: {listing}"
         )
     entries: list[dict[str, object]] = []
     out = sys.stdout.buffer

@@ -4,6 +4,8 @@ Fixtures live in conftest.py (and the `*_fixtures.py` plugins); anything a test 
 imports by name lives here, once:
 
 - `require_tool`: skip locally, fail in CI, when a system tool is missing;
+- `require_python`: a real interpreter of a version ("3.12"), found as the emulated
+  image finds its own (system or pyenv, never a shim, whatever HOME is);
 - `FakeClock`: time that moves only when the code under test sleeps (or a test says so);
 - `tpulab`: the CLI as a user runs it, a real `python -m tpulab` subprocess;
 - `invoke`: the same CLI in this process (typer's runner), when no subprocess is needed;
@@ -17,6 +19,7 @@ imports by name lives here, once:
 - `cli_imports`: what a `tpulab ...` command imports, run in a fresh interpreter, to
   keep `--help` and `--dry-run` light;
 - `advances`: the next value of a marker file a running command keeps rewriting;
+- `group_ended`: no live process is left in a process group (the event "it stopped");
 - `Blackhole`: a loopback listener that accepts, reads the request, and never answers;
 - `workload_spec`: the RunSpec `run --emulate -- python train.py` builds, with workload
   flags, for the config tests.
@@ -57,9 +60,11 @@ __all__ = [
     "advances",
     "cli_imports",
     "create_ready_node",
+    "group_ended",
     "invoke",
     "killed_run",
     "refused_port",
+    "require_python",
     "require_tool",
     "served_emulator",
     "tpulab",
@@ -86,6 +91,25 @@ def require_tool(available: bool, what: str) -> None:
     if IN_CI:
         pytest.fail(f"{what} is required in CI (CI=true) but is not installed")
     pytest.skip(f"{what} is not installed")
+
+
+def require_python(version: str) -> str:
+    """A real interpreter of `version` ("3" for this machine's python3, or "3.X"):
+    required like any tool. Never a pyenv shim (it runs only the version pyenv has
+    selected, and fails when HOME is not pyenv's), and found without HOME."""
+    from tpulab.emulator.hostenv import find_interpreter
+
+    if version == "3":
+        found = next(
+            (p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)),
+            None,
+        )
+    else:
+        interpreter = find_interpreter(version)
+        found = None if interpreter is None else str(interpreter)
+    require_tool(found is not None, f"python{version}")
+    assert found is not None
+    return found
 
 
 @dataclass
@@ -332,6 +356,21 @@ def advances(marker: Path, seconds: float = 30) -> str:
         assert time.monotonic() < deadline, f"the command stopped writing at {before!r}"
         time.sleep(0.1)
     return now
+
+
+def group_ended(pgid: int) -> bool:
+    """No live process is left in process group `pgid` on this machine (Linux /proc),
+    which is where the emulator's nodes run their commands: the event "it stopped",
+    where a marker that did not change for a while only says "it was slow". Zombies
+    are dead (nothing they could still write), so they do not count."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # gone between the listing and the read
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return False
+    return True
 
 
 # What `tpulab --help` and `--dry-run` must never import: they would cost seconds.

@@ -9,7 +9,6 @@ on a machine downloads them.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -102,9 +101,11 @@ def test_a_fresh_bare_node_has_the_image_python_and_no_jax_no_uv(
         path = shell.run(["sh", "-c", 'printf %s "$PATH"'], timeout=30)
         named = shell.run(["sh", "-c", 'printf %s "$TPULAB_EMULATED_IMAGE"'], timeout=30)
     assert version.stdout.strip() == image_version
-    if Path("/root/.pyenv/versions").is_dir() or os.path.exists("/usr/bin/python3.10"):
-        # TPU VM images are Ubuntu 22.04 with 3.10; this machine has one, so must we.
-        assert image_version.startswith("3.10.")
+    from helpers import require_python
+
+    # TPU VM images are Ubuntu 22.04 with 3.10: the suite needs one (README, Testing).
+    require_python("3.10")
+    assert image_version.startswith("3.10.")
     assert jax.exit_status != 0
     assert "No module named 'jax'" in jax.stderr
     assert uv.exit_status != 0, f"uv is on the bare image's PATH: {uv.stdout}"

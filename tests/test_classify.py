@@ -164,7 +164,7 @@ REAL_ANSWERS: list[tuple[str, str, str, type[E.CloudError], Scope]] = [
         "a queued resource's failedData.error when its window closed: the v2 discovery "
         "document's words for FAILED ('the valid until start timing constraint expired'); "
         "the code (4) and the rest are the emulator's (tpulab/emulator/queued.py)",
-        E.StockoutError,
+        E.QueueExpiredError,  # a StockoutError: a capacity failure, exit 3
         "zone",
     ),
 ]

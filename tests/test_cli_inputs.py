@@ -244,3 +244,17 @@ def test_an_upload_over_the_cap_or_with_a_secret_creates_nothing(
         "--project", "p-123456", "--workdir", str(root), *flags, "--", "python", "t.py",
     )  # fmt: skip
     refused(emulator, code, err, words)
+
+
+@pytest.mark.parametrize(
+    ("name", "words"), [("", "--name is empty"), ("  ", "--name is empty"), ("Bad", "not valid")]
+)
+def test_up_with_an_empty_or_bad_name_creates_nothing(
+    emulator: Emulator, name: str, words: str
+) -> None:
+    # Before: `up --name ''` fell back to s-<run id> without a word.
+    emulator.faults.stockout = True
+    code, err = tpulab(
+        "up", "--accelerator", "v5litepod-4", "--api-endpoint", emulator.url, "--name", name
+    )
+    refused(emulator, code, err, words)

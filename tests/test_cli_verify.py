@@ -38,8 +38,9 @@ def test_verify_local_accelerator_passes_and_keeps_the_receipt(tpulab_home: Path
 
     status, out, _ = invoke("receipts", "list")
     assert status == EXIT_OK
-    assert kept[0].id in out
-    assert "verified" in out
+    # Its row, column by column ("verified" alone would also match "unverified").
+    (row,) = [line.split() for line in out.splitlines() if line.startswith(kept[0].id)]
+    assert row == [kept[0].id, "verified", "v5litepod-4", "verify*", "-"], row
     status, out, _ = invoke("receipts", "show", kept[0].id[:20])
     assert status == EXIT_OK
     assert "VERIFIED" in out

@@ -241,6 +241,10 @@ def test_since_reads_dates_date_times_and_durations(text: str, expected: datetim
         ("2026-13-01", "Invalid --since"),
         ("2027-01-01", "in the future"),
         ("  ", "--since is empty"),
+        # Past datetime's range: was an OverflowError traceback (exit 1).
+        ("999999d", "out of range: a duration back from now is at most 3650d"),
+        ("9999999999999d", "out of range"),
+        ("3651d", "out of range"),
     ],
 )
 def test_a_bad_since_is_a_config_error_that_teaches(text: str, says: str) -> None:
@@ -410,6 +414,14 @@ def test_an_empty_journal_says_so(tpulab_home: Path) -> None:
     assert "No runs in this machine's journal since" in out
 
 
+def test_a_since_past_datetimes_range_exits_2_with_the_range(tpulab_home: Path) -> None:
+    status, _, err = invoke("costs", "--since", "999999d")
+    assert status == EXIT_CONFIG
+    assert "at most 3650d" in err
+    assert "Traceback" not in err
+    assert "OverflowError" not in err
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_a_bad_since_exits_2_and_reads_nothing(tpulab_home: Path, as_json: bool) -> None:
     status, out, err = invoke("costs", "--since", "last tuesday", *(["--json"] if as_json else []))
@@ -514,7 +526,16 @@ def _session(name: str, run_id: str, started: datetime, *, ttl: float, idle: flo
         ssh_port=22,
         host_key_type="ssh-ed25519",
         host_key_b64="AAAA",
-        watchdog={},
+        # A session's state without its watchdog is damaged (set aside): a whole one.
+        watchdog={
+            "run_id": run_id,
+            "node_name": f"tpulab-{run_id}",
+            "zone": "us-central1-a",
+            "project": "proj",
+            "lease_seconds": idle,
+            "boot_grace_seconds": 300.0,
+            "max_duration_seconds": ttl,
+        },
         started_at=begun,
         deadline_at=begun + ttl,
         idle_seconds=idle,

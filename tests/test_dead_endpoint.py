@@ -50,6 +50,11 @@ pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
 
 PROJECT = "test-project"
 ZONE = "us-central1-a"
+# A session's whole watchdog (one without it is a damaged state file, set aside).
+WATCHDOG = {
+    "run_id": "sess-1", "node_name": "tpulab-sess-1", "zone": ZONE, "project": PROJECT,
+    "lease_seconds": 600.0, "boot_grace_seconds": 300.0, "max_duration_seconds": 3600.0,
+}  # fmt: skip
 UNRESOLVABLE = "http://tpu-nowhere.invalid:8470"
 
 
@@ -332,7 +337,7 @@ def test_down_against_a_dead_endpoint_exits_6_keeps_the_session_and_says_how_to_
             name="lesson", run_id="sess-1", node_name="tpulab-sess-1", zone=ZONE,
             project=PROJECT, api_endpoint=url, accelerator_type="v5litepod-4", spot=False,
             ssh_user="u", ssh_host="127.0.0.1", ssh_port=22, host_key_type="ssh-ed25519",
-            host_key_b64="AAAA", watchdog={}, started_at=now, deadline_at=now + 3600,
+            host_key_b64="AAAA", watchdog=WATCHDOG, started_at=now, deadline_at=now + 3600,
             idle_seconds=600, renewed_at=now,
         )
     )  # fmt: skip

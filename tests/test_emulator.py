@@ -381,3 +381,27 @@ def test_a_non_finite_value_set_in_process_still_gets_a_json_answer(emulator: Em
         urllib.request.urlopen(emulator.url + "/_emulator/faults", timeout=10)
     assert caught.value.code == 500
     assert "not JSON" in _strict_json(caught.value.read())["error"]["message"]
+
+
+def test_a_client_killed_mid_request_leaves_no_traceback(
+    emulator: Emulator, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+    import struct
+
+    from helpers import wait_until
+
+    server = emulator._server
+    assert server is not None
+    host, port = emulator.url.removeprefix("http://").split(":")
+    # A request whose body never comes, then a reset (SO_LINGER 0): what a tpulab killed
+    # while sending looks like to the server. It once printed a ConnectionResetError
+    # traceback on the served emulator's terminal.
+    client = socket.create_connection((host, int(port)))
+    client.sendall(b"POST /v2/projects/p/locations/z/nodes HTTP/1.1\r\nContent-Length: 99\r\n\r\n{")
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    client.close()
+    wait_until(lambda: getattr(server, "dropped_clients", 0) == 1, "the server saw the reset")
+    captured = capfd.readouterr()
+    assert "Traceback" not in captured.err
+    assert "ConnectionResetError" not in captured.err

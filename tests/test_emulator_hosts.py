@@ -114,20 +114,40 @@ def test_ssh_refusal_fault_reaches_the_backend(
     backend = make_host_backend("embedded", tmp_path / "hosts")
     try:
         emulator = start_emulator(tmp_path / "state", host_backend=backend)
-        emulator.faults.ssh_refuse_for = 2.5
         api = api_for(emulator)
         key = RunKey()
-        api.create_node(ZONE, "slow-ssh", node_request(ssh_keys=key.metadata_entry(USER)))
-        target, _ = _connect_target(api, backend, "slow-ssh")
-        # Published (READY, host key, port) yet still refusing, like a booting sshd.
-        with pytest.raises(ConnectionRefusedError):
-            socket.create_connection((target.host, target.port), timeout=2).close()
-        with Connection(target, key, connect_timeout=20) as connection:
+        # The host starts refusing when the create is under way, so a connection tried
+        # less than `refuse` seconds after the create was sent is inside the refusal,
+        # whatever the machine's load: that one must be refused. Tried later (a slow
+        # READY), it proves nothing either way, so the node is made again with a
+        # window four times as long.
+        for attempt, refuse in enumerate((2.5, 10.0, 40.0)):
+            name = f"slow-ssh-{attempt}"
+            emulator.faults.ssh_refuse_for = refuse
+            sent = time.monotonic()
+            api.create_node(ZONE, name, node_request(ssh_keys=key.metadata_entry(USER)))
+            target, _ = _connect_target(api, backend, name)
+            # Published (READY, host key, port) yet still refusing, like a booting sshd.
+            refused = _refuses(target.host, target.port)
+            inside = time.monotonic() - sent < refuse  # measured once the probe is done
+            if inside:
+                break
+        assert inside, "never reached the host inside its refusal"
+        assert refused, "the host accepted a connection inside its refusal window"
+        with Connection(target, key, connect_timeout=refuse + 20) as connection:
             assert connection.run("echo up", timeout=20, check=True).stdout.strip() == "up"
-        ready_host = emulator.snapshot()["nodes"][f"{PROJECT}/{ZONE}/slow-ssh"]
+        ready_host = emulator.snapshot()["nodes"][f"{PROJECT}/{ZONE}/{name}"]
         assert ready_host["host"]["port"] == target.port
     finally:
         backend.close()
+
+
+def _refuses(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
 
 
 # Each published type, and the host-key algorithm a client pinning it negotiates (an RSA

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import cli_imports, served_emulator, tpulab
+from helpers import cli_imports, require_tool, served_emulator, tpulab
 
 from tpulab.cleanup.journal import Journal
 from tpulab.emulator import Emulator
@@ -76,8 +76,8 @@ def node_state(emulator: Emulator, node: str) -> str:
     return str(found[0]["state"]) if found else "gone"
 
 
-@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
 def test_up_two_execs_ssh_down_costs(served: Emulator, tmp_path: Path) -> None:
+    require_tool(shutil.which("ssh") is not None, "OpenSSH client (ssh)")
     state = up(served, "lesson", "--ttl", "1h", "--idle", "10m")
     assert isinstance(state["receipt_id"], str)
     (node,) = served.node_names(PROJECT)
@@ -207,6 +207,9 @@ def test_interrupted_and_failing_execs_keep_the_session(served: Emulator, tmp_pa
         assert (out / "run" / "partial.txt").read_text() == "so far"
         record = json.loads((out / "run.json").read_text())
         assert record["workload"]["stopped"] is not None
+        # The record says what ended it, as --json does (it once had "error": null).
+        assert record["error"]["type"] == "InterruptedRun", record["error"]
+        assert record["error"]["exit_status"] == EXIT_INTERRUPTED
         assert record["teardown"] == "not-created"
         assert deletes(served) == []
         assert node_state(served, node) == "READY"
@@ -220,6 +223,9 @@ def test_interrupted_and_failing_execs_keep_the_session(served: Emulator, tmp_pa
     assert failing.returncode == EXIT_WORKLOAD, failing.stderr + failing.stdout
     assert "exited with status 6" in failing.stderr
     assert "about to fail" in (tmp_path / "fail" / "output.log").read_text()
+    error = json.loads((tmp_path / "fail" / "run.json").read_text())["error"]
+    assert (error["type"], error["exit_status"]) == ("WorkloadFailedError", EXIT_WORKLOAD)
+    assert "exited with status 6" in error["message"]
     assert deletes(served) == []
     assert node_state(served, node) == "READY"
 
@@ -452,9 +458,9 @@ def test_a_session_file_from_before_receipt_ids_still_loads() -> None:
 def test_exec_on_a_session_whose_idle_lease_lapsed_says_so_and_cleans_up(
     served: Emulator, tmp_path: Path
 ) -> None:
-    state = up(served, "lapsed", "--idle", "10s")
-    # Nobody renews: the VM's watchdog deletes the node (10 s + its poll).
-    deadline = time.monotonic() + 90
+    state = up(served, "lapsed", "--idle", "30s")
+    # Nobody renews: the VM's watchdog deletes the node (30 s + its poll).
+    deadline = time.monotonic() + 120
     while served.node_names(PROJECT):
         assert time.monotonic() < deadline, "the idle session's node was not deleted"
         time.sleep(0.5)
@@ -463,7 +469,7 @@ def test_exec_on_a_session_whose_idle_lease_lapsed_says_so_and_cleans_up(
     assert done.returncode == EXIT_REMOTE, done.stderr + done.stdout
     said = " ".join(done.stderr.split())
     assert f"Session lapsed's node {state['node_name']}" in said
-    assert "idle for 10 s (--idle)" in said
+    assert "idle for 30 s (--idle)" in said
     assert "Its key and state are removed." in said
     assert not session_dir("lapsed").exists()
     row = Journal().get(str(state["run_id"]))

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import advances, require_tool, served_emulator, tpulab
+from helpers import advances, group_ended, require_tool, served_emulator, tpulab, wait_until
 from test_exec import EXIT_OK, EXIT_REMOTE, PROJECT, _exec_in_background, _wait_for, deletes, up
 
 from tpulab.emulator import Emulator
@@ -99,13 +99,8 @@ def test_exec_is_refused_while_an_earlier_command_runs(served: Emulator, tmp_pat
 
     stopped = tpulab(*stop.split()[1:], timeout=60)
     assert stopped.returncode == EXIT_OK, stopped.stderr
-    deadline = time.monotonic() + 30
-    while True:  # ended: the marker stops moving
-        before = marker.read_text()
-        time.sleep(0.5)
-        if marker.read_text() == before:
-            break
-        assert time.monotonic() < deadline, "the command did not stop"
+    # Ended: nothing of its process group is left (the node is this machine).
+    wait_until(lambda: group_ended(int(pgid)), f"the command's process group {pgid} to end")
 
     # Its pid file stays behind (a dead group): stale, it does not block.
     pid_file = tpulab("ssh", "busy", "--", "cat", "jax-tpu-lab/run/command.pid", timeout=60)

@@ -10,7 +10,6 @@ import fcntl
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from helpers import advances, served_emulator, tpulab
+from helpers import advances, group_ended, served_emulator, tpulab, wait_until
 from test_exec import EXIT_OK, EXIT_REMOTE, PROJECT, _exec_in_background, _wait_for, deletes, up
 
 from tpulab.emulator import Emulator
@@ -229,7 +228,7 @@ def test_a_sigkilled_exec_leaves_no_stale_lock_only_its_orphan(
     assert _lock_is_free(lock_file)  # the refused exec let go of it too
 
     os.killpg(int(pgid), signal.SIGTERM)  # the orphan stopped (its node is this machine)
-    _until(lambda: _stopped(marker), "the orphan did not stop")
+    wait_until(lambda: group_ended(int(pgid)), f"the orphan's process group {pgid} to end")
     again = tpulab(
         "exec", "orphan", "--workdir", str(work), "--out", str(tmp_path / "again"), "--",
         "python", "-c", "print('after the orphan')", timeout=300,
@@ -240,12 +239,6 @@ def test_a_sigkilled_exec_leaves_no_stale_lock_only_its_orphan(
     down = tpulab("down", "orphan", timeout=120)
     assert down.returncode == EXIT_OK, down.stderr
     assert served.node_names(PROJECT) == []
-
-
-def _stopped(marker: Path) -> bool:
-    before = marker.read_text()
-    time.sleep(0.5)
-    return marker.read_text() == before
 
 
 # A laptop-side process holding the lock over its own Connection, to be SIGKILLed.
@@ -351,7 +344,6 @@ def test_a_laptop_gone_silent_loses_the_lock_after_the_silence(
             assert seen is not None, "a beating holder lost the lock"
             assert seen.run_id == "killed"
         holder.send_signal(signal.SIGSTOP)  # no beats, no FIN
-        from helpers import wait_until
 
         def taken() -> bool:
             _, seen, mine = _hold(ssh_host)
@@ -390,18 +382,9 @@ def test_the_lock_script_on_each_python(tmp_path: Path, version: str) -> None:
     # The VM's own python3 runs it (Ubuntu 22.04 has 3.10): run it here, the way the
     # exec starts it, with a pipe for the stdin whose EOF ends the hold; under this
     # machine's python3 always, and under each newer one that is installed.
-    from helpers import require_tool
+    from helpers import require_python
 
-    if version == "3":
-        found = shutil.which("python3")
-        require_tool(found is not None, "python3")
-    else:
-        # pyenv's own interpreters, not its shims (which run only the selected version).
-        pyenv = sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))
-        found = str(pyenv[0]) if pyenv else shutil.which(f"python{version}")
-        require_tool(found is not None, f"python{version}")
-    assert found is not None
-    python = found
+    python = require_python(version)
 
     def start(run_id: str) -> subprocess.Popen[str]:
         argv = wl.lock_command(run_id=run_id, host="laptop", pid=7)

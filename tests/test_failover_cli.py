@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,8 +137,12 @@ def test_retry_until_up_succeeds_when_capacity_arrives_after_8s(served: Emulator
     out = done.stdout
     assert "(previous: stockout in us-central1-a)" in out
     assert "next pass over the zones in" in out
-    assert "attempts" in out  # the summary's attempts table
-    assert "verified" in out
+    # The summary's attempts table: every attempt a stockout in the zone, but the last,
+    # verified and deleted ("verified" anywhere would also match "unverified").
+    attempts = re.findall(r"^ +\d+\. (\S+) +\S+ +(\S+) +[\d.]+s  (.+?) *$", out, re.MULTILINE)
+    assert len(attempts) >= 2, out
+    assert attempts[-1] == ("us-central1-a", "verified", "deleted, confirmed"), attempts
+    assert all(outcome != "verified" for _, outcome, _ in attempts[:-1]), attempts
     assert served.node_names() == []
 
 

@@ -5,6 +5,7 @@ end as "interrupted", exit 130, with no summary and the receipt id never shown).
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpulab.run.progress import NullObserver, Phase
@@ -12,6 +13,8 @@ from tpulab.run.signals import SignalInterrupt
 
 if TYPE_CHECKING:
     from run_rig import Rig
+
+    from tpulab.config import RunSpec
 
 pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
 
@@ -55,3 +58,57 @@ def test_ctrl_c_before_verification_is_still_an_interruption(embedded_rig: Rig) 
     assert isinstance(error, InterruptedRun)
     assert life.outcome.teardown_status == "confirmed"
     assert embedded_rig.leftovers() == []
+
+
+def _with_command(rig: Rig, tmp_path: Path) -> RunSpec:
+    import dataclasses
+
+    from tpulab.config.workload import WorkloadSpec
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "mark.py").write_text("import os\nopen(os.environ['TPULAB_RUN_DIR'] + '/m', 'w')\n")
+    workload = WorkloadSpec(
+        command=("python", "mark.py"), workdir=work, out=tmp_path / "out", env=(),
+        with_packages=(), requirements=None, fetch=(), exclude=(), allow_secrets=(),
+    )  # fmt: skip
+    return dataclasses.replace(rig.spec(), workload=workload)
+
+
+def test_with_a_command_a_signal_after_verification_but_before_it_is_130(
+    embedded_rig: Rig, tmp_path: Path
+) -> None:
+    """README "Exit codes", 130: with `-- CMD` the run's work is the command and its
+    artifacts, so a signal between the verifier and the command is an interruption
+    (the README once said any signal after verification ended with 0)."""
+    from tpulab.cli._exit import EXIT_INTERRUPTED, exit_status_for
+    from tpulab.errors import InterruptedRun
+
+    life, _, error = embedded_rig.run(
+        _with_command(embedded_rig, tmp_path), InterruptAfter(Phase.VERIFY, KeyboardInterrupt())
+    )
+    assert isinstance(error, InterruptedRun), error
+    assert exit_status_for(error) == EXIT_INTERRUPTED
+    assert life.outcome.workload is not None
+    assert not life.outcome.workload.started
+    assert life.outcome.teardown_status == "confirmed"
+    assert embedded_rig.leftovers() == []
+
+
+def test_with_a_command_a_signal_after_its_fetch_is_a_successful_run(
+    embedded_rig: Rig, tmp_path: Path
+) -> None:
+    life, _, error = embedded_rig.run(
+        _with_command(embedded_rig, tmp_path), InterruptAfter(Phase.FETCH, KeyboardInterrupt())
+    )
+    assert error is None, error
+    assert life.outcome.succeeded
+    assert (tmp_path / "out" / "run" / "m").exists()
+    assert embedded_rig.leftovers() == []
+
+
+def test_the_readme_exit_table_says_when_a_signal_is_130() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    (row,) = [line for line in readme.splitlines() if line.startswith("| 130 |")]
+    assert "a Ctrl-C during the command is 130" in row
+    assert "once only the teardown is left" in row

@@ -74,7 +74,7 @@ def test_teardown_from_a_second_home_keeps_a_live_session_of_the_first(
     served.faults.node_identity_cannot_delete = True
     with ThreadPoolExecutor(max_workers=2) as pool:
         live_up = pool.submit(_up, served, home_a, "live", "10m")
-        dead_up = pool.submit(_up, served, home_a, "dead", "10s")
+        dead_up = pool.submit(_up, served, home_a, "dead", "30s")  # the shortest --idle
         live, dead = live_up.result(), dead_up.result()
     live_node, dead_node = str(live["node_name"]), str(dead["node_name"])
     api = GoogleTpuApi(PROJECT, api_endpoint=served.url)
@@ -90,7 +90,7 @@ def test_teardown_from_a_second_home_keeps_a_live_session_of_the_first(
     assert lease.lease_seconds == 600.0
     assert lease.renewals >= 1
     assert time.time() - lease.renewed_at < 600.0
-    # The other session's lease (10 s) lapses with no one renewing it; its watchdog
+    # The other session's lease (30 s) lapses with no one renewing it; its watchdog
     # cannot delete the node, so it stays: what a leftover looks like.
     wait_until(
         lambda: (found := _lease(api, dead_node)) is not None and not found.fresh(time.time()),

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tpulab.config import Timeouts, build_run_spec
-from tpulab.errors import CloudError, ConfigError, StockoutError
+from tpulab.errors import CloudError, ConfigError, QueueExpiredError, StockoutError
+from tpulab.run.attempts import Attempts
 from tpulab.run.progress import NullObserver, Phase
 
 if TYPE_CHECKING:
@@ -97,12 +98,19 @@ def test_capacity_after_a_delay_run_succeeds_and_both_are_gone(embedded_rig: Rig
 def test_window_passes_failed_reported_and_nothing_left(embedded_rig: Rig) -> None:
     rig = embedded_rig
     rig.emulator.faults.capacity_after = {ZONE: 3600.0}  # never within the window
-    life, _, error = rig.run(queued_spec(rig, "2s"))
-    assert isinstance(error, StockoutError)
+    spec = queued_spec(rig, "2s")
+    runner = Attempts(spec, new_lifecycle=lambda attempt: rig.lifecycle(attempt)[0])
+    with pytest.raises(QueueExpiredError) as raised:
+        runner.run()
+    error = raised.value
+    assert isinstance(error, StockoutError)  # still a capacity failure: exit 3
     assert error.status == "DEADLINE_EXCEEDED"  # failedData.error.code 4, as classified
-    assert "FAILED" in error.message
-    assert "valid until" in error.message
-    assert life.outcome.teardown_status == "confirmed"
+    assert "expired: no capacity came within --valid-for 2s" in error.message
+    assert "valid until" in error.message  # the API's own words follow
+    # The attempts table says what happened: the window ran out (once "stockout").
+    (attempt,) = runner.attempts
+    assert attempt.outcome == "queue-expired"
+    assert attempt.teardown_status == "confirmed"
     assert rig.leftovers() == []
     assert queued_resources(rig) == []
 
@@ -135,6 +143,30 @@ def test_valid_for_needs_queued_and_a_sane_window(embedded_rig: Rig) -> None:
     manual = spec.leaked_node().manual_delete_command()
     assert f"gcloud compute tpus queued-resources delete {spec.node_name} --force" in manual
     assert rig.emulator.requests() == []  # validation sends nothing
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        ({"zones": ["us-central1-a,us-central1-b"]}, "2 zones (us-central1-a, us-central1-b)"),
+        ({"zones": ["auto"]}, "zones ("),
+        ({"spot": True, "recover": 2}, "--recover 2"),
+        ({"retry_until_up": True}, "--retry-until-up"),
+    ],
+)
+def test_queued_refuses_failover_before_any_api_call(
+    embedded_rig: Rig, flags: dict[str, object], words: str
+) -> None:
+    # These were accepted, and a --valid-for expiry then failed over to the next zone
+    # ("previous: stockout"), one whole window per zone.
+    base = dict(accelerator="v5litepod-4", api_endpoint=embedded_rig.emulator.url, env={})
+    with pytest.raises(ConfigError) as refused:
+        build_run_spec(**base, queued=True, valid_for="1m", **flags)  # type: ignore[arg-type]
+    assert refused.value.message.startswith("--queued takes one zone and waits there")
+    assert words in refused.value.message
+    assert refused.value.hint is not None
+    assert "--valid-for" in refused.value.hint
+    assert embedded_rig.emulator.requests() == []
 
 
 def test_teardown_timeout_is_kept_for_the_queue(embedded_rig: Rig) -> None:

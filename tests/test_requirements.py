@@ -307,3 +307,23 @@ def test_bad_references_create_nothing(
     assert words in " ".join(result.stderr.split()), result.stderr
     assert sum(emulator.calls.values()) == 0, dict(emulator.calls)
     assert emulator.node_names() == []
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("./wheels/x.whl", "names a local package path, but"),  # once "a local local ..."
+        ("--find-links ./wheels", "names a local package location, but"),
+        ("-e .", "names a local editable project (-e), but"),
+    ],
+)
+def test_a_local_reference_outside_the_workspace_is_named_once(
+    tmp_path: Path, line: str, said: str
+) -> None:
+    (tmp_path / "ws").mkdir()
+    outside = tmp_path / "outside.txt"
+    outside.write_text(f"{line}\n")
+    with pytest.raises(ConfigError) as refused:
+        read_requirements(outside, workdir=tmp_path / "ws", cwd=tmp_path)
+    assert said in refused.value.message
+    assert "local local" not in refused.value.message

@@ -185,3 +185,37 @@ def test_runs_list_and_show_read_back_the_record(embedded_rig: Rig, tmp_path: Pa
     missing = tpulab("runs", "show", "no-such-run")
     assert missing.returncode == EXIT_CONFIG
     assert "tpulab runs list" in missing.stderr
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_damaged_records_are_each_named_and_hide_no_other(tmp_path: Path, as_json: bool) -> None:
+    """A run.json that is not UTF-8 used to end `runs list` with a UnicodeDecodeError
+    traceback, hiding every record; each damaged form is now its own "unreadable" line."""
+    damaged = {
+        "not-utf8": b"\xff\xfe{\x00",
+        "empty": b"",
+        "a-list": b"[]",
+        "truncated": b'{"schema_version": 1, "command": "run", "run_id": "trunc',
+        "a-dir": None,
+    }
+    journal = Journal()
+    for run_id, content in damaged.items():
+        out = tmp_path / run_id
+        out.mkdir()
+        if content is None:
+            (out / "run.json").mkdir()
+        else:
+            (out / "run.json").write_bytes(content)
+        journal.set_run_record(run_id, out / "run.json")
+    listed = tpulab("runs", "list", *(["--json"] if as_json else []))
+    assert listed.returncode == 0, listed.stderr
+    assert "Traceback" not in listed.stderr
+    if as_json:
+        envelope = RunsListEnvelope.model_validate_json(listed.stdout)
+        assert sorted(envelope.unreadable) == sorted(damaged)
+    else:
+        for run_id in damaged:
+            assert run_id in listed.stdout
+    shown = tpulab("runs", "show", "not-utf8")
+    assert shown.returncode == EXIT_CONFIG, shown.stderr
+    assert "is not a tpulab run.json" in shown.stderr

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import served_emulator, tpulab
+from helpers import require_tool, served_emulator, tpulab
 
 from tpulab.catalog import lookup
 from tpulab.cleanup.journal import Journal
@@ -78,8 +78,8 @@ def _state_of(home: Path, name: str) -> dict[str, object]:
     return loaded
 
 
-@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
 def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None:
+    require_tool(shutil.which("ssh") is not None, "OpenSSH client (ssh)")
     up = tpulab(
         *_up(served, "--name", "lesson-1", "--ttl", "1h", "--idle", "10m", "--json"), timeout=300
     )
@@ -115,6 +115,12 @@ def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None
     # The remote command's own exit status comes back.
     failing = tpulab("ssh", "lesson-1", "--", "sh", "-c", "exit 7", timeout=60)
     assert failing.returncode == 7, failing.stderr
+    # One argument is a command line for the remote shell, as with OpenSSH (it once ran
+    # 'cd / && pwd' as a program's name: exit 127); several stay words, each quoted.
+    compound = tpulab("ssh", "lesson-1", "--", "cd / && pwd", timeout=60)
+    assert (compound.returncode, compound.stdout) == (EXIT_OK, "/\n"), compound.stderr
+    words = tpulab("ssh", "lesson-1", "--", "echo", "a  b", "$HOME", timeout=60)
+    assert (words.returncode, words.stdout) == (EXIT_OK, "a  b $HOME\n"), words.stderr
 
     where = ("--api-endpoint", served.url, "--project", PROJECT, "--zone", ZONE)
     # What `list` shows is counted from the session's own times, read as it ran: not
@@ -155,15 +161,22 @@ def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None
     assert low - 0.0001 <= session["estimated_cost_usd"] <= cost_by_then + 0.0001
 
     # SSH fails while the node is still there (a host key that does not match): the
-    # API is asked, says the node exists, and the plain "cannot reach" error stays.
+    # API is asked, says the node exists where it was, and the mismatch is named.
     state_file = key.parent / "session.json"
     good = state_file.read_text()
-    state_file.write_text(
-        good.replace(state["host_key_b64"], "AAAAC3NzaC1lZDI1NTE5AAAAIA" + "A" * 43)
-    )
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    other = (
+        Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    )  # a valid ed25519 key, not the node's
+    state_file.write_text(good.replace(state["host_key_b64"], other.decode().split()[1]))
     unreachable = tpulab("ssh", "lesson-1", "--", "true", timeout=60)
     assert unreachable.returncode == EXIT_REMOTE
-    assert "Could not reach session lesson-1" in unreachable.stderr
+    assert "does not present the host key `up` pinned" in unreachable.stderr
+    assert "moved" not in unreachable.stderr
     assert key.exists()
     state_file.write_text(good)
 
@@ -178,19 +191,19 @@ def test_up_ssh_down_leaves_nothing(served: Emulator, tpulab_home: Path) -> None
     assert closed.teardown == "confirmed"
 
 
-@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
 def test_idle_sessions_delete_themselves_and_ssh_down_list_say_why(
     served: Emulator, tpulab_home: Path
 ) -> None:
+    require_tool(shutil.which("ssh") is not None, "OpenSSH client (ssh)")
     names = ("idle-ssh", "idle-down", "idle-list")
-    _up_at_once(served, *names, extra=("--idle", "10s"))
+    _up_at_once(served, *names, extra=("--idle", "30s"))
     states = {name: _state_of(tpulab_home, name) for name in names}
-    # Nobody renews the leases: the VMs' watchdogs delete the nodes (10 s + their poll).
-    deadline = time.monotonic() + 60
+    # Nobody renews the leases: the VMs' watchdogs delete the nodes (30 s + their poll).
+    deadline = time.monotonic() + 90
     while served.node_names(PROJECT):
         assert time.monotonic() < deadline, "the idle sessions' nodes were not deleted"
         time.sleep(0.5)
-    why = "deleted itself: idle for 10 s (--idle)"
+    why = "deleted itself: idle for 30 s (--idle)"
 
     # ssh cannot reach it, asks the API, says why, cleans up, exits 4.
     shell = tpulab("ssh", "idle-ssh", "--", "true", timeout=60)
@@ -260,7 +273,7 @@ def test_down_of_a_missing_session_is_a_clear_error(tpulab_home: Path) -> None:
 def test_a_ttl_over_a_day_is_refused_before_any_api_call(served: Emulator) -> None:
     done = tpulab(*_up(served, "--ttl", "25h"), timeout=60)
     assert done.returncode == EXIT_CONFIG
-    assert "--ttl '25h' is out of range: a session lives at most 24 h" in done.stderr
+    assert "--ttl '25h' is too long: the maximum is 1d." in done.stderr
     assert served.requests() == []
 
 

@@ -25,7 +25,14 @@ import pytest
 from helpers import FakeClock
 
 from tpulab.errors import InterruptedRun, TeardownError
-from tpulab.run.signals import SignalInterrupt, interrupted, shield, signals_to_teardown
+from tpulab.run.signals import (
+    SignalInterrupt,
+    StepSkipped,
+    interrupted,
+    shield,
+    signals_to_teardown,
+    skippable,
+)
 
 
 def _guard(notes: list[str], clock: FakeClock | None = None) -> AbstractContextManager[None]:
@@ -109,6 +116,34 @@ def test_after_the_first_signal_nothing_raises_even_before_the_shield() -> None:
     assert caught.value.signal_name == "SIGTERM"
     assert len(notes) == 1
     assert "starting teardown" in notes[0]
+
+
+@pytest.mark.parametrize("keeps_node", [False, True], ids=["run", "exec"])
+def test_an_exec_never_says_it_tears_down(keeps_node: bool) -> None:
+    notes: list[str] = []
+
+    def body() -> None:
+        try:
+            signal.raise_signal(signal.SIGINT)
+        finally:
+            signal.raise_signal(signal.SIGTERM)  # refused: what comes next?
+            with contextlib.suppress(StepSkipped), skippable("fetching your artifacts"):
+                signal.raise_signal(signal.SIGINT)
+
+    with (
+        pytest.raises(InterruptedRun),
+        signals_to_teardown(notes.append, force_exit_status=130, keeps_node=keeps_node),
+    ):
+        body()
+    if keeps_node:  # once "skipping fetching your artifacts; tearing down next."
+        assert notes[0].startswith("SIGTERM ignored: ending the exec;")
+        assert notes[1] == (
+            "SIGINT: skipping fetching your artifacts; the exec ends next (the session stays up)."
+        )
+        assert not any("tear" in note for note in notes)
+    else:
+        assert notes[0].startswith("SIGTERM ignored: starting teardown;")
+        assert notes[1] == "SIGINT: skipping fetching your artifacts; tearing down next."
 
 
 def test_a_failed_teardown_outranks_the_interruption() -> None:

@@ -51,6 +51,9 @@ def test_upload_sends_only_the_selected_files_byte_identical(
     ssh_host: SshHost, tmp_path: Path
 ) -> None:
     root = write_tree(tmp_path / "ws", SELECTED | LEFT_BEHIND)
+    # Links to ignored files stay behind with their targets (`ln -s .env config.txt`).
+    os.symlink(".env", root / "config.txt")
+    os.symlink("../keys/id_ed25519", root / "deploy" / "key")
     selection = select_workspace(root, allow_secrets=["deploy/cert.pem"])
     write_tree(ssh_host.sandbox / "work", {"stale.py": b"from an earlier run"})
     with ssh_host.connect() as conn:

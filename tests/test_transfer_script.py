@@ -5,12 +5,10 @@ through a StreamShell that runs argv on this machine."""
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import io
 import json
 import os
-import shutil
 import subprocess
 import tarfile
 import threading
@@ -20,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 import pytest
-from helpers import require_tool, snapshot, write_tree
+from helpers import require_python, snapshot, write_tree
 
 from tpulab.errors import RemoteError, WorkspaceError
 from tpulab.remote.workspace import (
@@ -35,15 +33,8 @@ from tpulab.remote.workspace import (
 
 
 def python310() -> str:
-    """The interpreter TPU VM images ship (a pyenv shim on PATH may not resolve)."""
-    pyenv = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.10*/bin/python3.10")))
-    candidates = [*pyenv, "/usr/bin/python3.10", shutil.which("python3.10")]
-    found = next((c for c in candidates if c and os.access(c, os.X_OK)), None)
-    if found and "shims" in found:
-        found = None
-    require_tool(found is not None, "a Python 3.10 (the TPU VM image's)")
-    assert found is not None
-    return found
+    """The interpreter TPU VM images ship."""
+    return require_python("3.10")
 
 
 @dataclass(frozen=True)
@@ -411,7 +402,7 @@ def test_pack_refuses_over_the_cap_before_sending_anything(tmp_path: Path) -> No
             python=python,
         )
     message = refused.value.message
-    assert "over the 58.6 KiB fetch cap" in message
+    assert "68.5 KiB in 5 files, 9.9 KiB over the 58.6 KiB fetch cap;" in message  # by how much
     assert message.index("workspace/big.bin") < message.index("workspace/mid.bin")
     assert refused.value.hint
     assert "--max-fetch" in refused.value.hint

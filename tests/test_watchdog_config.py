@@ -47,9 +47,16 @@ def test_durations_parse_and_are_bounded() -> None:
     assert spec.watchdog is not None
     assert (spec.watchdog.lease_seconds, spec.watchdog.boot_grace_seconds) == (15, 90)
     assert spec.max_duration_seconds == 7200
-    for flag, value in (("lease", "5s"), ("lease", "2d"), ("max_duration", "31d")):
-        with pytest.raises(ConfigError, match="out of range"):
+    for flag, value, said in (
+        ("lease", "5s", "--lease '5s' is too short: the minimum is 10s."),
+        ("lease", "2d", "--lease '2d' is too long: the maximum is 1d."),
+        ("max_duration", "31d", "--max-duration '31d' is too long: the maximum is 30d."),
+    ):
+        with pytest.raises(ConfigError) as refused:
             _spec(**{flag: value})
+        assert refused.value.message == said
+        assert refused.value.hint is not None
+        assert "e+" not in refused.value.hint  # once "Use between 60 s and 2.592e+06 s."
     with pytest.raises(ConfigError, match="Invalid --lease"):
         _spec(lease="ten minutes")
     with pytest.raises(ConfigError, match="--lease is empty"):
@@ -185,3 +192,25 @@ def test_the_summary_says_armed_or_plainly_not_with_the_fix() -> None:
 
     off = _text(summary_lines(RunOutcome(_spec(enabled=False)), laptop_jax=lambda: None))
     assert "watchdog  off (--no-watchdog)" in off
+
+
+def test_session_times_name_the_bound_they_broke() -> None:
+    from tpulab.config.sessions import session_times
+
+    with pytest.raises(ConfigError) as short:
+        session_times("1s", None)
+    # Once "--ttl '1s' is out of range: a session lives at most 24 h".
+    assert short.value.message == "--ttl '1s' is too short: the minimum is 3m."
+    with pytest.raises(ConfigError) as long:
+        session_times("25h", None)
+    assert long.value.message == "--ttl '25h' is too long: the maximum is 1d."
+    with pytest.raises(ConfigError) as idle:
+        session_times("1h", "2h")
+    assert idle.value.message == "--idle '2h' is too long: the maximum is 1h (the --ttl)."
+
+
+def test_durations_are_shown_as_the_flags_write_them() -> None:
+    from tpulab.config.resolve import format_duration
+
+    shown = [format_duration(s) for s in (0.5, 10, 90, 5400, 86400, 2_592_000, 93784)]
+    assert shown == ["0.5s", "10s", "1m30s", "1h30m", "1d", "30d", "1d2h3m4s"]

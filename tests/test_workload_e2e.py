@@ -334,3 +334,30 @@ def test_a_receipt_that_does_not_verify_never_starts_the_command(rig: Rig, tmp_p
     assert record.verdict is not None
     assert life.outcome.teardown_status == "confirmed"
     assert rig.leftovers() == []
+
+
+def test_a_refused_fetch_says_why_in_the_summary_and_the_record(rig: Rig, tmp_path: Path) -> None:
+    from tpulab.errors import RemoteError
+    from tpulab.run.report import summary_lines
+
+    work = workspace(
+        tmp_path,
+        {"big.py": "import os\nopen(os.environ['TPULAB_RUN_DIR'] + '/big', 'w').write('x' * 5000)"},
+    )
+    out = tmp_path / "out"
+    spec = with_workload(rig.spec(), work, out, "sh", "-c", "python big.py", max_fetch=1024)
+    life, _, error = rig.run(spec)
+    assert isinstance(error, RemoteError), error
+    assert "over the 1.0 KiB fetch cap" in error.message
+    workload = life.outcome.workload
+    assert workload is not None
+    assert workload.exit_status == 0
+    assert workload.fetch_problem == error.message  # once None: "NOT fetched: not fetched"
+    text = "\n".join(
+        "".join(part for part, _ in line)
+        for line in summary_lines(life.outcome, laptop_jax=lambda: None)
+    )
+    assert f"NOT fetched: {error.message}" in text
+    assert "sh -c 'python big.py'" in text  # the command as typed (once: sh -c python big.py)
+    assert read_run_record(out / "run.json").workload.fetch_problem == error.message
+    assert rig.leftovers() == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,57 @@ def test_manifest_json_round_trip_and_refusals() -> None:
             Manifest.from_json_obj(bad)
     with pytest.raises(ValueError, match="sha256"):
         Manifest.from_json_obj([{"path": "a", "bytes": 1, "sha256": "zz"}])
+
+
+def test_a_link_to_an_ignored_secret_is_skipped_like_its_target(tmp_path: Path) -> None:
+    # `ln -s .env config.txt` once sent the ignored .env up under the link's name.
+    root = write_tree(
+        tmp_path / "ws",
+        {"train.py": "print()", ".env": "TOKEN=1", ".gitignore": ".env\nlogs/\n"},
+    )
+    os.symlink(".env", root / "config.txt")
+    write_tree(root, {"logs/run.log": "x"})
+    os.symlink("logs/run.log", root / "latest.log")  # inside an ignored directory
+    os.symlink(".git/config", root / "gitconfig")  # inside an always-excluded one
+    write_tree(root, {".git/config": "[core]"})
+    selection = select_workspace(root)
+    assert {path for path, _ in selection.files} == {".gitignore", "train.py"}
+    assert selection.skipped_links == (
+        "config.txt -> .env (ignored)",
+        "gitconfig -> .git/config (always excluded)",
+        "latest.log -> logs/run.log (ignored)",
+    )
+    assert "config.txt -> .env (ignored)" in selection.describe()
+    assert selection.skipped["links to ignored files"] == 2
+
+
+@pytest.mark.parametrize("target", [".env", ".envrc", "keys/deploy.pem", ".pgpass"])
+def test_a_link_to_a_secret_is_refused_naming_link_and_target(tmp_path: Path, target: str) -> None:
+    root = write_tree(tmp_path / "ws", {"train.py": "print()", target: "TOKEN=1"})
+    os.symlink(target, root / "config.txt")
+    with pytest.raises(WorkspaceError) as refused:
+        select_workspace(root, allow_secrets=[target])  # the target itself is allowed
+    assert f"config.txt (a link to {target}):" in refused.value.message
+    assert _paths(root, allow_secrets=[target, "config.txt"]) == {"train.py", target, "config.txt"}
+
+
+@pytest.mark.parametrize("name", [".envrc", ".pgpass", ".my.cnf", ".s3cfg", ".vault-token"])
+def test_more_credential_files_are_flagged_by_name(tmp_path: Path, name: str) -> None:
+    root = write_tree(tmp_path / "ws", {"train.py": "print()", name: "x"})
+    with pytest.raises(WorkspaceError, match=re.escape(f"{name}: a credentials file by name")):
+        select_workspace(root)
+
+
+def test_over_the_cap_says_by_how_much_and_exact_bytes_when_they_round_alike(
+    tmp_path: Path,
+) -> None:
+    root = write_tree(tmp_path / "ws", {"a.bin": b"\0" * (3 * 2**20 + 1)})
+    with pytest.raises(WorkspaceError) as barely:
+        select_workspace(root, max_bytes=3 * 2**20)
+    # Once "3.0 MiB, over the 3.0 MiB cap": no excess to be seen.
+    assert "3.0 MiB: 1 B over the 3.0 MiB cap (3 145 729 bytes against 3 145 728)" in (
+        barely.value.message
+    )
+    with pytest.raises(WorkspaceError) as clearly:
+        select_workspace(root, max_bytes=2 * 2**20)
+    assert "3.0 MiB: 1.0 MiB over the 2.0 MiB cap; the largest" in clearly.value.message

@@ -80,11 +80,13 @@ __all__ = [
     "OutcomeUnknownError",
     "PermissionDeniedError",
     "PreemptedError",
+    "QueueExpiredError",
     "QuotaError",
     "ReceiptStoreError",
     "RemoteError",
     "RemoteTimeoutError",
     "RequirementFailure",
+    "StateFileError",
     "StockoutError",
     "TeardownError",
     "TpuBusyError",
@@ -165,6 +167,11 @@ class CloudError(TpuLabError):
 
 class StockoutError(CloudError):
     pass
+
+
+class QueueExpiredError(StockoutError):
+    """A queued resource's --valid-for window passed before capacity came (FAILED): no
+    capacity in time, said as such rather than as an ordinary stockout."""
 
 
 class LocationError(CloudError):
@@ -429,6 +436,11 @@ class TeardownError(TpuLabError):
 
 class JournalError(TpuLabError):
     pass
+
+
+class StateFileError(TpuLabError):
+    """One of tpulab's own state files (a session's state) is damaged: it was set
+    aside, and the other files are unaffected."""
 
 
 class ReceiptStoreError(TpuLabError):

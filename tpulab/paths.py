@@ -15,6 +15,7 @@ from pathlib import Path
 __all__ = [
     "data_dir",
     "emulator_state_dir",
+    "existing_owner_id",
     "journal_path",
     "owner_id",
     "owner_id_path",
@@ -65,17 +66,24 @@ def owner_id_path() -> Path:
     return state_dir() / "owner-id"
 
 
+def existing_owner_id() -> str | None:
+    """This home's owner id if one was made (and is intact); never writes."""
+    try:
+        found = owner_id_path().read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return found if _OWNER_ID.match(found) else None
+
+
 def owner_id() -> str:
     """This tpulab home's owner id: made once (by whichever process comes first), kept
     beside the journal, stamped on every node as its `tpulab-owner` label. A file that
     is damaged (not a label value) is replaced: the id only names, it grants nothing."""
+    existing = existing_owner_id()
+    if existing is not None:
+        return existing
     path = owner_id_path()
-    try:
-        found = path.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        found = ""
-    if _OWNER_ID.match(found):
-        return found
+    found = path.exists()
     host = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-")[:40]
     made = f"{host or 'host'}-{secrets.token_hex(6)}"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,11 +27,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.smoke import rounds
 from tpulab.config.python import SYSTEM_PYTHON
 from tpulab.emulator.hostenv import bare_image_env, local_pythons, session_env
 from tpulab.remote import bootstrap as boot
 
-ROUNDS = 2
+ROUNDS = rounds(2)
 
 
 def _pypi_reachable() -> bool:
@@ -78,6 +79,7 @@ def _one(strategy: Strategy, home: Path, env: dict[str, str]) -> dict[str, float
 
 
 @pytest.mark.slow
+@pytest.mark.network  # the bare image's installs, cold then warm, from the package index
 def test_uv_managed_python_vs_venv_and_pip(tmp_path: Path) -> None:
     if not _pypi_reachable():
         pytest.skip("PyPI is not reachable: the install benchmark needs it")

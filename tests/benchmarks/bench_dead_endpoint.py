@@ -40,12 +40,18 @@ def _session(home: Path, url: str, node: str) -> None:
     store = SessionStore()
     store.reserve("bench", b"not a real key")
     now = time.time()
+    run_id = node.removeprefix("tpulab-")
+    # A whole watchdog: a session's state without one is damaged (set aside).
+    watchdog = {
+        "run_id": run_id, "node_name": node, "zone": ZONE, "project": PROJECT,
+        "lease_seconds": 600.0, "boot_grace_seconds": 300.0, "max_duration_seconds": 3600.0,
+    }  # fmt: skip
     store.save(
         SessionState(
             name="bench", run_id=node.removeprefix("tpulab-"), node_name=node, zone=ZONE,
             project=PROJECT, api_endpoint=url, accelerator_type="v5litepod-4", spot=False,
             ssh_user="u", ssh_host="127.0.0.1", ssh_port=22, host_key_type="ssh-ed25519",
-            host_key_b64="AAAA", watchdog={}, started_at=now, deadline_at=now + 3600,
+            host_key_b64="AAAA", watchdog=watchdog, started_at=now, deadline_at=now + 3600,
             idle_seconds=600, renewed_at=now,
         )
     )  # fmt: skip

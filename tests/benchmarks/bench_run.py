@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.smoke import rounds
 from tpulab.cloud.google import GoogleTpuApi
 from tpulab.config import Timeouts, build_run_spec
 from tpulab.emulator import Emulator, Timing
@@ -29,7 +30,7 @@ from tpulab.evidence.store import ReceiptStore
 from tpulab.run.lifecycle import Lifecycle
 from tpulab.run.progress import Phase, Recorder
 
-ROUNDS = 5
+ROUNDS = rounds(5)
 CREATE_S = 1.0
 DELETE_S = 0.5
 POLL_CAP_S = 0.5  # GoogleTpuApi's schedule for a local endpoint: 0.05 s growing to 0.5 s

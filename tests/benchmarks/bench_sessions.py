@@ -25,10 +25,11 @@ from pathlib import Path
 import pytest
 from helpers import served_emulator
 
+from benchmarks.smoke import rounds
 from tpulab.emulator import Emulator
 from tpulab.emulator.timing import Timing
 
-ROUNDS = 5
+ROUNDS = rounds(5)
 PROJECT = "bench-proj"
 ZONE = "us-central1-a"
 LAB = Path(__file__).resolve().parents[2] / "examples" / "course_lab"

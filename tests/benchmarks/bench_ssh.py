@@ -19,12 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from benchmarks.smoke import rounds
+
 if TYPE_CHECKING:
     from ssh_fixtures import SshHost
 
 pytest_plugins = ["ssh_fixtures"]
 
-ROUNDS = 15
+ROUNDS = rounds(15)
 SIZE = 10 * 1024 * 1024
 
 

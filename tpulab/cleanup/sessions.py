@@ -3,6 +3,12 @@
     <state dir>/sessions/<name>/session.json   the SessionState (tpulab.run.session)
     <state dir>/sessions/<name>/key            the session's private SSH key, 0600
 
+A session.json that does not parse (empty, truncated, not an object, a field missing or
+of the wrong type) is set aside -- its directory moved to `sessions/.damaged/<name>-<UTC
+time>/`, never deleted -- and named in a warning; the other sessions are unaffected, and
+its node (if any) is left to `tpulab teardown --verify`, which finds it by its journal
+row and labels.
+
 The key is written with O_EXCL and mode 0600 (never through an existing file) and goes
 away with the session: `remove` deletes both, which `tpulab down` calls once the node
 is confirmed gone. `resolve(None)` is the one session when exactly one is up.
@@ -27,11 +33,12 @@ from typing import TYPE_CHECKING, Literal
 
 from tpulab import catalog, paths
 from tpulab.cleanup.journal import SESSION_PHASE, VANISHED, Journal
-from tpulab.config.sessions import check_session_name
+from tpulab.config.sessions import SESSION_NAME, check_session_name
 from tpulab.errors import (
     ConfigError,
     JournalError,
     NodeVanishedError,
+    StateFileError,
     UnknownAcceleratorError,
     target_for,
 )
@@ -43,6 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SESSION_PHASE",
+    "DamagedSession",
     "GoneCause",
     "SessionConcluded",
     "SessionFiles",
@@ -63,9 +71,51 @@ class SessionFiles:
     key_path: Path
 
 
+# Where damaged sessions' directories go (under the store's root): a dot name is never
+# a session's (check_session_name), so `names()` does not see them.
+DAMAGED_DIR = ".damaged"
+
+
+@dataclass(frozen=True)
+class DamagedSession:
+    """A session whose session.json could not be parsed; its directory (state and key)
+    was set aside, not deleted, so the others are listed and its node is left to
+    `tpulab teardown --verify` (the journal row names it)."""
+
+    name: str
+    path: Path  # the damaged session.json where it was found
+    why: str
+    moved_to: Path | None  # where its directory went; None: it could not be moved
+
+    @property
+    def message(self) -> str:
+        where = (
+            f"set aside as {self.moved_to}"
+            if self.moved_to is not None
+            else "not set aside (it could not be moved, or another command moved it)"
+        )
+        return (
+            f"session {self.name}'s state file {self.path} is damaged: {self.why}; {where}; "
+            "its node, if any, is still found by `tpulab teardown --verify`."
+        )
+
+    def error(self) -> StateFileError:
+        return StateFileError(
+            self.message[0].upper() + self.message[1:],
+            hint="`tpulab teardown --verify` lists its node, if it still exists, and deletes "
+            "it; other sessions are unaffected.",
+        )
+
+
 class SessionStore:
-    def __init__(self, root: Path | None = None) -> None:
+    """The sessions on disk. Reading is defensive: a session.json that does not parse
+    is set aside (`damaged` says which and why, for the command to warn about) and never
+    hides the others."""
+
+    def __init__(self, root: Path | None = None, *, clock: Callable[[], float] = time.time) -> None:
         self.root = root if root is not None else paths.state_dir() / "sessions"
+        self.damaged: list[DamagedSession] = []
+        self._clock = clock
 
     def _dir(self, name: str) -> Path:
         return self.root / check_session_name(name)
@@ -103,43 +153,93 @@ class SessionStore:
         temporary.replace(path)
 
     def load(self, name: str) -> SessionFiles:
+        """The named session; StateFileError (exit 8) if its state is damaged (then set
+        aside, and in `damaged`)."""
         directory = self._dir(name)
-        path = directory / "session.json"
-        if not path.is_file():
+        if not (directory / "session.json").is_file():
             raise ConfigError(
                 f"There is no session named {name!r}.",
                 hint=self._known_hint(),
             )
-        return SessionFiles(SessionState.from_json(path.read_text("utf-8")), directory / "key")
+        found = self._read(name)
+        if isinstance(found, DamagedSession):
+            raise found.error()
+        return found
+
+    def _parse(self, name: str) -> SessionFiles:
+        """The session's files, or ValueError saying why its state is not a session's."""
+        directory = self._dir(name)
+        try:
+            raw = (directory / "session.json").read_bytes()
+        except OSError as error:
+            raise ValueError(f"it cannot be read ({error.strerror or error})") from None
+        state = SessionState.from_json(raw)
+        if state.name != name:
+            raise ValueError(f"it names another session ({state.name!r})")
+        try:
+            state.watchdog_config()
+        except TypeError:
+            raise ValueError("its watchdog settings are incomplete") from None
+        return SessionFiles(state, directory / "key")
+
+    def _read(self, name: str, *, set_aside: bool = True) -> SessionFiles | DamagedSession:
+        try:
+            return self._parse(name)
+        except ValueError as error:
+            if set_aside:
+                return self._set_aside(name, str(error))
+            return DamagedSession(name, self._dir(name) / "session.json", str(error), None)
+
+    def _set_aside(self, name: str, why: str) -> DamagedSession:
+        """Move the damaged session's directory (state and key) under DAMAGED_DIR, named
+        by the moment, and remember it in `damaged`."""
+        directory = self._dir(name)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
+        target = self.root / DAMAGED_DIR / f"{name}-{stamp}"
+        moved_to: Path | None = target
+        try:
+            target.parent.mkdir(mode=0o700, exist_ok=True)
+            directory.rename(target)
+        except OSError:
+            # Unwritable, or another command set it aside first: it is not up either way.
+            moved_to = None
+        damaged = DamagedSession(name, directory / "session.json", why, moved_to)
+        self.damaged.append(damaged)
+        return damaged
 
     def names(self) -> list[str]:
+        """The sessions with a state file (readable or not)."""
         if not self.root.is_dir():
             return []
-        return sorted(p.parent.name for p in self.root.glob("*/session.json"))
+        found = (p.parent.name for p in self.root.glob("*/session.json"))
+        return sorted(name for name in found if SESSION_NAME.fullmatch(name))
 
     def all(self) -> list[SessionFiles]:
-        return [self.load(name) for name in self.names()]
+        """Every readable session; the damaged ones are set aside (see `damaged`)."""
+        found = (self._read(name) for name in self.names())
+        return [files for files in found if isinstance(files, SessionFiles)]
 
     def by_run_id(self) -> dict[str, SessionState]:
         """The readable sessions' states by run id, for commands that meet their journal
-        rows (teardown, costs); one whose state cannot be read is left out (its node is
-        then treated like any run's)."""
+        rows (teardown, costs); one whose state cannot be read is left out and left in
+        place (its node is then treated like any run's; `list`, `ssh`, `exec` and `down`
+        set it aside and say so)."""
         found: dict[str, SessionState] = {}
         for name in self.names():
-            try:
-                state = self.load(name).state
-            except (ConfigError, ValueError, TypeError):
-                continue
-            found[state.run_id] = state
+            files = self._read(name, set_aside=False)
+            if isinstance(files, SessionFiles):
+                found[files.state.run_id] = files.state
         return found
 
     def resolve(self, name: str | None) -> SessionFiles:
-        """The named session, or the only one up when `name` is None."""
+        """The named session, or the only one up when `name` is None (the damaged ones
+        set aside first: they are not up as far as tpulab can tell)."""
         if name is not None:
             return self.load(name)
-        names = self.names()
+        readable = self.all()
+        names = [files.state.name for files in readable]
         if len(names) == 1:
-            return self.load(names[0])
+            return readable[0]
         if not names:
             raise ConfigError(
                 "No session is up.", hint="Start one with `tpulab up --accelerator TYPE`."

@@ -60,7 +60,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_VERIFY: "the receipt did not verify (wrong platform, devices, totals, nonce...)",
     EXIT_TEARDOWN: "teardown NOT confirmed: resources may still be billing",
     EXIT_PREEMPTED: "the spot node was preempted during the run",
-    EXIT_LOCAL_STATE: "the local journal or receipt store is unreadable",
+    EXIT_LOCAL_STATE: "the local journal, receipt store or a session's state is unreadable",
     EXIT_WORKLOAD: "your command (`-- CMD`) failed or timed out on the verified VM; "
     "its artifacts were fetched and its own status is in the summary",
     EXIT_INTERRUPTED: "interrupted by a signal; teardown ran and was confirmed",
@@ -78,6 +78,7 @@ _EXIT_FOR_ERROR: tuple[tuple[type[E.TpuLabError], int], ...] = (
     (E.LocalRunError, EXIT_VERIFY),  # verify --local got no receipt: nothing verified
     (E.JournalError, EXIT_LOCAL_STATE),
     (E.ReceiptStoreError, EXIT_LOCAL_STATE),
+    (E.StateFileError, EXIT_LOCAL_STATE),
 )
 
 T = TypeVar("T")

@@ -26,9 +26,10 @@ if TYPE_CHECKING:
 
     from tpulab.cleanup.sessions import SessionFiles, SessionStore
     from tpulab.config import RunSpec, WorkloadFlags
-    from tpulab.run.lifecycle import RunOutcome
+    from tpulab.run.lifecycle import Lifecycle, RunOutcome
     from tpulab.run.record import RunRecord
     from tpulab.run.report import Line
+    from tpulab.run.session import SessionState
 
 __all__ = ["exec_command"]
 
@@ -114,10 +115,10 @@ def _exec(
     as_json: bool,
     verbose: bool,
 ) -> None:
-    from tpulab.cleanup.sessions import SessionStore
+    from tpulab.cli.session import session_store
 
-    store = SessionStore()
-    files = store.resolve(name)
+    with session_store() as store:  # warns of damaged state files before the exec
+        files = store.resolve(name)
     spec = _exec_spec(files, flags, installer)
     if dry_run:
         _dry_run(spec, files, installer, as_json=as_json)
@@ -230,10 +231,13 @@ def _run(
         installer="pip" if installer == "pip" else "uv",
         attach=Attachment.of(state, key),
         write_record=_record_writer(state.run_id),
+        report_error=error_report,
     )
     failure: E.TpuLabError | None = None
     try:
-        with signals_to_teardown(display.alert, force_exit_status=EXIT_INTERRUPTED):
+        with signals_to_teardown(
+            display.alert, force_exit_status=EXIT_INTERRUPTED, keeps_node=True
+        ):
             life.run()
     except E.NodeVanishedError as gone:
         failure = _conclude_gone(store, files, gone, renewed_at=last_renewal_at(life))
@@ -241,10 +245,26 @@ def _run(
         failure = error
     finally:
         display.stop()
-        renewed = last_renewal_at(life)
-        if renewed is not None and store.exists(state.name):
-            store.save(state.renewed(renewed))
+        _save_session(store, state, life)
     _report(life.outcome, failure, as_json=as_json)
+
+
+def _save_session(store: SessionStore, state: SessionState, life: Lifecycle) -> None:
+    """What the exec learnt of its session: the last lease renewal, and its node's
+    address if the API said it moved (Attachment.follow_address)."""
+    import dataclasses
+
+    from tpulab.run.attach import last_renewal_at
+
+    updated = state
+    target = life.target
+    if target is not None and (target.host, target.port) != (state.ssh_host, state.ssh_port):
+        updated = dataclasses.replace(state, ssh_host=target.host, ssh_port=target.port)
+    renewed = last_renewal_at(life)
+    if renewed is not None:
+        updated = updated.renewed(renewed)
+    if updated != state and store.exists(state.name):
+        store.save(updated)
 
 
 def _record_writer(session_run_id: str) -> Callable[[RunRecord, Path], Path]:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tpulab.config.forward import Forward
     from tpulab.remote.system_ssh import SystemSsh
     from tpulab.run.lease import LeaseRenewer
+    from tpulab.run.session import SessionState
 
 __all__ = ["connect_renewed", "interrupt_on_term", "ssh_config_command", "ssh_session"]
 
@@ -43,12 +44,14 @@ def interrupt_on_term() -> Iterator[None]:
 
 def connect_renewed(
     store: SessionStore, files: SessionFiles, *, background: bool
-) -> tuple[SystemSsh, LeaseRenewer]:
+) -> tuple[SystemSsh, LeaseRenewer, SessionState]:
     """The session's OpenSSH client, its lease renewed once (and, with `background`,
     from then on until the renewer is stopped). A node that does not answer is asked
-    of the API: gone -> the session is concluded gone (exit 4, saying why)."""
+    of the API: moved -> reached where it is now, with the pinned host key (and the
+    session's state, returned, says so); gone -> the session is concluded gone (exit 4,
+    saying why)."""
     from tpulab.cleanup.ssh_config import known_hosts_path
-    from tpulab.cli.session import raise_if_gone
+    from tpulab.cli.session import readdressed_session, refuse_unreachable
     from tpulab.run.forward import session_renewer, session_ssh, wall_time_of
 
     state = files.state
@@ -70,16 +73,22 @@ def connect_renewed(
     renewer.start()
     if renewer.renewals == 0:
         renewer.stop()
-        raise_if_gone(store, state)
-        why = renewer.failures[-1] if renewer.failures else "no answer"
-        raise E.RemoteError(
-            f"Could not reach session {state.name} to renew its lease ({why}).",
-            hint="It may have deleted itself (--ttl or --idle passed): `tpulab down "
-            f"{state.name}` confirms and cleans up.",
-        )
+        # Before any "may have deleted itself": the node may only have moved. Ask the
+        # API where it is, save it, and try once more there with the same pinned key.
+        moved = readdressed_session(state)
+        if moved is not None:
+            store.save(moved)
+            state = moved
+            ssh = session_ssh(state, files.key_path, known_hosts_path(files))
+            renewer = session_renewer(ssh, state)
+            renewer.background = background
+            renewer.start()
+    if renewer.renewals == 0:
+        renewer.stop()
+        refuse_unreachable(store, state, renewer.failures[-1] if renewer.failures else "no answer")
     renewer.note = lambda message: print_stderr(f"[yellow]lease:[/] {message}")
     store.save(state.renewed(wall_time_of(renewer)))
-    return ssh, renewer
+    return ssh, renewer, state
 
 
 def ssh_session(
@@ -103,10 +112,9 @@ def ssh_session(
 
     if forwards:
         check_local_ports_free(forwards)
-    ssh, renewer = connect_renewed(store, files, background=bool(forwards))
+    ssh, renewer, state = connect_renewed(store, files, background=bool(forwards))
     if not forwards:
-        return subprocess.run(ssh.argv(remote=command), check=False).returncode
-    state = files.state
+        return subprocess.run(ssh.argv(remote=command, typed=True), check=False).returncode
 
     def save_renewal() -> None:
         if store.exists(state.name):

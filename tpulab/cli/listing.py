@@ -110,7 +110,8 @@ def _list(
     from tpulab.cleanup.journal import VANISHED, Journal, close_vanished, journal_view, target_for
     from tpulab.cleanup.listing import list_nodes
     from tpulab.cleanup.liveness import with_liveness
-    from tpulab.cleanup.sessions import SessionStore, reconcile_listed
+    from tpulab.cleanup.sessions import reconcile_listed
+    from tpulab.cli.session import session_store
     from tpulab.config import list_scope
     from tpulab.paths import owner_id
 
@@ -139,15 +140,16 @@ def _list(
     # Sessions first: a session whose node the listing does not show deleted itself
     # (or was deleted), and its key, state and row go with it, saying why.
     target = target_for(scope.api_endpoint, embedded_emulator=scope.emulate)
-    sessions, gone = reconcile_listed(
-        SessionStore(),
-        target=target,
-        project=scope.project,
-        zones=scope.zones,
-        listed={(item.node.zone, item.node.name) for item in listing.nodes},
-        seen_by="tpulab list",
-        journal=journal,
-    )
+    with session_store() as store:  # names each damaged state file it sets aside
+        sessions, gone = reconcile_listed(
+            store,
+            target=target,
+            project=scope.project,
+            zones=scope.zones,
+            listed={(item.node.zone, item.node.name) for item in listing.nodes},
+            seen_by="tpulab list",
+            journal=journal,
+        )
     for concluded in gone:
         print_stderr(concluded.message)
         for warning in concluded.warnings:

@@ -84,8 +84,7 @@ def _notebook(store: SessionStore, files: SessionFiles, port: int, installer: st
     from tpulab.run.forward import check_local_ports_free, wall_time_of
 
     check_local_ports_free([Forward(port=port)])
-    ssh, renewer = connect_renewed(store, files, background=True)
-    state = files.state
+    ssh, renewer, state = connect_renewed(store, files, background=True)
     started = stopped = False
     try:
         with interrupt_on_term():

@@ -172,6 +172,7 @@ def _run(
                     shield=shield,
                     skippable=skippable,
                     installer="pip" if installer == "pip" else "uv",
+                    report_error=error_report,
                 )
 
             runner = Attempts(spec, new_lifecycle=new_lifecycle, observer=observer)

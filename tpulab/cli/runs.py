@@ -14,6 +14,7 @@ row to ask, and an out dir copied to another machine must not look alive there.
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
@@ -144,7 +145,7 @@ def runs_list(
                     (f"{record.started:%Y-%m-%d %H:%M}  ", "dim"),
                     (f"{record.accelerator_type}{' EMULATED' if record.emulated else ''}  ", ""),
                     (f"{status:<11} ", style),
-                    (" ".join(record.workload.command)[:60], ""),
+                    (shlex.join(record.workload.command)[:60], ""),
                     (where, "dim"),
                     (f"  exec on session {record.session}" if record.session else "", "dim"),
                 ]
@@ -195,7 +196,7 @@ def runs_show(
             ],
             [
                 ("  command   ", "dim"),
-                (" ".join(workload.command), ""),
+                (shlex.join(workload.command), ""),
                 ("  ", ""),
                 (status, style),
             ],

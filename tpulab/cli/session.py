@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -31,6 +32,9 @@ __all__ = [
     "DashDashCommand",
     "down_command",
     "raise_if_gone",
+    "readdressed_session",
+    "refuse_unreachable",
+    "session_store",
     "ssh_command",
     "up_command",
 ]
@@ -136,9 +140,10 @@ def up_command(
 
     def action() -> None:
         from tpulab.config import run_inputs
-        from tpulab.config.sessions import check_session_name, session_times
+        from tpulab.config.sessions import check_session_name, session_name_flag, session_times
 
-        # Every check before any API call: the bound on --ttl first.
+        # Every check before any API call: the name and the bound on --ttl first.
+        chosen_name = session_name_flag(name)
         times = session_times(ttl, idle)
         if emulate:
             raise E.ConfigError(
@@ -169,12 +174,32 @@ def up_command(
         )
         from tpulab.contract import KIND_SESSION
 
-        session_name = check_session_name(name or f"s-{inputs.spec.run_id.split('-')[-1]}")
+        session_name = chosen_name or check_session_name(f"s-{inputs.spec.run_id.split('-')[-1]}")
         # Labelled a session: `teardown --verify` elsewhere then knows it is kept on purpose.
         spec = dataclasses.replace(inputs.spec, kind=KIND_SESSION)
         _up(spec, session_name, inputs.installer, verbose=verbose, as_json=as_json)
 
     json_or_guarded("up", as_json, action)
+
+
+@contextmanager
+def session_store() -> Iterator[SessionStore]:
+    """The sessions' store for one command; on the way out (an error's included) each
+    damaged state file it set aside is named on stderr -- except the one the command's
+    own error already names (`tpulab ssh c1` of a damaged c1)."""
+    from tpulab.cleanup.sessions import SessionStore
+
+    store = SessionStore()
+    said: str | None = None
+    try:
+        yield store
+    except E.StateFileError as error:
+        said = error.message
+        raise
+    finally:
+        for damaged in store.damaged:
+            if damaged.error().message != said:
+                print_stderr(f"[yellow]warning:[/] {damaged.message}")
 
 
 def _adc_project() -> str | None:
@@ -235,11 +260,13 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool, as_js
     if as_json:
         _up_envelope(life, recorder, store.load(state.name), None)
         return
-    left = state.deadline_at - time.time()
+    left = max(0.0, state.deadline_at - time.time())
+    # Under a minute left reads in seconds (a rounded "0 min", or "-0 min", said nothing).
+    in_left = f"{left / 60:.0f} min" if left >= 60 else f"{left:.0f} s"
     typer.echo(
         f"Session {state.name} is up: node {state.node_name} ({state.accelerator_type}) in "
         f"{state.zone}, {state.ssh_user}@{state.ssh_host}:{state.ssh_port}. It deletes "
-        f"itself in {left / 60:.0f} min (--ttl) or {state.idle_seconds / 60:.1f} min after "
+        f"itself in {in_left} (--ttl) or {state.idle_seconds / 60:.1f} min after "
         f"the last `tpulab ssh` (--idle). End it with `tpulab down {state.name}`."
     )
 
@@ -282,14 +309,12 @@ def down_command(
     """
 
     def action() -> None:
-        from tpulab.cleanup.sessions import SessionStore
-
-        store = SessionStore()
         if all_sessions and name is not None:
             raise E.ConfigError("Pass a session name or --all, not both.")
-        chosen = store.all() if all_sessions else [store.resolve(name)]
-        for files in chosen:
-            _down(store, files, force=force)
+        with session_store() as store:
+            chosen = store.all() if all_sessions else [store.resolve(name)]
+            for files in chosen:
+                _down(store, files, force=force)
 
     guarded(action)
 
@@ -412,13 +437,14 @@ def ssh_command(
 ) -> None:
     """Open a shell on the session's VM (OpenSSH, pinned host key), or run `-- CMD`.
 
-    Renews the session's idle lease first, and keeps renewing it while -L forwards are
-    open: `tpulab ssh S -L 6006 -N` shows the VM's TensorBoard at localhost:6006.
+    One argument after `--` is a command line for the remote shell (`-- 'cd x && y'`),
+    as with ssh; several are run as exactly those words. Renews the session's idle lease
+    first, and keeps renewing it while -L forwards are open: `tpulab ssh S -L 6006 -N`
+    shows the VM's TensorBoard at localhost:6006.
     """
     command = list(ctx.meta.get(AFTER_DASHES, ()))
 
     def action() -> int:
-        from tpulab.cleanup.sessions import SessionStore
         from tpulab.cli.forward import ssh_session
         from tpulab.config.forward import parse_forwards
 
@@ -428,8 +454,8 @@ def ssh_command(
             raise E.ConfigError("-N forwards only: give at least one -L.", hint=_L_EXAMPLE)
         if forward_only and command:
             raise E.ConfigError("-N runs no command: drop -N, or the command after --.")
-        store = SessionStore()
-        files = store.resolve(name)
+        with session_store() as store:  # warns of damaged state files before the shell
+            files = store.resolve(name)
         return ssh_session(store, files, command, parsed, forward_only=forward_only)
 
     status = guarded(action)
@@ -454,3 +480,41 @@ def raise_if_gone(store: SessionStore, state: SessionState) -> None:
     for warning in concluded.warnings:
         print_stderr(f"[yellow]journal:[/] {warning}")
     raise concluded.error()
+
+
+def readdressed_session(state: SessionState) -> SessionState | None:
+    """The session at its node's current address when the API says it moved (a new
+    ephemeral IP, a restarted emulator's port); None when it did not or cannot say."""
+    from tpulab.cli._target import reach_notice
+    from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.run.session import readdressed
+
+    api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice)
+    moved = readdressed(api, state)
+    if moved is not None:
+        print_stderr(
+            f"Session {state.name}'s node moved from {state.ssh_host}:{state.ssh_port} "
+            f"to {moved.ssh_host}:{moved.ssh_port} (GetNode); reaching it there."
+        )
+    return moved
+
+
+def refuse_unreachable(store: SessionStore, state: SessionState, why: str) -> None:
+    """SSH to the session failed where the API says its node is: a host key that is not
+    the pinned one is named as such; a node gone is concluded gone (raise_if_gone);
+    else the plain failure. Always raises."""
+    if "host key verification failed" in why.lower():
+        # The pin holds at any address: another machine there is never logged in to.
+        raise E.HostKeyMismatchError(
+            f"Session {state.name}'s node at {state.ssh_host}:{state.ssh_port} does not "
+            f"present the host key `up` pinned ({state.host_key_type}): refused ({why}).",
+            hint="Something else answers at the node's address, or the node was rebuilt: "
+            f"end the session with `tpulab down {state.name}` and start a new one.",
+        )
+    raise_if_gone(store, state)
+    raise E.RemoteError(
+        f"Could not reach session {state.name} at {state.ssh_host}:{state.ssh_port} to "
+        f"renew its lease ({why}).",
+        hint="GetNode did not say it is gone: check your network, or `tpulab down "
+        f"{state.name}` to end it.",
+    )

@@ -31,6 +31,7 @@ from tpulab.errors import (
     NotFoundError,
     PermissionDeniedError,
     PreemptedError,
+    QueueExpiredError,
     QuotaError,
     StockoutError,
     TransientError,
@@ -272,7 +273,7 @@ RULES: tuple[Rule, ...] = (
         # A queued resource FAILED because its window ('valid until') passed before
         # capacity came: a stockout that outlasted the window, not a slow API.
         _statuses("DEADLINE_EXCEEDED"),
-        StockoutError,
+        QueueExpiredError,
         "no capacity came before the queued resource's window closed",
         "No capacity came within the window. Retry with a longer --valid-for, another "
         "--zone, or later.",

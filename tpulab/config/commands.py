@@ -360,6 +360,11 @@ class CostsInputs:
     now: datetime  # the moment the ledger is priced at (open rows bill up to it)
 
 
+# The longest --since duration: ten years back covers any journal tpulab can have
+# written, and keeps `now - timedelta(...)` far from datetime's range (year 1).
+MAX_SINCE_SECONDS = 3650 * 86400.0
+
+
 def _since(text: str, now: datetime) -> datetime:
     raw = given(text, "--since", hint="Leave --since out for the whole journal, or pass e.g. 7d.")
     assert raw is not None
@@ -374,11 +379,7 @@ def _since(text: str, now: datetime) -> datetime:
     try:
         parsed = datetime.fromisoformat(raw)
     except ValueError:
-        try:
-            # A duration is "that long before now"; parse_duration is the one syntax.
-            return now - timedelta(seconds=parse_duration("--since", raw))
-        except ConfigError:
-            raise ConfigError(f"Invalid --since {text!r}.", hint=hint) from None
+        return now - timedelta(seconds=_since_seconds(text, raw, hint))
     if len(raw) == 10:  # a bare date: fromisoformat gave its midnight
         parsed = datetime.combine(parsed.date(), time(0), tzinfo=timezone.utc)
     elif parsed.tzinfo is None:
@@ -391,6 +392,23 @@ def _since(text: str, now: datetime) -> datetime:
             hint=hint,
         )
     return parsed
+
+
+def _since_seconds(text: str, raw: str, hint: str) -> float:
+    try:
+        # A duration is "that long before now"; parse_duration is the one syntax.
+        seconds = parse_duration("--since", raw)
+    except ConfigError:
+        raise ConfigError(f"Invalid --since {text!r}.", hint=hint) from None
+    if seconds > MAX_SINCE_SECONDS:
+        # Bounded before timedelta/datetime arithmetic can overflow (999999d did).
+        raise ConfigError(
+            f"--since {text} is out of range: a duration back from now is at most "
+            f"{MAX_SINCE_SECONDS / 86400:.0f}d (ten years).",
+            hint="Pass a shorter duration (e.g. 7d), an ISO date for older runs "
+            "(e.g. 2016-01-01), or leave --since out for the whole journal.",
+        )
+    return seconds
 
 
 def costs_inputs(*, since: str | None, now: datetime | None = None) -> CostsInputs:

@@ -257,7 +257,8 @@ def read_requirements(path: Path, *, workdir: Path, cwd: Path) -> RequirementsFi
             if ref.local is not None:
                 raise ConfigError(
                     f"{path}, line {ref.line}: {ref.value!r} names a local "
-                    f"{_WHAT[ref.kind]}, but {path.name} is outside the workspace "
+                    f"{_WHAT[ref.kind].removeprefix('local ')}, "
+                    f"but {path.name} is outside the workspace "
                     f"({workdir}): only its text goes to the VM, where that path does not "
                     "exist.",
                     hint=f"Move {path.name} (and what it refers to) into the workspace, "

@@ -40,8 +40,10 @@ __all__ = [
     "Resolved",
     "find_project",
     "find_zone",
+    "format_duration",
     "gcloud_config_value",
     "given",
+    "out_of_range",
     "parse_duration",
     "project_flag",
     "resolve_project",
@@ -96,6 +98,31 @@ def parse_duration(option: str, text: str) -> float:
     if seconds is None or not math.isfinite(seconds) or seconds <= 0:
         raise ConfigError(f"Invalid {option} {text!r}.", hint=hint)
     return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """`seconds` the way the duration flags are written: "30d", "1h30m", "90s" ->
+    "1m30s", "0.5s" (never "2.592e+06 s"). Whole seconds from a minute on."""
+    if seconds < 60:
+        return f"{round(seconds, 3):g}s"
+    left = round(seconds)
+    parts: list[str] = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)
+
+
+def out_of_range(
+    option: str, text: str, seconds: float, low: float, high: float, *, high_is: str = ""
+) -> str:
+    """The message for a duration outside [low, high], naming the bound it broke
+    (`high_is` says where the maximum comes from, e.g. "the --ttl")."""
+    if seconds < low:
+        return f"{option} {text!r} is too short: the minimum is {format_duration(low)}."
+    source = f" ({high_is})" if high_is else ""
+    return f"{option} {text!r} is too long: the maximum is {format_duration(high)}{source}."
 
 
 def _validated(found: Resolved, check: Callable[[str], str]) -> Resolved:

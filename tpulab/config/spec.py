@@ -159,6 +159,9 @@ class RunSpec:
     # What the node is for, as its `tpulab-kind` label says: KIND_RUN, or KIND_SESSION
     # for `tpulab up` (which keeps it).
     kind: str = KIND_RUN
+    # The node's `tpulab-owner` label; None: this home's id, made on first use. The dry
+    # run sets it (the existing id, or a placeholder) so that a plan writes nothing.
+    owner: str | None = None
 
     @property
     def max_duration_seconds(self) -> float | None:
@@ -193,7 +196,8 @@ class RunSpec:
     def labels(self) -> dict[str, str]:
         """The node's labels: tpulab's, its run, its kind and this home's owner id (made
         on first use: `tpulab.paths.owner_id`)."""
-        return tpulab_labels(self.run_id, kind=self.kind, owner=paths.owner_id())
+        owner = self.owner if self.owner is not None else paths.owner_id()
+        return tpulab_labels(self.run_id, kind=self.kind, owner=owner)
 
     @property
     def target(self) -> str:
@@ -286,6 +290,8 @@ def build_run_spec(
         python, emulated=target.emulated, from_file=from_file
     )
     window = check_valid_for(valid_for, queued=queued)
+    if queued:
+        check_queued_capacity(capacity)
     # Until its first renewal the watchdog must outwait the controller's own boot waits.
     dog = watchdog_settings(
         watchdog or WatchdogRequest(), boot_wait_seconds=timeouts.host_key + timeouts.connect
@@ -321,6 +327,30 @@ def build_run_spec(
 # How long a queued resource may wait for capacity. The API documents no bound of its
 # own; a week keeps a typo ("30d" for "30m") from queueing a request for a month.
 MAX_VALID_FOR_SECONDS = 7 * 86400
+
+
+def check_queued_capacity(capacity: Capacity) -> None:
+    """A queued run is one request in one zone: the service itself waits for capacity,
+    for as long as --valid-for. Failing over to another zone, re-queueing after a pass or
+    recovering a preempted node (a queued node that is preempted is SUSPENDED, not
+    recreated) would each be a second wait the user did not ask for -- and, across N
+    zones, N windows one after the other -- so they are refused, not half done."""
+    clashes = []
+    if len(capacity.zones) > 1:
+        clashes.append(
+            f"{len(capacity.zones)} zones ({', '.join(z.value for z in capacity.zones)})"
+        )
+    if capacity.recover:
+        clashes.append(f"--recover {capacity.recover}")
+    if capacity.retry_until_up:
+        clashes.append("--retry-until-up")
+    if clashes:
+        raise ConfigError(
+            f"--queued takes one zone and waits there; it does not combine with "
+            f"{' or '.join(clashes)}.",
+            hint="Pass one --zone with --queued (bound the wait with --valid-for), or drop "
+            "--queued to fail over across zones and retry.",
+        )
 
 
 def check_valid_for(text: str | None, *, queued: bool) -> int | None:

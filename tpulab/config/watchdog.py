@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tpulab.config.resolve import given, parse_duration
+from tpulab.config.resolve import format_duration, given, out_of_range, parse_duration
 from tpulab.errors import ConfigError
 
 __all__ = [
@@ -79,8 +79,8 @@ def _bounded(option: str, text: str, low: float, high: float) -> float:
     seconds = parse_duration(option, text)
     if not low <= seconds <= high:
         raise ConfigError(
-            f"{option} {text!r} is out of range.",
-            hint=f"Use between {low:g} s and {high:g} s.",
+            out_of_range(option, text, seconds, low, high),
+            hint=f"Use between {format_duration(low)} and {format_duration(high)}.",
         )
     return seconds
 

@@ -12,14 +12,17 @@
   guest agent generates at a VM's first boot (its `host_key_types = ecdsa,ed25519,rsa`).
 - `reserve_port`: a loopback port held (bound, not listening) so it can be published
   before the server accepts connections.
-- `NODE_TAG_VAR` / `kill_tagged`: every session process carries the node's tag in its
-  environment, so deleting a node can kill everything it started, daemonized children
-  included, the way deleting a VM does (Linux /proc; elsewhere only live sessions die).
+- `NODE_TAG_VAR` / `held` / `kill_tagged`: every session process carries the node's tag
+  in its environment and runs under a holder (`holder.py`, a child subreaper), so
+  deleting a node kills everything it started, the way deleting a VM does: daemonised
+  children included, even those that dropped the tag with `env -i` and left their
+  session with `setsid`, found by ancestry (Linux /proc; elsewhere only live sessions die).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import glob
 import importlib.util
@@ -32,7 +35,8 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -40,6 +44,7 @@ from typing import Any, Literal
 from tpulab.contract import EMULATED_IMAGE_ENV
 
 __all__ = [
+    "HOLDER",
     "IMAGE_KINDS",
     "NODE_TAG_VAR",
     "AuthorizedKey",
@@ -50,6 +55,8 @@ __all__ = [
     "bare_image_env",
     "default_cache_dir",
     "find_image_python",
+    "find_interpreter",
+    "held",
     "image_env",
     "kill_tagged",
     "local_pythons",
@@ -124,14 +131,27 @@ def preloaded_image_env() -> ImageEnv:
 _VERSIONED = re.compile(r"python(3\.\d+)$")
 
 
+def _pyenv_roots() -> list[str]:
+    """Where pyenv may keep its interpreters: $PYENV_ROOT, the root of any pyenv
+    directory on PATH (its shims or bin), and ~/.pyenv -- so they are found when HOME
+    is not the home pyenv was installed in (a test's, a CI runner's)."""
+    roots = [os.environ.get("PYENV_ROOT", "")]
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        path = Path(entry)
+        if "pyenv" in entry and path.name in ("shims", "bin"):
+            roots.append(str(path.parent))
+    roots.append(str(Path.home() / ".pyenv"))
+    return list(dict.fromkeys(root for root in roots if root))
+
+
 def _candidate_interpreters() -> list[Path]:
     """Real (non-venv) CPython 3 interpreters on this machine: the system's and pyenv's.
-    Not the controller's PATH, which may lead into a venv holding tpulab and jax."""
-    pyenv_root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+    Not the controller's PATH, which may lead into a venv holding tpulab and jax, nor
+    pyenv's shims, which run only the version pyenv has selected."""
     patterns = [
         "/usr/bin/python3.*",
         "/usr/local/bin/python3.*",
-        f"{glob.escape(pyenv_root)}/versions/*/bin/python3.*",
+        *(f"{glob.escape(root)}/versions/*/bin/python3.*" for root in _pyenv_roots()),
     ]
     found: list[Path] = []
     for pattern in patterns:
@@ -192,6 +212,13 @@ def find_image_python() -> tuple[Path, str]:
             path,
         )
     return path, version
+
+
+def find_interpreter(version: str) -> Path | None:
+    """A real CPython "3.X" (3.10 or newer) on this machine, or None."""
+    major, minor = (int(part) for part in version.split("."))
+    found = _interpreters().get((major, minor))
+    return found[0] if found else None
 
 
 def local_pythons() -> dict[str, Path]:
@@ -455,23 +482,92 @@ def new_node_tag(node_key: str) -> str:
     return f"{node_key}.{secrets.token_hex(8)}"
 
 
-def kill_tagged(tag: str) -> int:
-    """SIGKILL every process of ours whose environment carries `NODE_TAG_VAR=tag`."""
-    needle = f"{NODE_TAG_VAR}={tag}".encode()
-    killed = 0
+HOLDER = Path(__file__).with_name("holder.py")
+
+
+def held(argv: Sequence[str], *, status_fd: int | None = None) -> list[str]:
+    """`argv` run under `holder.py`, the child subreaper that keeps whatever it leaves
+    running in a process tree `kill_tagged` can find (see holder.py)."""
+    status = ["--status-fd", str(status_fd)] if status_fd is not None else []
+    return [sys.executable, "-I", "-S", str(HOLDER), *status, "--", *argv]
+
+
+def _process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state) for every process /proc shows ({} without /proc)."""
+    table: dict[int, tuple[int, str]] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return 0
+        return table
     for entry in entries:
-        if not entry.isdigit() or int(entry) == os.getpid():
+        if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
-                tagged = needle in handle.read().split(b"\0")
-            if tagged:
-                os.kill(int(entry), signal.SIGKILL)
-                killed += 1
-        except (OSError, ValueError):
-            continue  # gone, or not ours to read
-    return killed
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) >= 2 and fields[1].isdigit():
+            table[int(entry)] = (int(fields[1]), fields[0])
+    return table
+
+
+def _tagged(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return needle in handle.read().split(b"\0")
+    except OSError:
+        return False  # gone, or not ours to read
+
+
+def _below(table: Mapping[int, tuple[int, str]], heads: set[int]) -> set[int]:
+    """The live descendants of `heads` (not the heads themselves)."""
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found: set[int] = set()
+    todo = list(heads)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found and child not in heads:
+                found.add(child)
+                todo.append(child)
+    return {pid for pid in found if table[pid][1] not in ("Z", "X")}
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signum)
+
+
+_KILL_ROUNDS = 200
+
+
+def kill_tagged(tag: str, *, roots: Iterable[int] = ()) -> int:
+    """SIGKILL everything a node runs, the way deleting a VM does: the processes whose
+    environment carries `NODE_TAG_VAR=tag`, the `roots` (its holders, see `held`), and
+    every descendant of either -- which is what `env -i`, `setsid` or a double fork
+    cannot leave, because the holders are child subreapers. The heads are stopped first
+    (a stopped process forks nothing), their descendants killed until none is left
+    (what one of them orphans meanwhile is adopted by a holder, and found next round),
+    then the heads. Linux /proc; elsewhere nothing is found. Returns how many died."""
+    me = os.getpid()
+    needle = f"{NODE_TAG_VAR}={tag}".encode()
+    table = _process_table()
+    heads = {pid for pid in roots if pid in table and pid != me}
+    heads |= {pid for pid in table if pid != me and _tagged(pid, needle)}
+    for pid in heads:
+        _signal(pid, signal.SIGSTOP)
+    killed: set[int] = set()
+    for _ in range(_KILL_ROUNDS):
+        victims = _below(_process_table(), heads) - {me}
+        if not victims:
+            break
+        for pid in victims:
+            _signal(pid, signal.SIGKILL)
+        killed |= victims
+        time.sleep(0.01)  # let them turn into zombies before the next look
+    for pid in heads:
+        _signal(pid, signal.SIGKILL)
+    return len(killed | heads)

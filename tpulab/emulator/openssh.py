@@ -21,7 +21,6 @@ import os
 import pwd
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import threading
@@ -36,6 +35,7 @@ from tpulab.emulator.hostenv import (
     BackendImage,
     ImageEnv,
     ImageKind,
+    held,
     kill_tagged,
     new_host_keys,
     new_node_tag,
@@ -202,9 +202,14 @@ class OpenSshHostBackend:
                 node.timer.cancel()
             if node.sock is not None:
                 node.sock.close()
+            # sshd's holder, everything below it (per-connection sshd processes call
+            # setsid; what sessions leave running is adopted by the holder, env -i and
+            # setsid or not) and anything tagged: hostenv.kill_tagged.
+            roots = [node.process.pid] if node.process is not None else []
+            kill_tagged(node.tag, roots=roots)
             if node.process is not None:
-                _kill_tree(node.process)
-            kill_tagged(node.tag)  # sessions' background children, reparented away
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    node.process.wait(timeout=5)
         shutil.rmtree(node.node_dir, ignore_errors=True)
 
     def close(self) -> None:
@@ -234,11 +239,17 @@ class OpenSshHostBackend:
                 node.sock = None
             with log_file:
                 process = node.process = subprocess.Popen(
-                    [self.sshd, "-D", "-e", "-f", str(node.config)],
+                    # Under a holder (a child subreaper): what sessions leave running
+                    # stays in its tree, where `stop` finds it (hostenv.held).
+                    held([self.sshd, "-D", "-e", "-f", str(node.config)]),
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=log_file,
-                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+                    env={
+                        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                        "LANG": "C.UTF-8",
+                        NODE_TAG_VAR: node.tag,
+                    },
                     start_new_session=True,
                 )
         deadline = time.monotonic() + _LISTEN_WAIT
@@ -351,34 +362,3 @@ def _tail(path: Path, limit: int = 800) -> str:
         return path.read_text(errors="replace")[-limit:].strip() or "(empty log)"
     except OSError:
         return "(no log)"
-
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path("/proc", entry, "stat").read_text()
-        except OSError:
-            continue
-        # Field 4 is the parent pid; the command name (field 2) may contain spaces.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        tree.setdefault(ppid, []).append(int(entry))
-    return tree
-
-
-def _kill_tree(process: subprocess.Popen[bytes]) -> None:
-    """Kill sshd and every session below it: per-connection sshd processes call setsid,
-    so a process-group kill would miss them. Collect the tree first, then SIGKILL all."""
-    tree = _children()
-    victims, todo = [], [process.pid]
-    while todo:
-        pid = todo.pop()
-        victims.append(pid)
-        todo.extend(tree.get(pid, []))
-    for pid in victims:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=5)

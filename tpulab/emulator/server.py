@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -231,7 +232,7 @@ class Emulator:
         with _LIVE_LOCK:
             _LIVE_OWNERS.add(self._owner)
         self._stopping.clear()
-        server = ThreadingHTTPServer(self._bind, _make_handler(self))
+        server = _Server(self._bind, _make_handler(self))
         server.daemon_threads = True
         self._server = server
         host, port = server.server_address[:2]
@@ -950,6 +951,22 @@ def _owner_alive(owner: str | None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+class _Server(ThreadingHTTPServer):
+    """The HTTP server, quiet about clients that go away mid-request (a killed tpulab,
+    a test's reset socket): socketserver would print a ConnectionResetError traceback to
+    the served emulator's terminal for each. Anything else still gets its traceback."""
+
+    dropped_clients = 0  # connections the client reset or closed mid-request
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError):
+            self.dropped_clients += 1
+            log.debug("client %s went away mid-request: %r", client_address, error)
+            return
+        super().handle_error(request, client_address)
 
 
 def _make_handler(emulator: Emulator) -> type[BaseHTTPRequestHandler]:

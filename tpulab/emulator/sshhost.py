@@ -32,6 +32,7 @@ from tpulab.emulator.hostenv import (
     BackendImage,
     ImageEnv,
     ImageKind,
+    held,
     kill_tagged,
     new_host_keys,
     new_node_tag,
@@ -65,7 +66,8 @@ class _Node:
     pending: asyncio.TimerHandle | None = None
     listening: asyncio.Future[None] | None = None  # a delayed start in progress
     connections: set[Any] = field(default_factory=set)
-    processes: set[asyncio.subprocess.Process] = field(default_factory=set)
+    processes: set[asyncio.subprocess.Process] = field(default_factory=set)  # holders
+    retiring: set[asyncio.Future[None]] = field(default_factory=set)  # see _retire
     image: ImageEnv | None = None  # None: the backend's image
     env: dict[str, str] = field(default_factory=dict)  # the node's own, over the image's
 
@@ -243,18 +245,27 @@ class EmbeddedHostBackend:
         env.update(node.env)
         env.update(process.env)  # the client's env requests are honoured
         env[NODE_TAG_VAR] = node.tag
-        proc = await asyncio.create_subprocess_exec(
-            "/bin/sh",
-            "-c",
-            command,
-            cwd=node.sandbox,
-            env=env,
-            stdin=asyncio.subprocess.PIPE,  # fed from the channel, as sshd does
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # its own process group, so `stop` can end it all
-        )
+        # Under a holder (hostenv.held): the command's own exit status comes back on a
+        # pipe, and what it leaves running stays below the holder for `stop` to find.
+        status_read, status_write = os.pipe()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *held(["/bin/sh", "-c", command], status_fd=status_write),
+                cwd=node.sandbox,
+                env=env,
+                stdin=asyncio.subprocess.PIPE,  # fed from the channel, as sshd does
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=(status_write,),
+                start_new_session=True,  # out of the emulator's group (a terminal's ^C)
+            )
+        except BaseException:
+            os.close(status_read)
+            raise
+        finally:
+            os.close(status_write)
         node.processes.add(proc)
+        reporting = asyncio.ensure_future(_status(status_read))  # owns the fd from now on
         assert proc.stdin is not None
         # Not awaited with the output: like sshd, a command that exits without reading
         # all of its stdin ends the session (the client sees its status and stops sending).
@@ -265,19 +276,19 @@ class EmbeddedHostBackend:
             await asyncio.gather(
                 _pump(proc.stdout, process.stdout), _pump(proc.stderr, process.stderr)
             )
-            status = await proc.wait()
+            status = await reporting
         finally:
             feeding.cancel()
-            await asyncio.gather(feeding, return_exceptions=True)
-            node.processes.discard(proc)
-            # Close the subprocess transport now, on the loop: left to the garbage
-            # collector it may be finalised after the loop has closed, and asyncio then
-            # raises "Event loop is closed" from its __del__. asyncio's Process has no
-            # public close, hence the private attribute.
-            transport = getattr(proc, "_transport", None)
-            if transport is not None:
-                transport.close()
-        if status < 0:
+            reporting.cancel()  # done already, unless the session ended some other way
+            await asyncio.gather(feeding, reporting, return_exceptions=True)
+            # The holder outlives the command while what it left runs: keep it (stop
+            # kills its tree) until it exits on its own.
+            retiring = asyncio.ensure_future(_retire(node, proc))
+            node.retiring.add(retiring)
+            retiring.add_done_callback(node.retiring.discard)
+        if status is None:  # the holder died before the command did: killed with it
+            process.exit_with_signal("KILL")
+        elif status < 0:
             process.exit_with_signal(signal.Signals(-status).name.removeprefix("SIG"))
         else:
             process.exit(status)
@@ -296,10 +307,9 @@ class EmbeddedHostBackend:
         for conn in list(node.connections):
             conn.abort()
         processes = list(node.processes)
-        for proc in processes:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        kill_tagged(node.tag)  # and whatever they left running in the background
+        # The holders' trees (whatever the commands left, env -i and setsid included)
+        # and anything else tagged, descendants first: hostenv.kill_tagged.
+        kill_tagged(node.tag, roots=[proc.pid for proc in processes])
         # Reap them here, on the loop, so no subprocess transport outlives it.
         await asyncio.gather(
             *(asyncio.wait_for(proc.wait(), 5) for proc in processes), return_exceptions=True
@@ -317,6 +327,39 @@ async def _drain_tasks() -> None:
     for task in stuck:
         task.cancel()
     await asyncio.gather(*stuck, return_exceptions=True)
+
+
+async def _status(fd: int) -> int | None:
+    """The command's exit status as its holder wrote it on `fd` (None: it wrote none)."""
+    pipe = os.fdopen(fd, "rb", 0)
+    try:
+        reader = asyncio.StreamReader()
+        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), pipe
+        )
+        try:
+            said = await reader.read()
+        finally:
+            transport.close()
+    finally:
+        pipe.close()  # (a no-op once the transport has closed it)
+    try:
+        return int(said)
+    except ValueError:
+        return None
+
+
+async def _retire(node: _Node, proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(Exception):
+        await proc.wait()
+    node.processes.discard(proc)
+    # Close the subprocess transport now, on the loop: left to the garbage collector it
+    # may be finalised after the loop has closed, and asyncio then raises "Event loop is
+    # closed" from its __del__. asyncio's Process has no public close, hence the private
+    # attribute. (Closing it while the holder runs would kill the holder.)
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:
+        transport.close()
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncssh.SSHWriter[bytes]) -> None:

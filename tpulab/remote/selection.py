@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import posixpath
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ __all__ = [
     "UploadSelection",
     "check_fetch_patterns",
     "human_size",
+    "over_cap",
     "select_workspace",
 ]
 
@@ -69,6 +71,16 @@ def _count(n: int) -> str:
     return f"{n:,}".replace(",", " ")
 
 
+def over_cap(total: int, cap: int, what: str = "cap") -> str:
+    """By how much `total` bytes exceed `cap`: "12.0 MiB over the 256.0 MiB cap", with
+    the exact bytes when both round to the same figure ("300.0 MiB, over the 300.0 MiB
+    cap" read as no excess at all)."""
+    text = f"{human_size(total - cap)} over the {human_size(cap)} {what}"
+    if human_size(total) == human_size(cap):
+        text += f" ({_count(total)} bytes against {_count(cap)})"
+    return text
+
+
 @dataclass(frozen=True)
 class UploadSelection:
     root: Path
@@ -76,6 +88,8 @@ class UploadSelection:
     total_bytes: int
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
     loops: tuple[str, ...] = ()  # symlinks that loop (skipped), named for the user
+    # Links skipped because their target is: "link -> target (why)", for the summary.
+    skipped_links: tuple[str, ...] = ()
 
     def largest(self, n: int = 10) -> list[tuple[str, int]]:
         return sorted(self.files, key=lambda item: (-item[1], item[0]))[:n]
@@ -85,11 +99,15 @@ class UploadSelection:
         text = f"{_count(len(self.files))} {noun}, {human_size(self.total_bytes)}"
         if self.skipped:
             text += " (skipped: " + ", ".join(f"{n} {why}" for why, n in self.skipped.items())
-            if self.loops:
-                shown = ", ".join(self.loops[:5]) + (", ..." if len(self.loops) > 5 else "")
+            named = [*self.loops, *self.skipped_links]
+            if named:
+                shown = ", ".join(named[:_NAMED]) + (", ..." if len(named) > _NAMED else "")
                 text += f": {shown}"
             text += ")"
         return text
+
+
+_NAMED = 5  # skipped links named in the summary
 
 
 # File names that hold credentials by convention, whatever their content.
@@ -107,6 +125,14 @@ _SECRET_NAMES = frozenset(
         ".npmrc",
         ".git-credentials",
         ".env",
+        ".envrc",  # direnv: exports, often tokens
+        ".pgpass",
+        ".my.cnf",
+        ".boto",
+        ".s3cfg",
+        ".dockercfg",
+        ".vault-token",
+        ".htpasswd",
         "credentials",  # ~/.aws/credentials
         "credentials.json",
         "application_default_credentials.json",
@@ -120,8 +146,8 @@ _SNIFF = 64 * 1024  # bytes of each file read for a private key header
 _JSON_SNIFF = 4 * 2**20  # JSON files up to this size are parsed for credentials
 
 
-def _secret_reason(path: Path, name: str) -> str | None:
-    """Why the file at `path` looks like a secret, or None."""
+def _secret_name(name: str) -> str | None:
+    """Why a file called `name` looks like a secret whatever it holds, or None."""
     lower = name.lower()
     if lower in _SECRET_NAMES or lower.startswith(".env."):
         return "a credentials file by name"
@@ -129,6 +155,15 @@ def _secret_reason(path: Path, name: str) -> str | None:
         return f"a key file by name (*{Path(lower).suffix})"
     if lower.startswith(("service-account", "service_account")) and lower.endswith(".json"):
         return "a service-account file by name"
+    return None
+
+
+def _secret_reason(path: Path, name: str) -> str | None:
+    """Why the file at `path` looks like a secret (by `name`, then by content), or None."""
+    by_name = _secret_name(name)
+    if by_name is not None:
+        return by_name
+    lower = name.lower()
     try:
         with path.open("rb") as handle:
             head = handle.read(_SNIFF)
@@ -190,6 +225,49 @@ def _normalised_relative(path: str, option: str) -> str:
         raise WorkspaceError(error.message, hint=error.hint) from error
 
 
+class _Verdicts:
+    """What the exclusions say about any path of the workspace: the walk asks about each
+    entry it meets, and a symlink about its target, which may live anywhere in the tree
+    (so the rules in force in each directory are built once, on first use)."""
+
+    def __init__(self, root: Path, exclude: Sequence[str]) -> None:
+        self.root = root
+        self.always = IgnoreRules(parse_ignore_lines(ALWAYS_EXCLUDED))
+        self.user = IgnoreRules(parse_ignore_lines(exclude))
+        self._rules: dict[str, IgnoreRules] = {}
+
+    def rules_in(self, directory: str) -> IgnoreRules:
+        """The ignore files' rules in force for the entries of `directory` ("" = root)."""
+        rules = self._rules.get(directory)
+        if rules is None:
+            above = self.rules_in(posixpath.dirname(directory)) if directory else IgnoreRules()
+            rules = above.extended(_rules_of(self.root / directory, directory))
+            self._rules[directory] = rules
+        return rules
+
+    def of_entry(self, path: str, *, is_dir: bool) -> str | None:
+        """ "always excluded", "ignored" or None for `path`, its directory being walked."""
+        if self.always.ignored(path, is_dir=is_dir) or (
+            is_dir and (self.root / path / "pyvenv.cfg").is_file()
+        ):
+            return "always excluded"
+        if self.user.ignored(path, is_dir=is_dir) or self.rules_in(posixpath.dirname(path)).ignored(
+            path, is_dir=is_dir
+        ):
+            return "ignored"
+        return None
+
+    def of_file(self, path: str) -> str | None:
+        """The verdict on the file `path` wherever it is: that of the first directory on
+        its way that the walk would not enter, else its own."""
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            verdict = self.of_entry("/".join(parts[:depth]), is_dir=True)
+            if verdict is not None:
+                return verdict
+        return self.of_entry(path, is_dir=False)
+
+
 def select_workspace(
     root: Path,
     *,
@@ -201,12 +279,15 @@ def select_workspace(
     network). WorkspaceError for a missing root, an upload over `max_bytes`, or a
     secret-looking file that `allow_secrets` does not name.
 
-    Symlinks: a link to a file inside the workspace goes up as that file's content; a
-    link leading outside it, and any link to a directory, is skipped (counted in
-    `skipped`). Refusing them would block runs over harmless links (editor state, a
-    `result` link to a build store); following them would send files the user never put
-    in the workspace, or loop. A link that loops (a -> b -> a) is skipped like a dangling
-    one, under its own reason, and named in `loops` (README "Workspace sync").
+    Symlinks: a link to a file inside the workspace goes up as that file's content, and
+    is judged as that file too: a link to an excluded or ignored file is skipped (the
+    summary names both), and a link to a secret-looking one is refused like it (the
+    refusal names both). A link leading outside the workspace, and any link to a
+    directory, is skipped (counted in `skipped`). Refusing those would block runs over
+    harmless links (editor state, a `result` link to a build store); following them
+    would send files the user never put in the workspace, or loop. A link that loops
+    (a -> b -> a) is skipped like a dangling one, under its own reason, and named in
+    `loops` (README "Workspace sync").
     """
     if not root.exists():
         raise WorkspaceError(
@@ -217,39 +298,34 @@ def select_workspace(
         raise WorkspaceError(f"Workspace {root} is not a directory", hint="Pass --workdir DIR.")
     root = root.resolve()
     allowed = {_normalised_relative(path, "--allow-secret") for path in allow_secrets}
-    base_rules = IgnoreRules(parse_ignore_lines(ALWAYS_EXCLUDED))
-    user_rules = IgnoreRules(parse_ignore_lines(exclude))
+    verdicts = _Verdicts(root, exclude)
     files: list[tuple[str, int]] = []
     skipped: dict[str, int] = {}
+    skipped_links: list[str] = []
     secrets: list[tuple[str, str]] = []
     loops: list[str] = []
 
     def skip(reason: str) -> None:
         skipped[reason] = skipped.get(reason, 0) + 1
 
-    def walk(directory: Path, rel: str, rules: IgnoreRules) -> None:
-        rules = rules.extended(_rules_of(directory, rel))
+    def walk(directory: Path, rel: str) -> None:
         try:
             children = sorted(os.scandir(directory), key=lambda entry: entry.name)
         except OSError as exc:
             raise WorkspaceError(f"Cannot list {directory}: {exc.strerror}") from exc
         for child in children:
             path = f"{rel}/{child.name}" if rel else child.name
-            is_link = child.is_symlink()
             is_dir = child.is_dir(follow_symlinks=False)
-            if base_rules.ignored(path, is_dir=is_dir) or (
-                is_dir and (Path(child.path) / "pyvenv.cfg").is_file()
-            ):
-                skip("always excluded")
-                continue
-            if user_rules.ignored(path, is_dir=is_dir) or rules.ignored(path, is_dir=is_dir):
-                skip("ignored")
+            verdict = verdicts.of_entry(path, is_dir=is_dir)
+            if verdict is not None:
+                skip(verdict)
                 continue
             if is_dir:
-                walk(Path(child.path), path, rules)
+                walk(Path(child.path), path)
                 continue
             full = Path(child.path)
-            if is_link:
+            shown, reason = path, None
+            if child.is_symlink():
                 target = _link_target(full)
                 if target is None:
                     loops.append(path)
@@ -258,15 +334,24 @@ def select_workspace(
                 if not target.is_file() or not target.is_relative_to(root):
                     skip("symlinks leaving the workspace or to directories")
                     continue
+                # Judged as what it sends: its target's content under its target's name.
+                linked = target.relative_to(root).as_posix()
+                verdict = verdicts.of_file(linked)
+                if verdict is not None:
+                    skip(f"links to {verdict} files")
+                    skipped_links.append(f"{path} -> {linked} ({verdict})")
+                    continue
+                shown = f"{path} (a link to {linked})"
+                reason = _secret_name(target.name)
             elif not child.is_file(follow_symlinks=False):
                 skip("not regular files")
                 continue
-            reason = _secret_reason(full, child.name)
+            reason = reason or _secret_reason(full, child.name)
             if reason and path not in allowed:
-                secrets.append((path, reason))
+                secrets.append((shown, reason))
             files.append((path, full.stat().st_size))
 
-    walk(root, "", IgnoreRules())
+    walk(root, "")
     chosen = {path for path, _size in files}
     unknown = sorted(allowed - chosen)
     if unknown:
@@ -285,14 +370,16 @@ def select_workspace(
             "--allow-secret PATH for each one the VM really needs.",
         )
     total = sum(size for _path, size in files)
-    selection = UploadSelection(root, tuple(files), total, skipped, tuple(loops))
+    selection = UploadSelection(
+        root, tuple(files), total, skipped, tuple(loops), tuple(skipped_links)
+    )
     if total > max_bytes:
         listing = "\n".join(
             f"  {human_size(size):>10}  {path}" for path, size in selection.largest()
         )
         raise WorkspaceError(
-            f"The workspace upload is {selection.describe()}, over the "
-            f"{human_size(max_bytes)} cap; the largest entries:\n{listing}",
+            f"The workspace upload is {selection.describe()}: "
+            f"{over_cap(total, max_bytes)}; the largest entries:\n{listing}",
             hint=f"Exclude what the VM does not need in {IGNORE_FILE} (gitignore syntax), "
             "or raise the cap with --max-upload.",
         )

@@ -77,10 +77,15 @@ class SystemSsh:
     def destination(self) -> str:
         return f"{self.target.user}@{self.target.host}"
 
-    def argv(self, *extra: str, remote: Sequence[str] = ()) -> list[str]:
+    def argv(self, *extra: str, remote: Sequence[str] = (), typed: bool = False) -> list[str]:
         """`ssh OPTIONS EXTRA user@host [REMOTE]`; REMOTE's words are quoted (one shell
-        line on the VM, as paramiko's Connection sends it)."""
-        command = [shlex.join(remote)] if remote else []
+        line on the VM, as paramiko's Connection sends it). `typed`: REMOTE is what a
+        user typed after `tpulab ssh S --`, and ONE argument is then a command line for
+        the VM's shell, as `ssh host 'cd x && y'` is (several stay quoted words)."""
+        if typed and len(remote) == 1:
+            command = list(remote)
+        else:
+            command = [shlex.join(remote)] if remote else []
         return [self.executable, *self.options(), *extra, self.destination, *command]
 
     def batch_argv(self, remote: Sequence[str]) -> list[str]:

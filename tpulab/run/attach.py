@@ -40,11 +40,12 @@ from tpulab.errors import (
     TpuLabError,
     WorkloadFailedError,
 )
-from tpulab.run.lease import node_gone, vanished
+from tpulab.run.lease import look_up, vanished
 from tpulab.run.progress import Phase
 
 if TYPE_CHECKING:
     from tpulab.config import RunSpec
+    from tpulab.models import NodeInfo
     from tpulab.remote import bootstrap as boot
     from tpulab.remote import workload as wl
     from tpulab.remote.keys import RunKey, SshTarget
@@ -89,10 +90,33 @@ class Attachment:
     def check_node(self, life: Lifecycle) -> None:
         """Ask the API (GetNode) before connecting: a node its watchdog deleted since the
         last command must not cost an SSH connect timeout to find out. RemoteError if it
-        is gone or DELETING (the lifecycle then names why: `vanished`)."""
-        state = node_gone(life.api, life.spec.zone.value, life.spec.node_name)
+        is gone or DELETING (the lifecycle then names why: `vanished`). A node that is
+        there is connected to where it is now (`follow_address`)."""
+        state, node = look_up(life.api, life.spec.zone.value, life.spec.node_name)
         if state is not None:
             raise RemoteError(f"GetNode says node {life.spec.node_name} is {state}")
+        if node is not None:  # None: the API could not say; the connect will tell
+            self.follow_address(life, node)
+
+    def follow_address(self, life: Lifecycle, node: NodeInfo) -> None:
+        """Connect where the node is now (tpulab.run.session.address_of): a restarted
+        VM's new external IP, or a restarted emulator's new port, would otherwise cost
+        the connect timeout and end as "unreachable". Only the address changes: the
+        host key stays the one `up` pinned, so a different machine there is refused."""
+        from dataclasses import replace
+
+        from tpulab.run.session import address_of
+
+        assert life.target is not None
+        found = address_of(life.api, node, ask_port=life.spec.emulated)
+        old = (life.target.host, life.target.port)
+        if found is None or found == old:
+            return
+        life.target = replace(life.target, host=found[0], port=found[1])
+        life.observer.note(
+            f"session {self.session}'s node moved from {old[0]}:{old[1]} to "
+            f"{found[0]}:{found[1]} (GetNode); its pinned host key must still match there"
+        )
 
     def take_lock(self, session: wl.HoldingShell, run_id: str) -> None:
         """Take the session's exec lock for this exec, before anything else is sent: two

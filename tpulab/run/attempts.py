@@ -44,6 +44,7 @@ from tpulab.errors import (
     LocationError,
     PermissionDeniedError,
     PreemptedError,
+    QueueExpiredError,
     QuotaError,
     RemoteError,
     StockoutError,
@@ -63,6 +64,7 @@ __all__ = ["Attempt", "AttemptOutcome", "Attempts", "NewLifecycle", "attempt_spe
 AttemptOutcome = Literal[
     "verified",
     "stockout",
+    "queue-expired",
     "quota",
     "preempted",
     "unavailable",
@@ -81,6 +83,7 @@ NewLifecycle = Callable[[RunSpec], "Lifecycle"]
 _OUTCOME_OF: tuple[tuple[type[BaseException], AttemptOutcome], ...] = (
     (TeardownError, "teardown-unconfirmed"),
     (PreemptedError, "preempted"),
+    (QueueExpiredError, "queue-expired"),  # a --valid-for window that ran out
     (StockoutError, "stockout"),
     (QuotaError, "quota"),
     (LocationError, "no-access"),

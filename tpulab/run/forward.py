@@ -85,7 +85,7 @@ def forward_argv(
         extra += ["-L", forward.ssh_arg]
     if command is None:
         return ssh.argv(*extra, "-N", "-o", "BatchMode=yes")
-    return ssh.argv(*extra, remote=command)
+    return ssh.argv(*extra, remote=command, typed=True)
 
 
 def _probe_address(forward: Forward) -> str:

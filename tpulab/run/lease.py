@@ -43,9 +43,11 @@ from tpulab.remote.watchdog import (
 if TYPE_CHECKING:
     from tpulab.cloud.api import TpuApi
     from tpulab.config import RunSpec
+    from tpulab.models import NodeInfo
 
 __all__ = [
     "LeaseRenewer",
+    "look_up",
     "node_gone",
     "read_state",
     "vanished",
@@ -213,15 +215,23 @@ def read_state(
 def node_gone(api: TpuApi, zone: str, node_name: str) -> Literal["gone", "DELETING"] | None:
     """Has the node gone (GetNode says NotFound) or is it being deleted? None when it is
     still there, or when the API could not say (then nothing may be concluded)."""
+    return look_up(api, zone, node_name)[0]
+
+
+def look_up(
+    api: TpuApi, zone: str, node_name: str
+) -> tuple[Literal["gone", "DELETING"] | None, NodeInfo | None]:
+    """One GetNode: `node_gone`'s answer, and the node when the API showed it (None
+    when it could not say)."""
     from tpulab.models import NodeState
 
     try:
         node = api.get_node(zone, node_name)
     except NotFoundError:
-        return "gone"
+        return "gone", None
     except CloudError:
-        return None
-    return "DELETING" if node.state == NodeState.DELETING else None
+        return None, None
+    return ("DELETING" if node.state == NodeState.DELETING else None), node
 
 
 def vanished(

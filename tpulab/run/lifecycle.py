@@ -81,7 +81,7 @@ if TYPE_CHECKING:
     from tpulab.remote.ssh import RunKey, SshTarget
     from tpulab.remote.watchdog import WatchdogState
     from tpulab.run.attach import Attachment
-    from tpulab.run.record import RecordState, RunRecord
+    from tpulab.run.record import RecordState, ReportError, RunRecord
 
 __all__ = [
     "Connect",
@@ -242,6 +242,7 @@ class Lifecycle:
         new_nonce: Callable[[], str] = lambda: secrets.token_hex(16),
         judge: Callable[[bytes, Expectation], Judgement] | None = None,
         write_record: Callable[[RunRecord, Path], Path] | None = None,
+        report_error: ReportError | None = None,
         renew_in_background: bool = True,
         keep_on_success: bool = False,
         attach: Attachment | None = None,
@@ -269,6 +270,9 @@ class Lifecycle:
         self.judge = judge
         # Writes <out>/run.json (run.record.write_run_record); a dry run's records instead.
         self.write_record = write_record
+        # The CLI's error report (it picks exit statuses): run.json's `error` then says
+        # what ended a failed run, as the --json envelope does.
+        self.report_error = report_error
         self.outcome = RunOutcome(spec)
         self.nonce = ""
         self.payload_bytes = b""
@@ -1160,7 +1164,7 @@ class Lifecycle:
         write = self.write_record or write_run_record
         record = None
         try:
-            record = run_record(self.outcome, state=state)
+            record = run_record(self.outcome, state=state, report_error=self.report_error)
             self.outcome.run_record = write(record, self.spec.workload.out)
         except Exception as error:  # a disk's refusal, or a value the record cannot hold
             said = f"{type(error).__name__}: {error}"

@@ -13,12 +13,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from tpulab import paths
 from tpulab.catalog import PRICE_DATE
 from tpulab.config import Mode, RunSpec
 from tpulab.envelope import Envelope
 from tpulab.remote import bootstrap as boot
 from tpulab.run.lifecycle import Lifecycle
-from tpulab.run.recording import PLACEHOLDERS, PlanEnds, PlanRecorder, PlanStep
+from tpulab.run.recording import (
+    PLACEHOLDER_OWNER,
+    PLACEHOLDERS,
+    PlanEnds,
+    PlanRecorder,
+    PlanStep,
+)
 
 __all__ = ["GOOGLE_ENDPOINT", "PlanEnvelope", "PlanStep", "build_plan", "plan_envelope"]
 
@@ -59,6 +66,8 @@ class PlanEnvelope(Envelope):
 
 def build_plan(spec: RunSpec, *, installer: boot.Installer = "uv") -> list[PlanStep]:
     """The ordered steps of `spec`'s run, teardown included, recorded from the lifecycle."""
+    if spec.owner is None:  # the home's id is read, never made, by a plan
+        spec = dataclasses.replace(spec, owner=paths.existing_owner_id() or PLACEHOLDER_OWNER)
     recorder = PlanRecorder(spec)
     life = Lifecycle(
         spec,

@@ -4,8 +4,9 @@
       -> wait for its operation -> poll its state through the one wait loop:
          [ACCEPTED ->] WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE   (return)
          FAILED     -> classified from failedData.error by cloud/classify.py: quota ->
-                       QuotaError, invalid request -> InvalidArgumentError (fatal), no
-                       capacity in time (or unplaceable) -> StockoutError
+                       QuotaError, invalid request -> InvalidArgumentError (fatal), the
+                       --valid-for window closing first -> QueueExpiredError ("expired"),
+                       no capacity otherwise (or unplaceable) -> StockoutError
          SUSPENDED (its spot node was reclaimed)          -> CloudError "SUSPENDED"
          DELETING (someone deleted it)                    -> NotFoundError, at once
 
@@ -26,10 +27,12 @@ from typing import TYPE_CHECKING
 
 from tpulab.cloud.api import QUEUED_FINAL_STATES, QueuedResourceInfo, QueuedResourceRequest
 from tpulab.cloud.classify import RPC_STATUS, classify, error_for_status
+from tpulab.config.resolve import format_duration
 from tpulab.errors import (
     CloudError,
     DeadlineError,
     NotFoundError,
+    QueueExpiredError,
     StockoutError,
     TransientError,
 )
@@ -75,7 +78,8 @@ def create_through_queue(
     """
     zone, name = spec.zone.value, spec.node_name
     request = QueuedResourceRequest(node_id=name, node=node, valid_for_seconds=spec.valid_for)
-    deadline = clock() + queue_wait_seconds(spec)
+    sent_at = clock()
+    deadline = sent_at + queue_wait_seconds(spec)
     on_sent()
     try:
         operation = api.create_queued_resource(zone, name, request)
@@ -93,7 +97,7 @@ def create_through_queue(
             seen.append(found.state)
             note(f"queued resource {name}: {found.state}")
         if found.state in QUEUED_FINAL_STATES:
-            raise _ended(found, spec)
+            raise _ended(found, spec, seen, waited=clock() - sent_at)
         return found.state == "ACTIVE"
 
     poll_until(
@@ -113,7 +117,33 @@ def create_through_queue(
     return f"node {name} through queued resource {name} ({' -> '.join(seen)}{window})"
 
 
-def _ended(found: QueuedResourceInfo, spec: RunSpec) -> CloudError:
+def _expired(found: QueuedResourceInfo, spec: RunSpec, seen: list[str], waited: float) -> bool:
+    """Did FAILED mean that the --valid-for window passed before capacity came? The one
+    table says so from the API's words ('valid until'); failing those (the real service's
+    wording is not on record), it did if the queue never got as far as PROVISIONING and
+    the window is over by the laptop's clock, which started before the service's."""
+    rule = classify(RPC_STATUS.get(found.failure_code, "UNKNOWN"), found.failure or "")
+    if rule is not None and rule.kind is QueueExpiredError:
+        return True
+    if spec.valid_for is None or {"PROVISIONING", "ACTIVE"} & set(seen):
+        return False
+    return waited >= spec.valid_for
+
+
+def _ended(
+    found: QueuedResourceInfo, spec: RunSpec, seen: list[str], *, waited: float
+) -> CloudError:
+    if found.state == "FAILED" and _expired(found, spec, seen, waited):
+        return QueueExpiredError(
+            f"Queued resource {found.name} in {found.zone} expired: no capacity came "
+            f"within --valid-for {format_duration(spec.valid_for or 0)}"
+            + (f" ({found.failure})" if found.failure else "")
+            + ".",
+            status=RPC_STATUS.get(found.failure_code, "FAILED"),
+            api_message=found.failure,
+            hint="Retry with a longer --valid-for, another --zone, or later; the queued "
+            "resource is deleted by the teardown.",
+        )
     if found.state == "FAILED":
         return _failed(found)
     if found.state == "DELETING":

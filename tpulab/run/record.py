@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -28,11 +29,12 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict
 
 from tpulab.catalog import PRICE_DATE
-from tpulab.envelope import Envelope
+from tpulab.envelope import Envelope, ErrorReport
 from tpulab.evidence.judge import Verdict
 from tpulab.run.progress import TeardownStatus
 
 if TYPE_CHECKING:
+    from tpulab.errors import TpuLabError
     from tpulab.remote.workspace import Manifest
     from tpulab.run.lifecycle import RunOutcome
     from tpulab.run.workload import WorkloadOutcome
@@ -41,6 +43,7 @@ __all__ = [
     "RUN_RECORD_NAME",
     "FileEntry",
     "RecordState",
+    "ReportError",
     "RunRecord",
     "WorkloadSummary",
     "read_run_record",
@@ -160,9 +163,29 @@ def workload_summary(workload: WorkloadOutcome) -> WorkloadSummary:
     )
 
 
-def run_record(outcome: RunOutcome, *, state: RecordState = "finished") -> RunRecord:
+ReportError = Callable[["TpuLabError"], ErrorReport]
+
+
+def _as_reported(error: BaseException) -> TpuLabError:
+    """What the CLI reports for `error`: a signal as InterruptedRun, a bug as itself."""
+    from tpulab.errors import InterruptedRun, TpuLabError
+    from tpulab.run.signals import SignalInterrupt
+
+    if isinstance(error, TpuLabError):
+        return error
+    if isinstance(error, SignalInterrupt):
+        return InterruptedRun(error.signal_name)
+    if isinstance(error, KeyboardInterrupt):
+        return InterruptedRun("SIGINT")
+    return TpuLabError(f"{type(error).__name__}: {error}")  # an internal error (exit 1)
+
+
+def run_record(
+    outcome: RunOutcome, *, state: RecordState = "finished", report_error: ReportError | None = None
+) -> RunRecord:
     """The record of a run that had a `-- CMD` (outcome.workload set): at its end, or
-    ("running") as far as it got when it starts -- the same fields, most still empty."""
+    ("running") as far as it got when it starts -- the same fields, most still empty.
+    `report_error` (the CLI's, which picks exit statuses) fills `error` for a failure."""
     from tpulab.errors import TpuLabError
 
     spec = outcome.spec
@@ -170,10 +193,14 @@ def run_record(outcome: RunOutcome, *, state: RecordState = "finished") -> RunRe
     assert workload is not None
     error = outcome.error
     failure = None
+    report = None
     if error is not None:
         failure = error.message if isinstance(error, TpuLabError) else repr(error)
+        if report_error is not None:
+            report = report_error(_as_reported(error))
     boot = outcome.bootstrap
     return RunRecord(
+        error=report,
         command="exec" if outcome.session is not None else "run",
         state=state,
         session=outcome.session,
@@ -221,5 +248,7 @@ def write_run_record(record: RunRecord, out: Path) -> Path:
 
 
 def read_run_record(path: Path) -> RunRecord:
-    """Parse a run.json (strict: what parses is exactly the contract)."""
-    return RunRecord.model_validate_json(path.read_text(encoding="utf-8"))
+    """Parse a run.json (strict: what parses is exactly the contract). Bytes, so that a
+    file that is not UTF-8 is a ValidationError like any other damage (read_text's
+    UnicodeDecodeError escaped `runs list` and hid every record)."""
+    return RunRecord.model_validate_json(path.read_bytes())

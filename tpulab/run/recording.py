@@ -77,6 +77,8 @@ PLACEHOLDER_DELETE_OPERATION = "<DELETE-OPERATION-ID>"
 PLACEHOLDER_QR_OPERATION = "<QUEUED-RESOURCE-OPERATION-ID>"
 PLACEHOLDER_FROM_VM = "<reported by the VM>"
 PLACEHOLDER_RECEIPT_ID = "<RECEIPT-ID>"
+# A label value (lowercase, [a-z0-9_-]): a plan on a home that has none makes none.
+PLACEHOLDER_OWNER = "this-homes-owner-id"
 PLACEHOLDERS: dict[str, str] = {
     PLACEHOLDER_NONCE: "the run's random nonce (secrets.token_hex), made at validate",
     PLACEHOLDER_PUBLIC_KEY: "the public half of the run's fresh ed25519 key pair",
@@ -88,6 +90,7 @@ PLACEHOLDERS: dict[str, str] = {
     PLACEHOLDER_QR_OPERATION: "the operation id a queued-resource create or delete answers with",
     PLACEHOLDER_FROM_VM: "whatever the VM's bootstrap scripts report",
     PLACEHOLDER_RECEIPT_ID: "the id the receipt store gives the kept receipt",
+    PLACEHOLDER_OWNER: "this tpulab home's owner id, made by its first real run",
 }
 # A well-formed ed25519 key blob (type string + 32 zero bytes) that no host presents:
 # the lifecycle validates the published key, so the stand-in must parse.

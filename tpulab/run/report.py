@@ -8,6 +8,7 @@ path and verdict, teardown confirmation and the estimated cost.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tpulab.catalog import PRICE_DATE
 from tpulab.config import Mode
+from tpulab.config.resolve import format_duration
 from tpulab.envelope import Envelope, ErrorReport
 from tpulab.errors import TeardownError
 from tpulab.evidence.judge import Verdict
@@ -249,8 +251,9 @@ def _watchdog_lines(outcome: RunOutcome) -> list[Line]:
     if state is None:
         return []  # the run ended before SSH: the watchdog was never asked
     terms = (
-        f" (lease {spec.watchdog.lease_seconds:g}s, deadline "
-        f"{spec.max_duration_seconds or 0:g}s after boot; {outcome.lease_renewals} renewals)"
+        f" (lease {format_duration(spec.watchdog.lease_seconds)}, deadline "
+        f"{format_duration(spec.max_duration_seconds or 0)} after boot; "
+        f"{outcome.lease_renewals} renewals)"
     )
     if state.armed:
         return [[("  watchdog  ", "dim"), (state.describe(), "green"), (terms, "dim")]]
@@ -429,7 +432,7 @@ def _workload_lines(outcome: RunOutcome) -> list[Line]:
     """The user's command: its own status (never tpulab's exit code), what came back."""
     workload = outcome.workload
     assert workload is not None
-    command = " ".join(workload.command)
+    command = shlex.join(workload.command)  # as typed: "sh -c 'a && b'"
     if not workload.started:
         state, style = "not started (the run stopped before it)", "yellow"
     elif workload.timed_out:
@@ -463,8 +466,8 @@ def _workload_lines(outcome: RunOutcome) -> list[Line]:
             ]
         )
     elif workload.started:
-        why = workload.fetch_problem or "not fetched"
-        lines.append([("  artifacts ", "dim"), (f"NOT fetched: {why}", "yellow")])
+        why = f": {workload.fetch_problem}" if workload.fetch_problem else ""
+        lines.append([("  artifacts ", "dim"), (f"NOT fetched{why}", "yellow")])
     if outcome.run_record is not None:
         lines.append([("  record    ", "dim"), (str(outcome.run_record), "")])
     return lines

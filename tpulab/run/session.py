@@ -25,12 +25,13 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from tpulab.errors import ConfigError, TpuLabError, VerificationError
+from tpulab.errors import ConfigError, NodeVanishedError, TpuLabError, VerificationError
 from tpulab.remote.watchdog import WatchdogConfig, renew_command
 from tpulab.run.teardown import TeardownReport, delete_and_confirm
 
 if TYPE_CHECKING:
     from tpulab.cloud.api import TpuApi
+    from tpulab.models import NodeInfo
     from tpulab.remote.keys import RunKey, SshTarget
     from tpulab.remote.workload import LockHolder
     from tpulab.run.lifecycle import Lifecycle
@@ -39,8 +40,11 @@ __all__ = [
     "DownLock",
     "SessionState",
     "abandon",
+    "address_of",
     "bring_up",
     "exec_lock_for_down",
+    "node_address",
+    "readdressed",
     "renew_argv",
     "take_down",
 ]
@@ -93,8 +97,34 @@ class SessionState:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> SessionState:
-        return cls(**json.loads(text))
+    def from_json(cls, text: str | bytes) -> SessionState:
+        """Parse a session.json strictly (types included: a port of "22" or a missing
+        deadline would fail later, in the middle of a command); ValueError saying what
+        is wrong, in a few words."""
+        from pydantic import TypeAdapter, ValidationError
+
+        if not text.strip():
+            raise ValueError("the file is empty")
+        try:
+            return TypeAdapter(cls).validate_json(text, strict=True)
+        except ValidationError as error:
+            raise ValueError(_what_is_wrong(error)) from None
+
+
+def _what_is_wrong(error: Any) -> str:
+    """A pydantic ValidationError in one short phrase (a dozen missing fields would
+    otherwise fill the screen)."""
+    problems: list[dict[str, Any]] = list(error.errors())
+    missing = [".".join(map(str, p["loc"])) for p in problems if p["type"] == "missing"]
+    if missing and len(missing) == len(problems):
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        return f"fields missing: {', '.join(missing[:3])}{more}"
+    first = problems[0]
+    where = ".".join(map(str, first["loc"]))
+    said = f"{where}: {first['msg']}" if where else str(first["msg"])
+    if first["type"] == "dataclass_type":
+        said = "not a JSON object"
+    return said + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
 
 
 def bring_up(
@@ -115,6 +145,16 @@ def bring_up(
             f"(teardown {outcome.teardown_status}); no session was created."
         )
     spec, target, watchdog = life.spec, life.target, life.watchdog
+    deadline = started + watchdog.max_duration_seconds
+    if now() >= deadline:
+        # The watchdog deletes the node at its deadline, during or just after `up`: a
+        # session that cannot be used is not a success (the caller deletes the node).
+        raise NodeVanishedError(
+            f"Session {session_name}'s --ttl "
+            f"({watchdog.max_duration_seconds:g} s) passed while `up` was still bringing it "
+            f"up ({now() - started:.0f} s): its node deletes itself, so it is not kept.",
+            hint="Pass a longer --ttl (the default is 2h).",
+        )
     return SessionState(
         name=session_name,
         run_id=spec.run_id,
@@ -132,11 +172,56 @@ def bring_up(
         watchdog=asdict(watchdog),
         started_at=started,
         # The watchdog counts from boot, a little after `started`: this is the earliest.
-        deadline_at=started + watchdog.max_duration_seconds,
+        deadline_at=deadline,
         idle_seconds=watchdog.lease_seconds,
         renewed_at=now(),
         receipt_id=life.outcome.receipt.id if life.outcome.receipt is not None else None,
     )
+
+
+def node_address(
+    api: TpuApi, zone: str, node_name: str, *, ask_port: bool = True
+) -> tuple[str, int] | None:
+    """Where the node's SSH listens now, from the API (GetNode, then `address_of`); None
+    when the API cannot say (no such node, an API error): then nothing may be
+    concluded."""
+    from tpulab.errors import CloudError
+
+    try:
+        node = api.get_node(zone, node_name)
+    except CloudError:
+        return None
+    return address_of(api, node, ask_port=ask_port)
+
+
+def address_of(api: TpuApi, node: NodeInfo, *, ask_port: bool = True) -> tuple[str, int] | None:
+    """A node's SSH address: its external IP (what `up` connected to) and the port (22,
+    or the emulator's published one, a guest attribute: `ask_port`). None without an
+    external IP or when the port cannot be read. A VM's ephemeral external IP can change
+    (a restart), and a restarted emulator gives its nodes new ports: a session's saved
+    address is only where the node was. The host key is not read here: the session's
+    pinned one still has to match at the new address."""
+    from tpulab.errors import CloudError, RemoteError
+    from tpulab.remote.keys import ssh_port_from
+
+    if not node.external_ip:
+        return None
+    try:
+        port = ssh_port_from(api.guest_attributes(node.zone, node.name)) if ask_port else 22
+    except (CloudError, RemoteError):
+        return None
+    return node.external_ip, port
+
+
+def readdressed(api: TpuApi, state: SessionState) -> SessionState | None:
+    """The session at its node's current address when the API says it moved; None when
+    it did not (or the API cannot say)."""
+    found = node_address(api, state.zone, state.node_name)
+    if found is None or found == (state.ssh_host, state.ssh_port):
+        return None
+    fields = asdict(state)
+    fields["ssh_host"], fields["ssh_port"] = found
+    return SessionState(**fields)
 
 
 def renew_argv(state: SessionState, *, now: Callable[[], float] = time.time) -> list[str]:

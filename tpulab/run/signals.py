@@ -99,6 +99,9 @@ class _Guard:
     interrupt: SignalInterrupt | None = None
     shield_depth: int = 0
     describe: str = "tearing down"
+    # An exec's interrupt ends the exec and leaves its session's node up: its messages
+    # must not promise a teardown that never comes.
+    keeps_node: bool = False
     manual: str | None = None
     skippable: str | None = None  # the step a signal would skip now, if any
     # The step a first signal must let finish, and for at most how many seconds.
@@ -125,7 +128,12 @@ class _Guard:
             raise self.interrupt
         if self.skippable is not None and self.shield_depth == 0:
             step, self.skippable = self.skippable, None  # one skip per step
-            self.say(f"{signal.Signals(signum).name}: skipping {step}; tearing down next.")
+            then = (
+                "the exec ends next (the session stays up)"
+                if self.keeps_node
+                else "tearing down next"
+            )
+            self.say(f"{signal.Signals(signum).name}: skipping {step}; {then}.")
             raise StepSkipped(signum, step)
         name = signal.Signals(signum).name
         self.refused.append(name)
@@ -135,7 +143,8 @@ class _Guard:
             self._force_exit()
         if signum == signal.SIGINT:
             self.last_refusal = now
-        what = self.describe if self.shield_depth else "starting teardown"
+        starting = "ending the exec" if self.keeps_node else "starting teardown"
+        what = self.describe if self.shield_depth else starting
         more = (
             f" Press Ctrl-C again within {self.window:g} s to force quit "
             "(the node may keep billing)."
@@ -198,18 +207,21 @@ def signals_to_teardown(
     window: float = 2.0,
     clock: Callable[[], float] = time.monotonic,
     signals: Sequence[signal.Signals] = DEFAULT_SIGNALS,
+    keeps_node: bool = False,
 ) -> Iterator[None]:
     """Turn `signals` into SignalInterrupt for the body, then into InterruptedRun.
 
     `notify` receives the user-facing messages (the core never prints); the CLI passes
     something that writes to stderr. If teardown itself raised (TeardownError), that
     error propagates instead: an unconfirmed teardown outranks the interruption.
+    `keeps_node`: an exec's, whose interrupt ends the exec and leaves the session's node
+    up (its messages say so, not "tearing down").
     """
     global _active
     if not _in_main_thread():
         yield
         return
-    guard = _Guard(notify, force_exit_status, window, clock)
+    guard = _Guard(notify, force_exit_status, window, clock, keeps_node=keeps_node)
     previous_guard, _active = _active, guard
     installed: dict[signal.Signals, object] = {}
     try:

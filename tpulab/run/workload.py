@@ -158,7 +158,7 @@ class WorkloadRunner:
             with life.skippable(_FETCH_STEP, finish_within=INTERRUPTED_FETCH_SECONDS):
                 life._phase(Phase.FETCH, lambda: self.fetch(self._fetch_timeout()))
         except TpuLabError as error:
-            self._cut_short(error)
+            self._cut_short(error)  # the summary and run.json say why
             if failure is None:
                 raise
             # The command's failure is what the user must hear; the fetch's is a note.

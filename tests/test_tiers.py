@@ -1,0 +1,111 @@
+"""The suite's tiers (tests/tiers.py) are decided from what a test runs, so a test
+added tomorrow lands in the right one without anyone listing it."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiers import SMOKE_TESTS, sources_of, tiers_of_source
+
+END_TO_END = [
+    'backend = make_host_backend("embedded", tmp / "hosts", image="preloaded")',
+    'with served_emulator(tmp / "emulator") as emulator:',
+    "life = Lifecycle(spec, observer=recorder)",
+    'command = [sys.executable, "-m", "tpulab", "emulator", "serve", "--port", "0"]',
+    'done = tpulab("run", "--accelerator", "v5litepod-4",\n    "--api-endpoint", url)',
+    'done = tpulab("exec", "pair", "--emulate", "--", "true")',
+    "result = run_local_payload(devices=4, platform='cpu', nonce='n', timeout=60)",
+    'status, out, _ = invoke("verify", "--local", "--devices", "4")',
+    'done = tpulab("--help")',
+    "done = tpulab(*args, timeout=60)",
+    'probe = cli_imports("--help")',
+]
+
+NETWORK = [
+    'done = tpulab("run", "--accelerator", "v5litepod-1", "--emulate", "-v")',
+    # The host backends' default image is the bare one: its bootstrap installs jax.
+    'backend = make_host_backend("embedded", tmp)\nLifecycle(spec).run()',
+    "host = EmbeddedHostBackend(tmp, image=image)\nboot.bootstrap(shell, timeout=300)",
+]
+
+NEITHER = [
+    'code, out, _ = invoke("list", "--emulate", "--json")',
+    'status, out, _ = invoke("run", "--accelerator", "v5litepod-4", "--emulate", "--dry-run")',
+    "emulator = start_emulator(tmp_path / 'state')  # the API alone, no SSH hosts",
+]
+
+
+@pytest.mark.parametrize("text", END_TO_END)
+def test_what_runs_servers_or_whole_runs_is_e2e(text: str) -> None:
+    assert "e2e" in tiers_of_source(text)
+
+
+@pytest.mark.parametrize("text", NETWORK)
+def test_what_installs_from_the_package_index_is_network(text: str) -> None:
+    found = tiers_of_source(text)
+    assert "network" in found
+    assert "e2e" in found
+
+
+def test_a_bare_image_node_that_installs_nothing_is_not_network() -> None:
+    text = 'backend = make_host_backend("embedded", tmp)\nbackend.start("n", sandbox, keys)'
+    assert tiers_of_source(text) == {"e2e": "real SSH hosts"}
+
+
+@pytest.mark.parametrize("text", NEITHER)
+def test_unit_tests_in_process_api_calls_and_dry_runs_are_neither(text: str) -> None:
+    assert tiers_of_source(text) == {}
+
+
+def _starts_hosts() -> object:
+    # A stand-in for a fixture module's helper: what a test reaches only by name.
+    from tpulab.emulator.backends import make_host_backend
+
+    return make_host_backend("embedded", Path("/nonexistent"), image="preloaded")
+
+
+def _uses_the_helper() -> object:
+    return _starts_hosts()
+
+
+def test_the_source_followed_reaches_helpers_of_the_tests_directory() -> None:
+    assert tiers_of_source(inspect.getsource(_uses_the_helper)) == {}
+    assert tiers_of_source(sources_of([_uses_the_helper])) == {"e2e": "real SSH hosts"}
+
+
+# Collects FILES as `pytest` would and prints each test's tier markers, one JSON line.
+_PROBE = """
+import json, sys, pytest
+class Tiers:
+    def pytest_collection_finish(self, session):
+        marks = {i.nodeid: sorted(m.name for m in i.iter_markers()) for i in session.items}
+        print("TIERS " + json.dumps(marks))
+sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:randomly", *sys.argv[1:]], [Tiers()]))
+"""
+
+
+def _tiers_of(root: Path, *files: str) -> dict[str, set[str]]:
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, *files],
+        cwd=root, capture_output=True, text=True, timeout=280, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("TIERS "))
+    tiers = {"e2e", "network", "smoke"}
+    return {test: set(marks) & tiers for test, marks in json.loads(line[6:]).items()}
+
+
+@pytest.mark.e2e(reason="a pytest collection in a subprocess")
+def test_conftest_marks_the_collected_tests(pytestconfig: pytest.Config) -> None:
+    run_cli = "tests/test_run_cli.py"
+    files = sorted({test.split("::")[0] for test in SMOKE_TESTS} | {run_cli})
+    tiers = _tiers_of(pytestconfig.rootpath, *files)
+    assert sorted(test for test, marks in tiers.items() if "smoke" in marks) == sorted(SMOKE_TESTS)
+    assert tiers[f"{run_cli}::test_run_emulate[embedded]"] == {"e2e", "network"}
+    assert tiers[f"{run_cli}::test_run_against_a_served_emulator[openssh]"] == {"e2e"}
+    assert tiers[f"{run_cli}::test_run_help_stays_light"] == {"e2e"}  # a subprocess

@@ -1,0 +1,77 @@
+"""The parent of what an emulated node runs over SSH: one per session command (embedded
+host) or one above the node's sshd (OpenSSH host). Stdlib only, run as a script:
+
+    python -I -S holder.py [--status-fd N] -- ARGV...
+
+It is a child subreaper (Linux prctl), so whatever ARGV leaves running -- daemonised
+with setsid, double forked, its environment wiped by `env -i`, its working directory
+changed -- is re-parented to the holder instead of the machine's init and stays in its
+process tree, where the node's cleanup (`hostenv.kill_tagged`) finds it by ancestry. The
+environment tag alone (`NODE_TAG_VAR`) is lost to `env -i`; a process tree is not.
+
+ARGV runs as its child, in a session of its own (as sshd would start it), with the
+holder's stdio and environment. When it exits, its status (`os.waitstatus_to_exitcode`,
+as text) goes to fd N, which is closed; the holder has already let go of its stdio, so
+the session's pipes reach EOF once the command's own children close them. It then stays
+while anything it adopted lives, reaping, and exits with the child's status. The
+boot-time counterpart for the startup-script is `guest_init.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _child(argv: list[str]) -> None:
+    """In the forked child: become ARGV, as a session leader (never returns)."""
+    try:
+        os.setsid()
+        for name in ("SIGPIPE", "SIGXFSZ"):  # Python ignores these; a command must not
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+        os.execvp(argv[0], argv)  # noqa: S606 -- the argv the emulator was asked to run
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            os.write(2, f"{argv[0]}: {error.strerror}\n".encode())
+    os._exit(127)
+
+
+def main(argv: list[str]) -> int:
+    args = argv[1:]
+    status_fd: int | None = None
+    if args[:1] == ["--status-fd"]:
+        status_fd, args = int(args[1]), args[2:]
+        os.set_inheritable(status_fd, False)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    pid = os.fork()
+    if pid == 0:
+        _child(args)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    code = 0
+    while True:
+        try:
+            done, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break  # nothing left: the command and all it adopted are gone
+        if done == pid:
+            code = os.waitstatus_to_exitcode(status)
+            if status_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.write(status_fd, str(code).encode())
+                    os.close(status_fd)
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
