@@ -17,7 +17,7 @@ nox.options.reuse_existing_virtualenvs = True
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff over everything (remote payloads are held to Python 3.10 by target-version),
-    then the import-linter contracts of pyproject.toml: the layers of DESIGN.md §2."""
+    then the import-linter contracts of pyproject.toml: the layers of docs/architecture.md §2."""
     session.install("ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
