@@ -1,4 +1,4 @@
-"""Developer sessions: `nox -s lint typecheck tests` is what CI runs (see README)."""
+"""Developer sessions: `nox -s lint typecheck docs tests` is what CI runs (see README)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
-nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.sessions = ["lint", "typecheck", "docs", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 
