@@ -133,3 +133,21 @@ def test_example_runs_as_pasted(command: str, tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+
+
+def test_run_up_and_exec_show_every_option_in_a_named_panel() -> None:
+    """`--help` of the long commands reads as short lists: every option of run, up and
+    exec is in one of tpulab/cli/_panels.py's panels (a new option must be placed)."""
+    from tpulab.cli._panels import PANELLED_COMMANDS
+
+    unplaced = [
+        f"{entry.path} {max(param.opts, key=len)}"
+        for entry in walk()
+        if entry.path.split(" ")[-1] in PANELLED_COMMANDS
+        for param in entry.command.params
+        if param.param_type_name == "option"
+        and not getattr(param, "hidden", False)
+        and "--help" not in param.opts
+        and getattr(param, "rich_help_panel", None) is None
+    ]
+    assert unplaced == []

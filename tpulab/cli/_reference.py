@@ -28,9 +28,11 @@ def _root() -> tuple[Any, Any]:
     import typer.main
 
     from tpulab.cli import _name_the_values, app
+    from tpulab.cli._panels import panel_the_options
 
     command = typer.main.get_command(app)
     _name_the_values(command)
+    panel_the_options(command)
     return command, command.context_class(command, info_name="tpulab")
 
 
