@@ -103,7 +103,7 @@ def test_a_fresh_bare_node_has_the_image_python_and_no_jax_no_uv(
     assert version.stdout.strip() == image_version
     from helpers import require_python
 
-    # TPU VM images are Ubuntu 22.04 with 3.10: the suite needs one (README, Testing).
+    # TPU VM images are Ubuntu 22.04 with 3.10: the suite needs one (README, Development).
     require_python("3.10")
     assert image_version.startswith("3.10.")
     assert jax.exit_status != 0

@@ -1,4 +1,5 @@
-"""The accelerator catalog against DESIGN.md §6, suggestions, multi-host refusal, prices."""
+"""The accelerator catalog against docs/architecture.md §6, suggestions, multi-host refusal,
+prices."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import tpulab.emulator as emulated_package
 from tpulab import catalog
 from tpulab.errors import ConfigError, UnknownAcceleratorError, UnsupportedAcceleratorError
 
-# DESIGN.md §6, row by row: chips, hosts, JAX devices per host, runtime version.
+# docs/architecture.md §6, row by row: chips, hosts, JAX devices per host, runtime version.
 DESIGN_TABLE = {
     "v2-8": (4, 1, 8, "tpu-ubuntu2204-base"),
     "v3-8": (4, 1, 8, "tpu-ubuntu2204-base"),

@@ -77,7 +77,7 @@ REAL_ANSWERS: list[tuple[str, str, str, type[E.CloudError], Scope]] = [
         "RESOURCE_EXHAUSTED",
         "Quota limit 'TPUV5sLitepodPerProjectPerZoneForTPUAPI' has been exceeded. Limit: "
         "4 in zone us-central1-a.",
-        "429 on CreateNode (DESIGN.md §5)",
+        "429 on CreateNode (docs/architecture.md §5)",
         E.QuotaError,
         "zone",
     ),
@@ -109,14 +109,14 @@ REAL_ANSWERS: list[tuple[str, str, str, type[E.CloudError], Scope]] = [
     (
         "INVALID_ARGUMENT",
         "CloudTpu received an invalid AcceleratorType, got v5litepod-4 in us-east1-d",
-        "400 on CreateNode (DESIGN.md §5)",
+        "400 on CreateNode (docs/architecture.md §5)",
         E.InvalidArgumentError,
         "zone",
     ),
     (
         "ALREADY_EXISTS",
         "Resource 'projects/p/locations/us-central1-a/nodes/n' already exists",
-        "409 on CreateNode (DESIGN.md §5)",
+        "409 on CreateNode (docs/architecture.md §5)",
         E.AlreadyExistsError,
         "fatal",
     ),

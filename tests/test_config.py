@@ -1,4 +1,4 @@
-"""Project/zone resolution (DESIGN.md §1) and RunSpec validation before any API call."""
+"""Project/zone resolution (docs/architecture.md §1) and RunSpec validation before any API call."""
 
 from __future__ import annotations
 

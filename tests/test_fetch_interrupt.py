@@ -166,8 +166,8 @@ def test_one_ctrl_c_during_the_fetch_lets_it_finish_every_byte(rig: Rig, tmp_pat
     life, recorder, session, notes, error = _run(rig, spec, at=[2 * MiB])
     assert session.fired, "no signal was sent"
     assert session.fired[0] < session.streamed, (session.fired, session.streamed)
-    # Everything in (the command had exited 0): a confirmed run, exit 0 as the README's
-    # exit table says of a signal after the receipt verified.
+    # Everything in (the command had exited 0): a confirmed run, exit 0 as the exit table
+    # (docs/reference/exit-status.md) says of a signal after the receipt verified.
     assert error is None, error
     assert any(
         "letting the fetch finish (at most 120 s); press Ctrl-C again to skip the fetch" in n

@@ -1,6 +1,6 @@
 """The accelerator types tpulab knows, and what a healthy node of each must show.
 
-Facts come from the Cloud TPU documentation (DESIGN.md §6). v2/v3/v4/v5p names count
+Facts come from the Cloud TPU documentation (docs/architecture.md §6). v2/v3/v4/v5p names count
 TensorCores; v5litepod/v6e names count chips, which is why `v2-8` has 4 chips but 8 JAX
 devices while `v5litepod-8` has 8 of each. Prices are list estimates, shown as such.
 
@@ -236,7 +236,7 @@ def region_of(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
 
 
-# Which regions cost least. Only us-central list prices are cited (DESIGN.md §6, the
+# Which regions cost least. Only us-central list prices are cited (docs/architecture.md §6, the
 # prices above); Cloud TPU's other regions list at those prices or above, US regions
 # lowest, so the order is US, then Europe, then Asia, and the table's order within
 # each. An ordering, not prices: estimates everywhere use the us-central figures.

@@ -1,6 +1,6 @@
 """The names the controller and the emulator both speak, and nothing else (stdlib only).
 
-The emulator is an island (DESIGN.md §2): it imports this module, `models`, `catalog`
+The emulator is an island (docs/architecture.md §2): it imports this module, `models`, `catalog`
 and `errors`, never the controller's internals. Every string that crosses between the
 two sides -- labels, guest-attribute keys, node metadata keys -- is defined once here,
 so neither side can drift from the other.
@@ -80,7 +80,7 @@ EMULATOR_SSH_USER_ATTRIBUTE = "tpulab-emulator/ssh-user"
 # ("bare ..." like a real TPU VM image, or "preloaded ..."), so a run can say which it had.
 EMULATED_IMAGE_ENV = "TPULAB_EMULATED_IMAGE"
 
-# -- the VM's own identity (DESIGN.md §7, §10): what code ON the node uses ---------------
+# -- the VM's own identity (docs/architecture.md §7, §10): what code ON the node uses ------
 
 # Node metadata key whose value the guest agent's google_metadata_script_runner writes to
 # a file and runs at every boot (as root on a real VM; in the node's sandbox here).

@@ -130,7 +130,7 @@ def escape_undecodable(text: str) -> str:
     member) with the surrogateescape handler: each undecodable byte becomes one lone
     surrogate (U+DCFF for 0xff). JSON and SQLite refuse those, so each is written as the
     four characters \\xNN of its byte ("\\xff.bin"), as Python's backslashreplace shows
-    it; any other lone surrogate as \\uXXXX. README "Run records" documents the form.
+    it; any other lone surrogate as \\uXXXX. docs/guides/experiment.md documents the form.
     """
     try:
         text.encode("utf-8")

@@ -268,7 +268,7 @@ class CommandFailedError(RemoteError):
 class TpuBusyError(CommandFailedError):
     """libtpu reported that another process holds the TPU (a stale run)."""
 
-    # libtpu's words when another process owns the chips (DESIGN.md §7). Kept with the
+    # libtpu's words when another process owns the chips (docs/architecture.md §7). Kept with the
     # error so that every place that reads command output (the SSH layer, the receipt
     # judgement, the local run) recognises the same words.
     PATTERN: ClassVar[re.Pattern[str]] = re.compile(
@@ -381,7 +381,7 @@ class LeakedNode:
             )
         if self.target == TARGET_GOOGLE:
             return gcloud
-        # gcloud against the endpoint, as in the README's emulator section.
+        # gcloud against the endpoint, as in docs/guides/emulator.md.
         return (
             f"CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU={self.target.rstrip('/')}/ "
             f"CLOUDSDK_AUTH_DISABLE_CREDENTIALS=true {gcloud}"

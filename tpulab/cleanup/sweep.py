@@ -3,7 +3,7 @@
 Two sources, because either may be missing: the journal's rows that still need teardown
 (this machine's runs, including ones killed with SIGKILL) and the `managed-by=tpulab`
 label on nodes listed in the searched zones (runs from other machines, or a journal
-that was lost or corrupted). Rules (invariant 4 of DESIGN.md):
+that was lost or corrupted). Rules (invariant 4 of docs/architecture.md):
 
 - a node without tpulab's labels is never a candidate, whatever its name;
 - a run whose process is still alive on this machine is left to finish its own

@@ -51,6 +51,7 @@ from tpulab.cli._exit import (
     json_or_guarded,
     report_error,
 )
+from tpulab.cli._panels import panel_the_options
 
 try:  # recent typer vendors click; older releases use the click package
     from typer._click.exceptions import UsageError
@@ -147,6 +148,7 @@ def main() -> None:
     install_forgiving_streams()
     command = typer.main.get_command(app)
     _name_the_values(command)
+    panel_the_options(command)
     try:
         status = command.main(prog_name="tpulab", standalone_mode=False)
     except UsageError as error:

@@ -38,7 +38,8 @@ __all__ = [
     "report_error",
 ]
 
-# Exit statuses are a contract (README "Exit codes"); change them only with the README.
+# Exit statuses are a contract (docs/reference/exit-status.md, summed up in the README);
+# change them only with both.
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_CONFIG = 2

@@ -61,8 +61,21 @@ def up_command(
             help="The VM deletes itself this long after the last `tpulab ssh` (default 30m).",
         ),
     ] = None,
-    zones: Annotated[list[str] | None, typer.Option("--zone", metavar="ZONE")] = None,
-    project: Annotated[str | None, typer.Option("--project")] = None,
+    zones: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--zone",
+            metavar="ZONE",
+            help="Zone, e.g. us-central1-a (else TPULAB_ZONE, \\[tool.tpulab], gcloud); "
+            "repeatable: tried in order.",
+        ),
+    ] = None,
+    project: Annotated[
+        str | None,
+        typer.Option(
+            "--project", help="Project (else TPULAB_PROJECT, \\[tool.tpulab], gcloud, ADC)."
+        ),
+    ] = None,
     spot: Annotated[bool, typer.Option("--spot", help="Use a spot VM.")] = False,
     emulate: Annotated[
         bool, typer.Option("--emulate", help="Refused: see --api-endpoint.")
@@ -71,15 +84,50 @@ def up_command(
         str | None,
         typer.Option("--api-endpoint", help="Cloud TPU API URL, e.g. `tpulab emulator serve`'s."),
     ] = None,
-    boot_timeout: Annotated[float, typer.Option("--boot-timeout")] = 180.0,
-    bootstrap_timeout: Annotated[float, typer.Option("--bootstrap-timeout")] = 1200.0,
-    payload_timeout: Annotated[float, typer.Option("--payload-timeout")] = 600.0,
-    teardown_timeout: Annotated[float, typer.Option("--teardown-timeout")] = 600.0,
-    python: Annotated[str | None, typer.Option("--python")] = None,
-    jax_version: Annotated[str | None, typer.Option("--jax-version")] = None,
-    installer: Annotated[str, typer.Option("--installer")] = "uv",
-    service_account: Annotated[str | None, typer.Option("--service-account")] = None,
-    verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+    boot_timeout: Annotated[
+        float,
+        typer.Option(
+            "--boot-timeout",
+            help="Seconds a READY VM may take to publish its host key, and then to accept SSH.",
+        ),
+    ] = 180.0,
+    bootstrap_timeout: Annotated[
+        float,
+        typer.Option(
+            "--bootstrap-timeout", help="Seconds for the VM's venv, uv, python and jax install."
+        ),
+    ] = 1200.0,
+    payload_timeout: Annotated[
+        float,
+        typer.Option("--payload-timeout", help="Seconds the verifier may run before it is killed."),
+    ] = 600.0,
+    teardown_timeout: Annotated[
+        float,
+        typer.Option(
+            "--teardown-timeout",
+            help="Seconds to wait for a deletion (a failed up's, or down's) to be proven.",
+        ),
+    ] = 600.0,
+    python: Annotated[
+        str | None,
+        typer.Option("--python", help="The VM venv's python: X.Y, >=X.Y or system (as for run)."),
+    ] = None,
+    jax_version: Annotated[
+        str | None, typer.Option("--jax-version", help="Pin jax on the VM (default: the newest).")
+    ] = None,
+    installer: Annotated[
+        str, typer.Option("--installer", help="Remote package installer: uv (default) or pip.")
+    ] = "uv",
+    service_account: Annotated[
+        str | None,
+        typer.Option(
+            "--service-account",
+            help="The VM's service account (its watchdog needs tpu.nodes.delete).",
+        ),
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option("-v", "--verbose", help="Show remote output live.")
+    ] = False,
     as_json: Annotated[
         bool,
         typer.Option("--json", help="Print the session as a JSON envelope (progress on stderr)."),

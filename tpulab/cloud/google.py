@@ -51,7 +51,7 @@ T = TypeVar("T")
 def adc_project() -> str | None:
     """The project of Application Default Credentials, or None when there are none.
 
-    The last step of project resolution (DESIGN.md §1). Missing credentials are not an
+    The last step of project resolution (docs/architecture.md §1). Missing credentials are not an
     error here: the caller reports "no project" with every place it looked.
     """
     import google.auth

@@ -6,7 +6,7 @@
     --retry-until-up [--retry-for D]        -> pass over the zones again until up
     --spot --recover N                      -> start again after up to N preemptions
 
-All checked here, before anything is contacted (DESIGN.md §3.1): a malformed zone, an
+All checked here, before anything is contacted (docs/architecture.md §3.1): a malformed zone, an
 `auto` no zone satisfies, --recover without --spot or --retry-for without
 --retry-until-up is a ConfigError and nothing is created.
 """

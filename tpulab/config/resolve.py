@@ -1,6 +1,6 @@
 """Where a run's project and zone come from.
 
-Resolution order (DESIGN.md §1), first hit wins:
+Resolution order (docs/architecture.md §1), first hit wins:
 
     project: --project -> TPULAB_PROJECT -> CLOUDSDK_CORE_PROJECT -> GOOGLE_CLOUD_PROJECT
              -> the workspace's [tool.tpulab] (or tpulab.toml) -> the active gcloud

@@ -1,7 +1,7 @@
 """The validated `RunSpec`: every input of a run, checked before anything is contacted.
 
 Everything here is pure input handling: a `RunSpec` that exists has been validated, so
-nothing billable is created from bad input (DESIGN.md §3, invariant 1).
+nothing billable is created from bad input (docs/architecture.md §3, invariant 1).
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ class RunSpec:
     accelerator_source: str = "--accelerator"  # or the workspace's [tool.tpulab]
     # The user's `-- CMD` (run after the verifier gated it); None: the run is verify-only.
     workload: WorkloadSpec | None = None
-    # The VM's own dead man's switch (DESIGN.md §10); None: --no-watchdog.
+    # The VM's own dead man's switch (docs/architecture.md §10); None: --no-watchdog.
     watchdog: WatchdogSettings | None = None
     # The node's service account e-mail; None: the project's default compute account.
     service_account: str | None = None

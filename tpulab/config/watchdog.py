@@ -1,7 +1,7 @@
 """The VM's watchdog flags (--lease, --boot-grace, --max-duration, --no-watchdog,
 --service-account) validated into `WatchdogSettings`, before anything is created.
 
-Defaults, and why (DESIGN.md §10; the watchdog itself is remote_payloads/watchdog.py):
+Defaults, and why (docs/architecture.md §10; the watchdog itself is remote_payloads/watchdog.py):
 
 - lease 10 min: what a SIGKILLed controller's VM may still bill (a v5litepod-4 is about
   0.80 USD per 10 min at list price) against what a stalled laptop survives (a Wi-Fi

@@ -1,6 +1,6 @@
 """The user's experiment (`tpulab run ... -- CMD`): its flags validated into a WorkloadSpec.
 
-Everything a workload needs is checked here, before anything is created (DESIGN.md §3,
+Everything a workload needs is checked here, before anything is created (docs/architecture.md §3,
 invariant 1): the command argv, the workspace directory, where artifacts land, the extra
 environment, the packages, the fetch patterns, the size caps and the timeout. Values come
 from the flags first, then from the workspace's project file ([tool.tpulab] in

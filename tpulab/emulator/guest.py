@@ -4,7 +4,7 @@
 to ask it who it is), then the node's `startup-script`, if it has one. `env` is what
 every process of the node sees on top of the image's environment -- the startup-script
 and every SSH session alike -- so code written for a real VM finds the metadata server
-and the APIs where google-auth would look (DESIGN.md §7, §8):
+and the APIs where google-auth would look (docs/architecture.md §7, §8):
 
     GCE_METADATA_HOST / GCE_METADATA_IP = 127.0.0.1:<this node's metadata port>
     TPULAB_TPU_API_BASE / TPULAB_RESOURCE_MANAGER_BASE = <the emulator's URL>/

@@ -1,6 +1,6 @@
 """The emulator's HTTP server and its owner, `Emulator`.
 
-A stdlib `ThreadingHTTPServer` speaks the Cloud TPU v2 REST paths (DESIGN.md §5) over
+A stdlib `ThreadingHTTPServer` speaks the Cloud TPU v2 REST paths (docs/architecture.md §5) over
 the state machine in `state.py`, persisted by `persist.py`. A background ticker applies
 time-based transitions and, when a node is READY, asks the `HostBackend` for an SSH
 server and publishes its host key and port as guest attributes; before that it boots the
@@ -115,7 +115,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("GET", r"/locations/" + _Z + r"/runtimeVersions/(?P<item>[^/]+)", "get_runtime_version"),
     )
 ] + COMPUTE_ROUTES  # gcloud's tpu-vm ssh asks Compute for the project (compute.py)
-# Resource Manager v1, for the node identity's "may I delete myself?" (DESIGN.md §10).
+# Resource Manager v1, for the node identity's "may I delete myself?" (docs/architecture.md §10).
 _ROUTES.append(
     (
         "POST",

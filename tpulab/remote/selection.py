@@ -287,7 +287,7 @@ def select_workspace(
     harmless links (editor state, a `result` link to a build store); following them
     would send files the user never put in the workspace, or loop. A link that loops
     (a -> b -> a) is skipped like a dangling one, under its own reason, and named in
-    `loops` (README "Workspace sync").
+    `loops` (docs/guides/experiment.md).
     """
     if not root.exists():
         raise WorkspaceError(

@@ -2,7 +2,7 @@
 
     for each zone of spec.zone_order (one pass):
         attempt = a whole Lifecycle in that zone (its own run id, journal row, node
-                  name and confirmed teardown: DESIGN.md §3.8)
+                  name and confirmed teardown: docs/architecture.md §3.8)
         verified                       -> done
         TeardownError / a signal       -> stop at once (nothing may start after those)
         preempted, recoveries left     -> start again, from the next zone

@@ -5,7 +5,7 @@
              [-> sync -> install -> workload -> fetch: the user's `-- CMD`, run/workload.py]
     finally: teardown = delete, wait, list until this run's node is gone (teardown.py)
 
-Invariants kept here (DESIGN.md §3): nothing is sent before the input is valid and the
+Invariants kept here (docs/architecture.md §3): nothing is sent before the input is valid and the
 journal has the run; every node carries this run's labels and its per-run SSH key; every
 exit after create was sent -- success, error, Ctrl-C, SIGTERM -- goes through teardown,
 wrapped in `shield` so a second Ctrl-C cannot abort it; the receipt is saved before the

@@ -33,7 +33,7 @@ __all__ = [
 
 
 class Phase(str, Enum):
-    """The phases of DESIGN.md §3, in the order a run goes through them."""
+    """The phases of docs/architecture.md §3, in the order a run goes through them."""
 
     VALIDATE = "validate"
     CREATE = "create"

@@ -79,7 +79,7 @@ class TeardownSummary(_Part):
 
 
 class WatchdogSummary(_Part):
-    """The VM's self-deletion (DESIGN.md §10) as the run saw it."""
+    """The VM's self-deletion (docs/architecture.md §10) as the run saw it."""
 
     state: str  # armed, unverified, no-permission, error, firing, unpublished
     armed: bool
