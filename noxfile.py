@@ -66,7 +66,12 @@ def tests(session: nox.Session) -> None:
     spread over TEST_WORKERS processes."""
     _install_for_tests(session)
     _payload_python_310(session)
-    session.run("pytest", "-n", TEST_WORKERS, "--dist", TEST_DISTRIBUTION, *session.posargs)
+    # The 20 slowest tests close every run's log: where the suite's time goes is on
+    # record in each CI run, not only when someone measures it.
+    session.run(
+        "pytest", "-n", TEST_WORKERS, "--dist", TEST_DISTRIBUTION, "--durations=20",
+        *session.posargs,
+    )  # fmt: skip
 
 
 # The edit-test loop's tier (tests/tiers.py marks every test from what it runs): no
@@ -81,7 +86,7 @@ def quick(session: nox.Session) -> None:
     _install_for_tests(session)
     session.run(
         "pytest", "-n", TEST_WORKERS, "--dist", TEST_DISTRIBUTION, "-m", QUICK_TIER,
-        *session.posargs,
+        "--durations=20", *session.posargs,
     )  # fmt: skip
 
 
