@@ -36,10 +36,16 @@ def _become_subreaper() -> None:
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, state) for every process /proc shows."""
-    found: dict[int, tuple[int, str]] = {}
-    for entry in os.listdir("/proc"):
+def process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state) for every process /proc shows ({} without /proc).
+    Also the emulator's own view of a node's processes (hostenv.kill_tagged imports it:
+    this file stays stdlib only, as the script the VM's init runs)."""
+    table: dict[int, tuple[int, str]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for entry in entries:
         if not entry.isdigit():
             continue
         try:
@@ -49,21 +55,22 @@ def _processes() -> dict[int, tuple[int, str]]:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) >= 2 and fields[1].isdigit():
-            found[int(entry)] = (int(fields[1]), fields[0])
-    return found
+            table[int(entry)] = (int(fields[1]), fields[0])
+    return table
 
 
-def _tagged(pid: int, entry: bytes) -> bool:
+def tagged(pid: int, entry: bytes) -> bool:
+    """Does process `pid`'s environment hold `entry` (`NAME=value`)?"""
     try:
         with open(f"/proc/{pid}/environ", "rb") as handle:
             return entry in handle.read().split(b"\0")
     except OSError:
-        return False
+        return False  # gone, or not ours to read
 
 
 def _victims(entry: bytes) -> set[int]:
     me = os.getpid()
-    table = _processes()
+    table = process_table()
     children: dict[int, list[int]] = {}
     for pid, (parent, _) in table.items():
         children.setdefault(parent, []).append(pid)
@@ -74,7 +81,7 @@ def _victims(entry: bytes) -> set[int]:
             if child not in mine:
                 mine.add(child)
                 todo.append(child)
-    mine.update(pid for pid in table if pid != me and _tagged(pid, entry))
+    mine.update(pid for pid in table if pid != me and tagged(pid, entry))
     return {pid for pid in mine if table.get(pid, (0, "Z"))[1] not in {"Z", "X"}}
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tpulab.contract import EMULATED_IMAGE_ENV
+from tpulab.emulator.guest_init import process_table, tagged
 
 __all__ = [
     "HOLDER",
@@ -492,35 +493,6 @@ def held(argv: Sequence[str], *, status_fd: int | None = None) -> list[str]:
     return [sys.executable, "-I", "-S", str(HOLDER), *status, "--", *argv]
 
 
-def _process_table() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, state) for every process /proc shows ({} without /proc)."""
-    table: dict[int, tuple[int, str]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return table
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                stat = handle.read().decode("ascii", "replace")
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 2 and fields[1].isdigit():
-            table[int(entry)] = (int(fields[1]), fields[0])
-    return table
-
-
-def _tagged(pid: int, needle: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            return needle in handle.read().split(b"\0")
-    except OSError:
-        return False  # gone, or not ours to read
-
-
 def _below(table: Mapping[int, tuple[int, str]], heads: set[int]) -> set[int]:
     """The live descendants of `heads` (not the heads themselves)."""
     children: dict[int, list[int]] = {}
@@ -554,14 +526,14 @@ def kill_tagged(tag: str, *, roots: Iterable[int] = ()) -> int:
     then the heads. Linux /proc; elsewhere nothing is found. Returns how many died."""
     me = os.getpid()
     needle = f"{NODE_TAG_VAR}={tag}".encode()
-    table = _process_table()
+    table = process_table()
     heads = {pid for pid in roots if pid in table and pid != me}
-    heads |= {pid for pid in table if pid != me and _tagged(pid, needle)}
+    heads |= {pid for pid in table if pid != me and tagged(pid, needle)}
     for pid in heads:
         _signal(pid, signal.SIGSTOP)
     killed: set[int] = set()
     for _ in range(_KILL_ROUNDS):
-        victims = _below(_process_table(), heads) - {me}
+        victims = _below(process_table(), heads) - {me}
         if not victims:
             break
         for pid in victims:
