@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 
 from tpulab import errors as E
+from tpulab.cli import _run_options as ro
 from tpulab.cli import _workload_options as wo
 from tpulab.cli._console import console, print_lines, print_stderr
 from tpulab.cli._exit import (
@@ -249,23 +250,8 @@ def run_command(
             help="TPU type, e.g. v5litepod-4, v6e-1, v4-8 (else \\[tool.tpulab] accelerator).",
         ),
     ] = None,
-    zones: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--zone",
-            metavar="ZONE",
-            help="Zone, e.g. us-central1-a (else TPULAB_ZONE, \\[tool.tpulab], gcloud). "
-            "Repeatable or a comma list: tried in order, the next after a stockout or "
-            "quota; `auto` = every zone known to offer the accelerator, cheapest region "
-            "first.",
-        ),
-    ] = None,
-    project: Annotated[
-        str | None,
-        typer.Option(
-            "--project", help="Project (else TPULAB_PROJECT, \\[tool.tpulab], gcloud, ADC)."
-        ),
-    ] = None,
+    zones: ro.Zones = None,
+    project: ro.Project = None,
     name: Annotated[
         str | None, typer.Option("--name", help="Node name (default tpulab-<run id>).")
     ] = None,
@@ -316,41 +302,19 @@ def run_command(
     emulate: Annotated[
         bool, typer.Option("--emulate", help="Run the whole lifecycle against a local emulator.")
     ] = False,
-    api_endpoint: Annotated[
-        str | None,
-        typer.Option("--api-endpoint", help="Cloud TPU API URL, e.g. `tpulab emulator serve`'s."),
-    ] = None,
+    api_endpoint: ro.ApiEndpoint = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print every request and command; contact nothing.")
     ] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print a versioned JSON envelope.")
     ] = False,
-    verbose: Annotated[
-        bool, typer.Option("-v", "--verbose", help="Show remote output live.")
-    ] = False,
+    verbose: ro.Verbose = False,
     timeout: wo.Timeout = None,
-    payload_timeout: Annotated[
-        float,
-        typer.Option("--payload-timeout", help="Seconds the verifier may run before it is killed."),
-    ] = 600.0,
-    teardown_timeout: Annotated[
-        float,
-        typer.Option("--teardown-timeout", help="Seconds to wait for the deletion to be proven."),
-    ] = 600.0,
-    boot_timeout: Annotated[
-        float,
-        typer.Option(
-            "--boot-timeout",
-            help="Seconds a READY VM may take to publish its host key, and then to accept SSH.",
-        ),
-    ] = 180.0,
-    bootstrap_timeout: Annotated[
-        float,
-        typer.Option(
-            "--bootstrap-timeout", help="Seconds for the VM's venv, uv, python and jax install."
-        ),
-    ] = 1200.0,
+    payload_timeout: ro.PayloadTimeout = 600.0,
+    teardown_timeout: ro.TeardownTimeout = 600.0,
+    boot_timeout: ro.BootTimeout = 180.0,
+    bootstrap_timeout: ro.BootstrapTimeout = 1200.0,
     internal_ip: Annotated[
         bool,
         typer.Option(
@@ -359,27 +323,15 @@ def run_command(
             "(when this machine is inside the VM's VPC).",
         ),
     ] = False,
-    installer: Annotated[
-        str, typer.Option("--installer", help="Remote package installer: uv (default) or pip.")
-    ] = "uv",
+    installer: ro.Installer = "uv",
     ssh_backend: Annotated[
         str,
         typer.Option(
             "--ssh-backend", help="With --emulate: embedded (default) or openssh.", hidden=True
         ),
     ] = "embedded",
-    python: Annotated[
-        str | None,
-        typer.Option(
-            "--python",
-            help="The VM venv's python: X.Y (uv-managed; default 3.12, emulated >=3.11), "
-            ">=X.Y, or system (the image's 3.10, which limits jax to 0.6.x).",
-        ),
-    ] = None,
-    jax_version: Annotated[
-        str | None,
-        typer.Option("--jax-version", help="Pin jax on the VM (default: the newest)."),
-    ] = None,
+    python: ro.Python = None,
+    jax_version: ro.JaxVersion = None,
     workdir: wo.Workdir = None,
     with_packages: wo.WithPackages = None,
     requirements: wo.Requirements = None,
@@ -421,14 +373,7 @@ def run_command(
             help="Do not arm the VM's self-deletion; only this machine's teardown protects it.",
         ),
     ] = False,
-    service_account: Annotated[
-        str | None,
-        typer.Option(
-            "--service-account",
-            help="The VM's service account (its watchdog needs tpu.nodes.delete); default: "
-            "the project's default compute service account.",
-        ),
-    ] = None,
+    service_account: ro.ServiceAccount = None,
 ) -> None:
     """Create a TPU VM, run the JAX verifier on it, check the receipt, delete the VM.
 

@@ -19,6 +19,7 @@ import typer
 import typer.core
 
 from tpulab import errors as E
+from tpulab.cli import _run_options as ro
 from tpulab.cli._console import print_stderr
 from tpulab.cli._exit import EXIT_TEARDOWN, guarded, json_or_guarded
 
@@ -66,68 +67,26 @@ def up_command(
         typer.Option(
             "--zone",
             metavar="ZONE",
-            help="Zone, e.g. us-central1-a (else TPULAB_ZONE, \\[tool.tpulab], gcloud); "
-            "repeatable: tried in order.",
+            # up keeps one node: it does not fail over (run does), so the first zone is used.
+            help="Zone, e.g. us-central1-a (else TPULAB_ZONE, \\[tool.tpulab], gcloud); `up` "
+            "uses the first zone given (no failover).",
         ),
     ] = None,
-    project: Annotated[
-        str | None,
-        typer.Option(
-            "--project", help="Project (else TPULAB_PROJECT, \\[tool.tpulab], gcloud, ADC)."
-        ),
-    ] = None,
+    project: ro.Project = None,
     spot: Annotated[bool, typer.Option("--spot", help="Use a spot VM.")] = False,
     emulate: Annotated[
         bool, typer.Option("--emulate", help="Refused: see --api-endpoint.")
     ] = False,
-    api_endpoint: Annotated[
-        str | None,
-        typer.Option("--api-endpoint", help="Cloud TPU API URL, e.g. `tpulab emulator serve`'s."),
-    ] = None,
-    boot_timeout: Annotated[
-        float,
-        typer.Option(
-            "--boot-timeout",
-            help="Seconds a READY VM may take to publish its host key, and then to accept SSH.",
-        ),
-    ] = 180.0,
-    bootstrap_timeout: Annotated[
-        float,
-        typer.Option(
-            "--bootstrap-timeout", help="Seconds for the VM's venv, uv, python and jax install."
-        ),
-    ] = 1200.0,
-    payload_timeout: Annotated[
-        float,
-        typer.Option("--payload-timeout", help="Seconds the verifier may run before it is killed."),
-    ] = 600.0,
-    teardown_timeout: Annotated[
-        float,
-        typer.Option(
-            "--teardown-timeout",
-            help="Seconds to wait for a deletion (a failed up's, or down's) to be proven.",
-        ),
-    ] = 600.0,
-    python: Annotated[
-        str | None,
-        typer.Option("--python", help="The VM venv's python: X.Y, >=X.Y or system (as for run)."),
-    ] = None,
-    jax_version: Annotated[
-        str | None, typer.Option("--jax-version", help="Pin jax on the VM (default: the newest).")
-    ] = None,
-    installer: Annotated[
-        str, typer.Option("--installer", help="Remote package installer: uv (default) or pip.")
-    ] = "uv",
-    service_account: Annotated[
-        str | None,
-        typer.Option(
-            "--service-account",
-            help="The VM's service account (its watchdog needs tpu.nodes.delete).",
-        ),
-    ] = None,
-    verbose: Annotated[
-        bool, typer.Option("-v", "--verbose", help="Show remote output live.")
-    ] = False,
+    api_endpoint: ro.ApiEndpoint = None,
+    boot_timeout: ro.BootTimeout = 180.0,
+    bootstrap_timeout: ro.BootstrapTimeout = 1200.0,
+    payload_timeout: ro.PayloadTimeout = 600.0,
+    teardown_timeout: ro.TeardownTimeout = 600.0,
+    python: ro.Python = None,
+    jax_version: ro.JaxVersion = None,
+    installer: ro.Installer = "uv",
+    service_account: ro.ServiceAccount = None,
+    verbose: ro.Verbose = False,
     as_json: Annotated[
         bool,
         typer.Option("--json", help="Print the session as a JSON envelope (progress on stderr)."),

@@ -1,0 +1,89 @@
+"""The flags `tpulab run` and `tpulab up` share (where the VM is, its Python, the
+timeouts, the output), declared once so that their names and help cannot drift apart;
+`_workload_options.py` does the same for the workload flags of `run` and `exec`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+__all__ = [
+    "ApiEndpoint",
+    "BootTimeout",
+    "BootstrapTimeout",
+    "Installer",
+    "JaxVersion",
+    "PayloadTimeout",
+    "Project",
+    "Python",
+    "ServiceAccount",
+    "TeardownTimeout",
+    "Verbose",
+    "Zones",
+]
+
+Zones = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--zone",
+        metavar="ZONE",
+        help="Zone, e.g. us-central1-a (else TPULAB_ZONE, \\[tool.tpulab], gcloud). "
+        "Repeatable or a comma list: tried in order, the next after a stockout or "
+        "quota; `auto` = every zone known to offer the accelerator, cheapest region "
+        "first.",
+    ),
+]
+Project = Annotated[
+    str | None,
+    typer.Option("--project", help="Project (else TPULAB_PROJECT, \\[tool.tpulab], gcloud, ADC)."),
+]
+ApiEndpoint = Annotated[
+    str | None,
+    typer.Option("--api-endpoint", help="Cloud TPU API URL, e.g. `tpulab emulator serve`'s."),
+]
+PayloadTimeout = Annotated[
+    float,
+    typer.Option("--payload-timeout", help="Seconds the verifier may run before it is killed."),
+]
+TeardownTimeout = Annotated[
+    float,
+    typer.Option("--teardown-timeout", help="Seconds to wait for the deletion to be proven."),
+]
+BootTimeout = Annotated[
+    float,
+    typer.Option(
+        "--boot-timeout",
+        help="Seconds a READY VM may take to publish its host key, and then to accept SSH.",
+    ),
+]
+BootstrapTimeout = Annotated[
+    float,
+    typer.Option(
+        "--bootstrap-timeout", help="Seconds for the VM's venv, uv, python and jax install."
+    ),
+]
+Installer = Annotated[
+    str, typer.Option("--installer", help="Remote package installer: uv (default) or pip.")
+]
+Python = Annotated[
+    str | None,
+    typer.Option(
+        "--python",
+        help="The VM venv's python: X.Y (uv-managed; default 3.12, emulated >=3.11), "
+        ">=X.Y, or system (the image's 3.10, which limits jax to 0.6.x).",
+    ),
+]
+JaxVersion = Annotated[
+    str | None,
+    typer.Option("--jax-version", help="Pin jax on the VM (default: the newest)."),
+]
+ServiceAccount = Annotated[
+    str | None,
+    typer.Option(
+        "--service-account",
+        help="The VM's service account (its watchdog needs tpu.nodes.delete); default: "
+        "the project's default compute service account.",
+    ),
+]
+Verbose = Annotated[bool, typer.Option("-v", "--verbose", help="Show remote output live.")]
