@@ -69,13 +69,20 @@ def test_ctrl_c_at_the_delete_prompt_deletes_nothing_and_exits_130(tmp_path: Pat
                 seen += chunk
             assert "[y/N]" in seen, seen
             child.send_signal(signal.SIGINT)
-            status = child.wait(timeout=60)
+            # communicate, not wait: a child blocked writing to a full stderr pipe would
+            # otherwise look like one that ignored the Ctrl-C (a CI run once timed out
+            # here); if it does time out, what the child said is in the failure.
+            try:
+                _, stderr = child.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                _, stderr = child.communicate()
+                raise AssertionError(f"no exit 60 s after SIGINT at the prompt: {stderr}") from None
+            status = child.returncode
         finally:
             os.close(controller)
             if child.poll() is None:
                 child.kill()
-        assert child.stderr is not None
-        stderr = child.stderr.read()
         assert status == EXIT_INTERRUPTED, stderr
         assert "nothing was changed" in stderr
         assert emulator.node_names() == ["tpulab-left"]

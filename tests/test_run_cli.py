@@ -18,6 +18,7 @@ from tpulab import paths
 from tpulab.cli import EXIT_CLOUD, EXIT_CONFIG, EXIT_OK, EXIT_TEARDOWN
 from tpulab.emulator import Emulator, Timing
 from tpulab.run.plan import PlanEnvelope
+from tpulab.run.recording import PLACEHOLDER_OWNER
 from tpulab.run.report import RunEnvelope
 
 if TYPE_CHECKING:
@@ -287,8 +288,10 @@ def test_dry_run_json_is_a_versioned_plan() -> None:
         "managed-by": "tpulab",
         "tpulab-run": plan["run_id"],
         "tpulab-kind": "run",
-        "tpulab-owner": paths.owner_id(),  # this home's, as the plan's subprocess saw it
+        # A fresh home has no owner id yet, and a plan makes none: the placeholder.
+        "tpulab-owner": PLACEHOLDER_OWNER,
     }
+    assert paths.existing_owner_id() is None  # the plan wrote nothing
     assert create["body"]["metadata"]["ssh-keys"] == (
         "tpulab:ssh-ed25519 <PER-RUN-PUBLIC-KEY> tpulab"
     )

@@ -59,7 +59,8 @@ def test_the_readme_course_lab_comes_back(fast_embedded_emulator: Path, tmp_path
     )  # fmt: skip
     assert done.returncode == EXIT_OK, done.stderr + done.stdout
     assert "cmd ┃ training on 4 cpu device(s) for 20 steps" in done.stdout
-    assert "command   python train.py --run-dir $TPULAB_RUN_DIR --steps 20  exit 0" in done.stdout
+    # Shown as it could be pasted (shlex.join): the VM substitutes the quoted variable.
+    assert "command   python train.py --run-dir '$TPULAB_RUN_DIR' --steps 20  exit 0" in done.stdout
     assert (out / "run" / "checkpoints" / "step_00020.npz").is_file()
     metrics = (out / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == 20
