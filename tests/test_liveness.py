@@ -84,7 +84,13 @@ def test_teardown_from_a_second_home_keeps_a_live_session_of_the_first(
     labels = api.get_node(ZONE, live_node).labels
     assert labels[KIND_LABEL] == "session"
     assert labels[OWNER_LABEL] == owner_a
-    # The watchdog published its lease: renewed by `up`, for the session's --idle.
+    # The watchdog published its lease: renewed by `up`, for the session's --idle. It
+    # publishes a renewal when its next look at the lease file sees it, which may come
+    # just after `up` returned (a CI run read the boot grace's lease, renewals 0).
+    wait_until(
+        lambda: (found := _lease(api, live_node)) is not None and found.renewals >= 1,
+        "the watchdog to publish up's renewal of the live session's lease",
+    )
     lease = _lease(api, live_node)
     assert lease is not None
     assert lease.lease_seconds == 600.0
