@@ -49,7 +49,7 @@ def test_import_tpulab_loads_nothing_heavy() -> None:
 
 def test_the_facades_types_load_on_first_use() -> None:
     from tpulab.cleanup.report import TeardownEnvelope
-    from tpulab.run.lifecycle import RunOutcome
+    from tpulab.run.outcome import RunOutcome
 
     assert tpulab.RunOutcome is RunOutcome
     assert tpulab.TeardownEnvelope is TeardownEnvelope

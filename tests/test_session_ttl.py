@@ -77,7 +77,7 @@ def test_a_session_whose_ttl_passed_during_up_is_not_kept(embedded_rig: Rig) -> 
     # What `up --ttl 3m --idle 30s` asks of the watchdog.
     watchdog = dataclasses.replace(spec.watchdog, lease_seconds=30.0, max_duration_seconds=180.0)
     spec = dataclasses.replace(spec, watchdog=watchdog)
-    life, _ = embedded_rig.lifecycle(spec, keep_on_success=True)
+    life, _ = embedded_rig.kept_run(spec)
     # `up` took longer than the --ttl: the clock reads the create's moment, then past it.
     readings = iter([1000.0])
 

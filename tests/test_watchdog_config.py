@@ -18,7 +18,7 @@ from tpulab.config.watchdog import WatchdogRequest
 from tpulab.errors import ConfigError
 from tpulab.remote.watchdog import parse_state, renew_command, startup_script
 from tpulab.run.lease import watchdog_config
-from tpulab.run.lifecycle import RunOutcome
+from tpulab.run.outcome import RunOutcome
 from tpulab.run.plan import build_plan
 from tpulab.run.report import summary_lines
 

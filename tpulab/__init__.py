@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from tpulab.config import RunSpec
     from tpulab.errors import TpuLabError
     from tpulab.evidence.localrun import LocalVerification
-    from tpulab.run.lifecycle import RunOutcome
+    from tpulab.run.outcome import RunOutcome
     from tpulab.run.progress import NullObserver, Phase, RunObserver
 
 __all__ = [
@@ -66,7 +66,7 @@ _LAZY = {
     "NullObserver": "tpulab.run.progress",
     "Phase": "tpulab.run.progress",
     "RunObserver": "tpulab.run.progress",
-    "RunOutcome": "tpulab.run.lifecycle",
+    "RunOutcome": "tpulab.run.outcome",
     "RunSpec": "tpulab.config",
     "TeardownEnvelope": "tpulab.cleanup.report",
     "TpuLabError": "tpulab.errors",

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
     from tpulab.cleanup.sessions import SessionFiles, SessionStore
     from tpulab.config import RunSpec, WorkloadFlags
-    from tpulab.run.lifecycle import Lifecycle, RunOutcome
+    from tpulab.run.attach import AttachedRun
+    from tpulab.run.outcome import RunOutcome
     from tpulab.run.record import RunRecord
     from tpulab.run.report import Line
     from tpulab.run.session import SessionState
@@ -207,8 +208,7 @@ def _run(
     from tpulab.cli._target import reach_notice
     from tpulab.cloud.google import GoogleTpuApi
     from tpulab.remote.keys import RunKey
-    from tpulab.run.attach import Attachment, last_renewal_at
-    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.attach import AttachedRun, Attachment
     from tpulab.run.progress import FanOut, Recorder
     from tpulab.run.signals import shield, signals_to_teardown, skippable
 
@@ -222,14 +222,14 @@ def _run(
         ) from None
     assert spec.workload is not None
     display = RunDisplay(verbose=verbose, quiet=as_json, command_quiet=spec.workload.quiet)
-    life = Lifecycle(
+    life = AttachedRun(
         spec,
+        attachment=Attachment.of(state, key),
         api=GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice),
         observer=FanOut([Recorder(), display]),
         shield=shield,
         skippable=skippable,
         installer="pip" if installer == "pip" else "uv",
-        attach=Attachment.of(state, key),
         write_record=_record_writer(state.run_id),
         report_error=error_report,
     )
@@ -240,7 +240,7 @@ def _run(
         ):
             life.run()
     except E.NodeVanishedError as gone:
-        failure = _conclude_gone(store, files, gone, renewed_at=last_renewal_at(life))
+        failure = _conclude_gone(store, files, gone, renewed_at=life.last_renewal_at())
     except E.TpuLabError as error:
         failure = error
     finally:
@@ -249,18 +249,16 @@ def _run(
     _report(life.outcome, failure, as_json=as_json)
 
 
-def _save_session(store: SessionStore, state: SessionState, life: Lifecycle) -> None:
+def _save_session(store: SessionStore, state: SessionState, life: AttachedRun) -> None:
     """What the exec learnt of its session: the last lease renewal, and its node's
     address if the API said it moved (Attachment.follow_address)."""
     import dataclasses
-
-    from tpulab.run.attach import last_renewal_at
 
     updated = state
     target = life.target
     if target is not None and (target.host, target.port) != (state.ssh_host, state.ssh_port):
         updated = dataclasses.replace(state, ssh_host=target.host, ssh_port=target.port)
-    renewed = last_renewal_at(life)
+    renewed = life.last_renewal_at()
     if renewed is not None:
         updated = updated.renewed(renewed)
     if updated != state and store.exists(state.name):

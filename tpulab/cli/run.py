@@ -199,7 +199,7 @@ def _report(
     *,
     as_json: bool,
 ) -> None:
-    from tpulab.run.lifecycle import RunOutcome
+    from tpulab.run.outcome import RunOutcome
     from tpulab.run.report import run_envelope, summary_lines
 
     for warning in warnings:

@@ -1,7 +1,7 @@
 """`tpulab up` / `ssh` / `down`: keep a verified TPU VM for a session, reach it, end it.
 
-`up` is `run`'s Lifecycle with keep_on_success (tpulab.run.session): every failure still
-goes through the run's teardown; only a verified node is kept, guarded by its watchdog
+`up` is `run`'s phases driven by KeptRun (tpulab.run.lifecycle, tpulab.run.session): every
+failure still goes through the run's teardown; only a verified node is kept, guarded by its watchdog
 (hard deadline --ttl, idle lease --idle). `ssh` uses the system OpenSSH client with the
 pinned host key and renews the lease first; `down` is the run's delete-and-confirm.
 """
@@ -25,7 +25,7 @@ from tpulab.cli._exit import EXIT_TEARDOWN, guarded, json_or_guarded
 
 if TYPE_CHECKING:
     from tpulab.cleanup.sessions import SessionFiles, SessionStore
-    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.lifecycle import KeptRun
     from tpulab.run.progress import Recorder
     from tpulab.run.session import SessionState
 
@@ -175,7 +175,7 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool, as_js
     from tpulab.cloud.google import GoogleTpuApi
     from tpulab.config import RunSpec
     from tpulab.remote.ssh import RunKey
-    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.lifecycle import KeptRun
     from tpulab.run.progress import FanOut, Recorder
     from tpulab.run.session import abandon, bring_up
     from tpulab.run.signals import shield, signals_to_teardown
@@ -187,7 +187,7 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool, as_js
     display = RunDisplay(verbose=verbose, quiet=False, command_quiet=False, stderr=as_json)
     recorder = Recorder()
     journal = RunJournalAdapter()
-    life = Lifecycle(
+    life = KeptRun(
         spec,
         api=GoogleTpuApi(spec.project.value, api_endpoint=spec.api_endpoint, notify=reach_notice),
         journal=journal,
@@ -195,7 +195,6 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool, as_js
         shield=shield,
         installer="pip" if installer == "pip" else "uv",
         new_key=lambda: key,
-        keep_on_success=True,
     )
     # The key file exists before the node does, so a name in use is refused first.
     store.reserve(session_name, key.openssh_private_bytes())
@@ -231,7 +230,7 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool, as_js
 
 
 def _up_envelope(
-    life: Lifecycle, recorder: Recorder, files: SessionFiles | None, error: E.TpuLabError | None
+    life: KeptRun, recorder: Recorder, files: SessionFiles | None, error: E.TpuLabError | None
 ) -> None:
     """`up --json`'s envelope: the session, and the run as `run --json` reports it (on
     failure exactly that run's envelope, with the same error and exit status)."""

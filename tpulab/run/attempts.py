@@ -57,7 +57,8 @@ from tpulab.polling import Backoff, Tries, poll_until
 from tpulab.run.progress import NullObserver, RunObserver, TeardownStatus
 
 if TYPE_CHECKING:
-    from tpulab.run.lifecycle import Lifecycle, RunOutcome
+    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.outcome import RunOutcome
 
 __all__ = ["Attempt", "AttemptOutcome", "Attempts", "NewLifecycle", "attempt_spec"]
 
