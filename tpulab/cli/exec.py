@@ -205,8 +205,7 @@ def _run(
     verbose: bool,
 ) -> None:
     from tpulab.cli._run_display import RunDisplay
-    from tpulab.cli._target import reach_notice
-    from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.cli._target import tpu_api
     from tpulab.remote.keys import RunKey
     from tpulab.run.attach import AttachedRun, Attachment
     from tpulab.run.progress import FanOut, Recorder
@@ -225,7 +224,7 @@ def _run(
     life = AttachedRun(
         spec,
         attachment=Attachment.of(state, key),
-        api=GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice),
+        api=tpu_api(state.project, api_endpoint=state.api_endpoint),
         observer=FanOut([Recorder(), display]),
         shield=shield,
         skippable=skippable,

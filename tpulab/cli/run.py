@@ -19,20 +19,19 @@ from tpulab.cli import _run_options as ro
 from tpulab.cli import _workload_options as wo
 from tpulab.cli._console import console, print_lines, print_stderr
 from tpulab.cli._exit import (
-    EXIT_TEARDOWN,
     error_report,
     json_or_guarded,
     print_envelope,
     report_error,
 )
 from tpulab.cli._run_display import RunDisplay
-from tpulab.cli._target import adc_project, api_context
+from tpulab.cli._target import adc_project
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from tpulab.app.runs import RunTpu
     from tpulab.config import RunSpec
-    from tpulab.run.attempts import Attempts
     from tpulab.run.plan import PlanEnvelope
     from tpulab.run.progress import Recorder
 
@@ -139,11 +138,10 @@ def _run(
     as_json: bool,
     verbose: bool,
 ) -> None:
+    from tpulab.app.runs import RunTpu
     from tpulab.cleanup.journal import RunJournalAdapter
-    from tpulab.run.attempts import Attempts
-    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.cli._target import reach_notice
     from tpulab.run.progress import FanOut, Recorder
-    from tpulab.run.signals import shield, signals_to_teardown, skippable
 
     recorder = Recorder()
     display = RunDisplay(
@@ -151,35 +149,20 @@ def _run(
         quiet=as_json,
         command_quiet=spec.workload is not None and spec.workload.quiet,
     )
-    observer = FanOut([recorder, display])
-    runner: Attempts | None = None
-    failure: E.TpuLabError | None = None
     journal = RunJournalAdapter()
+    run = RunTpu(
+        spec,
+        # Refusals go through the display, which keeps them clear of its spinner.
+        alert=display.alert,
+        installer="pip" if installer == "pip" else "uv",
+        ssh_backend="openssh" if ssh_backend == "openssh" else "embedded",
+        observer=FanOut([recorder, display]),
+        journal=journal,
+        notify=reach_notice,
+    )
+    failure: E.TpuLabError | None = None
     try:
-        with api_context(
-            spec.project.value,
-            emulate=spec.mode == "emulate",
-            api_endpoint=spec.api_endpoint,
-            ssh="openssh" if ssh_backend == "openssh" else "embedded",
-        ) as api:
-
-            def new_lifecycle(attempt: RunSpec) -> Lifecycle:
-                # Each attempt (a zone, a recovery) is a whole run with its own teardown.
-                return Lifecycle(
-                    attempt,
-                    api=api,
-                    journal=journal,
-                    observer=observer,
-                    shield=shield,
-                    skippable=skippable,
-                    installer="pip" if installer == "pip" else "uv",
-                    report_error=error_report,
-                )
-
-            runner = Attempts(spec, new_lifecycle=new_lifecycle, observer=observer)
-            # Refusals go through the display, which keeps them clear of its spinner.
-            with signals_to_teardown(display.alert, force_exit_status=EXIT_TEARDOWN):
-                runner.run()
+        run()
     except E.TpuLabError as error:
         failure = error
     finally:
@@ -187,12 +170,12 @@ def _run(
     # The run is over (its node deleted or reported): a signal now must not cut the
     # summary short or turn the run's status into death by SIGINT.
     with _signals_ignored():
-        _report(spec, runner, recorder, journal.warnings, failure, as_json=as_json)
+        _report(spec, run, recorder, journal.warnings, failure, as_json=as_json)
 
 
 def _report(
     spec: RunSpec,
-    runner: Attempts | None,
+    run: RunTpu,
     recorder: Recorder,
     warnings: list[str],
     failure: E.TpuLabError | None,
@@ -204,8 +187,7 @@ def _report(
 
     for warning in warnings:
         print_stderr(f"[yellow]warning:[/] {warning}")
-    life = runner.last if runner is not None else None
-    attempts = runner.attempts if runner is not None else []
+    life, attempts = run.last, run.attempts
     if as_json:
         # No Lifecycle (the API could not be set up): nothing was created, and the
         # envelope says so in the same shape as any other run's.

@@ -171,8 +171,7 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool, as_js
     from tpulab.cleanup.journal import RunJournalAdapter
     from tpulab.cleanup.sessions import SESSION_PHASE, SessionStore
     from tpulab.cli._run_display import RunDisplay
-    from tpulab.cli._target import reach_notice
-    from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.cli._target import tpu_api
     from tpulab.config import RunSpec
     from tpulab.remote.ssh import RunKey
     from tpulab.run.lifecycle import KeptRun
@@ -189,7 +188,7 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool, as_js
     journal = RunJournalAdapter()
     life = KeptRun(
         spec,
-        api=GoogleTpuApi(spec.project.value, api_endpoint=spec.api_endpoint, notify=reach_notice),
+        api=tpu_api(spec.project.value, api_endpoint=spec.api_endpoint),
         journal=journal,
         observer=FanOut([recorder, display]),
         shield=shield,
@@ -280,13 +279,12 @@ def down_command(
 def _down(store: SessionStore, files: SessionFiles, *, force: bool) -> None:
     from tpulab.cleanup.journal import Journal
     from tpulab.cleanup.sessions import conclude_gone, why_gone
-    from tpulab.cli._target import reach_notice
-    from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.cli._target import tpu_api
     from tpulab.run.lease import node_gone
     from tpulab.run.session import take_down
 
     state = files.state
-    api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice)
+    api = tpu_api(state.project, api_endpoint=state.api_endpoint)
     try:
         with contextlib.ExitStack() as held:
             # A node still there may have an exec running on it: `down` holds the exec
@@ -427,10 +425,9 @@ def raise_if_gone(store: SessionStore, state: SessionState) -> None:
     """The node did not answer: if the API says it is gone, say why, clean up, and exit
     EXIT_REMOTE (NodeVanishedError); if it is still there, return (a plain SSH failure)."""
     from tpulab.cleanup.sessions import ask_gone, conclude_gone
-    from tpulab.cli._target import reach_notice
-    from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.cli._target import tpu_api
 
-    api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice)
+    api = tpu_api(state.project, api_endpoint=state.api_endpoint)
     vanish = ask_gone(api, state)
     if vanish is None:
         return
@@ -443,11 +440,10 @@ def raise_if_gone(store: SessionStore, state: SessionState) -> None:
 def readdressed_session(state: SessionState) -> SessionState | None:
     """The session at its node's current address when the API says it moved (a new
     ephemeral IP, a restarted emulator's port); None when it did not or cannot say."""
-    from tpulab.cli._target import reach_notice
-    from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.cli._target import tpu_api
     from tpulab.run.session import readdressed
 
-    api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice)
+    api = tpu_api(state.project, api_endpoint=state.api_endpoint)
     moved = readdressed(api, state)
     if moved is not None:
         print_stderr(

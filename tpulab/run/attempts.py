@@ -135,6 +135,8 @@ def attempt_spec(spec: RunSpec, number: int, zone: str) -> RunSpec:
     A `-- CMD` run's attempt N > 1 fetches into `<out>/attempt-N/`: an earlier attempt
     (a preempted one above all) fetched its artifacts, log and run.json into `<out>`,
     and the next attempt's must not replace them."""
+    if number == 1 and zone == spec.zone.value:
+        return spec  # a run with one attempt is the run the caller asked for
     source = next((z.source for z in spec.zone_order if z.value == zone), spec.zone.source)
     suffix = attempt_suffix(number)
     workload = spec.workload
