@@ -125,7 +125,8 @@ def test_a_library_run_fails_over_to_the_next_zone(embedded_rig: Rig) -> None:
         zones=[stocked_out, free],
     )
     assert outcome.spec.zone.value == free
-    assert outcome.verdict is not None and outcome.verdict.value == "verified"
+    assert outcome.verdict is not None
+    assert outcome.verdict.value == "verified"
     assert outcome.teardown_status == "confirmed"
     created_in = [
         request["path"].split("/locations/")[1].split("/")[0]

@@ -24,11 +24,11 @@ The library facade, for driving tpulab from Python with one import::
 Each call is its command's own application code (tpulab.app: the target, the journal,
 the signal guard); the facade never imports tpulab.cli. So nothing a library run does
 escapes the invariants of a CLI run: nothing is created from bad input, and teardown
-always runs and is confirmed by a list. Everything heavy (jax, the Google client, paramiko, typer, rich) is
-imported inside these functions, so `import tpulab` stays cheap; the types in
-`__all__` load on first use (`tpulab.RunSpec`). For finer control the building blocks
-stay public: `tpulab.run.lifecycle.Lifecycle` takes every seam (API client, SSH connect
-factory, journal, observer, receipt store) as a constructor argument.
+always runs and is confirmed by a list. Everything heavy (jax, the Google client,
+paramiko, typer, rich) is imported inside these functions, so `import tpulab` stays
+cheap; the types in `__all__` load on first use (`tpulab.RunSpec`). For finer control
+the building blocks stay public: `tpulab.run.lifecycle.Lifecycle` takes every seam (API
+client, SSH connect factory, journal, observer, receipt store) as a constructor argument.
 """
 
 from __future__ import annotations
