@@ -10,13 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tpulab.contract import (
-    EMULATOR_SSH_USER_ATTRIBUTE,
-    GUEST_ATTRIBUTES_METADATA,
-    OS_LOGIN_METADATA,
-    SSH_KEYS_METADATA,
-    STARTUP_SCRIPT_METADATA,
-)
+from tpulab.cloud import tpu_v2
+from tpulab.contract import EMULATOR_SSH_USER_ATTRIBUTE
 from tpulab.errors import (
     AlreadyExistsError,
     CloudError,
@@ -49,40 +44,18 @@ _REFUSED = (
     PermissionDeniedError,
     NotFoundError,
 )
-# What the watchdog's service account may do with its metadata token: deleting the node
-# needs the Cloud TPU API, which cloud-platform covers.
-_CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
 def node_request(ctx: RunContext) -> NodeRequest:
     """The node this run asks for: its labels, its per-run SSH key, the watchdog."""
-    spec = ctx.spec
     assert ctx.key is not None
-    metadata = {
-        SSH_KEYS_METADATA: ctx.key.metadata_entry(spec.ssh_user),
-        # Our key reaches the VM only through ssh-keys, which OS Login would make the
-        # guest agent ignore; the host key only through guest attributes.
-        OS_LOGIN_METADATA: "FALSE",
-        GUEST_ATTRIBUTES_METADATA: "TRUE",
-    }
+    script = None
     if ctx.watchdog is not None:  # the startup-script that arms the VM's watchdog at boot
         from tpulab.remote.watchdog import startup_script
 
-        metadata[STARTUP_SCRIPT_METADATA] = startup_script(ctx.watchdog)
-    return NodeRequest(
-        accelerator_type=spec.accelerator.name,
-        runtime_version=spec.accelerator.runtime_version,
-        labels=spec.labels,
-        metadata=metadata,
-        spot=spec.spot,
-        description=f"tpulab run {spec.run_id}",
-        external_ips=not spec.internal_ip,
-        service_account_email=spec.service_account or "",
-        # The watchdog's token must reach the TPU API; without a watchdog the VM keeps
-        # the API's default scopes unless an account was asked for.
-        service_account_scopes=(_CLOUD_PLATFORM_SCOPE,)
-        if ctx.watchdog is not None or spec.service_account
-        else (),
+        script = startup_script(ctx.watchdog)
+    return tpu_v2.node_request(
+        ctx.spec, ssh_keys=ctx.key.metadata_entry(ctx.spec.ssh_user), startup_script=script
     )
 
 
