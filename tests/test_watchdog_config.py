@@ -155,9 +155,7 @@ def test_run_inputs_pass_the_flags_through() -> None:
         teardown_timeout=600,
         installer="uv",
         ssh_backend="embedded",
-        lease="30s",
-        boot_grace="45s",
-        max_duration="1h",
+        watchdog=WatchdogRequest(lease="30s", boot_grace="45s", max_duration="1h"),
     )
     assert inputs.spec.watchdog is not None
     assert inputs.spec.watchdog.lease_seconds == 30

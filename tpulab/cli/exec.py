@@ -10,7 +10,7 @@ workspace's [tool.tpulab]); every check happens before anything is sent.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from tpulab.cleanup.sessions import SessionFiles, SessionStore
     from tpulab.config import RunSpec, WorkloadFlags
+    from tpulab.config.commands import Installer, RunInputs
     from tpulab.run.attach import AttachedRun
     from tpulab.run.outcome import RunOutcome
     from tpulab.run.record import RunRecord
@@ -120,14 +121,14 @@ def _exec(
 
     with session_store() as store:  # warns of damaged state files before the exec
         files = store.resolve(name)
-    spec = _exec_spec(files, flags, installer)
+    inputs = _exec_inputs(files, flags, installer)
     if dry_run:
-        _dry_run(spec, files, installer, as_json=as_json)
+        _dry_run(inputs.spec, files, inputs.installer, as_json=as_json)
         return
-    _run(store, files, spec, installer, as_json=as_json, verbose=verbose)
+    _run(store, files, inputs.spec, inputs.installer, as_json=as_json, verbose=verbose)
 
 
-def _exec_spec(files: SessionFiles, flags: WorkloadFlags, installer: str) -> RunSpec:
+def _exec_inputs(files: SessionFiles, flags: WorkloadFlags, installer: str) -> RunInputs:
     """The exec as a RunSpec on the session's node (a fresh id names its --out and
     TPULAB_RUN_ID); every check of input happens here, before anything is sent."""
     from tpulab.config import run_inputs
@@ -150,7 +151,7 @@ def _exec_spec(files: SessionFiles, flags: WorkloadFlags, installer: str) -> Run
             f"Session {state.name} has no key file at {files.key_path}.",
             hint=f"End it with `tpulab down {state.name}` and start a new one.",
         )
-    inputs = run_inputs(
+    return run_inputs(
         accelerator=state.accelerator_type,
         emulate=False,
         api_endpoint=state.api_endpoint,
@@ -166,10 +167,9 @@ def _exec_spec(files: SessionFiles, flags: WorkloadFlags, installer: str) -> Run
         adc_project=None,  # the session names its project
         workload=flags,
     )
-    return inputs.spec
 
 
-def _dry_run(spec: RunSpec, files: SessionFiles, installer: str, *, as_json: bool) -> None:
+def _dry_run(spec: RunSpec, files: SessionFiles, installer: Installer, *, as_json: bool) -> None:
     from rich.markup import escape
 
     from tpulab.cli.run import print_plan_steps
@@ -177,10 +177,9 @@ def _dry_run(spec: RunSpec, files: SessionFiles, installer: str, *, as_json: boo
     from tpulab.run.plan import plan_envelope
     from tpulab.run.recording import PlaceholderKey
 
-    chosen: Literal["uv", "pip"] = "pip" if installer == "pip" else "uv"
     attachment = Attachment.of(files.state, PlaceholderKey())
-    steps = build_attached_plan(spec, attachment, installer=chosen)
-    plan = plan_envelope(spec, steps, installer=chosen).model_copy(update={"command": "exec"})
+    steps = build_attached_plan(spec, attachment, installer=installer)
+    plan = plan_envelope(spec, steps, installer=installer).model_copy(update={"command": "exec"})
     if as_json:
         typer.echo(plan.to_json())
         return
@@ -199,7 +198,7 @@ def _run(
     store: SessionStore,
     files: SessionFiles,
     spec: RunSpec,
-    installer: str,
+    installer: Installer,
     *,
     as_json: bool,
     verbose: bool,
@@ -228,7 +227,7 @@ def _run(
         observer=FanOut([Recorder(), display]),
         shield=shield,
         skippable=skippable,
-        installer="pip" if installer == "pip" else "uv",
+        installer=installer,
         write_record=_record_writer(state.run_id),
         report_error=error_report,
     )

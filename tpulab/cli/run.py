@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import textwrap
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -32,19 +32,19 @@ if TYPE_CHECKING:
 
     from tpulab.app.runs import RunTpu
     from tpulab.config import RunSpec
+    from tpulab.config.commands import Installer, SshBackend
     from tpulab.run.plan import PlanEnvelope
     from tpulab.run.progress import Recorder
 
 __all__ = ["print_plan_steps", "run_command"]
 
 
-def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
+def _run_dry(spec: RunSpec, installer: Installer, as_json: bool) -> None:
     from rich.markup import escape
 
     from tpulab.run.plan import build_plan, plan_envelope
 
-    chosen: Literal["uv", "pip"] = "pip" if installer == "pip" else "uv"
-    plan = plan_envelope(spec, build_plan(spec, installer=chosen), installer=chosen)
+    plan = plan_envelope(spec, build_plan(spec, installer=installer), installer=installer)
     if as_json:
         typer.echo(plan.to_json())
         return
@@ -133,8 +133,8 @@ def _for(seconds: float | None) -> str:
 def _run(
     *,
     spec: RunSpec,
-    ssh_backend: str,
-    installer: str,
+    ssh_backend: SshBackend,
+    installer: Installer,
     as_json: bool,
     verbose: bool,
 ) -> None:
@@ -154,8 +154,8 @@ def _run(
         spec,
         # Refusals go through the display, which keeps them clear of its spinner.
         alert=display.alert,
-        installer="pip" if installer == "pip" else "uv",
-        ssh_backend="openssh" if ssh_backend == "openssh" else "embedded",
+        installer=installer,
+        ssh_backend=ssh_backend,
         observer=FanOut([recorder, display]),
         journal=journal,
         notify=reach_notice,
@@ -374,6 +374,7 @@ def run_command(
 
     def action() -> None:
         from tpulab.config import WorkloadFlags, run_inputs
+        from tpulab.config.watchdog import WatchdogRequest
 
         inputs = run_inputs(
             accelerator=accelerator,
@@ -414,10 +415,12 @@ def run_command(
                 timeout=timeout,
                 quiet=quiet,
             ),
-            lease=lease,
-            boot_grace=boot_grace,
-            max_duration=max_duration,
-            no_watchdog=no_watchdog,
+            watchdog=WatchdogRequest(
+                enabled=not no_watchdog,
+                lease=lease,
+                boot_grace=boot_grace,
+                max_duration=max_duration,
+            ),
             service_account=service_account,
         )
         spec = inputs.spec

@@ -25,6 +25,7 @@ from tpulab.cli._exit import EXIT_TEARDOWN, guarded, json_or_guarded
 
 if TYPE_CHECKING:
     from tpulab.cleanup.sessions import SessionFiles, SessionStore
+    from tpulab.config.commands import Installer
     from tpulab.run.lifecycle import KeptRun
     from tpulab.run.progress import Recorder
     from tpulab.run.session import SessionState
@@ -127,8 +128,7 @@ def up_command(
             adc_project=_adc_project,
             python=python,
             jax_version=jax_version,
-            lease=times.lease,
-            max_duration=times.max_duration,
+            watchdog=times,
             service_account=service_account,
         )
         from tpulab.contract import KIND_SESSION
@@ -167,7 +167,9 @@ def _adc_project() -> str | None:
     return adc_project()
 
 
-def _up(spec: object, session_name: str, installer: str, *, verbose: bool, as_json: bool) -> None:
+def _up(
+    spec: object, session_name: str, installer: Installer, *, verbose: bool, as_json: bool
+) -> None:
     from tpulab.cleanup.journal import RunJournalAdapter
     from tpulab.cleanup.sessions import SESSION_PHASE, SessionStore
     from tpulab.cli._run_display import RunDisplay
@@ -192,7 +194,7 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool, as_js
         journal=journal,
         observer=FanOut([recorder, display]),
         shield=shield,
-        installer="pip" if installer == "pip" else "uv",
+        installer=installer,
         new_key=lambda: key,
     )
     # The key file exists before the node does, so a name in use is refused first.
