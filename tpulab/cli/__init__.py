@@ -20,6 +20,7 @@ from tpulab import __version__
 from tpulab import errors as E
 from tpulab.cli import (
     costs,
+    doctor,
     emulator,
     exec,
     forward,
@@ -120,6 +121,7 @@ app.command("down")(session.down_command)
 app.command("teardown")(teardown.teardown_command)
 app.command("list")(listing.list_command)
 app.command("costs")(costs.costs_command)
+app.command("doctor")(doctor.doctor_command)
 app.command("verify")(verify.verify_command)
 app.add_typer(receipts.receipts_app, name="receipts")
 app.add_typer(runs.runs_app, name="runs")

@@ -43,7 +43,14 @@ from tpulab.errors import (
 )
 from tpulab.polling import Backoff, retry_call
 
-__all__ = ["GoogleTpuApi", "GoogleTransport", "adc_project", "error_for_status"]
+__all__ = [
+    "CallerSession",
+    "GoogleTpuApi",
+    "GoogleTransport",
+    "adc_project",
+    "caller_session",
+    "error_for_status",
+]
 
 T = TypeVar("T")
 
@@ -481,3 +488,68 @@ def _operation_json(operation: Any) -> Answer:
     if operation.metadata.Unpack(metadata):
         answer["metadata"] = {"verb": metadata.verb, "target": metadata.target}
     return answer
+
+
+# -- the project's other APIs (Service Usage, Resource Manager, Compute) ---------------
+
+
+class CallerSession:
+    """An HTTP session for Google's project-level REST APIs (`tpulab.cloud.preflight`),
+    with the same credentials rule as `GoogleTpuApi`: Application Default Credentials
+    to Google over https, nothing to any other endpoint. `account` is whom the
+    credentials belong to ("" when Google would not say); `credentials` says which."""
+
+    def __init__(self, session: Any, *, account: str, credentials: str) -> None:
+        self.session = session
+        self.account = account
+        self.credentials = credentials
+
+
+def caller_session(api_endpoint: str | None, *, timeout: float = 30.0) -> CallerSession:
+    """The session `tpulab doctor` asks with. For Google: ADC, refreshed once here so a
+    missing or expired login is said now (ConfigError / PermissionDeniedError), with
+    the account the token belongs to (its service account, else Google's tokeninfo)."""
+    import requests
+
+    endpoint = classify_endpoint(api_endpoint)
+    if not endpoint.sends_credentials:
+        # An emulator answers tokeninfo for its anonymous caller (the project owner).
+        session = requests.Session()
+        account = _tokeninfo_email(session, f"{api_endpoint}/tokeninfo", {}, timeout)
+        return CallerSession(
+            session, account=account, credentials=f"no credentials (sent none: {api_endpoint})"
+        )
+    from google.auth.transport.requests import AuthorizedSession, Request
+
+    credentials = GoogleTransport._default_credentials()
+    try:
+        credentials.refresh(Request())
+    except Exception as error:  # RefreshError, TransportError: translated below
+        raise _translate(error, "refresh the credentials", "oauth2.googleapis.com") from None
+    account = str(getattr(credentials, "service_account_email", "") or "")
+    kind = "a service account" if account else "a user login"
+    if not account:
+        account = _tokeninfo_email(
+            requests.Session(),
+            "https://oauth2.googleapis.com/tokeninfo",
+            {"access_token": str(credentials.token)},
+            timeout,
+        )
+    return CallerSession(
+        AuthorizedSession(credentials),  # type: ignore[no-untyped-call]
+        account=account,
+        credentials=f"Application Default Credentials ({kind})",
+    )
+
+
+def _tokeninfo_email(session: Any, url: str, params: dict[str, str], timeout: float) -> str:
+    """The `email` OAuth2 tokeninfo says the token belongs to; "" when it will not say
+    (the account is a nicety: the credentials themselves were proven by the refresh)."""
+    import requests
+
+    try:
+        answer = session.get(url, params=params, timeout=timeout)
+        body = answer.json() if answer.ok else {}
+    except (requests.RequestException, ValueError):
+        return ""
+    return str(body.get("email") or "") if isinstance(body, dict) else ""

@@ -36,6 +36,12 @@ METHODS = (
     "list_queued_resources",
     "delete_queued_resource",
     "get_compute_project",
+    "test_iam_permissions",
+    "get_service",
+    "get_iam_policy",
+    "get_network",
+    "list_firewalls",
+    "get_tokeninfo",
 )
 
 # What `preempt_as` may be: the states a reclaimed spot node is reported in.
@@ -124,6 +130,23 @@ class FaultPlan:
     with that token answers 403 PERMISSION_DENIED. The controller is unaffected."""
     node_identity_cannot_delete_nodes: list[str] = field(default_factory=list)
     """As `node_identity_cannot_delete`, for the nodes of these names only."""
+    tpu_admins: list[str] = field(default_factory=list)
+    """Service accounts the project's IAM policy binds to roles/tpu.admin (getIamPolicy),
+    as a dedicated VM identity is granted it; unless `node_identity_cannot_delete`."""
+
+    # The project as `tpulab doctor` sees it (project_apis.py); each is a negative answer.
+    disabled_services: list[str] = field(default_factory=list)
+    """Service Usage says these APIs are DISABLED; with "tpu.googleapis.com" every Cloud
+    TPU API call answers 403 SERVICE_DISABLED, as a project that never enabled it."""
+    caller_lacks: list[str] = field(default_factory=list)
+    """Permissions the controller (the caller without a node token, otherwise the owner)
+    does not hold: testIamPermissions omits them, a TPU call needing one answers 403, and
+    "resourcemanager.projects.getIamPolicy" here makes getIamPolicy answer 403."""
+    no_default_network: bool = False
+    """The project has no `default` network (deleted, or an organisation that skips it):
+    Compute networks.get answers 404 notFound, and firewalls.list has no default rules."""
+    no_ssh_firewall: bool = False
+    """The `default` network lacks its default-allow-ssh rule: nothing lets tcp:22 in."""
 
     queued_invalid: bool = False
     """A queued resource FAILS when its capacity arrives with INVALID_ARGUMENT (a request

@@ -40,7 +40,7 @@ from tpulab.contract import (
     OS_LOGIN_METADATA,
     SSH_KEYS_METADATA,
 )
-from tpulab.emulator import queued
+from tpulab.emulator import project_apis, queued
 from tpulab.emulator.compute import COMPUTE_ROUTES, compute_project
 from tpulab.emulator.faults import GUEST_ATTRIBUTE_ERRORS, FaultPlan
 from tpulab.emulator.guest import Guest, StateLink
@@ -55,6 +55,7 @@ from tpulab.emulator.iam import (
     principal,
 )
 from tpulab.emulator.persist import EmulatorStateError, StateFile
+from tpulab.emulator.project_apis import PROJECT_ROUTES
 from tpulab.emulator.startup import startup_log
 from tpulab.emulator.state import (
     CloudState,
@@ -123,6 +124,8 @@ _ROUTES.append(
         "test_iam_permissions",
     )
 )
+# Service Usage, getIamPolicy and Compute networks/firewalls, for `tpulab doctor`.
+_ROUTES.extend(PROJECT_ROUTES)
 
 
 class _Request:
@@ -583,7 +586,7 @@ class Emulator:
         return 404, error_body(ApiError(404, "NOT_FOUND", f"No such method: {method} {path}"))
 
     def _dispatch(self, name: str, request: _Request) -> tuple[int, Record]:
-        if request.project in self.faults.deny_projects:
+        if request.params.get("project") in self.faults.deny_projects:
             raise ApiError(
                 403,
                 "PERMISSION_DENIED",
@@ -592,6 +595,8 @@ class Emulator:
                 f"{request.project} before or it is disabled.",
                 reason="SERVICE_DISABLED",
             )
+        if name in ROUTE_PERMISSIONS and "tpu.googleapis.com" in self.faults.disabled_services:
+            raise project_apis.service_disabled(request.project)
         if self.faults.take_rate_limited(name):
             raise ApiError(
                 429,
@@ -624,7 +629,11 @@ class Emulator:
         """A node identity may do what its IAM grants, in its own project only."""
         caller = request.caller
         permission = ROUTE_PERMISSIONS.get(name)
-        if caller is None or permission is None:
+        if permission is None:
+            return
+        if caller is None:  # the controller: the owner, less what `caller_lacks` takes
+            if permission in self.faults.caller_lacks:
+                raise permission_denied(permission, request.path.split("/", 2)[-1])
             return
         if caller["project"] != request.project or not granted(caller, self.faults, [permission]):
             resource = request.path.split("/", 2)[-1].split(":", 1)[0]
@@ -636,7 +645,7 @@ class Emulator:
         asked = check_permissions(request.body.get("permissions", []))
         caller = request.caller
         if caller is None:
-            held = asked
+            held = [p for p in asked if p not in self.faults.caller_lacks]
         elif caller["project"] != request.project:
             held = []
         else:
@@ -792,6 +801,23 @@ class Emulator:
 
     def _api_get_compute_project(self, request: _Request) -> tuple[int, Record]:
         return 200, compute_project(request.project, os_login=self.faults.project_os_login)
+
+    # -- the project's other APIs (project_apis.py), for `tpulab doctor` ----------------
+
+    def _api_get_service(self, request: _Request) -> tuple[int, Record]:
+        return 200, project_apis.service(request.project, request.params["service"], self.faults)
+
+    def _api_get_tokeninfo(self, request: _Request) -> tuple[int, Record]:
+        return 200, project_apis.tokeninfo()
+
+    def _api_get_iam_policy(self, request: _Request) -> tuple[int, Record]:
+        return 200, project_apis.iam_policy(request.project, self.faults)
+
+    def _api_get_network(self, request: _Request) -> tuple[int, Record]:
+        return project_apis.network(request.project, request.params["network"], self.faults)
+
+    def _api_list_firewalls(self, request: _Request) -> tuple[int, Record]:
+        return project_apis.firewall_list(request.project, self.faults)
 
     # -- queued resources (the logic is queued.py's) ----------------------------------
 

@@ -1,0 +1,190 @@
+"""`tpulab doctor`: is this project ready for a run, before any money is spent?
+
+The checks, in order, each ok / problem / unknown with its fix:
+
+    credentials  ADC and the account they belong to (an emulator: its own caller)
+    project      resolves as `run`'s does (tpulab.config.doctor)
+    tpu-api, permissions, vm-account, network    tpulab.cloud.preflight
+
+A check that cannot run because an earlier one failed is "unknown" and says why.
+Nothing here creates anything. `run_preflight` is the cheap subset (tpu-api +
+permissions) for the app layer to ask before a create; `refuse_on_problems` turns its
+definite problems into a ConfigError (exit 2: nothing was created).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from tpulab.envelope import Envelope
+from tpulab.errors import ConfigError, TpuLabError
+from tpulab.exits import EXIT_CLOUD, EXIT_CONFIG, EXIT_OK
+
+if TYPE_CHECKING:
+    from tpulab.cloud.google import CallerSession
+    from tpulab.cloud.preflight import Check
+    from tpulab.config.doctor import DoctorInputs
+
+__all__ = [
+    "CheckReport",
+    "DoctorEnvelope",
+    "doctor",
+    "exit_status",
+    "refuse_on_problems",
+    "run_preflight",
+]
+
+# Problems in these mean tpulab is not set up (exit 2); any other problem is the
+# cloud project's (exit 3). docs/reference/exit-status.md says so.
+_CONFIG_CHECKS = ("credentials", "project")
+
+
+class CheckReport(BaseModel):
+    """One check as `--json` reports it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    status: Literal["ok", "problem", "unknown"]
+    summary: str
+    fix: str | None
+
+
+class DoctorEnvelope(Envelope):
+    """`tpulab doctor --json`: `ok` is true when no check is a problem."""
+
+    project: str | None
+    account: str | None
+    checks: list[CheckReport]
+    exit_status: int
+
+
+def _report(check: Check) -> CheckReport:
+    return CheckReport(name=check.name, status=check.status, summary=check.summary, fix=check.fix)
+
+
+def exit_status(checks: Sequence[Check]) -> int:
+    """0 when nothing is a problem; 2 when credentials or project are; else 3."""
+    problems = {check.name for check in checks if check.status == "problem"}
+    if not problems:
+        return EXIT_OK
+    return EXIT_CONFIG if problems & set(_CONFIG_CHECKS) else EXIT_CLOUD
+
+
+def envelope(inputs: DoctorInputs, account: str, checks: Sequence[Check]) -> DoctorEnvelope:
+    status = exit_status(checks)
+    return DoctorEnvelope(
+        command="doctor",
+        ok=status == EXIT_OK,
+        project=inputs.project.value if inputs.project else None,
+        account=account or None,
+        checks=[_report(check) for check in checks],
+        exit_status=status,
+    )
+
+
+@contextmanager
+def _endpoint(inputs: DoctorInputs) -> Iterator[str | None]:
+    """The URL asked: --api-endpoint, an embedded emulator's (--emulate), or None."""
+    if not inputs.target.emulate:
+        yield inputs.target.api_endpoint
+        return
+    from tpulab.app.embedded import emulated_target
+
+    project = inputs.project.value if inputs.project else None
+    with emulated_target(project) if project else emulated_target() as target:
+        yield target.emulator.url
+
+
+def doctor(inputs: DoctorInputs) -> tuple[str, list[Check]]:
+    """(the caller's account, every check in order). Raises only when the endpoint
+    cannot be reached at all (UnreachableError)."""
+    from tpulab.cloud.preflight import Check
+
+    with _endpoint(inputs) as url:
+        credentials, session = _credentials(url)
+        checks = [credentials]
+        if inputs.project is None:
+            error = inputs.project_error
+            checks.append(
+                Check(
+                    "project",
+                    "problem",
+                    error.message if error else "No project.",
+                    error.hint if error else None,
+                )
+            )
+        else:
+            project = inputs.project
+            checks.append(Check("project", "ok", f"{project.value} (from {project.source})."))
+        if session is None or inputs.project is None:
+            why = "without credentials" if session is None else "without a project"
+            for name in ("tpu-api", "permissions", "vm-account", "network"):
+                checks.append(Check(name, "unknown", f"Not checked {why}.", None))
+            return "", checks
+        checks += _cloud_checks(session, url, inputs.project.value, inputs.service_account)
+        return session.account, checks
+
+
+def _credentials(url: str | None) -> tuple[Check, CallerSession | None]:
+    from tpulab.cloud.google import caller_session
+    from tpulab.cloud.preflight import Check
+
+    try:
+        session = caller_session(url)
+    except ConfigError as error:
+        return Check("credentials", "problem", error.message, error.hint), None
+    except TpuLabError as error:  # a refresh that failed: the login expired or was revoked
+        return Check("credentials", "problem", error.message, error.hint), None
+    who = session.account or "an account Google would not name"
+    return Check("credentials", "ok", f"{session.credentials}: {who}."), session
+
+
+def _cloud_checks(
+    session: CallerSession, url: str | None, project: str, service_account: str | None
+) -> list[Check]:
+    from tpulab.cloud.preflight import (
+        ProjectApis,
+        network_check,
+        permissions_check,
+        tpu_api_check,
+        vm_account_check,
+    )
+
+    apis = ProjectApis(session.session, url)
+    api, number = tpu_api_check(apis, project)
+    return [
+        api,
+        permissions_check(apis, project, account=session.account, service_account=service_account),
+        vm_account_check(apis, project, service_account=service_account, number=number),
+        network_check(apis, project),
+    ]
+
+
+def run_preflight(
+    project: str, *, api_endpoint: str | None, service_account: str | None = None
+) -> list[Check]:
+    """The cheap subset before a create (two requests): is the Cloud TPU API enabled,
+    and does the caller hold what a run needs? `api_endpoint` is the TPU client's (for
+    --emulate, the embedded emulator's URL: `GoogleTpuApi.api_endpoint`)."""
+    from tpulab.cloud.google import caller_session
+    from tpulab.cloud.preflight import ProjectApis, preflight
+
+    session = caller_session(api_endpoint)
+    apis = ProjectApis(session.session, api_endpoint)
+    return list(preflight(apis, project, account=session.account, service_account=service_account))
+
+
+def refuse_on_problems(checks: Sequence[Check]) -> None:
+    """A ConfigError naming each definite problem and its fix; "unknown" does not refuse."""
+    problems = [check for check in checks if check.status == "problem"]
+    if problems:
+        raise ConfigError(
+            " ".join(check.summary for check in problems),
+            hint=" ".join(check.fix or "" for check in problems).strip()
+            + " (`tpulab doctor` checks everything.)",
+        )

@@ -1,0 +1,104 @@
+"""`tpulab doctor`: check a project before any money is spent (tpulab.app.doctor).
+
+Each check prints as ok / problem / unknown with its fix. Exit 0 only when nothing is a
+problem; 2 when the credentials or the project are; 3 for any other (the cloud
+project's). The core is imported inside the function so --help stays light.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+__all__ = ["doctor_command"]
+
+_MARKS = {"ok": "[green]ok[/]     ", "problem": "[red]problem[/]", "unknown": "[yellow]unknown[/]"}
+
+
+def _doctor(
+    *,
+    project: str | None,
+    zone: str | None,
+    accelerator: str | None,
+    service_account: str | None,
+    api_endpoint: str | None,
+    emulate: bool,
+    as_json: bool,
+) -> None:
+    from rich.markup import escape
+
+    from tpulab.app.doctor import doctor, envelope
+    from tpulab.cli._console import console
+    from tpulab.cli._target import adc_project
+    from tpulab.config.doctor import doctor_inputs
+
+    inputs = doctor_inputs(
+        project=project,
+        zone=zone,
+        accelerator=accelerator,
+        service_account=service_account,
+        emulate=emulate,
+        api_endpoint=api_endpoint,
+        adc_project=adc_project,
+    )
+    account, checks = doctor(inputs)
+    document = envelope(inputs, account, checks)
+    if as_json:
+        typer.echo(document.to_json())
+    else:
+        out = console()
+        for check in checks:
+            out.print(f"{_MARKS[check.status]}  {check.name:<12} {escape(check.summary)}")
+            if check.fix:
+                out.print(f"{'':<22} fix: {escape(check.fix)}")
+        problems = sum(check.status == "problem" for check in checks)
+        unknown = sum(check.status == "unknown" for check in checks)
+        verdict = "ready for a run" if not problems else f"{problems} problem(s) to fix first"
+        out.print(f"\n{verdict}" + (f"; {unknown} check(s) unknown." if unknown else "."))
+    if document.exit_status:
+        raise typer.Exit(document.exit_status)
+
+
+def doctor_command(
+    project: Annotated[str | None, typer.Option("--project", help="Google Cloud project.")] = None,
+    zone: Annotated[
+        str | None, typer.Option("--zone", help="The zone a run would use (with --accelerator).")
+    ] = None,
+    accelerator: Annotated[
+        str | None,
+        typer.Option("--accelerator", help="Check that the zone offers this type."),
+    ] = None,
+    service_account: Annotated[
+        str | None,
+        typer.Option(
+            "--service-account",
+            help="The VM's account (default: the project's default compute account).",
+        ),
+    ] = None,
+    api_endpoint: Annotated[
+        str | None,
+        typer.Option("--api-endpoint", help="An emulator URL serving Google's APIs."),
+    ] = None,
+    emulate: Annotated[
+        bool, typer.Option("--emulate", help="Check against the embedded emulator.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON envelope.")] = False,
+) -> None:
+    """Check credentials, project, Cloud TPU API, permissions, the VM's account and the
+    network before a run spends anything; each with its fix."""
+    from tpulab.cli._exit import json_or_guarded
+
+    json_or_guarded(
+        "doctor",
+        as_json,
+        lambda: _doctor(
+            project=project,
+            zone=zone,
+            accelerator=accelerator,
+            service_account=service_account,
+            api_endpoint=api_endpoint,
+            emulate=emulate,
+            as_json=as_json,
+        ),
+    )

@@ -1,0 +1,391 @@
+"""Pre-flight checks of a project, before any money is spent (`tpulab doctor`).
+
+Each check asks one of Google's project-level REST APIs and answers ok / problem /
+unknown, with the exact fix (a gcloud command or the role to grant):
+
+    tpu-api      Service Usage v1 services.get(tpu.googleapis.com): ENABLED or DISABLED
+    permissions  Resource Manager v1 projects.testIamPermissions: what the caller holds
+                 of what a run needs (`RUN_PERMISSIONS`, + actAs on a --service-account)
+    vm-account   Resource Manager v1 projects.getIamPolicy: does the VM's account hold a
+                 role that deletes its own node (the watchdog's second line of defence)?
+    network      Compute v1 networks.get + firewalls.list: the network exists and a rule
+                 lets tcp:22 in from outside
+
+"unknown" means the API would not say (the caller may not ask it); only "problem" is a
+definite no. `preflight` is the cheap subset a run asks before its create (tpu-api and
+permissions: two requests). Nothing here creates or changes anything.
+
+The same `ProjectApis` reaches Google or one emulator URL (which serves these paths,
+tpulab/emulator/project_apis.py); the session comes from `tpulab.cloud.google`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tpulab.contract import DELETE_NODE_PERMISSION
+from tpulab.errors import UnreachableError
+
+__all__ = [
+    "DELETE_ROLES",
+    "RUN_PERMISSIONS",
+    "Check",
+    "CheckStatus",
+    "ProjectApis",
+    "network_check",
+    "permissions_check",
+    "preflight",
+    "tpu_api_check",
+    "vm_account_check",
+]
+
+CheckStatus = Literal["ok", "problem", "unknown"]
+Body = dict[str, Any]
+
+# What `tpulab run` calls: create, poll the operation, read, list, delete.
+RUN_PERMISSIONS = (
+    "tpu.nodes.create",
+    "tpu.nodes.get",
+    "tpu.nodes.list",
+    DELETE_NODE_PERMISSION,
+    "tpu.operations.get",
+)
+ACT_AS = "iam.serviceAccounts.actAs"
+# The predefined roles that hold tpu.nodes.delete (a custom role may too: "unknown").
+DELETE_ROLES = ("roles/tpu.admin", "roles/editor", "roles/owner")
+TPU_SERVICE = "tpu.googleapis.com"
+
+_GOOGLE_BASES = {
+    "serviceusage": "https://serviceusage.googleapis.com/v1/",
+    "cloudresourcemanager": "https://cloudresourcemanager.googleapis.com/v1/",
+    "compute": "https://compute.googleapis.com/compute/v1/",
+}
+_LOCAL_PATHS = {"serviceusage": "v1/", "cloudresourcemanager": "v1/", "compute": "compute/v1/"}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check's answer: `summary` says what was found, `fix` what to do (None: ok)."""
+
+    name: str
+    status: CheckStatus
+    summary: str
+    fix: str | None = None
+
+
+class ProjectApis:
+    """Service Usage, Resource Manager and Compute over one `requests` session, at
+    Google (`api_endpoint` None) or at one emulator URL that serves all three."""
+
+    def __init__(self, session: Any, api_endpoint: str | None, *, timeout: float = 30.0) -> None:
+        self._session = session
+        self._endpoint = api_endpoint
+        self._timeout = timeout
+
+    def url(self, api: str, path: str) -> str:
+        if self._endpoint is None:
+            return _GOOGLE_BASES[api] + path
+        return f"{self._endpoint.rstrip('/')}/{_LOCAL_PATHS[api]}{path}"
+
+    def get(self, api: str, path: str, params: dict[str, str] | None = None) -> tuple[int, Body]:
+        return self._send("GET", self.url(api, path), params=params)
+
+    def post(self, api: str, path: str, body: Body) -> tuple[int, Body]:
+        return self._send("POST", self.url(api, path), json=body)
+
+    def _send(self, method: str, url: str, **kwargs: Any) -> tuple[int, Body]:
+        """(HTTP status, JSON body). No answer at all is not a check's "unknown": the
+        whole doctor cannot work, so it is raised (UnreachableError)."""
+        import requests
+
+        try:
+            answer = self._session.request(method, url, timeout=self._timeout, **kwargs)
+        except requests.RequestException as error:
+            raise UnreachableError(
+                f"Could not reach {url.split('/v1/')[0]}: {type(error).__name__}.",
+                status="UNAVAILABLE",
+                api_message=str(error)[:300],
+                hint="Check the network (or, for --api-endpoint, that the emulator runs).",
+            ) from None
+        try:
+            body = answer.json()
+        except ValueError:
+            body = {}
+        return int(answer.status_code), body if isinstance(body, dict) else {}
+
+
+def _api_message(body: Body) -> str:
+    error = body.get("error")
+    return str(error.get("message") or "") if isinstance(error, dict) else ""
+
+
+def _reason(body: Body) -> str:
+    """The ErrorInfo reason of a Google error body (SERVICE_DISABLED, ...), or ""."""
+    error = body.get("error")
+    details = error.get("details") if isinstance(error, dict) else None
+    for detail in details if isinstance(details, list) else []:
+        if isinstance(detail, dict) and str(detail.get("@type", "")).endswith("ErrorInfo"):
+            return str(detail.get("reason") or "")
+    return ""
+
+
+def _member(account: str) -> str:
+    """An IAM member for `account` ("MEMBER" when the account is not known)."""
+    if not account:
+        return "MEMBER"
+    kind = "serviceAccount" if account.endswith(".gserviceaccount.com") else "user"
+    return f"{kind}:{account}"
+
+
+def _grant(project: str, member: str, role: str) -> str:
+    return f"gcloud projects add-iam-policy-binding {project} --member={member} --role={role}"
+
+
+def tpu_api_check(apis: ProjectApis, project: str) -> tuple[Check, str | None]:
+    """Is the Cloud TPU API enabled? Also the project NUMBER (Service Usage names the
+    service by it), which names the default compute service account."""
+    status, body = apis.get("serviceusage", f"projects/{project}/services/{TPU_SERVICE}")
+    enable = f"gcloud services enable {TPU_SERVICE} --project {project}"
+    if status != 200:
+        return (
+            Check(
+                "tpu-api",
+                "unknown",
+                f"Service Usage would not say whether the Cloud TPU API is enabled (HTTP "
+                f"{status}: {_api_message(body) or 'no message'}).",
+                f"Check with `gcloud services list --enabled --project {project} "
+                f"--filter=name:{TPU_SERVICE}`; to enable it: `{enable}`.",
+            ),
+            None,
+        )
+    parent = str(body.get("parent") or "")
+    number = parent.removeprefix("projects/") if parent.startswith("projects/") else None
+    if body.get("state") == "ENABLED":
+        return Check("tpu-api", "ok", "The Cloud TPU API is enabled."), number
+    state = str(body.get("state") or "not reported")
+    summary = f"The Cloud TPU API is not enabled in project {project} (state {state})."
+    return Check("tpu-api", "problem", summary, f"Run `{enable}`."), number
+
+
+def permissions_check(
+    apis: ProjectApis, project: str, *, account: str, service_account: str | None
+) -> Check:
+    """Does the caller hold what a run needs? testIamPermissions answers only those held."""
+    wanted = list(RUN_PERMISSIONS) + ([ACT_AS] if service_account else [])
+    status, body = apis.post(
+        "cloudresourcemanager", f"projects/{project}:testIamPermissions", {"permissions": wanted}
+    )
+    if status != 200:
+        why = "the Cloud TPU API is disabled" if _reason(body) == "SERVICE_DISABLED" else ""
+        return Check(
+            "permissions",
+            "unknown",
+            f"Resource Manager would not say what you may do in {project} (HTTP {status}: "
+            f"{_api_message(body) or why or 'no message'}).",
+            "Check that the project exists and that you can see it: "
+            f"`gcloud projects describe {project}`.",
+        )
+    held = {str(p) for p in body.get("permissions") or []}
+    missing = [p for p in wanted if p not in held]
+    if not missing:
+        return Check("permissions", "ok", f"You hold all {len(wanted)} permissions a run needs.")
+    member = _member(account)
+    fixes: list[str] = []
+    if set(missing) - {ACT_AS}:
+        fixes.append(f"`{_grant(project, member, 'roles/tpu.admin')}`")
+    if ACT_AS in missing and service_account:
+        fixes.append(
+            f"`gcloud iam service-accounts add-iam-policy-binding {service_account} "
+            f"--project {project} --member={member} --role=roles/iam.serviceAccountUser`"
+        )
+    who = account or "the caller"
+    return Check(
+        "permissions",
+        "problem",
+        f"{who} lacks {', '.join(missing)} in project {project}.",
+        "Ask a project owner to run " + " and ".join(fixes) + " (console: IAM & Admin > IAM).",
+    )
+
+
+def vm_account_check(
+    apis: ProjectApis, project: str, *, service_account: str | None, number: str | None
+) -> Check:
+    """Can the VM's account delete its own node? Read from the project's IAM policy."""
+    account = service_account or (
+        f"{number}-compute@developer.gserviceaccount.com" if number else ""
+    )
+    if not account:
+        return Check(
+            "vm-account",
+            "unknown",
+            "The VM's account (the default compute service account) is not known: the "
+            "project number was not found.",
+            f"Find it with `gcloud projects describe {project} --format='value(projectNumber)'`"
+            " (the account is NUMBER-compute@developer.gserviceaccount.com) and check it "
+            "holds roles/tpu.admin, or pass --service-account.",
+        )
+    member = f"serviceAccount:{account}"
+    status, body = apis.post(
+        "cloudresourcemanager",
+        f"projects/{project}:getIamPolicy",
+        {"options": {"requestedPolicyVersion": 3}},
+    )
+    look = (
+        f"gcloud projects get-iam-policy {project} --flatten=bindings[].members "
+        f"--filter=bindings.members:{member} --format='value(bindings.role)'"
+    )
+    if status != 200:
+        return Check(
+            "vm-account",
+            "unknown",
+            f"Cannot read the IAM policy of {project} (HTTP {status}: "
+            f"{_api_message(body) or 'no message'}), so whether {account} may delete its "
+            "own node (the watchdog needs it) is not known.",
+            f"Ask a project owner to run `{look}`: it needs one of {', '.join(DELETE_ROLES)}.",
+        )
+    roles = _roles_of(body, member)
+    granting = [role for role in roles if role in DELETE_ROLES]
+    if granting:
+        return Check(
+            "vm-account", "ok", f"{account} holds {granting[0]}: its watchdog can delete its node."
+        )
+    custom = [role for role in roles if not role.startswith("roles/")]
+    if custom:
+        return Check(
+            "vm-account",
+            "unknown",
+            f"{account} holds custom role(s) {', '.join(custom)}; whether one grants "
+            f"{DELETE_NODE_PERMISSION} is not read here.",
+            f"Check with `gcloud iam roles describe ROLE` for each; or grant "
+            f"`{_grant(project, member, 'roles/tpu.admin')}`.",
+        )
+    return Check(
+        "vm-account",
+        "problem",
+        f"{account} holds no role in {project}'s policy that deletes TPU nodes (e.g. a "
+        '"secure by default" organisation gives the default compute account no Editor): '
+        "the VM's watchdog could not delete a forgotten VM. (Roles granted on a folder or "
+        "the organisation are not in the project's policy.)",
+        f"Run `{_grant(project, member, 'roles/tpu.admin')}`, or pass --service-account "
+        "with an account that holds roles/tpu.admin.",
+    )
+
+
+def _roles_of(policy: Body, member: str) -> list[str]:
+    roles: list[str] = []
+    for binding in policy.get("bindings") or []:
+        if isinstance(binding, dict) and member in (binding.get("members") or []):
+            roles.append(str(binding.get("role") or ""))
+    return roles
+
+
+def network_check(apis: ProjectApis, project: str, network: str = "default") -> Check:
+    """Does the network exist, and does a firewall rule let tcp:22 in from outside?"""
+    status, body = apis.get("compute", f"projects/{project}/global/networks/{network}")
+    ssh_rule = (
+        f"gcloud compute firewall-rules create tpulab-allow-ssh --project {project} "
+        f"--network {network} --direction INGRESS --allow tcp:22 --source-ranges 0.0.0.0/0"
+    )
+    if status == 404:
+        return Check(
+            "network",
+            "problem",
+            f"Project {project} has no `{network}` network: a TPU VM cannot be created in it.",
+            f"Run `gcloud compute networks create {network} --project {project} "
+            f"--subnet-mode auto` and then `{ssh_rule}`.",
+        )
+    if status != 200:
+        return Check(
+            "network",
+            "unknown",
+            f"Compute would not show network `{network}` (HTTP {status}: "
+            f"{_api_message(body) or 'no message'}).",
+            f"Check with `gcloud compute networks describe {network} --project {project}` "
+            "(Compute Engine API enabled, and roles/compute.networkViewer).",
+        )
+    rules, listed = _firewalls(apis, project)
+    if not listed:
+        return Check(
+            "network",
+            "unknown",
+            f"Network `{network}` exists; its firewall rules could not be listed.",
+            f"Check with `gcloud compute firewall-rules list --project {project} "
+            f"--filter=network:{network}` for one that allows tcp:22.",
+        )
+    letting_in = [rule["name"] for rule in rules if _lets_ssh_in(rule, network)]
+    if letting_in:
+        return Check(
+            "network", "ok", f"Network `{network}` exists; rule {letting_in[0]} lets tcp:22 in."
+        )
+    return Check(
+        "network",
+        "problem",
+        f"No firewall rule of network `{network}` lets tcp:22 in from outside: tpulab "
+        "could not SSH to the VM.",
+        f"Run `{ssh_rule}` (narrow --source-ranges to your address if you can).",
+    )
+
+
+def _firewalls(apis: ProjectApis, project: str) -> tuple[list[Body], bool]:
+    """Every firewall rule of the project (all pages); False when Compute refused."""
+    rules: list[Body] = []
+    token = ""
+    while True:
+        params = {"pageToken": token} if token else None
+        status, body = apis.get("compute", f"projects/{project}/global/firewalls", params)
+        if status != 200:
+            return rules, False
+        rules += [item for item in body.get("items") or [] if isinstance(item, dict)]
+        token = str(body.get("nextPageToken") or "")
+        if not token:
+            return rules, True
+
+
+def _lets_ssh_in(rule: Body, network: str) -> bool:
+    """An enabled INGRESS allow rule on `network`, for every VM (no target tags or
+    accounts: tpulab's VMs carry none), from a range outside private addresses."""
+    if not str(rule.get("network") or "").endswith(f"/global/networks/{network}"):
+        return False
+    if rule.get("disabled") or (rule.get("direction") or "INGRESS") != "INGRESS":
+        return False
+    if rule.get("targetTags") or rule.get("targetServiceAccounts"):
+        return False
+    if not any(_public(source) for source in rule.get("sourceRanges") or []):
+        return False
+    return any(_allows_22(allowed) for allowed in rule.get("allowed") or [])
+
+
+def _public(cidr: object) -> bool:
+    try:
+        return not ipaddress.ip_network(str(cidr), strict=False).is_private
+    except ValueError:
+        return False
+
+
+def _allows_22(allowed: object) -> bool:
+    if not isinstance(allowed, dict):
+        return False
+    if str(allowed.get("IPProtocol") or "").lower() not in {"tcp", "all", "6"}:
+        return False
+    ports = allowed.get("ports") or []
+    if not ports:
+        return True  # no ports: every port of the protocol
+    for port in ports:
+        low, _, high = str(port).partition("-")
+        if low.isdigit() and int(low) <= 22 <= int(high or low):
+            return True
+    return False
+
+
+def preflight(
+    apis: ProjectApis, project: str, *, account: str, service_account: str | None
+) -> Sequence[Check]:
+    """The cheap subset a run asks before its create: API enabled, caller's permissions."""
+    api, _ = tpu_api_check(apis, project)
+    return [
+        api,
+        permissions_check(apis, project, account=account, service_account=service_account),
+    ]
