@@ -5,7 +5,6 @@ VM's half, tpulab.run.forward for the forward and the lease)."""
 from __future__ import annotations
 
 import contextlib
-import secrets
 import signal
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated
@@ -120,6 +119,8 @@ def _serve(
 ) -> None:
     """Start Jupyter, forward it, print the URL, hold until Ctrl-C (KeyboardInterrupt);
     RemoteError if Jupyter does not start or the forward ends by itself."""
+    import secrets  # here, not at the top: hashlib and random cost `tpulab --help` ~10 ms
+
     from tpulab.cli.session import raise_if_gone
     from tpulab.config.forward import Forward
     from tpulab.remote.notebook import parse_started, start_command

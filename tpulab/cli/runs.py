@@ -15,20 +15,20 @@ row to ask, and an out dir copied to another machine must not look alive there.
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tpulab import errors as E
 from tpulab.cli._console import print_lines
 from tpulab.cli._exit import guarded
-from tpulab.envelope import Envelope
-from tpulab.run.record import RunRecord
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from tpulab.cleanup.journal import RecordPointer
+    from tpulab.cli._runs_envelope import RunsListEnvelope
+    from tpulab.run.record import RunRecord
 
 __all__ = ["RunsListEnvelope", "runs_app"]
 
@@ -38,16 +38,13 @@ runs_app = typer.Typer(
 )
 
 
-class RunsListEnvelope(Envelope):
-    """`tpulab runs list --json`: each record, or why it could not be read."""
+def __getattr__(name: str) -> Any:
+    # The envelope's home imports pydantic: loaded when asked for, not by `--help`.
+    if name == "RunsListEnvelope":
+        from tpulab.cli._runs_envelope import RunsListEnvelope
 
-    command: Literal["runs list"] = "runs list"
-    runs: list[RunRecord]
-    unreadable: dict[str, str]  # run id -> what is wrong with its run.json
-    # Run ids whose record still says "running" but whose process is gone: killed
-    # (SIGKILL, power loss) before the end could replace it. Their artifacts, if any,
-    # are in the record's workload.out.
-    interrupted: list[str]
+        return RunsListEnvelope
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _read(path: Path) -> RunRecord:
@@ -121,6 +118,8 @@ def runs_list(
     def action() -> None:
         records, unreadable, interrupted = _collect(limit)
         if as_json:
+            from tpulab.cli._runs_envelope import RunsListEnvelope
+
             envelope = RunsListEnvelope(
                 ok=True, runs=records, unreadable=unreadable, interrupted=interrupted
             )

@@ -1,0 +1,93 @@
+"""Drawing help is cheap: `tpulab --help` and every `tpulab CMD --help` import only what
+draws help, so that asking for help never waits for pydantic, the Google client or SSH.
+
+Every command and subcommand is taken from the typer app itself (a new command is
+checked the day it is added), and each `--help` runs in a fresh interpreter through the
+console entry point (`tpulab.cli:main`, with its help fix-ups), because this test
+process has imported everything already. rich may load: typer draws its help with it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import typer.main
+
+from tpulab.cli import app
+
+# Packages `--help` must not import (by top-level name: `google` covers google.cloud,
+# google.auth, google.protobuf, google.api_core).
+NOT_FOR_HELP = ("pydantic", "google", "grpc", "paramiko", "asyncssh", "jax", "numpy")
+
+_PROBE = """
+import json, sys
+{preamble}
+sys.argv = ["tpulab", *json.loads(sys.argv[1])]
+from tpulab.cli import main
+try:
+    main()
+except SystemExit as done:
+    code = done.code
+else:
+    code = 0
+loaded = sorted({{name.split(".")[0] for name in sys.modules}})
+print("\\nPROBE " + json.dumps({{"code": code, "loaded": loaded}}))
+"""
+
+
+def _command_paths() -> list[tuple[str, ...]]:
+    """Every command path of the app: (), ("run",), ("receipts",), ("receipts", "show")..."""
+    found: list[tuple[str, ...]] = []
+
+    def walk(command: object, path: tuple[str, ...]) -> None:
+        found.append(path)
+        for name, sub in sorted(getattr(command, "commands", {}).items()):
+            walk(sub, (*path, name))
+
+    walk(typer.main.get_command(app), ())
+    return found
+
+
+COMMANDS = _command_paths()
+
+
+def _help_of(path: tuple[str, ...], preamble: str = "") -> tuple[object, list[str], str]:
+    """Run `tpulab PATH --help` fresh: its exit code, the top-level packages it loaded,
+    its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(preamble=preamble), json.dumps([*path, "--help"])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "\nPROBE " in done.stdout, done.stderr + done.stdout
+    shown, _, probe = done.stdout.rpartition("\nPROBE ")
+    found = json.loads(probe)
+    return found["code"], found["loaded"], shown
+
+
+def test_every_command_is_enumerated() -> None:
+    # The walk must reach the nested commands, or the check below covers only the top.
+    assert {(), ("run",), ("list",), ("receipts", "show"), ("runs", "list")} <= set(COMMANDS)
+    assert ("emulator", "serve") in COMMANDS
+
+
+@pytest.mark.parametrize("path", COMMANDS, ids=lambda path: " ".join(("tpulab", *path)))
+def test_help_imports_nothing_heavy(path: tuple[str, ...]) -> None:
+    code, loaded, shown = _help_of(path)
+    assert code in (0, None), shown
+    heavy = sorted(set(loaded) & set(NOT_FOR_HELP))
+    assert heavy == [], f"`tpulab {' '.join(path)} --help` imported {heavy}"
+    # It drew that command's help, not an error or another command's.
+    usage = " ".join(("Usage: tpulab", *path))
+    assert any(line.strip().startswith(usage) for line in shown.splitlines()), shown
+
+
+def test_the_probe_would_notice_a_heavy_import() -> None:
+    # The check above must be able to fail: an import of pydantic shows in the probe.
+    _, loaded, _ = _help_of(("run",), preamble="import pydantic")
+    assert "pydantic" in loaded
