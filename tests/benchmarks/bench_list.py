@@ -2,7 +2,11 @@
 
 Both are run as the user runs them (fresh processes, default table output) over the same
 zone contents; the median wall time of several alternating runs is compared. Goal:
-tpulab at least 1.5x faster. Run: `nox -s bench` or `pytest tests/benchmarks -s`.
+tpulab at least 1.5x faster in one zone (1 and 120 nodes), and 3x over three zones,
+which tpulab lists in parallel and gcloud one process per zone. Each `tpulab list` also
+reads the lease of every node this machine's journal does not know (all of them here),
+one getGuestAttributes per node, which gcloud does not. Run: `nox -s bench` or
+`pytest tests/benchmarks -s`.
 """
 
 from __future__ import annotations
@@ -36,12 +40,12 @@ ZONES = tuple(z.name for z in CATALOG_ZONES.values() if "v5litepod" in z.familie
 ROUNDS = rounds(7)
 
 
-def _tpulab_command() -> list[str]:
+def tpulab_command() -> list[str]:
     script = Path(sys.executable).with_name("tpulab")
     return [str(script)] if script.exists() else [sys.executable, "-m", "tpulab"]
 
 
-def _timed(command: Sequence[str], env: dict[str, str]) -> tuple[float, str]:
+def timed(command: Sequence[str], env: dict[str, str]) -> tuple[float, str]:
     started = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     elapsed = time.perf_counter() - started
@@ -65,7 +69,7 @@ def _populate(url: str, zone: str, count: int) -> None:
         api.create_node(zone, f"bench-{zone}-{index:03d}", request)
 
 
-def _environment(url: str, config_dir: Path) -> dict[str, str]:
+def gcloud_environment(url: str, config_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLOUDSDK_")}
     env.update(
         CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU=url + "/",
@@ -95,17 +99,17 @@ def test_tpulab_list_vs_gcloud_list(nodes: int, zones: tuple[str, ...], tmp_path
     with Emulator(tmp_path / "state", timing=timing) as emulator:
         for zone in zones:
             _populate(emulator.url, zone, nodes)
-        env = _environment(emulator.url, tmp_path / "gcloud-config")
-        tpulab = [*_tpulab_command(), "list", "--all", "--api-endpoint", emulator.url]
+        env = gcloud_environment(emulator.url, tmp_path / "gcloud-config")
+        tpulab = [*tpulab_command(), "list", "--all", "--api-endpoint", emulator.url]
         tpulab += ["--project", PROJECT, *(f"--zone={zone}" for zone in zones)]
         gclouds = [["gcloud", "compute", "tpus", "tpu-vm", "list", f"--zone={z}"] for z in zones]
 
         def run_tpulab() -> tuple[float, list[str]]:
-            elapsed, out = _timed(tpulab, env)
+            elapsed, out = timed(tpulab, env)
             return elapsed, _names(out)
 
         def run_gcloud() -> tuple[float, list[str]]:
-            runs = [_timed(command, env) for command in gclouds]
+            runs = [timed(command, env) for command in gclouds]
             return sum(t for t, _ in runs), sorted(n for _, out in runs for n in _names(out))
 
         # One untimed run each: gcloud writes its config directory on first use. Both
@@ -123,8 +127,9 @@ def test_tpulab_list_vs_gcloud_list(nodes: int, zones: tuple[str, ...], tmp_path
     tpulab_median = statistics.median(tpulab_times)
     gcloud_median = statistics.median(gcloud_times)
     ratio = gcloud_median / tpulab_median
+    goal = 3.0 if len(zones) > 1 else 1.5
     print(
         f"\n[bench_list] {nodes} node(s) x {len(zones)} zone(s), median of {ROUNDS}: "
         f"tpulab list {tpulab_median:.3f}s, gcloud tpu-vm list {gcloud_median:.3f}s "
-        f"({len(gclouds)} process(es)), ratio {ratio:.2f}x (goal >= 1.5x)"
+        f"({len(gclouds)} process(es)), ratio {ratio:.2f}x (goal >= {goal:g}x)"
     )
