@@ -13,10 +13,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import cli_imports, require_tool, served_emulator, tpulab
+from helpers import cli_imports, require_tool, served_emulator, tpulab, wait_until
 
 from tpulab.cleanup.journal import Journal
 from tpulab.emulator import Emulator
@@ -247,19 +248,30 @@ def test_interrupted_and_failing_execs_keep_the_session(served: Emulator, tmp_pa
     assert served.node_names(PROJECT) == []
 
 
+# How long `tpulab exec` may take from its start to its check that the session has not
+# expired (imports, reading the state) on a loaded runner: a bound, not a timing (a CLI
+# start took ~10 s at load 12). The aged session's deadline is this far ahead when the
+# exec starts.
+EXEC_START_BOUND = 30.0
+
+
 def test_a_command_outliving_idle_keeps_its_node_and_ttl_ends_it_clearly(
     served: Emulator, tmp_path: Path
 ) -> None:
-    # The --ttl leaves room for `up` and the first exec on a loaded CI machine (both
-    # took up to ~45 s each under load); at 75 s the first exec could outlive it.
     # The --idle covers the gap between the two execs, when nothing renews the lease
     # (the first one's exit, the second one's start, GetNode and SSH login): at 15 s a
     # machine at load 12 let the node idle out there, before the second exec's renewer
     # took over (CI, 2026-12-01).
     state = up(served, "short", "--ttl", "180s", "--idle", "30s")
+    booted_by = time.time()  # the VM's watchdog started before `up` returned
     work = tmp_path / "work"
     work.mkdir()
-    (work / "nap.py").write_text("import sys, time\ntime.sleep(float(sys.argv[1]))\n")
+    (work / "nap.py").write_text(
+        "import pathlib, sys, time\n"
+        "if len(sys.argv) > 2:\n"
+        "    pathlib.Path(sys.argv[2]).write_text('started')\n"
+        "time.sleep(float(sys.argv[1]))\n"
+    )
     # Longer than --idle: the exec renews the lease in the background, so the VM stays.
     long = tpulab(
         "exec", "short", "--workdir", str(work), "--out", str(tmp_path / "long"), "--",
@@ -269,10 +281,28 @@ def test_a_command_outliving_idle_keeps_its_node_and_ttl_ends_it_clearly(
     assert node_state(served, str(state["node_name"])) == "READY"
 
     # This one outlives the session's --ttl: the watchdog deletes the node under it.
-    ended = tpulab(
-        "exec", "short", "--workdir", str(work), "--out", str(tmp_path / "ended"), "--",
-        "python", "nap.py", "300", timeout=300,
-    )  # fmt: skip
+    # The session is aged rather than waited for (the 180 s minimum --ttl was most of
+    # this test's three minutes): its times on this machine move back now, so the
+    # deadline is EXEC_START_BOUND away when the exec starts, and the VM's clock moves
+    # forward by as much once the command runs and that deadline has passed here too.
+    aged_by = _age_session("short", EXEC_START_BOUND)
+    started = tmp_path / "nap-started"
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        running = pool.submit(
+            tpulab,
+            "exec", "short", "--workdir", str(work), "--out", str(tmp_path / "ended"), "--",
+            "python", "nap.py", "300", str(started), timeout=300,
+        )  # fmt: skip
+        wait_until(lambda: started.exists() or running.done(), "the command to start", 120)
+        assert started.exists(), running.result().stderr
+        deadline_at = float(json.loads(session_file("short").read_text())["deadline_at"])
+        time.sleep(max(0.0, deadline_at - time.time()))  # this machine's deadline, reached
+        # The watchdog's deadline counts from its start, a little after up's started_at:
+        # moving its clock that much further too makes the deadline, not the lease (whose
+        # last renewal the skip outruns as well), what has passed when it next looks.
+        boot_lag = booted_by - float(state["started_at"])
+        served.skip_vm_clock(PROJECT, ZONE, str(state["node_name"]), aged_by + boot_lag)
+        ended = running.result()
     assert ended.returncode == EXIT_REMOTE, ended.stderr + ended.stdout
     assert (
         "Session short's node " + str(state["node_name"]) + " deleted itself: its --ttl "
@@ -291,6 +321,23 @@ def test_a_command_outliving_idle_keeps_its_node_and_ttl_ends_it_clearly(
     record = json.loads((tmp_path / "ended" / "run.json").read_text())
     assert record["ok"] is False
     assert "--ttl deadline passed" in record["failure"]
+
+
+def session_file(name: str) -> Path:
+    return session_dir(name) / "session.json"
+
+
+def _age_session(name: str, left: float) -> float:
+    """Move the session's recorded times back so its --ttl deadline is `left` seconds
+    away (its length unchanged); how far they moved."""
+    path = session_file(name)
+    state = json.loads(path.read_text())
+    by = float(state["deadline_at"]) - time.time() - left
+    assert by > 0, f"the session has less than {left} s left already"
+    for key in ("started_at", "deadline_at"):
+        state[key] = float(state[key]) - by
+    path.write_text(json.dumps(state))
+    return by
 
 
 def test_bad_input_is_refused_before_anything_is_sent(served: Emulator, tmp_path: Path) -> None:

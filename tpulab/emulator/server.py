@@ -307,6 +307,21 @@ class Emulator:
     def sandbox(self, project: str, zone: str, node: str) -> Path:
         return self.state_dir / "sandboxes" / project / zone / node
 
+    def clock_skip_file(self, project: str, zone: str, node: str) -> Path:
+        """How far the node's clock was moved forward (beside, not in, its home)."""
+        return self.state_dir / "clocks" / project / zone / node
+
+    def skip_vm_clock(self, project: str, zone: str, node: str, seconds: float) -> float:
+        """Move a booted node's clock `seconds` forward, as if that long had passed on the
+        VM with nothing else happening: its watchdog's --ttl deadline and lease come that
+        much sooner, so a test need not wait minutes of real time for them. The total
+        skipped since the node booted; KeyError when the node has no booted guest."""
+        with self._hosts_lock:
+            guest = self._guests.get(node_key(project, zone, node))
+        if guest is None:
+            raise KeyError(f"node {project}/{zone}/{node} has no booted guest")
+        return guest.skip_clock(seconds)
+
     def startup_log(self, project: str, zone: str, node: str) -> Path:
         """Where the node's startup-script output goes (in its sandbox, while it exists)."""
         return startup_log(self.sandbox(project, zone, node))
@@ -347,6 +362,9 @@ class Emulator:
             self._stop_host(key)
             _kill_boot(node)  # booted by an emulator that died: nobody else will
             shutil.rmtree(self.sandbox(node["project"], node["zone"], node["name"]), True)
+            self.clock_skip_file(node["project"], node["zone"], node["name"]).unlink(
+                missing_ok=True
+            )
 
     def _tick_loop(self) -> None:
         while not self._stopping.is_set():
@@ -454,6 +472,7 @@ class Emulator:
             StateLink(key, self._transaction, self._clock),
             api_url=self.url,
             image=self._guest_image(),
+            clock_skip=self.clock_skip_file(node["project"], node["zone"], node["name"]),
         )
         try:
             guest.start()
