@@ -285,7 +285,9 @@ def test_a_command_outliving_idle_keeps_its_node_and_ttl_ends_it_clearly(
     # this test's three minutes): its times on this machine move back now, so the
     # deadline is EXEC_START_BOUND away when the exec starts, and the VM's clock moves
     # forward by as much once the command runs and that deadline has passed here too.
-    aged_by = _age_session("short", EXEC_START_BOUND)
+    aged_by = float(str(state["deadline_at"])) - time.time() - EXEC_START_BOUND
+    assert aged_by > 0, "up and the first exec took the whole --ttl"
+    _age_session("short", aged_by)
     started = tmp_path / "nap-started"
     with ThreadPoolExecutor(max_workers=1) as pool:
         running = pool.submit(
@@ -300,7 +302,7 @@ def test_a_command_outliving_idle_keeps_its_node_and_ttl_ends_it_clearly(
         # The watchdog's deadline counts from its start, a little after up's started_at:
         # moving its clock that much further too makes the deadline, not the lease (whose
         # last renewal the skip outruns as well), what has passed when it next looks.
-        boot_lag = booted_by - float(state["started_at"])
+        boot_lag = booted_by - float(str(state["started_at"]))
         served.skip_vm_clock(PROJECT, ZONE, str(state["node_name"]), aged_by + boot_lag)
         ended = running.result()
     assert ended.returncode == EXIT_REMOTE, ended.stderr + ended.stdout
@@ -327,17 +329,16 @@ def session_file(name: str) -> Path:
     return session_dir(name) / "session.json"
 
 
-def _age_session(name: str, left: float) -> float:
-    """Move the session's recorded times back so its --ttl deadline is `left` seconds
-    away (its length unchanged); how far they moved."""
+def _age_session(name: str, by: float, *, idle_too: bool = False) -> None:
+    """Move the session's recorded times on this machine `by` seconds back (its --ttl
+    length unchanged), as if it had been up that much longer; with `idle_too`, its last
+    renewal as well (nothing renewed it meanwhile)."""
     path = session_file(name)
     state = json.loads(path.read_text())
-    by = float(state["deadline_at"]) - time.time() - left
-    assert by > 0, f"the session has less than {left} s left already"
-    for key in ("started_at", "deadline_at"):
+    keys = ("started_at", "deadline_at", *(("renewed_at",) if idle_too else ()))
+    for key in keys:
         state[key] = float(state[key]) - by
     path.write_text(json.dumps(state))
-    return by
 
 
 def test_bad_input_is_refused_before_anything_is_sent(served: Emulator, tmp_path: Path) -> None:
@@ -506,11 +507,17 @@ def test_exec_on_a_session_whose_idle_lease_lapsed_says_so_and_cleans_up(
     served: Emulator, tmp_path: Path
 ) -> None:
     state = up(served, "lapsed", "--idle", "30s")
-    # Nobody renews: the VM's watchdog deletes the node (30 s + its poll).
-    deadline = time.monotonic() + 120
-    while served.node_names(PROJECT):
-        assert time.monotonic() < deadline, "the idle session's node was not deleted"
-        time.sleep(0.5)
+    # Nobody renews: the VM's watchdog deletes the node once --idle (or, before the first
+    # renewal, its boot grace) passes. Aged rather than waited for: the session's times
+    # here and the VM's clock move forward by as much, past both, well before --ttl.
+    watchdog = state["watchdog"]
+    assert isinstance(watchdog, dict)
+    idle = max(float(watchdog["lease_seconds"]), float(watchdog["boot_grace_seconds"]))
+    by = idle + (time.time() - float(str(state["started_at"]))) + 1
+    assert by < float(str(state["deadline_at"])) - time.time(), "the --ttl would pass first"
+    _age_session("lapsed", by, idle_too=True)
+    served.skip_vm_clock(PROJECT, ZONE, str(state["node_name"]), by)
+    wait_until(lambda: not served.node_names(PROJECT), "the idle session's node to go", 120)
     out = ("--out", str(tmp_path / "out"))
     done = tpulab("exec", "lapsed", "--workdir", str(LAB), *out, "--", "true", timeout=300)
     assert done.returncode == EXIT_REMOTE, done.stderr + done.stdout
