@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import cli_imports, require_tool, served_emulator, tpulab, wait_until
+from helpers import cli_imports, invoke, require_tool, served_emulator, tpulab, wait_until
 
 from tpulab.cleanup.journal import Journal
 from tpulab.emulator import Emulator
@@ -342,9 +342,12 @@ def _age_session(name: str, by: float, *, idle_too: bool = False) -> None:
 
 
 def test_bad_input_is_refused_before_anything_is_sent(served: Emulator, tmp_path: Path) -> None:
-    alone = tpulab("exec", "--", "true", timeout=60)
-    assert alone.returncode == EXIT_CONFIG
-    assert "No session is up" in alone.stderr
+    # The refusals run in this process (`invoke`): each is a validation before any call,
+    # and a `tpulab` subprocess per case cost a CLI start-up each (~3 s on a loaded
+    # runner). The session they name, and the dry runs, are real.
+    status, _, err = invoke("exec", "--", "true")
+    assert status == EXIT_CONFIG
+    assert "No session is up" in err
     assert served.requests() == []
 
     state = up(served, "gate")
@@ -375,11 +378,11 @@ def test_bad_input_is_refused_before_anything_is_sent(served: Emulator, tmp_path
         ("gate", "--workdir", str(work), "--", "echo", "x" * 131_000): "over the 98,304-byte",
     }
     for args, said in refused.items():
-        done = tpulab("exec", *args, timeout=60)
-        assert done.returncode == EXIT_CONFIG, (args, done.stderr)
-        assert said in " ".join(done.stderr.split()), (args, done.stderr)
+        status, _, err = invoke("exec", *args)
+        assert status == EXIT_CONFIG, (args, err)
+        assert said in " ".join(err.split()), (args, err)
         if str(loop) in args:
-            assert "goes through a symbolic link loop" in " ".join(done.stderr.split())
+            assert "goes through a symbolic link loop" in " ".join(err.split())
     assert not capped_out.exists()  # refused in validation: not even a run.json
 
     # The dry run is the exec's own Lifecycle over recording seams: no create, no
@@ -410,9 +413,9 @@ def test_bad_input_is_refused_before_anything_is_sent(served: Emulator, tmp_path
     path = session_dir("gate") / "session.json"
     expired = {**json.loads(path.read_text()), "deadline_at": time.time() - 1}
     path.write_text(json.dumps(expired))
-    done = tpulab("exec", "gate", "--", "true", timeout=60)
-    assert done.returncode == EXIT_CONFIG
-    assert "Session gate has expired" in done.stderr
+    status, _, err = invoke("exec", "gate", "--", "true")
+    assert status == EXIT_CONFIG
+    assert "Session gate has expired" in err
     assert len(served.requests()) == sent
     down = tpulab("down", "gate", timeout=120)
     assert down.returncode == EXIT_OK, down.stderr
