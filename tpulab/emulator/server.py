@@ -38,6 +38,7 @@ from tpulab.contract import (
     EMULATOR_SSH_USER_ATTRIBUTE,
     HOST_KEY_NAMESPACE,
     OS_LOGIN_METADATA,
+    RUN_ID_LABEL,
     SSH_KEYS_METADATA,
 )
 from tpulab.emulator import queued
@@ -155,6 +156,24 @@ class _Request:
     @property
     def zone(self) -> str:
         return self.params["zone"]
+
+
+# Emulated VMs share this machine's /tmp, where a tpulab node's watchdog keeps its files
+# (its lease, log and pid: `tpulab-<what>-<run id>[.ext]`, tpulab.remote.watchdog). On a
+# real VM they go with its disk; here they go with the node, or every emulated run
+# leaves three files behind (thousands over a few test runs).
+_SHARED_TMP = Path("/tmp")  # the VM's /tmp, as the watchdog names it
+
+
+def _forget_tmp_files(node: Record) -> None:
+    run_id = str((node.get("labels") or {}).get(RUN_ID_LABEL) or "")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{5,62}", run_id):
+        return  # not a tpulab node, or a label this cannot match safely
+    ours = re.compile(rf"tpulab-[a-z]+-{re.escape(run_id)}(\.[a-z]+)?")
+    for path in _SHARED_TMP.glob(f"tpulab-*-{run_id}*"):
+        if ours.fullmatch(path.name):
+            with suppress(OSError):
+                path.unlink()
 
 
 class Emulator:
@@ -365,6 +384,7 @@ class Emulator:
             self.clock_skip_file(node["project"], node["zone"], node["name"]).unlink(
                 missing_ok=True
             )
+            _forget_tmp_files(node)
 
     def _tick_loop(self) -> None:
         while not self._stopping.is_set():
