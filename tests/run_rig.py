@@ -25,7 +25,7 @@ from tpulab.emulator import Emulator
 from tpulab.emulator.backends import make_host_backend
 from tpulab.emulator.hosts import HostBackend
 from tpulab.evidence.store import ReceiptStore
-from tpulab.run.lifecycle import Lifecycle
+from tpulab.run.lifecycle import KeptRun, Lifecycle
 from tpulab.run.progress import FanOut, Recorder, RunObserver
 
 __all__ = ["FAST", "PAYLOAD_BOUND", "Rig", "embedded_rig", "payload_script", "rig"]
@@ -80,16 +80,24 @@ class Rig:
         self, spec: RunSpec, *observers: RunObserver, **kwargs: Any
     ) -> tuple[Lifecycle, Recorder]:
         recorder = Recorder()
+        return Lifecycle(spec, **self._seams(recorder, observers, kwargs)), recorder
+
+    def kept_run(
+        self, spec: RunSpec, *observers: RunObserver, **kwargs: Any
+    ) -> tuple[KeptRun, Recorder]:
+        """`tpulab up`'s driver over the same seams."""
+        recorder = Recorder()
+        return KeptRun(spec, **self._seams(recorder, observers, kwargs)), recorder
+
+    def _seams(
+        self, recorder: Recorder, observers: tuple[RunObserver, ...], kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
         kwargs.setdefault("poll", fast_poll())
         kwargs.setdefault("teardown_poll", 0.05)
         kwargs.setdefault("store", ReceiptStore(self.tmp / "receipts"))
         kwargs.setdefault("api", self.api)  # a test may wrap it (tests/delegating_api.py)
-        life = Lifecycle(
-            spec,
-            observer=FanOut([recorder, *observers]) if observers else recorder,
-            **kwargs,
-        )
-        return life, recorder
+        kwargs["observer"] = FanOut([recorder, *observers]) if observers else recorder
+        return kwargs
 
     def run(
         self, spec: RunSpec, *observers: RunObserver, **kwargs: Any

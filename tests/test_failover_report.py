@@ -6,7 +6,7 @@ import pytest
 
 from tpulab.config import build_run_spec
 from tpulab.run.attempts import Attempt
-from tpulab.run.lifecycle import RunOutcome
+from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import Recorder
 from tpulab.run.report import run_envelope, summary_lines
 

@@ -15,12 +15,12 @@ import pytest
 
 import tpulab
 
-# Every module of the controller: all but the CLI (whose --emulate glue may start an
-# emulator) and the emulator itself.
+# Every module of the controller: all but the CLI, the --emulate glue that starts an
+# emulator (tpulab.app.embedded) and the emulator itself.
 CONTROLLER = sorted(
     info.name
     for info in pkgutil.walk_packages(tpulab.__path__, prefix="tpulab.")
-    if not info.name.startswith(("tpulab.cli", "tpulab.emulator"))
+    if not info.name.startswith(("tpulab.cli", "tpulab.emulator", "tpulab.app.embedded"))
 )
 
 

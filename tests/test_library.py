@@ -22,8 +22,9 @@ from tpulab.errors import ConfigError, StockoutError, TeardownError, UnknownAcce
 
 if TYPE_CHECKING:
     from emulator_fixtures import EmulatorStarter
+    from run_rig import Rig
 
-pytest_plugins = ["emulator_fixtures"]
+pytest_plugins = ["emulator_fixtures", "run_rig"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "library-project"
@@ -49,7 +50,7 @@ def test_import_tpulab_loads_nothing_heavy() -> None:
 
 def test_the_facades_types_load_on_first_use() -> None:
     from tpulab.cleanup.report import TeardownEnvelope
-    from tpulab.run.lifecycle import RunOutcome
+    from tpulab.run.outcome import RunOutcome
 
     assert tpulab.RunOutcome is RunOutcome
     assert tpulab.TeardownEnvelope is TeardownEnvelope
@@ -111,6 +112,29 @@ def test_a_failed_run_raises_or_returns_its_outcome(
     assert outcome.teardown_status == "confirmed"  # what the stockout left was deleted
     assert served.node_names() == []
     assert served.calls["create_node"] == 2
+
+
+def test_a_library_run_fails_over_to_the_next_zone(embedded_rig: Rig) -> None:
+    """`run_tpu` is `tpulab run`: zones are tried in order (the command's --zone ...)."""
+    stocked_out, free = "us-central1-a", "us-west1-c"
+    embedded_rig.emulator.faults.stockout_zones = [stocked_out]
+    outcome = tpulab.run_tpu(
+        accelerator="v5litepod-4",
+        api_endpoint=embedded_rig.emulator.url,
+        project=PROJECT,
+        zones=[stocked_out, free],
+    )
+    assert outcome.spec.zone.value == free
+    assert outcome.verdict is not None
+    assert outcome.verdict.value == "verified"
+    assert outcome.teardown_status == "confirmed"
+    created_in = [
+        request["path"].split("/locations/")[1].split("/")[0]
+        for request in embedded_rig.emulator.requests()
+        if request["method"] == "POST" and request["path"].endswith("/nodes")
+    ]
+    assert created_in == [stocked_out, free]
+    assert embedded_rig.leftovers() == []
 
 
 def _orphan_in_the_embedded_emulator(start_emulator: EmulatorStarter) -> str:

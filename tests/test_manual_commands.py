@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from helpers import require_tool
 
+from tpulab.app.embedded import emulated_target
 from tpulab.cleanup.journal import Journal, RunRow
-from tpulab.cli._embedded import emulated_target
 from tpulab.cloud.google import GoogleTpuApi
 from tpulab.emulator.server import Emulator
 from tpulab.emulator.timing import Timing

@@ -18,7 +18,7 @@ from tpulab.config.python import EMULATED_PYTHON, REAL_PYTHON
 from tpulab.errors import ConfigError
 from tpulab.remote import bootstrap as boot
 from tpulab.remote.bootstrap import BootstrapResult
-from tpulab.run.lifecycle import RunOutcome
+from tpulab.run.outcome import RunOutcome
 from tpulab.run.report import summary_lines
 
 if TYPE_CHECKING:

@@ -13,6 +13,7 @@ import pytest
 from helpers import served_emulator, tpulab
 
 from tpulab.config.sessions import session_times
+from tpulab.config.watchdog import BOOT_GRACE_MARGIN_SECONDS
 from tpulab.emulator import Emulator
 from tpulab.errors import ConfigError, NodeVanishedError
 from tpulab.run.session import abandon, bring_up
@@ -47,9 +48,18 @@ def test_a_ttl_or_idle_too_short_to_use_is_refused(ttl: str, idle: str | None, s
 
 def test_the_shortest_accepted_session_is_3_min_with_30_s_idle() -> None:
     times = session_times("3m", "30s")
-    assert (times.max_duration, times.lease) == ("180s", "30s")
+    assert (times.ttl_seconds, times.idle_seconds) == (180.0, 30.0)
     # No --idle: the default lease, never longer than the session.
-    assert session_times("3m", None).lease == "180s"
+    assert session_times("3m", None).idle_seconds == 180.0
+
+
+def test_up_times_become_the_watchdog_without_a_second_parse() -> None:
+    # --ttl and --idle are the session's watchdog group: its deadline and lease as given,
+    # the boot grace as a run's (the controller's boot waits plus the margin).
+    settings = session_times("10h", "8h").resolve(boot_wait_seconds=300.0)
+    assert settings.max_duration_seconds == 36000.0
+    assert settings.lease_seconds == 28800.0
+    assert settings.boot_grace_seconds == 300.0 + BOOT_GRACE_MARGIN_SECONDS
 
 
 @pytest.fixture
@@ -77,7 +87,7 @@ def test_a_session_whose_ttl_passed_during_up_is_not_kept(embedded_rig: Rig) -> 
     # What `up --ttl 3m --idle 30s` asks of the watchdog.
     watchdog = dataclasses.replace(spec.watchdog, lease_seconds=30.0, max_duration_seconds=180.0)
     spec = dataclasses.replace(spec, watchdog=watchdog)
-    life, _ = embedded_rig.lifecycle(spec, keep_on_success=True)
+    life, _ = embedded_rig.kept_run(spec)
     # `up` took longer than the --ttl: the clock reads the create's moment, then past it.
     readings = iter([1000.0])
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from tpulab import paths
+from tpulab.app.embedded import emulated_target
 from tpulab.cleanup.journal import TARGET_EMULATE, Journal, RunRow, target_for
 from tpulab.cleanup.report import TeardownEnvelope
-from tpulab.cli._embedded import emulated_target
 from tpulab.cloud.google import GoogleTpuApi
 from tpulab.emulator.server import Emulator
 from tpulab.emulator.timing import Timing

@@ -18,7 +18,7 @@ from tpulab.config.watchdog import WatchdogRequest
 from tpulab.errors import ConfigError
 from tpulab.remote.watchdog import parse_state, renew_command, startup_script
 from tpulab.run.lease import watchdog_config
-from tpulab.run.lifecycle import RunOutcome
+from tpulab.run.outcome import RunOutcome
 from tpulab.run.plan import build_plan
 from tpulab.run.report import summary_lines
 
@@ -155,9 +155,7 @@ def test_run_inputs_pass_the_flags_through() -> None:
         teardown_timeout=600,
         installer="uv",
         ssh_backend="embedded",
-        lease="30s",
-        boot_grace="45s",
-        max_duration="1h",
+        watchdog=WatchdogRequest(lease="30s", boot_grace="45s", max_duration="1h"),
     )
     assert inputs.spec.watchdog is not None
     assert inputs.spec.watchdog.lease_seconds == 30

@@ -10,8 +10,9 @@ The library facade, for driving tpulab from Python with one import::
     report = tpulab.sweep(emulate=True)                 # teardown --verify --yes
     checked = tpulab.verify_local(devices=4)            # verify --local
 
-- `run_tpu` is `tpulab run`: the same Lifecycle, journal row, signal handling and
-  always-confirmed teardown. It returns the `RunOutcome` and raises the run's
+- `run_tpu` is `tpulab run` (both are tpulab.app.runs): the same attempts (zone
+  failover, --recover, --queued), journal rows, signal handling and always-confirmed
+  teardown, and a `-- CMD` after the verifier. It returns the `RunOutcome` and raises the run's
   `TpuLabError` when it did not succeed (`TeardownError`, "may still be billing",
   outranks every other failure); pass `check=False` to get the outcome back instead,
   with the failure in `outcome.error`. (Not `tpulab.run`: that name is the `tpulab.run`
@@ -20,14 +21,14 @@ The library facade, for driving tpulab from Python with one import::
   `--json` prints, and raises `TeardownError` unless the scope was proven clean.
 - `verify_local` is `tpulab verify --local`: the verifier on this machine's CPU.
 
-Each call wires the same core pieces as its command in `tpulab.cli` (the target, the
-journal, the signal guard), so nothing a library run does escapes the invariants of a
-CLI run: nothing is created from bad input, and teardown always runs and is confirmed
-by a list. Everything heavy (jax, the Google client, paramiko, typer, rich) is
-imported inside these functions, so `import tpulab` stays cheap; the types in
-`__all__` load on first use (`tpulab.RunSpec`). For finer control the building blocks
-stay public: `tpulab.run.lifecycle.Lifecycle` takes every seam (API client, SSH connect
-factory, journal, observer, receipt store) as a constructor argument.
+Each call is its command's own application code (tpulab.app: the target, the journal,
+the signal guard); the facade never imports tpulab.cli. So nothing a library run does
+escapes the invariants of a CLI run: nothing is created from bad input, and teardown
+always runs and is confirmed by a list. Everything heavy (jax, the Google client,
+paramiko, typer, rich) is imported inside these functions, so `import tpulab` stays
+cheap; the types in `__all__` load on first use (`tpulab.RunSpec`). For finer control
+the building blocks stay public: `tpulab.run.lifecycle.Lifecycle` takes every seam (API
+client, SSH connect factory, journal, observer, receipt store) as a constructor argument.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from tpulab.config import RunSpec
     from tpulab.errors import TpuLabError
     from tpulab.evidence.localrun import LocalVerification
-    from tpulab.run.lifecycle import RunOutcome
+    from tpulab.run.outcome import RunOutcome
     from tpulab.run.progress import NullObserver, Phase, RunObserver
 
 __all__ = [
@@ -66,7 +67,7 @@ _LAZY = {
     "NullObserver": "tpulab.run.progress",
     "Phase": "tpulab.run.progress",
     "RunObserver": "tpulab.run.progress",
-    "RunOutcome": "tpulab.run.lifecycle",
+    "RunOutcome": "tpulab.run.outcome",
     "RunSpec": "tpulab.config",
     "TeardownEnvelope": "tpulab.cleanup.report",
     "TpuLabError": "tpulab.errors",
@@ -89,26 +90,38 @@ def run_tpu(
     *,
     accelerator: str | None = None,
     zone: str | None = None,
+    zones: Sequence[str] = (),
     project: str | None = None,
     name: str | None = None,
     spot: bool = False,
+    recover: int = 0,
+    queued: bool = False,
     emulate: bool = False,
     api_endpoint: str | None = None,
+    command: Sequence[str] = (),
+    fetch: Sequence[str] = (),
+    workdir: str | None = None,
+    out: str | None = None,
     observer: RunObserver | None = None,
     check: bool = True,
 ) -> RunOutcome:
     """Create a TPU VM, verify JAX ran on it, delete it and confirm: `tpulab run`.
 
     Give a validated `spec` (`tpulab.config.build_run_spec`) or the inputs as keywords
-    (`accelerator` is then required). `emulate=True` runs against the embedded emulator
-    (the CLI's `--emulate`); `api_endpoint` against a served one. `observer` receives
-    the phases as they happen. Bad input raises ConfigError before anything is created.
+    (`accelerator` is then required), validated exactly as the command's flags are:
+    `zones` (several: failover in that order, as repeated --zone), `recover` (--recover),
+    `queued` (--queued), `command` (`-- CMD`, run on the verified VM, with `fetch`,
+    `workdir` and `out` as --fetch, --workdir and --out). `emulate=True` runs against
+    the embedded emulator (the CLI's `--emulate`); `api_endpoint` against a served one.
+    `observer` receives the phases as they happen. Bad input raises ConfigError before
+    anything is created.
     """
+    from tpulab.app.runs import RunTpu
     from tpulab.cleanup.journal import RunJournalAdapter
-    from tpulab.config import build_run_spec
+    from tpulab.config import run_inputs
+    from tpulab.config.spec import Timeouts
+    from tpulab.config.workload import WorkloadFlags
     from tpulab.errors import ConfigError, TpuLabError
-    from tpulab.run.lifecycle import Lifecycle
-    from tpulab.run.signals import shield, signals_to_teardown
 
     if spec is None:
         if accelerator is None:
@@ -116,53 +129,50 @@ def run_tpu(
                 "tpulab.run_tpu() needs a spec or an accelerator.",
                 hint='e.g. tpulab.run_tpu(accelerator="v5litepod-4", emulate=True)',
             )
-        # build_run_spec validates everything, the emulate/api_endpoint conflict included.
-        spec = build_run_spec(
+        # The command's own validation (project file, workload, zones, conflicts).
+        spec = run_inputs(
             accelerator=accelerator,
             emulate=emulate,
             api_endpoint=api_endpoint,
             project=project,
             zone=zone,
+            zones=zones,
             name=name,
             spot=spot,
+            recover=recover,
+            queued=queued,
+            teardown_timeout=Timeouts.teardown,
+            installer="uv",
+            ssh_backend="embedded",
             adc_project=_adc_project,
-        )
+            workload=WorkloadFlags(command=command, fetch=fetch, workdir=workdir, out=out),
+        ).spec
     elif any(
-        value not in (None, False)
-        for value in (accelerator, zone, project, name, spot, emulate, api_endpoint)
-    ):
+        value not in (None, False, 0, ())
+        for value in (
+            accelerator, zone, zones, project, name, spot, recover, queued, emulate,
+            api_endpoint, command, fetch, workdir, out,
+        )
+    ):  # fmt: skip
         raise ConfigError(
             "tpulab.run_tpu() takes a spec or keyword inputs, not both.",
-            hint="The spec already holds the accelerator, project, zone, name and target.",
+            hint="The spec already holds the accelerator, project, zones, name and target.",
         )
-    # The CLI's own wiring of the target (Google, an endpoint, or the embedded emulator)
-    # and of the forced-quit status, so a library run is exactly a CLI run.
-    from tpulab.cli._exit import EXIT_TEARDOWN
-    from tpulab.cli._target import api_context
-
     journal = RunJournalAdapter()
-    life: Lifecycle | None = None
+    run = RunTpu(spec, alert=_say, observer=observer, journal=journal)
     try:
-        with api_context(
-            spec.project.value,
-            emulate=spec.mode == "emulate",
-            api_endpoint=spec.api_endpoint,
-            ssh="embedded",
-        ) as api:
-            life = Lifecycle(spec, api=api, journal=journal, observer=observer, shield=shield)
-            with signals_to_teardown(_say, force_exit_status=EXIT_TEARDOWN):
-                return life.run()
+        return run()
     except TpuLabError:
-        if check or life is None:
+        if check or run.last is None:
             raise
-        return life.outcome  # its `error` is the failure (the lifecycle records it)
+        return run.last.outcome  # its `error` is the failure (the run records it)
     finally:
         for warning in journal.warnings:  # e.g. a locked journal: the run went on
             _say(f"warning: {warning}")
 
 
 def _adc_project() -> str | None:
-    from tpulab.cloud.google import adc_project
+    from tpulab.app.target import adc_project
 
     return adc_project()
 
@@ -191,12 +201,13 @@ def sweep(
     A node this journal does not know whose watchdog's lease is fresh (another machine's
     or home's live work) is kept too, in `kept_elsewhere`, unless `include_live=True`.
     """
+    from tpulab.app.target import api_context
     from tpulab.cleanup.journal import Journal
     from tpulab.cleanup.report import teardown_envelope, teardown_error
     from tpulab.cleanup.sweep import find_in_scope, sweep_shielded
-    from tpulab.cli._exit import EXIT_TEARDOWN, error_report
-    from tpulab.cli._target import api_context
     from tpulab.config import teardown_inputs
+    from tpulab.envelope import error_report
+    from tpulab.exits import EXIT_TEARDOWN
 
     inputs = teardown_inputs(
         verify=True,

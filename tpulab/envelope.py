@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from pydantic_core import PydanticSerializationError
 
 from tpulab.errors import TpuLabError, VerificationError
+from tpulab.exits import exit_status_for
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -38,6 +39,7 @@ __all__ = [
     "ErrorReport",
     "FailedRequirement",
     "NodeReport",
+    "error_report",
     "escape_undecodable",
 ]
 
@@ -67,7 +69,7 @@ class ErrorReport(_Strict):
 
     @classmethod
     def from_error(cls, error: TpuLabError, *, exit_status: int) -> ErrorReport:
-        """The report of `error`; the exit status is the CLI's choice, passed in."""
+        """The report of `error` with `exit_status` (`error_report` gives the table's)."""
         failures = error.failures if isinstance(error, VerificationError) else []
         return cls(
             type=type(error).__name__,
@@ -157,3 +159,9 @@ def _escaped(value: object) -> object:
     if isinstance(value, list | tuple):
         return type(value)(_escaped(item) for item in value)
     return value
+
+
+def error_report(error: TpuLabError) -> ErrorReport:
+    """An error as the `error` member of a JSON envelope (and of run.json), with the exit
+    status it causes (tpulab.exits)."""
+    return ErrorReport.from_error(error, exit_status=exit_status_for(error))

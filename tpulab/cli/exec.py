@@ -10,7 +10,7 @@ workspace's [tool.tpulab]); every check happens before anything is sent.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 
     from tpulab.cleanup.sessions import SessionFiles, SessionStore
     from tpulab.config import RunSpec, WorkloadFlags
-    from tpulab.run.lifecycle import Lifecycle, RunOutcome
+    from tpulab.config.commands import Installer, RunInputs
+    from tpulab.run.attach import AttachedRun
+    from tpulab.run.outcome import RunOutcome
     from tpulab.run.record import RunRecord
     from tpulab.run.report import Line
     from tpulab.run.session import SessionState
@@ -119,14 +121,14 @@ def _exec(
 
     with session_store() as store:  # warns of damaged state files before the exec
         files = store.resolve(name)
-    spec = _exec_spec(files, flags, installer)
+    inputs = _exec_inputs(files, flags, installer)
     if dry_run:
-        _dry_run(spec, files, installer, as_json=as_json)
+        _dry_run(inputs.spec, files, inputs.installer, as_json=as_json)
         return
-    _run(store, files, spec, installer, as_json=as_json, verbose=verbose)
+    _run(store, files, inputs.spec, inputs.installer, as_json=as_json, verbose=verbose)
 
 
-def _exec_spec(files: SessionFiles, flags: WorkloadFlags, installer: str) -> RunSpec:
+def _exec_inputs(files: SessionFiles, flags: WorkloadFlags, installer: str) -> RunInputs:
     """The exec as a RunSpec on the session's node (a fresh id names its --out and
     TPULAB_RUN_ID); every check of input happens here, before anything is sent."""
     from tpulab.config import run_inputs
@@ -149,7 +151,7 @@ def _exec_spec(files: SessionFiles, flags: WorkloadFlags, installer: str) -> Run
             f"Session {state.name} has no key file at {files.key_path}.",
             hint=f"End it with `tpulab down {state.name}` and start a new one.",
         )
-    inputs = run_inputs(
+    return run_inputs(
         accelerator=state.accelerator_type,
         emulate=False,
         api_endpoint=state.api_endpoint,
@@ -165,10 +167,9 @@ def _exec_spec(files: SessionFiles, flags: WorkloadFlags, installer: str) -> Run
         adc_project=None,  # the session names its project
         workload=flags,
     )
-    return inputs.spec
 
 
-def _dry_run(spec: RunSpec, files: SessionFiles, installer: str, *, as_json: bool) -> None:
+def _dry_run(spec: RunSpec, files: SessionFiles, installer: Installer, *, as_json: bool) -> None:
     from rich.markup import escape
 
     from tpulab.cli.run import print_plan_steps
@@ -176,10 +177,9 @@ def _dry_run(spec: RunSpec, files: SessionFiles, installer: str, *, as_json: boo
     from tpulab.run.plan import plan_envelope
     from tpulab.run.recording import PlaceholderKey
 
-    chosen: Literal["uv", "pip"] = "pip" if installer == "pip" else "uv"
     attachment = Attachment.of(files.state, PlaceholderKey())
-    steps = build_attached_plan(spec, attachment, installer=chosen)
-    plan = plan_envelope(spec, steps, installer=chosen).model_copy(update={"command": "exec"})
+    steps = build_attached_plan(spec, attachment, installer=installer)
+    plan = plan_envelope(spec, steps, installer=installer).model_copy(update={"command": "exec"})
     if as_json:
         typer.echo(plan.to_json())
         return
@@ -198,17 +198,15 @@ def _run(
     store: SessionStore,
     files: SessionFiles,
     spec: RunSpec,
-    installer: str,
+    installer: Installer,
     *,
     as_json: bool,
     verbose: bool,
 ) -> None:
     from tpulab.cli._run_display import RunDisplay
-    from tpulab.cli._target import reach_notice
-    from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.cli._target import tpu_api
     from tpulab.remote.keys import RunKey
-    from tpulab.run.attach import Attachment, last_renewal_at
-    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.attach import AttachedRun, Attachment
     from tpulab.run.progress import FanOut, Recorder
     from tpulab.run.signals import shield, signals_to_teardown, skippable
 
@@ -222,14 +220,14 @@ def _run(
         ) from None
     assert spec.workload is not None
     display = RunDisplay(verbose=verbose, quiet=as_json, command_quiet=spec.workload.quiet)
-    life = Lifecycle(
+    life = AttachedRun(
         spec,
-        api=GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice),
+        attachment=Attachment.of(state, key),
+        api=tpu_api(state.project, api_endpoint=state.api_endpoint),
         observer=FanOut([Recorder(), display]),
         shield=shield,
         skippable=skippable,
-        installer="pip" if installer == "pip" else "uv",
-        attach=Attachment.of(state, key),
+        installer=installer,
         write_record=_record_writer(state.run_id),
         report_error=error_report,
     )
@@ -240,7 +238,7 @@ def _run(
         ):
             life.run()
     except E.NodeVanishedError as gone:
-        failure = _conclude_gone(store, files, gone, renewed_at=last_renewal_at(life))
+        failure = _conclude_gone(store, files, gone, renewed_at=life.last_renewal_at())
     except E.TpuLabError as error:
         failure = error
     finally:
@@ -249,18 +247,16 @@ def _run(
     _report(life.outcome, failure, as_json=as_json)
 
 
-def _save_session(store: SessionStore, state: SessionState, life: Lifecycle) -> None:
+def _save_session(store: SessionStore, state: SessionState, life: AttachedRun) -> None:
     """What the exec learnt of its session: the last lease renewal, and its node's
     address if the API said it moved (Attachment.follow_address)."""
     import dataclasses
-
-    from tpulab.run.attach import last_renewal_at
 
     updated = state
     target = life.target
     if target is not None and (target.host, target.port) != (state.ssh_host, state.ssh_port):
         updated = dataclasses.replace(state, ssh_host=target.host, ssh_port=target.port)
-    renewed = last_renewal_at(life)
+    renewed = life.last_renewal_at()
     if renewed is not None:
         updated = updated.renewed(renewed)
     if updated != state and store.exists(state.name):

@@ -18,6 +18,7 @@ from tpulab.cli._exit import guarded
 
 if TYPE_CHECKING:
     from tpulab.cleanup.sessions import SessionFiles, SessionStore
+    from tpulab.config.commands import Installer
     from tpulab.remote.system_ssh import SystemSsh
     from tpulab.run.lease import LeaseRenewer
 
@@ -50,13 +51,13 @@ def notebook_command(
 
     def action() -> int:
         from tpulab.cleanup.sessions import SessionStore
+        from tpulab.config.commands import installer_choice
         from tpulab.config.forward import check_port
 
         check_port("--port", port)
-        if installer not in ("uv", "pip"):
-            raise E.ConfigError(f"Unknown --installer {installer!r}.", hint="Use uv or pip.")
+        chosen = installer_choice(installer)
         store = SessionStore()
-        return _notebook(store, store.resolve(name), port, installer)
+        return _notebook(store, store.resolve(name), port, chosen)
 
     status = guarded(action)
     raise typer.Exit(status if isinstance(status, int) else 0)
@@ -78,7 +79,7 @@ def _finishing(what: str) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def _notebook(store: SessionStore, files: SessionFiles, port: int, installer: str) -> int:
+def _notebook(store: SessionStore, files: SessionFiles, port: int, installer: Installer) -> int:
     from tpulab.cli.forward import connect_renewed, interrupt_on_term
     from tpulab.config.forward import Forward
     from tpulab.run.forward import check_local_ports_free, wall_time_of
@@ -101,7 +102,7 @@ def _notebook(store: SessionStore, files: SessionFiles, port: int, installer: st
     return 0 if stopped else 4
 
 
-def _install(ssh: SystemSsh, installer: str) -> None:
+def _install(ssh: SystemSsh, installer: Installer) -> None:
     from tpulab.remote.bootstrap import install_extras
     from tpulab.remote.notebook import JUPYTER_PACKAGE, notebook_extras
 
@@ -109,10 +110,7 @@ def _install(ssh: SystemSsh, installer: str) -> None:
         f"Installing {JUPYTER_PACKAGE} into the session's venv (as `--with "
         f"{JUPYTER_PACKAGE}`; once)..."
     )
-    result = install_extras(
-        ssh, notebook_extras(), installer="pip" if installer == "pip" else "uv",
-        timeout=INSTALL_TIMEOUT,
-    )  # fmt: skip
+    result = install_extras(ssh, notebook_extras(), installer=installer, timeout=INSTALL_TIMEOUT)
     version = result.versions.get(JUPYTER_PACKAGE)
     typer.echo(f"{JUPYTER_PACKAGE} {version}: {result.install}.")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import textwrap
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,33 +19,32 @@ from tpulab.cli import _run_options as ro
 from tpulab.cli import _workload_options as wo
 from tpulab.cli._console import console, print_lines, print_stderr
 from tpulab.cli._exit import (
-    EXIT_TEARDOWN,
     error_report,
     json_or_guarded,
     print_envelope,
     report_error,
 )
 from tpulab.cli._run_display import RunDisplay
-from tpulab.cli._target import adc_project, api_context
+from tpulab.cli._target import adc_project
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from tpulab.app.runs import RunTpu
     from tpulab.config import RunSpec
-    from tpulab.run.attempts import Attempts
+    from tpulab.config.commands import Installer, SshBackend
     from tpulab.run.plan import PlanEnvelope
     from tpulab.run.progress import Recorder
 
 __all__ = ["print_plan_steps", "run_command"]
 
 
-def _run_dry(spec: RunSpec, installer: str, as_json: bool) -> None:
+def _run_dry(spec: RunSpec, installer: Installer, as_json: bool) -> None:
     from rich.markup import escape
 
     from tpulab.run.plan import build_plan, plan_envelope
 
-    chosen: Literal["uv", "pip"] = "pip" if installer == "pip" else "uv"
-    plan = plan_envelope(spec, build_plan(spec, installer=chosen), installer=chosen)
+    plan = plan_envelope(spec, build_plan(spec, installer=installer), installer=installer)
     if as_json:
         typer.echo(plan.to_json())
         return
@@ -134,16 +133,15 @@ def _for(seconds: float | None) -> str:
 def _run(
     *,
     spec: RunSpec,
-    ssh_backend: str,
-    installer: str,
+    ssh_backend: SshBackend,
+    installer: Installer,
     as_json: bool,
     verbose: bool,
 ) -> None:
+    from tpulab.app.runs import RunTpu
     from tpulab.cleanup.journal import RunJournalAdapter
-    from tpulab.run.attempts import Attempts
-    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.cli._target import reach_notice
     from tpulab.run.progress import FanOut, Recorder
-    from tpulab.run.signals import shield, signals_to_teardown, skippable
 
     recorder = Recorder()
     display = RunDisplay(
@@ -151,35 +149,20 @@ def _run(
         quiet=as_json,
         command_quiet=spec.workload is not None and spec.workload.quiet,
     )
-    observer = FanOut([recorder, display])
-    runner: Attempts | None = None
-    failure: E.TpuLabError | None = None
     journal = RunJournalAdapter()
+    run = RunTpu(
+        spec,
+        # Refusals go through the display, which keeps them clear of its spinner.
+        alert=display.alert,
+        installer=installer,
+        ssh_backend=ssh_backend,
+        observer=FanOut([recorder, display]),
+        journal=journal,
+        notify=reach_notice,
+    )
+    failure: E.TpuLabError | None = None
     try:
-        with api_context(
-            spec.project.value,
-            emulate=spec.mode == "emulate",
-            api_endpoint=spec.api_endpoint,
-            ssh="openssh" if ssh_backend == "openssh" else "embedded",
-        ) as api:
-
-            def new_lifecycle(attempt: RunSpec) -> Lifecycle:
-                # Each attempt (a zone, a recovery) is a whole run with its own teardown.
-                return Lifecycle(
-                    attempt,
-                    api=api,
-                    journal=journal,
-                    observer=observer,
-                    shield=shield,
-                    skippable=skippable,
-                    installer="pip" if installer == "pip" else "uv",
-                    report_error=error_report,
-                )
-
-            runner = Attempts(spec, new_lifecycle=new_lifecycle, observer=observer)
-            # Refusals go through the display, which keeps them clear of its spinner.
-            with signals_to_teardown(display.alert, force_exit_status=EXIT_TEARDOWN):
-                runner.run()
+        run()
     except E.TpuLabError as error:
         failure = error
     finally:
@@ -187,25 +170,24 @@ def _run(
     # The run is over (its node deleted or reported): a signal now must not cut the
     # summary short or turn the run's status into death by SIGINT.
     with _signals_ignored():
-        _report(spec, runner, recorder, journal.warnings, failure, as_json=as_json)
+        _report(spec, run, recorder, journal.warnings, failure, as_json=as_json)
 
 
 def _report(
     spec: RunSpec,
-    runner: Attempts | None,
+    run: RunTpu,
     recorder: Recorder,
     warnings: list[str],
     failure: E.TpuLabError | None,
     *,
     as_json: bool,
 ) -> None:
-    from tpulab.run.lifecycle import RunOutcome
+    from tpulab.run.outcome import RunOutcome
     from tpulab.run.report import run_envelope, summary_lines
 
     for warning in warnings:
         print_stderr(f"[yellow]warning:[/] {warning}")
-    life = runner.last if runner is not None else None
-    attempts = runner.attempts if runner is not None else []
+    life, attempts = run.last, run.attempts
     if as_json:
         # No Lifecycle (the API could not be set up): nothing was created, and the
         # envelope says so in the same shape as any other run's.
@@ -392,6 +374,7 @@ def run_command(
 
     def action() -> None:
         from tpulab.config import WorkloadFlags, run_inputs
+        from tpulab.config.watchdog import WatchdogRequest
 
         inputs = run_inputs(
             accelerator=accelerator,
@@ -432,10 +415,12 @@ def run_command(
                 timeout=timeout,
                 quiet=quiet,
             ),
-            lease=lease,
-            boot_grace=boot_grace,
-            max_duration=max_duration,
-            no_watchdog=no_watchdog,
+            watchdog=WatchdogRequest(
+                enabled=not no_watchdog,
+                lease=lease,
+                boot_grace=boot_grace,
+                max_duration=max_duration,
+            ),
             service_account=service_account,
         )
         spec = inputs.spec

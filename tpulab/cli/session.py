@@ -1,7 +1,7 @@
 """`tpulab up` / `ssh` / `down`: keep a verified TPU VM for a session, reach it, end it.
 
-`up` is `run`'s Lifecycle with keep_on_success (tpulab.run.session): every failure still
-goes through the run's teardown; only a verified node is kept, guarded by its watchdog
+`up` is `run`'s phases driven by KeptRun (tpulab.run.lifecycle, tpulab.run.session): every
+failure still goes through the run's teardown; only a verified node is kept, guarded by its watchdog
 (hard deadline --ttl, idle lease --idle). `ssh` uses the system OpenSSH client with the
 pinned host key and renews the lease first; `down` is the run's delete-and-confirm.
 """
@@ -25,7 +25,8 @@ from tpulab.cli._exit import EXIT_TEARDOWN, guarded, json_or_guarded
 
 if TYPE_CHECKING:
     from tpulab.cleanup.sessions import SessionFiles, SessionStore
-    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.config.commands import Installer
+    from tpulab.run.lifecycle import KeptRun
     from tpulab.run.progress import Recorder
     from tpulab.run.session import SessionState
 
@@ -127,8 +128,7 @@ def up_command(
             adc_project=_adc_project,
             python=python,
             jax_version=jax_version,
-            lease=times.lease,
-            max_duration=times.max_duration,
+            watchdog=times,
             service_account=service_account,
         )
         from tpulab.contract import KIND_SESSION
@@ -167,15 +167,16 @@ def _adc_project() -> str | None:
     return adc_project()
 
 
-def _up(spec: object, session_name: str, installer: str, *, verbose: bool, as_json: bool) -> None:
+def _up(
+    spec: object, session_name: str, installer: Installer, *, verbose: bool, as_json: bool
+) -> None:
     from tpulab.cleanup.journal import RunJournalAdapter
     from tpulab.cleanup.sessions import SESSION_PHASE, SessionStore
     from tpulab.cli._run_display import RunDisplay
-    from tpulab.cli._target import reach_notice
-    from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.cli._target import tpu_api
     from tpulab.config import RunSpec
     from tpulab.remote.ssh import RunKey
-    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.lifecycle import KeptRun
     from tpulab.run.progress import FanOut, Recorder
     from tpulab.run.session import abandon, bring_up
     from tpulab.run.signals import shield, signals_to_teardown
@@ -187,15 +188,14 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool, as_js
     display = RunDisplay(verbose=verbose, quiet=False, command_quiet=False, stderr=as_json)
     recorder = Recorder()
     journal = RunJournalAdapter()
-    life = Lifecycle(
+    life = KeptRun(
         spec,
-        api=GoogleTpuApi(spec.project.value, api_endpoint=spec.api_endpoint, notify=reach_notice),
+        api=tpu_api(spec.project.value, api_endpoint=spec.api_endpoint),
         journal=journal,
         observer=FanOut([recorder, display]),
         shield=shield,
-        installer="pip" if installer == "pip" else "uv",
+        installer=installer,
         new_key=lambda: key,
-        keep_on_success=True,
     )
     # The key file exists before the node does, so a name in use is refused first.
     store.reserve(session_name, key.openssh_private_bytes())
@@ -231,7 +231,7 @@ def _up(spec: object, session_name: str, installer: str, *, verbose: bool, as_js
 
 
 def _up_envelope(
-    life: Lifecycle, recorder: Recorder, files: SessionFiles | None, error: E.TpuLabError | None
+    life: KeptRun, recorder: Recorder, files: SessionFiles | None, error: E.TpuLabError | None
 ) -> None:
     """`up --json`'s envelope: the session, and the run as `run --json` reports it (on
     failure exactly that run's envelope, with the same error and exit status)."""
@@ -281,13 +281,12 @@ def down_command(
 def _down(store: SessionStore, files: SessionFiles, *, force: bool) -> None:
     from tpulab.cleanup.journal import Journal
     from tpulab.cleanup.sessions import conclude_gone, why_gone
-    from tpulab.cli._target import reach_notice
-    from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.cli._target import tpu_api
     from tpulab.run.lease import node_gone
     from tpulab.run.session import take_down
 
     state = files.state
-    api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice)
+    api = tpu_api(state.project, api_endpoint=state.api_endpoint)
     try:
         with contextlib.ExitStack() as held:
             # A node still there may have an exec running on it: `down` holds the exec
@@ -428,10 +427,9 @@ def raise_if_gone(store: SessionStore, state: SessionState) -> None:
     """The node did not answer: if the API says it is gone, say why, clean up, and exit
     EXIT_REMOTE (NodeVanishedError); if it is still there, return (a plain SSH failure)."""
     from tpulab.cleanup.sessions import ask_gone, conclude_gone
-    from tpulab.cli._target import reach_notice
-    from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.cli._target import tpu_api
 
-    api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice)
+    api = tpu_api(state.project, api_endpoint=state.api_endpoint)
     vanish = ask_gone(api, state)
     if vanish is None:
         return
@@ -444,11 +442,10 @@ def raise_if_gone(store: SessionStore, state: SessionState) -> None:
 def readdressed_session(state: SessionState) -> SessionState | None:
     """The session at its node's current address when the API says it moved (a new
     ephemeral IP, a restarted emulator's port); None when it did not or cannot say."""
-    from tpulab.cli._target import reach_notice
-    from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.cli._target import tpu_api
     from tpulab.run.session import readdressed
 
-    api = GoogleTpuApi(state.project, api_endpoint=state.api_endpoint, notify=reach_notice)
+    api = tpu_api(state.project, api_endpoint=state.api_endpoint)
     moved = readdressed(api, state)
     if moved is not None:
         print_stderr(

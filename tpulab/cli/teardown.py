@@ -27,7 +27,7 @@ from tpulab.cli._exit import (
     print_envelope,
     report_error,
 )
-from tpulab.cli._target import adc_project, api_context, reach_notice
+from tpulab.cli._target import adc_project, api_context, tpu_api
 from tpulab.errors import TARGET_GOOGLE, ConfigError
 
 if TYPE_CHECKING:
@@ -251,7 +251,6 @@ def _teardown_forget(
 ) -> None:
     from tpulab.cleanup.forget import describe, forget, plan_forget
     from tpulab.cleanup.journal import Journal
-    from tpulab.cloud.google import GoogleTpuApi
     from tpulab.config import teardown_inputs
     from tpulab.errors import target_for
 
@@ -279,12 +278,11 @@ def _teardown_forget(
             hint="Run it without --json; `tpulab list --json` shows the rows afterwards.",
         )
     target = target_for(scope.api_endpoint)
-    api = GoogleTpuApi(
+    api = tpu_api(
         scope.project,
         api_endpoint=scope.api_endpoint,
         retry_for=_FORGET_PROBE_SECONDS,
         request_timeout=10.0,
-        notify=reach_notice,
     )
     journal = Journal()
     plan = plan_forget(api, journal, target=target, run_id=scope.run_id)

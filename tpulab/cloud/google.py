@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from tpulab.cloud import rest
 from tpulab.cloud.api import QueuedResourceInfo, QueuedResourceRequest, TpuApi
 from tpulab.cloud.classify import HTTP_STATUS, RPC_STATUS, error_for_status, hint_for
-from tpulab.cloud.polling import operation_schedule
+from tpulab.cloud.polling import operation_schedule, wait_for_operation
 from tpulab.cloud.reach import (
     CLOUD_SCHEDULE,
     LOOPBACK_SCHEDULE,
@@ -41,7 +41,7 @@ from tpulab.errors import (
     UnreachableError,
 )
 from tpulab.models import NodeInfo, NodeRequest, NodeState
-from tpulab.polling import Backoff, poll_until, retry_call
+from tpulab.polling import Backoff, retry_call
 
 __all__ = ["GoogleTpuApi", "TpuApi", "adc_project", "error_for_status"]
 
@@ -345,15 +345,14 @@ class GoogleTpuApi:
                 idempotent=True,
             )
 
-        operation = poll_until(
+        operation = wait_for_operation(
             probe,
             lambda op: bool(op.done),
+            operation_name=operation_name,
             timeout=timeout,
+            backoff=self._poll(),
             clock=self._clock,
             sleep=self._sleep,
-            backoff=self._poll(),
-            retry_if=lambda error: isinstance(error, TransientError),
-            describe=lambda _op: f"operation {operation_name} to finish",
         )
         if operation.HasField("error") and operation.error.code != 0:
             status = RPC_STATUS.get(operation.error.code, "UNKNOWN")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from tpulab.errors import CloudError, PreemptedError, TransientError
 from tpulab.polling import Backoff, poll_until
@@ -19,13 +19,40 @@ if TYPE_CHECKING:
     from tpulab.cloud.api import TpuApi
     from tpulab.models import NodeInfo, NodeState
 
-__all__ = ["operation_schedule", "wait_for_state"]
+__all__ = ["operation_schedule", "wait_for_operation", "wait_for_state"]
+
+T = TypeVar("T")
 
 
 def operation_schedule(*, local: bool) -> Backoff:
     """How often a long-running operation is polled: cloud-paced, or quick for a local
     emulator, which answers in milliseconds (cloud pacing would only slow tests)."""
     return Backoff(initial=0.05, cap=0.5) if local else Backoff(initial=1.0, cap=10.0)
+
+
+def wait_for_operation(
+    probe: Callable[[], T],
+    done: Callable[[T], bool],
+    *,
+    operation_name: str,
+    timeout: float,
+    backoff: Iterable[float],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Poll a long-running operation with `probe` (one GetOperation) until `done`; the
+    one loop behind GoogleTpuApi.wait_operation and the dry run's record of it
+    (tpulab.run.recording), so the plan shows the cadence the run really polls at."""
+    return poll_until(
+        probe,
+        done,
+        timeout=timeout,
+        clock=clock,
+        sleep=sleep,
+        backoff=backoff,
+        retry_if=lambda error: isinstance(error, TransientError),
+        describe=lambda _answer: f"operation {operation_name} to finish",
+    )
 
 
 def wait_for_state(

@@ -41,7 +41,7 @@ from tpulab.config.spec import (
     build_run_spec,
     check_seconds,
 )
-from tpulab.config.watchdog import WatchdogRequest
+from tpulab.config.watchdog import WatchdogGroup
 from tpulab.config.workload import WorkloadFlags, build_workload, check_workdir
 from tpulab.errors import ConfigError
 from tpulab.models import PLATFORMS, check_run_id
@@ -56,9 +56,11 @@ __all__ = [
     "SshBackend",
     "TeardownInputs",
     "costs_inputs",
+    "installer_choice",
     "list_scope",
     "local_verify_inputs",
     "run_inputs",
+    "ssh_backend_choice",
     "teardown_inputs",
 ]
 
@@ -102,10 +104,7 @@ def run_inputs(
     valid_for: str | None = None,
     workload: WorkloadFlags | None = None,
     cwd: Path | None = None,
-    lease: str | None = None,
-    boot_grace: str | None = None,
-    max_duration: str | None = None,
-    no_watchdog: bool = False,
+    watchdog: WatchdogGroup | None = None,
     service_account: str | None = None,
 ) -> RunInputs:
     """`tpulab run`'s flags, validated. `adc_project` None (a dry run) never asks ADC.
@@ -119,10 +118,8 @@ def run_inputs(
     cwd = Path.cwd() if cwd is None else cwd
     workdir = check_workdir(flags.workdir, cwd)
     defaults = load_project_file(workdir)
-    if installer not in ("uv", "pip"):
-        raise ConfigError(f"Unknown installer {installer!r}.", hint="Use uv or pip.")
-    if ssh_backend not in ("embedded", "openssh"):
-        raise ConfigError(f"Unknown SSH backend {ssh_backend!r}.", hint="Use embedded or openssh.")
+    chosen_installer = installer_choice(installer)
+    chosen_backend = ssh_backend_choice(ssh_backend)
     spec = build_run_spec(
         accelerator=accelerator,
         emulate=emulate,
@@ -148,12 +145,7 @@ def run_inputs(
         python=python,
         jax_version=jax_version,
         internal_ip=internal_ip,
-        watchdog=WatchdogRequest(
-            enabled=not no_watchdog,
-            lease=lease,
-            boot_grace=boot_grace,
-            max_duration=max_duration,
-        ),
+        watchdog=watchdog,
         service_account=service_account,
         queued=queued,
         valid_for=valid_for,
@@ -165,11 +157,23 @@ def run_inputs(
             flags, run_id=spec.run_id, workdir=workdir, cwd=cwd, defaults=defaults
         ),
     )
-    return RunInputs(
-        spec=spec,
-        installer="pip" if installer == "pip" else "uv",
-        ssh_backend="openssh" if ssh_backend == "openssh" else "embedded",
-    )
+    return RunInputs(spec=spec, installer=chosen_installer, ssh_backend=chosen_backend)
+
+
+def installer_choice(text: str) -> Installer:
+    """--installer, typed once: the remote package installer."""
+    installers: dict[str, Installer] = {"uv": "uv", "pip": "pip"}
+    if text in installers:
+        return installers[text]
+    raise ConfigError(f"Unknown installer {text!r}.", hint="Use uv or pip.")
+
+
+def ssh_backend_choice(text: str) -> SshBackend:
+    """--ssh-backend, typed once: paramiko in-process, or the system's OpenSSH client."""
+    backends: dict[str, SshBackend] = {"embedded": "embedded", "openssh": "openssh"}
+    if text in backends:
+        return backends[text]
+    raise ConfigError(f"Unknown SSH backend {text!r}.", hint="Use embedded or openssh.")
 
 
 @dataclass(frozen=True)

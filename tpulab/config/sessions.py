@@ -9,8 +9,10 @@ every `tpulab ssh`/`exec`, so a session left alone deletes itself.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from tpulab.config.resolve import given, out_of_range, parse_duration
+from tpulab.config.watchdog import BOOT_GRACE_MARGIN_SECONDS, WatchdogSettings
 from tpulab.errors import ConfigError
 
 __all__ = [
@@ -60,20 +62,20 @@ def session_name_flag(name: str | None) -> str | None:
     return check_session_name(name)
 
 
+@dataclass(frozen=True)
 class SessionTimes:
-    """The validated --ttl and --idle, as the watchdog flags they become."""
+    """`up`'s validated --ttl and --idle: its watchdog group (tpulab.config.watchdog), the
+    hard deadline and the idle lease, in seconds -- parsed once, here."""
 
-    def __init__(self, ttl_seconds: float, idle_seconds: float) -> None:
-        self.ttl_seconds = ttl_seconds
-        self.idle_seconds = idle_seconds
+    ttl_seconds: float
+    idle_seconds: float
 
-    @property
-    def max_duration(self) -> str:
-        return f"{self.ttl_seconds:g}s"
-
-    @property
-    def lease(self) -> str:
-        return f"{self.idle_seconds:g}s"
+    def resolve(self, *, boot_wait_seconds: float) -> WatchdogSettings:
+        return WatchdogSettings(
+            lease_seconds=self.idle_seconds,
+            boot_grace_seconds=boot_wait_seconds + BOOT_GRACE_MARGIN_SECONDS,
+            max_duration_seconds=self.ttl_seconds,
+        )
 
 
 def session_times(ttl: str | None, idle: str | None) -> SessionTimes:

@@ -34,10 +34,10 @@ from tpulab.config.resolve import (
     zone_from_env,
 )
 from tpulab.config.watchdog import (
+    WatchdogGroup,
     WatchdogRequest,
     WatchdogSettings,
     check_service_account,
-    watchdog_settings,
 )
 from tpulab.contract import KIND_RUN
 from tpulab.errors import ConfigError, LeakedNode, target_for
@@ -241,7 +241,7 @@ def build_run_spec(
     queued: bool = False,
     valid_for: str | None = None,
     defaults: ProjectDefaults | None = None,
-    watchdog: WatchdogRequest | None = None,
+    watchdog: WatchdogGroup | None = None,
     service_account: str | None = None,
 ) -> RunSpec:
     """Validate every input of a run before anything contacts the cloud (invariant 1).
@@ -293,8 +293,8 @@ def build_run_spec(
     if queued:
         check_queued_capacity(capacity)
     # Until its first renewal the watchdog must outwait the controller's own boot waits.
-    dog = watchdog_settings(
-        watchdog or WatchdogRequest(), boot_wait_seconds=timeouts.host_key + timeouts.connect
+    dog = (watchdog or WatchdogRequest()).resolve(
+        boot_wait_seconds=timeouts.host_key + timeouts.connect
     )
     return RunSpec(
         run_id=rid,

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Protocol
 
 from tpulab.config.resolve import format_duration, given, out_of_range, parse_duration
 from tpulab.errors import ConfigError
 
 __all__ = [
+    "BOOT_GRACE_MARGIN_SECONDS",
     "DEFAULT_LEASE_SECONDS",
+    "WatchdogGroup",
     "WatchdogRequest",
     "WatchdogSettings",
     "check_service_account",
@@ -47,14 +50,24 @@ MAX_MAX_DURATION_SECONDS = 30 * 86400.0
 _EMAIL = re.compile(r"^[a-z0-9][a-z0-9._+-]{0,99}@[a-z0-9][a-z0-9.-]{0,200}\.[a-z]{2,}$")
 
 
+class WatchdogGroup(Protocol):
+    """A command's watchdog flags, validated once into the settings a run carries:
+    `run`'s (WatchdogRequest) or `up`'s --ttl/--idle (tpulab.config.sessions)."""
+
+    def resolve(self, *, boot_wait_seconds: float) -> WatchdogSettings | None: ...
+
+
 @dataclass(frozen=True)
 class WatchdogRequest:
-    """The raw flags; None means "not given" (the default applies)."""
+    """`run`'s raw flags; None means "not given" (the default applies)."""
 
     enabled: bool = True
     lease: str | None = None
     boot_grace: str | None = None
     max_duration: str | None = None
+
+    def resolve(self, *, boot_wait_seconds: float) -> WatchdogSettings | None:
+        return watchdog_settings(self, boot_wait_seconds=boot_wait_seconds)
 
 
 @dataclass(frozen=True)

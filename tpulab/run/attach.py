@@ -1,4 +1,4 @@
-"""`tpulab exec`: the run's Lifecycle attached to a session's kept node, never deleting it.
+"""`tpulab exec`: a run attached to a session's kept node, never deleting it.
 
     validate (the workload's selection and caps; nothing is sent)
     -> connect (the session's key, the host key `up` pinned; the session's exec lock
@@ -16,14 +16,13 @@ either: the node belongs to the session, guarded by its watchdog (--ttl, --idle)
 `tpulab down`. A node that disappears under an exec is named for what deleted it
 (`Attachment.vanished`, through tpulab.run.lease.vanished).
 
-The phases, observer, signals and run record are the Lifecycle's own (`attach=` is a
-mode of it, not a second runner), and `build_attached_plan` is that same Lifecycle over
-the recording seams of tpulab.run.recording: `tpulab exec --dry-run`.
+`AttachedRun` is the third driver over the run's context (tpulab.run.context): the same
+phases, observer, signals and run record as `tpulab run`'s, and `build_attached_plan` is
+that same driver over the recording seams of tpulab.run.recording: `tpulab exec --dry-run`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import socket
@@ -31,16 +30,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tpulab.errors import (
+    CloudError,
+    ConfigError,
     InterruptedRun,
     NodeVanishedError,
     RemoteError,
     TpuLabError,
     WorkloadFailedError,
 )
+from tpulab.run import verifier
+from tpulab.run.context import RunContext
 from tpulab.run.lease import look_up, vanished
+from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import Phase
 
 if TYPE_CHECKING:
@@ -50,16 +54,14 @@ if TYPE_CHECKING:
     from tpulab.remote import workload as wl
     from tpulab.remote.keys import RunKey, SshTarget
     from tpulab.remote.watchdog import WatchdogConfig
-    from tpulab.run.lifecycle import Lifecycle, RunOutcome
     from tpulab.run.recording import PlanStep
     from tpulab.run.session import SessionState
 
 __all__ = [
+    "AttachedRun",
     "Attachment",
     "build_attached_plan",
     "describe_holder",
-    "last_renewal_at",
-    "run_attached",
 ]
 
 
@@ -87,7 +89,7 @@ class Attachment:
             deadline_at=state.deadline_at,
         )
 
-    def check_node(self, life: Lifecycle) -> None:
+    def check_node(self, life: RunContext) -> None:
         """Ask the API (GetNode) before connecting: a node its watchdog deleted since the
         last command must not cost an SSH connect timeout to find out. RemoteError if it
         is gone or DELETING (the lifecycle then names why: `vanished`). A node that is
@@ -98,7 +100,7 @@ class Attachment:
         if node is not None:  # None: the API could not say; the connect will tell
             self.follow_address(life, node)
 
-    def follow_address(self, life: Lifecycle, node: NodeInfo) -> None:
+    def follow_address(self, life: RunContext, node: NodeInfo) -> None:
         """Connect where the node is now (tpulab.run.session.address_of): a restarted
         VM's new external IP, or a restarted emulator's new port, would otherwise cost
         the connect timeout and end as "unreachable". Only the address changes: the
@@ -195,10 +197,10 @@ class Attachment:
             hint=f"Wait for it to finish, or stop it with `{stop}`, then exec again.",
         )
 
-    def vanished(self, life: Lifecycle, error: TpuLabError) -> NodeVanishedError | None:
+    def vanished(self, life: RunContext, error: TpuLabError) -> NodeVanishedError | None:
         """The session's node gone (or DELETING) under the exec, named for what deleted
         it; None when the node is still there (the error was something else)."""
-        phase = life._current
+        phase = life.current_phase
         where = phase.label.lower() if phase is not None else "the exec"
         deadline_passed = self.wall_clock() >= self.deadline_at
         found = vanished(
@@ -247,62 +249,104 @@ _COMMAND_PHASES = (Phase.SYNC, Phase.INSTALL, Phase.WORKLOAD, Phase.FETCH)
 _BUSY_CHECK_TIMEOUT = 30.0
 
 
-def run_attached(life: Lifecycle) -> RunOutcome:
-    """`Lifecycle.run()` of an attached lifecycle: the phases, then -- whatever happened
-    -- stop the renewer and close SSH. Never a DeleteNode: the node stays the session's.
+class AttachedRun(RunContext):
+    """`tpulab exec`: validate, connect to the session's node, the workload; then --
+    whatever happened -- stop the renewer and close SSH. Never a DeleteNode: the node
+    stays the session's."""
 
-    Raises the first failure (KeyboardInterrupt as InterruptedRun, a failed command as
-    WorkloadFailedError); returns only when the command exited 0 and its artifacts came
-    back."""
-    assert life.attach is not None
-    primary: BaseException | None = None
-    try:
-        life._phases()
-    except BaseException as error:  # every exit path must close what it opened
-        primary = error
-    with life.shield(f"ending the exec on session {life.attach.session}"):
-        life._release()
-        outcome = life.outcome
-        outcome.error = primary
-        outcome.seconds = life.clock() - life._t0
-        with contextlib.suppress(Exception):
-            outcome.api_calls = life.api.call_count
-        # The final record replaces the start one (bad input, refused in VALIDATE,
-        # wrote neither: it creates nothing, not even a run.json).
-        if life._record_started:
-            life._write_run_record()
-    if isinstance(primary, KeyboardInterrupt):
-        raise InterruptedRun("SIGINT") from None
-    if primary is not None:
-        raise primary
-    if not life.outcome.succeeded:
-        # Unreachable unless the phases and the outcome disagree: never exit 0 then.
-        raise WorkloadFailedError(
-            "The exec ended without your command succeeding and its artifacts fetched.",
-            exit_status=life.outcome.workload.exit_status if life.outcome.workload else None,
+    def __init__(self, spec: RunSpec, *, attachment: Attachment, **seams: Any) -> None:
+        super().__init__(spec, **seams)
+        self.attachment = attachment
+        # Its key, pinned host key and watchdog are the session's.
+        self.key, self.target = attachment.key, attachment.target
+        self.watchdog = attachment.watchdog
+        self.outcome.session = attachment.session
+        self.outcome.gate_receipt_id = attachment.receipt_id
+
+    def run(self) -> RunOutcome:
+        """Raises the first failure (KeyboardInterrupt as InterruptedRun, a failed command
+        as WorkloadFailedError); returns only when the command exited 0 and its
+        artifacts came back."""
+        primary: BaseException | None = None
+        try:
+            self._phases()
+        except BaseException as error:  # every exit path must close what it opened
+            primary = error
+        with self.shield(f"ending the exec on session {self.attachment.session}"):
+            self.release()
+            self.outcome.error = primary
+            self.outcome.seconds = self.elapsed()
+            self.count_api_calls()
+            self.record_end()
+        if isinstance(primary, KeyboardInterrupt):
+            raise InterruptedRun("SIGINT") from None
+        if primary is not None:
+            raise primary
+        if not self.outcome.succeeded:
+            # Unreachable unless the phases and the outcome disagree: never exit 0 then.
+            workload = self.outcome.workload
+            raise WorkloadFailedError(
+                "The exec ended without your command succeeding and its artifacts fetched.",
+                exit_status=workload.exit_status if workload else None,
+            )
+        return self.outcome
+
+    def _phases(self) -> None:
+        # The session's node is READY and verified (its receipt gates the command).
+        try:
+            self.phase(Phase.VALIDATE, self._validate)
+            self.record_start()
+            self.phase(Phase.CONNECT, self._connect)
+            assert self.workload is not None
+            self.workload.run()
+        except (RemoteError, CloudError) as error:
+            explained = self.attachment.vanished(self, error)
+            if explained is None:
+                raise
+            raise explained from error
+
+    def _validate(self) -> str:
+        """Only the exec's workload is new (the node, key and receipt are the session's)."""
+        if self.spec.workload is None:
+            raise ConfigError(
+                "An exec needs a command after --.", hint="e.g. tpulab exec -- python train.py"
+            )
+        checked = verifier.validate_workload(self)
+        receipt = self.attachment.receipt_id or "not recorded"
+        return (
+            f"session {self.attachment.session}: node {self.spec.node_name}, verified "
+            f"receipt {receipt}; {checked}"
         )
-    return life.outcome
 
+    def _connect(self) -> str:
+        attachment = self.attachment
+        attachment.check_node(self)  # a session's node that is gone: say so at once
+        where = verifier.open_ssh(self)
+        assert self.session is not None
+        # Before the lease or anything changes: the lock first (two execs at once would
+        # both pass the busy check), held until the connection closes.
+        attachment.take_lock(self.session, self.spec.run_id)
+        attachment.check_not_busy(self.session)
+        return f"{where}; {verifier.arm_lease(self)}"
 
-def last_renewal_at(life: Lifecycle) -> float | None:
-    """When (wall clock) the exec last renewed the session's lease; None if it never did."""
-    renewer = life.renewer
-    if renewer is None or renewer.last_renewed is None or life.attach is None:
-        return None
-    return life.attach.wall_clock() - (life.clock() - renewer.last_renewed)
+    def last_renewal_at(self) -> float | None:
+        """When (wall clock) the exec last renewed the session's lease; None if never."""
+        renewer = self.renewer
+        if renewer is None or renewer.last_renewed is None:
+            return None
+        return self.attachment.wall_clock() - (self.clock() - renewer.last_renewed)
 
 
 def build_attached_plan(
     spec: RunSpec, attachment: Attachment, *, installer: boot.Installer = "uv"
 ) -> list[PlanStep]:
-    """`tpulab exec --dry-run`: the steps of an exec, recorded from the attached Lifecycle
-    over the recording seams (no key is read, nothing is contacted or written)."""
+    """`tpulab exec --dry-run`: the steps of an exec, recorded from `AttachedRun` over
+    the recording seams (no key is read, nothing is contacted or written)."""
     from dataclasses import replace
 
     from tpulab.contract import KIND_SESSION, STARTUP_SCRIPT_METADATA
     from tpulab.models import NodeRequest, tpulab_labels
     from tpulab.remote.watchdog import startup_script
-    from tpulab.run.lifecycle import Lifecycle
     from tpulab.run.recording import PlaceholderKey, PlanEnds, PlanRecorder
 
     recorder = PlanRecorder(spec)
@@ -314,8 +358,9 @@ def build_attached_plan(
         labels=tpulab_labels(attachment.watchdog.run_id, kind=KIND_SESSION),
         metadata={STARTUP_SCRIPT_METADATA: startup_script(attachment.watchdog)},
     )
-    life = Lifecycle(
+    life = AttachedRun(
         spec,
+        attachment=replace(attachment, key=PlaceholderKey(), wall_clock=lambda: 0.0),
         api=recorder.api,
         connect=recorder.connect,
         observer=recorder,
@@ -325,7 +370,6 @@ def build_attached_plan(
         sleep=recorder.sleep,
         write_record=recorder.write_record,
         renew_in_background=False,
-        attach=replace(attachment, key=PlaceholderKey(), wall_clock=lambda: 0.0),
     )
     try:
         life.run()

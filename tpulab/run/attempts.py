@@ -57,7 +57,8 @@ from tpulab.polling import Backoff, Tries, poll_until
 from tpulab.run.progress import NullObserver, RunObserver, TeardownStatus
 
 if TYPE_CHECKING:
-    from tpulab.run.lifecycle import Lifecycle, RunOutcome
+    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.outcome import RunOutcome
 
 __all__ = ["Attempt", "AttemptOutcome", "Attempts", "NewLifecycle", "attempt_spec"]
 
@@ -134,6 +135,8 @@ def attempt_spec(spec: RunSpec, number: int, zone: str) -> RunSpec:
     A `-- CMD` run's attempt N > 1 fetches into `<out>/attempt-N/`: an earlier attempt
     (a preempted one above all) fetched its artifacts, log and run.json into `<out>`,
     and the next attempt's must not replace them."""
+    if number == 1 and zone == spec.zone.value:
+        return spec  # a run with one attempt is the run the caller asked for
     source = next((z.source for z in spec.zone_order if z.value == zone), spec.zone.source)
     suffix = attempt_suffix(number)
     workload = spec.workload

@@ -36,7 +36,7 @@ from tpulab.run.progress import TeardownStatus
 if TYPE_CHECKING:
     from tpulab.errors import TpuLabError
     from tpulab.remote.workspace import Manifest
-    from tpulab.run.lifecycle import RunOutcome
+    from tpulab.run.outcome import RunOutcome
     from tpulab.run.workload import WorkloadOutcome
 
 __all__ = [

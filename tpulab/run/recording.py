@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tpulab.cloud import rest
 from tpulab.cloud.api import QueuedResourceInfo, QueuedResourceRequest
-from tpulab.cloud.polling import operation_schedule
+from tpulab.cloud.polling import operation_schedule, wait_for_operation
 from tpulab.config import RunSpec
 from tpulab.config.endpoint import classify_endpoint
 from tpulab.contract import HOST_KEY_ATTRIBUTE, STARTUP_SCRIPT_METADATA, WATCHDOG_STATE_ATTRIBUTE
@@ -47,7 +47,7 @@ from tpulab.evidence.judge import Judgement, Verdict
 from tpulab.evidence.receipt import Expectation
 from tpulab.evidence.store import Integrity, KeptReceipt, Provenance, ReceiptStore
 from tpulab.models import NodeInfo, NodeRequest, NodeState
-from tpulab.polling import active_wait, poll_until
+from tpulab.polling import active_wait
 from tpulab.remote import bootstrap as boot
 from tpulab.remote import workload as wl
 from tpulab.remote.cmdline import SHA256_TIMEOUT, remote_command, remote_path, sha256_command
@@ -351,14 +351,14 @@ class RecordingTpuApi:
 
     def wait_operation(self, operation_name: str, *, timeout: float) -> None:
         # The loop GoogleTpuApi.wait_operation runs, with its schedule; done at once.
-        poll_until(
+        wait_for_operation(
             lambda: self._send(rest.get_operation(operation_name)),
             lambda _answer: True,
+            operation_name=operation_name,
             timeout=timeout,
+            backoff=operation_schedule(local=self.local_endpoint),
             clock=self.recorder.clock,
             sleep=self.recorder.sleep,
-            backoff=operation_schedule(local=self.local_endpoint),
-            describe=lambda _answer: f"operation {operation_name} to finish",
         )
 
     def get_node(self, zone: str, node_id: str) -> NodeInfo:

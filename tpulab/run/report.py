@@ -21,7 +21,7 @@ from tpulab.envelope import Envelope, ErrorReport
 from tpulab.errors import TeardownError
 from tpulab.evidence.judge import Verdict
 from tpulab.run.attempts import Attempt, AttemptOutcome
-from tpulab.run.lifecycle import RunOutcome
+from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import Recorder, TeardownStatus
 from tpulab.run.record import WorkloadSummary, workload_summary
 

@@ -5,7 +5,7 @@
   watchdog's config (to renew its lease), the hard deadline and the idle expiry (wall
   clock, UTC epoch seconds). The private key is not in it: the store keeps that in a
   0600 file beside it (tpulab.cleanup.sessions).
-- `bring_up(life)`: the Lifecycle with `keep_on_success`, so a failed `up` goes through
+- `bring_up(life)`: a `KeptRun` (tpulab.run.lifecycle), so a failed `up` goes through
   the very teardown of `run` and only a verified one keeps its node.
 - `take_down(api, state)`: the run's teardown (`delete_and_confirm`) for a kept node.
 - `exec_lock_for_down(state, key)`: `down` takes the session's exec lock (the one each
@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from tpulab.errors import ConfigError, NodeVanishedError, TpuLabError, VerificationError
+from tpulab.errors import NodeVanishedError, TpuLabError, VerificationError
 from tpulab.remote.watchdog import WatchdogConfig, renew_command
 from tpulab.run.teardown import TeardownReport, delete_and_confirm
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from tpulab.models import NodeInfo
     from tpulab.remote.keys import RunKey, SshTarget
     from tpulab.remote.workload import LockHolder
-    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.lifecycle import KeptRun
 
 __all__ = [
     "DownLock",
@@ -128,15 +128,13 @@ def _what_is_wrong(error: Any) -> str:
 
 
 def bring_up(
-    life: Lifecycle, *, session_name: str, now: Callable[[], float] = time.time
+    life: KeptRun, *, session_name: str, now: Callable[[], float] = time.time
 ) -> SessionState:
-    """Run `life` (built with keep_on_success=True) and describe the node it kept.
+    """Run `life` and describe the node it kept.
 
     Raises whatever the run raises; a run that ends without keeping its node (which
     only a verified receipt allows) has already been torn down by the lifecycle.
     """
-    if not life.keep_on_success:
-        raise ConfigError("bring_up needs a Lifecycle built with keep_on_success=True.")
     started = now()
     outcome = life.run()
     if not outcome.kept or life.target is None or life.watchdog is None:
@@ -304,7 +302,7 @@ def exec_lock_for_down(
         yield found
 
 
-def abandon(life: Lifecycle) -> TeardownReport:
+def abandon(life: KeptRun) -> TeardownReport:
     """Delete a node the lifecycle kept but nobody recorded as a session, and close its
     journal row: the run's teardown, run late."""
     spec = life.spec

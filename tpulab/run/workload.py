@@ -15,9 +15,9 @@ the fetch of a command that had ended lets that fetch finish (at most
 INTERRUPTED_FETCH_SECONDS more; `skippable(..., finish_within=)`), and a second one skips
 it. A fetch cut short keeps the files that fully arrived (tpulab.remote.workspace).
 
-`WorkloadRunner` is driven by `tpulab.run.lifecycle.Lifecycle` through its `_phase`, so
-phases, journal and observer see these phases like any other, and `--dry-run` records
-every command and transfer through the same seams.
+`WorkloadRunner` runs its phases through the run's context (`RunContext.phase`,
+tpulab.run.context), so journal and observer see these phases like any other, and
+`--dry-run` records every command and transfer through the same seams.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from tpulab.config.requirements import RequirementsFile
     from tpulab.config.workload import WorkloadSpec
     from tpulab.remote.workspace import Manifest, UploadResult, UploadSelection
-    from tpulab.run.lifecycle import Lifecycle
+    from tpulab.run.context import RunContext
 
 __all__ = ["WorkloadOutcome", "WorkloadRunner", "extras_for"]
 
@@ -91,9 +91,10 @@ class WorkloadOutcome:
 
 
 class WorkloadRunner:
-    """The `-- CMD` phases of one run; `life` gives the session, the seams and `_phase`."""
+    """The `-- CMD` phases of one run; `life` (the run's context) gives the session, the
+    seams and `phase`."""
 
-    def __init__(self, life: Lifecycle, workload: WorkloadSpec) -> None:
+    def __init__(self, life: RunContext, workload: WorkloadSpec) -> None:
         self.life = life
         self.workload = workload
         self.selection: UploadSelection | None = None
@@ -142,11 +143,11 @@ class WorkloadRunner:
     def run(self) -> None:
         """Sync, install, run, fetch; raise WorkloadFailedError if the command failed."""
         life = self.life
-        life._phase(Phase.SYNC, self.sync)
+        life.phase(Phase.SYNC, self.sync)
         if self.extras:
-            life._phase(Phase.INSTALL, self.install)
+            life.phase(Phase.INSTALL, self.install)
         try:
-            life._phase(Phase.WORKLOAD, self.command)
+            life.phase(Phase.WORKLOAD, self.command)
         except BaseException as error:
             if not self.outcome.started:
                 raise
@@ -156,7 +157,7 @@ class WorkloadRunner:
         try:
             # The command has ended: a first signal now must not drop what is on its way.
             with life.skippable(_FETCH_STEP, finish_within=INTERRUPTED_FETCH_SECONDS):
-                life._phase(Phase.FETCH, lambda: self.fetch(self._fetch_timeout()))
+                life.phase(Phase.FETCH, lambda: self.fetch(self._fetch_timeout()))
         except TpuLabError as error:
             self._cut_short(error)  # the summary and run.json say why
             if failure is None:
@@ -208,7 +209,7 @@ class WorkloadRunner:
         session = self.life.session
         assert session is not None
         assert self.selection is not None
-        self.life._stage_file(self.launcher, wl.STAGED_LAUNCHER, "workload launcher")
+        self.life.stage_file(self.launcher, wl.STAGED_LAUNCHER, "workload launcher")
         uploaded = upload_workspace(
             session,
             self.selection,
@@ -227,13 +228,13 @@ class WorkloadRunner:
         if extras.staged:
             assert extras.requirements_text is not None
             data = extras.requirements_text.encode("utf-8")
-            life._stage_file(data, boot.STAGED_REQUIREMENTS, "requirements file")
+            life.stage_file(data, boot.STAGED_REQUIREMENTS, "requirements file")
         result = boot.install_extras(
             session,
             extras,
             installer=life.installer,
             timeout=life.spec.timeouts.bootstrap,
-            on_line=life._on_line,
+            on_line=life.on_line,
             note=life.observer.note,
             clock=life.clock,
         )
@@ -361,7 +362,7 @@ class WorkloadRunner:
         with life.skippable(_FETCH_STEP):
             try:
                 self._stop()
-                life._phase(
+                life.phase(
                     Phase.FETCH,
                     lambda: self.fetch(min(INTERRUPTED_FETCH_SECONDS, self._fetch_timeout())),
                 )

@@ -1,0 +1,286 @@
+"""The state of one run and its seams: what every phase of the run engine works on.
+
+`RunContext` holds the run's spec, its seams (the TPU API, SSH connect, journal,
+observer, shield, clock, secrets) and what the phases learn as they go (the key, the
+pinned target, the SSH session, the outcome). Phases are functions of a context
+(tpulab.run.provision, tpulab.run.verifier, tpulab.run.workload); the drivers that order
+them are subclasses that add only `run()`: `Lifecycle` (`tpulab run`) and `KeptRun`
+(`tpulab up`) in tpulab.run.lifecycle, `AttachedRun` (`tpulab exec`) in tpulab.run.attach.
+
+The public surface the phases use -- `phase`, `milestone`, `stage_file`, `on_line`,
+`connect_ssh`, `release`, `record_start`, `write_run_record`, `receipt_store` -- is the
+only way they touch the run: no phase reaches into another's private state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from tpulab.cloud.api import TpuApi
+from tpulab.config import RunSpec
+from tpulab.errors import RemoteError
+from tpulab.remote import bootstrap as boot
+from tpulab.remote import workload as wl
+from tpulab.remote.workspace import StreamShell
+from tpulab.run.lease import LeaseRenewer, watchdog_config
+from tpulab.run.outcome import RunOutcome
+from tpulab.run.progress import NullObserver, Phase, RunJournal, RunObserver
+from tpulab.run.workload import Skippable, WorkloadRunner, no_skip
+
+if TYPE_CHECKING:
+    from tpulab.evidence.judge import Judgement
+    from tpulab.evidence.receipt import Expectation
+    from tpulab.evidence.store import ReceiptStore
+    from tpulab.remote.keys import RunKey, SshTarget
+    from tpulab.remote.watchdog import WatchdogConfig
+    from tpulab.run.record import RecordState, ReportError, RunRecord
+
+__all__ = ["Connect", "RemoteSession", "RunContext", "Shield"]
+
+# How long a failed spot run asks the API whether its node was preempted: the state can
+# lag the VM stopping by about a minute (SkyPilot #849); twice that, bounded.
+PREEMPTION_WAIT_SECONDS = 120.0
+
+
+class RemoteSession(boot.RemoteShell, StreamShell, wl.HoldingShell, Protocol):
+    """What the run needs from `tpulab.remote.ssh.Connection`: the bootstrap's `run`,
+    plus opening, closing, file transfer and `hold` (an exec's lock)."""
+
+    def open(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def put(self, local: Path | bytes, remote: str) -> str: ...
+
+    def get(self, remote: str, local: Path, *, max_bytes: int) -> str: ...
+
+
+Connect = Callable[["SshTarget", "RunKey"], RemoteSession]
+
+
+class Shield(Protocol):
+    """`tpulab.signals.shield`: refuse interrupts while the body (the teardown) runs."""
+
+    def __call__(
+        self, describe: str, *, manual: str | None = None
+    ) -> AbstractContextManager[object]: ...
+
+
+def _no_shield(describe: str, *, manual: str | None = None) -> AbstractContextManager[object]:
+    del describe, manual
+    return contextlib.nullcontext()
+
+
+class RunContext:
+    """One RunSpec's seams and state; `outcome` is readable even after a failure."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        *,
+        api: TpuApi,
+        connect: Connect | None = None,
+        journal: RunJournal | None = None,
+        observer: RunObserver | None = None,
+        shield: Shield | None = None,
+        skippable: Skippable | None = None,
+        store: ReceiptStore | None = None,
+        installer: boot.Installer = "uv",
+        poll: Iterable[float] | None = None,
+        teardown_poll: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        new_key: Callable[[], RunKey] | None = None,
+        new_nonce: Callable[[], str] = lambda: secrets.token_hex(16),
+        judge: Callable[[bytes, Expectation], Judgement] | None = None,
+        write_record: Callable[[RunRecord, Path], Path] | None = None,
+        report_error: ReportError | None = None,
+        renew_in_background: bool = True,
+        preemption_wait: float = PREEMPTION_WAIT_SECONDS,
+    ) -> None:
+        self.spec = spec
+        self.api = api
+        self.connect = connect
+        self.journal = journal
+        self.observer: RunObserver = observer or NullObserver()
+        self.shield: Shield = shield or _no_shield
+        # `tpulab.run.signals.skippable`: lets a second Ctrl-C skip the artifact fetch.
+        self.skippable: Skippable = skippable or no_skip
+        self.store = store
+        self.installer = installer
+        self.poll = poll
+        self.teardown_poll = teardown_poll
+        self.clock = clock
+        self.sleep = sleep
+        self.new_key = new_key
+        self.new_nonce = new_nonce
+        # The one judgement (evidence.judge.judge); a dry run's recorder supplies the
+        # verdict a plan assumes, so the plan can show what follows a verified receipt.
+        self.judge = judge
+        # Writes <out>/run.json (run.record.write_run_record); a dry run's records instead.
+        self.write_record = write_record
+        # The CLI's error report (it picks exit statuses): run.json's `error` then says
+        # what ended a failed run, as the --json envelope does.
+        self.report_error = report_error
+        self.renew_in_background = renew_in_background
+        self.preemption_wait = preemption_wait
+        # What the phases learn, in order.
+        self.outcome = RunOutcome(spec)
+        self.nonce = ""
+        self.payload_bytes = b""
+        self.key: RunKey | None = None
+        self.target: SshTarget | None = None
+        self.session: RemoteSession | None = None
+        self.payload_output: list[str] = []
+        self.raw_receipt = b""
+        self.workload: WorkloadRunner | None = None
+        # The VM's watchdog (None: --no-watchdog) and the thread that renews its lease.
+        self.watchdog: WatchdogConfig | None = watchdog_config(spec)
+        self.renewer: LeaseRenewer | None = None
+        self.current_phase: Phase | None = None
+        self.journalled = False  # the journal has this run's row (written by create)
+        self.record_started = False  # a start run.json was (tried to be) written
+        self.started_at = clock()
+
+    # -- what every phase uses ----------------------------------------------------------
+
+    def milestone(self, name: str, at: float | None = None) -> None:
+        when = self.clock() if at is None else at
+        self.outcome.milestones.setdefault(name, when)
+        self.observer.milestone(name, when)
+
+    def phase(self, phase: Phase, action: Callable[[], str]) -> None:
+        """Run one phase: journal it, time it, tell the observer how it ended."""
+        self.current_phase = phase
+        self.journal_phase(phase)
+        self.observer.phase_started(phase)
+        started = self.clock()
+        try:
+            detail = action()
+        except BaseException as error:
+            self._took(phase, started)
+            self.observer.phase_failed(phase, self.clock() - started, error)
+            raise
+        self._took(phase, started)
+        self.observer.phase_finished(phase, self.clock() - started, detail)
+
+    def _took(self, phase: Phase, started: float) -> None:
+        seconds = self.outcome.phase_seconds
+        seconds[phase.value] = seconds.get(phase.value, 0.0) + self.clock() - started
+
+    def journal_phase(self, phase: Phase) -> None:
+        # The row exists only once `create` has written it (validation needs no row).
+        if self.journal is not None and self.journalled:
+            self.journal.phase_changed(self.spec.run_id, phase.value)
+
+    def on_line(self, stream: str, line: str) -> None:
+        self.observer.remote_output(stream, line)
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started_at
+
+    def count_api_calls(self) -> None:
+        with contextlib.suppress(Exception):
+            self.outcome.api_calls = self.api.call_count
+
+    def connect_ssh(self, target: SshTarget, key: RunKey) -> RemoteSession:
+        """A connection over the `connect` seam, or paramiko's (imported only here)."""
+        if self.connect is not None:
+            return self.connect(target, key)
+        from tpulab.remote.ssh import Connection
+
+        # A real VM's guest agent installs the metadata key some seconds after sshd
+        # starts, so a refused key is retried there; the emulator installs it up front.
+        return Connection(
+            target,
+            key,
+            connect_timeout=self.spec.timeouts.connect,
+            auth_retry_for=0.0 if self.spec.emulated else min(90.0, self.spec.timeouts.connect),
+            sleep=self.sleep,
+            clock=self.clock,
+        )
+
+    def stage_file(self, data: bytes, remote_path: str, what: str) -> str:
+        """Put `data` at `remote_path`; RemoteError unless the VM's sha256 is ours."""
+        assert self.session is not None
+        local = hashlib.sha256(data).hexdigest()
+        remote = self.session.put(data, remote_path)
+        if remote != local:
+            raise RemoteError(
+                f"The staged {what}'s sha256 {remote[:12]} differs from ours {local[:12]}.",
+                hint="The upload was corrupted or the remote disk is full; retry the run.",
+            )
+        return local
+
+    def receipt_store(self) -> ReceiptStore:
+        if self.store is None:
+            from tpulab.evidence.store import ReceiptStore
+
+            self.store = ReceiptStore()
+        return self.store
+
+    def release(self) -> None:
+        """Stop renewing the lease, then close SSH: the first thing every end of a run
+        does (teardown, `up`'s hand-over, the end of an exec). The renewer stops first,
+        so it cannot race to reopen the session; a dead connection must not delay what
+        follows (the delete), so closing never raises."""
+        if self.renewer is not None:
+            self.renewer.stop()
+            self.outcome.lease_renewals = self.renewer.renewals
+            self.outcome.lease_failures = len(self.renewer.failures)
+        if self.session is not None:
+            session, self.session = self.session, None
+            with contextlib.suppress(Exception):
+                session.close()
+
+    # -- run.json -----------------------------------------------------------------------
+
+    def record_start(self) -> None:
+        """A `-- CMD` run's run.json saying it started ("running"), once its input is valid
+        and before anything can bill or change a VM: a run killed from here on (SIGKILL,
+        power loss) still leaves its trace and out dir for `tpulab runs`. Its end
+        replaces it (`record_end`) whatever happens."""
+        if self.workload is None:
+            return
+        self.record_started = True
+        self.write_run_record(state="running")
+
+    def record_end(self) -> None:
+        """The final run.json, replacing the start one. Bad input, refused in VALIDATE,
+        wrote neither: it creates nothing, not even a run.json."""
+        if self.record_started:
+            self.write_run_record()
+
+    def write_run_record(self, *, state: RecordState = "finished") -> None:
+        """<out>/run.json: the run's record (tpulab.run.record), beside its artifacts.
+        A disk that refuses it is a note, never a reason to misreport the run."""
+        from tpulab.run.record import run_record, write_run_record
+
+        assert self.spec.workload is not None
+        write = self.write_record or write_run_record
+        record = None
+        try:
+            record = run_record(self.outcome, state=state, report_error=self.report_error)
+            self.outcome.run_record = write(record, self.spec.workload.out)
+        except Exception as error:  # a disk's refusal, or a value the record cannot hold
+            said = f"{type(error).__name__}: {error}"
+            self.observer.note(f"could not write run.json: {said}")
+            if record is None or isinstance(error, OSError):
+                return  # nothing to fall back to, or a disk that will refuse that too
+            # The file lists (every name the upload and the fetch saw) are what a record
+            # can fail on; without them (their counts stay in `workload`) it still says
+            # truthfully how the run ended, rather than leaving the start's "running".
+            reduced = record.model_copy(update={"upload": [], "fetch": [], "upload_sent": None})
+            try:
+                self.outcome.run_record = write(reduced, self.spec.workload.out)
+            except Exception as again:
+                self.observer.note(f"could not write run.json without its file lists: {again}")
+            else:
+                self.observer.note("run.json was written without its file lists")

@@ -1,0 +1,104 @@
+"""What one run produced: `RunOutcome`, read by the summary, the envelope and run.json.
+
+The run engine (tpulab.run.context and its phases) fills it in as the phases go; the
+readers (tpulab.run.report, tpulab.run.record, the CLI) only read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tpulab.config import RunSpec
+from tpulab.models import NodeInfo
+from tpulab.run.progress import TeardownStatus
+
+if TYPE_CHECKING:
+    from tpulab.evidence.judge import Judgement, Verdict
+    from tpulab.evidence.store import KeptReceipt
+    from tpulab.remote import bootstrap as boot
+    from tpulab.remote.watchdog import WatchdogState
+    from tpulab.run.teardown import TeardownReport
+    from tpulab.run.workload import WorkloadOutcome
+
+__all__ = ["RunOutcome"]
+
+
+@dataclass
+class RunOutcome:
+    """Everything a report needs about one run, filled in as the run goes."""
+
+    spec: RunSpec
+    started: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    node: NodeInfo | None = None
+    create_sent: bool = False
+    create_accepted: bool = False
+    bootstrap: boot.BootstrapResult | None = None
+    payload_exit: int | None = None
+    receipt: KeptReceipt | None = None
+    judgement: Judgement | None = None  # None until a receipt was collected and judged
+    teardown: TeardownReport | None = None
+    teardown_status: TeardownStatus = "not-created"
+    error: BaseException | None = None
+    api_calls: int = 0
+    seconds: float = 0.0
+    billed_seconds: float = 0.0
+    milestones: dict[str, float] = field(default_factory=dict)
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # phase -> duration
+    workload: WorkloadOutcome | None = None  # set when the spec has a `-- CMD`
+    run_record: Path | None = None  # <out>/run.json once written
+    watchdog: WatchdogState | None = None  # what the VM's watchdog published, once read
+    lease_renewals: int = 0
+    lease_failures: int = 0
+    kept: bool = False  # `tpulab up`: verified and handed over, deliberately not deleted
+    # `tpulab exec` (run/attach.py): the session it ran on, and the receipt `up` verified
+    # on that node -- the gate of its command, since an exec verifies nothing itself.
+    session: str | None = None
+    gate_receipt_id: str | None = None
+
+    @property
+    def verdict(self) -> Verdict | None:
+        return self.judgement.verdict if self.judgement else None
+
+    @property
+    def failures(self) -> list[str]:
+        return [str(f) for f in self.judgement.failures] if self.judgement else []
+
+    @property
+    def per_device_sums(self) -> list[float]:
+        return list(self.judgement.per_device_sums) if self.judgement else []
+
+    @property
+    def observed_total(self) -> float | None:
+        return self.judgement.observed_total if self.judgement else None
+
+    @property
+    def expected_total(self) -> int | None:
+        return self.judgement.expected_total if self.judgement else None
+
+    @property
+    def verified(self) -> bool:
+        """The receipt verified on a node this run created (what `up` may keep)."""
+        judgement = self.judgement
+        return judgement is not None and judgement.verified and self.create_accepted
+
+    @property
+    def succeeded(self) -> bool:
+        """Receipt verified AND teardown confirmed -- and, with a `-- CMD`, the command
+        exited 0 and its artifacts came back."""
+        if self.session is not None:
+            # An exec: its node stays, and a session exists only once `up`'s receipt
+            # verified on it (run/session.py bring_up): the gate is behind it.
+            return self.workload is not None and self.workload.ok
+        return (
+            self.judgement is not None
+            and self.judgement.verified
+            and self.teardown_status == "confirmed"
+            and (self.spec.workload is None or (self.workload is not None and self.workload.ok))
+        )
+
+    @property
+    def estimated_cost(self) -> float:
+        return self.spec.accelerator.estimated_cost(self.billed_seconds, spot=self.spec.spot)
