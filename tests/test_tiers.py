@@ -103,12 +103,17 @@ def _tiers_of(root: Path, *files: str) -> dict[str, set[str]]:
 @pytest.mark.e2e(reason="a pytest collection in a subprocess")
 def test_conftest_marks_the_collected_tests(pytestconfig: pytest.Config) -> None:
     run_cli = "tests/test_run_cli.py"
-    files = sorted({test.split("::")[0] for test in SMOKE_TESTS} | {run_cli})
+    manual = "tests/test_manual_commands.py"
+    files = sorted({test.split("::")[0] for test in SMOKE_TESTS} | {run_cli, manual})
     tiers = _tiers_of(pytestconfig.rootpath, *files)
     assert sorted(test for test, marks in tiers.items() if "smoke" in marks) == sorted(SMOKE_TESTS)
     assert tiers[f"{run_cli}::test_run_emulate[embedded]"] == {"e2e", "network"}
     assert tiers[f"{run_cli}::test_run_against_a_served_emulator[openssh]"] == {"e2e"}
     assert tiers[f"{run_cli}::test_run_help_stays_light"] == {"e2e"}  # a subprocess
+    # `tpulab teardown` as printed, pasted into a shell: a CLI subprocess too.
+    pasted = f"{manual}::test_an_embedded_emulators_node_is_deleted_by_the_printed_tpulab_command"
+    assert tiers[pasted] == {"e2e"}
+    assert tiers[f"{manual}::test_google_gets_plain_gcloud_and_the_sweep"] == set()
 
 
 class _Node:
