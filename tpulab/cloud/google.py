@@ -21,9 +21,8 @@ from functools import partial
 from typing import Any, TypeVar
 
 from tpulab.cloud import rest
-from tpulab.cloud.api import QueuedResourceInfo, QueuedResourceRequest, TpuApi
-from tpulab.cloud.classify import HTTP_STATUS, RPC_STATUS, error_for_status, hint_for
-from tpulab.cloud.polling import operation_schedule, wait_for_operation
+from tpulab.cloud.classify import HTTP_STATUS, error_for_status, hint_for
+from tpulab.cloud.polling import operation_schedule
 from tpulab.cloud.reach import (
     CLOUD_SCHEDULE,
     LOOPBACK_SCHEDULE,
@@ -31,6 +30,8 @@ from tpulab.cloud.reach import (
     ReachSchedule,
     is_network_failure,
 )
+from tpulab.cloud.tpu_v2 import TpuV2Api
+from tpulab.cloud.transport import Answer
 from tpulab.config.endpoint import classify_endpoint
 from tpulab.errors import (
     CloudError,
@@ -40,10 +41,9 @@ from tpulab.errors import (
     TransientError,
     UnreachableError,
 )
-from tpulab.models import NodeInfo, NodeRequest, NodeState
 from tpulab.polling import Backoff, retry_call
 
-__all__ = ["GoogleTpuApi", "TpuApi", "adc_project", "error_for_status"]
+__all__ = ["GoogleTpuApi", "GoogleTransport", "adc_project", "error_for_status"]
 
 T = TypeVar("T")
 
@@ -189,27 +189,14 @@ def _status_and_message(error: Any) -> tuple[str, str]:
     return status, message
 
 
-def _operation_what(operation: Any) -> str:
-    """ "create node n in zone" from an operation's metadata, else its name."""
-    from google.cloud.tpu_v2.types import OperationMetadata
-
-    metadata = OperationMetadata.pb()()
-    if operation.metadata.Unpack(metadata) and metadata.verb and metadata.target:
-        parts = metadata.target.split("/")
-        if len(parts) >= 6:
-            kind = "queued resource" if parts[-2] == "queuedResources" else "node"
-            return f"{metadata.verb} {kind} {parts[-1]} in {parts[3]}"
-    return f"complete operation {operation.name}"
-
-
 def _parse(message_type: Any, wire: rest.WireRequest) -> Any:
     """The client's request proto of `wire.message`; unknown fields are an error, so a
     builder cannot say something the client would silently drop."""
     return message_type.from_json(json.dumps(wire.message), ignore_unknown_fields=False)
 
 
-class GoogleTpuApi:
-    """`TpuApi` over `google.cloud.tpu_v2.TpuClient` (REST), for Google or an emulator.
+class GoogleTransport:
+    """The `Transport` of google-cloud-tpu's `TpuClient` (REST), to Google or an emulator.
 
     `api_endpoint` is None for Google, or a URL such as `http://127.0.0.1:8470` for a
     local endpoint (the REST transport keeps an explicit `http://` scheme). Application
@@ -225,47 +212,34 @@ class GoogleTpuApi:
     while it was never sent) is retried on the short `reach` schedule, `notify` hearing
     each retry, and then fails as an EndpointDownError that ends every wait
     (`tpulab.cloud.reach`). Create and delete are otherwise sent once: whether resending
-    is safe is the caller's call (the lifecycle checks the node does not exist first).
-    `poll` makes the operation-polling schedule (default: about 1 s growing with jitter
-    to 10 s; faster for a local endpoint).
+    is safe is the caller's call (the run engine checks the node does not exist first).
     """
 
     def __init__(
         self,
-        project: str,
         *,
         api_endpoint: str | None = None,
         credentials: Any = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
-        poll: Callable[[], Iterable[float]] | None = None,
         retry_for: float = 60.0,
         retry_backoff: Callable[[], Iterable[float]] | None = None,
         request_timeout: float = 60.0,
-        list_page_size: int = 0,
         reach: ReachSchedule | None = None,
         notify: Callable[[str], None] | None = None,
     ) -> None:
         from google.api_core.client_options import ClientOptions
         from google.cloud import tpu_v2
 
-        if not project:
-            raise ConfigError(
-                "No Google Cloud project given.",
-                hint="Pass --project, or set TPULAB_PROJECT or CLOUDSDK_CORE_PROJECT.",
-            )
-        self.project = project
         self.api_endpoint = api_endpoint
         self._sleep = sleep
         self._clock = clock
         self._retry_for = retry_for
         self._request_timeout = request_timeout
-        self._list_page_size = list_page_size
         self._calls = 0
         self._calls_lock = threading.Lock()  # `tpulab list` lists zones concurrently
         endpoint = classify_endpoint(api_endpoint)  # the one rule; ConfigError if malformed
         local = endpoint.is_loopback
-        self._poll = poll if poll is not None else (lambda: operation_schedule(local=local))
         self._retry_backoff = retry_backoff or (
             (lambda: Backoff(initial=0.05, cap=0.5)) if local else (lambda: Backoff(0.5, 8.0))
         )
@@ -318,193 +292,40 @@ class GoogleTpuApi:
         """Why the endpoint was declared down (it never answered this instance), or None."""
         return self._reach.down
 
-    # -- the calls -------------------------------------------------------------------
+    # -- the transport ---------------------------------------------------------------
 
-    def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
-        from google.cloud import tpu_v2
-
-        wire = rest.create_node(self.project, zone, node_id, request)
-        create = _parse(tpu_v2.CreateNodeRequest, wire)
-        operation = self._call(
-            lambda timeout: self._client.create_node(request=create, retry=None, timeout=timeout),
-            f"create node {node_id} in {zone}",
-            idempotent=False,
-        )
-        return str(operation.operation.name)
-
-    def wait_operation(self, operation_name: str, *, timeout: float) -> None:
-        # The operations mixin takes its request as a plain dict of the message.
-        request = rest.get_operation(operation_name).message
-
-        def probe() -> Any:
-            return self._call(
-                lambda timeout: self._client.get_operation(
-                    request=request, retry=None, timeout=timeout
-                ),
-                f"read operation {operation_name}",
-                idempotent=True,
+    def send(self, wire: rest.WireRequest, *, what: str, idempotent: bool) -> Answer:
+        """`wire` through the client (its request proto parsed from the wire message, so a
+        builder cannot say something the client would drop); the answer as REST JSON."""
+        if wire.rpc == "GetOperation":
+            # The operations mixin takes its request as a plain dict of the message.
+            return _operation_json(
+                self._call(
+                    lambda timeout: self._client.get_operation(
+                        request=wire.message, retry=None, timeout=timeout
+                    ),
+                    what,
+                    idempotent=idempotent,
+                )
             )
-
-        operation = wait_for_operation(
-            probe,
-            lambda op: bool(op.done),
-            operation_name=operation_name,
-            timeout=timeout,
-            backoff=self._poll(),
-            clock=self._clock,
-            sleep=self._sleep,
-        )
-        if operation.HasField("error") and operation.error.code != 0:
-            status = RPC_STATUS.get(operation.error.code, "UNKNOWN")
-            raise error_for_status(status, operation.error.message, _operation_what(operation))
-
-    def get_node(self, zone: str, node_id: str) -> NodeInfo:
         from google.cloud import tpu_v2
 
-        request = _parse(tpu_v2.GetNodeRequest, rest.get_node(self.project, zone, node_id))
-        node = self._call(
-            lambda timeout: self._client.get_node(request=request, retry=None, timeout=timeout),
-            f"get node {node_id} in {zone}",
-            idempotent=True,
+        request = _parse(getattr(tpu_v2, f"{wire.rpc}Request"), wire)
+        method = getattr(self._client, _snake(wire.rpc))
+        answer = self._call(
+            partial(method, request=request, retry=None), what, idempotent=idempotent
         )
-        return self._to_info(node, zone)
-
-    def list_nodes(self, zone: str) -> list[NodeInfo]:
-        from google.cloud import tpu_v2
-
-        nodes: list[NodeInfo] = []
-        token = ""
-        while True:
-            wire = rest.list_nodes(
-                self.project, zone, page_size=self._list_page_size, page_token=token
-            )
-            request = _parse(tpu_v2.ListNodesRequest, wire)
-            # One page per call, never the pager's own iteration, so that every HTTP
-            # request is counted and retried individually.
-            page = self._call(
-                partial(self._client.list_nodes, request=request, retry=None),
-                f"list nodes in {zone}",
-                idempotent=True,
-            )
-            nodes.extend(self._to_info(node, zone) for node in page.nodes)
-            token = str(page.next_page_token)
-            if not token:
-                return nodes
-
-    def delete_node(self, zone: str, node_id: str) -> str:
-        from google.cloud import tpu_v2
-
-        request = _parse(tpu_v2.DeleteNodeRequest, rest.delete_node(self.project, zone, node_id))
-        operation = self._call(
-            lambda timeout: self._client.delete_node(request=request, retry=None, timeout=timeout),
-            f"delete node {node_id} in {zone}",
-            idempotent=False,
-        )
-        return str(operation.operation.name)
-
-    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
-        from google.cloud import tpu_v2
-
-        wire = rest.get_guest_attributes(self.project, zone, node_id, query_path)
-        request = _parse(tpu_v2.GetGuestAttributesRequest, wire)
-        response = self._call(
-            lambda timeout: self._client.get_guest_attributes(
-                request=request, retry=None, timeout=timeout
-            ),
-            f"read guest attributes of {node_id} in {zone}",
-            idempotent=True,
-        )
-        if not response.guest_attributes:
-            return {}
-        worker0 = response.guest_attributes[0]
-        return {f"{item.namespace}/{item.key}": item.value for item in worker0.query_value.items}
-
-    # -- queued resources ------------------------------------------------------------
-
-    def create_queued_resource(self, zone: str, qr_id: str, request: QueuedResourceRequest) -> str:
-        from google.cloud import tpu_v2
-
-        wire = rest.create_queued_resource(self.project, zone, qr_id, request)
-        create = _parse(tpu_v2.CreateQueuedResourceRequest, wire)
-        operation = self._call(
-            lambda timeout: self._client.create_queued_resource(
-                request=create, retry=None, timeout=timeout
-            ),
-            f"create queued resource {qr_id} in {zone}",
-            idempotent=False,
-        )
-        return str(operation.operation.name)
-
-    def get_queued_resource(self, zone: str, qr_id: str) -> QueuedResourceInfo:
-        from google.cloud import tpu_v2
-
-        wire = rest.get_queued_resource(self.project, zone, qr_id)
-        request = _parse(tpu_v2.GetQueuedResourceRequest, wire)
-        resource = self._call(
-            lambda timeout: self._client.get_queued_resource(
-                request=request, retry=None, timeout=timeout
-            ),
-            f"get queued resource {qr_id} in {zone}",
-            idempotent=True,
-        )
-        return self._to_queued_info(resource, zone)
-
-    def list_queued_resources(self, zone: str) -> list[QueuedResourceInfo]:
-        from google.cloud import tpu_v2
-
-        found: list[QueuedResourceInfo] = []
-        token = ""
-        while True:
-            wire = rest.list_queued_resources(
-                self.project, zone, page_size=self._list_page_size, page_token=token
-            )
-            request = _parse(tpu_v2.ListQueuedResourcesRequest, wire)
-            page = self._call(  # one page per call, as list_nodes does
-                partial(self._client.list_queued_resources, request=request, retry=None),
-                f"list queued resources in {zone}",
-                idempotent=True,
-            )
-            found.extend(self._to_queued_info(r, zone) for r in page.queued_resources)
-            token = str(page.next_page_token)
-            if not token:
-                return found
-
-    def delete_queued_resource(self, zone: str, qr_id: str, *, force: bool) -> str:
-        from google.cloud import tpu_v2
-
-        wire = rest.delete_queued_resource(self.project, zone, qr_id, force=force)
-        request = _parse(tpu_v2.DeleteQueuedResourceRequest, wire)
-        operation = self._call(
-            lambda timeout: self._client.delete_queued_resource(
-                request=request, retry=None, timeout=timeout
-            ),
-            f"delete queued resource {qr_id} in {zone}",
-            idempotent=False,
-        )
-        return str(operation.operation.name)
-
-    def _to_queued_info(self, resource: Any, zone: str) -> QueuedResourceInfo:
-        parts = str(resource.name).split("/")
-        specs = list(resource.tpu.node_spec) if resource.tpu else []
-        node = specs[0].node if specs else None
-        state = resource.state
-        failure, failure_code = "", 0
-        if state is not None and "failed_data" in state and state.failed_data.error:
-            failure = str(state.failed_data.error.message)
-            failure_code = int(state.failed_data.error.code)
-        return QueuedResourceInfo(
-            project=self.project,
-            zone=parts[3] if len(parts) >= 6 else zone,
-            name=parts[-1],
-            node_id=str(specs[0].node_id) if specs else "",
-            state=state.state.name if state is not None else "STATE_UNSPECIFIED",
-            accelerator_type=str(node.accelerator_type) if node is not None else "",
-            labels=dict(node.labels) if node is not None else {},
-            spot="spot" in resource,
-            failure=failure,
-            failure_code=failure_code,
-            create_time=resource.create_time if "create_time" in resource else None,
-        )
+        if hasattr(answer, "operation"):  # a long-running call: its Operation
+            return _operation_json(answer.operation)
+        if wire.rpc.startswith("List"):
+            # One page (the pager's first response), never the pager's own iteration,
+            # so that every HTTP request is counted and retried individually.
+            field = "nodes" if wire.rpc == "ListNodes" else "queued_resources"
+            return {
+                _camel(field): [_message_json(item) for item in getattr(answer, field)],
+                "nextPageToken": str(answer.next_page_token),
+            }
+        return _message_json(answer)
 
     # -- plumbing --------------------------------------------------------------------
 
@@ -570,28 +391,93 @@ class GoogleTpuApi:
             on_retry=on_retry,
         )
 
-    def _to_info(self, node: Any, zone: str) -> NodeInfo:
-        parts = str(node.name).split("/")
-        node_zone = parts[3] if len(parts) >= 6 else zone
-        endpoint = node.network_endpoints[0] if node.network_endpoints else None
-        external = (
-            endpoint.access_config.external_ip
-            if endpoint is not None and endpoint.access_config
-            else ""
+
+class GoogleTpuApi(TpuV2Api):
+    """`TpuApi` over google-cloud-tpu's client (`GoogleTransport`), for Google or an
+    emulator: the TPU v2 verbs (tpulab.cloud.tpu_v2) on the client's wire. `poll` makes
+    the operation-polling schedule (default: about 1 s growing with jitter to 10 s;
+    faster for a local endpoint); the other options are the transport's."""
+
+    def __init__(
+        self,
+        project: str,
+        *,
+        api_endpoint: str | None = None,
+        credentials: Any = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        poll: Callable[[], Iterable[float]] | None = None,
+        retry_for: float = 60.0,
+        retry_backoff: Callable[[], Iterable[float]] | None = None,
+        request_timeout: float = 60.0,
+        list_page_size: int = 0,
+        reach: ReachSchedule | None = None,
+        notify: Callable[[str], None] | None = None,
+    ) -> None:
+        if not project:
+            raise ConfigError(
+                "No Google Cloud project given.",
+                hint="Pass --project, or set TPULAB_PROJECT or CLOUDSDK_CORE_PROJECT.",
+            )
+        self.google = GoogleTransport(
+            api_endpoint=api_endpoint,
+            credentials=credentials,
+            sleep=sleep,
+            clock=clock,
+            retry_for=retry_for,
+            retry_backoff=retry_backoff,
+            request_timeout=request_timeout,
+            reach=reach,
+            notify=notify,
         )
-        create_time = node.create_time if "create_time" in node else None
-        return NodeInfo(
-            project=self.project,
-            zone=node_zone,
-            name=parts[-1],
-            accelerator_type=str(node.accelerator_type),
-            runtime_version=str(node.runtime_version),
-            state=NodeState(node.state.name),
-            health=node.health.name if node.health else "",
-            labels=dict(node.labels),
-            metadata=dict(node.metadata),
-            ip_address=(endpoint.ip_address or None) if endpoint is not None else None,
-            external_ip=external or None,
-            spot=bool(node.scheduling_config.spot or node.scheduling_config.preemptible),
-            create_time=create_time,
+        local = classify_endpoint(api_endpoint).is_loopback
+        super().__init__(
+            project,
+            self.google,
+            poll=poll if poll is not None else (lambda: operation_schedule(local=local)),
+            clock=clock,
+            sleep=sleep,
+            list_page_size=list_page_size,
         )
+        self.api_endpoint = api_endpoint
+
+    @property
+    def unreachable(self) -> str | None:
+        """Why the endpoint was declared down (it never answered), or None."""
+        return self.google.unreachable
+
+
+def _snake(rpc: str) -> str:
+    """ "GetGuestAttributes" -> "get_guest_attributes": the client's method of an rpc."""
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in rpc).lstrip("_")
+
+
+def _camel(field: str) -> str:
+    head, *rest = field.split("_")
+    return head + "".join(word.title() for word in rest)
+
+
+def _message_json(message: Any) -> Answer:
+    """A proto-plus message as the API's REST JSON (camelCase, enums by name)."""
+    return dict(
+        type(message).to_dict(
+            message, use_integers_for_enums=False, preserving_proto_field_name=False
+        )
+    )
+
+
+def _operation_json(operation: Any) -> Answer:
+    """A google.longrunning Operation as REST JSON: name, done, error and the metadata's
+    verb and target (unpacked from its Any)."""
+    from google.cloud.tpu_v2.types import OperationMetadata
+
+    answer: Answer = {"name": str(operation.name), "done": bool(operation.done)}
+    if operation.HasField("error") and operation.error.code != 0:
+        answer["error"] = {
+            "code": int(operation.error.code),
+            "message": str(operation.error.message),
+        }
+    metadata = OperationMetadata.pb()()
+    if operation.metadata.Unpack(metadata):
+        answer["metadata"] = {"verb": metadata.verb, "target": metadata.target}
+    return answer

@@ -1,13 +1,27 @@
-"""What the Cloud TPU v2 API needs in a node request for a tpulab run.
+"""Provider one: the Cloud TPU v2 API, its verbs over a transport, and its node request.
 
-The run engine (tpulab.run.provision) knows a run's key and watchdog; how they reach a
-TPU VM -- the `ssh-keys` metadata the guest agent installs, OS Login off so it does,
-guest attributes on for the host key, a startup-script for the watchdog, the scopes its
-token needs -- is this API's business, kept here beside its wire (tpulab.cloud.rest).
+- `TpuV2Api`: the `TpuApi` verbs (tpulab.cloud.api), each written once as wire requests
+  (tpulab.cloud.rest) sent through a `Transport` (tpulab.cloud.transport), the answers
+  read from the API's REST JSON into tpulab's neutral records (NodeInfo,
+  QueuedResourceInfo). `GoogleTpuApi` is this over google-cloud-tpu's client; the dry run
+  is this over a recording transport.
+- `node_request`: what a run's node asks for. The run engine (tpulab.run.provision) knows
+  a run's key and watchdog; how they reach a TPU VM -- the `ssh-keys` metadata the guest
+  agent installs, OS Login off so it does, guest attributes on for the host key, a
+  startup-script for the watchdog, the scopes its token needs -- is this API's business.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from tpulab.cloud import rest
+from tpulab.cloud.api import QueuedResourceInfo, QueuedResourceRequest
+from tpulab.cloud.classify import RPC_STATUS, error_for_status
+from tpulab.cloud.polling import wait_for_operation
+from tpulab.cloud.transport import Answer, Transport
 from tpulab.config import RunSpec
 from tpulab.contract import (
     GUEST_ATTRIBUTES_METADATA,
@@ -15,9 +29,15 @@ from tpulab.contract import (
     SSH_KEYS_METADATA,
     STARTUP_SCRIPT_METADATA,
 )
-from tpulab.models import NodeRequest
+from tpulab.models import NodeInfo, NodeRequest, NodeState
 
-__all__ = ["CLOUD_PLATFORM_SCOPE", "node_request"]
+__all__ = [
+    "CLOUD_PLATFORM_SCOPE",
+    "TpuV2Api",
+    "node_from_json",
+    "node_request",
+    "queued_resource_from_json",
+]
 
 # What the watchdog's service account may do with its metadata token: deleting the node
 # needs the Cloud TPU API, which cloud-platform covers.
@@ -51,3 +71,200 @@ def node_request(spec: RunSpec, *, ssh_keys: str, startup_script: str | None) ->
         if startup_script is not None or spec.service_account
         else (),
     )
+
+
+class TpuV2Api:
+    """`TpuApi` over a `Transport`. `poll` makes the operation-polling schedule;
+    `list_page_size` 0 lets the API choose its pages."""
+
+    def __init__(
+        self,
+        project: str,
+        transport: Transport,
+        *,
+        poll: Callable[[], Iterable[float]],
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        list_page_size: int = 0,
+    ) -> None:
+        self.project = project
+        self.transport = transport
+        self._poll = poll
+        self._clock = clock
+        self._sleep = sleep
+        self._list_page_size = list_page_size
+
+    @property
+    def call_count(self) -> int:
+        return self.transport.call_count
+
+    def _send(self, wire: rest.WireRequest, what: str, *, idempotent: bool) -> Answer:
+        return self.transport.send(wire, what=what, idempotent=idempotent)
+
+    # -- nodes ----------------------------------------------------------------------
+
+    def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
+        wire = rest.create_node(self.project, zone, node_id, request)
+        answer = self._send(wire, f"create node {node_id} in {zone}", idempotent=False)
+        return str(answer["name"])
+
+    def wait_operation(self, operation_name: str, *, timeout: float) -> None:
+        wire = rest.get_operation(operation_name)
+        operation = wait_for_operation(
+            lambda: self._send(wire, f"read operation {operation_name}", idempotent=True),
+            lambda answer: bool(answer.get("done")),
+            operation_name=operation_name,
+            timeout=timeout,
+            backoff=self._poll(),
+            clock=self._clock,
+            sleep=self._sleep,
+        )
+        error = operation.get("error") or {}
+        if int(error.get("code") or 0) != 0:
+            status = RPC_STATUS.get(int(error["code"]), "UNKNOWN")
+            raise error_for_status(status, str(error.get("message", "")), _what(operation))
+
+    def get_node(self, zone: str, node_id: str) -> NodeInfo:
+        wire = rest.get_node(self.project, zone, node_id)
+        answer = self._send(wire, f"get node {node_id} in {zone}", idempotent=True)
+        return node_from_json(answer, self.project, zone)
+
+    def list_nodes(self, zone: str) -> list[NodeInfo]:
+        nodes: list[NodeInfo] = []
+        token = ""
+        while True:  # one request per page: each is counted and retried on its own
+            wire = rest.list_nodes(
+                self.project, zone, page_size=self._list_page_size, page_token=token
+            )
+            page = self._send(wire, f"list nodes in {zone}", idempotent=True)
+            nodes.extend(node_from_json(node, self.project, zone) for node in _items(page, "nodes"))
+            token = str(page.get("nextPageToken") or "")
+            if not token:
+                return nodes
+
+    def delete_node(self, zone: str, node_id: str) -> str:
+        wire = rest.delete_node(self.project, zone, node_id)
+        answer = self._send(wire, f"delete node {node_id} in {zone}", idempotent=False)
+        return str(answer["name"])
+
+    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
+        wire = rest.get_guest_attributes(self.project, zone, node_id, query_path)
+        what = f"read guest attributes of {node_id} in {zone}"
+        workers = _items(self._send(wire, what, idempotent=True), "guestAttributes")
+        if not workers:
+            return {}
+        items = _items(workers[0].get("queryValue") or {}, "items")
+        return {
+            f"{item.get('namespace', '')}/{item.get('key', '')}": str(item.get("value", ""))
+            for item in items
+        }
+
+    # -- queued resources -----------------------------------------------------------
+
+    def create_queued_resource(self, zone: str, qr_id: str, request: QueuedResourceRequest) -> str:
+        wire = rest.create_queued_resource(self.project, zone, qr_id, request)
+        answer = self._send(wire, f"create queued resource {qr_id} in {zone}", idempotent=False)
+        return str(answer["name"])
+
+    def get_queued_resource(self, zone: str, qr_id: str) -> QueuedResourceInfo:
+        wire = rest.get_queued_resource(self.project, zone, qr_id)
+        answer = self._send(wire, f"get queued resource {qr_id} in {zone}", idempotent=True)
+        return queued_resource_from_json(answer, self.project, zone)
+
+    def list_queued_resources(self, zone: str) -> list[QueuedResourceInfo]:
+        found: list[QueuedResourceInfo] = []
+        token = ""
+        while True:  # one request per page, as list_nodes
+            wire = rest.list_queued_resources(
+                self.project, zone, page_size=self._list_page_size, page_token=token
+            )
+            page = self._send(wire, f"list queued resources in {zone}", idempotent=True)
+            found.extend(
+                queued_resource_from_json(resource, self.project, zone)
+                for resource in _items(page, "queuedResources")
+            )
+            token = str(page.get("nextPageToken") or "")
+            if not token:
+                return found
+
+    def delete_queued_resource(self, zone: str, qr_id: str, *, force: bool) -> str:
+        wire = rest.delete_queued_resource(self.project, zone, qr_id, force=force)
+        answer = self._send(wire, f"delete queued resource {qr_id} in {zone}", idempotent=False)
+        return str(answer["name"])
+
+
+# -- the API's JSON, read into tpulab's records ------------------------------------------
+
+
+def _items(answer: Answer, field: str) -> list[Answer]:
+    items = answer.get(field) or []
+    return [item for item in items if isinstance(item, dict)]
+
+
+def _zone_of(name: str, zone: str) -> str:
+    parts = name.split("/")  # projects/P/locations/Z/nodes/N
+    return parts[3] if len(parts) >= 6 else zone
+
+
+def _enum(value: Any, unspecified: str) -> str:
+    """An enum's name, "" for its unspecified value (the API may also leave it out)."""
+    name = str(value or "")
+    return "" if name == unspecified else name
+
+
+def node_from_json(node: Answer, project: str, zone: str) -> NodeInfo:
+    """A v2 `Node` (REST JSON) as tpulab's NodeInfo."""
+    name = str(node.get("name", ""))
+    endpoints = _items(node, "networkEndpoints")
+    endpoint = endpoints[0] if endpoints else {}
+    access = endpoint.get("accessConfig") or {}
+    scheduling = node.get("schedulingConfig") or {}
+    return NodeInfo(
+        project=project,
+        zone=_zone_of(name, zone),
+        name=name.split("/")[-1],
+        accelerator_type=str(node.get("acceleratorType", "")),
+        runtime_version=str(node.get("runtimeVersion", "")),
+        state=NodeState(_enum(node.get("state"), "") or "STATE_UNSPECIFIED"),
+        health=_enum(node.get("health"), "HEALTH_UNSPECIFIED"),
+        labels=dict(node.get("labels") or {}),
+        metadata=dict(node.get("metadata") or {}),
+        ip_address=str(endpoint.get("ipAddress") or "") or None,
+        external_ip=str(access.get("externalIp") or "") or None,
+        spot=bool(scheduling.get("spot") or scheduling.get("preemptible")),
+        create_time=node.get("createTime") or None,
+    )
+
+
+def queued_resource_from_json(resource: Answer, project: str, zone: str) -> QueuedResourceInfo:
+    """A v2 `QueuedResource` (REST JSON) as tpulab's QueuedResourceInfo. It has no labels
+    of its own: those of the node in its spec are how tpulab finds its own."""
+    name = str(resource.get("name", ""))
+    specs = _items(resource.get("tpu") or {}, "nodeSpec")
+    node = (specs[0].get("node") or {}) if specs else {}
+    state = resource.get("state") or {}
+    failed = (state.get("failedData") or {}).get("error") or {}
+    return QueuedResourceInfo(
+        project=project,
+        zone=_zone_of(name, zone),
+        name=name.split("/")[-1],
+        node_id=str(specs[0].get("nodeId", "")) if specs else "",
+        state=str(state.get("state") or "STATE_UNSPECIFIED"),
+        accelerator_type=str(node.get("acceleratorType", "")),
+        labels=dict(node.get("labels") or {}),
+        spot="spot" in resource,
+        failure=str(failed.get("message", "")),
+        failure_code=int(failed.get("code") or 0),
+        create_time=resource.get("createTime") or None,
+    )
+
+
+def _what(operation: Answer) -> str:
+    """ "create node n in zone" from an operation's metadata, else its name."""
+    metadata = operation.get("metadata") or {}
+    verb, target = str(metadata.get("verb", "")), str(metadata.get("target", ""))
+    parts = target.split("/")
+    if verb and len(parts) >= 6:
+        kind = "queued resource" if parts[-2] == "queuedResources" else "node"
+        return f"{verb} {kind} {parts[-1]} in {parts[3]}"
+    return f"complete operation {operation.get('name', '')}"

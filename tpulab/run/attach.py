@@ -344,6 +344,7 @@ def build_attached_plan(
     the recording seams (no key is read, nothing is contacted or written)."""
     from dataclasses import replace
 
+    from tpulab.cloud import rest
     from tpulab.contract import KIND_SESSION, STARTUP_SCRIPT_METADATA
     from tpulab.models import NodeRequest, tpulab_labels
     from tpulab.remote.watchdog import startup_script
@@ -352,11 +353,13 @@ def build_attached_plan(
     recorder = PlanRecorder(spec)
     # The session's node exists (READY, its watchdog armed by the startup-script `up`
     # sent): the recording API answers for it as the real one would.
-    recorder.api.created = NodeRequest(
-        accelerator_type=spec.accelerator.name,
-        runtime_version=spec.accelerator.runtime_version,
-        labels=tpulab_labels(attachment.watchdog.run_id, kind=KIND_SESSION),
-        metadata={STARTUP_SCRIPT_METADATA: startup_script(attachment.watchdog)},
+    recorder.transport.created = rest.node_body(
+        NodeRequest(
+            accelerator_type=spec.accelerator.name,
+            runtime_version=spec.accelerator.runtime_version,
+            labels=tpulab_labels(attachment.watchdog.run_id, kind=KIND_SESSION),
+            metadata={STARTUP_SCRIPT_METADATA: startup_script(attachment.watchdog)},
+        )
     )
     life = AttachedRun(
         spec,

@@ -37,8 +37,9 @@ from typing import Any, BinaryIO, Literal
 from pydantic import BaseModel, ConfigDict
 
 from tpulab.cloud import rest
-from tpulab.cloud.api import QueuedResourceInfo, QueuedResourceRequest
-from tpulab.cloud.polling import operation_schedule, wait_for_operation
+from tpulab.cloud.polling import operation_schedule
+from tpulab.cloud.tpu_v2 import TpuV2Api
+from tpulab.cloud.transport import Answer
 from tpulab.config import RunSpec
 from tpulab.config.endpoint import classify_endpoint
 from tpulab.contract import HOST_KEY_ATTRIBUTE, STARTUP_SCRIPT_METADATA, WATCHDOG_STATE_ATTRIBUTE
@@ -46,7 +47,6 @@ from tpulab.errors import NotFoundError
 from tpulab.evidence.judge import Judgement, Verdict
 from tpulab.evidence.receipt import Expectation
 from tpulab.evidence.store import Integrity, KeptReceipt, Provenance, ReceiptStore
-from tpulab.models import NodeInfo, NodeRequest, NodeState
 from tpulab.polling import active_wait
 from tpulab.remote import bootstrap as boot
 from tpulab.remote import workload as wl
@@ -157,7 +157,8 @@ class PlanRecorder:
         self.steps: list[PlanStep] = []
         self.phase = Phase.VALIDATE.value
         self.now = 0.0
-        self.api = RecordingTpuApi(self)
+        self.transport = RecordingTransport(self)
+        self.api = recording_api(self, self.transport)
         self.journal = RecordingJournal(self)
         self.store = RecordingStore(self)
 
@@ -291,27 +292,27 @@ class RecordingJournal:
         self.recorder.local(f"journal row for run {run_id} closed with the teardown's status")
 
 
-class RecordingTpuApi:
-    """A TpuApi that records the wire request of each call and answers as the API would."""
+class RecordingTransport:
+    """The dry run's `Transport` (tpulab.cloud.transport): records each wire request the
+    TPU v2 verbs send (tpulab.cloud.tpu_v2, the very code of a real run) and answers it
+    as the API would, in its REST JSON: a node is READY at once, an operation done."""
 
     def __init__(self, recorder: PlanRecorder) -> None:
         self.recorder = recorder
         spec = recorder.spec
         self.project = spec.project.value
         self.calls = 0
-        self.created: NodeRequest | None = None
+        # The node as CreateNode sent it (its REST body), and whether it was deleted since.
+        self.created: Answer | None = None
         self.deleted = False
-        self.queued: QueuedResourceRequest | None = None  # --queued: its node is `created`
-        # The schedule GoogleTpuApi would poll operations with: the endpoint rule's.
-        self.local_endpoint = (
-            spec.mode == "emulate" or classify_endpoint(spec.api_endpoint).is_loopback
-        )
+        self.queued: Answer | None = None  # --queued: the QueuedResource's REST body
 
     @property
     def call_count(self) -> int:
         return self.calls
 
-    def _send(self, wire: rest.WireRequest) -> None:
+    def send(self, wire: rest.WireRequest, *, what: str, idempotent: bool) -> Answer:
+        del what, idempotent  # nothing fails in a plan, so nothing is resent
         self.calls += 1
         wait = active_wait()  # answers come at once, so each loop probes exactly once
         poll = (
@@ -324,107 +325,98 @@ class RecordingTpuApi:
         self.recorder.add(
             "api", wire.rpc, method=wire.method, path=wire.target, body=wire.body, poll=poll
         )
+        return self._answer(wire)
 
-    def _node(self, zone: str, node_id: str) -> NodeInfo:
+    def _answer(self, wire: rest.WireRequest) -> Answer:
+        rpc, name = wire.rpc, str(wire.message.get("name") or wire.message.get("parent"))
+        if rpc == "GetOperation":
+            return {"name": name, "done": True}
+        if rpc == "CreateNode":
+            self.created = dict(wire.message["node"])
+            return self._operation(name, PLACEHOLDER_CREATE_OPERATION)
+        if rpc == "CreateQueuedResource":
+            self.queued = dict(wire.message["queuedResource"])
+            spec = self.queued["tpu"]["nodeSpec"][0]
+            self.created = {**spec["node"], "schedulingConfig": {"spot": "spot" in self.queued}}
+            return self._operation(name, PLACEHOLDER_QR_OPERATION)
+        if rpc == "ListNodes":
+            node_name = rest.node_path(self.project, _zone(name), self.recorder.spec.node_name)
+            return {"nodes": [self._node(node_name)]} if self._exists() else {}
+        if rpc == "ListQueuedResources":
+            qr_id = self.recorder.spec.node_name
+            found = self.queued is not None and not self.deleted
+            path = rest.queued_resource_path(self.project, _zone(name), qr_id)
+            return {"queuedResources": [self._queued_resource(path)]} if found else {}
+        if rpc in ("GetQueuedResource", "DeleteQueuedResource"):
+            answer = self._queued_resource(name)  # NOT_FOUND, as the API would, if none
+            if rpc == "GetQueuedResource":
+                return answer
+            self.deleted = True  # force: its node goes with it
+            return self._operation(name, PLACEHOLDER_QR_OPERATION)
+        node = self._node(name)  # GetNode, DeleteNode, GetGuestAttributes: NOT_FOUND if none
+        if rpc == "DeleteNode":
+            self.deleted = True
+            return self._operation(name, PLACEHOLDER_DELETE_OPERATION)
+        if rpc == "GetGuestAttributes":
+            return self._guest_attributes(node)
+        return node
+
+    def _exists(self) -> bool:
+        return self.created is not None and not self.deleted
+
+    def _operation(self, resource: str, placeholder: str) -> Answer:
+        parent = "/".join(resource.split("/")[:4])  # projects/P/locations/Z
+        return {"name": f"{parent}/operations/{placeholder}", "done": False}
+
+    def _node(self, name: str) -> Answer:
         if self.created is None or self.deleted:
+            zone, node_id = _zone(name), name.split("/")[-1]
             raise NotFoundError(f"Node {node_id} in {zone} was not found.", status="NOT_FOUND")
-        request = self.created
-        return NodeInfo(
-            project=self.project,
-            zone=zone,
-            name=node_id,
-            accelerator_type=request.accelerator_type,
-            runtime_version=request.runtime_version,
-            state=NodeState.READY,
-            labels=dict(request.labels),
-            metadata=dict(request.metadata),
+        body = self.created
+        endpoint: Answer = {"ipAddress": PLACEHOLDER_NODE_IP}
+        if (body.get("networkConfig") or {}).get("enableExternalIps"):
             # As the API answers: an external address only when the create asked for one.
-            external_ip=PLACEHOLDER_NODE_IP if request.external_ips else None,
-            ip_address=PLACEHOLDER_NODE_IP,
-            spot=request.spot,
-        )
+            endpoint["accessConfig"] = {"externalIp": PLACEHOLDER_NODE_IP}
+        return {**body, "name": name, "state": "READY", "networkEndpoints": [endpoint]}
 
-    def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
-        self._send(rest.create_node(self.project, zone, node_id, request))
-        self.created = request
-        return f"{rest.parent_path(self.project, zone)}/operations/{PLACEHOLDER_CREATE_OPERATION}"
-
-    def wait_operation(self, operation_name: str, *, timeout: float) -> None:
-        # The loop GoogleTpuApi.wait_operation runs, with its schedule; done at once.
-        wait_for_operation(
-            lambda: self._send(rest.get_operation(operation_name)),
-            lambda _answer: True,
-            operation_name=operation_name,
-            timeout=timeout,
-            backoff=operation_schedule(local=self.local_endpoint),
-            clock=self.recorder.clock,
-            sleep=self.recorder.sleep,
-        )
-
-    def get_node(self, zone: str, node_id: str) -> NodeInfo:
-        self._send(rest.get_node(self.project, zone, node_id))
-        return self._node(zone, node_id)
-
-    def list_nodes(self, zone: str) -> list[NodeInfo]:
-        self._send(rest.list_nodes(self.project, zone))
-        if self.created is None or self.deleted:
-            return []
-        return [self._node(zone, self.recorder.spec.node_name)]
-
-    def delete_node(self, zone: str, node_id: str) -> str:
-        self._send(rest.delete_node(self.project, zone, node_id))
-        self._node(zone, node_id)  # NOT_FOUND, as the API would, if there is none
-        self.deleted = True
-        return f"{rest.parent_path(self.project, zone)}/operations/{PLACEHOLDER_DELETE_OPERATION}"
-
-    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
-        self._send(rest.get_guest_attributes(self.project, zone, node_id, query_path))
+    def _guest_attributes(self, node: Answer) -> Answer:
         published = {HOST_KEY_ATTRIBUTE: _PLACEHOLDER_HOST_KEY}
-        if self.created is not None and STARTUP_SCRIPT_METADATA in self.created.metadata:
+        if STARTUP_SCRIPT_METADATA in (node.get("metadata") or {}):
             published[WATCHDOG_STATE_ATTRIBUTE] = "armed"  # as a permitted watchdog says
-        return published
+        items = [
+            {"namespace": key.split("/", 1)[0], "key": key.split("/", 1)[1], "value": value}
+            for key, value in published.items()
+        ]
+        return {"guestAttributes": [{"queryPath": "", "queryValue": {"items": items}}]}
 
-    # Queued resources: accepted, then ACTIVE with its node READY at the first look (the
-    # plan shows the wait's cadence once, as for every poll); gone once deleted.
-
-    def create_queued_resource(self, zone: str, qr_id: str, request: QueuedResourceRequest) -> str:
-        self._send(rest.create_queued_resource(self.project, zone, qr_id, request))
-        self.queued = request
-        self.created = request.node
-        return f"{rest.parent_path(self.project, zone)}/operations/{PLACEHOLDER_QR_OPERATION}"
-
-    def _queued_info(self, zone: str, qr_id: str) -> QueuedResourceInfo:
+    def _queued_resource(self, name: str) -> Answer:
         if self.queued is None or self.deleted:
+            qr_id, zone = name.split("/")[-1], _zone(name)
             raise NotFoundError(
                 f"Queued resource {qr_id} in {zone} was not found.", status="NOT_FOUND"
             )
-        node = self.queued.node
-        return QueuedResourceInfo(
-            project=self.project,
-            zone=zone,
-            name=qr_id,
-            node_id=self.queued.node_id,
-            state="ACTIVE",
-            accelerator_type=node.accelerator_type,
-            labels=dict(node.labels),
-            spot=node.spot,
-        )
+        # Accepted, then ACTIVE with its node READY at the first look (the plan shows the
+        # wait's cadence once, as for every poll).
+        return {**self.queued, "name": name, "state": {"state": "ACTIVE"}}
 
-    def get_queued_resource(self, zone: str, qr_id: str) -> QueuedResourceInfo:
-        self._send(rest.get_queued_resource(self.project, zone, qr_id))
-        return self._queued_info(zone, qr_id)
 
-    def list_queued_resources(self, zone: str) -> list[QueuedResourceInfo]:
-        self._send(rest.list_queued_resources(self.project, zone))
-        if self.queued is None or self.deleted:
-            return []
-        return [self._queued_info(zone, self.recorder.spec.node_name)]
+def _zone(resource: str) -> str:
+    parts = resource.split("/")  # projects/P/locations/Z/...
+    return parts[3] if len(parts) > 3 else ""
 
-    def delete_queued_resource(self, zone: str, qr_id: str, *, force: bool) -> str:
-        self._send(rest.delete_queued_resource(self.project, zone, qr_id, force=force))
-        self._queued_info(zone, qr_id)  # NOT_FOUND, as the API would, if there is none
-        self.deleted = True  # force: its node goes with it
-        return f"{rest.parent_path(self.project, zone)}/operations/{PLACEHOLDER_QR_OPERATION}"
+
+def recording_api(recorder: PlanRecorder, transport: RecordingTransport) -> TpuV2Api:
+    """The TPU v2 verbs over the recording transport, polling operations on the schedule
+    GoogleTpuApi would use for this endpoint."""
+    spec = recorder.spec
+    local = spec.mode == "emulate" or classify_endpoint(spec.api_endpoint).is_loopback
+    return TpuV2Api(
+        spec.project.value,
+        transport,
+        poll=lambda: operation_schedule(local=local),
+        clock=recorder.clock,
+        sleep=recorder.sleep,
+    )
 
 
 class _Reply:
