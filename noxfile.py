@@ -56,7 +56,9 @@ TEST_WORKERS = "4"
 # lets an idle one take half of a busy one's queue, so the long end-to-end tests near
 # the end of the collection do not pile onto whichever workers "load" had sent them.
 # Measured on 11 files (299 tests, the watchdog and workload e2e among them), -n 4,
-# 2026-12-01: load 94 s and 97 s, worksteal 86 s and 87 s.
+# 2026-12-01: load 94 s and 97 s, worksteal 86 s and 87 s. A busy worker keeps the head
+# of its share, so tests/conftest.py deals the benchmark smoke runs (the longest single
+# tests) one per share, at its head: as collected they all sat in the first one.
 TEST_DISTRIBUTION = "worksteal"
 
 

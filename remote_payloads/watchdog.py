@@ -32,7 +32,8 @@ clocks: a renewal is a change of the file's content, seen at this machine's mono
 time, and the lease runs `lease_seconds` from that moment. Until the first renewal the
 boot grace (counted from the watchdog's start) stands in for it. The hard deadline is
 `max_duration_seconds` after the watchdog's start, whatever the lease says. Both are
-measured with time.monotonic, so an NTP step at boot cannot fire it early.
+measured with time.monotonic, so an NTP step at boot cannot fire it early (the emulator
+may move that clock forward for a test: vm_clock).
 
 Real-GCP assumptions (each is where the emulator imitates the real VM):
 - The guest agent runs metadata `startup-script` at boot as root: it writes the value to
@@ -80,6 +81,8 @@ from typing import Any
 METADATA_HOST_ENV = "GCE_METADATA_HOST"
 TPU_API_BASE_ENV = "TPULAB_TPU_API_BASE"
 RESOURCE_MANAGER_BASE_ENV = "TPULAB_RESOURCE_MANAGER_BASE"
+# Set by the emulator only (tpulab.contract.EMULATED_CLOCK_SKIP_ENV): see vm_clock.
+CLOCK_SKIP_ENV = "TPULAB_EMULATED_CLOCK_SKIP"
 METADATA_HOST = "metadata.google.internal"
 TPU_API_BASE = "https://tpu.googleapis.com/"
 RESOURCE_MANAGER_BASE = "https://cloudresourcemanager.googleapis.com/"
@@ -146,6 +149,26 @@ def _positive(value: Any) -> float:
     if not 0 < number < 10**7:
         raise ValueError(f"expected a positive number of seconds, got {value!r}")
     return number
+
+
+def vm_clock(skip_path: str | None) -> Callable[[], float]:
+    """This VM's monotonic clock. On the emulator, `skip_path` (CLOCK_SKIP_ENV) names a
+    file holding how far the emulated VM's clock was moved forward: a test reaches a
+    deadline minutes away without waiting minutes. The clock never goes back, whatever
+    the file says (a missing or unreadable file reads as the last value seen)."""
+    if not skip_path:
+        return time.monotonic
+    skipped = [0.0]
+
+    def clock() -> float:
+        try:
+            with open(skip_path, encoding="utf-8") as handle:
+                skipped[0] = max(skipped[0], float(handle.read().strip() or 0))
+        except (OSError, ValueError):
+            pass
+        return time.monotonic() + skipped[0]
+
+    return clock
 
 
 class HttpError(Exception):
@@ -542,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         Metadata(env.get(METADATA_HOST_ENV) or METADATA_HOST),
         api_base=env.get(TPU_API_BASE_ENV) or TPU_API_BASE,
         resource_manager_base=env.get(RESOURCE_MANAGER_BASE_ENV) or RESOURCE_MANAGER_BASE,
+        clock=vm_clock(env.get(CLOCK_SKIP_ENV)),
         log=log,
     )
     log(

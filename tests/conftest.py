@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+
+_T = TypeVar("_T")
 
 # google-auth probes the GCE metadata server (a link-local address) when looking for
 # credentials; tests must only ever talk to loopback, and subprocesses inherit this.
@@ -65,6 +69,64 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for tier, reason in found.items():
             if tier not in explicit:
                 item.add_marker(getattr(pytest.mark, tier)(reason=reason))
+
+
+class _BenchmarksAtTheHeads:
+    """Start each xdist worker's share of the suite with its part of the benchmark smoke
+    runs, the suite's longest single tests (one took 209 s, another 167 s, CI load).
+
+    `--dist worksteal` (noxfile.py) hands each worker a contiguous share of the
+    collection and lets an idle one take the *tail* half of a busy one's queue; the
+    benchmarks, collected first (tests/benchmarks sorts before test_*.py), all sat at the
+    head of the first share, where nobody steals: one worker ran them one after the
+    other. Dealt one per share, they run side by side. Only the order changes; nothing
+    is dropped. After deselection (-m, -k), so the shares are the ones xdist cuts.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        items[:] = benchmarks_at_the_heads(items, self.workers, _is_benchmark)
+
+
+def _is_benchmark(item: pytest.Item) -> bool:
+    return "benchmarks" in Path(str(item.path)).parts
+
+
+def worksteal_shares(total: int, workers: int) -> list[int]:
+    """How many items each worker gets first, as xdist's worksteal cuts them: each idle
+    worker in turn takes the remaining items divided by the workers left."""
+    shares: list[int] = []
+    for left in range(workers, 0, -1):
+        shares.append((total - sum(shares)) // left)
+    return shares
+
+
+def benchmarks_at_the_heads(
+    items: list[_T], workers: int, is_benchmark: Callable[[_T], bool]
+) -> list[_T]:
+    """`items` reordered so the benchmarks are dealt one per worker share, at its head
+    (the rest keeps its order)."""
+    benchmarks = [item for item in items if is_benchmark(item)]
+    if workers < 2 or not benchmarks or len(items) < 2 * workers:
+        return list(items)
+    rest = iter([item for item in items if not is_benchmark(item)])
+    heads: list[list[_T]] = [benchmarks[k::workers] for k in range(workers)]
+    ordered: list[_T] = []
+    for head, share in zip(heads, worksteal_shares(len(items), workers), strict=True):
+        ordered += head
+        ordered += [next(rest) for _ in range(max(0, share - len(head)))]
+    ordered += rest
+    return ordered
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)  # set in an xdist worker
+    if isinstance(workerinput, dict) and int(workerinput.get("workercount", 1)) > 1:
+        plugin = _BenchmarksAtTheHeads(int(workerinput["workercount"]))
+        config.pluginmanager.register(plugin, "tpulab-benchmarks-at-the-heads")
 
 
 def _node_id(item: pytest.Item, root: Path) -> str:

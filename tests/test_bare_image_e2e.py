@@ -24,7 +24,14 @@ from tpulab.emulator.hostenv import find_image_python
 FAST = {"create_seconds": 0.2, "delete_seconds": 0.1, "stockout_seconds": 0.1, "tick_seconds": 0.02}
 
 
-def tpulab(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+# One `run --emulate` on the bare image installs jax from the package index: a cold
+# cache on a slow network takes minutes. This bound, not pytest-timeout's 300 s
+# (pyproject.toml), is what ends a hang, with the run's output: each test's own
+# timeout below lets it.
+RUN_BOUND = 900
+
+
+def tpulab(*args: str, timeout: float = RUN_BOUND) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tpulab", *args],
         capture_output=True,
@@ -49,6 +56,7 @@ def _minor(version: str) -> tuple[int, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_BOUND + 60)
 @pytest.mark.parametrize(
     "backend", ["embedded", pytest.param("openssh", marks=pytest.mark.openssh)]
 )
@@ -88,6 +96,7 @@ def test_run_on_the_bare_image_installs_jax_and_verifies(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_BOUND + 60)
 def test_human_summary_names_the_image_python_and_jax(fast_embedded_emulator: Path) -> None:
     done = tpulab("run", "--accelerator", "v5litepod-1", "--emulate")
     assert done.returncode == EXIT_OK, done.stderr + done.stdout

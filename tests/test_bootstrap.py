@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 
 pytest_plugins = ["ssh_fixtures"]
 
+# A bootstrap that installs jax from the package index into a cold cache takes minutes on
+# a slow network. This bound, not pytest-timeout's 300 s (pyproject.toml), is what ends a
+# hang, with the bootstrap's own error: the tests that install mark their timeout above it.
+INSTALL_BOUND = 900
+
 BackendFactory = Callable[[ImageEnv | ImageKind], HostBackend]
 
 
@@ -163,6 +168,7 @@ def test_bare_bootstrap_installs_jax_on_a_newer_python_then_is_a_no_op(
     assert system_python.stdout.strip() == image_version
 
 
+@pytest.mark.timeout(INSTALL_BOUND + 240)  # the install's bound and the probes' around it
 def test_missing_ensurepip_with_the_system_python_falls_back_and_names_it(
     embedded_bare: HostBackend, tmp_path: Path
 ) -> None:
@@ -176,7 +182,7 @@ def test_missing_ensurepip_with_the_system_python_falls_back_and_names_it(
             platform="cpu",
             installer="pip",
             python=SYSTEM_PYTHON,
-            timeout=900,
+            timeout=INSTALL_BOUND,
             on_line=lambda stream, line: lines.append((stream, line)),
         )
         check = shell.run(
@@ -272,6 +278,7 @@ def test_a_malformed_python_request_never_reaches_a_script() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2 * INSTALL_BOUND + 60)  # three installs at once, then a fourth
 def test_nodes_installing_at_once_share_one_cold_cache_then_hit_it(tmp_path: Path) -> None:
     """uv's and pip's caches are shared by every node (the bare image points them at one
     directory): several nodes filling an empty one at once must all end with a working
@@ -295,7 +302,7 @@ def test_nodes_installing_at_once_share_one_cold_cache_then_hit_it(tmp_path: Pat
                     shell,
                     platform="cpu",
                     python=EMULATED_PYTHON,
-                    timeout=900,
+                    timeout=INSTALL_BOUND,
                     on_line=lambda _stream, line: lines.append(line),
                 )
             return result, "\n".join(lines)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,12 +55,18 @@ echo "startup done"
 """
 
 
-def _create(emulator: Emulator | str, name: str, metadata: dict[str, str]) -> None:
+def _create(
+    emulator: Emulator | str,
+    name: str,
+    metadata: dict[str, str],
+    labels: dict[str, str] | None = None,
+) -> None:
     url = emulator if isinstance(emulator, str) else emulator.url
     body = {
         "acceleratorType": "v5litepod-4",
         "runtimeVersion": "v2-alpha-tpuv5-lite",
         "metadata": metadata,
+        "labels": labels or {},
     }
     request = urllib.request.Request(
         f"{url}{NODES}?nodeId={name}",
@@ -207,6 +214,33 @@ def test_the_startup_script_deletes_its_own_node_and_its_daemon_dies(
         lambda: [n.name for n in api.list_nodes(ZONE)] == ["bystander"], "the node to delete itself"
     )
     wait_until(lambda: not _alive(daemon), "the daemon to die with its node")
+
+
+def test_a_deleted_nodes_watchdog_files_in_tmp_go_with_it(guest_emulator: Emulator) -> None:
+    """Emulated VMs share this machine's /tmp: the files a node's watchdog keeps there
+    (named for its run) go when the node does, as they would with a VM's disk; another
+    run's, or a name that merely starts like them, stay."""
+    from emulator_fixtures import api_for
+
+    run_id = f"20261203t000000-{uuid.uuid4().hex[:6]}"
+    other = f"20261203t000000-{uuid.uuid4().hex[:6]}"
+    tmp = Path("/tmp")
+    ours = [tmp / f"tpulab-lease-{run_id}", tmp / f"tpulab-watchdog-{run_id}.log"]
+    kept = [tmp / f"tpulab-lease-{other}", tmp / f"tpulab-lease-{run_id}-not-ours"]
+    script = "#!/bin/sh\n" + "".join(f"echo x > {path}\n" for path in [*ours, *kept])
+    script += "echo done > $HOME/wrote\n"
+    try:
+        _create(guest_emulator, "n1", {"startup-script": script}, {"tpulab-run": run_id})
+        written_text(guest_emulator.sandbox(PROJECT, ZONE, "n1") / "wrote", "the script")
+        assert all(path.exists() for path in [*ours, *kept])
+        api = api_for(guest_emulator, project=PROJECT)
+        api.wait_operation(api.delete_node(ZONE, "n1"), timeout=20)
+        wait_until(lambda: guest_emulator.node_names() == [], "the node to go")
+        wait_until(lambda: not any(path.exists() for path in ours), "its /tmp files to go")
+        assert all(path.exists() for path in kept)
+    finally:
+        for path in [*ours, *kept]:
+            path.unlink(missing_ok=True)
 
 
 def test_daemonised_children_die_when_the_controller_deletes_the_node(

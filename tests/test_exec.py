@@ -13,10 +13,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import cli_imports, require_tool, served_emulator, tpulab
+from helpers import cli_imports, invoke, require_tool, served_emulator, tpulab, wait_until
 
 from tpulab.cleanup.journal import Journal
 from tpulab.emulator import Emulator
@@ -247,19 +248,30 @@ def test_interrupted_and_failing_execs_keep_the_session(served: Emulator, tmp_pa
     assert served.node_names(PROJECT) == []
 
 
+# How long `tpulab exec` may take from its start to its check that the session has not
+# expired (imports, reading the state) on a loaded runner: a bound, not a timing (a CLI
+# start took ~10 s at load 12). The aged session's deadline is this far ahead when the
+# exec starts.
+EXEC_START_BOUND = 30.0
+
+
 def test_a_command_outliving_idle_keeps_its_node_and_ttl_ends_it_clearly(
     served: Emulator, tmp_path: Path
 ) -> None:
-    # The --ttl leaves room for `up` and the first exec on a loaded CI machine (both
-    # took up to ~45 s each under load); at 75 s the first exec could outlive it.
     # The --idle covers the gap between the two execs, when nothing renews the lease
     # (the first one's exit, the second one's start, GetNode and SSH login): at 15 s a
     # machine at load 12 let the node idle out there, before the second exec's renewer
     # took over (CI, 2026-12-01).
     state = up(served, "short", "--ttl", "180s", "--idle", "30s")
+    booted_by = time.time()  # the VM's watchdog started before `up` returned
     work = tmp_path / "work"
     work.mkdir()
-    (work / "nap.py").write_text("import sys, time\ntime.sleep(float(sys.argv[1]))\n")
+    (work / "nap.py").write_text(
+        "import pathlib, sys, time\n"
+        "if len(sys.argv) > 2:\n"
+        "    pathlib.Path(sys.argv[2]).write_text('started')\n"
+        "time.sleep(float(sys.argv[1]))\n"
+    )
     # Longer than --idle: the exec renews the lease in the background, so the VM stays.
     long = tpulab(
         "exec", "short", "--workdir", str(work), "--out", str(tmp_path / "long"), "--",
@@ -269,10 +281,30 @@ def test_a_command_outliving_idle_keeps_its_node_and_ttl_ends_it_clearly(
     assert node_state(served, str(state["node_name"])) == "READY"
 
     # This one outlives the session's --ttl: the watchdog deletes the node under it.
-    ended = tpulab(
-        "exec", "short", "--workdir", str(work), "--out", str(tmp_path / "ended"), "--",
-        "python", "nap.py", "300", timeout=300,
-    )  # fmt: skip
+    # The session is aged rather than waited for (the 180 s minimum --ttl was most of
+    # this test's three minutes): its times on this machine move back now, so the
+    # deadline is EXEC_START_BOUND away when the exec starts, and the VM's clock moves
+    # forward by as much once the command runs and that deadline has passed here too.
+    aged_by = float(str(state["deadline_at"])) - time.time() - EXEC_START_BOUND
+    assert aged_by > 0, "up and the first exec took the whole --ttl"
+    _age_session("short", aged_by)
+    started = tmp_path / "nap-started"
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        running = pool.submit(
+            tpulab,
+            "exec", "short", "--workdir", str(work), "--out", str(tmp_path / "ended"), "--",
+            "python", "nap.py", "300", str(started), timeout=300,
+        )  # fmt: skip
+        wait_until(lambda: started.exists() or running.done(), "the command to start", 120)
+        assert started.exists(), running.result().stderr
+        deadline_at = float(json.loads(session_file("short").read_text())["deadline_at"])
+        time.sleep(max(0.0, deadline_at - time.time()))  # this machine's deadline, reached
+        # The watchdog's deadline counts from its start, a little after up's started_at:
+        # moving its clock that much further too makes the deadline, not the lease (whose
+        # last renewal the skip outruns as well), what has passed when it next looks.
+        boot_lag = booted_by - float(str(state["started_at"]))
+        served.skip_vm_clock(PROJECT, ZONE, str(state["node_name"]), aged_by + boot_lag)
+        ended = running.result()
     assert ended.returncode == EXIT_REMOTE, ended.stderr + ended.stdout
     assert (
         "Session short's node " + str(state["node_name"]) + " deleted itself: its --ttl "
@@ -293,10 +325,29 @@ def test_a_command_outliving_idle_keeps_its_node_and_ttl_ends_it_clearly(
     assert "--ttl deadline passed" in record["failure"]
 
 
+def session_file(name: str) -> Path:
+    return session_dir(name) / "session.json"
+
+
+def _age_session(name: str, by: float, *, idle_too: bool = False) -> None:
+    """Move the session's recorded times on this machine `by` seconds back (its --ttl
+    length unchanged), as if it had been up that much longer; with `idle_too`, its last
+    renewal as well (nothing renewed it meanwhile)."""
+    path = session_file(name)
+    state = json.loads(path.read_text())
+    keys = ("started_at", "deadline_at", *(("renewed_at",) if idle_too else ()))
+    for key in keys:
+        state[key] = float(state[key]) - by
+    path.write_text(json.dumps(state))
+
+
 def test_bad_input_is_refused_before_anything_is_sent(served: Emulator, tmp_path: Path) -> None:
-    alone = tpulab("exec", "--", "true", timeout=60)
-    assert alone.returncode == EXIT_CONFIG
-    assert "No session is up" in alone.stderr
+    # The refusals run in this process (`invoke`): each is a validation before any call,
+    # and a `tpulab` subprocess per case cost a CLI start-up each (~3 s on a loaded
+    # runner). The session they name, and the dry runs, are real.
+    status, _, err = invoke("exec", "--", "true")
+    assert status == EXIT_CONFIG
+    assert "No session is up" in err
     assert served.requests() == []
 
     state = up(served, "gate")
@@ -327,11 +378,11 @@ def test_bad_input_is_refused_before_anything_is_sent(served: Emulator, tmp_path
         ("gate", "--workdir", str(work), "--", "echo", "x" * 131_000): "over the 98,304-byte",
     }
     for args, said in refused.items():
-        done = tpulab("exec", *args, timeout=60)
-        assert done.returncode == EXIT_CONFIG, (args, done.stderr)
-        assert said in " ".join(done.stderr.split()), (args, done.stderr)
+        status, _, err = invoke("exec", *args)
+        assert status == EXIT_CONFIG, (args, err)
+        assert said in " ".join(err.split()), (args, err)
         if str(loop) in args:
-            assert "goes through a symbolic link loop" in " ".join(done.stderr.split())
+            assert "goes through a symbolic link loop" in " ".join(err.split())
     assert not capped_out.exists()  # refused in validation: not even a run.json
 
     # The dry run is the exec's own Lifecycle over recording seams: no create, no
@@ -362,9 +413,9 @@ def test_bad_input_is_refused_before_anything_is_sent(served: Emulator, tmp_path
     path = session_dir("gate") / "session.json"
     expired = {**json.loads(path.read_text()), "deadline_at": time.time() - 1}
     path.write_text(json.dumps(expired))
-    done = tpulab("exec", "gate", "--", "true", timeout=60)
-    assert done.returncode == EXIT_CONFIG
-    assert "Session gate has expired" in done.stderr
+    status, _, err = invoke("exec", "gate", "--", "true")
+    assert status == EXIT_CONFIG
+    assert "Session gate has expired" in err
     assert len(served.requests()) == sent
     down = tpulab("down", "gate", timeout=120)
     assert down.returncode == EXIT_OK, down.stderr
@@ -459,11 +510,17 @@ def test_exec_on_a_session_whose_idle_lease_lapsed_says_so_and_cleans_up(
     served: Emulator, tmp_path: Path
 ) -> None:
     state = up(served, "lapsed", "--idle", "30s")
-    # Nobody renews: the VM's watchdog deletes the node (30 s + its poll).
-    deadline = time.monotonic() + 120
-    while served.node_names(PROJECT):
-        assert time.monotonic() < deadline, "the idle session's node was not deleted"
-        time.sleep(0.5)
+    # Nobody renews: the VM's watchdog deletes the node once --idle (or, before the first
+    # renewal, its boot grace) passes. Aged rather than waited for: the session's times
+    # here and the VM's clock move forward by as much, past both, well before --ttl.
+    watchdog = state["watchdog"]
+    assert isinstance(watchdog, dict)
+    idle = max(float(watchdog["lease_seconds"]), float(watchdog["boot_grace_seconds"]))
+    by = idle + (time.time() - float(str(state["started_at"]))) + 1
+    assert by < float(str(state["deadline_at"])) - time.time(), "the --ttl would pass first"
+    _age_session("lapsed", by, idle_too=True)
+    served.skip_vm_clock(PROJECT, ZONE, str(state["node_name"]), by)
+    wait_until(lambda: not served.node_names(PROJECT), "the idle session's node to go", 120)
     out = ("--out", str(tmp_path / "out"))
     done = tpulab("exec", "lapsed", "--workdir", str(LAB), *out, "--", "true", timeout=300)
     assert done.returncode == EXIT_REMOTE, done.stderr + done.stdout

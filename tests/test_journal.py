@@ -237,6 +237,32 @@ def test_a_writer_killed_inside_its_transaction_releases_the_lock(tmp_path: Path
     assert {row.run_id for row in journal.open_runs()} == {"held", "after-kill"}
 
 
+def test_a_reader_never_queues_behind_a_writer(tmp_path: Path) -> None:
+    """Every tpulab command opens its own Journal; reading one (`list`, `runs`, a test
+    polling a run's phase) must not wait for the write lock. Each new Journal used to
+    take it (BEGIN IMMEDIATE and an integrity check) to look at the schema: with seven
+    runs sharing one home on a loaded machine, that queue outlasted the busy timeout
+    (test_interruptions' workload matrix, CI). A writer holds the lock here for as long
+    as the test likes (HOLDER freezes inside set_phase's transaction)."""
+    path = tmp_path / "j.sqlite3"
+    Journal(path).open_run(_row("before"))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "in-transaction"
+        fresh = Journal(path, busy_timeout=0.3)  # a new process's first look
+        assert {row.run_id for row in fresh.open_runs()} == {"before", "held"}
+        assert Journal(path, busy_timeout=0.3).get("held") is not None
+        # Writers still wait for it (and say so), as before.
+        with pytest.raises(JournalError, match="locked"):
+            Journal(path, busy_timeout=0.3).open_run(_row("while-held"))
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "scribbled"])
 def test_a_corrupted_journal_is_a_clear_error_not_a_traceback(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "j.sqlite3"

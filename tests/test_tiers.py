@@ -103,9 +103,79 @@ def _tiers_of(root: Path, *files: str) -> dict[str, set[str]]:
 @pytest.mark.e2e(reason="a pytest collection in a subprocess")
 def test_conftest_marks_the_collected_tests(pytestconfig: pytest.Config) -> None:
     run_cli = "tests/test_run_cli.py"
-    files = sorted({test.split("::")[0] for test in SMOKE_TESTS} | {run_cli})
+    manual = "tests/test_manual_commands.py"
+    files = sorted({test.split("::")[0] for test in SMOKE_TESTS} | {run_cli, manual})
     tiers = _tiers_of(pytestconfig.rootpath, *files)
     assert sorted(test for test, marks in tiers.items() if "smoke" in marks) == sorted(SMOKE_TESTS)
     assert tiers[f"{run_cli}::test_run_emulate[embedded]"] == {"e2e", "network"}
     assert tiers[f"{run_cli}::test_run_against_a_served_emulator[openssh]"] == {"e2e"}
     assert tiers[f"{run_cli}::test_run_help_stays_light"] == {"e2e"}  # a subprocess
+    # `tpulab teardown` as printed, pasted into a shell: a CLI subprocess too.
+    pasted = f"{manual}::test_an_embedded_emulators_node_is_deleted_by_the_printed_tpulab_command"
+    assert tiers[pasted] == {"e2e"}
+    assert tiers[f"{manual}::test_google_gets_plain_gcloud_and_the_sweep"] == set()
+
+
+class _Node:
+    """An xdist worker as its scheduler sees it: what it was sent."""
+
+    def __init__(self, name: str) -> None:
+        self.gateway = type("Gateway", (), {"id": name})()
+        self.sent: list[int] = []
+        self.shutting_down = False
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent += indices
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+class _Options:
+    def __init__(self, workers: int) -> None:
+        self.values = {"tx": [f"{workers}*popen"]}
+
+    def getvalue(self, name: str) -> object:
+        return self.values[name]
+
+
+def _first_shares(collection: list[str], workers: int) -> list[list[str]]:
+    """The share xdist's own worksteal scheduler hands each worker first."""
+    from typing import cast
+
+    from xdist.scheduler.worksteal import WorkStealingScheduling  # type: ignore[import-untyped]
+
+    scheduler = WorkStealingScheduling(cast("pytest.Config", _Options(workers)))
+    nodes = [_Node(f"gw{n}") for n in range(workers)]
+    for node in nodes:
+        scheduler.add_node(node)
+    for node in nodes:
+        scheduler.add_node_collection(node, collection)
+    scheduler.schedule()
+    return [[collection[i] for i in node.sent] for node in nodes]
+
+
+def test_the_benchmarks_start_the_shares_xdist_hands_out() -> None:
+    """conftest.py deals the benchmark smoke runs (the longest single tests) one per
+    worker share, at its head, where worksteal never takes them away: as collected, all
+    seven sat in the first worker's share, run one after the other."""
+    from conftest import benchmarks_at_the_heads
+
+    def is_benchmark(name: str) -> bool:
+        return name.startswith("tests/benchmarks/")
+
+    collected = [f"tests/benchmarks/bench_{n}.py::test" for n in "abcdefg"]
+    collected += [f"tests/test_{n:03}.py::test" for n in range(93)]
+    as_collected = _first_shares(collected, 4)
+    assert [sum(map(is_benchmark, share)) for share in as_collected] == [7, 0, 0, 0]
+
+    ordered = benchmarks_at_the_heads(collected, 4, is_benchmark)
+    assert sorted(ordered) == sorted(collected)  # the order only: nothing dropped or added
+    rest = [name for name in collected if not is_benchmark(name)]
+    assert [name for name in ordered if not is_benchmark(name)] == rest
+    shares = _first_shares(ordered, 4)
+    counts = [sum(map(is_benchmark, share)) for share in shares]
+    assert sorted(counts) == [1, 2, 2, 2]
+    for share, count in zip(shares, counts, strict=True):
+        assert all(map(is_benchmark, share[:count])), share[:3]  # first in their share
+    assert benchmarks_at_the_heads(collected, 1, is_benchmark) == collected

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -414,3 +415,34 @@ def test_the_lease_is_published_at_start_and_at_every_renewal_for_other_machines
     assert leases()[2].renewals == 2
     assert not second.fresh(second.renewed_at + 30.0)
     assert state.deletes() == []
+
+
+def test_the_emulators_clock_skip_moves_the_watchdogs_clock_forward_never_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The emulator's seam (TPULAB_EMULATED_CLOCK_SKIP, Emulator.skip_vm_clock): a skip
+    file adds to the watchdog's monotonic clock; a missing, half-written or smaller value
+    never moves it back (a deadline once passed stays passed). Unset: time.monotonic."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "remote_payloads" / "watchdog.py"
+    spec = importlib.util.spec_from_file_location("vm_watchdog", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look it up
+    spec.loader.exec_module(module)
+    assert module.vm_clock(None) is time.monotonic
+    skip = tmp_path / "clock-skip"
+    clock = module.vm_clock(str(skip))
+    assert abs(clock() - time.monotonic()) < 1.0  # no file yet: not skipped
+    skip.write_text("100.0\n")
+    assert clock() - time.monotonic() >= 99.0
+    for unread in ("", "not a number", None):
+        if unread is None:
+            skip.unlink()
+        else:
+            skip.write_text(unread)
+        assert clock() - time.monotonic() >= 99.0, unread
+    skip.write_text("250.5\n")
+    assert clock() - time.monotonic() >= 249.0

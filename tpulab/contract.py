@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "DELETE_NODE_PERMISSION",
+    "EMULATED_CLOCK_SKIP_ENV",
     "EMULATED_IMAGE_ENV",
     "EMULATOR_SSH_PORT_ATTRIBUTE",
     "EMULATOR_SSH_USER_ATTRIBUTE",
@@ -108,6 +109,11 @@ TPU_API_BASE_ENV = "TPULAB_TPU_API_BASE"
 TPU_API_DEFAULT_BASE = "https://tpu.googleapis.com/"
 RESOURCE_MANAGER_BASE_ENV = "TPULAB_RESOURCE_MANAGER_BASE"
 RESOURCE_MANAGER_DEFAULT_BASE = "https://cloudresourcemanager.googleapis.com/"
+# Only the emulator sets it, in every node process's environment: a file holding how many
+# seconds the emulated VM's clock has been moved forward (`Emulator.skip_vm_clock`), which
+# the watchdog adds to its monotonic clock, so a test reaches a --ttl deadline without
+# waiting minutes for it. Unset on a real VM.
+EMULATED_CLOCK_SKIP_ENV = "TPULAB_EMULATED_CLOCK_SKIP"
 # What the node's identity needs to delete its own node (roles/tpu.admin grants it);
 # asked of Resource Manager v1 `projects/{p}:testIamPermissions`.
 DELETE_NODE_PERMISSION = "tpu.nodes.delete"

@@ -561,12 +561,52 @@ class Journal:
         return conn
 
     def _ensure_schema(self, conn: sqlite3.Connection) -> None:
+        """Check the schema (and the file) once per Journal; create or migrate it if needed.
+
+        The check is a read: readers never wait for writers under WAL, so the many
+        short-lived processes that open a journal (every tpulab command, a test polling
+        it) do not queue for the write lock. Only a journal that is new or older than
+        this tpulab takes the write lock, and looks again under it (another process may
+        have created or migrated it meanwhile).
+        """
         if self._ready:
             return
-        conn.execute("PRAGMA journal_mode = WAL")
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("BEGIN")
+        try:
+            current = self._schema_version(conn) == SCHEMA_VERSION
+            if current:
+                self._check_integrity(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        if not current:
+            self._create_or_migrate(conn)
+        self._ready = True
+
+    def _schema_version(self, conn: sqlite3.Connection) -> int:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise JournalError(
+                f"The run journal {self.path} was written by a newer tpulab "
+                f"(schema {version}; this one reads {SCHEMA_VERSION}).",
+                hint="Upgrade tpulab, or point TPULAB_HOME elsewhere.",
+            )
+        return version
+
+    @staticmethod
+    def _check_integrity(conn: sqlite3.Connection) -> None:
+        check = conn.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            raise sqlite3.DatabaseError(f"integrity check failed: {check}")
+
+    def _create_or_migrate(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            version = self._schema_version(conn)
             if version == 0:
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     conn.execute(statement)
@@ -578,21 +618,12 @@ class Journal:
                     for statement in _MIGRATIONS[step]:
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            elif version > SCHEMA_VERSION:
-                raise JournalError(
-                    f"The run journal {self.path} was written by a newer tpulab "
-                    f"(schema {version}; this one reads {SCHEMA_VERSION}).",
-                    hint="Upgrade tpulab, or point TPULAB_HOME elsewhere.",
-                )
-            check = conn.execute("PRAGMA quick_check").fetchone()[0]
-            if check != "ok":
-                raise sqlite3.DatabaseError(f"integrity check failed: {check}")
+            self._check_integrity(conn)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        self._ready = True
 
     @contextmanager
     def _transaction(

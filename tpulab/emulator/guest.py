@@ -8,6 +8,7 @@ and the APIs where google-auth would look (docs/architecture.md §7, §8):
 
     GCE_METADATA_HOST / GCE_METADATA_IP = 127.0.0.1:<this node's metadata port>
     TPULAB_TPU_API_BASE / TPULAB_RESOURCE_MANAGER_BASE = <the emulator's URL>/
+    TPULAB_EMULATED_CLOCK_SKIP = <a file: how far this VM's clock was moved forward>
 
 `Guest.stop()` is the power going off: the metadata server stops answering and every
 process the script started is killed.
@@ -16,6 +17,7 @@ process the script started is killed.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tpulab.contract import (
+    EMULATED_CLOCK_SKIP_ENV,
     METADATA_HOST_ENV,
     METADATA_IP_ENV,
     RESOURCE_MANAGER_BASE_ENV,
@@ -92,8 +95,12 @@ class Guest:
         *,
         api_url: str,
         image: ImageEnv,
+        clock_skip: Path,
     ) -> None:
         self.node_key = link.node_key
+        # How far this boot's clock was moved forward (skip_clock); the watchdog reads it.
+        self.clock_skip = clock_skip
+        self._skipped = 0.0
         self.sandbox = sandbox
         self.metadata = MetadataServer(link)
         self.script = str(node["metadata"].get(STARTUP_SCRIPT_METADATA) or "")
@@ -106,17 +113,35 @@ class Guest:
 
     def start(self) -> None:
         address = self.metadata.start()
+        self._write_skip(0.0)  # a boot's clock starts unskipped, as a VM's monotonic one
         self.env = {
             METADATA_HOST_ENV: address,
             METADATA_IP_ENV: address,
             TPU_API_BASE_ENV: self._api_base,
             RESOURCE_MANAGER_BASE_ENV: self._api_base,
+            EMULATED_CLOCK_SKIP_ENV: str(self.clock_skip),
         }
         if self.script.strip():
             self.startup = StartupScript(
                 self.node_key, self.sandbox, self.script, {**self._image_env, **self.env}
             )
             self.startup.start()
+
+    def skip_clock(self, seconds: float) -> float:
+        """Move this VM's clock `seconds` forward (as if that long passed on it, nothing
+        else happening); the total skipped since boot."""
+        if not 0 <= seconds < 10**7:
+            raise ValueError(f"a clock moves forward only, by a sane amount, not {seconds!r}")
+        self._write_skip(self._skipped + seconds)
+        return self._skipped
+
+    def _write_skip(self, total: float) -> None:
+        # Whole or not at all (write, then rename): the watchdog reads it on every tick.
+        self.clock_skip.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.clock_skip.with_name(self.clock_skip.name + ".partial")
+        partial.write_text(f"{total!r}\n", encoding="utf-8")
+        os.replace(partial, self.clock_skip)
+        self._skipped = total
 
     def stop(self) -> None:
         if self.startup is not None:

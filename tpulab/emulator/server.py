@@ -38,6 +38,7 @@ from tpulab.contract import (
     EMULATOR_SSH_USER_ATTRIBUTE,
     HOST_KEY_NAMESPACE,
     OS_LOGIN_METADATA,
+    RUN_ID_LABEL,
     SSH_KEYS_METADATA,
 )
 from tpulab.emulator import project_apis, queued
@@ -158,6 +159,24 @@ class _Request:
     @property
     def zone(self) -> str:
         return self.params["zone"]
+
+
+# Emulated VMs share this machine's /tmp, where a tpulab node's watchdog keeps its files
+# (its lease, log and pid: `tpulab-<what>-<run id>[.ext]`, tpulab.remote.watchdog). On a
+# real VM they go with its disk; here they go with the node, or every emulated run
+# leaves three files behind (thousands over a few test runs).
+_SHARED_TMP = Path("/tmp")  # the VM's /tmp, as the watchdog names it
+
+
+def _forget_tmp_files(node: Record) -> None:
+    run_id = str((node.get("labels") or {}).get(RUN_ID_LABEL) or "")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{5,62}", run_id):
+        return  # not a tpulab node, or a label this cannot match safely
+    ours = re.compile(rf"tpulab-[a-z]+-{re.escape(run_id)}(\.[a-z]+)?")
+    for path in _SHARED_TMP.glob(f"tpulab-*-{run_id}*"):
+        if ours.fullmatch(path.name):
+            with suppress(OSError):
+                path.unlink()
 
 
 class Emulator:
@@ -310,6 +329,21 @@ class Emulator:
     def sandbox(self, project: str, zone: str, node: str) -> Path:
         return self.state_dir / "sandboxes" / project / zone / node
 
+    def clock_skip_file(self, project: str, zone: str, node: str) -> Path:
+        """How far the node's clock was moved forward (beside, not in, its home)."""
+        return self.state_dir / "clocks" / project / zone / node
+
+    def skip_vm_clock(self, project: str, zone: str, node: str, seconds: float) -> float:
+        """Move a booted node's clock `seconds` forward, as if that long had passed on the
+        VM with nothing else happening: its watchdog's --ttl deadline and lease come that
+        much sooner, so a test need not wait minutes of real time for them. The total
+        skipped since the node booted; KeyError when the node has no booted guest."""
+        with self._hosts_lock:
+            guest = self._guests.get(node_key(project, zone, node))
+        if guest is None:
+            raise KeyError(f"node {project}/{zone}/{node} has no booted guest")
+        return guest.skip_clock(seconds)
+
     def startup_log(self, project: str, zone: str, node: str) -> Path:
         """Where the node's startup-script output goes (in its sandbox, while it exists)."""
         return startup_log(self.sandbox(project, zone, node))
@@ -350,6 +384,10 @@ class Emulator:
             self._stop_host(key)
             _kill_boot(node)  # booted by an emulator that died: nobody else will
             shutil.rmtree(self.sandbox(node["project"], node["zone"], node["name"]), True)
+            self.clock_skip_file(node["project"], node["zone"], node["name"]).unlink(
+                missing_ok=True
+            )
+            _forget_tmp_files(node)
 
     def _tick_loop(self) -> None:
         while not self._stopping.is_set():
@@ -457,6 +495,7 @@ class Emulator:
             StateLink(key, self._transaction, self._clock),
             api_url=self.url,
             image=self._guest_image(),
+            clock_skip=self.clock_skip_file(node["project"], node["zone"], node["name"]),
         )
         try:
             guest.start()
