@@ -117,7 +117,7 @@ def _exec(
     as_json: bool,
     verbose: bool,
 ) -> None:
-    from tpulab.cli.session import session_store
+    from tpulab.cli._session_reach import session_store
 
     with session_store() as store:  # warns of damaged state files before the exec
         files = store.resolve(name)

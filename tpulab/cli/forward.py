@@ -51,7 +51,7 @@ def connect_renewed(
     session's state, returned, says so); gone -> the session is concluded gone (exit 4,
     saying why)."""
     from tpulab.cleanup.ssh_config import known_hosts_path
-    from tpulab.cli.session import readdressed_session, refuse_unreachable
+    from tpulab.cli._session_reach import readdressed_session, refuse_unreachable
     from tpulab.run.forward import session_renewer, session_ssh, wall_time_of
 
     state = files.state
@@ -139,7 +139,7 @@ def ssh_session(
         renewer.stop()
         save_renewal()
     if forward_only:
-        from tpulab.cli.session import raise_if_gone
+        from tpulab.cli._session_reach import raise_if_gone
 
         raise_if_gone(store, state)
         raise E.RemoteError(

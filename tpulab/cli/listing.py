@@ -111,7 +111,7 @@ def _list(
     from tpulab.cleanup.listing import list_nodes
     from tpulab.cleanup.liveness import with_liveness
     from tpulab.cleanup.sessions import reconcile_listed
-    from tpulab.cli.session import session_store
+    from tpulab.cli._session_reach import session_store
     from tpulab.config import list_scope
     from tpulab.paths import owner_id
 

@@ -121,7 +121,7 @@ def _serve(
     RemoteError if Jupyter does not start or the forward ends by itself."""
     import secrets  # here, not at the top: hashlib and random cost `tpulab --help` ~10 ms
 
-    from tpulab.cli.session import raise_if_gone
+    from tpulab.cli._session_reach import raise_if_gone
     from tpulab.config.forward import Forward
     from tpulab.remote.notebook import parse_started, start_command
     from tpulab.run.forward import Forwarding, forward_argv, wall_time_of

@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -22,21 +21,17 @@ from tpulab import errors as E
 from tpulab.cli import _run_options as ro
 from tpulab.cli._console import print_stderr
 from tpulab.cli._exit import EXIT_TEARDOWN, guarded, json_or_guarded
+from tpulab.cli._session_reach import session_store
 
 if TYPE_CHECKING:
     from tpulab.cleanup.sessions import SessionFiles, SessionStore
     from tpulab.config.commands import Installer
     from tpulab.run.lifecycle import KeptRun
     from tpulab.run.progress import Recorder
-    from tpulab.run.session import SessionState
 
 __all__ = [
     "DashDashCommand",
     "down_command",
-    "raise_if_gone",
-    "readdressed_session",
-    "refuse_unreachable",
-    "session_store",
     "ssh_command",
     "up_command",
 ]
@@ -139,26 +134,6 @@ def up_command(
         _up(spec, session_name, inputs.installer, verbose=verbose, as_json=as_json)
 
     json_or_guarded("up", as_json, action)
-
-
-@contextmanager
-def session_store() -> Iterator[SessionStore]:
-    """The sessions' store for one command; on the way out (an error's included) each
-    damaged state file it set aside is named on stderr -- except the one the command's
-    own error already names (`tpulab ssh c1` of a damaged c1)."""
-    from tpulab.cleanup.sessions import SessionStore
-
-    store = SessionStore()
-    said: str | None = None
-    try:
-        yield store
-    except E.StateFileError as error:
-        said = error.message
-        raise
-    finally:
-        for damaged in store.damaged:
-            if damaged.error().message != said:
-                print_stderr(f"[yellow]warning:[/] {damaged.message}")
 
 
 def _adc_project() -> str | None:
@@ -421,56 +396,3 @@ def ssh_command(
 
 
 _L_EXAMPLE = "e.g. `tpulab ssh S -L 18080:localhost:8000 -N`."
-
-
-def raise_if_gone(store: SessionStore, state: SessionState) -> None:
-    """The node did not answer: if the API says it is gone, say why, clean up, and exit
-    EXIT_REMOTE (NodeVanishedError); if it is still there, return (a plain SSH failure)."""
-    from tpulab.cleanup.sessions import ask_gone, conclude_gone
-    from tpulab.cli._target import tpu_api
-
-    api = tpu_api(state.project, api_endpoint=state.api_endpoint)
-    vanish = ask_gone(api, state)
-    if vanish is None:
-        return
-    concluded = conclude_gone(store, state, vanish, seen_by="tpulab ssh")
-    for warning in concluded.warnings:
-        print_stderr(f"[yellow]journal:[/] {warning}")
-    raise concluded.error()
-
-
-def readdressed_session(state: SessionState) -> SessionState | None:
-    """The session at its node's current address when the API says it moved (a new
-    ephemeral IP, a restarted emulator's port); None when it did not or cannot say."""
-    from tpulab.cli._target import tpu_api
-    from tpulab.run.session import readdressed
-
-    api = tpu_api(state.project, api_endpoint=state.api_endpoint)
-    moved = readdressed(api, state)
-    if moved is not None:
-        print_stderr(
-            f"Session {state.name}'s node moved from {state.ssh_host}:{state.ssh_port} "
-            f"to {moved.ssh_host}:{moved.ssh_port} (GetNode); reaching it there."
-        )
-    return moved
-
-
-def refuse_unreachable(store: SessionStore, state: SessionState, why: str) -> None:
-    """SSH to the session failed where the API says its node is: a host key that is not
-    the pinned one is named as such; a node gone is concluded gone (raise_if_gone);
-    else the plain failure. Always raises."""
-    if "host key verification failed" in why.lower():
-        # The pin holds at any address: another machine there is never logged in to.
-        raise E.HostKeyMismatchError(
-            f"Session {state.name}'s node at {state.ssh_host}:{state.ssh_port} does not "
-            f"present the host key `up` pinned ({state.host_key_type}): refused ({why}).",
-            hint="Something else answers at the node's address, or the node was rebuilt: "
-            f"end the session with `tpulab down {state.name}` and start a new one.",
-        )
-    raise_if_gone(store, state)
-    raise E.RemoteError(
-        f"Could not reach session {state.name} at {state.ssh_host}:{state.ssh_port} to "
-        f"renew its lease ({why}).",
-        hint="GetNode did not say it is gone: check your network, or `tpulab down "
-        f"{state.name}` to end it.",
-    )

@@ -24,6 +24,7 @@ from tpulab.config.project_file import ProjectDefaults, load_project_file
 from tpulab.config.resolve import (
     AdcProject,
     Resolved,
+    check_seconds,
     find_project,
     find_zone,
     gcloud_config_value,
@@ -40,7 +41,6 @@ from tpulab.config.spec import (
     RunSpec,
     Timeouts,
     build_run_spec,
-    check_seconds,
     new_run_id,
 )
 from tpulab.config.workload import (

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tpulab import catalog
-from tpulab.config.resolve import Resolved, given, zone_flags
+from tpulab.config.resolve import Resolved, check_seconds, given, zone_flags
 from tpulab.errors import ConfigError
 from tpulab.models import check_node_name
 
@@ -119,8 +119,6 @@ def choose_capacity(
 ) -> Capacity:
     """The capacity flags, validated (`retry_for` already in seconds). `zones_source`
     names where the zones came from: the flags, or the workspace's [tool.tpulab] list."""
-    from tpulab.config.spec import check_seconds
-
     if isinstance(recover, bool) or not isinstance(recover, int) or recover < 0:
         raise ConfigError(
             f"Invalid --recover {recover!r}.",

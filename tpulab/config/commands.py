@@ -25,6 +25,7 @@ from tpulab.config.endpoint import Target, choose_target
 from tpulab.config.project_file import load_project_file
 from tpulab.config.resolve import (
     AdcProject,
+    check_seconds,
     find_project,
     given,
     parse_duration,
@@ -39,7 +40,6 @@ from tpulab.config.spec import (
     RunSpec,
     Timeouts,
     build_run_spec,
-    check_seconds,
 )
 from tpulab.config.watchdog import WatchdogGroup
 from tpulab.config.workload import WorkloadFlags, build_workload, check_workdir

@@ -38,6 +38,7 @@ from tpulab.models import check_project, check_zone
 __all__ = [
     "AdcProject",
     "Resolved",
+    "check_seconds",
     "find_project",
     "find_zone",
     "format_duration",
@@ -297,3 +298,18 @@ def resolve_zones(flags: Sequence[str] = (), *, env: Mapping[str, str] | None = 
         return zone_flags(flags)
     found = find_zone(None, env=env)
     return [] if found is None else [found.value]
+
+
+def check_seconds(option: str, value: float) -> float:
+    """A duration in seconds: finite, above 0 and at most a day (the one range rule)."""
+    if not (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 < value <= 86400
+    ):
+        raise ConfigError(
+            f"Invalid {option} {value!r}.",
+            hint="Timeouts are positive numbers of seconds, at most 86400 (a day).",
+        )
+    return float(value)

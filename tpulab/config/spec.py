@@ -23,6 +23,7 @@ from tpulab.config.python import REAL_PYTHON, check_jax_version, choose_python
 from tpulab.config.resolve import (
     AdcProject,
     Resolved,
+    check_seconds,
     find_project,
     find_zone,
     given,
@@ -44,8 +45,8 @@ from tpulab.errors import ConfigError, LeakedNode, target_for
 from tpulab.models import check_node_name, check_run_id, tpulab_labels
 
 if TYPE_CHECKING:
-    # Annotations only: config/workload.py (and project_file.py through it) use
-    # check_seconds from this module.
+    # Annotations only: config/workload.py (and project_file.py through it) import this
+    # module.
     from tpulab.config.project_file import ProjectDefaults
     from tpulab.config.workload import WorkloadSpec
 
@@ -57,7 +58,6 @@ __all__ = [
     "RunSpec",
     "Timeouts",
     "build_run_spec",
-    "check_seconds",
     "new_run_id",
 ]
 
@@ -72,21 +72,6 @@ def new_run_id(now: float | None = None) -> str:
     """A run id that sorts by time and is a valid label value: 20261130t210405-3fa2c1."""
     stamp = time.strftime("%Y%m%dt%H%M%S", time.gmtime(time.time() if now is None else now))
     return f"{stamp}-{secrets.token_hex(3)}"
-
-
-def check_seconds(option: str, value: float) -> float:
-    """A duration in seconds: finite, above 0 and at most a day (the one range rule)."""
-    if not (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and 0 < value <= 86400
-    ):
-        raise ConfigError(
-            f"Invalid {option} {value!r}.",
-            hint="Timeouts are positive numbers of seconds, at most 86400 (a day).",
-        )
-    return float(value)
 
 
 @dataclass(frozen=True)

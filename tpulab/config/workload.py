@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from tpulab.config.local_paths import check_utf8, prove_creatable, resolve_local
 from tpulab.config.requirements import RequirementsFile, read_requirements
-from tpulab.config.spec import check_seconds
+from tpulab.config.resolve import check_seconds
 from tpulab.errors import ConfigError
 
 if TYPE_CHECKING:
