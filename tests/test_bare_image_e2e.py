@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from tpulab import paths
-from tpulab.cli import EXIT_OK
 from tpulab.emulator.hostenv import find_image_python
+from tpulab.exits import EXIT_OK
 
 FAST = {"create_seconds": 0.2, "delete_seconds": 0.1, "stockout_seconds": 0.1, "tick_seconds": 0.02}
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from helpers import tpulab
 
-from tpulab.cli import EXIT_CONFIG, EXIT_REMOTE
+from tpulab.exits import EXIT_CONFIG, EXIT_REMOTE
 
 if TYPE_CHECKING:
     from emulator_fixtures import EmulatorStarter

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import pytest
 from typer.testing import CliRunner
 
-from tpulab.cli import EXIT_CONFIG, app
+from tpulab.cli import app
+from tpulab.exits import EXIT_CONFIG
 
 if TYPE_CHECKING:
     from tpulab.cloud.google import GoogleTpuApi

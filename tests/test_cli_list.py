@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from tpulab import paths
 from tpulab.catalog import lookup
 from tpulab.cleanup.report import ListEnvelope
-from tpulab.cli import EXIT_CLOUD, EXIT_CONFIG, app
+from tpulab.cli import app
+from tpulab.exits import EXIT_CLOUD, EXIT_CONFIG
 
 if TYPE_CHECKING:
     from emulator_fixtures import EmulatorStarter

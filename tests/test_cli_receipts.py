@@ -10,10 +10,10 @@ from helpers import invoke
 from receipt_runs import real_run
 
 from tpulab import paths
-from tpulab.cli import EXIT_LOCAL_STATE, EXIT_OK, EXIT_VERIFY
 from tpulab.evidence.judge import judge
 from tpulab.evidence.receipt import expectation_for
 from tpulab.evidence.store import KeptReceipt, Provenance, ReceiptStore, Source
+from tpulab.exits import EXIT_LOCAL_STATE, EXIT_OK, EXIT_VERIFY
 
 
 def keep_real_receipt() -> KeptReceipt:

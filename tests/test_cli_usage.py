@@ -11,10 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from tpulab.cli import EXIT_CONFIG, EXIT_INTERRUPTED
 from tpulab.cloud.google import GoogleTpuApi
 from tpulab.emulator.server import Emulator
 from tpulab.emulator.timing import Timing
+from tpulab.exits import EXIT_CONFIG, EXIT_INTERRUPTED
 from tpulab.models import NodeRequest, tpulab_labels
 
 ENV = {**os.environ, "COLUMNS": "200"}

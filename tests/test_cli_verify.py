@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from helpers import invoke
 
-from tpulab.cli import EXIT_CONFIG, EXIT_OK, EXIT_VERIFY
 from tpulab.evidence.judge import Verdict
 from tpulab.evidence.store import ReceiptStore, Source
+from tpulab.exits import EXIT_CONFIG, EXIT_OK, EXIT_VERIFY
 
 
 def test_verify_local_accelerator_passes_and_keeps_the_receipt(tpulab_home: Path) -> None:

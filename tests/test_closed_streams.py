@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tpulab.cli import EXIT_OK
+from tpulab.exits import EXIT_OK
 
 if TYPE_CHECKING:
     from emulator_fixtures import EmulatorStarter

@@ -23,11 +23,11 @@ from tpulab.catalog import PRICE_DATE
 from tpulab.cleanup.costs import CostsEnvelope, Ledger, ledger
 from tpulab.cleanup.journal import Journal, RunJournalAdapter, RunRow, TeardownResult
 from tpulab.cleanup.sessions import SessionStore, conclude_gone, why_gone
-from tpulab.cli import EXIT_CONFIG, EXIT_LOCAL_STATE
 from tpulab.cloud.google import GoogleTpuApi
 from tpulab.config import costs_inputs
 from tpulab.envelope import ErrorEnvelope
 from tpulab.errors import ConfigError, UnreachableError
+from tpulab.exits import EXIT_CONFIG, EXIT_LOCAL_STATE
 from tpulab.run.session import SessionState
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tpulab.cli import EXIT_CONFIG
 from tpulab.emulator import Timing
+from tpulab.exits import EXIT_CONFIG
 
 SERVE = [sys.executable, "-m", "tpulab", "emulator", "serve", "--port", "0", "--ssh", "none"]
 WIDE = {**os.environ, "COLUMNS": "1000"}  # so messages are not wrapped mid-path

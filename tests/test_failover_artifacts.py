@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tpulab.cli import EXIT_OK
 from tpulab.emulator.backends import make_host_backend
+from tpulab.exits import EXIT_OK
 from tpulab.run.record import read_run_record
 from tpulab.run.report import RunEnvelope
 

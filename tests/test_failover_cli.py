@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tpulab.cli import EXIT_CLOUD, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from tpulab.emulator.backends import make_host_backend
+from tpulab.exits import EXIT_CLOUD, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from tpulab.run.report import RunEnvelope
 
 if TYPE_CHECKING:
@@ -253,7 +253,7 @@ def test_sigkill_during_attempt_2_is_cleaned_by_teardown_verify(
 def test_bad_capacity_flags_exit_2_before_any_api_call(
     start_emulator: EmulatorStarter, tmp_path: Path, flags: tuple[str, ...]
 ) -> None:
-    from tpulab.cli import EXIT_CONFIG
+    from tpulab.exits import EXIT_CONFIG
 
     bare = start_emulator(tmp_path / "bare")
     done = _run(bare, *flags)

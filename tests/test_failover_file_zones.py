@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tpulab import catalog
-from tpulab.cli import EXIT_OK
 from tpulab.config import RunSpec, run_inputs
 from tpulab.emulator.backends import make_host_backend
+from tpulab.exits import EXIT_OK
 from tpulab.run.report import RunEnvelope
 
 if TYPE_CHECKING:

@@ -81,8 +81,8 @@ def test_with_a_command_a_signal_after_verification_but_before_it_is_130(
     """docs/reference/exit-status.md, 130: with `-- CMD` the run's work is the command and its
     artifacts, so a signal between the verifier and the command is an interruption
     (the README once said any signal after verification ended with 0)."""
-    from tpulab.cli._exit import EXIT_INTERRUPTED, exit_status_for
     from tpulab.errors import InterruptedRun
+    from tpulab.exits import EXIT_INTERRUPTED, exit_status_for
 
     life, _, error = embedded_rig.run(
         _with_command(embedded_rig, tmp_path), InterruptAfter(Phase.VERIFY, KeyboardInterrupt())

@@ -21,8 +21,9 @@ import pytest
 from typer.testing import CliRunner
 
 from tpulab.cleanup.journal import Journal, RunJournalAdapter
-from tpulab.cli import EXIT_CONFIG, app
+from tpulab.cli import app
 from tpulab.errors import ConfigError
+from tpulab.exits import EXIT_CONFIG
 from tpulab.remote import workload as wl
 from tpulab.remote.selection import select_workspace
 from tpulab.run.record import read_run_record

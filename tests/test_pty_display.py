@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tpulab.cli import EXIT_OK
 from tpulab.emulator import Timing
 from tpulab.emulator.backends import make_host_backend
+from tpulab.exits import EXIT_OK
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tpulab.cli import EXIT_CONFIG, EXIT_OK
 from tpulab.config import build_run_spec
 from tpulab.config.python import EMULATED_PYTHON, REAL_PYTHON
 from tpulab.errors import ConfigError
+from tpulab.exits import EXIT_CONFIG, EXIT_OK
 from tpulab.remote import bootstrap as boot
 from tpulab.remote.bootstrap import BootstrapResult
 from tpulab.run.outcome import RunOutcome

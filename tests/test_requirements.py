@@ -20,9 +20,10 @@ import pytest
 from helpers import workload_spec
 from typer.testing import CliRunner
 
-from tpulab.cli import EXIT_CONFIG, app
+from tpulab.cli import app
 from tpulab.config.requirements import read_requirements, references
 from tpulab.errors import ConfigError
+from tpulab.exits import EXIT_CONFIG
 from tpulab.remote import bootstrap as boot
 from tpulab.remote.workload import WORKSPACE_DIR
 from tpulab.run.plan import build_plan

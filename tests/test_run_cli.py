@@ -15,8 +15,8 @@ import pytest
 from helpers import cli_imports
 
 from tpulab import paths
-from tpulab.cli import EXIT_CLOUD, EXIT_CONFIG, EXIT_OK, EXIT_TEARDOWN
 from tpulab.emulator import Emulator, Timing
+from tpulab.exits import EXIT_CLOUD, EXIT_CONFIG, EXIT_OK, EXIT_TEARDOWN
 from tpulab.run.plan import PlanEnvelope
 from tpulab.run.recording import PLACEHOLDER_OWNER
 from tpulab.run.report import RunEnvelope

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tpulab.cleanup.journal import SCHEMA_VERSION, Journal, RecordPointer, RunJournalAdapter
-from tpulab.cli._exit import EXIT_CONFIG
 from tpulab.cli.runs import RunsListEnvelope
+from tpulab.exits import EXIT_CONFIG
 from tpulab.run.record import RunRecord
 
 if TYPE_CHECKING:

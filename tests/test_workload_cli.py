@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tpulab import paths
-from tpulab.cli import EXIT_OK, EXIT_WORKLOAD
+from tpulab.exits import EXIT_OK, EXIT_WORKLOAD
 
 pytestmark = pytest.mark.slow
 

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tpulab import paths
-from tpulab.cli._exit import EXIT_INTERRUPTED, EXIT_WORKLOAD, exit_status_for
 from tpulab.config import RunSpec
 from tpulab.config.workload import WorkloadSpec
 from tpulab.errors import InterruptedRun, VerificationError, WorkloadFailedError
+from tpulab.exits import EXIT_INTERRUPTED, EXIT_WORKLOAD, exit_status_for
 from tpulab.run.progress import COMMAND_STREAM, NullObserver, Phase
 from tpulab.run.record import read_run_record
 from tpulab.run.signals import shield, signals_to_teardown, skippable

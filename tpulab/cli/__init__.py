@@ -34,25 +34,9 @@ from tpulab.cli import (
     verify,
 )
 from tpulab.cli._console import print_stderr
-from tpulab.cli._exit import (
-    EXIT_CLOUD,
-    EXIT_CODES,
-    EXIT_CONFIG,
-    EXIT_INTERNAL,
-    EXIT_INTERRUPTED,
-    EXIT_LOCAL_STATE,
-    EXIT_OK,
-    EXIT_PREEMPTED,
-    EXIT_REMOTE,
-    EXIT_TEARDOWN,
-    EXIT_VERIFY,
-    EXIT_WORKLOAD,
-    exit_status_for,
-    guarded,
-    json_or_guarded,
-    report_error,
-)
+from tpulab.cli._exit import guarded, json_or_guarded, report_error
 from tpulab.cli._panels import panel_the_options
+from tpulab.exits import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK
 
 try:  # recent typer vendors click; older releases use the click package
     from typer._click.exceptions import UsageError
@@ -60,20 +44,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click.exceptions import UsageError  # type: ignore[assignment]
 
 __all__ = [
-    "EXIT_CLOUD",
-    "EXIT_CODES",
-    "EXIT_CONFIG",
-    "EXIT_INTERNAL",
-    "EXIT_INTERRUPTED",
-    "EXIT_LOCAL_STATE",
-    "EXIT_OK",
-    "EXIT_PREEMPTED",
-    "EXIT_REMOTE",
-    "EXIT_TEARDOWN",
-    "EXIT_VERIFY",
-    "EXIT_WORKLOAD",
     "app",
-    "exit_status_for",
     "guarded",
     "main",
     "report_error",

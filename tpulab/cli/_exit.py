@@ -13,40 +13,13 @@ import typer
 
 from tpulab import errors as E
 from tpulab.cli._console import print_json, print_stderr
-from tpulab.exits import (
-    EXIT_CLOUD,
-    EXIT_CODES,
-    EXIT_CONFIG,
-    EXIT_INTERNAL,
-    EXIT_INTERRUPTED,
-    EXIT_LOCAL_STATE,
-    EXIT_OK,
-    EXIT_PREEMPTED,
-    EXIT_REMOTE,
-    EXIT_TEARDOWN,
-    EXIT_VERIFY,
-    EXIT_WORKLOAD,
-    exit_status_for,
-)
+from tpulab.exits import exit_status_for
 
 if TYPE_CHECKING:
     from tpulab.envelope import Envelope, ErrorReport
 
 __all__ = [
-    "EXIT_CLOUD",
-    "EXIT_CODES",
-    "EXIT_CONFIG",
-    "EXIT_INTERNAL",
-    "EXIT_INTERRUPTED",
-    "EXIT_LOCAL_STATE",
-    "EXIT_OK",
-    "EXIT_PREEMPTED",
-    "EXIT_REMOTE",
-    "EXIT_TEARDOWN",
-    "EXIT_VERIFY",
-    "EXIT_WORKLOAD",
     "error_report",
-    "exit_status_for",
     "guarded",
     "json_or_guarded",
     "print_envelope",

@@ -17,8 +17,9 @@ import typer
 from tpulab import errors as E
 from tpulab.cli import _workload_options as wo
 from tpulab.cli._console import console, print_lines, print_stderr
-from tpulab.cli._exit import EXIT_INTERRUPTED, error_report, print_envelope, report_error
+from tpulab.cli._exit import error_report, print_envelope, report_error
 from tpulab.cli.session import AFTER_DASHES
+from tpulab.exits import EXIT_INTERRUPTED
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -20,8 +20,9 @@ import typer.core
 from tpulab import errors as E
 from tpulab.cli import _run_options as ro
 from tpulab.cli._console import print_stderr
-from tpulab.cli._exit import EXIT_TEARDOWN, guarded, json_or_guarded
+from tpulab.cli._exit import guarded, json_or_guarded
 from tpulab.cli._session_reach import session_store
+from tpulab.exits import EXIT_TEARDOWN
 
 if TYPE_CHECKING:
     from tpulab.cleanup.sessions import SessionFiles, SessionStore

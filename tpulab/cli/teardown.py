@@ -20,15 +20,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tpulab.cli._console import age_text, cost_text, print_stderr, table_console
-from tpulab.cli._exit import (
-    EXIT_TEARDOWN,
-    error_report,
-    json_or_guarded,
-    print_envelope,
-    report_error,
-)
+from tpulab.cli._exit import error_report, json_or_guarded, print_envelope, report_error
 from tpulab.cli._target import adc_project, api_context, tpu_api
 from tpulab.errors import TARGET_GOOGLE, ConfigError
+from tpulab.exits import EXIT_TEARDOWN
 
 if TYPE_CHECKING:
     from tpulab.cleanup.journal import Journal
