@@ -148,11 +148,8 @@ def run_tpu(
             workload=WorkloadFlags(command=command, fetch=fetch, workdir=workdir, out=out),
         ).spec
     elif any(
-        value not in (None, False, 0, ())
-        for value in (
-            accelerator, zone, zones, project, name, spot, recover, queued, emulate,
-            api_endpoint, command, fetch, workdir, out,
-        )
+        (accelerator, zone, zones, project, name, spot, recover, queued, emulate,
+         api_endpoint, command, fetch, workdir, out)
     ):  # fmt: skip
         raise ConfigError(
             "tpulab.run_tpu() takes a spec or keyword inputs, not both.",
