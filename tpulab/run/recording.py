@@ -3,8 +3,9 @@
 `PlanRecorder` hands the real lifecycle a `TpuApi`, an SSH `connect` factory, a journal,
 an observer, a clock and the run's secrets, all of which record instead of acting:
 
-- `RecordingTpuApi` turns each call into the request the real client would send (built
-  by `tpulab.cloud.rest`, the builders `GoogleTpuApi` uses) and answers as the API would:
+- The API is the run's own TPU v2 verbs (`tpulab.cloud.tpu_v2.TpuV2Api`) over a
+  `RecordingTransport`: it records each wire request they send (the very requests
+  `GoogleTpuApi` sends through the client) and answers in the API's REST JSON:
   operations done, the node READY at a placeholder address, a placeholder host key
   published, nothing listed once the delete went out. A request made inside a poll loop
   is recorded once, with that loop's schedule and timeout (`polling.active_wait`).
