@@ -28,7 +28,15 @@ from tpulab.evidence.store import ReceiptStore
 from tpulab.run.lifecycle import KeptRun, Lifecycle
 from tpulab.run.progress import FanOut, Recorder, RunObserver
 
-__all__ = ["FAST", "PAYLOAD_BOUND", "Rig", "embedded_rig", "payload_script", "rig"]
+__all__ = [
+    "FAST",
+    "PAYLOAD_BOUND",
+    "Rig",
+    "embedded_rig",
+    "payload_script",
+    "rig",
+    "sleeps_once_then_verifies",
+]
 
 # The rig's deadlines are bounds that only a hang reaches, never timings: a test that
 # wants one to fire passes its own (`rig.spec(payload=1.5)`). The verifier imports jax
@@ -48,6 +56,26 @@ def payload_script(directory: Path, body: str, name: str = "payload.py") -> Path
     path = directory / name
     path.write_text(textwrap.dedent(body))
     return path
+
+
+def sleeps_once_then_verifies(directory: Path, seconds: float) -> Path:
+    """A payload whose first run sleeps `seconds` (so a fault lands while it runs) and
+    whose next runs the real verifier, found by path (emulated nodes share this file
+    system): what a recovered attempt must verify."""
+    from tpulab import paths
+
+    marker = directory / "slept-once"
+    return payload_script(
+        directory,
+        f"""
+        import pathlib, runpy, time
+        marker = pathlib.Path({str(marker)!r})
+        if not marker.exists():
+            marker.write_text("1")
+            time.sleep({seconds!r})
+        runpy.run_path({str(paths.payload_path())!r}, run_name="__main__")
+        """,
+    )
 
 
 @dataclass

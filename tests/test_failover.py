@@ -189,24 +189,10 @@ class _PreemptAtPayload(NullObserver):
 def test_spot_preempted_during_the_payload_recovers_on_a_new_node(
     embedded_rig: Rig, tmp_path: Path
 ) -> None:
-    from run_rig import payload_script
+    from run_rig import sleeps_once_then_verifies
 
-    from tpulab import paths
-
-    # The first node's payload sleeps (so the preemption lands while it runs); the next
-    # runs the real verifier, found by path (emulated nodes share this file system).
-    marker = tmp_path / "slept-once"
-    wrapper = payload_script(
-        tmp_path,
-        f"""
-        import pathlib, runpy, time
-        marker = pathlib.Path({str(marker)!r})
-        if not marker.exists():
-            marker.write_text("1")
-            time.sleep(30)
-        runpy.run_path({str(paths.payload_path())!r}, run_name="__main__")
-        """,
-    )
+    # The first node's payload sleeps, so the preemption lands while it runs.
+    wrapper = sleeps_once_then_verifies(tmp_path, 30)
     spec = _spec(
         embedded_rig, ["us-central1-a", "us-west1-c"], spot=True, recover=1, payload=wrapper
     )

@@ -54,22 +54,9 @@ class _TerminateAtPayload(NullObserver):
 def test_a_spot_node_terminated_with_a_lagging_state_is_recovered(
     embedded_rig: Rig, tmp_path: Path
 ) -> None:
-    from run_rig import payload_script
+    from run_rig import sleeps_once_then_verifies
 
-    from tpulab import paths
-
-    marker = tmp_path / "slept-once"
-    wrapper = payload_script(
-        tmp_path,
-        f"""
-        import pathlib, runpy, time
-        marker = pathlib.Path({str(marker)!r})
-        if not marker.exists():
-            marker.write_text("1")
-            time.sleep(60)
-        runpy.run_path({str(paths.payload_path())!r}, run_name="__main__")
-        """,
-    )
+    wrapper = sleeps_once_then_verifies(tmp_path, 60)
     spec = _spec(
         embedded_rig, ["us-central1-a", "us-west1-c"], spot=True, recover=1, payload=wrapper
     )
