@@ -573,16 +573,10 @@ class Journal:
             return
         if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("BEGIN")
-        try:
+        with _atomic(conn, "BEGIN"):
             current = self._schema_version(conn) == SCHEMA_VERSION
             if current:
                 self._check_integrity(conn)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
         if not current:
             self._create_or_migrate(conn)
         self._ready = True
@@ -604,8 +598,7 @@ class Journal:
             raise sqlite3.DatabaseError(f"integrity check failed: {check}")
 
     def _create_or_migrate(self, conn: sqlite3.Connection) -> None:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _atomic(conn, "BEGIN IMMEDIATE"):
             version = self._schema_version(conn)
             if version == 0:
                 for statement in filter(str.strip, _SCHEMA.split(";")):
@@ -619,11 +612,6 @@ class Journal:
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             self._check_integrity(conn)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
 
     @contextmanager
     def _transaction(
@@ -634,19 +622,27 @@ class Journal:
         try:
             conn = self._connect(timeout)
             self._ensure_schema(conn)
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            try:
+            with _atomic(conn, "BEGIN IMMEDIATE" if write else "BEGIN"):
                 yield conn
-            except BaseException:
-                # A signal may land here: roll back so the file holds whole transactions.
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
         except sqlite3.Error as error:
             raise self._error(error, timeout) from None
         finally:
             if conn is not None:
                 conn.close()
+
+
+@contextmanager
+def _atomic(conn: sqlite3.Connection, begin: str) -> Iterator[None]:
+    """One transaction: `begin`, then COMMIT, or ROLLBACK on any exit by exception -- a
+    signal included, so the file only ever holds whole transactions."""
+    conn.execute(begin)
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def close_vanished(
