@@ -38,8 +38,10 @@ class DelegatingTpuApi:
     def delete_node(self, zone: str, node_id: str) -> str:
         return self.api.delete_node(zone, node_id)
 
-    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
-        return self.api.guest_attributes(zone, node_id, query_path)
+    def guest_attributes(
+        self, zone: str, node_id: str, query_path: str = "", *, worker: int = 0
+    ) -> dict[str, str]:
+        return self.api.guest_attributes(zone, node_id, query_path, worker=worker)
 
     def create_queued_resource(self, zone: str, qr_id: str, request: QueuedResourceRequest) -> str:
         return self.api.create_queued_resource(zone, qr_id, request)

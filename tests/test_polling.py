@@ -189,7 +189,9 @@ class ScriptedApi:
     def delete_node(self, zone: str, node_id: str) -> str:
         raise NotImplementedError
 
-    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
+    def guest_attributes(
+        self, zone: str, node_id: str, query_path: str = "", *, worker: int = 0
+    ) -> dict[str, str]:
         raise NotImplementedError
 
     # Queued resources are not part of a node wait.

@@ -89,8 +89,19 @@ class NodeRequest(BaseModel):
     service_account_scopes: tuple[str, ...] = ()
 
 
+class WorkerEndpoint(BaseModel):
+    """One worker VM of a node: `Node.networkEndpoints[i]` is worker i (gcloud's
+    `tpu-vm ssh --worker` indexes them so); a single-host node has one."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ip_address: str | None = None
+    external_ip: str | None = None
+
+
 class NodeInfo(BaseModel):
-    """A node as the API reports it, independent of the client library's types."""
+    """A node as the API reports it, independent of the client library's types.
+    `ip_address` / `external_ip` are worker 0's; `workers` lists every worker's."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -105,6 +116,7 @@ class NodeInfo(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     ip_address: str | None = None
     external_ip: str | None = None
+    workers: tuple[WorkerEndpoint, ...] = ()
     spot: bool = False
     create_time: datetime | None = None
 

@@ -88,8 +88,11 @@ class TpuApi(Protocol):
         """Send DeleteNode; return the operation name. NotFoundError if already gone."""
         ...
 
-    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
-        """Worker 0's guest attributes as {"namespace/key": value}."""
+    def guest_attributes(
+        self, zone: str, node_id: str, query_path: str = "", *, worker: int = 0
+    ) -> dict[str, str]:
+        """One worker's guest attributes as {"namespace/key": value} (each worker VM of
+        a multi-host node has its own guest agent, hence its own host keys)."""
         ...
 
     def create_queued_resource(self, zone: str, qr_id: str, request: QueuedResourceRequest) -> str:

@@ -182,8 +182,8 @@ def get_guest_attributes(
     query_path: str = "",
     worker_ids: tuple[str, ...] = ("0",),
 ) -> WireRequest:
-    """Worker 0 only: a single-host node has one worker, and asking for it by id keeps
-    the answer to one entry."""
+    """One worker by id (worker 0 of a single-host node is all it has), which keeps the
+    answer to one entry; every worker of a multi-host node has its own attributes."""
     message: dict[str, Any] = {"name": node_path(project, zone, node_id)}
     if query_path:
         message["queryPath"] = query_path

@@ -29,7 +29,7 @@ from tpulab.contract import (
     SSH_KEYS_METADATA,
     STARTUP_SCRIPT_METADATA,
 )
-from tpulab.models import NodeInfo, NodeRequest, NodeState
+from tpulab.models import NodeInfo, NodeRequest, NodeState, WorkerEndpoint
 
 __all__ = [
     "CLOUD_PLATFORM_SCOPE",
@@ -147,9 +147,13 @@ class TpuV2Api:
         answer = self._send(wire, f"delete node {node_id} in {zone}", idempotent=False)
         return str(answer["name"])
 
-    def guest_attributes(self, zone: str, node_id: str, query_path: str = "") -> dict[str, str]:
-        wire = rest.get_guest_attributes(self.project, zone, node_id, query_path)
+    def guest_attributes(
+        self, zone: str, node_id: str, query_path: str = "", *, worker: int = 0
+    ) -> dict[str, str]:
+        wire = rest.get_guest_attributes(self.project, zone, node_id, query_path, (str(worker),))
         what = f"read guest attributes of {node_id} in {zone}"
+        if worker:
+            what += f" (worker {worker})"
         workers = _items(self._send(wire, what, idempotent=True), "guestAttributes")
         if not workers:
             return {}
@@ -215,9 +219,8 @@ def _enum(value: Any, unspecified: str) -> str:
 def node_from_json(node: Answer, project: str, zone: str) -> NodeInfo:
     """A v2 `Node` (REST JSON) as tpulab's NodeInfo."""
     name = str(node.get("name", ""))
-    endpoints = _items(node, "networkEndpoints")
-    endpoint = endpoints[0] if endpoints else {}
-    access = endpoint.get("accessConfig") or {}
+    workers = tuple(_worker(endpoint) for endpoint in _items(node, "networkEndpoints"))
+    first = workers[0] if workers else WorkerEndpoint()
     scheduling = node.get("schedulingConfig") or {}
     return NodeInfo(
         project=project,
@@ -229,10 +232,19 @@ def node_from_json(node: Answer, project: str, zone: str) -> NodeInfo:
         health=_enum(node.get("health"), "HEALTH_UNSPECIFIED"),
         labels=dict(node.get("labels") or {}),
         metadata=dict(node.get("metadata") or {}),
-        ip_address=str(endpoint.get("ipAddress") or "") or None,
-        external_ip=str(access.get("externalIp") or "") or None,
+        ip_address=first.ip_address,
+        external_ip=first.external_ip,
+        workers=workers,
         spot=bool(scheduling.get("spot") or scheduling.get("preemptible")),
         create_time=node.get("createTime") or None,
+    )
+
+
+def _worker(endpoint: Answer) -> WorkerEndpoint:
+    access = endpoint.get("accessConfig") or {}
+    return WorkerEndpoint(
+        ip_address=str(endpoint.get("ipAddress") or "") or None,
+        external_ip=str(access.get("externalIp") or "") or None,
     )
 
 

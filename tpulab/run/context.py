@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from tpulab.cloud.api import TpuApi
 from tpulab.config import RunSpec
@@ -32,6 +32,7 @@ from tpulab.remote.workspace import StreamShell
 from tpulab.run.lease import LeaseRenewer, watchdog_config
 from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import NullObserver, Phase, RunJournal, RunObserver
+from tpulab.run.workers import MAX_PARALLEL, FanOut, Worker, fan_out
 from tpulab.run.workload import Skippable, WorkloadRunner, no_skip
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from tpulab.run.record import RecordState, ReportError, RunRecord
 
 __all__ = ["Connect", "RemoteSession", "RunContext", "Shield"]
+
+T = TypeVar("T")
 
 # How long a failed spot run asks the API whether its node was preempted: the state can
 # lag the VM stopping by about a minute (SkyPilot #849); twice that, bounded.
@@ -104,6 +107,7 @@ class RunContext:
         report_error: ReportError | None = None,
         renew_in_background: bool = True,
         preemption_wait: float = PREEMPTION_WAIT_SECONDS,
+        parallel_workers: int = MAX_PARALLEL,
     ) -> None:
         self.spec = spec
         self.api = api
@@ -131,23 +135,54 @@ class RunContext:
         self.report_error = report_error
         self.renew_in_background = renew_in_background
         self.preemption_wait = preemption_wait
+        # How many of a slice's workers a step runs on at once (a dry run: 1, in order).
+        self.parallel_workers = parallel_workers
         # What the phases learn, in order.
         self.outcome = RunOutcome(spec)
         self.nonce = ""
         self.payload_bytes = b""
         self.key: RunKey | None = None
-        self.target: SshTarget | None = None
-        self.session: RemoteSession | None = None
-        self.payload_output: list[str] = []
-        self.raw_receipt = b""
+        # The node's worker VMs (one; a slice's several), each with its pinned target,
+        # SSH session and lease renewer; `target`, `session`, `renewer` are worker 0's.
+        self.workers: list[Worker] = []
         self.workload: WorkloadRunner | None = None
-        # The VM's watchdog (None: --no-watchdog) and the thread that renews its lease.
+        # The VM's watchdog (None: --no-watchdog); every worker renews its own lease.
         self.watchdog: WatchdogConfig | None = watchdog_config(spec)
-        self.renewer: LeaseRenewer | None = None
         self.current_phase: Phase | None = None
         self.journalled = False  # the journal has this run's row (written by create)
         self.record_started = False  # a start run.json was (tried to be) written
         self.started_at = clock()
+
+    # -- worker 0: what `exec`, `up`'s hand-over and the workload use -----------------
+
+    @property
+    def target(self) -> SshTarget | None:
+        return self.workers[0].target if self.workers else None
+
+    @target.setter
+    def target(self, value: SshTarget) -> None:
+        if self.workers:
+            self.workers[0].target = value
+        else:
+            self.workers = [Worker(0, value)]
+
+    @property
+    def session(self) -> RemoteSession | None:
+        return self.workers[0].session if self.workers else None
+
+    @property
+    def renewer(self) -> LeaseRenewer | None:
+        return self.workers[0].renewer if self.workers else None
+
+    def on_workers(self, step: Callable[[Worker], T], what: str) -> FanOut[T]:
+        """`step` on every worker at once (tpulab.run.workers.fan_out); each worker's
+        time is kept per phase for the summary."""
+        done = fan_out(
+            self.workers, step, what=what, clock=self.clock, max_parallel=self.parallel_workers
+        )
+        if len(self.workers) > 1:
+            self.outcome.worker_seconds[what] = [round(s, 3) for s in done.seconds]
+        return done
 
     # -- what every phase uses ----------------------------------------------------------
 
@@ -207,11 +242,15 @@ class RunContext:
             clock=self.clock,
         )
 
-    def stage_file(self, data: bytes, remote_path: str, what: str) -> str:
-        """Put `data` at `remote_path`; RemoteError unless the VM's sha256 is ours."""
-        assert self.session is not None
+    def stage_file(
+        self, data: bytes, remote_path: str, what: str, session: RemoteSession | None = None
+    ) -> str:
+        """Put `data` at `remote_path` (on worker 0, or `session`'s worker); RemoteError
+        unless the VM's sha256 is ours."""
+        session = session or self.session
+        assert session is not None
         local = hashlib.sha256(data).hexdigest()
-        remote = self.session.put(data, remote_path)
+        remote = session.put(data, remote_path)
         if remote != local:
             raise RemoteError(
                 f"The staged {what}'s sha256 {remote[:12]} differs from ours {local[:12]}.",
@@ -231,14 +270,17 @@ class RunContext:
         does (teardown, `up`'s hand-over, the end of an exec). The renewer stops first,
         so it cannot race to reopen the session; a dead connection must not delay what
         follows (the delete), so closing never raises."""
-        if self.renewer is not None:
-            self.renewer.stop()
-            self.outcome.lease_renewals = self.renewer.renewals
-            self.outcome.lease_failures = len(self.renewer.failures)
-        if self.session is not None:
-            session, self.session = self.session, None
-            with contextlib.suppress(Exception):
-                session.close()
+        renewers = [w.renewer for w in self.workers if w.renewer is not None]
+        for renewer in renewers:
+            renewer.stop()
+        if renewers:
+            self.outcome.lease_renewals = sum(r.renewals for r in renewers)
+            self.outcome.lease_failures = sum(len(r.failures) for r in renewers)
+        for worker in self.workers:
+            if worker.session is not None:
+                session, worker.session = worker.session, None
+                with contextlib.suppress(Exception):
+                    session.close()
 
     # -- run.json -----------------------------------------------------------------------
 

@@ -47,6 +47,8 @@ class RunOutcome:
     billed_seconds: float = 0.0
     milestones: dict[str, float] = field(default_factory=dict)
     phase_seconds: dict[str, float] = field(default_factory=dict)  # phase -> duration
+    # A slice's per-worker time of each step run on every worker: step -> [worker 0, ...].
+    worker_seconds: dict[str, list[float]] = field(default_factory=dict)
     workload: WorkloadOutcome | None = None  # set when the spec has a `-- CMD`
     run_record: Path | None = None  # <out>/run.json once written
     watchdog: WatchdogState | None = None  # what the VM's watchdog published, once read

@@ -25,6 +25,7 @@ from tpulab.run.recording import (
     PlanEnds,
     PlanRecorder,
     PlanStep,
+    worker_ip_placeholder,
 )
 
 __all__ = ["GOOGLE_ENDPOINT", "PlanEnvelope", "PlanStep", "build_plan", "plan_envelope"]
@@ -85,6 +86,8 @@ def build_plan(spec: RunSpec, *, installer: boot.Installer = "uv") -> list[PlanS
         write_record=recorder.write_record,
         # The plan shows the first renewal; a thread would add more at random moments.
         renew_in_background=False,
+        # A slice's workers one after another: the plan lists each one's steps in order.
+        parallel_workers=1,
     )
     try:
         life.run()
@@ -93,6 +96,13 @@ def build_plan(spec: RunSpec, *, installer: boot.Installer = "uv") -> list[PlanS
     # run() only returns once the evidence came back (the receipt, or a command's
     # artifacts), which a plan never has.
     raise AssertionError("the dry run went past the point where evidence comes back")
+
+
+def _worker_placeholders(hosts: int) -> dict[str, str]:
+    return {
+        worker_ip_placeholder(w): f"worker {w}'s address (networkEndpoints[{w}]), known once READY"
+        for w in range(hosts if hosts > 1 else 0)
+    }
 
 
 def plan_envelope(
@@ -129,7 +139,7 @@ def plan_envelope(
         price_date=PRICE_DATE,
         placeholders={
             marker: meaning
-            for marker, meaning in PLACEHOLDERS.items()
+            for marker, meaning in {**PLACEHOLDERS, **_worker_placeholders(accel.hosts)}.items()
             if any(marker in text for text in shown)
         },
         steps=steps,

@@ -29,8 +29,10 @@ from tpulab.errors import (
 from tpulab.models import NodeInfo, NodeRequest, NodeState
 from tpulab.polling import Backoff, retry_call
 from tpulab.run.progress import Phase
+from tpulab.run.workers import Worker, fan_out
 
 if TYPE_CHECKING:
+    from tpulab.remote.keys import HostKey
     from tpulab.run.context import RunContext
 
 __all__ = ["create", "node_request", "pin_host_key", "wait_ready"]
@@ -230,47 +232,82 @@ def wait_ready(ctx: RunContext) -> str:
 
 
 def pin_host_key(ctx: RunContext) -> str:
-    """Wait for the host key guest attribute and pin it; nothing is sent over SSH."""
+    """Wait for each worker's host key guest attribute and pin it (every worker VM's
+    guest agent publishes its own); nothing is sent over SSH."""
     from tpulab.remote.keys import SshTarget, ssh_port_from, wait_for_host_key
 
     spec = ctx.spec
-    seen: dict[str, str] = {}
+    hosts = spec.accelerator.hosts
+    published: list[dict[str, str]] = [{} for _ in range(hosts)]
 
-    def fetch() -> dict[str, str]:
-        seen.clear()
-        seen.update(ctx.api.guest_attributes(spec.zone.value, spec.node_name))
-        return dict(seen)
+    def wait(worker: int) -> HostKey:
+        seen = published[worker]
 
-    host_key = wait_for_host_key(
-        fetch, timeout=spec.timeouts.host_key, sleep=ctx.sleep, clock=ctx.clock
-    )
+        def fetch() -> dict[str, str]:
+            seen.clear()
+            seen.update(ctx.api.guest_attributes(spec.zone.value, spec.node_name, worker=worker))
+            return dict(seen)
+
+        return wait_for_host_key(
+            fetch, timeout=spec.timeouts.host_key, sleep=ctx.sleep, clock=ctx.clock
+        )
+
+    # Each worker's wait is its own (the fan-out runs them at once); worker 0's alone
+    # is what a single host has always done.
+    keys = fan_out(
+        range(hosts), wait, what="host key", clock=ctx.clock, max_parallel=ctx.parallel_workers
+    ).results
     # The address may be assigned after READY (the emulator does so once the node's SSH
-    # host runs); ask again now that the guest agent is up.
+    # host runs); ask again now that the guest agents are up.
     node = ctx.outcome.node = ctx.api.get_node(spec.zone.value, spec.node_name)
-    address = _check_reachable(ctx, node)
-    user = spec.ssh_user
-    if spec.emulated:
-        # An emulated OpenSSH host can only log in an existing account; it says which.
-        # Honoured for emulated runs only: a real VM's attributes never pick the user.
-        user = seen.get(EMULATOR_SSH_USER_ATTRIBUTE) or user
-    ctx.target = SshTarget(address, ssh_port_from(seen), user, host_key)
-    return f"{host_key.key_type} pinned for {address}:{ctx.target.port}"
+    addresses = _worker_addresses(ctx, node, hosts)
+    workers: list[Worker] = []
+    for index, (host_key, address) in enumerate(zip(keys, addresses, strict=True)):
+        seen = published[index]
+        user = spec.ssh_user
+        if spec.emulated:
+            # An emulated OpenSSH host can only log in an existing account; it says which.
+            # Honoured for emulated runs only: a real VM's attributes never pick the user.
+            user = seen.get(EMULATOR_SSH_USER_ATTRIBUTE) or user
+        workers.append(Worker(index, SshTarget(address, ssh_port_from(seen), user, host_key)))
+    ctx.workers = workers
+    first = workers[0].target
+    pinned = f"{first.host_key.key_type} pinned for {first.host}:{first.port}"
+    return pinned if hosts == 1 else f"{hosts} workers' host keys pinned; worker 0's {pinned}"
 
 
-def _check_reachable(ctx: RunContext, node: NodeInfo) -> str:
+def _worker_addresses(ctx: RunContext, node: NodeInfo, hosts: int) -> list[str]:
+    """Each worker's address (Node.networkEndpoints[i] is worker i); RemoteError when the
+    node reports fewer workers than its type has, which no SSH timeout should discover."""
+    if hosts == 1:
+        return [_check_reachable(ctx, node)]
+    if len(node.workers) < hosts:
+        raise RemoteError(
+            f"Node {node.name} ({node.accelerator_type}) reports {len(node.workers)} network "
+            f"endpoint(s), but a {ctx.spec.accelerator.name} has {hosts} workers.",
+            hint="The slice is not fully up; check it with `tpulab list`, and retry the run.",
+        )
+    return [
+        _check_reachable(ctx, node.model_copy(update=worker.model_dump()), worker=index)
+        for index, worker in enumerate(node.workers[:hosts])
+    ]
+
+
+def _check_reachable(ctx: RunContext, node: NodeInfo, worker: int | None = None) -> str:
     """The address SSH will use; RemoteError at once (not after the SSH timeouts) when the
-    node has none this machine can reach."""
+    node has none this machine can reach. `worker` names a slice's worker in errors."""
+    whose = node.name if worker is None else f"{node.name} (worker {worker})"
     if ctx.spec.internal_ip:
         if node.ip_address:
             return node.ip_address
         raise RemoteError(
-            f"Node {node.name} reports no internal IP address.",
+            f"Node {whose} reports no internal IP address.",
             hint="Check the node's network in the console; retry the run.",
         )
     if node.external_ip:
         return node.external_ip
     raise RemoteError(
-        f"Node {node.name} has no external IP, so this machine cannot reach it over SSH"
+        f"Node {whose} has no external IP, so this machine cannot reach it over SSH"
         + (f" (its internal address is {node.ip_address})." if node.ip_address else "."),
         hint="An organisation policy (constraints/compute.vmExternalIpAccess) or the "
         "network may forbid external IPs. Run from inside the VM's VPC with "

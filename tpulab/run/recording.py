@@ -70,6 +70,13 @@ __all__ = [
 PLACEHOLDER_NONCE = "PLACEHOLDER-NONCE-made-per-run"
 PLACEHOLDER_PUBLIC_KEY = "<PER-RUN-PUBLIC-KEY>"
 PLACEHOLDER_NODE_IP = "<NODE-IP>"
+
+
+def worker_ip_placeholder(worker: int) -> str:
+    """A slice's worker's address in a plan ("<WORKER-2-IP>")."""
+    return f"<WORKER-{worker}-IP>"
+
+
 PLACEHOLDER_SSH_PORT = "<EMULATOR-SSH-PORT>"
 # Shell-safe (shlex.quote leaves it alone), so a command line quotes it as a real path.
 PLACEHOLDER_REMOTE_HOME = "@REMOTE-HOME@"
@@ -374,11 +381,18 @@ class RecordingTransport:
             zone, node_id = _zone(name), name.split("/")[-1]
             raise NotFoundError(f"Node {node_id} in {zone} was not found.", status="NOT_FOUND")
         body = self.created
-        endpoint: Answer = {"ipAddress": PLACEHOLDER_NODE_IP}
-        if (body.get("networkConfig") or {}).get("enableExternalIps"):
-            # As the API answers: an external address only when the create asked for one.
-            endpoint["accessConfig"] = {"externalIp": PLACEHOLDER_NODE_IP}
-        return {**body, "name": name, "state": "READY", "networkEndpoints": [endpoint]}
+        external = (body.get("networkConfig") or {}).get("enableExternalIps")
+        hosts = self.recorder.spec.accelerator.hosts
+        endpoints: list[Answer] = []
+        for worker in range(hosts):
+            # One endpoint per worker VM (a slice's worker i at networkEndpoints[i]).
+            address = PLACEHOLDER_NODE_IP if hosts == 1 else worker_ip_placeholder(worker)
+            endpoint: Answer = {"ipAddress": address}
+            if external:
+                # As the API answers: an external address only when the create asked for one.
+                endpoint["accessConfig"] = {"externalIp": address}
+            endpoints.append(endpoint)
+        return {**body, "name": name, "state": "READY", "networkEndpoints": endpoints}
 
     def _guest_attributes(self, node: Answer) -> Answer:
         published = {HOST_KEY_ATTRIBUTE: _PLACEHOLDER_HOST_KEY}

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tpulab import paths
 from tpulab.errors import ConfigError, RemoteError
 from tpulab.remote import bootstrap as boot
 from tpulab.run.lease import LeaseRenewer, read_state
+from tpulab.run.workers import FanOut, Worker
 from tpulab.run.workload import WorkloadRunner
 
 if TYPE_CHECKING:
@@ -72,13 +73,22 @@ def validate_workload(ctx: RunContext) -> str:
 
 
 def open_ssh(ctx: RunContext) -> str:
-    """Open SSH with the run's key against the pinned host key (waits for sshd)."""
-    assert ctx.target is not None
-    assert ctx.key is not None
-    ctx.session = ctx.connect_ssh(ctx.target, ctx.key)
-    # Connections open lazily; opening here makes this phase own the waiting for sshd.
-    ctx.session.open()
-    return f"{ctx.target.user}@{ctx.target.host}:{ctx.target.port}"
+    """Open SSH with the run's key against each worker's pinned host key (waits for
+    sshd); a slice opens its workers' sessions at once."""
+    assert ctx.workers
+    key = ctx.key
+    assert key is not None
+
+    def connect(worker: Worker) -> str:
+        session = ctx.connect_ssh(worker.target, key)
+        worker.session = session
+        # Connections open lazily; opening here makes this phase own the waiting for sshd.
+        session.open()
+        target = worker.target
+        return f"{target.user}@{target.host}:{target.port}"
+
+    done = ctx.on_workers(connect, "connect")
+    return done.results[0] if len(done.results) == 1 else done.describe()
 
 
 def open_session(ctx: RunContext) -> str:
@@ -87,19 +97,26 @@ def open_session(ctx: RunContext) -> str:
 
 
 def arm_lease(ctx: RunContext) -> str:
-    """First lease renewal (ends the watchdog's boot grace), the renewer thread, and the
-    watchdog's state as the VM published it. Never fails the run."""
-    if ctx.watchdog is None:
+    """First lease renewal on every worker (ends its watchdog's boot grace: each worker
+    runs the startup-script, so each has a watchdog whose lease must be kept), the
+    renewer threads, and the watchdog's state as worker 0 published it. Never fails the
+    run."""
+    watchdog = ctx.watchdog
+    if watchdog is None:
         return "no watchdog (--no-watchdog)"
-    assert ctx.session is not None
-    ctx.renewer = LeaseRenewer(
-        ctx.session,
-        ctx.watchdog,
-        note=ctx.observer.note,
-        background=ctx.renew_in_background,
-        clock=ctx.clock,
-    )
-    ctx.renewer.start()
+
+    def renew(worker: Worker) -> None:
+        assert worker.session is not None
+        worker.renewer = LeaseRenewer(
+            worker.session,
+            watchdog,
+            note=ctx.observer.note,
+            background=ctx.renew_in_background,
+            clock=ctx.clock,
+        )
+        worker.renewer.start()
+
+    ctx.on_workers(renew, "lease")
     state = ctx.outcome.watchdog = read_state(
         ctx.api, ctx.spec.zone.value, ctx.spec.node_name, clock=ctx.clock, sleep=ctx.sleep
     )
@@ -108,47 +125,61 @@ def arm_lease(ctx: RunContext) -> str:
         fix = state.fix(ctx.spec.service_account)
         if fix:
             ctx.observer.note(fix)
-    return f"watchdog {state.describe()}; lease {ctx.watchdog.lease_seconds:g}s"
+    return f"watchdog {state.describe()}; lease {watchdog.lease_seconds:g}s"
 
 
 def bootstrap(ctx: RunContext) -> str:
-    """Ensure ~/jax-tpu-lab/.venv holds JAX for the platform (see bootstrap.py)."""
-    assert ctx.session is not None
+    """Ensure ~/jax-tpu-lab/.venv holds JAX for the platform on every worker, all at once
+    (see bootstrap.py: idempotent per worker). Worker 0's output is shown."""
     spec = ctx.spec
-    result = boot.bootstrap(
-        ctx.session,
-        platform=spec.platform,
-        installer=ctx.installer,
-        python=spec.python,
-        jax_version=spec.jax_version,
-        timeout=spec.timeouts.bootstrap,
-        on_line=ctx.on_line,
-        note=ctx.observer.note,
-        clock=ctx.clock,
-    )
-    ctx.outcome.bootstrap = result
+
+    def install(worker: Worker) -> boot.BootstrapResult:
+        assert worker.session is not None
+        first = worker.index == 0
+        return boot.bootstrap(
+            worker.session,
+            platform=spec.platform,
+            installer=ctx.installer,
+            python=spec.python,
+            jax_version=spec.jax_version,
+            timeout=spec.timeouts.bootstrap,
+            on_line=ctx.on_line if first else None,
+            note=ctx.observer.note if first else _quiet,
+            clock=ctx.clock,
+        )
+
+    done = ctx.on_workers(install, "bootstrap")
+    result = ctx.outcome.bootstrap = done.results[0]
     jax = result.versions.get("jax") or "?"
     python = result.versions.get("python") or "?"
-    return f"{result.venv_path}; install {result.install}; python {python}, jax {jax}"
+    detail = f"{result.venv_path}; install {result.install}; python {python}, jax {jax}"
+    return _with_workers(detail, done)
 
 
 def stage(ctx: RunContext) -> str:
-    """Upload the payload, check its sha256, remove any receipt a past run left."""
-    assert ctx.session is not None
-    local = ctx.stage_file(ctx.payload_bytes, boot.STAGED_PAYLOAD, "payload")
-    ctx.session.run(["rm", "-f", boot.RECEIPT_PATH], timeout=60, check=True)
-    return f"{len(ctx.payload_bytes)} bytes, sha256 {local[:12]}"
+    """Upload the payload to every worker, check its sha256, remove any receipt a past
+    run left."""
+
+    def put(worker: Worker) -> str:
+        assert worker.session is not None
+        local = ctx.stage_file(ctx.payload_bytes, boot.STAGED_PAYLOAD, "payload", worker.session)
+        worker.session.run(["rm", "-f", boot.RECEIPT_PATH], timeout=60, check=True)
+        return local
+
+    done = ctx.on_workers(put, "stage")
+    return _with_workers(f"{len(ctx.payload_bytes)} bytes, sha256 {done.results[0][:12]}", done)
 
 
 def execute(ctx: RunContext) -> str:
-    """Run the payload with JAX_PLATFORMS set, our nonce and the payload timeout.
+    """Run the payload with JAX_PLATFORMS set, our nonce and the payload timeout; on a
+    slice, on every worker at once (its JAX joins the others through
+    jax.distributed.initialize), worker 0's output shown.
 
     A non-zero exit is not raised here: the payload writes a receipt naming its error,
     which `collect` and `verify` bring back and keep first.
     """
     from tpulab.remote.payload import payload_command, payload_env
 
-    assert ctx.session is not None
     spec = ctx.spec
     argv = payload_command(
         boot.VENV_PYTHON,
@@ -157,43 +188,82 @@ def execute(ctx: RunContext) -> str:
         nonce=ctx.nonce,
         out=boot.RECEIPT_PATH,
         emulated=spec.emulated,
+        **({"hosts": spec.accelerator.hosts} if spec.accelerator.hosts > 1 else {}),
     )
     env = payload_env(spec.platform, spec.accelerator.devices_per_host)
 
-    def on_line(stream: str, line: str) -> None:
-        if len(ctx.payload_output) < _OUTPUT_LINES:
-            ctx.payload_output.append(line)
-        ctx.on_line(stream, line)
+    def run(worker: Worker) -> int:
+        assert worker.session is not None
+        kept = worker.payload_output
+        shown = ctx.on_line if worker.index == 0 else None
 
-    result = ctx.session.run(argv, env=env, timeout=spec.timeouts.payload, on_line=on_line)
-    ctx.outcome.payload_exit = result.exit_status
-    if not ctx.payload_output:
-        both = result.stdout + "\n" + result.stderr
-        ctx.payload_output = both.splitlines()[-_OUTPUT_LINES:]
-    return f"exit {result.exit_status}"
+        def on_line(stream: str, line: str) -> None:
+            if len(kept) < _OUTPUT_LINES:
+                kept.append(line)
+            if shown is not None:
+                shown(stream, line)
+
+        result = worker.session.run(argv, env=env, timeout=spec.timeouts.payload, on_line=on_line)
+        worker.payload_exit = result.exit_status
+        if not kept:
+            both = result.stdout + "\n" + result.stderr
+            kept.extend(both.splitlines()[-_OUTPUT_LINES:])
+        return result.exit_status
+
+    done = ctx.on_workers(run, "execute")
+    ctx.outcome.payload_exit = _worst(done.results)
+    return _with_workers(f"exit {ctx.outcome.payload_exit}", done)
 
 
 def collect(ctx: RunContext) -> str:
-    """Fetch the receipt file (sha256-checked by the transfer), bounded in size."""
+    """Fetch every worker's receipt file (sha256-checked by the transfer), bounded in
+    size. A single host without one fails here; a slice's missing receipt is judged
+    (and named) by `verify` with the others."""
     from tpulab.evidence.judge import payload_failure
     from tpulab.evidence.receipt import MAX_RECEIPT_BYTES
 
-    assert ctx.session is not None
-    # The bytes go to memory and then to the receipt store; the download is scratch.
-    with tempfile.TemporaryDirectory(prefix="tpulab-receipt-") as scratch:
-        local = Path(scratch) / "receipt.json"
-        try:
-            ctx.session.get(boot.RECEIPT_PATH, local, max_bytes=MAX_RECEIPT_BYTES)
-        except RemoteError as error:
-            raise payload_failure(
-                "wrote no receipt",
-                f"fetching {boot.RECEIPT_PATH} failed: {error.message}",
-                exit_status=ctx.outcome.payload_exit,
-                output=ctx.payload_output,
-                where="vm",
-            ) from None
-        ctx.raw_receipt = local.read_bytes()
-    return f"{len(ctx.raw_receipt)} bytes"
+    slice_run = len(ctx.workers) > 1
+
+    def fetch(worker: Worker) -> int:
+        assert worker.session is not None
+        # The bytes go to memory and then to the receipt store; the download is scratch.
+        with tempfile.TemporaryDirectory(prefix="tpulab-receipt-") as scratch:
+            local = Path(scratch) / "receipt.json"
+            try:
+                worker.session.get(boot.RECEIPT_PATH, local, max_bytes=MAX_RECEIPT_BYTES)
+            except RemoteError as error:
+                if slice_run:
+                    worker.payload_output.append(f"fetching {boot.RECEIPT_PATH}: {error.message}")
+                    return 0
+                raise payload_failure(
+                    "wrote no receipt",
+                    f"fetching {boot.RECEIPT_PATH} failed: {error.message}",
+                    exit_status=worker.payload_exit,
+                    output=worker.payload_output,
+                    where="vm",
+                ) from None
+            worker.raw_receipt = local.read_bytes()
+        return len(worker.raw_receipt)
+
+    done = ctx.on_workers(fetch, "collect")
+    if not slice_run:
+        return f"{done.results[0]} bytes"
+    got = sum(1 for worker in ctx.workers if worker.raw_receipt is not None)
+    return f"{got}/{len(ctx.workers)} receipts, {sum(done.results)} bytes"
+
+
+def _quiet(_message: str) -> None:
+    """A non-zero worker's notes: worker 0's say the same about the same image."""
+
+
+def _with_workers(detail: str, done: FanOut[Any]) -> str:
+    said = done.describe()
+    return f"{detail}; {said}" if said else detail
+
+
+def _worst(statuses: list[int]) -> int:
+    """A slice's payload status: the first non-zero one (0 only if every worker's was)."""
+    return next((status for status in statuses if status != 0), 0)
 
 
 def verify(ctx: RunContext) -> str:
@@ -205,14 +275,16 @@ def verify(ctx: RunContext) -> str:
     from tpulab.evidence.receipt import expectation_for
 
     spec = ctx.spec
+    worker = ctx.workers[0]
+    raw = worker.raw_receipt or b""
     expectation = expectation_for(spec.accelerator.name, emulated=spec.emulated, nonce=ctx.nonce)
-    judgement = (ctx.judge or judge)(ctx.raw_receipt, expectation)
-    _keep(ctx, judgement, expectation)
+    judgement = (ctx.judge or judge)(raw, expectation)
+    _keep(ctx, raw, judgement, expectation)
     problem = failure_of(
         judgement,
         expectation,
         payload_exit=ctx.outcome.payload_exit,
-        output=ctx.payload_output,
+        output=worker.payload_output,
         where="vm",
     )
     if problem is not None:
@@ -220,7 +292,7 @@ def verify(ctx: RunContext) -> str:
     return f"VERIFIED: {expectation.describe()}"
 
 
-def _keep(ctx: RunContext, judgement: Judgement, expectation: Expectation) -> None:
+def _keep(ctx: RunContext, raw: bytes, judgement: Judgement, expectation: Expectation) -> None:
     from tpulab.evidence.store import Provenance, Source
 
     spec = ctx.spec
@@ -235,7 +307,5 @@ def _keep(ctx: RunContext, judgement: Judgement, expectation: Expectation) -> No
         payload_exit_status=ctx.outcome.payload_exit,
     )
     ctx.outcome.judgement = judgement
-    ctx.outcome.receipt = ctx.receipt_store().keep(
-        ctx.raw_receipt, expectation, judgement, provenance
-    )
+    ctx.outcome.receipt = ctx.receipt_store().keep(raw, expectation, judgement, provenance)
     ctx.milestone("receipt_saved")
