@@ -125,15 +125,27 @@ IDLE_REPORT = BUSY_MARKER + "none\n"
 
 
 def workload_env(
-    platform: str, devices: int, run_id: str, extra: Iterable[tuple[str, str]] = ()
+    platform: str,
+    devices: int,
+    run_id: str,
+    extra: Iterable[tuple[str, str]] = (),
+    *,
+    worker: int = 0,
+    workers: int = 1,
 ) -> dict[str, str]:
     """What the command's environment gets: the platform the verifier proved, named
     twice as the course expects (JAX_PLATFORMS, COURSE_EXPECT_PLATFORM), the device
     count flag on an emulated (CPU) node exactly as the payload had it, the run id and
-    the user's --env. TPULAB_RUN_DIR is set by the launcher (an absolute path there)."""
+    the user's --env; on a slice, which worker this is of how many (TPULAB_WORKER_ID,
+    TPULAB_NUM_WORKERS: `jax.distributed.initialize(num_processes=, process_id=)` where
+    JAX cannot find them itself). TPULAB_RUN_DIR is set by the launcher (an absolute
+    path there)."""
     env = payload_env(platform, devices)
     env["COURSE_EXPECT_PLATFORM"] = platform
     env["TPULAB_RUN_ID"] = run_id
+    if workers > 1:
+        env["TPULAB_WORKER_ID"] = str(worker)
+        env["TPULAB_NUM_WORKERS"] = str(workers)
     env.update(extra)
     return env
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tpulab import paths
 from tpulab.errors import (
@@ -38,6 +38,7 @@ from tpulab.errors import (
 from tpulab.remote import bootstrap as boot
 from tpulab.remote import workload as wl
 from tpulab.run.progress import COMMAND_STREAM, Phase
+from tpulab.run.workers import FanOut, Worker, fan_out
 
 if TYPE_CHECKING:
     from tpulab.config.requirements import RequirementsFile
@@ -78,6 +79,10 @@ class WorkloadOutcome:
     fetch_problem: str | None = None  # why nothing (or not everything) came back
     kept: Manifest | None = None  # what a fetch cut short kept (files that fully arrived)
     output_tail: list[str] = field(default_factory=list)
+    # A slice: each worker's exit status (None: timed out, stopped or never reported), and
+    # the worker whose command failed first (the others were stopped then).
+    worker_exits: list[int | None] = field(default_factory=list)
+    failed_worker: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -203,64 +208,115 @@ class WorkloadRunner:
         return error
 
     def sync(self) -> str:
-        """Stage the launcher (sha256-checked) and upload the workspace as one archive."""
+        """Stage the launcher (sha256-checked) and upload the workspace as one archive,
+        to every worker at once."""
         from tpulab.remote.workspace import upload_workspace
 
-        session = self.life.session
-        assert session is not None
-        assert self.selection is not None
-        self.life.stage_file(self.launcher, wl.STAGED_LAUNCHER, "workload launcher")
-        uploaded = upload_workspace(
-            session,
-            self.selection,
-            wl.WORKSPACE_DIR,
-            timeout=_transfer_timeout(self.selection.total_bytes),
-        )
-        self.outcome.upload = uploaded
-        return f"{uploaded.describe()} into ~/{wl.WORKSPACE_DIR}"
+        life = self.life
+        selection = self.selection
+        assert selection is not None
+
+        def up(worker: Worker) -> UploadResult:
+            assert worker.session is not None
+            life.stage_file(self.launcher, wl.STAGED_LAUNCHER, "workload launcher", worker.session)
+            return upload_workspace(
+                worker.session,
+                selection,
+                wl.WORKSPACE_DIR,
+                timeout=_transfer_timeout(selection.total_bytes),
+            )
+
+        done = life.on_workers(up, "sync")
+        uploaded = self.outcome.upload = done.results[0]
+        return _with_workers(f"{uploaded.describe()} into ~/{wl.WORKSPACE_DIR}", done)
 
     def install(self) -> str:
-        """The user's extras into the venv, after jax; a no-op on a ready venv."""
+        """The user's extras into the venv, after jax, on every worker at once; a no-op
+        on a ready venv. Worker 0's output is shown."""
         life = self.life
-        session = life.session
-        assert session is not None
         extras = self.extras
-        if extras.staged:
-            assert extras.requirements_text is not None
-            data = extras.requirements_text.encode("utf-8")
-            life.stage_file(data, boot.STAGED_REQUIREMENTS, "requirements file")
-        result = boot.install_extras(
-            session,
-            extras,
-            installer=life.installer,
-            timeout=life.spec.timeouts.bootstrap,
-            on_line=life.on_line,
-            note=life.observer.note,
-            clock=life.clock,
-        )
-        self.outcome.extras = result
+
+        def add(worker: Worker) -> boot.ExtrasResult:
+            assert worker.session is not None
+            if extras.staged:
+                assert extras.requirements_text is not None
+                data = extras.requirements_text.encode("utf-8")
+                life.stage_file(data, boot.STAGED_REQUIREMENTS, "requirements file", worker.session)
+            first = worker.index == 0
+            return boot.install_extras(
+                worker.session,
+                extras,
+                installer=life.installer,
+                timeout=life.spec.timeouts.bootstrap,
+                on_line=life.on_line if first else None,
+                note=life.observer.note if first else _quiet,
+                clock=life.clock,
+            )
+
+        done = life.on_workers(add, "install")
+        result = self.outcome.extras = done.results[0]
         if life.outcome.bootstrap is not None:
             life.outcome.bootstrap.extras = result
         versions = ", ".join(f"{k} {v}" for k, v in sorted(result.versions.items()))
-        return f"{extras.describe()}: {result.install}; {versions}"
+        return _with_workers(f"{extras.describe()}: {result.install}; {versions}", done)
 
     def command(self) -> str:
-        """Run the command in the synced workspace with the verified platform's env."""
+        """Run the command in the synced workspace with the verified platform's env: on
+        every worker of a slice at once, worker 0's output streamed (each worker's is in
+        its output.log, fetched). Fail-fast: the first worker whose command fails, times
+        out or cannot start stops the others (MaxText's multihost_runner and xpk's
+        `backoffLimit: 0` do the same: a slice's program is one program)."""
         life = self.life
-        session = life.session
+        workers = life.workers
+        self.outcome.started = True
+        if len(workers) == 1:
+            report = self._run_on(workers[0], self.outcome.output_tail)
+            self._take(report)
+            return self._said(report)
+        tails: list[list[str]] = [[] for _ in workers]
+        reports: list[wl.LaunchReport | None] = [None] * len(workers)
+
+        def run(worker: Worker) -> wl.LaunchReport:
+            report = reports[worker.index] = self._run_on(worker, tails[worker.index])
+            if report.timed_out or not report.started or report.exit_status != 0:
+                raise _WorkerCommandFailed(worker.index)
+            return report
+
+        try:
+            done = life.on_workers(run, "workload")
+        except _WorkerCommandFailed as failed:
+            first = failed.worker
+            self.outcome.failed_worker = first
+            self.outcome.output_tail[:] = tails[first]
+            self._stop(others_than=first)
+            failing = reports[first]
+            assert failing is not None
+            self._take(failing)
+            self.outcome.worker_exits = [_exit_of(r) for r in reports]
+            return f"worker {first} of {len(workers)}: {self._said(failing)}; the others stopped"
+        self.outcome.output_tail[:] = tails[0]
+        self.outcome.worker_exits = [_exit_of(r) for r in done.results]
+        self._take(done.results[0])
+        self.outcome.seconds = max(r.seconds or 0.0 for r in done.results)
+        return _with_workers(self._said(done.results[0]), done)
+
+    def _run_on(self, worker: Worker, tail: list[str]) -> wl.LaunchReport:
+        """The command on one worker through the launcher; its report (RemoteError when
+        the launcher could not even report). Worker 0's lines go to the terminal."""
+        life = self.life
+        session = worker.session
         assert session is not None
-        workload = self.workload
-        argv, env, ssh_timeout = self._launch()
-        tail = self.outcome.output_tail
+        argv, env, ssh_timeout = self._launch(worker.index)
+        shown = worker.index == 0
 
         def on_line(stream: str, line: str) -> None:
             if stream == "stderr" and line.startswith(wl.WORKLOAD_MARKER):
                 return  # the launcher's report, parsed below
             tail.append(line)
             del tail[:-_OUTPUT_TAIL_LINES]
-            life.observer.remote_output(COMMAND_STREAM if stream == "stdout" else stream, line)
+            if shown:
+                life.observer.remote_output(COMMAND_STREAM if stream == "stdout" else stream, line)
 
-        self.outcome.started = True
         result = session.run(argv, env=env, timeout=ssh_timeout, on_line=on_line)
         report = wl.parse_launch_report(result.stderr)
         if report is None:
@@ -271,54 +327,71 @@ class WorkloadRunner:
                 "without reporting on your command.",
                 hint="Its output: " + (result.stderr.strip()[-300:] or "(none)"),
             )
-        if report.unstreamed_lines:
+        if report.unstreamed_lines and shown:
             life.observer.note(
                 f"{report.unstreamed_lines} lines of output were not streamed (this end "
                 "fell behind; the command was not slowed): see output.log"
             )
+        return report
+
+    def _take(self, report: wl.LaunchReport) -> None:
         self.outcome.exit_status = report.exit_status if not report.timed_out else None
         self.outcome.timed_out = report.timed_out
         self.outcome.seconds = report.seconds
         if not report.started:
             self.outcome.exit_status = report.exit_status
-            return f"could not start {workload.command[0]!r} (exit {report.exit_status})"
+
+    def _said(self, report: wl.LaunchReport) -> str:
+        if not report.started:
+            return f"could not start {self.workload.command[0]!r} (exit {report.exit_status})"
         if report.timed_out:
-            return f"killed on the VM after its {workload.timeout:g} s --timeout"
+            return f"killed on the VM after its {self.workload.timeout:g} s --timeout"
         return f"exit {report.exit_status} after {report.seconds or 0:.1f} s"
 
-    def _launch(self) -> tuple[list[str], dict[str, str], float]:
+    def _launch(self, worker: int = 0) -> tuple[list[str], dict[str, str], float]:
         """The launcher's argv, the command's environment and the SSH wrapper's limit:
-        what `command` sends, and what `validate` measures."""
+        what `command` sends (to each worker), and what `validate` measures."""
         spec, workload = self.life.spec, self.workload
         env = wl.workload_env(
-            spec.platform, spec.accelerator.devices_per_host, spec.run_id, workload.env
+            spec.platform,
+            spec.accelerator.devices_per_host,
+            spec.run_id,
+            workload.env,
+            worker=worker,
+            workers=spec.accelerator.hosts,
         )
         argv = wl.launch_command(workload.command, timeout=workload.timeout)
         return argv, env, workload.timeout + wl.LAUNCH_SLACK_SECONDS
 
     def fetch(self, timeout: float) -> str:
-        """The run dir, the log and the --fetch patterns into --out, checked file by file."""
+        """The run dir, the log and the --fetch patterns into --out, checked file by file;
+        a slice's workers' into <out>/worker-N/ each, at once (each worker's own cap)."""
         from tpulab.remote.workspace import fetch_artifacts
 
-        session = self.life.session
-        assert session is not None
         workload = self.workload
-        manifest = fetch_artifacts(
-            session,
-            workspace=wl.WORKSPACE_DIR,
-            patterns=workload.fetch,
-            run_dir=wl.RUN_DIR,
-            log_path=wl.LOG_PATH,
-            out=workload.out,
-            max_bytes=workload.max_fetch,
-            timeout=timeout,
-            kept=self._kept,
-        )
-        self.outcome.fetch = manifest
+        workers = self.life.workers
+        slice_run = len(workers) > 1
+
+        def bring(worker: Worker) -> Manifest:
+            assert worker.session is not None
+            return fetch_artifacts(
+                worker.session,
+                workspace=wl.WORKSPACE_DIR,
+                patterns=workload.fetch,
+                run_dir=wl.RUN_DIR,
+                log_path=wl.LOG_PATH,
+                out=workload.out / worker_dir(worker.index) if slice_run else workload.out,
+                max_bytes=workload.max_fetch,
+                timeout=timeout,
+                kept=None if slice_run else self._kept,
+            )
+
+        done = self.life.on_workers(bring, "fetch")
+        manifest = self.outcome.fetch = done.results[0] if not slice_run else _merged(done.results)
         missing = f"; nothing matched {', '.join(manifest.missing)}" if manifest.missing else ""
+        where = f"{workload.out}" + (f"/worker-0..{len(workers) - 1}" if slice_run else "")
         return (
-            f"{manifest.count} files, {manifest.total_bytes / 2**20:.1f} MiB into "
-            f"{workload.out}{missing}"
+            f"{manifest.count} files, {manifest.total_bytes / 2**20:.1f} MiB into {where}{missing}"
         )
 
     def _kept(self, manifest: Manifest) -> None:
@@ -342,8 +415,15 @@ class WorkloadRunner:
                 hint="Give it longer with --timeout, or make it checkpoint and resume.",
             )
         if outcome.exit_status not in (0, None):
+            where = "the verified VM"
+            if outcome.failed_worker is not None:
+                count = len(outcome.worker_exits)
+                where = (
+                    f"worker {outcome.failed_worker} of {count} (the first to fail; the "
+                    "others were stopped)"
+                )
             return WorkloadFailedError(
-                f"Your command exited with status {outcome.exit_status} on the verified VM. "
+                f"Your command exited with status {outcome.exit_status} on {where}. "
                 f"Its log and run directory were fetched into {self.workload.out}.",
                 exit_status=outcome.exit_status,
                 output_tail=tail,
@@ -375,17 +455,70 @@ class WorkloadRunner:
                         f"could not fetch the artifacts after {why}: {self.outcome.fetch_problem}"
                     )
 
-    def _stop(self) -> None:
-        session = self.life.session
-        assert session is not None
-        result = session.run(wl.stop_command(), timeout=_STOP_TIMEOUT)
-        said = next(
-            (line for line in result.stdout.splitlines() if line.startswith("TPULAB_STOP ")),
-            "TPULAB_STOP (no answer)",
-        )
-        self.life.observer.note(
-            f"your command was stopped on the VM ({said.removeprefix('TPULAB_STOP ')})"
-        )
+    def _stop(self, others_than: int | None = None) -> None:
+        """Stop the command on every worker (but `others_than`, whose command has ended),
+        at once; each says what it stopped."""
+        life = self.life
+        targets = [w for w in life.workers if w.index != others_than]
+
+        def stop(worker: Worker) -> str:
+            assert worker.session is not None
+            result = worker.session.run(wl.stop_command(), timeout=_STOP_TIMEOUT)
+            said = next(
+                (line for line in result.stdout.splitlines() if line.startswith("TPULAB_STOP ")),
+                "TPULAB_STOP (no answer)",
+            )
+            return said.removeprefix("TPULAB_STOP ")
+
+        said = fan_out(targets, stop, what="stop", max_parallel=life.parallel_workers).results
+        if len(life.workers) == 1:
+            life.observer.note(f"your command was stopped on the VM ({said[0]})")
+            return
+        for worker, answer in zip(targets, said, strict=True):
+            life.observer.note(f"your command was stopped on worker {worker.index} ({answer})")
+
+
+class _WorkerCommandFailed(Exception):
+    """A slice worker's command failed: ends the fan-out at once (fail-fast)."""
+
+    def __init__(self, worker: int) -> None:
+        super().__init__(f"worker {worker}'s command failed")
+        self.worker = worker
+
+
+def worker_dir(worker: int) -> str:
+    """Where a slice worker's artifacts land under --out."""
+    return f"worker-{worker}"
+
+
+def _exit_of(report: wl.LaunchReport | None) -> int | None:
+    if report is None or report.timed_out:
+        return None
+    return report.exit_status
+
+
+def _merged(manifests: list[Manifest]) -> Manifest:
+    """A slice's fetch as one manifest: each worker's entries under worker-N/."""
+    from tpulab.remote.workspace import Manifest, ManifestEntry
+
+    entries = tuple(
+        ManifestEntry(f"{worker_dir(w)}/{e.path}", e.bytes, e.sha256)
+        for w, manifest in enumerate(manifests)
+        for e in manifest.entries
+    )
+    missing = tuple(
+        f"{worker_dir(w)}: {m}" for w, manifest in enumerate(manifests) for m in manifest.missing
+    )
+    return Manifest(entries, missing)
+
+
+def _with_workers(detail: str, done: FanOut[Any]) -> str:
+    said = done.describe()
+    return f"{detail}; {said}" if said else detail
+
+
+def _quiet(_message: str) -> None:
+    """A non-zero worker's installer notes: worker 0's say the same of the same image."""
 
 
 def extras_for(workload: WorkloadSpec) -> boot.Extras:
