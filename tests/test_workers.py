@@ -78,7 +78,7 @@ def test_one_at_a_time_runs_in_worker_order_on_the_callers_thread() -> None:
             raise RemoteError("refused")
         return worker
 
-    with pytest.raises(RemoteError, match="^worker 1: refused$"):
+    with pytest.raises(RemoteError, match=r"^worker 1: refused$"):
         fan_out(range(3), step, what="test", max_parallel=1)
     assert order == [(0, caller), (1, caller)]  # stopped at the first failure
 

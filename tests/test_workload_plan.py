@@ -29,6 +29,7 @@ from tpulab.config.workload import WorkloadSpec
 from tpulab.remote.cmdline import remote_command
 from tpulab.remote.keys import RunKey, SshTarget
 from tpulab.remote.ssh import RunResult
+from tpulab.remote.tpu_release import release_command
 from tpulab.remote.workload import STAGED_LAUNCHER, WORKSPACE_DIR
 from tpulab.run.plan import build_plan
 from tpulab.run.progress import Phase
@@ -149,8 +150,13 @@ def test_dry_run_of_a_command_sends_what_an_emulated_run_sends(
     assert "streams 2 files" in upload.detail
     assert "job.py" in upload.detail
     assert "data/table.csv" in upload.detail
-    command = next(s for s in steps if s.phase == "workload")
+    workload_steps = [s for s in steps if s.phase == "workload" and s.argv]
+    # First the stale-TPU release (a node this run made: nothing of the user's on it),
+    # then the command through the staged launcher.
+    release, command = workload_steps
+    assert release.argv == release_command()
     assert command.argv is not None
+    assert command.argv[1].endswith(STAGED_LAUNCHER)
     assert command.argv[command.argv.index("--") + 1 :] == list(spec.workload.command)  # type: ignore[union-attr]
     assert command.env is not None
     assert command.env["MY_SETTING"] == "x y"

@@ -262,6 +262,9 @@ class AttachedRun(RunContext):
         self.watchdog = attachment.watchdog
         self.outcome.session = attachment.session
         self.outcome.gate_receipt_id = attachment.receipt_id
+        # A holder of the session's TPU may be the user's own work: the busy check
+        # refuses instead (Attachment.check_not_busy), nothing is killed.
+        self.frees_stale_tpu = False
 
     def run(self) -> RunOutcome:
         """Raises the first failure (KeyboardInterrupt as InterruptedRun, a failed command

@@ -137,6 +137,9 @@ class RunContext:
         self.preemption_wait = preemption_wait
         # How many of a slice's workers a step runs on at once (a dry run: 1, in order).
         self.parallel_workers = parallel_workers
+        # Before the command, kill what still holds the TPU (tpulab.remote.tpu_release):
+        # only on a node this run made; on a session's node a holder may be the user's.
+        self.frees_stale_tpu = True
         # What the phases learn, in order.
         self.outcome = RunOutcome(spec)
         self.nonce = ""

@@ -53,6 +53,7 @@ from tpulab.remote import bootstrap as boot
 from tpulab.remote import workload as wl
 from tpulab.remote.cmdline import SHA256_TIMEOUT, remote_command, remote_path, sha256_command
 from tpulab.remote.keys import RunKey, SshTarget
+from tpulab.remote.tpu_release import RELEASE_MARKER, release_command
 from tpulab.remote.workspace import planned_answer
 from tpulab.run.progress import Phase, TeardownStatus
 from tpulab.run.record import RUN_RECORD_NAME, RunRecord
@@ -616,6 +617,8 @@ class RecordingSession:
             )
         if argv == wl.busy_command():  # an exec's check: a kept node where nothing runs
             return _Reply(wl.IDLE_REPORT)
+        if argv == release_command():  # a fresh node: nothing holds its TPU
+            return _Reply(RELEASE_MARKER + "killed= refused= lockfile=no\n")
         if argv[:2] == [boot.VENV_PYTHON, wl.STAGED_LAUNCHER]:
             report = {"exit_status": 0, "started": True, "timed_out": False, "stopped": None}
             return _Reply(stderr=wl.WORKLOAD_MARKER + json.dumps(report) + "\n")

@@ -308,6 +308,8 @@ class WorkloadRunner:
         assert session is not None
         argv, env, ssh_timeout = self._launch(worker.index)
         shown = worker.index == 0
+        if life.frees_stale_tpu:
+            self._free_tpu(worker)
 
         def on_line(stream: str, line: str) -> None:
             if stream == "stderr" and line.startswith(wl.WORKLOAD_MARKER):
@@ -333,6 +335,27 @@ class WorkloadRunner:
                 "fell behind; the command was not slowed): see output.log"
             )
         return report
+
+    def _free_tpu(self, worker: Worker) -> None:
+        """Kill what still holds the TPU and remove libtpu's lock file, as MaxText does
+        before each launch (tpulab.remote.tpu_release), and say so when it did anything."""
+        from tpulab.remote.tpu_release import parse_release_report, release_command
+
+        assert worker.session is not None
+        result = worker.session.run(release_command(), timeout=60)
+        try:
+            release = parse_release_report(result.stdout)
+        except ValueError:
+            self.life.observer.note(
+                f"could not check for a stale TPU holder on worker {worker.index} "
+                f"(exit {result.exit_status}); starting the command anyway"
+            )
+            return
+        if release.anything:
+            where = "the VM" if len(self.life.workers) == 1 else f"worker {worker.index}"
+            self.life.observer.note(
+                f"freed the TPU on {where} before your command: {release.describe()}"
+            )
 
     def _take(self, report: wl.LaunchReport) -> None:
         self.outcome.exit_status = report.exit_status if not report.timed_out else None
