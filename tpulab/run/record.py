@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from tpulab.catalog import PRICE_DATE
 from tpulab.envelope import Envelope, ErrorReport
@@ -94,6 +94,11 @@ class WorkloadSummary(_Part):
     fetch_problem: str | None
     extras_install: str | None
     extras: dict[str, str | None]
+    # A slice (more than one worker): each worker's exit status in worker order (None:
+    # stopped or never started), and the first whose command failed, which stopped the
+    # others. A single host: [its status] and None.
+    worker_exits: list[int | None] = Field(default_factory=list)
+    failed_worker: int | None = None
 
 
 class RunRecord(Envelope):
@@ -116,6 +121,9 @@ class RunRecord(Envelope):
     versions: dict[str, str | None]
     workload: WorkloadSummary
     phase_seconds: dict[str, float]
+    # A slice: seconds each worker took in every step run on all of them, in worker order
+    # ("bootstrap": [41.2, 38.0, ...]); empty for a single host.
+    worker_seconds: dict[str, list[float]] = Field(default_factory=dict)
     upload: list[FileEntry]  # the whole workspace on the VM after the sync
     fetch: list[FileEntry]
     upload_sent: list[FileEntry] | None = None  # what went over the wire (None: see above)
@@ -160,6 +168,8 @@ def workload_summary(workload: WorkloadOutcome) -> WorkloadSummary:
         fetch_problem=workload.fetch_problem,
         extras_install=workload.extras.install if workload.extras else None,
         extras=dict(workload.extras.versions) if workload.extras else {},
+        worker_exits=list(workload.worker_exits),
+        failed_worker=workload.failed_worker,
     )
 
 
@@ -221,6 +231,7 @@ def run_record(
         versions=dict(boot.versions) if boot else {},
         workload=workload_summary(workload),
         phase_seconds={k: round(v, 3) for k, v in outcome.phase_seconds.items()},
+        worker_seconds=dict(outcome.worker_seconds),
         upload=_entries(workload.upload.manifest if workload.upload else None),
         fetch=_entries(workload.fetch or workload.kept),  # what is in `out`
         upload_sent=_entries(workload.upload.sent) if workload.upload else None,

@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from tpulab.catalog import PRICE_DATE
 from tpulab.config import Mode
@@ -124,6 +124,9 @@ class RunEnvelope(Envelope):
     seconds: float
     api_calls: int
     phases: list[PhaseSummary]
+    # A slice: seconds each worker took in every step run on all of them, in worker order
+    # ("bootstrap": [41.2, 38.0, ...]); empty for a single host.
+    worker_seconds: dict[str, list[float]] = Field(default_factory=dict)
     bootstrap: BootstrapSummary | None
     receipt: ReceiptSummary
     teardown: TeardownSummary
@@ -190,6 +193,7 @@ def run_envelope(
             PhaseSummary(phase=p.phase.value, seconds=round(p.seconds, 3), ok=p.ok, detail=p.detail)
             for p in recorder.phases
         ],
+        worker_seconds=dict(outcome.worker_seconds),
         bootstrap=None
         if boot is None
         else BootstrapSummary(venv=boot.venv_path, install=boot.install, versions=boot.versions),
@@ -362,6 +366,7 @@ def summary_lines(
         lines.extend(_attempt_lines(attempts))
     if outcome.bootstrap is not None:
         lines.extend(_bootstrap_lines(outcome, laptop_jax))
+    lines.extend(_worker_lines(outcome))
     verdict = outcome.verdict
     style = "bold green" if outcome.judgement and outcome.judgement.verified else "bold red"
     shown = str(verdict).upper() if verdict else "NOT COLLECTED"
@@ -416,6 +421,22 @@ def summary_lines(
         ]
     )
     return lines
+
+
+def _worker_lines(outcome: RunOutcome) -> list[Line]:
+    """A slice's workers: per step run on all of them, the slowest worker and the spread
+    (a worker far behind the others is what a user looks for); nothing for one host."""
+    if not outcome.worker_seconds:
+        return []
+    steps = []
+    for step, seconds in outcome.worker_seconds.items():
+        slowest = max(range(len(seconds)), key=seconds.__getitem__)
+        steps.append(f"{step} w{slowest} {seconds[slowest]:.1f}s (fastest {min(seconds):.1f}s)")
+    hosts = max(len(seconds) for seconds in outcome.worker_seconds.values())
+    return [
+        [("  workers   ", "dim"), (f"{hosts}", ""), ("; slowest per step: ", "dim")],
+        *([("              ", ""), (step, "")] for step in steps),
+    ]
 
 
 def _delete_attempts(outcome: RunOutcome) -> int:
