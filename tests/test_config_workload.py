@@ -121,6 +121,7 @@ def test_every_flag_lands_in_the_spec_with_its_source(tmp_path: Path) -> None:
         ("--max-fetch", "--max-fetch"),
         ("--timeout", "--timeout"),
         ("--quiet", "--quiet"),
+        ("--all-output", "--all-output"),
     ],
 )
 def test_workload_flags_without_a_command_are_refused(
@@ -138,6 +139,7 @@ def test_workload_flags_without_a_command_are_refused(
         "--max-fetch": ("max_fetch", "1G"),
         "--timeout": ("timeout", 5.0),
         "--quiet": ("quiet", True),
+        "--all-output": ("all_output", True),
     }[option]
     with pytest.raises(ConfigError, match=f"{value} needs a command after --"):
         workload_spec(tmp_path, command=(), **{field[0]: field[1]})
@@ -312,3 +314,11 @@ def test_bad_exclude_patterns_are_refused_from_the_flag_and_the_file(
 )
 def test_good_exclude_patterns_pass_as_written(pattern: str) -> None:
     assert check_exclude_pattern(pattern) == pattern
+
+
+def test_all_output_is_kept_and_refused_beside_quiet(tmp_path: Path) -> None:
+    spec = workload_spec(tmp_path, all_output=True)
+    assert spec.workload is not None
+    assert spec.workload.all_output
+    with pytest.raises(ConfigError, match="--all-output and --quiet contradict"):
+        workload_spec(tmp_path, all_output=True, quiet=True)

@@ -43,3 +43,16 @@ def test_a_phase_stopped_by_a_signal_says_so_in_words() -> None:
     assert "interrupted by SIGTERM" in text
     assert "interrupted by SIGINT" in text
     assert "bad sums" in text
+
+
+def test_all_output_names_each_workers_lines_and_quiet_hides_them() -> None:
+    from tpulab.run.progress import COMMAND_STREAM, worker_command_stream
+
+    display, out = _display()
+    display.remote_output(COMMAND_STREAM, "step 1")
+    display.remote_output(worker_command_stream(3), "loss 0.5")
+    display.remote_output(worker_command_stream(12), "loss 0.4")
+    assert out.getvalue().splitlines() == ["  cmd ┃ step 1", "   w3 ┃ loss 0.5", "  w12 ┃ loss 0.4"]
+    display.command_quiet = True
+    display.remote_output(worker_command_stream(3), "hidden")
+    assert "hidden" not in out.getvalue()

@@ -46,6 +46,7 @@ PANELS: dict[str, tuple[str, ...]] = {
         "--allow-secret",
         "--timeout",
         "--quiet",
+        "--all-output",
     ),
     "The VM's Python": ("--python", "--jax-version", "--installer"),
     "Timeouts": (

@@ -93,13 +93,16 @@ class RunDisplay:
     def remote_output(self, stream: str, line: str) -> None:
         from rich.text import Text
 
-        from tpulab.run.progress import COMMAND_STREAM
+        from tpulab.run.progress import COMMAND_STREAM, command_stream_worker
 
-        if stream == COMMAND_STREAM:
+        worker = command_stream_worker(stream)
+        if stream == COMMAND_STREAM or worker is not None:
             # The user's own output: always shown live (on stderr with --json), set
-            # apart from tpulab's lines by a gutter of its own and no dimming.
+            # apart from tpulab's lines by a gutter of its own and no dimming; under
+            # --all-output the gutter names the slice worker that printed it.
+            gutter = "  cmd ┃ " if worker is None else f"{f'w{worker}':>5} ┃ "
             if not self.command_quiet:
-                self._print(Text.assemble(("  cmd ┃ ", "bold blue"), (line, "")))
+                self._print(Text.assemble((gutter, "bold blue"), (line, "")))
             return
         if self.verbose:
             style = "dim" if stream == "stdout" else "dim yellow"

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 __all__ = [
+    "AllOutput",
     "AllowSecret",
     "Env",
     "Exclude",
@@ -94,4 +95,13 @@ AllowSecret = Annotated[
 Quiet = Annotated[
     bool,
     typer.Option("-q", "--quiet", help="Only log your command's output; do not stream it."),
+]
+AllOutput = Annotated[
+    bool,
+    typer.Option(
+        "--all-output",
+        help="On a multi-host slice, stream every worker's output, each line prefixed with "
+        "its worker (w3 ┃ ...); by default only worker 0's streams and the others' are in "
+        "their output.log, fetched into <out>/worker-N/.",
+    ),
 ]

@@ -55,6 +55,7 @@ def exec_command(
     max_fetch: wo.MaxFetch = None,
     allow_secret: wo.AllowSecret = None,
     quiet: wo.Quiet = False,
+    all_output: wo.AllOutput = False,
     installer: Annotated[
         str, typer.Option("--installer", help="Installer for --with: uv (default) or pip.")
     ] = "uv",
@@ -98,6 +99,7 @@ def exec_command(
         max_fetch=max_fetch,
         timeout=timeout,
         quiet=quiet,
+        all_output=all_output,
     )
     try:
         _exec(name, flags, installer, dry_run=dry_run, as_json=as_json, verbose=verbose)

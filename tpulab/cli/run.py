@@ -325,6 +325,7 @@ def run_command(
     max_fetch: wo.MaxFetch = None,
     allow_secret: wo.AllowSecret = None,
     quiet: wo.Quiet = False,
+    all_output: wo.AllOutput = False,
     lease: Annotated[
         str | None,
         typer.Option(
@@ -414,6 +415,7 @@ def run_command(
                 max_fetch=max_fetch,
                 timeout=timeout,
                 quiet=quiet,
+                all_output=all_output,
             ),
             watchdog=WatchdogRequest(
                 enabled=not no_watchdog,

@@ -78,6 +78,7 @@ class WorkloadSpec:
     max_fetch: int = DEFAULT_MAX_FETCH  # bytes
     timeout: float = DEFAULT_COMMAND_TIMEOUT  # seconds the command may run
     quiet: bool = False  # only log the command's output, do not stream it
+    all_output: bool = False  # a slice: stream every worker's output, not worker 0's alone
     # field name -> where its value came from: "--with", "pyproject.toml [tool.tpulab]",
     # "default", ... (the same words Resolved.source uses for project and zone).
     sources: Mapping[str, str] = field(default_factory=dict)
@@ -234,6 +235,7 @@ class WorkloadFlags:
     max_fetch: str | None = None
     timeout: float | None = None
     quiet: bool = False
+    all_output: bool = False
 
     def refuse_without_command(self) -> None:
         """A workload flag without `-- CMD` is a mistake (a forgotten `--`), not a no-op."""
@@ -261,6 +263,7 @@ class WorkloadFlags:
             "--max-fetch": self.max_fetch is not None,
             "--timeout": self.timeout is not None,
             "--quiet": self.quiet,
+            "--all-output": self.all_output,
         }
         return [option for option, present in named.items() if present]
 
@@ -352,8 +355,20 @@ def build_workload(
         max_fetch=_size(flags.max_fetch, "--max-fetch", DEFAULT_MAX_FETCH, sources, "max_fetch"),
         timeout=_timeout(flags.timeout, sources),
         quiet=flags.quiet,
+        all_output=_all_output(flags),
         sources={**sources, "quiet": "--quiet" if flags.quiet else "default"},
     )
+
+
+def _all_output(flags: WorkloadFlags) -> bool:
+    """--all-output streams more and --quiet streams nothing: both at once is a mistake."""
+    if flags.all_output and flags.quiet:
+        raise ConfigError(
+            "--all-output and --quiet contradict each other.",
+            hint="Keep --quiet to log every worker's output without streaming it, or "
+            "--all-output to stream every worker's.",
+        )
+    return flags.all_output
 
 
 def _merged_env(

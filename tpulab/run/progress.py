@@ -29,6 +29,8 @@ __all__ = [
     "RunJournal",
     "RunObserver",
     "TeardownStatus",
+    "command_stream_worker",
+    "worker_command_stream",
 ]
 
 
@@ -90,6 +92,18 @@ MILESTONES = (
 # The `stream` of remote_output lines printed by the user's command (styled apart).
 COMMAND_STREAM = "command"
 
+
+def worker_command_stream(worker: int) -> str:
+    """The stream of one slice worker's command output under --all-output ("command:w3")."""
+    return f"{COMMAND_STREAM}:w{worker}"
+
+
+def command_stream_worker(stream: str) -> int | None:
+    """The worker of a `worker_command_stream`; None for any other stream."""
+    head, _, worker = stream.partition(":w")
+    return int(worker) if head == COMMAND_STREAM and worker.isdigit() else None
+
+
 TeardownStatus = Literal["confirmed", "unconfirmed", "not-created"]
 
 
@@ -104,7 +118,8 @@ class RunObserver(Protocol):
 
     def remote_output(self, stream: str, line: str) -> None:
         """One line the VM printed: stream is "stdout" or "stderr" for tpulab's own
-        commands, COMMAND_STREAM for the user's command (its combined output)."""
+        commands, COMMAND_STREAM for the user's command (its combined output), and
+        `worker_command_stream(w)` for worker w's under --all-output."""
         ...
 
     def note(self, message: str) -> None:

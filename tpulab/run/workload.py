@@ -37,7 +37,7 @@ from tpulab.errors import (
 )
 from tpulab.remote import bootstrap as boot
 from tpulab.remote import workload as wl
-from tpulab.run.progress import COMMAND_STREAM, Phase
+from tpulab.run.progress import COMMAND_STREAM, Phase, worker_command_stream
 from tpulab.run.workers import FanOut, Worker, fan_out
 
 if TYPE_CHECKING:
@@ -307,7 +307,11 @@ class WorkloadRunner:
         session = worker.session
         assert session is not None
         argv, env, ssh_timeout = self._launch(worker.index)
-        shown = worker.index == 0
+        spec = life.spec.workload
+        every_worker = spec is not None and spec.all_output and len(life.workers) > 1
+        shown = worker.index == 0 or every_worker
+        # --all-output: which worker said it, as SkyPilot's `(worker1, rank=1)` prefix does.
+        command = worker_command_stream(worker.index) if every_worker else COMMAND_STREAM
         if life.frees_stale_tpu:
             self._free_tpu(worker)
 
@@ -317,7 +321,7 @@ class WorkloadRunner:
             tail.append(line)
             del tail[:-_OUTPUT_TAIL_LINES]
             if shown:
-                life.observer.remote_output(COMMAND_STREAM if stream == "stdout" else stream, line)
+                life.observer.remote_output(command if stream == "stdout" else stream, line)
 
         result = session.run(argv, env=env, timeout=ssh_timeout, on_line=on_line)
         report = wl.parse_launch_report(result.stderr)
