@@ -132,20 +132,29 @@ def workload_env(
     *,
     worker: int = 0,
     workers: int = 1,
+    coordinator: str | None = None,
 ) -> dict[str, str]:
     """What the command's environment gets: the platform the verifier proved, named
     twice as the course expects (JAX_PLATFORMS, COURSE_EXPECT_PLATFORM), the device
     count flag on an emulated (CPU) node exactly as the payload had it, the run id and
     the user's --env; on a slice, which worker this is of how many (TPULAB_WORKER_ID,
     TPULAB_NUM_WORKERS: `jax.distributed.initialize(num_processes=, process_id=)` where
-    JAX cannot find them itself). TPULAB_RUN_DIR is set by the launcher (an absolute
-    path there)."""
+    JAX cannot find them itself) and worker 0's `coordinator` address as
+    JAX_COORDINATOR_ADDRESS, which `jax.distributed.initialize` reads when given none
+    (jax/_src/distributed.py). On a CPU (emulated) slice, cross-process collectives
+    need gloo (JAX_CPU_COLLECTIVES_IMPLEMENTATION, jax's cpu_collectives_implementation
+    flag): examples/slice_lab/psum.py runs unchanged on both. TPULAB_RUN_DIR is set by
+    the launcher (an absolute path there)."""
     env = payload_env(platform, devices)
     env["COURSE_EXPECT_PLATFORM"] = platform
     env["TPULAB_RUN_ID"] = run_id
     if workers > 1:
         env["TPULAB_WORKER_ID"] = str(worker)
         env["TPULAB_NUM_WORKERS"] = str(workers)
+        if coordinator is not None:
+            env["JAX_COORDINATOR_ADDRESS"] = coordinator
+        if platform == "cpu":
+            env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] = "gloo"
     env.update(extra)
     return env
 

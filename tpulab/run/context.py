@@ -140,6 +140,9 @@ class RunContext:
         # Before the command, kill what still holds the TPU (tpulab.remote.tpu_release):
         # only on a node this run made; on a session's node a holder may be the user's.
         self.frees_stale_tpu = True
+        # A slice: worker 0's "address:port" where JAX's processes meet (the payload's
+        # --coordinator, the command's JAX_COORDINATOR_ADDRESS); set with the workers.
+        self.coordinator: str | None = None
         # What the phases learn, in order.
         self.outcome = RunOutcome(spec)
         self.nonce = ""

@@ -31,14 +31,13 @@ from tpulab import paths
 from tpulab.errors import (
     ConfigError,
     InterruptedRun,
-    RemoteError,
     TpuLabError,
     WorkloadFailedError,
 )
 from tpulab.remote import bootstrap as boot
 from tpulab.remote import workload as wl
-from tpulab.run.progress import COMMAND_STREAM, Phase, worker_command_stream
-from tpulab.run.workers import FanOut, Worker, fan_out
+from tpulab.run.progress import Phase
+from tpulab.run.workers import FanOut, Worker
 
 if TYPE_CHECKING:
     from tpulab.config.requirements import RequirementsFile
@@ -50,8 +49,6 @@ __all__ = ["WorkloadOutcome", "WorkloadRunner", "extras_for"]
 
 # After a Ctrl-C the fetch is a courtesy before the teardown: bounded, not the full cap.
 INTERRUPTED_FETCH_SECONDS = 120.0
-_STOP_TIMEOUT = wl.STOP_GRACE_SECONDS + wl.LAUNCHER_SETTLE_SECONDS + 20.0
-_OUTPUT_TAIL_LINES = 40
 _FETCH_STEP = "the fetch"  # as the signal messages name it: "press Ctrl-C again to skip ..."
 
 
@@ -261,134 +258,15 @@ class WorkloadRunner:
         return _with_workers(f"{extras.describe()}: {result.install}; {versions}", done)
 
     def command(self) -> str:
-        """Run the command in the synced workspace with the verified platform's env: on
-        every worker of a slice at once, worker 0's output streamed (each worker's is in
-        its output.log, fetched). Fail-fast: the first worker whose command fails, times
-        out or cannot start stops the others (MaxText's multihost_runner and xpk's
-        `backoffLimit: 0` do the same: a slice's program is one program)."""
-        life = self.life
-        workers = life.workers
-        self.outcome.started = True
-        if len(workers) == 1:
-            report = self._run_on(workers[0], self.outcome.output_tail)
-            self._take(report)
-            return self._said(report)
-        tails: list[list[str]] = [[] for _ in workers]
-        reports: list[wl.LaunchReport | None] = [None] * len(workers)
+        """The command on every worker (tpulab.run.command)."""
+        from tpulab.run.command import CommandStep
 
-        def run(worker: Worker) -> wl.LaunchReport:
-            report = reports[worker.index] = self._run_on(worker, tails[worker.index])
-            if report.timed_out or not report.started or report.exit_status != 0:
-                raise _WorkerCommandFailed(worker.index)
-            return report
-
-        try:
-            done = life.on_workers(run, "workload")
-        except _WorkerCommandFailed as failed:
-            first = failed.worker
-            self.outcome.failed_worker = first
-            self.outcome.output_tail[:] = tails[first]
-            self._stop(others_than=first)
-            failing = reports[first]
-            assert failing is not None
-            self._take(failing)
-            self.outcome.worker_exits = [_exit_of(r) for r in reports]
-            return f"worker {first} of {len(workers)}: {self._said(failing)}; the others stopped"
-        self.outcome.output_tail[:] = tails[0]
-        self.outcome.worker_exits = [_exit_of(r) for r in done.results]
-        self._take(done.results[0])
-        self.outcome.seconds = max(r.seconds or 0.0 for r in done.results)
-        return _with_workers(self._said(done.results[0]), done)
-
-    def _run_on(self, worker: Worker, tail: list[str]) -> wl.LaunchReport:
-        """The command on one worker through the launcher; its report (RemoteError when
-        the launcher could not even report). Worker 0's lines go to the terminal."""
-        life = self.life
-        session = worker.session
-        assert session is not None
-        argv, env, ssh_timeout = self._launch(worker.index)
-        spec = life.spec.workload
-        every_worker = spec is not None and spec.all_output and len(life.workers) > 1
-        shown = worker.index == 0 or every_worker
-        # --all-output: which worker said it, as SkyPilot's `(worker1, rank=1)` prefix does.
-        command = worker_command_stream(worker.index) if every_worker else COMMAND_STREAM
-        if life.frees_stale_tpu:
-            self._free_tpu(worker)
-
-        def on_line(stream: str, line: str) -> None:
-            if stream == "stderr" and line.startswith(wl.WORKLOAD_MARKER):
-                return  # the launcher's report, parsed below
-            tail.append(line)
-            del tail[:-_OUTPUT_TAIL_LINES]
-            if shown:
-                life.observer.remote_output(command if stream == "stdout" else stream, line)
-
-        result = session.run(argv, env=env, timeout=ssh_timeout, on_line=on_line)
-        report = wl.parse_launch_report(result.stderr)
-        if report is None:
-            # The launcher itself did not report (it could not start): say what it said.
-            self.outcome.exit_status = result.exit_status
-            raise RemoteError(
-                f"The workload launcher on the VM failed (exit {result.exit_status}) "
-                "without reporting on your command.",
-                hint="Its output: " + (result.stderr.strip()[-300:] or "(none)"),
-            )
-        if report.unstreamed_lines and shown:
-            life.observer.note(
-                f"{report.unstreamed_lines} lines of output were not streamed (this end "
-                "fell behind; the command was not slowed): see output.log"
-            )
-        return report
-
-    def _free_tpu(self, worker: Worker) -> None:
-        """Kill what still holds the TPU and remove libtpu's lock file, as MaxText does
-        before each launch (tpulab.remote.tpu_release), and say so when it did anything."""
-        from tpulab.remote.tpu_release import parse_release_report, release_command
-
-        assert worker.session is not None
-        result = worker.session.run(release_command(), timeout=60)
-        try:
-            release = parse_release_report(result.stdout)
-        except ValueError:
-            self.life.observer.note(
-                f"could not check for a stale TPU holder on worker {worker.index} "
-                f"(exit {result.exit_status}); starting the command anyway"
-            )
-            return
-        if release.anything:
-            where = "the VM" if len(self.life.workers) == 1 else f"worker {worker.index}"
-            self.life.observer.note(
-                f"freed the TPU on {where} before your command: {release.describe()}"
-            )
-
-    def _take(self, report: wl.LaunchReport) -> None:
-        self.outcome.exit_status = report.exit_status if not report.timed_out else None
-        self.outcome.timed_out = report.timed_out
-        self.outcome.seconds = report.seconds
-        if not report.started:
-            self.outcome.exit_status = report.exit_status
-
-    def _said(self, report: wl.LaunchReport) -> str:
-        if not report.started:
-            return f"could not start {self.workload.command[0]!r} (exit {report.exit_status})"
-        if report.timed_out:
-            return f"killed on the VM after its {self.workload.timeout:g} s --timeout"
-        return f"exit {report.exit_status} after {report.seconds or 0:.1f} s"
+        return CommandStep(self.life, self.workload, self.outcome).run()
 
     def _launch(self, worker: int = 0) -> tuple[list[str], dict[str, str], float]:
-        """The launcher's argv, the command's environment and the SSH wrapper's limit:
-        what `command` sends (to each worker), and what `validate` measures."""
-        spec, workload = self.life.spec, self.workload
-        env = wl.workload_env(
-            spec.platform,
-            spec.accelerator.devices_per_host,
-            spec.run_id,
-            workload.env,
-            worker=worker,
-            workers=spec.accelerator.hosts,
-        )
-        argv = wl.launch_command(workload.command, timeout=workload.timeout)
-        return argv, env, workload.timeout + wl.LAUNCH_SLACK_SECONDS
+        from tpulab.run.command import launch
+
+        return launch(self.life, self.workload, worker)
 
     def fetch(self, timeout: float) -> str:
         """The run dir, the log and the --fetch patterns into --out, checked file by file;
@@ -482,46 +360,15 @@ class WorkloadRunner:
                         f"could not fetch the artifacts after {why}: {self.outcome.fetch_problem}"
                     )
 
-    def _stop(self, others_than: int | None = None) -> None:
-        """Stop the command on every worker (but `others_than`, whose command has ended),
-        at once; each says what it stopped."""
-        life = self.life
-        targets = [w for w in life.workers if w.index != others_than]
+    def _stop(self) -> None:
+        from tpulab.run.command import stop_everywhere
 
-        def stop(worker: Worker) -> str:
-            assert worker.session is not None
-            result = worker.session.run(wl.stop_command(), timeout=_STOP_TIMEOUT)
-            said = next(
-                (line for line in result.stdout.splitlines() if line.startswith("TPULAB_STOP ")),
-                "TPULAB_STOP (no answer)",
-            )
-            return said.removeprefix("TPULAB_STOP ")
-
-        said = fan_out(targets, stop, what="stop", max_parallel=life.parallel_workers).results
-        if len(life.workers) == 1:
-            life.observer.note(f"your command was stopped on the VM ({said[0]})")
-            return
-        for worker, answer in zip(targets, said, strict=True):
-            life.observer.note(f"your command was stopped on worker {worker.index} ({answer})")
-
-
-class _WorkerCommandFailed(Exception):
-    """A slice worker's command failed: ends the fan-out at once (fail-fast)."""
-
-    def __init__(self, worker: int) -> None:
-        super().__init__(f"worker {worker}'s command failed")
-        self.worker = worker
+        stop_everywhere(self.life)
 
 
 def worker_dir(worker: int) -> str:
     """Where a slice worker's artifacts land under --out."""
     return f"worker-{worker}"
-
-
-def _exit_of(report: wl.LaunchReport | None) -> int | None:
-    if report is None or report.timed_out:
-        return None
-    return report.exit_status
 
 
 def _merged(manifests: list[Manifest]) -> Manifest:
