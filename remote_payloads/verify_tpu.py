@@ -11,6 +11,14 @@ raises when that backend is absent, and the platform of every output array is re
 On ANY failure the receipt is still written, with ok=false and the error, and the exit
 status is non-zero: an unavailable accelerator must never turn into a CPU "success".
 
+With --hosts H (one worker of a multi-host slice, all H started at once) the payload first
+joins the others through jax.distributed.initialize, then the pmap spans every device of
+every worker: each local device takes the rows of its GLOBAL position (its index in
+jax.devices()) and the psum runs across the slice. The receipt then gains a `distributed`
+section. A worker that cannot join within --init-timeout seconds records that in its
+receipt and exits non-zero; XLA aborts a process whose init or peers fail, so the
+receipt on disk always says what this worker was doing if it dies without a word.
+
 The controller checks every number against its own oracle; the values here are evidence,
 not verdicts.
 """
@@ -28,6 +36,7 @@ import platform as platform_module
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -42,6 +51,14 @@ CHANGED_BIAS = -0.25
 WEIGHTS = (0.5, -0.25, 1.0)
 # Package names whose installed versions identify the runtime; libtpu has had two names.
 VERSIONED_PACKAGES = ("jax", "jaxlib", "libtpu", "libtpu-nightly", "numpy")
+# XLA's own init deadline is ours plus this: our watchdog fires first and exits with a
+# receipt and status 1; XLA's abort (SIGABRT, no Python exception) is only the fallback.
+INIT_GRACE_SECONDS = 5
+INIT_PHASE = "distributed_init"
+# The phase a receipt on disk names while the measurement runs after joining: if XLA
+# aborts the process then (a peer died), that is what the receipt says.
+JOINED_PHASE = "distributed_run"
+EXIT_FAILED = 1
 
 
 class PhaseError(Exception):
@@ -111,7 +128,7 @@ class Timer:
 
 def _empty_receipt(args: argparse.Namespace) -> dict[str, Any]:
     """Every key of schema 1, present from the start so a failure receipt is complete."""
-    return {
+    receipt: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "ok": False,
         "error": None,
@@ -133,15 +150,129 @@ def _empty_receipt(args: argparse.Namespace) -> dict[str, Any]:
         },
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
     }
+    # Single-host receipts keep exactly their keys; only a slice worker has this one.
+    if args.hosts is not None:
+        receipt["distributed"] = None
+    return receipt
 
 
-def _measure(receipt: dict[str, Any], requested: str, timer: Timer) -> None:
-    """Fill the evidence sections in place; raises PhaseError naming the failed phase."""
-    with timer.phase("import"):
-        import jax
-        import jax.numpy as jnp
-        import numpy as np
+def _snapshot(
+    receipt: dict[str, Any], timer: Timer, phase: str, kind: str, message: str
+) -> dict[str, Any]:
+    """A complete, hashed failure receipt for "if this process ends now, in `phase`"."""
+    failed = {
+        **receipt,
+        "ok": False,
+        "error": {"phase": phase, "type": kind, "message": message},
+        "timings_ms": dict(timer.ms),
+    }
+    return with_sha256(failed)
 
+
+def _give_up(failure: dict[str, Any]) -> None:
+    """A peer deadline passed: the receipt naming it is already on disk; say it on
+    stdout too and end the process, whatever XLA is blocking the main thread on."""
+    text = canonical_json(failure)
+    print(f"verify_tpu: {failure['error']['message']}", file=sys.stderr, flush=True)
+    print(RECEIPT_PREFIX + text, flush=True)
+    os._exit(EXIT_FAILED)
+
+
+@contextmanager
+def _peer_deadline(
+    args: argparse.Namespace, receipt: dict[str, Any], timer: Timer, phase: str, message: str
+) -> Iterator[None]:
+    """Wait on the other workers for at most --init-timeout seconds.
+
+    The receipt naming `phase` and `message` goes on disk first (XLA aborts a process
+    whose peers fail, with no Python exception: jax 0.6.2 and 0.10.2 both abort on an
+    init timeout, and after ~100 s of missed heartbeats when a joined peer dies); a timer
+    then ends the process with it. Afterwards the receipt on disk says "ended after
+    joining", which is what it should say if XLA aborts later.
+    """
+    if args.hosts is None:
+        yield
+        return
+    failure = _snapshot(receipt, timer, phase, "TimeoutError", message)
+    _write_atomically(args.out, canonical_json(failure))
+    watchdog = threading.Timer(args.init_timeout, _give_up, (failure,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        yield
+    finally:
+        watchdog.cancel()
+    joined = _snapshot(
+        receipt,
+        timer,
+        JOINED_PHASE,
+        "Aborted",
+        "the process ended after joining the slice (a peer died, or the runtime "
+        "aborted); see its stderr",
+    )
+    _write_atomically(args.out, canonical_json(joined))
+
+
+def _join_slice(jax: Any, args: argparse.Namespace, receipt: dict[str, Any], timer: Timer) -> float:
+    """jax.distributed.initialize within --init-timeout seconds, or a receipt that says
+    it did not and exit status 1. Returns the seconds the join took."""
+    if args.platform == "cpu":
+        # Cross-process collectives on CPU need gloo (emulated workers); jax 0.6.2 and
+        # 0.10.2 both default to it, but naming it keeps a changed default from turning
+        # the psum into a local one.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    message = (
+        f"jax.distributed.initialize did not join {args.hosts} processes within "
+        f"{args.init_timeout} s (coordinator {args.coordinator}, this is process "
+        f"{args.process_id}): a peer is missing, late, or cannot reach the coordinator"
+    )
+    started = time.perf_counter()
+    with _peer_deadline(args, receipt, timer, INIT_PHASE, message):
+        jax.distributed.initialize(
+            coordinator_address=args.coordinator,
+            num_processes=args.hosts,
+            process_id=args.process_id,
+            # Ours fires first (exit 1 with the receipt); XLA's abort is the fallback.
+            initialization_timeout=args.init_timeout + INIT_GRACE_SECONDS,
+        )
+    return round(time.perf_counter() - started, 3)
+
+
+def _leave_slice(seconds: float) -> bool:
+    """jax.distributed.shutdown, bounded: it waits at a barrier for every peer, which
+    never comes when one died. True when it finished in time."""
+    jax = sys.modules.get("jax")
+    if jax is None or not jax.distributed.is_initialized():
+        return True
+    done = threading.Event()
+
+    def shutdown() -> None:
+        try:
+            jax.distributed.shutdown()
+        except Exception as error:  # a dead peer's error; the receipt is already written
+            print(f"verify_tpu: jax.distributed.shutdown: {error}", file=sys.stderr)
+        done.set()
+
+    threading.Thread(target=shutdown, name="jax-shutdown", daemon=True).start()
+    return done.wait(seconds)
+
+
+def _global_rows(np: Any, positions: list[int]) -> Any:
+    """Row p is 8p .. 8p+7: each device squares the numbers of its global position."""
+    starts = np.asarray(positions, dtype=np.float32)[:, None] * np.float32(ROW_WIDTH)
+    return starts + np.arange(ROW_WIDTH, dtype=np.float32)[None, :]
+
+
+def _devices_and_pmap(
+    receipt: dict[str, Any], args: argparse.Namespace, timer: Timer, init_seconds: float | None
+) -> list[Any]:
+    """The backend and pmap phases (the ones a slice's peers take part in); returns this
+    process's devices."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    requested = args.platform
     with timer.phase("backend"):
         # Asking for the platform by name is what makes an absent TPU an error instead of
         # a silent fallback to CPU.
@@ -168,19 +299,54 @@ def _measure(receipt: dict[str, Any], requested: str, timer: Timer) -> None:
             mine = jnp.sum(row * row)
             return mine, psum(mine, "devices")
 
-        x = jnp.arange(count * ROW_WIDTH, dtype=jnp.float32).reshape(count, ROW_WIDTH)
-        per_device, totals = jax.pmap(squares, axis_name="devices", devices=local)(x)
+        if args.hosts is None:
+            x = jnp.arange(count * ROW_WIDTH, dtype=jnp.float32).reshape(count, ROW_WIDTH)
+            per_device, totals = jax.pmap(squares, axis_name="devices", devices=local)(x)
+        else:
+            # Every device of the slice is mapped; this process feeds its local ones, in
+            # the order they appear in the global list, the rows of their positions (on
+            # multi-process CPU the ids are not 0..N-1, so the position, not .id).
+            positions = [devices.index(d) for d in local]
+            x = jnp.asarray(_global_rows(np, positions))
+            per_device, totals = jax.pmap(squares, axis_name="devices", devices=devices)(x)
         per_device.block_until_ready()
         totals.block_until_ready()
         shard_platforms = sorted({shard.device.platform for shard in per_device.addressable_shards})
-        receipt["pmap"] = {
-            "device_count": count,
-            "per_device_sums": _floats(np.asarray(per_device)),
-            "psum_totals": _floats(np.asarray(totals)),
-            "observed_total": _finite(np.asarray(totals)[0]),
-            "closed_form_total": closed_form_sum_of_squares(count),
-            "output_platforms": shard_platforms,
-        }
+        if args.hosts is None:
+            receipt["pmap"] = {
+                "device_count": count,
+                "per_device_sums": _floats(np.asarray(per_device)),
+                "psum_totals": _floats(np.asarray(totals)),
+                "observed_total": _finite(np.asarray(totals)[0]),
+                "closed_form_total": closed_form_sum_of_squares(count),
+                "output_platforms": shard_platforms,
+            }
+        else:
+            _record_slice(receipt, args, jax, np, devices, per_device, totals, init_seconds)
+            receipt["pmap"]["output_platforms"] = shard_platforms
+
+    return local
+
+
+def _measure(receipt: dict[str, Any], args: argparse.Namespace, timer: Timer) -> None:
+    """Fill the evidence sections in place; raises PhaseError naming the failed phase."""
+    with timer.phase("import"):
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+
+    init_seconds = None
+    if args.hosts is not None:
+        # Before anything touches devices: the backend must be created knowing the slice.
+        with timer.phase(INIT_PHASE):
+            init_seconds = _join_slice(jax, args, receipt, timer)
+
+    psum_wait = (
+        f"the slice-wide psum did not finish within {args.init_timeout} s: a peer died "
+        "or stalled after joining"
+    )
+    with _peer_deadline(args, receipt, timer, "pmap", psum_wait):
+        local = _devices_and_pmap(receipt, args, timer, init_seconds)
 
     target = local[0]
     x_host = np.arange(24, dtype=np.float32).reshape(8, 3) / np.float32(8)
@@ -232,13 +398,54 @@ def _measure(receipt: dict[str, Any], requested: str, timer: Timer) -> None:
         }
 
 
+def _local_values(np: Any, devices: list[Any], array: Any) -> dict[int, float]:
+    """{global position: value} for this process's shards of a pmap output (a slice's
+    output is not fully addressable, so it is read shard by shard)."""
+    return {
+        devices.index(shard.device): _finite(np.asarray(shard.data).reshape(-1)[0])
+        for shard in array.addressable_shards
+    }
+
+
+def _record_slice(
+    receipt: dict[str, Any],
+    args: argparse.Namespace,
+    jax: Any,
+    np: Any,
+    devices: list[Any],
+    per_device: Any,
+    totals: Any,
+    init_seconds: float | None,
+) -> None:
+    """The pmap and distributed sections of a slice worker, in global-position order."""
+    sums = _local_values(np, devices, per_device)
+    psums = _local_values(np, devices, totals)
+    order = sorted(sums)
+    receipt["pmap"] = {
+        "device_count": len(order),
+        "per_device_sums": [sums[p] for p in order],
+        "psum_totals": [psums[p] for p in order],
+        "observed_total": psums[order[0]],
+        "closed_form_total": closed_form_sum_of_squares(len(devices)),
+    }
+    receipt["distributed"] = {
+        "process_index": int(jax.process_index()),
+        "process_count": int(jax.process_count()),
+        "local_device_count": int(jax.local_device_count()),
+        "global_device_count": int(jax.device_count()),
+        "coordinator": args.coordinator,
+        "init_seconds": init_seconds,
+        "per_device_sums": {str(p): sums[p] for p in order},
+    }
+
+
 def build_receipt(args: argparse.Namespace) -> dict[str, Any]:
     """The complete receipt, sha256 included. Never raises: failures are recorded."""
     receipt = _empty_receipt(args)
     timer = Timer()
     started = time.perf_counter()
     try:
-        _measure(receipt, args.platform, timer)
+        _measure(receipt, args, timer)
         receipt["ok"] = True
     except PhaseError as failure:
         receipt["error"] = {
@@ -275,12 +482,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--emulated", action="store_true", help="record that this stands in for a TPU"
     )
-    return parser.parse_args(argv)
+    slice_args = parser.add_argument_group("one worker of a multi-host slice")
+    slice_args.add_argument("--hosts", type=int, help="workers in the slice (2 or more)")
+    slice_args.add_argument("--process-id", type=int, help="this worker's index, 0..hosts-1")
+    slice_args.add_argument("--coordinator", help="host:port of worker 0's coordinator")
+    slice_args.add_argument(
+        "--init-timeout", type=int, help="seconds to wait for every worker to join"
+    )
+    args = parser.parse_args(argv)
+    _check_slice_args(parser, args)
+    return args
+
+
+def _check_slice_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    given = [args.process_id, args.coordinator, args.init_timeout]
+    if args.hosts is None:
+        if any(value is not None for value in given):
+            parser.error("--process-id, --coordinator and --init-timeout need --hosts")
+        return
+    if any(value is None for value in given):
+        parser.error("--hosts needs --process-id, --coordinator and --init-timeout")
+    if args.hosts < 2 or not 0 <= args.process_id < args.hosts:
+        parser.error(f"--process-id {args.process_id} is not a worker of {args.hosts} hosts")
+    if args.init_timeout < 1:
+        parser.error("--init-timeout must be at least 1 second")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    receipt = build_receipt(args)
+    status = _write_receipt(args, build_receipt(args))
+    if args.hosts is not None and not _leave_slice(args.init_timeout):
+        # A peer never reached the shutdown barrier; the receipt is written, so end now
+        # rather than let jax's exit handler wait for it again.
+        print("verify_tpu: jax.distributed.shutdown did not finish; exiting", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(status)
+    return status
+
+
+def _write_receipt(args: argparse.Namespace, receipt: dict[str, Any]) -> int:
     text = canonical_json(receipt)
     try:
         _write_atomically(args.out, text)
@@ -289,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         print(RECEIPT_PREFIX + text, flush=True)
         return 3
     print(RECEIPT_PREFIX + text, flush=True)
-    return 0 if receipt["ok"] else 1
+    return 0 if receipt["ok"] else EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -320,7 +320,9 @@ def test_schema_1_json_contract_is_pinned(raw4: bytes) -> None:
     failed = json.loads(real_run(4, platform="tpu").raw)
     assert set(failed) == set(SCHEMA_1)
     assert _shape(failed["error"], PAYLOAD_ERROR_1) == PAYLOAD_ERROR_1
-    assert set(Receipt.model_fields) == set(SCHEMA_1)
+    # A slice worker's receipt adds one optional key; a single host's never has it.
+    assert set(Receipt.model_fields) == set(SCHEMA_1) | {"distributed"}
+    assert "distributed" not in document
     assert Receipt.model_config.get("strict")
     assert Receipt.model_config.get("extra") == "forbid"
 
@@ -417,8 +419,11 @@ def test_expectation_for_uses_the_catalog() -> None:
     # Kept beside stored receipts (inside their record), so it must survive JSON.
     adapter = TypeAdapter(Expectation)
     assert adapter.validate_json(adapter.dump_json(real)) == real
-    with pytest.raises(ConfigError, match="multi-host"):
-        expectation_for("v4-16", emulated=True, nonce="n" * 8)
+    # A slice: each worker shows its host's devices, the slice hosts x that.
+    v4 = expectation_for("v4-16", emulated=True, nonce="n" * 8)
+    assert (v4.hosts, v4.local_devices, v4.total_devices) == (2, 4, 8)
+    assert adapter.validate_json(adapter.dump_json(v4)) == v4
+    assert (real.hosts, emulated.hosts) == (1, 1)
 
 
 def test_failed_receipt_reports_only_its_cause(nonce4: str) -> None:

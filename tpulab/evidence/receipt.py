@@ -29,7 +29,9 @@ from tpulab.models import PLATFORMS
 __all__ = [
     "MAX_RECEIPT_BYTES",
     "PLATFORMS",
+    "SLICE_WAIT_PHASES",
     "ChangedBias",
+    "Distributed",
     "Expectation",
     "Host",
     "Observed",
@@ -47,15 +49,20 @@ __all__ = [
     "expectation_for",
     "expected_per_device_sums",
     "expected_predictions",
+    "global_positions",
     "parse_receipt",
     "read_receipt_file",
     "receipt_digest",
     "rejection",
     "verify_raw",
     "verify_receipt",
+    "waited_for_peers",
 ]
 
 MAX_RECEIPT_BYTES = 1024 * 1024
+# The payload's phases that wait on a slice's other workers (remote_payloads/verify_tpu.py):
+# a failure there is usually a peer's, not this worker's.
+SLICE_WAIT_PHASES = ("distributed_init", "pmap", "distributed_run")
 Platform = Literal["cpu", "tpu", "gpu"]
 _ROW_WIDTH = 8
 _MAX_SCHEMA_PROBLEMS = 20
@@ -125,6 +132,19 @@ class Versions(_Strict):
     numpy: str | None
 
 
+class Distributed(_Strict):
+    """One worker of a multi-host slice: what jax.distributed showed it, and its devices'
+    sums keyed by GLOBAL position (the index in jax.devices(), as a decimal string)."""
+
+    process_index: int
+    process_count: int
+    local_device_count: int
+    global_device_count: int
+    coordinator: str = Field(max_length=300)
+    init_seconds: float | None
+    per_device_sums: dict[str, float]
+
+
 class Host(_Strict):
     hostname: str
     os: str
@@ -151,6 +171,9 @@ class Receipt(_Strict):
     host: Host
     created_at: str
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    # Only a slice worker's receipt has the key; single-host receipts (and those older
+    # than slices) have none, and their digest is over the keys they have.
+    distributed: Distributed | None = None
 
 
 def canonical_json(data: dict[str, Any]) -> str:
@@ -162,7 +185,9 @@ def canonical_json(data: dict[str, Any]) -> str:
 
 def receipt_digest(receipt: Receipt) -> str:
     """sha256 of the canonical JSON of the receipt without its sha256 field."""
-    body = receipt.model_dump(mode="json", by_alias=True, exclude={"sha256"})
+    # exclude_unset: an absent optional key stays absent, so the digest is over exactly
+    # the document the payload hashed (every other field is required, hence set).
+    body = receipt.model_dump(mode="json", by_alias=True, exclude={"sha256"}, exclude_unset=True)
     return hashlib.sha256(canonical_json(body).encode("ascii")).hexdigest()
 
 
@@ -261,6 +286,8 @@ class Expectation:
     emulated: bool = False
     accelerator_type: str | None = None
     tolerance: float = 1e-5
+    # Workers of the slice; each worker's receipt shows local_devices of hosts x that.
+    hosts: int = 1
 
     def __post_init__(self) -> None:
         if self.platform not in PLATFORMS:
@@ -279,27 +306,37 @@ class Expectation:
                 f"An emulated run executes on cpu, not {self.platform}.",
                 hint="Drop the emulation, or expect platform cpu.",
             )
+        if not 1 <= self.hosts <= 1024:
+            raise ConfigError(f"Invalid host count {self.hosts}.", hint="Use 1 or more hosts.")
         if not 0.0 < self.tolerance < 1.0:
             raise ConfigError(
                 f"Invalid tolerance {self.tolerance}.", hint="Use a small positive number."
             )
 
+    @property
+    def total_devices(self) -> int:
+        return self.hosts * self.local_devices
+
     def describe(self) -> str:
         what = f"{self.local_devices} {self.platform} device(s)"
+        if self.hosts > 1:
+            what = f"{self.hosts} workers x {what}"
         if self.accelerator_type:
             what += f" of {self.accelerator_type}"
         return what + (" (EMULATED)" if self.emulated else "")
 
 
 def expectation_for(accelerator: str, *, emulated: bool, nonce: str) -> Expectation:
-    """The expectation for one host of `accelerator`; emulated hosts run on cpu."""
-    entry = catalog.lookup_single_host(accelerator)
+    """What each worker of `accelerator` must show (one worker for a single host);
+    emulated workers run on cpu."""
+    entry = catalog.lookup(accelerator)
     return Expectation(
         platform="cpu" if emulated else "tpu",
         local_devices=entry.devices_per_host,
         nonce=nonce,
         emulated=emulated,
         accelerator_type=entry.name,
+        hosts=entry.hosts,
     )
 
 
@@ -407,12 +444,13 @@ def _check_observed(checks: _Checks, observed: Observed, expectation: Expectatio
         str(devices),
         f"{observed.local_device_count} ({len(observed.device_platforms)} listed)",
     )
-    # Multi-host slices are refused before a run, so a receipt from a multi-process
-    # runtime is not the host we created.
+    # A receipt from a runtime of another shape is not the node we created: one process
+    # for a single host, every worker's process for a slice.
+    hosts, total = expectation.hosts, expectation.total_devices
     checks.add(
-        "single_host",
-        observed.process_count == 1 and observed.global_device_count == devices,
-        f"1 process, {devices} devices in total",
+        "single_host" if hosts == 1 else "slice",
+        observed.process_count == hosts and observed.global_device_count == total,
+        f"{hosts} process{'es' if hosts > 1 else ''}, {total} devices in total",
         f"{observed.process_count} process(es), {observed.global_device_count} devices",
     )
 
@@ -420,6 +458,21 @@ def _check_observed(checks: _Checks, observed: Observed, expectation: Expectatio
 def _check_pmap(checks: _Checks, pmap: PmapResult, expectation: Expectation) -> None:
     devices = expectation.local_devices
     checks.platforms("pmap.output_platform", pmap.output_platforms, expectation.platform)
+    if expectation.hosts == 1:
+        _check_local_sums(checks, pmap, devices)
+    # On a slice the psum spans every worker's devices: the closed form of them all.
+    total = catalog.closed_form_sum_of_squares(expectation.total_devices)
+    checks.add("pmap.total", pmap.observed_total == total, _num(total), _num(pmap.observed_total))
+    collective = bool(pmap.psum_totals) and all(t == total for t in pmap.psum_totals)
+    checks.add(
+        "pmap.psum_totals",
+        collective and len(pmap.psum_totals) == devices,
+        f"{devices} x {_num(total)}",
+        _nums(pmap.psum_totals),
+    )
+
+
+def _check_local_sums(checks: _Checks, pmap: PmapResult, devices: int) -> None:
     oracle = expected_per_device_sums(devices)
     for d in range(max(devices, len(pmap.per_device_sums))):
         expected = _num(oracle[d]) if d < devices else f"absent ({devices} devices)"
@@ -431,15 +484,61 @@ def _check_pmap(checks: _Checks, pmap: PmapResult, expectation: Expectation) -> 
             expected,
             "missing" if seen is None else _num(seen),
         )
-    total = catalog.closed_form_sum_of_squares(devices)
-    checks.add("pmap.total", pmap.observed_total == total, _num(total), _num(pmap.observed_total))
-    collective = bool(pmap.psum_totals) and all(t == total for t in pmap.psum_totals)
+
+
+def global_positions(distributed: Distributed) -> dict[int, float] | None:
+    """The per-device sums by global position, or None when a key is no position
+    (a canonical decimal: "07" or "+7" would let one position be claimed twice)."""
+    found: dict[int, float] = {}
+    for key, value in distributed.per_device_sums.items():
+        if not key.isdecimal() or str(int(key)) != key:
+            return None
+        found[int(key)] = value
+    return found
+
+
+def _check_distributed(
+    checks: _Checks, distributed: Distributed, pmap: PmapResult | None, expectation: Expectation
+) -> None:
+    """One worker's slice evidence on its own; the slice judgement checks the workers
+    together (positions, indices, agreement)."""
+    hosts, devices, total = expectation.hosts, expectation.local_devices, expectation.total_devices
     checks.add(
-        "pmap.psum_totals",
-        collective and len(pmap.psum_totals) == devices,
-        f"{devices} x {_num(total)}",
-        _nums(pmap.psum_totals),
+        "distributed.process_count",
+        distributed.process_count == hosts,
+        str(hosts),
+        str(distributed.process_count),
     )
+    checks.add(
+        "distributed.device_counts",
+        distributed.local_device_count == devices and distributed.global_device_count == total,
+        f"{devices} local of {total}",
+        f"{distributed.local_device_count} local of {distributed.global_device_count}",
+    )
+    sums = global_positions(distributed)
+    if sums is None:
+        keys = ", ".join(sorted(distributed.per_device_sums))
+        checks.add("distributed.per_device_sums", False, "decimal global positions", keys)
+        return
+    checks.add(
+        "distributed.per_device_sums",
+        len(sums) == devices and all(0 <= p < total for p in sums),
+        f"{devices} positions in 0..{total - 1}",
+        ", ".join(str(p) for p in sorted(sums)) or "none",
+    )
+    oracle = expected_per_device_sums(total)
+    for position in sorted(sums):
+        expected = _num(oracle[position]) if 0 <= position < total else "no such position"
+        passed = 0 <= position < total and sums[position] == oracle[position]
+        checks.add(f"per_device_sums[{position}]", passed, expected, _num(sums[position]))
+    if pmap is not None:
+        in_order = [sums[p] for p in sorted(sums)]
+        checks.add(
+            "pmap.per_device_sums",
+            list(pmap.per_device_sums) == in_order,
+            f"the distributed sums in position order {_nums(in_order)}",
+            _nums(pmap.per_device_sums),
+        )
 
 
 def _check_predictions(checks: _Checks, receipt: Receipt, expectation: Expectation) -> None:
@@ -483,6 +582,8 @@ def evaluate_receipt(receipt: Receipt, expectation: Expectation) -> list[Require
         "changed_bias": receipt.changed_bias,
         "reversal": receipt.reversal,
     }
+    if expectation.hosts > 1:
+        sections["distributed"] = receipt.distributed
     if receipt.ok:
         # A receipt claiming success must carry all its evidence; a failed one is already
         # rejected by "ok", so its missing sections would only repeat that.
@@ -493,6 +594,8 @@ def evaluate_receipt(receipt: Receipt, expectation: Expectation) -> list[Require
         _check_observed(checks, receipt.observed, expectation)
     if receipt.pmap is not None:
         _check_pmap(checks, receipt.pmap, expectation)
+    if receipt.distributed is not None and expectation.hosts > 1:
+        _check_distributed(checks, receipt.distributed, receipt.pmap, expectation)
     _check_predictions(checks, receipt, expectation)
     return checks.results
 
@@ -500,6 +603,13 @@ def evaluate_receipt(receipt: Receipt, expectation: Expectation) -> list[Require
 def check_receipt(receipt: Receipt, expectation: Expectation) -> list[RequirementFailure]:
     """The failed requirements only; an empty list means the receipt proves the run."""
     return [r.failure() for r in evaluate_receipt(receipt, expectation) if not r.passed]
+
+
+def waited_for_peers(error: PayloadError | None) -> bool:
+    """The payload failed waiting on the other workers (its own phases were fine)."""
+    if error is None or error.phase not in SLICE_WAIT_PHASES:
+        return False
+    return error.phase == "distributed_init" or error.type in ("TimeoutError", "Aborted")
 
 
 def rejection(
@@ -523,6 +633,14 @@ def rejection(
                 else f"Check that the {expectation.platform} backend is installed."
             )
         return VerificationError(message, failures, hint=hint)
+    if expectation.hosts > 1 and not receipt.ok and error is not None and waited_for_peers(error):
+        return VerificationError(
+            f"{receipt.host.hostname} waited for the other workers of the slice in vain: "
+            f"{error.message}",
+            failures,
+            hint="Every worker must start the payload within the init timeout and reach "
+            "worker 0's coordinator port; the slice's judgement names a worker that did not.",
+        )
     names = ", ".join(f.requirement for f in failures[:6])
     more = f" and {len(failures) - 6} more" if len(failures) > 6 else ""
     return VerificationError(

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import string
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from tpulab.errors import ConfigError
 
 __all__ = [
+    "COORDINATOR_PORT",
     "PAYLOAD_NAME",
     "RECEIPT_PREFIX",
+    "SliceRole",
     "check_nonce",
     "extract_receipt_line",
     "merged_env",
@@ -28,6 +31,75 @@ PAYLOAD_NAME = "verify_tpu.py"
 RECEIPT_PREFIX = "TPULAB_RECEIPT "
 _PLATFORMS = ("cpu", "tpu", "gpu")
 _NONCE_CHARS = frozenset(string.ascii_letters + string.digits + "-_")
+# The port worker 0's jax.distributed coordinator listens on, online. The payload is given
+# the address explicitly, so any free port works; this is the one jax's own Cloud TPU
+# cluster detection picks in jax 0.6.2, the newest jax for the Python 3.10 of TPU VM
+# images (`coordinator_port = '8476'` in jax/_src/clusters/cloud_tpu_cluster.py; jax
+# 0.10.2 moved it to '8482'), so a TPU VM's firewall rules for jax's default fit it.
+COORDINATOR_PORT = 8476
+_MAX_PORT = 65535
+
+
+@dataclass(frozen=True)
+class SliceRole:
+    """Which worker of a multi-host slice a payload run is, and how it finds the others.
+
+    `coordinator` is "host:port" of worker 0's jax.distributed service; `init_timeout`
+    (seconds) bounds every wait on the peers, the join first.
+    """
+
+    hosts: int
+    process_id: int
+    coordinator: str
+    init_timeout: int
+
+    def __post_init__(self) -> None:
+        if self.hosts < 2:
+            raise ConfigError(
+                f"A slice role needs 2 or more hosts, not {self.hosts}.",
+                hint="A single host runs the payload without a slice role.",
+            )
+        if not 0 <= self.process_id < self.hosts:
+            raise ConfigError(
+                f"Process id {self.process_id} is not a worker of a {self.hosts}-host slice.",
+                hint=f"Use 0 .. {self.hosts - 1}.",
+            )
+        _check_coordinator(self.coordinator)
+        if self.init_timeout < 1:
+            raise ConfigError(
+                f"Invalid distributed init timeout {self.init_timeout} s.",
+                hint="Give the workers at least a second (minutes on a real slice).",
+            )
+
+    def argv(self) -> list[str]:
+        return [
+            "--hosts",
+            str(self.hosts),
+            "--process-id",
+            str(self.process_id),
+            "--coordinator",
+            self.coordinator,
+            "--init-timeout",
+            str(self.init_timeout),
+        ]
+
+
+def _check_coordinator(address: str) -> None:
+    """host:port, as jax.distributed.initialize takes it (an IPv6 host in brackets)."""
+    host, colon, port = address.rpartition(":")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    problem = None
+    if not colon or not host:
+        problem = "it is not host:port"
+    elif not bare or any(c.isspace() for c in bare) or ("[" in bare or "]" in bare):
+        problem = f"the host {host!r} is not a host name or address"
+    elif not port.isdecimal() or not 1 <= int(port) <= _MAX_PORT:
+        problem = f"the port {port!r} is not 1-{_MAX_PORT}"
+    if problem is not None:
+        raise ConfigError(
+            f"Invalid coordinator address {address!r}: {problem}.",
+            hint=f"Use worker 0's internal address and a port, e.g. 10.0.0.2:{COORDINATOR_PORT}.",
+        )
 
 
 def _check_platform(platform: str) -> str:
@@ -56,8 +128,10 @@ def payload_command(
     nonce: str,
     out: str | Path,
     emulated: bool,
+    slice_role: SliceRole | None = None,
 ) -> list[str]:
-    """argv that runs the payload; `out` is where it writes the receipt JSON."""
+    """argv that runs the payload; `out` is where it writes the receipt JSON. With a
+    `slice_role` it is one worker of a slice; without, exactly the single-host argv."""
     argv = [
         python,
         str(payload),
@@ -68,7 +142,9 @@ def payload_command(
         "--out",
         str(out),
     ]
-    return [*argv, "--emulated"] if emulated else argv
+    if emulated:
+        argv.append("--emulated")
+    return [*argv, *slice_role.argv()] if slice_role is not None else argv
 
 
 def payload_env(platform: str, devices: int) -> dict[str, str]:
