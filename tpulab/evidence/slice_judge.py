@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from tpulab.catalog import closed_form_sum_of_squares
 from tpulab.errors import RequirementFailure, TpuLabError, VerificationError
-from tpulab.evidence.judge import Judgement, Place, failure_of, judge, payload_failure
+from tpulab.evidence.judge import Judgement, Place, Verdict, failure_of, judge, payload_failure
 from tpulab.evidence.receipt import (
     Distributed,
     Expectation,
@@ -61,6 +61,26 @@ class SliceJudgement:
     def missing(self) -> list[int]:
         """The workers that left no receipt."""
         return [i for i, w in enumerate(self.workers) if w is None]
+
+    def as_judgement(self) -> Judgement:
+        """The slice as one Judgement (what a run's outcome, summary, --json and the
+        kept receipt's sidecar carry): every requirement, the per-device sums of all
+        workers in global position order, worker 0's psum (the slice's, when verified)
+        and the closed form for the whole slice."""
+        sums: dict[int, float] = {}
+        for worker in self.workers:
+            receipt = worker.receipt if worker is not None else None
+            if receipt is not None and receipt.distributed is not None:
+                sums.update(global_positions(receipt.distributed) or {})
+        first = self.workers[0] if self.workers else None
+        return Judgement(
+            verdict=Verdict.VERIFIED if self.verified else Verdict.REJECTED,
+            requirements=self.requirements,
+            stale=any(w is not None and w.stale for w in self.workers),
+            per_device_sums=[sums[p] for p in sorted(sums)],
+            observed_total=first.observed_total if first is not None else None,
+            expected_total=closed_form_sum_of_squares(self.expectation.total_devices),
+        )
 
     def describe(self) -> str:
         """One line for the run's summary."""

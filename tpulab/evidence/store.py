@@ -70,6 +70,9 @@ class Provenance(BaseModel):
     emulated: bool
     payload_exit_status: int | None = None
     duration_seconds: float | None = None
+    # A multi-host slice keeps every worker's receipt: which worker this one is (the
+    # run's own receipt is worker 0's, kept with the slice's judgement).
+    worker: int | None = None
 
 
 class ReceiptRecord(BaseModel):

@@ -22,6 +22,7 @@ from tpulab.run.workload import WorkloadRunner
 if TYPE_CHECKING:
     from tpulab.evidence.judge import Judgement
     from tpulab.evidence.receipt import Expectation
+    from tpulab.remote.payload import SliceRole
     from tpulab.run.context import RunContext
 
 __all__ = [
@@ -38,6 +39,11 @@ __all__ = [
 
 # How much of the payload's output a failure report quotes.
 _OUTPUT_LINES = 400
+# How long a slice's payload waits for every worker to join (and bounds its psum and
+# shutdown by): JAX's import and the TPU's start on each worker, which begin within the
+# fan-out's second; on a loaded 2-core machine emulating 4 workers, imports differed by
+# 15 s (tests/test_slice_receipt.py measured it).
+SLICE_INIT_SECONDS = 180
 
 
 def validate(ctx: RunContext) -> str:
@@ -181,19 +187,19 @@ def execute(ctx: RunContext) -> str:
     from tpulab.remote.payload import payload_command, payload_env
 
     spec = ctx.spec
-    argv = payload_command(
-        boot.VENV_PYTHON,
-        boot.STAGED_PAYLOAD,
-        platform=spec.platform,
-        nonce=ctx.nonce,
-        out=boot.RECEIPT_PATH,
-        emulated=spec.emulated,
-        **({"hosts": spec.accelerator.hosts} if spec.accelerator.hosts > 1 else {}),
-    )
     env = payload_env(spec.platform, spec.accelerator.devices_per_host)
 
     def run(worker: Worker) -> int:
         assert worker.session is not None
+        argv = payload_command(
+            boot.VENV_PYTHON,
+            boot.STAGED_PAYLOAD,
+            platform=spec.platform,
+            nonce=ctx.nonce,
+            out=boot.RECEIPT_PATH,
+            emulated=spec.emulated,
+            slice_role=_slice_role(ctx, worker),
+        )
         kept = worker.payload_output
         shown = ctx.on_line if worker.index == 0 else None
 
@@ -261,6 +267,20 @@ def _with_workers(detail: str, done: FanOut[Any]) -> str:
     return f"{detail}; {said}" if said else detail
 
 
+def _slice_role(ctx: RunContext, worker: Worker) -> SliceRole | None:
+    """A slice worker's part in the payload's jax.distributed group (None: one host).
+    The join is bounded (SLICE_INIT_SECONDS, within the payload's own limit), so a
+    missing or late worker fails the verifier with its name, not after JAX's 5 min."""
+    from tpulab.remote.payload import SliceRole
+
+    hosts = ctx.spec.accelerator.hosts
+    if hosts == 1:
+        return None
+    assert ctx.coordinator is not None, "pin_host_key sets the coordinator with the workers"
+    init_timeout = int(min(SLICE_INIT_SECONDS, ctx.spec.timeouts.payload))
+    return SliceRole(hosts, worker.index, ctx.coordinator, max(init_timeout, 1))
+
+
 def _worst(statuses: list[int]) -> int:
     """A slice's payload status: the first non-zero one (0 only if every worker's was)."""
     return next((status for status in statuses if status != 0), 0)
@@ -278,6 +298,8 @@ def verify(ctx: RunContext) -> str:
     worker = ctx.workers[0]
     raw = worker.raw_receipt or b""
     expectation = expectation_for(spec.accelerator.name, emulated=spec.emulated, nonce=ctx.nonce)
+    if len(ctx.workers) > 1:
+        return _verify_slice(ctx, expectation)
     judgement = (ctx.judge or judge)(raw, expectation)
     _keep(ctx, raw, judgement, expectation)
     problem = failure_of(
@@ -292,7 +314,44 @@ def verify(ctx: RunContext) -> str:
     return f"VERIFIED: {expectation.describe()}"
 
 
-def _keep(ctx: RunContext, raw: bytes, judgement: Judgement, expectation: Expectation) -> None:
+def _verify_slice(ctx: RunContext, expectation: Expectation) -> str:
+    """Every worker's receipt and the slice they make (tpulab.evidence.slice_judge);
+    each receipt there is kept, worker 0's as the run's, with the slice's judgement."""
+    from tpulab.evidence.judge import judge
+    from tpulab.evidence.slice_judge import judge_slice, slice_failure_of
+
+    workers = ctx.workers
+    judged = judge_slice([w.raw_receipt for w in workers], expectation)
+    for worker in workers[1:]:
+        if worker.raw_receipt is not None:
+            alone = judge(worker.raw_receipt, expectation)
+            _keep(ctx, worker.raw_receipt, alone, expectation, worker=worker.index)
+    first = workers[0].raw_receipt
+    if first is not None:
+        _keep(ctx, first, judged.as_judgement(), expectation, worker=0)
+    else:
+        ctx.outcome.judgement = judged.as_judgement()
+    problem = slice_failure_of(
+        judged,
+        payload_exits=[w.payload_exit for w in workers],
+        outputs=[w.payload_output for w in workers],
+        where="vm",
+    )
+    if problem is not None:
+        raise problem
+    return judged.describe()
+
+
+def _keep(
+    ctx: RunContext,
+    raw: bytes,
+    judgement: Judgement,
+    expectation: Expectation,
+    *,
+    worker: int | None = None,
+) -> None:
+    """Keep `raw` with its judgement; the run's own receipt (worker None or 0) becomes
+    the outcome's. A slice's other workers' are kept beside it, named by worker."""
     from tpulab.evidence.store import Provenance, Source
 
     spec = ctx.spec
@@ -305,7 +364,11 @@ def _keep(ctx: RunContext, raw: bytes, judgement: Judgement, expectation: Expect
         accelerator_type=spec.accelerator.name,
         emulated=spec.emulated,
         payload_exit_status=ctx.outcome.payload_exit,
+        worker=worker if len(ctx.workers) > 1 else None,
     )
+    kept = ctx.receipt_store().keep(raw, expectation, judgement, provenance)
+    if worker:
+        return
     ctx.outcome.judgement = judgement
-    ctx.outcome.receipt = ctx.receipt_store().keep(raw, expectation, judgement, provenance)
+    ctx.outcome.receipt = kept
     ctx.milestone("receipt_saved")
