@@ -22,15 +22,22 @@ DESIGN_TABLE = {
     "v4-8": (4, 1, 4, "tpu-ubuntu2204-base"),
     "v4-16": (8, 2, 4, "tpu-ubuntu2204-base"),
     "v4-32": (16, 4, 4, "tpu-ubuntu2204-base"),
+    "v4-64": (32, 8, 4, "tpu-ubuntu2204-base"),
     "v5litepod-1": (1, 1, 1, "v2-alpha-tpuv5-lite"),
     "v5litepod-4": (4, 1, 4, "v2-alpha-tpuv5-lite"),
     "v5litepod-8": (8, 1, 8, "v2-alpha-tpuv5-lite"),
     "v5litepod-16": (16, 4, 4, "v2-alpha-tpuv5-lite"),
+    "v5litepod-32": (32, 8, 4, "v2-alpha-tpuv5-lite"),
+    "v5litepod-64": (64, 16, 4, "v2-alpha-tpuv5-lite"),
     "v5p-8": (4, 1, 4, "v2-alpha-tpuv5"),
+    "v5p-16": (8, 2, 4, "v2-alpha-tpuv5"),
+    "v5p-32": (16, 4, 4, "v2-alpha-tpuv5"),
     "v6e-1": (1, 1, 1, "v2-alpha-tpuv6e"),
     "v6e-4": (4, 1, 4, "v2-alpha-tpuv6e"),
     "v6e-8": (8, 1, 8, "v2-alpha-tpuv6e"),
     "v6e-16": (16, 4, 4, "v2-alpha-tpuv6e"),
+    "v6e-32": (32, 8, 4, "v2-alpha-tpuv6e"),
+    "v6e-64": (64, 16, 4, "v2-alpha-tpuv6e"),
 }
 
 
@@ -51,8 +58,8 @@ def test_catalog_matches_the_design_table() -> None:
         ("v5litepod-5", "v5litepod-4"),
         ("v6e-7", "v6e-8"),
         ("V5LITEPOD-4", "v5litepod-4"),
-        ("v4-64", "v4-32"),
-        ("v5p-16", "v5p-8"),
+        ("v4-128", "v4-64"),
+        ("v5p-64", "v5p-32"),
     ],
 )
 def test_unknown_types_suggest_the_nearest(typo: str, suggestion: str) -> None:

@@ -83,15 +83,22 @@ CATALOG: dict[str, Accelerator] = {
         _acc("v4-8", "v4", 4, 1, 4, _BASE),
         _acc("v4-16", "v4", 8, 2, 4, _BASE),
         _acc("v4-32", "v4", 16, 4, 4, _BASE),
+        _acc("v4-64", "v4", 32, 8, 4, _BASE),
         _acc("v5litepod-1", "v5e", 1, 1, 1, _V5E),
         _acc("v5litepod-4", "v5e", 4, 1, 4, _V5E),
         _acc("v5litepod-8", "v5e", 8, 1, 8, _V5E),
         _acc("v5litepod-16", "v5e", 16, 4, 4, _V5E),
+        _acc("v5litepod-32", "v5e", 32, 8, 4, _V5E),
+        _acc("v5litepod-64", "v5e", 64, 16, 4, _V5E),
         _acc("v5p-8", "v5p", 4, 1, 4, _V5P),
+        _acc("v5p-16", "v5p", 8, 2, 4, _V5P),
+        _acc("v5p-32", "v5p", 16, 4, 4, _V5P),
         _acc("v6e-1", "v6e", 1, 1, 1, _V6E),
         _acc("v6e-4", "v6e", 4, 1, 4, _V6E),
         _acc("v6e-8", "v6e", 8, 1, 8, _V6E),
         _acc("v6e-16", "v6e", 16, 4, 4, _V6E),
+        _acc("v6e-32", "v6e", 32, 8, 4, _V6E),
+        _acc("v6e-64", "v6e", 64, 16, 4, _V6E),
     )
 }
 

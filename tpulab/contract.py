@@ -12,6 +12,7 @@ __all__ = [
     "DELETE_NODE_PERMISSION",
     "EMULATED_CLOCK_SKIP_ENV",
     "EMULATED_IMAGE_ENV",
+    "EMULATOR_COORDINATOR_PORT_ATTRIBUTE",
     "EMULATOR_SSH_PORT_ATTRIBUTE",
     "EMULATOR_SSH_USER_ATTRIBUTE",
     "GUEST_ATTRIBUTES_METADATA",
@@ -76,6 +77,11 @@ HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa")
 # users). The controller honours the user attribute for emulated runs only.
 EMULATOR_SSH_PORT_ATTRIBUTE = "tpulab-emulator/ssh-port"
 EMULATOR_SSH_USER_ATTRIBUTE = "tpulab-emulator/ssh-user"
+# Published only by the emulator, on every worker of a multi-host node: the loopback port
+# JAX's coordinator is to use on worker 0 (`--coordinator <worker 0 ipAddress>:<port>`).
+# Online it is JAX's fixed 8476 (jax/_src/clusters/cloud_tpu_cluster.py); the emulated
+# workers share one machine, where a fixed port would collide between nodes.
+EMULATOR_COORDINATOR_PORT_ATTRIBUTE = "tpulab-emulator/coordinator-port"
 
 # Set only by the emulator in every session's environment: which image a node booted
 # ("bare ..." like a real TPU VM image, or "preloaded ..."), so a run can say which it had.

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["GUEST_ATTRIBUTE_ERRORS", "METHODS", "PREEMPTED_STATES", "FaultPlan"]
+__all__ = ["GUEST_ATTRIBUTE_ERRORS", "METHODS", "NEVER", "PREEMPTED_STATES", "FaultPlan"]
 
 # The method names `transient` understands ("*" means any call).
 METHODS = (
@@ -43,6 +44,10 @@ METHODS = (
     "list_firewalls",
     "get_tokeninfo",
 )
+
+# How long a dead worker's SSH host waits before it listens: longer than any test or
+# run (about 31 years), and short enough for asyncio's and threading's timers.
+NEVER = 1e9
 
 # What `preempt_as` may be: the states a reclaimed spot node is reported in.
 PREEMPTED_STATES = ("PREEMPTED", "TERMINATED")
@@ -111,6 +116,15 @@ class FaultPlan:
     org-policy refusals; the exact words of this one are not on record)."""
     ssh_refuse_for: float = 0.0
     """Passed to the host backend: the SSH server refuses connections this long."""
+    dead_workers: list[int] = field(default_factory=list)
+    """These workers' SSH hosts never listen (connections are refused), as on a VM
+    whose sshd died: their guest attributes still publish host keys and port, their
+    guest (metadata server, startup-script) still boots. Worker 0 is also a single-host
+    node's only VM. Applies to nodes booted while it is set."""
+    late_workers: dict[int, float] = field(default_factory=dict)
+    """worker -> seconds its SSH host refuses connections after boot, like
+    `ssh_refuse_for` for that worker only (the longer of the two wins). JSON keys are
+    worker numbers as strings ({"2": 5.0})."""
     host_key_types: list[str] = field(default_factory=list)
     """Publish only these host key types (e.g. ["ssh-rsa"]: an image without ed25519);
     empty means every type the node's sshd serves."""
@@ -162,6 +176,14 @@ class FaultPlan:
     (`stockout`, `stockout_zones`) named here gains capacity that long after the first
     create that met the stockout (what --retry-until-up waits for); one not named stays
     stocked out."""
+
+    def refuse_for(self, worker: int) -> float:
+        """How long worker `worker`'s SSH host refuses connections after boot (`NEVER`
+        for a dead worker): `ssh_refuse_for`, `late_workers`, `dead_workers`."""
+        with self._lock:
+            if worker in self.dead_workers:
+                return NEVER
+            return max(self.ssh_refuse_for, self.late_workers.get(worker, 0.0))
 
     def capacity_delay(self, zone: str) -> float:
         return self.capacity_after.get(zone, self.capacity_after.get("*", 0.0))
@@ -289,11 +311,44 @@ def _copy(value: Any) -> Any:
     return value
 
 
+def _worker_number(value: Any) -> int:
+    """A worker number from JSON: a non-negative int, or its decimal string (a key)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ValueError(f"{value!r} is not a worker number")
+
+
+def _dead_workers(value: Any) -> list[int]:
+    if isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        return sorted(set(value))
+    raise ValueError(f"fault 'dead_workers' cannot be {value!r}: want a list of workers")
+
+
+def _late_workers(value: Any) -> dict[int, float]:
+    if isinstance(value, dict) and all(
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        for v in value.values()
+    ):
+        return {_worker_number(k): float(v) for k, v in value.items()}
+    raise ValueError(f"fault 'late_workers' cannot be {value!r}: want worker -> seconds")
+
+
+_WORKER_FAULTS: dict[str, Callable[[Any], Any]] = {
+    "dead_workers": _dead_workers,
+    "late_workers": _late_workers,
+}
+
 # Faults that may be None ("off"), and the type their value has otherwise.
 _OPTIONAL: dict[str, Any] = {"preempt_after": 0.0, "preempt_nodes": 0}
 
 
 def _checked(name: str, value: Any, default: Any) -> Any:
+    if name in _WORKER_FAULTS:
+        return _WORKER_FAULTS[name](value)
     if name == "capacity_after":
         # Seconds, so any finite number >= 0 (the other maps count calls: ints only).
         if isinstance(value, dict) and all(

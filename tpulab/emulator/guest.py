@@ -37,6 +37,7 @@ from tpulab.emulator.iam import current_token
 from tpulab.emulator.metadata import MetadataServer
 from tpulab.emulator.startup import StartupScript
 from tpulab.emulator.state import CloudState
+from tpulab.emulator.workers import worker_key, writable_attributes
 
 __all__ = ["Guest", "StateLink"]
 
@@ -45,12 +46,19 @@ Transaction = Callable[[], AbstractContextManager[CloudState]]
 
 
 class StateLink:
-    """`metadata.NodeLink` over the emulator's state: one transaction per question."""
+    """`metadata.NodeLink` over the emulator's state: one transaction per question.
+    `worker` is the worker VM whose guest attributes it writes (0: a single host's)."""
 
     def __init__(
-        self, node_key: str, transaction: Transaction, clock: Callable[[], float] = time.time
+        self,
+        node_key: str,
+        transaction: Transaction,
+        clock: Callable[[], float] = time.time,
+        *,
+        worker: int = 0,
     ) -> None:
         self.node_key = node_key
+        self.worker = worker
         self._transaction = transaction
         self._clock = clock
 
@@ -72,7 +80,7 @@ class StateLink:
             node = self._node(cloud)
             if node is None:
                 return False
-            attributes = node.setdefault("guest_attributes", {})
+            attributes = writable_attributes(node, self.worker)
             if value is None:
                 attributes.pop(path, None)
             else:
@@ -85,7 +93,10 @@ def _copy(node: Record) -> Record:
 
 
 class Guest:
-    """One boot of a node: `start()`, then `stop()` (idempotent)."""
+    """One boot of one worker VM of a node (worker 0: a single host's only VM):
+    `start()`, then `stop()` (idempotent). Every worker of a slice runs the node's
+    startup-script itself, as on Cloud TPU (each worker VM boots from the same node
+    metadata), in its own HOME, and answers metadata as that worker."""
 
     def __init__(
         self,
@@ -98,11 +109,12 @@ class Guest:
         clock_skip: Path,
     ) -> None:
         self.node_key = link.node_key
+        self.worker = link.worker
         # How far this boot's clock was moved forward (skip_clock); the watchdog reads it.
         self.clock_skip = clock_skip
         self._skipped = 0.0
         self.sandbox = sandbox
-        self.metadata = MetadataServer(link)
+        self.metadata = MetadataServer(link, worker=link.worker)
         self.script = str(node["metadata"].get(STARTUP_SCRIPT_METADATA) or "")
         self._api_base = api_url.rstrip("/") + "/"
         # As a boot-time service sees it: the image's variables and HOME (the sandbox),
@@ -123,7 +135,10 @@ class Guest:
         }
         if self.script.strip():
             self.startup = StartupScript(
-                self.node_key, self.sandbox, self.script, {**self._image_env, **self.env}
+                worker_key(self.node_key, self.worker),
+                self.sandbox,
+                self.script,
+                {**self._image_env, **self.env},
             )
             self.startup.start()
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import functools
 import glob
 import importlib.util
@@ -54,6 +55,7 @@ __all__ = [
     "ImageEnv",
     "ImageKind",
     "bare_image_env",
+    "common_free_port",
     "default_cache_dir",
     "find_image_python",
     "find_interpreter",
@@ -469,14 +471,41 @@ def _pair(private: Any) -> HostKeyPair:
     return HostKeyPair(private_openssh=pem, key_type=key_type, b64=b64)
 
 
-def reserve_port(host: str = "127.0.0.1") -> socket.socket:
-    """Bind (but do not listen on) a free port: connections to it are refused, yet no
-    other process can take it before our server starts listening there."""
+def reserve_port(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """Bind (but do not listen on) a free port (or `port`; OSError when it is taken):
+    connections to it are refused, yet no other process can take it before our server
+    starts listening there."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
     os.set_inheritable(sock.fileno(), False)
     return sock
+
+
+def common_free_port(addresses: Sequence[str], attempts: int = 50) -> int:
+    """A port free on every one of `addresses` at once (a slice's workers listen on
+    127.0.0.(1+w), all on one port). Probed, then released: the caller binds it again,
+    and starts the whole set again on another port should it be taken meanwhile."""
+    for _ in range(attempts):
+        held_socks = [reserve_port(addresses[0])]
+        port = held_socks[0].getsockname()[1]
+        try:
+            for address in addresses[1:]:
+                held_socks.append(reserve_port(address, port))
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                raise  # e.g. EADDRNOTAVAIL: no such loopback address on this machine
+            continue  # taken on some address: another port
+        else:
+            return int(port)
+        finally:
+            for sock in held_socks:
+                sock.close()
+    raise OSError(f"no port is free on all of {', '.join(addresses)}")
 
 
 def new_node_tag(node_key: str) -> str:

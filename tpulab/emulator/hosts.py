@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-__all__ = ["PRIMARY_HOST_KEY_TYPE", "HostBackend", "HostEndpoint"]
+__all__ = ["PRIMARY_HOST_KEY_TYPE", "AddressedHostBackend", "HostBackend", "HostEndpoint"]
 
 # The type tpulab pins (DESIGN §3.6); the others are published for other clients.
 PRIMARY_HOST_KEY_TYPE = "ssh-ed25519"
@@ -69,4 +69,27 @@ class HostBackend(Protocol):
 
     def close(self) -> None:
         """Stop every server this backend started."""
+        ...
+
+
+@runtime_checkable
+class AddressedHostBackend(HostBackend, Protocol):
+    """A backend that can listen where it is told: the emulator puts the workers of a
+    multi-host node on 127.0.0.(1+w), all on one port (see workers.py). A backend
+    without `start_at` still serves slices, each worker on its own 127.0.0.1 port."""
+
+    def start_at(
+        self,
+        node_key: str,
+        sandbox: Path,
+        ssh_keys_metadata: str,
+        *,
+        address: str,
+        port: int,
+        refuse_for: float = 0.0,
+        ensurepip_missing: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> HostEndpoint:
+        """`start` on `address`:`port` (0: any free port). OSError (EADDRINUSE) when the
+        port is taken there, before anything was started."""
         ...

@@ -6,7 +6,8 @@ token, as on a real VM where 169.254.169.254 answers for the VM asking.
 
 What it answers, as GCE does (paths under /computeMetadata/v1/):
 - `instance/attributes/` (every node metadata key plus the TPU service's own:
-  `tpu-env`, `accelerator-type`, `agent-worker-number`, `instance-id`),
+  `tpu-env`, `accelerator-type`, `agent-worker-number`, `instance-id`,
+  `worker-network-endpoints`),
   `instance/{id,name,hostname,zone,preempted}`, `project/{project-id,numeric-project-id}`,
   `instance/service-accounts/{default,<email>}/{email,scopes,aliases,token}`;
 - `instance/guest-attributes/<namespace>/<key>`: GET, PUT (the body is the value) and
@@ -32,6 +33,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from tpulab.contract import METADATA_FLAVOR, METADATA_FLAVOR_HEADER, METADATA_ROOT_PATH
 from tpulab.emulator.iam import identity_of, project_number
+from tpulab.emulator.workers import worker_attributes, worker_network_endpoints
 
 __all__ = ["MetadataServer", "NodeLink", "metadata_tree", "tpu_env"]
 
@@ -62,42 +64,47 @@ class _Verbatim(dict[str, Any]):
     """A directory whose keys are data (attribute names, emails): never camelCased."""
 
 
-def tpu_env(node: Record) -> str:
-    """The TPU service's `tpu-env` attribute: `KEY: 'value'` lines, the format JAX's
-    cloud_tpu_cluster.py parses (split at the first ':', strip spaces, then quotes)."""
+def tpu_env(node: Record, worker: int = 0) -> str:
+    """The TPU service's `tpu-env` attribute of worker `worker`: `KEY: 'value'` lines,
+    the format JAX's cloud_tpu_cluster.py parses (split at the first ':', strip spaces,
+    then quotes)."""
     values = {
         "ACCELERATOR_TYPE": node["accelerator_type"],
         "CONSUMER_PROJECT_ID": node["project"],
         "CONSUMER_PROJECT_NUMBER": project_number(node["project"]),
         "NODE_ID": node["name"],
         "RUNTIME_VERSION": node["runtime_version"],
-        "WORKER_ID": "0",
+        "WORKER_ID": str(worker),
         "ZONE": node["zone"],
     }
     return "".join(f"{key}: '{value}'\n" for key, value in sorted(values.items()))
 
 
-def vm_name(node: Record) -> str:
+def vm_name(node: Record, worker: int = 0) -> str:
     """The GCE VM's name under the node: TPU VMs are `t1v-n-<8 hex>-w-<worker>`, not the
     node's name (which code on the VM must take from tpu-env's NODE_ID)."""
-    return f"t1v-n-{int(node['id']) % 0xFFFFFFFF:08x}-w-0"
+    return f"t1v-n-{int(node['id']) % 0xFFFFFFFF:08x}-w-{worker}"
 
 
-def metadata_tree(node: Record) -> Tree:
-    """Everything the server answers for `node` except the token (never in listings)."""
+def metadata_tree(node: Record, worker: int = 0) -> Tree:
+    """Everything the server of worker `worker` answers for `node` except the token
+    (never in listings). Every worker of a slice has its own metadata server: its own
+    `agent-worker-number`, tpu-env WORKER_ID, name and guest attributes; the node's
+    metadata, identity and `worker-network-endpoints` (every worker's) are shared."""
     email, scopes = identity_of(node)
     account = {"aliases": ["default"], "email": email, "scopes": scopes}
     attributes = _Verbatim(
         {
             **node["metadata"],
             "accelerator-type": node["accelerator_type"],
-            "agent-worker-number": "0",
+            "agent-worker-number": str(worker),
             "instance-id": str(node["id"]),
-            "tpu-env": tpu_env(node),
+            "tpu-env": tpu_env(node, worker),
+            "worker-network-endpoints": worker_network_endpoints(node),
         }
     )
     guest = _Verbatim()
-    for path, value in (node.get("guest_attributes") or {}).items():
+    for path, value in worker_attributes(node, worker).items():
         namespace, _, key = path.partition("/")
         guest.setdefault(namespace, _Verbatim())[key] = value
     number = project_number(node["project"])
@@ -105,9 +112,9 @@ def metadata_tree(node: Record) -> Tree:
         "instance": {
             "attributes": attributes,
             "guest-attributes": guest,
-            "hostname": f"{vm_name(node)}.{node['zone']}.c.{node['project']}.internal",
+            "hostname": f"{vm_name(node, worker)}.{node['zone']}.c.{node['project']}.internal",
             "id": int(node["id"]),
-            "name": vm_name(node),
+            "name": vm_name(node, worker),
             "preempted": "TRUE" if node["state"] == "PREEMPTED" else "FALSE",
             "service-accounts": _Verbatim({"default": account, email: dict(account)}),
             "zone": f"projects/{number}/zones/{node['zone']}",
@@ -148,17 +155,19 @@ def _lookup(tree: Tree, parts: list[str]) -> Any:
 
 
 class MetadataServer:
-    """The metadata server of one node; `start()` returns its `host:port`."""
+    """The metadata server of one worker VM of a node (worker 0: a single-host node's
+    only VM); `start()` returns its `host:port`."""
 
-    def __init__(self, link: NodeLink, host: str = "127.0.0.1") -> None:
+    def __init__(self, link: NodeLink, host: str = "127.0.0.1", *, worker: int = 0) -> None:
         self.link = link
+        self.worker = worker
         self._host = host
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.address = ""
 
     def start(self) -> str:
-        server = ThreadingHTTPServer((self._host, 0), _make_handler(self.link))
+        server = ThreadingHTTPServer((self._host, 0), _make_handler(self.link, self.worker))
         server.daemon_threads = True
         self._server = server
         self.address = f"{self._host}:{server.server_address[1]}"
@@ -181,7 +190,7 @@ class MetadataServer:
             self._thread.join(timeout=5)
 
 
-def _make_handler(link: NodeLink) -> type[BaseHTTPRequestHandler]:
+def _make_handler(link: NodeLink, worker: int) -> type[BaseHTTPRequestHandler]:
     class _Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "Metadata Server for VM"  # GCE's Server header
@@ -243,7 +252,7 @@ def _make_handler(link: NodeLink) -> type[BaseHTTPRequestHandler]:
                 body = {"access_token": token, "expires_in": expires_in, "token_type": "Bearer"}
                 self._answer(200, json.dumps(body), "application/json")
                 return
-            value = _lookup(metadata_tree(node), parts)
+            value = _lookup(metadata_tree(node, worker), parts)
             if value is None:
                 self._answer(404, "Not found\n")
                 return

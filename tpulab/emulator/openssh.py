@@ -88,6 +88,7 @@ def find_sftp_server() -> str | None:
 class _Sshd:
     node_dir: Path
     config: Path
+    address: str
     port: int
     sock: socket.socket | None
     tag: str
@@ -140,9 +141,33 @@ class OpenSshHostBackend:
         ensurepip_missing: bool = False,
         env: Mapping[str, str] | None = None,
     ) -> HostEndpoint:
+        return self.start_at(
+            node_key,
+            sandbox,
+            ssh_keys_metadata,
+            address="127.0.0.1",
+            port=0,
+            refuse_for=refuse_for,
+            ensurepip_missing=ensurepip_missing,
+            env=env,
+        )
+
+    def start_at(
+        self,
+        node_key: str,
+        sandbox: Path,
+        ssh_keys_metadata: str,
+        *,
+        address: str,
+        port: int,
+        refuse_for: float = 0.0,
+        ensurepip_missing: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> HostEndpoint:
         self.stop(node_key)
         if not os.access(self.sshd, os.X_OK):
             raise SshdStartError(f"{self.sshd} is not an executable sshd")
+        sock = reserve_port(address, port)  # first: a taken port starts nothing
         sandbox.mkdir(parents=True, exist_ok=True)
         sandbox = sandbox.resolve()
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in node_key)
@@ -164,11 +189,14 @@ class OpenSshHostBackend:
         image = self.images.for_node(ensurepip_missing=ensurepip_missing)
         _write(wrapper, self._wrapper(sandbox, tag, image, env or {}).encode(), 0o755)
 
-        sock = reserve_port()
         port = sock.getsockname()[1]
         config = node_dir / "sshd_config"
-        config.write_text(self._config(node_dir, port, host_key_files, authorized, wrapper))
-        node = _Sshd(node_dir=node_dir, config=config, port=port, sock=sock, tag=tag)
+        config.write_text(
+            self._config(node_dir, address, port, host_key_files, authorized, wrapper)
+        )
+        node = _Sshd(
+            node_dir=node_dir, config=config, address=address, port=port, sock=sock, tag=tag
+        )
         with self._lock:
             self._nodes[node_key] = node
         if refuse_for > 0:
@@ -181,8 +209,8 @@ class OpenSshHostBackend:
             except BaseException:
                 self.stop(node_key)
                 raise
-        log.info("sshd for %s on 127.0.0.1:%d (listening in %.1fs)", node_key, port, refuse_for)
-        return HostEndpoint("127.0.0.1", port, {pair.key_type: pair.b64 for pair in pairs}, tag=tag)
+        log.info("sshd for %s on %s:%d (listening in %.1fs)", node_key, address, port, refuse_for)
+        return HostEndpoint(address, port, {pair.key_type: pair.b64 for pair in pairs}, tag=tag)
 
     def update_keys(self, node_key: str, ssh_keys_metadata: str) -> None:
         # sshd reads AuthorizedKeysFile at each login, so replacing the file is enough.
@@ -258,12 +286,12 @@ class OpenSshHostBackend:
                 break
             with (
                 contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", node.port), timeout=1),
+                socket.create_connection((node.address, node.port), timeout=1),
             ):
                 return
             time.sleep(0.05)
         tail = _tail(node.node_dir / "sshd.log")
-        raise SshdStartError(f"sshd did not start listening on port {node.port}: {tail}")
+        raise SshdStartError(f"sshd did not start listening on {node.address}:{node.port}: {tail}")
 
     def _wrapper(
         self, sandbox: Path, tag: str, image: ImageEnv, node_env: Mapping[str, str]
@@ -292,6 +320,7 @@ class OpenSshHostBackend:
     def _config(
         self,
         node_dir: Path,
+        address: str,
         port: int,
         host_keys: list[Path],
         authorized: Path,
@@ -299,7 +328,7 @@ class OpenSshHostBackend:
     ) -> str:
         options = [
             ("Port", str(port)),
-            ("ListenAddress", "127.0.0.1"),
+            ("ListenAddress", address),
             ("AddressFamily", "inet"),
             *(("HostKey", _quote(path)) for path in host_keys),
             ("PidFile", _quote(node_dir / "sshd.pid")),

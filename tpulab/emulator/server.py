@@ -14,6 +14,7 @@ also kept, as it arrived on the wire, in a bounded log (`Emulator.requests()`, `
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -25,15 +26,17 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, parse_qsl, unquote, urlsplit
 
 from tpulab.contract import (
+    EMULATOR_COORDINATOR_PORT_ATTRIBUTE,
     EMULATOR_SSH_PORT_ATTRIBUTE,
     EMULATOR_SSH_USER_ATTRIBUTE,
     HOST_KEY_NAMESPACE,
@@ -45,8 +48,14 @@ from tpulab.emulator import project_apis, queued
 from tpulab.emulator.compute import COMPUTE_ROUTES, compute_project
 from tpulab.emulator.faults import GUEST_ATTRIBUTE_ERRORS, FaultPlan
 from tpulab.emulator.guest import Guest, StateLink
-from tpulab.emulator.hostenv import BackendImage, ImageEnv, kill_tagged
-from tpulab.emulator.hosts import HostBackend, HostEndpoint
+from tpulab.emulator.hostenv import (
+    BackendImage,
+    ImageEnv,
+    common_free_port,
+    kill_tagged,
+    reserve_port,
+)
+from tpulab.emulator.hosts import AddressedHostBackend, HostBackend, HostEndpoint
 from tpulab.emulator.iam import (
     ROUTE_PERMISSIONS,
     TOKEN_PREFIX,
@@ -68,6 +77,16 @@ from tpulab.emulator.state import (
 )
 from tpulab.emulator.timing import Timing
 from tpulab.emulator.wire import ApiError, error_body
+from tpulab.emulator.workers import (
+    WORKERS_FIELD,
+    loopback_address,
+    set_worker_part,
+    worker_count,
+    worker_key,
+    worker_part,
+    worker_suffix,
+    writable_attributes,
+)
 from tpulab.emulator.zones import ZONES
 
 __all__ = ["Emulator"]
@@ -76,6 +95,8 @@ log = logging.getLogger(__name__)
 
 Record = dict[str, Any]
 Handler = Callable[["_Request"], tuple[int, Record]]
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 # Emulators alive in this process, by owner token: a node whose SSH host was started by
 # an emulator that is no longer here (stopped, or its process died) gets a new one.
@@ -83,6 +104,9 @@ _LIVE_OWNERS: set[str] = set()
 _LIVE_LOCK = threading.Lock()
 # Enough for any single run (a few hundred requests); old entries fall off the front.
 _REQUEST_LOG_SIZE = 10_000
+# How often a slice's hosts are started again on another common port when one was
+# taken between probing it and binding it (workers.py: one port for every worker).
+_COMMON_PORT_ATTEMPTS = 5
 
 _P = r"(?P<project>[^/]+)"
 _Z = r"(?P<zone>[^/]+)"
@@ -183,7 +207,8 @@ class Emulator:
     """The offline Cloud TPU API. `start()` returns its URL; use as a context manager.
 
     `state_dir` holds `state.json` (the cloud) and `sandboxes/<project>/<zone>/<node>`
-    (each node's home directory). A `faults.json` there, if present, seeds `faults`.
+    (each node's home directory; worker w > 0 of a multi-host slice has its own,
+    `<node>.worker-<w>`, beside it). A `faults.json` there, if present, seeds `faults`.
     `guests` (default: when there is a host backend) boots each READY node's inside:
     its metadata server and its `startup-script` (see `guest.py`).
     """
@@ -202,7 +227,7 @@ class Emulator:
         self.state_dir = Path(state_dir)
         self.host_backend = host_backend
         self._guests_choice = guests
-        self._guests: dict[str, Guest] = {}
+        self._guests: dict[str, dict[int, Guest]] = {}  # node key -> worker -> its boot
         self.timing = timing if timing is not None else Timing()
         self.faults = FaultPlan()
         self.calls: Counter[str] = Counter()
@@ -212,7 +237,8 @@ class Emulator:
         self._clock = clock
         self._file = StateFile(self.state_dir)
         self._owner = f"{os.getpid()}:{uuid.uuid4().hex}"
-        self._hosts: set[str] = set()  # node keys whose SSH host this emulator started
+        # Node keys whose SSH hosts (and guests) this emulator started -> how many workers.
+        self._hosts: dict[str, int] = {}
         self._hosts_lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._threads: list[threading.Thread] = []
@@ -299,8 +325,7 @@ class Emulator:
             for key in owned:
                 node = data["nodes"].get(key)
                 if node is not None and (node.get("host") or {}).get("owner") == self._owner:
-                    node["host"] = None
-                    node["guest_attributes"] = {}
+                    _clear_boot(node, None)
 
     def __enter__(self) -> Emulator:
         self.start()
@@ -326,27 +351,30 @@ class Emulator:
         nodes = self.snapshot()["nodes"].values()
         return sorted(n["name"] for n in nodes if project is None or n["project"] == project)
 
-    def sandbox(self, project: str, zone: str, node: str) -> Path:
-        return self.state_dir / "sandboxes" / project / zone / node
+    def sandbox(self, project: str, zone: str, node: str, worker: int = 0) -> Path:
+        """The home directory of the node's worker `worker` (0: a single host's)."""
+        return self.state_dir / "sandboxes" / project / zone / (node + worker_suffix(worker))
 
-    def clock_skip_file(self, project: str, zone: str, node: str) -> Path:
-        """How far the node's clock was moved forward (beside, not in, its home)."""
-        return self.state_dir / "clocks" / project / zone / node
+    def clock_skip_file(self, project: str, zone: str, node: str, worker: int = 0) -> Path:
+        """How far the worker's clock was moved forward (beside, not in, its home)."""
+        return self.state_dir / "clocks" / project / zone / (node + worker_suffix(worker))
 
     def skip_vm_clock(self, project: str, zone: str, node: str, seconds: float) -> float:
         """Move a booted node's clock `seconds` forward, as if that long had passed on the
         VM with nothing else happening: its watchdog's --ttl deadline and lease come that
         much sooner, so a test need not wait minutes of real time for them. The total
-        skipped since the node booted; KeyError when the node has no booted guest."""
+        skipped since the node booted; KeyError when the node has no booted guest.
+        Every worker of a slice moves together (worker 0's total is returned)."""
         with self._hosts_lock:
-            guest = self._guests.get(node_key(project, zone, node))
-        if guest is None:
+            guests = dict(self._guests.get(node_key(project, zone, node)) or {})
+        if 0 not in guests:
             raise KeyError(f"node {project}/{zone}/{node} has no booted guest")
-        return guest.skip_clock(seconds)
+        totals = {worker: guest.skip_clock(seconds) for worker, guest in guests.items()}
+        return totals[0]
 
-    def startup_log(self, project: str, zone: str, node: str) -> Path:
-        """Where the node's startup-script output goes (in its sandbox, while it exists)."""
-        return startup_log(self.sandbox(project, zone, node))
+    def startup_log(self, project: str, zone: str, node: str, worker: int = 0) -> Path:
+        """Where the worker's startup-script output goes (in its sandbox, while it exists)."""
+        return startup_log(self.sandbox(project, zone, node, worker))
 
     def requests(self) -> list[Record]:
         """The API requests received so far, oldest first, as they arrived on the wire:
@@ -380,13 +408,12 @@ class Emulator:
 
     def _forget(self, gone: list[Record]) -> None:
         for node in gone:
-            key = node_key(node["project"], node["zone"], node["name"])
-            self._stop_host(key)
+            project, zone, name = node["project"], node["zone"], node["name"]
+            self._stop_host(node_key(project, zone, name))
             _kill_boot(node)  # booted by an emulator that died: nobody else will
-            shutil.rmtree(self.sandbox(node["project"], node["zone"], node["name"]), True)
-            self.clock_skip_file(node["project"], node["zone"], node["name"]).unlink(
-                missing_ok=True
-            )
+            for worker in range(worker_count(node["accelerator_type"])):
+                shutil.rmtree(self.sandbox(project, zone, name, worker), True)
+                self.clock_skip_file(project, zone, name, worker).unlink(missing_ok=True)
             _forget_tmp_files(node)
 
     def _tick_loop(self) -> None:
@@ -409,7 +436,7 @@ class Emulator:
         """Apply due transitions, then start or stop SSH hosts to match node states."""
         to_start: list[Record] = []
         to_stop: list[str] = []
-        to_rekey: list[tuple[str, str]] = []
+        to_rekey: list[tuple[str, str, int]] = []
         with self._transaction() as cloud:
             for key, node in cloud.nodes.items():
                 host = node.get("host") or {}
@@ -417,13 +444,13 @@ class Emulator:
                 ssh_keys = self._authorized_keys(node["metadata"])
                 if mine and "port" in host and host.get("ssh_keys") != ssh_keys:
                     host["ssh_keys"] = ssh_keys  # UpdateNode (or OS Login) changed them
-                    to_rekey.append((key, ssh_keys))
+                    # Every worker's guest agent installs the node's keys.
+                    to_rekey.append((key, ssh_keys, worker_count(node["accelerator_type"])))
                 # A preempted VM stops at once, while the API may still say READY.
                 stopped = node.get("vm_stopped_at") is not None
                 if mine and (stopped or node["state"] not in {"READY", "DELETING"}):
                     to_stop.append(key)
-                    node["host"] = None
-                    node["guest_attributes"] = {}
+                    _clear_boot(node, None)
                 elif (
                     (self.host_backend is not None or self.guests)
                     and node["state"] == "READY"
@@ -433,13 +460,12 @@ class Emulator:
                     # A new boot. The old one's init died with its emulator; should any
                     # process of it have survived, it goes now (its tag is on record).
                     _kill_boot(node)
-                    node["host"] = {"owner": self._owner}
-                    node["guest_attributes"] = {}
+                    _clear_boot(node, {"owner": self._owner})
                     to_start.append(dict(node))
         for key in to_stop:
             self._stop_host(key)
-        for key, ssh_keys in to_rekey:
-            self._rekey_host(key, ssh_keys)
+        for key, ssh_keys, count in to_rekey:
+            self._rekey_host(key, ssh_keys, count)
         for node in to_start:
             self._start_host(node)
 
@@ -451,34 +477,36 @@ class Emulator:
             return ""
         return metadata.get(SSH_KEYS_METADATA, "")
 
-    def _rekey_host(self, key: str, ssh_keys: str) -> None:
+    def _rekey_host(self, key: str, ssh_keys: str, count: int) -> None:
         assert self.host_backend is not None
-        try:
-            self.host_backend.update_keys(key, ssh_keys)
-        except Exception:
-            log.exception("could not give the SSH host of %s its new ssh-keys", key)
+        for worker in range(count):
+            try:
+                self.host_backend.update_keys(worker_key(key, worker), ssh_keys)
+            except Exception:
+                log.exception("could not give the SSH host of %s its new ssh-keys", key)
 
     def _start_host(self, node: Record) -> None:
-        """Boot a READY node: its guest (metadata server, startup-script), then its SSH
-        host, whose sessions get the guest's environment too."""
-        key = node_key(node["project"], node["zone"], node["name"])
-        sandbox = self.sandbox(node["project"], node["zone"], node["name"])
-        sandbox.mkdir(parents=True, exist_ok=True)
-        guest = self._boot_guest(key, node, sandbox) if self.guests else None
-        guest_env = guest.env if guest is not None else {}
+        """Boot a READY node: each worker's guest (metadata server, startup-script), then
+        each worker's SSH host, whose sessions get that guest's environment too. A
+        single-host node has one worker, 0; a slice one per host (workers.py)."""
+        project, zone, name = node["project"], node["zone"], node["name"]
+        key = node_key(project, zone, name)
+        count = worker_count(node["accelerator_type"])
+        with self._hosts_lock:
+            self._hosts[key] = count  # from now on _stop_host stops every worker
+        sandboxes = [self.sandbox(project, zone, name, worker) for worker in range(count)]
+        for sandbox in sandboxes:
+            sandbox.mkdir(parents=True, exist_ok=True)
+        envs: list[dict[str, str]] = []
+        for worker, sandbox in enumerate(sandboxes):
+            guest = self._boot_guest(key, node, worker, sandbox) if self.guests else None
+            envs.append(guest.env if guest is not None else {})
         if self.host_backend is None:
-            self._record_boot(key, None, "")
+            self._record_boot(key, count, [], "")
             return
         ssh_keys = self._authorized_keys(node["metadata"])
         try:
-            endpoint = self.host_backend.start(
-                key,
-                sandbox,
-                ssh_keys,
-                refuse_for=self.faults.ssh_refuse_for,
-                ensurepip_missing=self.faults.ensurepip_missing,
-                env=guest_env,
-            )
+            endpoints = self._start_workers(key, sandboxes, ssh_keys, envs)
         except Exception as error:
             log.exception("could not start an SSH host for %s", key)
             with self._file.transaction() as data:
@@ -486,34 +514,97 @@ class Emulator:
                 if current is not None and current.get("host", {}).get("owner") == self._owner:
                     current["host"] = {"owner": self._owner, "error": str(error)}
             return
-        self._record_boot(key, endpoint, ssh_keys)
+        self._record_boot(key, count, endpoints, ssh_keys)
 
-    def _boot_guest(self, key: str, node: Record, sandbox: Path) -> Guest | None:
+    def _start_workers(
+        self, key: str, sandboxes: list[Path], ssh_keys: str, envs: list[dict[str, str]]
+    ) -> list[HostEndpoint]:
+        """Every worker's SSH host, in worker order. One worker: as a single host always
+        was (127.0.0.1, any port). Several, on a backend that can: worker w on
+        127.0.0.(1+w), all on one port, the whole set again on another port should a
+        port be taken on some address; otherwise each on its own 127.0.0.1 port."""
+        backend = self.host_backend
+        assert backend is not None
+
+        def start(worker: int, address: str | None, port: int) -> HostEndpoint:
+            options: dict[str, Any] = {
+                "refuse_for": self.faults.refuse_for(worker),
+                "ensurepip_missing": self.faults.ensurepip_missing,
+                "env": envs[worker],
+            }
+            name = worker_key(key, worker)
+            if address is None:
+                return backend.start(name, sandboxes[worker], ssh_keys, **options)
+            assert isinstance(backend, AddressedHostBackend)
+            return backend.start_at(
+                name, sandboxes[worker], ssh_keys, address=address, port=port, **options
+            )
+
+        count = len(sandboxes)
+        separate = [None] * count
+        if count == 1 or not isinstance(backend, AddressedHostBackend):
+            return _each(lambda w: start(w, separate[w], 0), range(count))
+        addresses = [loopback_address(worker) for worker in range(count)]
+
+        def start_set(port: int) -> list[HostEndpoint]:
+            return _each(lambda w: start(w, addresses[w], port), range(count))
+
+        for attempt in range(_COMMON_PORT_ATTEMPTS):
+            try:
+                port = common_free_port(addresses)
+            except OSError as error:
+                if error.errno != errno.EADDRNOTAVAIL:
+                    raise
+                # Only 127.0.0.1 on this machine's loopback (macOS): a port each there.
+                log.info("no 127.0.0.x addresses here (%s): each worker on a port", error)
+                return _each(lambda w: start(w, separate[w], 0), range(count))
+            try:
+                return start_set(port)
+            except BaseException as error:
+                for worker in range(count):
+                    backend.stop(worker_key(key, worker))
+                taken = isinstance(error, OSError) and error.errno == errno.EADDRINUSE
+                if not taken or attempt + 1 == _COMMON_PORT_ATTEMPTS:
+                    raise
+                # Taken between the probe and the bind: the whole set on another port.
+                log.info("port %d of %s was taken (%s); trying another", port, key, error)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _boot_guest(self, key: str, node: Record, worker: int, sandbox: Path) -> Guest | None:
+        project, zone, name = node["project"], node["zone"], node["name"]
         guest = Guest(
             node,
             sandbox,
-            StateLink(key, self._transaction, self._clock),
+            StateLink(key, self._transaction, self._clock, worker=worker),
             api_url=self.url,
             image=self._guest_image(),
-            clock_skip=self.clock_skip_file(node["project"], node["zone"], node["name"]),
+            clock_skip=self.clock_skip_file(project, zone, name, worker),
         )
         try:
             guest.start()
         except Exception:
-            log.exception("could not boot the guest (metadata server, startup-script) of %s", key)
+            log.exception(
+                "could not boot the guest (metadata server, startup-script) of %s worker %d",
+                key,
+                worker,
+            )
             guest.stop()
             return None
         with self._hosts_lock:
-            self._guests[key] = guest
-            self._hosts.add(key)
+            self._guests.setdefault(key, {})[worker] = guest
         with self._file.transaction() as data:
             current = data["nodes"].get(key)
             if current is not None and (current.get("host") or {}).get("owner") == self._owner:
-                current["guest"] = {
-                    "metadata": guest.metadata.address,
-                    "tag": guest.startup.tag if guest.startup is not None else None,
-                    "init_pid": guest.startup.pid if guest.startup is not None else None,
-                }
+                set_worker_part(
+                    current,
+                    worker,
+                    "guest",
+                    {
+                        "metadata": guest.metadata.address,
+                        "tag": guest.startup.tag if guest.startup is not None else None,
+                        "init_pid": guest.startup.pid if guest.startup is not None else None,
+                    },
+                )
         return guest
 
     def _guest_image(self) -> ImageEnv:
@@ -523,25 +614,34 @@ class Emulator:
             return images.for_node(ensurepip_missing=self.faults.ensurepip_missing)
         return ImageEnv(path=("/usr/bin", "/bin"), name="minimal (no SSH host)")
 
-    def _record_boot(self, key: str, endpoint: HostEndpoint | None, ssh_keys: str) -> None:
+    def _record_boot(
+        self, key: str, count: int, endpoints: list[HostEndpoint], ssh_keys: str
+    ) -> None:
+        """Publish each worker's SSH host as its guest agent would; `endpoints` is empty
+        when there is no host backend (guests only)."""
         with self._hosts_lock:
-            self._hosts.add(key)
+            self._hosts[key] = count
+        # A slice's workers find JAX's coordinator on worker 0 at this port (contract.py).
+        coordinator = _free_loopback_port() if endpoints and count > 1 else None
+        login_user = getattr(self.host_backend, "login_user", None)
         keep = False
         with self._file.transaction() as data:
             current = data["nodes"].get(key)
             if current is not None and (current.get("host") or {}).get("owner") == self._owner:
                 keep = current["state"] in {"READY", "DELETING"}
-                if endpoint is not None:
-                    current["host"] = {
-                        "owner": self._owner,
-                        "host": endpoint.host,
-                        "port": endpoint.port,
-                        "ssh_keys": ssh_keys,  # what it accepts; the ticker compares
-                        "tag": endpoint.tag,  # its sessions' processes: see _kill_boot
-                    }
-                    # As the guest agent does: one `hostkeys/<type>` per key sshd serves,
-                    # beside what the node's own processes have written since boot.
-                    attributes = current.setdefault("guest_attributes", {})
+                for worker, endpoint in enumerate(endpoints):
+                    host: Record = {"host": endpoint.host, "port": endpoint.port}
+                    if worker == 0:
+                        host = {
+                            "owner": self._owner,
+                            **host,
+                            "ssh_keys": ssh_keys,  # what it accepts; the ticker compares
+                        }
+                    host["tag"] = endpoint.tag  # its sessions' processes: see _kill_boot
+                    set_worker_part(current, worker, "host", host)
+                    # As each worker's guest agent does: one `hostkeys/<type>` per key its
+                    # sshd serves, beside what the worker's processes wrote since boot.
+                    attributes = writable_attributes(current, worker)
                     attributes.update(
                         {
                             f"{HOST_KEY_NAMESPACE}/{t}": b64
@@ -550,28 +650,38 @@ class Emulator:
                         }
                     )
                     attributes[EMULATOR_SSH_PORT_ATTRIBUTE] = str(endpoint.port)
-                    login_user = getattr(self.host_backend, "login_user", None)
                     if isinstance(login_user, str) and login_user:
                         attributes[EMULATOR_SSH_USER_ATTRIBUTE] = login_user
+                    if coordinator is not None:
+                        attributes[EMULATOR_COORDINATOR_PORT_ATTRIBUTE] = str(coordinator)
         if not keep:
             self._stop_host(key)
 
     def _stop_host(self, key: str) -> None:
         with self._hosts_lock:
-            if key not in self._hosts:
+            count = self._hosts.pop(key, None)
+            if count is None:
                 return
-            self._hosts.discard(key)
-            guest = self._guests.pop(key, None)
-        if guest is not None:
+            guests = self._guests.pop(key, {})
+
+        def stop_guest(guest: Guest) -> None:
             try:
                 guest.stop()  # the power goes off: its processes die first
             except Exception:
-                log.exception("could not stop the guest of %s", key)
-        if self.host_backend is not None:
+                log.exception("could not stop the guest of %s worker %d", key, guest.worker)
+
+        _each(stop_guest, list(guests.values()))
+        backend = self.host_backend
+        if backend is None:
+            return
+
+        def stop_host(worker: int) -> None:
             try:
-                self.host_backend.stop(key)
+                backend.stop(worker_key(key, worker))
             except Exception:
-                log.exception("could not stop the SSH host for %s", key)
+                log.exception("could not stop the SSH host for %s worker %d", key, worker)
+
+        _each(stop_host, range(count))
 
     # -- request handling --------------------------------------------------------------
 
@@ -763,17 +873,26 @@ class Emulator:
         return 200, answer
 
     def _api_get_guest_attributes(self, request: _Request) -> tuple[int, Record]:
+        """GetGuestAttributes: one `guestAttributes[]` entry per asked worker, in the
+        order asked; `workerIds` empty (or gcloud's [""]) asks for every worker, in worker
+        order (GetGuestAttributesRequest: "If it is empty, all workers' GuestAttributes
+        will be returned"). An entry is {queryPath, queryValue.items[]}: the v2
+        GuestAttributes message has no worker field (google-cloud-tpu's cloud_tpu.py,
+        gcloud's tpu_v2_messages.py), so clients index the answer by position (gcloud's
+        tpu_vm/ssh.py GetFromGuestAttributes(guest_attributes, worker, key))."""
         query_path = str(request.body.get("queryPath") or request.body.get("query_path") or "")
         now = self._clock()
         with self._transaction() as cloud:
             node = cloud.get_node(request.project, request.zone, request.params["node"])
             self._guest_attributes_fault(node, now)
-            attributes = cloud.guest_attributes(node, query_path, now)
-        items = [
-            {"namespace": k.split("/", 1)[0], "key": k.split("/", 1)[1], "value": v}
-            for k, v in sorted(attributes.items())
-        ]
-        return 200, {"guestAttributes": [{"queryPath": query_path, "queryValue": {"items": items}}]}
+            workers = _asked_workers(request.body, node)
+            answers = [cloud.guest_attributes(node, query_path, now, w) for w in workers]
+        return 200, {
+            "guestAttributes": [
+                {"queryPath": query_path, "queryValue": {"items": _items(attributes)}}
+                for attributes in answers
+            ]
+        }
 
     def _guest_attributes_fault(self, node: Record, now: float) -> None:
         """The `guest_attributes_error_for` fault: an error until that long after READY;
@@ -971,6 +1090,34 @@ class Emulator:
                 self._connections.discard(connection)
 
 
+def _asked_workers(body: Record, node: Record) -> list[int]:
+    count = worker_count(node["accelerator_type"])
+    asked = body.get("workerIds", body.get("worker_ids")) or []
+    if not isinstance(asked, list):
+        raise ApiError(400, "INVALID_ARGUMENT", f"Invalid workerIds {asked!r}: want a list.")
+    if not asked or "" in asked:
+        return list(range(count))
+    workers: list[int] = []
+    for worker in asked:
+        text = str(worker)
+        if not (text.isascii() and text.isdigit() and int(text) < count):
+            # The emulator's refusal (the real words are not on record).
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f"Invalid worker ID {worker!r}: node {node['name']} has workers 0 to {count - 1}.",
+            )
+        workers.append(int(text))
+    return workers
+
+
+def _items(attributes: dict[str, str]) -> list[Record]:
+    return [
+        {"namespace": k.split("/", 1)[0], "key": k.split("/", 1)[1], "value": v}
+        for k, v in sorted(attributes.items())
+    ]
+
+
 def _location(project: str, zone: str) -> Record:
     return {"name": f"projects/{project}/locations/{zone}", "locationId": zone}
 
@@ -988,14 +1135,51 @@ def _refuse_constant(name: str) -> Any:
 
 
 def _kill_boot(node: Record) -> None:
-    """Kill whatever a boot of `node` left running: its startup-script's tree (the guest's
-    tag) and its SSH sessions' processes (the host's tag), as powering off a VM does.
-    The emulator that booted it stops its own on delete; one that died (SIGKILL) leaves
-    them orphaned on this machine, and only these recorded tags find them again."""
-    for part in ("guest", "host"):
-        tag = (node.get(part) or {}).get("tag")
-        if tag:
-            kill_tagged(tag)
+    """Kill whatever a boot of `node` left running: each worker's startup-script tree
+    (its guest's tag) and SSH sessions' processes (its host's tag), as powering off a
+    VM does. The emulator that booted it stops its own on delete; one that died
+    (SIGKILL) leaves them orphaned on this machine, and only these recorded tags find
+    them again."""
+    recorded = {int(w) for w in node.get(WORKERS_FIELD) or {} if str(w).isdigit()}
+    for worker in sorted({0, *recorded}):
+        for part in ("guest", "host"):
+            tag = (worker_part(node, worker, part) or {}).get("tag")
+            if tag:
+                kill_tagged(tag)
+
+
+def _clear_boot(node: Record, host: Record | None) -> None:
+    """Forget the node's boot in its record: no SSH hosts, no guest attributes, on any
+    worker (`host` becomes worker 0's host record: the new boot's owner, or None). The
+    guests' records stay, so their tags can still be killed (_kill_boot)."""
+    node["host"] = host
+    node["guest_attributes"] = {}
+    for record in (node.get(WORKERS_FIELD) or {}).values():
+        record["host"] = None
+        record["guest_attributes"] = {}
+
+
+def _each(work: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
+    """`work` on every item, concurrently when there are several (a slice's workers boot
+    together, as its VMs do), in item order; once all have ended, the first failure (in
+    item order) is raised."""
+    todo = list(items)
+    if len(todo) <= 1:
+        return [work(item) for item in todo]
+    with ThreadPoolExecutor(len(todo), thread_name_prefix="tpu-emulator-worker") as pool:
+        futures = [pool.submit(work, item) for item in todo]
+        wait(futures)
+    for future in futures:
+        error = future.exception()
+        if error is not None:
+            raise error
+    return [future.result() for future in futures]
+
+
+def _free_loopback_port() -> int:
+    """A port free on 127.0.0.1 now (for a process of the node to bind later)."""
+    with reserve_port("127.0.0.1") as sock:
+        return int(sock.getsockname()[1])
 
 
 def _owner_alive(owner: str | None) -> bool:

@@ -109,16 +109,38 @@ class EmbeddedHostBackend:
         ensurepip_missing: bool = False,
         env: Mapping[str, str] | None = None,
     ) -> HostEndpoint:
+        return self.start_at(
+            node_key,
+            sandbox,
+            ssh_keys_metadata,
+            address="127.0.0.1",
+            port=0,
+            refuse_for=refuse_for,
+            ensurepip_missing=ensurepip_missing,
+            env=env,
+        )
+
+    def start_at(
+        self,
+        node_key: str,
+        sandbox: Path,
+        ssh_keys_metadata: str,
+        *,
+        address: str,
+        port: int,
+        refuse_for: float = 0.0,
+        ensurepip_missing: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> HostEndpoint:
         import asyncssh
 
         self.stop(node_key)  # a restart replaces the old server, never doubles it
+        sock = reserve_port(address, port)  # first: a taken port starts nothing
         sandbox.mkdir(parents=True, exist_ok=True)
         authorized = _authorized(ssh_keys_metadata)
         pairs = new_host_keys()
         host_keys = [asyncssh.import_private_key(pair.private_openssh) for pair in pairs]
-        node = _Node(
-            node_key, sandbox.resolve(), authorized, reserve_port(), new_node_tag(node_key)
-        )
+        node = _Node(node_key, sandbox.resolve(), authorized, sock, new_node_tag(node_key))
         node.image = self.images.for_node(ensurepip_missing=ensurepip_missing)
         node.env = dict(env or {})
         port = node.sock.getsockname()[1]
@@ -126,13 +148,14 @@ class EmbeddedHostBackend:
             self._nodes[node_key] = node
         self._call(self._open(node, host_keys, refuse_for))
         log.info(
-            "embedded ssh host for %s on 127.0.0.1:%d (listening in %.1fs)",
+            "embedded ssh host for %s on %s:%d (listening in %.1fs)",
             node_key,
+            address,
             port,
             refuse_for,
         )
         return HostEndpoint(
-            "127.0.0.1", port, {pair.key_type: pair.b64 for pair in pairs}, tag=node.tag
+            address, port, {pair.key_type: pair.b64 for pair in pairs}, tag=node.tag
         )
 
     def update_keys(self, node_key: str, ssh_keys_metadata: str) -> None:

@@ -26,6 +26,7 @@ from tpulab.emulator.wire import (
     parse_enum,
     rfc3339,
 )
+from tpulab.emulator.workers import worker_address, worker_attributes, worker_count
 from tpulab.emulator.zones import ZONES, Zone, accelerator_family
 
 __all__ = ["CloudState", "longrunning_json", "node_json", "node_key", "operation_json"]
@@ -352,11 +353,17 @@ class CloudState:
         node["update_op"] = operation["name"]
         return operation
 
-    def guest_attributes(self, node: Record, query_path: str, now: float) -> dict[str, str]:
+    def guest_attributes(
+        self, node: Record, query_path: str, now: float, worker: int = 0
+    ) -> dict[str, str]:
+        """What worker `worker` of `node` has published under `query_path`."""
         ready_time = node.get("ready_time")
         if ready_time is None or now < ready_time + self.faults.guest_attributes_delay:
             return {}
-        visible = {"tpulab-emulator/ready-time": rfc3339(ready_time), **node["guest_attributes"]}
+        visible = {
+            "tpulab-emulator/ready-time": rfc3339(ready_time),
+            **worker_attributes(node, worker),
+        }
         if not query_path:
             return visible
         if query_path.endswith("/") or "/" not in query_path:
@@ -505,13 +512,21 @@ def node_json(node: Record, *, as_int: bool) -> Record:
         body["health"] = enum_value(
             HEALTHS, "HEALTHY" if node["state"] == "READY" else node["health"], as_int=as_int
         )
-        host = node.get("host") or {}
-        address = host.get("host") or f"10.128.{node['number'] // 250}.{node['number'] % 250 + 2}"
-        endpoint: Record = {"ipAddress": address, "port": 8470}
-        if node["external_ips"]:
-            endpoint["accessConfig"] = {"externalIp": host.get("host") or address}
-        body["networkEndpoints"] = [endpoint]
+        # One entry per worker VM, in worker order (a slice has several; clients index
+        # this list by worker: gcloud's tpu-vm ssh ParseWorkerFlag, tpulab's run engine).
+        body["networkEndpoints"] = [
+            _endpoint_json(node, worker) for worker in range(worker_count(node["accelerator_type"]))
+        ]
     return body
+
+
+def _endpoint_json(node: Record, worker: int) -> Record:
+    address = worker_address(node, worker)
+    endpoint: Record = {"ipAddress": address, "port": 8470}
+    if node["external_ips"]:
+        # An emulated worker is reached at its one (loopback) address either way.
+        endpoint["accessConfig"] = {"externalIp": address}
+    return endpoint
 
 
 def operation_json(operation: Record, node: Record | None, *, now: float, as_int: bool) -> Record:
