@@ -80,14 +80,16 @@ def test_nonsense_gets_no_suggestion_but_the_list() -> None:
 
 
 @pytest.mark.parametrize("name", ["v4-16", "v4-32", "v5litepod-16", "v6e-16"])
-def test_multi_host_types_are_known_but_refused(name: str) -> None:
+def test_multi_host_types_are_refused_where_one_host_is_meant(name: str) -> None:
     assert catalog.lookup(name).hosts > 1
-    with pytest.raises(UnsupportedAcceleratorError, match="multi-host slices are not supported"):
-        catalog.lookup_single_host(name)
+    with pytest.raises(UnsupportedAcceleratorError) as caught:
+        catalog.lookup_single_host(name, what="thing X", instead="Do Y")
+    assert caught.value.message.endswith("thing X works on single-host types only.")
+    assert (caught.value.hint or "").startswith("Do Y, or choose a single-host type: v2-8")
 
 
 def test_single_host_types_pass() -> None:
-    assert catalog.lookup_single_host("v5litepod-4").devices_per_host == 4
+    assert catalog.lookup_single_host("v5litepod-4", what="x", instead="y").devices_per_host == 4
 
 
 @pytest.mark.parametrize(

@@ -101,7 +101,7 @@ def test_rejection_json_envelope_names_the_failure() -> None:
     [
         (["verify"], "tpulab run"),
         (["verify", "--local", "--accelerator", "v5litepod-3"], "v5litepod-4"),
-        (["verify", "--local", "--accelerator", "v4-16"], "multi-host"),
+        (["verify", "--local", "--accelerator", "v4-16"], "single-host types only"),
         (["verify", "--local", "--accelerator", "v6e-4", "--devices", "4"], "both"),
         (["verify", "--local", "--devices", "0"], "out of range"),
         (["verify", "--local", "--expect-platform", "metal"], "Unknown platform"),

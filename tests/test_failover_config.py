@@ -98,7 +98,7 @@ def test_retry_and_recovery_flags_reach_the_spec() -> None:
         ({"retry_until_up": True, "retry_for": "3d"}, "Invalid --retry-for"),
         ({"zones": ["us-central1-a,,us-west4-a"]}, "empty entry"),
         ({"zones": ["us-central1-a", "Mars-1"]}, "Invalid zone"),
-        ({"zones": ["auto"], "accelerator": "v4-16"}, "multi-host"),
+        ({"zones": ["auto"], "accelerator": "v4-1024"}, "Unknown accelerator"),
         ({"zones": ["us-central1-a", "us-west4-a"], "name": "n" * 60}, "no room"),
     ],
 )

@@ -131,15 +131,16 @@ def lookup(name: str) -> Accelerator:
         raise UnknownAcceleratorError(name, _suggest(name), list(CATALOG)) from None
 
 
-def lookup_single_host(name: str) -> Accelerator:
-    """Like `lookup`, but refuses multi-host slices, which `run` cannot drive yet."""
+def lookup_single_host(name: str, *, what: str, instead: str) -> Accelerator:
+    """Like `lookup`, but refuses a multi-host slice for `what` (a command that works on
+    one host only), saying what to do `instead`."""
     accelerator = lookup(name)
     if not accelerator.single_host:
         single = ", ".join(a.name for a in CATALOG.values() if a.single_host)
         raise UnsupportedAcceleratorError(
-            f"{name} is a multi-host slice ({accelerator.hosts} hosts); "
-            "multi-host slices are not supported yet.",
-            hint=f"Choose a single-host type: {single}",
+            f"{name} is a multi-host slice ({accelerator.hosts} hosts); {what} works on "
+            "single-host types only.",
+            hint=f"{instead}, or choose a single-host type: {single}",
         )
     return accelerator
 

@@ -127,6 +127,16 @@ def up_command(
             watchdog=times,
             service_account=service_account,
         )
+        if inputs.spec.accelerator.hosts > 1:
+            from tpulab.catalog import lookup_single_host
+
+            # Before any API call: a session keeps one SSH target (SessionState).
+            lookup_single_host(
+                inputs.spec.accelerator.name,
+                what="a session (`tpulab up`, `exec`, `ssh`)",
+                instead="Run your command on every worker with `tpulab run --accelerator "
+                f"{inputs.spec.accelerator.name} -- CMD`",
+            )
         from tpulab.contract import KIND_SESSION
 
         session_name = chosen_name or check_session_name(f"s-{inputs.spec.run_id.split('-')[-1]}")

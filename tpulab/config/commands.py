@@ -349,7 +349,12 @@ def local_verify_inputs(
     name = None
     if accelerator is not None:
         given(accelerator, "--accelerator", hint="Pass a type such as v5litepod-4.")
-        name = catalog.lookup_single_host(accelerator.strip()).name
+        name = catalog.lookup_single_host(
+            accelerator.strip(),
+            what="`verify --local` (one machine, one JAX process)",
+            instead="Verify a slice on the slice itself: `tpulab run --accelerator "
+            f"{accelerator.strip()}`",
+        ).name
         if expect_platform == "gpu":
             raise ConfigError(
                 f"{name} is a TPU; it cannot be expected on gpu.",

@@ -63,7 +63,7 @@ def doctor_inputs(
     accel = None
     if accelerator is not None:
         given(accelerator, "--accelerator", hint="Pass a type such as v5litepod-4.")
-        accel = catalog.lookup_single_host(accelerator.strip()).name
+        accel = catalog.lookup(accelerator.strip()).name
     account = check_service_account(service_account)
     flag = project_flag(project)  # malformed: bad input, raised
     zn = Resolved(zone_flags([zone])[0], "--zone") if zone is not None else None

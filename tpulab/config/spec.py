@@ -361,7 +361,7 @@ def _accelerator(
 ) -> tuple[catalog.Accelerator, str]:
     if flag is not None:
         given(flag, "--accelerator", hint="Pass a type such as v5litepod-4.")
-        return catalog.lookup_single_host(flag.strip()), "--accelerator"
+        return catalog.lookup(flag.strip()), "--accelerator"
     found = _from_file(defaults, "accelerator")
     if found is None:
         raise ConfigError(
@@ -371,7 +371,7 @@ def _accelerator(
             "workspace's pyproject.toml [tool.tpulab] or tpulab.toml.",
         )
     try:
-        return catalog.lookup_single_host(found.value), found.source
+        return catalog.lookup(found.value), found.source
     except ConfigError as error:
         raise ConfigError(
             f"{error.message.rstrip('.')} (from {found.source}).", hint=error.hint

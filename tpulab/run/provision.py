@@ -8,10 +8,11 @@ API took it: the teardown (tpulab.run.ending) reads them to decide what may exis
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from tpulab.cloud import tpu_v2
-from tpulab.contract import EMULATOR_SSH_USER_ATTRIBUTE
+from tpulab.contract import EMULATOR_COORDINATOR_PORT_ATTRIBUTE, EMULATOR_SSH_USER_ATTRIBUTE
 from tpulab.errors import (
     AlreadyExistsError,
     CloudError,
@@ -271,9 +272,32 @@ def pin_host_key(ctx: RunContext) -> str:
             user = seen.get(EMULATOR_SSH_USER_ATTRIBUTE) or user
         workers.append(Worker(index, SshTarget(address, ssh_port_from(seen), user, host_key)))
     ctx.workers = workers
+    if hosts > 1:
+        ctx.coordinator = _coordinator(ctx, node, published[0])
     first = workers[0].target
     pinned = f"{first.host_key.key_type} pinned for {first.host}:{first.port}"
     return pinned if hosts == 1 else f"{hosts} workers' host keys pinned; worker 0's {pinned}"
+
+
+def _coordinator(ctx: RunContext, node: NodeInfo, worker0: Mapping[str, str]) -> str:
+    """Where a slice's JAX processes meet: worker 0's internal address (the workers
+    reach each other inside the VPC, not through external IPs) at COORDINATOR_PORT;
+    an emulated slice's workers share one machine, so its emulator publishes a free
+    port instead (honoured for emulated runs only, as the SSH port is)."""
+    from tpulab.remote.payload import COORDINATOR_PORT
+
+    port = COORDINATOR_PORT
+    published = worker0.get(EMULATOR_COORDINATOR_PORT_ATTRIBUTE)
+    if ctx.spec.emulated and published is not None and published.isdecimal():
+        port = int(published)
+    address = node.workers[0].ip_address if node.workers else node.ip_address
+    if not address:
+        raise RemoteError(
+            f"Node {node.name} reports no internal address for worker 0, where the slice's "
+            "JAX processes must meet.",
+            hint="The slice is not fully up; check it with `tpulab list`, and retry the run.",
+        )
+    return f"{address}:{port}"
 
 
 def _worker_addresses(ctx: RunContext, node: NodeInfo, hosts: int) -> list[str]:
