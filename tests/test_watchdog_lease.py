@@ -99,8 +99,9 @@ def test_a_failing_renewal_is_noted_not_raised_and_recovery_is_noted_too(
     ssh_host: SshHost, config: WatchdogConfig
 ) -> None:
     notes: list[str] = []
-    blocker = Path(config.lease_path + ".tmp")
-    blocker.mkdir()  # the renewal's temporary file cannot be written
+    blocker = Path(config.lease_path)
+    blocker.mkdir()  # the renewal cannot replace the lease file
+    (blocker / "inside").write_text("")  # nor remove it
     with ssh_host.connect() as session:
         renewer = LeaseRenewer(session, config, note=notes.append)
         renewer.start()  # does not raise
@@ -111,6 +112,7 @@ def test_a_failing_renewal_is_noted_not_raised_and_recovery_is_noted_too(
         assert "the teardown still runs" in notes[0]
         time.sleep(config.renew_seconds * 1.5)
         assert len(notes) == 1, notes  # one note per failing stretch, not one per try
+        (blocker / "inside").unlink()
         blocker.rmdir()
         deadline = time.monotonic() + 20
         while renewer.renewals == 0 and time.monotonic() < deadline:
@@ -153,3 +155,19 @@ def test_lapsed_means_no_renewal_for_a_whole_lease(config: WatchdogConfig) -> No
     clock.sleep(config.lease_seconds + 5)  # SIGSTOP
     awake.renew()  # SIGCONT: the first renewal goes through
     assert awake.lapsed()
+
+
+def test_renewers_writing_at_once_all_succeed_and_leave_no_temporary_file(
+    config: WatchdogConfig,
+) -> None:
+    """An emulated slice's four workers share one /tmp, and a forward renews beside an
+    exec: renewals at the same moment must not fail on each other's temporary file."""
+    import subprocess
+
+    from tpulab.remote.watchdog import renew_command
+
+    writers = [subprocess.Popen(renew_command(config, seq)) for seq in range(1, 33)]
+    assert [w.wait(timeout=60) for w in writers] == [0] * 32
+    assert 1 <= _seq(config) <= 32
+    lease = Path(config.lease_path)
+    assert list(lease.parent.glob(lease.name + ".tmp*")) == []

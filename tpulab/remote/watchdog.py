@@ -155,8 +155,15 @@ def startup_script(config: WatchdogConfig, source: str | None = None) -> str:
 def renew_command(config: WatchdogConfig, seq: int) -> list[str]:
     """The argv that renews the lease once (the Connection quotes every word)."""
     line = json.dumps({"seq": seq, "lease_seconds": config.lease_seconds}, sort_keys=True)
-    # $1 the line, $2 the lease file: nothing is pasted into the script itself.
-    script = 'printf "%s\\n" "$1" > "$2.tmp" && mv -f "$2.tmp" "$2"'
+    # $1 the line, $2 the lease file: nothing is pasted into the script itself. The
+    # temporary file is this shell's own ($$): two renewers at once (an emulated slice's
+    # workers share one machine's /tmp; a forward beside an exec) made one's mv fail on
+    # the other's "$2.tmp". -T: a directory in the lease's place is a failure, not a
+    # place to move into (GNU mv, as on the TPU VM images).
+    script = (
+        'tmp="$2.tmp.$$"; printf "%s\\n" "$1" > "$tmp" && mv -fT "$tmp" "$2" '
+        '|| { rm -f "$tmp"; exit 1; }'
+    )
     return ["sh", "-c", script, "tpulab-lease", line, config.lease_path]
 
 
