@@ -197,3 +197,25 @@ def test_a_slice_is_priced_for_all_its_chips() -> None:
 
     one_host, whole = lookup("v5litepod-4"), lookup(SLICE)
     assert whole.price_per_hour() == pytest.approx(4 * one_host.price_per_hour())
+
+
+def test_a_slice_reporting_fewer_workers_than_its_type_fails_at_once(embedded_rig: Rig) -> None:
+    """A node whose networkEndpoints are short of its hosts (a slice not fully up, as
+    the API can report it) fails before any SSH timeout, and is deleted."""
+    from delegating_api import DelegatingTpuApi
+
+    from tpulab.models import NodeInfo
+
+    class ThreeWorkers(DelegatingTpuApi):
+        def get_node(self, zone: str, node_id: str) -> NodeInfo:
+            node = self.api.get_node(zone, node_id)
+            return node.model_copy(update={"workers": node.workers[:3]})
+
+    spec = embedded_rig.spec(SLICE)
+    started = time.monotonic()
+    life, _recorder, error = embedded_rig.run(spec, api=ThreeWorkers(embedded_rig.api))
+    assert isinstance(error, RemoteError), error
+    assert "reports 3 network endpoint(s), but a v5litepod-16 has 4 workers" in error.message
+    assert time.monotonic() - started < 60
+    assert life.outcome.teardown_status == "confirmed"
+    assert embedded_rig.leftovers() == []
