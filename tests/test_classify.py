@@ -33,6 +33,21 @@ SKY = "SkyPilot sky/backends/cloud_vm_ray_backend.py FailoverCloudErrorHandlerV2
 # (status, real message, source, expected class, failover scope)
 REAL_ANSWERS: list[tuple[str, str, str, type[E.CloudError], Scope]] = [
     (
+        "INVALID_ARGUMENT",
+        "The referenced network resource cannot be found: projects/p/global/networks/default.",
+        "Compute's 400 for a missing network (GoogleCloudPlatform/magic-modules #18826 "
+        "retries on it); the TPU API's own wording is not on record here",
+        E.InvalidArgumentError,
+        "fatal",
+    ),
+    (
+        "INVALID_ARGUMENT",
+        'Project "xxxx-xxx-xxxxxx" has no network named "default".',
+        "GKE's 400 badRequest (googlecloudrobotics/core #339)",
+        E.InvalidArgumentError,
+        "fatal",
+    ),
+    (
         RPC_STATUS[8],
         'There is no more capacity in the zone "europe-west4-a"; you can try in another '
         "zone where Cloud TPU Nodes are offered (see https://cloud.google.com/tpu/docs/"

@@ -87,6 +87,9 @@ class NodeRequest(BaseModel):
     # compute service account; no scopes and no email: the field is not sent at all.
     service_account_email: str = ""
     service_account_scopes: tuple[str, ...] = ()
+    # The VPC (networkConfig.network / .subnetwork); empty: the API's `default`.
+    network: str = ""
+    subnetwork: str = ""
 
 
 class WorkerEndpoint(BaseModel):

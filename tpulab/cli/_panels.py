@@ -22,6 +22,8 @@ PANELS: dict[str, tuple[str, ...]] = {
         "--emulate",
         "--api-endpoint",
         "--internal-ip",
+        "--network",
+        "--subnetwork",
         "--service-account",
     ),
     "Capacity": (

@@ -14,10 +14,12 @@ __all__ = [
     "BootstrapTimeout",
     "Installer",
     "JaxVersion",
+    "Network",
     "PayloadTimeout",
     "Project",
     "Python",
     "ServiceAccount",
+    "Subnetwork",
     "TeardownTimeout",
     "Verbose",
     "Zones",
@@ -87,3 +89,19 @@ ServiceAccount = Annotated[
     ),
 ]
 Verbose = Annotated[bool, typer.Option("-v", "--verbose", help="Show remote output live.")]
+Network = Annotated[
+    str | None,
+    typer.Option(
+        "--network",
+        metavar="VPC",
+        help="The VPC network to create the TPU VM in (default: the project's `default`).",
+    ),
+]
+Subnetwork = Annotated[
+    str | None,
+    typer.Option(
+        "--subnetwork",
+        metavar="SUBNET",
+        help="The subnetwork, in the zone's region (default: the network's own there).",
+    ),
+]

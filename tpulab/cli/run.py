@@ -357,6 +357,8 @@ def run_command(
         ),
     ] = False,
     service_account: ro.ServiceAccount = None,
+    network: ro.Network = None,
+    subnetwork: ro.Subnetwork = None,
 ) -> None:
     """Create a TPU VM, run the JAX verifier on it, check the receipt, delete the VM.
 
@@ -424,6 +426,8 @@ def run_command(
                 max_duration=max_duration,
             ),
             service_account=service_account,
+            network=network,
+            subnetwork=subnetwork,
         )
         spec = inputs.spec
         if no_watchdog:

@@ -83,6 +83,8 @@ def up_command(
     jax_version: ro.JaxVersion = None,
     installer: ro.Installer = "uv",
     service_account: ro.ServiceAccount = None,
+    network: ro.Network = None,
+    subnetwork: ro.Subnetwork = None,
     verbose: ro.Verbose = False,
     as_json: Annotated[
         bool,
@@ -126,6 +128,8 @@ def up_command(
             jax_version=jax_version,
             watchdog=times,
             service_account=service_account,
+            network=network,
+            subnetwork=subnetwork,
         )
         if inputs.spec.accelerator.hosts > 1:
             from tpulab.catalog import lookup_single_host

@@ -206,6 +206,23 @@ RULES: tuple[Rule, ...] = (
         phrases=("invalid acceleratortype",),
     ),
     Rule(
+        # A VPC the project lacks: Compute's words ("The referenced network resource
+        # cannot be found", the magic-modules retry predicate quotes them) and GKE's
+        # ("has no network named"); a project without `default` fails every create.
+        _statuses("INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION"),
+        InvalidArgumentError,
+        "the project has no such network: {api_message}",
+        "Name an existing VPC with --network (and --subnetwork, in the zone's region; "
+        "`gcloud compute networks list`), or create the default one: `gcloud compute "
+        "networks create default --subnet-mode=auto`. `tpulab doctor` checks it.",
+        "fatal",
+        phrases=(
+            "network resource cannot be found",
+            "subnetwork resource cannot be found",
+            "has no network named",
+        ),
+    ),
+    Rule(
         _statuses("INVALID_ARGUMENT", "FAILED_PRECONDITION", "OUT_OF_RANGE"),
         InvalidArgumentError,
         "the API rejected the request as invalid",

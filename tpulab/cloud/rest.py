@@ -101,7 +101,14 @@ def node_body(request: NodeRequest) -> dict[str, Any]:
     # An external IP is what lets the laptop reach the VM over SSH (--internal-ip: from
     # inside the VPC, none is asked for: false is proto3's default, which the REST
     # transport leaves out of the JSON).
-    node["networkConfig"] = {"enableExternalIps": True} if request.external_ips else {}
+    network: dict[str, Any] = {"enableExternalIps": True} if request.external_ips else {}
+    # --network / --subnetwork as given (a name or a path: the API takes either, as
+    # gcloud's `tpu-vm create --network` passes it through); unset: the API's default.
+    if request.network:
+        network["network"] = request.network
+    if request.subnetwork:
+        network["subnetwork"] = request.subnetwork
+    node["networkConfig"] = network
     if request.service_account_email or request.service_account_scopes:
         # google.cloud.tpu.v2.ServiceAccount: an empty email means the project's default
         # compute service account; the scopes bound what its metadata token may do.

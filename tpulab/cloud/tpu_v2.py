@@ -64,6 +64,8 @@ def node_request(spec: RunSpec, *, ssh_keys: str, startup_script: str | None) ->
         spot=spec.spot,
         description=f"tpulab run {spec.run_id}",
         external_ips=not spec.internal_ip,
+        network=spec.network or "",
+        subnetwork=spec.subnetwork or "",
         service_account_email=spec.service_account or "",
         # The watchdog's token must reach the TPU API; without a watchdog the VM keeps
         # the API's default scopes unless an account was asked for.

@@ -106,6 +106,8 @@ def run_inputs(
     cwd: Path | None = None,
     watchdog: WatchdogGroup | None = None,
     service_account: str | None = None,
+    network: str | None = None,
+    subnetwork: str | None = None,
 ) -> RunInputs:
     """`tpulab run`'s flags, validated. `adc_project` None (a dry run) never asks ADC.
 
@@ -147,6 +149,8 @@ def run_inputs(
         internal_ip=internal_ip,
         watchdog=watchdog,
         service_account=service_account,
+        network=network,
+        subnetwork=subnetwork,
         queued=queued,
         valid_for=valid_for,
         defaults=defaults,

@@ -43,6 +43,8 @@ ALLOWED_KEYS = (
     "fetch",
     "env",
     "exclude",
+    "network",
+    "subnetwork",
 )
 
 
@@ -62,6 +64,8 @@ class ProjectDefaults:
     fetch: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     exclude: tuple[str, ...] = ()
+    network: str | None = None
+    subnetwork: str | None = None
 
 
 NO_PROJECT_FILE = ProjectDefaults()
@@ -195,6 +199,8 @@ def _validated(path: Path, source: str, table: Mapping[str, Any]) -> ProjectDefa
         exclude=tuple(
             check_exclude_pattern(item, label.format("exclude")) for item in strings("exclude")
         ),
+        network=text("network"),
+        subnetwork=text("subnetwork"),
     )
 
 

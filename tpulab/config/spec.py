@@ -141,6 +141,10 @@ class RunSpec:
     watchdog: WatchdogSettings | None = None
     # The node's service account e-mail; None: the project's default compute account.
     service_account: str | None = None
+    # The VPC network and subnetwork (--network, --subnetwork, [tool.tpulab]); None:
+    # the API's default (`default`).
+    network: str | None = None
+    subnetwork: str | None = None
     # What the node is for, as its `tpulab-kind` label says: KIND_RUN, or KIND_SESSION
     # for `tpulab up` (which keeps it).
     kind: str = KIND_RUN
@@ -228,6 +232,8 @@ def build_run_spec(
     defaults: ProjectDefaults | None = None,
     watchdog: WatchdogGroup | None = None,
     service_account: str | None = None,
+    network: str | None = None,
+    subnetwork: str | None = None,
 ) -> RunSpec:
     """Validate every input of a run before anything contacts the cloud (invariant 1).
 
@@ -306,6 +312,8 @@ def build_run_spec(
         accelerator_source=accel_source,
         watchdog=dog,
         service_account=check_service_account(service_account),
+        network=_network(network, "network", defaults),
+        subnetwork=_network(subnetwork, "subnetwork", defaults),
     )
 
 
@@ -376,6 +384,17 @@ def _accelerator(
         raise ConfigError(
             f"{error.message.rstrip('.')} (from {found.source}).", hint=error.hint
         ) from None
+
+
+def _network(flag: str | None, key: str, defaults: ProjectDefaults | None) -> str | None:
+    """--network / --subnetwork, else the workspace's [tool.tpulab] value, checked."""
+    from tpulab.config.network import check_network, check_subnetwork
+
+    check = check_network if key == "network" else check_subnetwork
+    if flag is not None:
+        return check(flag, f"--{key}")
+    found = _from_file(defaults, key)
+    return None if found is None else check(found.value, f"{key} (from {found.source})")
 
 
 def _from_file(defaults: ProjectDefaults | None, key: str) -> Resolved | None:

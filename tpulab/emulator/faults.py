@@ -159,6 +159,9 @@ class FaultPlan:
     no_default_network: bool = False
     """The project has no `default` network (deleted, or an organisation that skips it):
     Compute networks.get answers 404 notFound, and firewalls.list has no default rules."""
+    custom_networks: list[str] = field(default_factory=list)
+    """VPC networks the project has besides `default`, each auto-mode (a subnetwork of
+    its name in every region): what `--network` / `--subnetwork` may name."""
     no_ssh_firewall: bool = False
     """The `default` network lacks its default-allow-ssh rule: nothing lets tcp:22 in."""
 

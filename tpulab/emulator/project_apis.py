@@ -149,10 +149,16 @@ def _id(*parts: str) -> str:
     return str(5_000_000_000_000 + zlib.crc32("/".join(parts).encode()))
 
 
+def project_networks(faults: FaultPlan) -> list[str]:
+    """The project's VPC networks: `default` (unless the fault removed it) and the
+    custom ones the faults give it."""
+    return [*([] if faults.no_default_network else ["default"]), *faults.custom_networks]
+
+
 def network(project: str, name: str, faults: FaultPlan) -> tuple[int, Record]:
     """Compute `networks.get`: the auto-mode `default` network, or 404 notFound."""
     link = f"{_COMPUTE}{project}/global/networks/{name}"
-    if name != "default" or faults.no_default_network:
+    if name not in project_networks(faults):
         resource = f"projects/{project}/global/networks/{name}"
         return _compute_error(404, "notFound", f"The resource '{resource}' was not found")
     return 200, {

@@ -195,6 +195,7 @@ class CloudState:
         scheduling = body.get("schedulingConfig") or body.get("scheduling_config") or {}
         account = body.get("serviceAccount") or body.get("service_account") or {}
         network = body.get("networkConfig") or body.get("network_config") or {}
+        vpc, subnet = self._placement(project, zone, network)
         number = int(self.data["next_id"])
         self.data["next_id"] = number + 1
         stockout = self.faults.stockout_in(zone, now)
@@ -219,6 +220,8 @@ class CloudState:
                 network.get("enableExternalIps", network.get("enable_external_ips", False))
             )
             and not self.faults.no_external_ips,
+            "network": vpc,
+            "subnetwork": subnet,
             "state": "CREATING",
             "health": "HEALTH_UNSPECIFIED",
             "create_time": now,
@@ -373,6 +376,40 @@ class CloudState:
 
     # -- operations --------------------------------------------------------------
 
+    def _placement(self, project: str, zone: str, config: Record) -> tuple[str, str]:
+        """The VPC network and subnetwork a CreateNode's networkConfig names (a short
+        name or a `projects/P/...` path; unset: `default`, as the API and gcloud's
+        `--network` default have it), refused (400) when the project has no such
+        network, or the subnetwork is not one of its subnetworks in the zone's region.
+        The wording follows Compute's for a missing network ("The referenced network
+        resource cannot be found"); the TPU API's own is not on record here."""
+        from tpulab.emulator.project_apis import project_networks
+
+        network = str(config.get("network") or "default").rsplit("/", 1)[-1]
+        networks = project_networks(self.faults)
+        if network not in networks:
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f"The referenced network resource cannot be found: "
+                f"projects/{project}/global/networks/{network}.",
+            )
+        subnetwork_path = str(config.get("subnetwork") or "")
+        subnetwork = subnetwork_path.rsplit("/", 1)[-1]
+        region = zone.rsplit("-", 1)[0]
+        parts = subnetwork_path.split("/")
+        wrong_region = len(parts) >= 4 and parts[2] == "regions" and parts[3] != region
+        # Auto-mode networks: each has one subnetwork per region, named as the network.
+        if subnetwork and (subnetwork != network or wrong_region):
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f"The referenced subnetwork resource cannot be found: "
+                f"projects/{project}/regions/{region}/subnetworks/{subnetwork} "
+                f"(network {network}).",
+            )
+        return network, subnetwork
+
     def _new_operation(
         self,
         project: str,
@@ -483,8 +520,9 @@ def node_json(node: Record, *, as_int: bool) -> Record:
         "state": enum_value(STATES, node["state"], as_int=as_int),
         "runtimeVersion": node["runtime_version"],
         "networkConfig": {
-            "network": f"projects/{project}/global/networks/default",
-            "subnetwork": f"projects/{project}/regions/{region}/subnetworks/default",
+            "network": f"projects/{project}/global/networks/{node.get('network') or 'default'}",
+            "subnetwork": f"projects/{project}/regions/{region}/subnetworks/"
+            f"{node.get('subnetwork') or node.get('network') or 'default'}",
             "enableExternalIps": node["external_ips"],
         },
         "cidrBlock": "10.128.0.0/20",
