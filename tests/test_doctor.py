@@ -220,3 +220,23 @@ def test_run_preflight_is_the_cheap_subset_the_app_refuses_on(emulator: Emulator
         f"/v1/projects/{PROJECT}/services/tpu.googleapis.com",
         f"/v1/projects/{PROJECT}:testIamPermissions",
     ]
+
+
+def test_a_custom_network_is_checked_by_name_and_needs_its_own_ssh_rule(
+    emulator: Emulator,
+) -> None:
+    # A VPC made with `gcloud compute networks create` has no firewall rules at all.
+    emulator.faults.update({"no_default_network": True, "custom_networks": ["lab-vpc"]})
+
+    status, output = _doctor(emulator, "--network", "lab-vpc")
+
+    assert status == 3, output
+    line = _line(output, "network")
+    assert line.startswith("problem"), output
+    assert "--network lab-vpc --direction INGRESS --allow tcp:22" in line.replace("\n", " ")
+    status, output = _doctor(emulator, "--network", "other-vpc")
+    assert "has no `other-vpc` network" in _line(output, "network").replace("\n", " ")
+    status, output = _doctor(emulator, "--network", "Bad_Name")
+    assert status == 2, output
+    assert "Invalid --network 'Bad_Name'" in output
+    _created_nothing(emulator)

@@ -126,7 +126,9 @@ def doctor(inputs: DoctorInputs) -> tuple[str, list[Check]]:
             for name in ("tpu-api", "permissions", "vm-account", "network"):
                 checks.append(Check(name, "unknown", f"Not checked {why}.", None))
             return "", checks
-        checks += _cloud_checks(session, url, inputs.project.value, inputs.service_account)
+        checks += _cloud_checks(
+            session, url, inputs.project.value, inputs.service_account, inputs.network
+        )
         return session.account, checks
 
 
@@ -145,7 +147,11 @@ def _credentials(url: str | None) -> tuple[Check, CallerSession | None]:
 
 
 def _cloud_checks(
-    session: CallerSession, url: str | None, project: str, service_account: str | None
+    session: CallerSession,
+    url: str | None,
+    project: str,
+    service_account: str | None,
+    network: str = "default",
 ) -> list[Check]:
     from tpulab.cloud.preflight import (
         ProjectApis,
@@ -161,7 +167,7 @@ def _cloud_checks(
         api,
         permissions_check(apis, project, account=session.account, service_account=service_account),
         vm_account_check(apis, project, service_account=service_account, number=number),
-        network_check(apis, project),
+        network_check(apis, project, network),
     ]
 
 

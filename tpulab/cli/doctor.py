@@ -22,6 +22,7 @@ def _doctor(
     zone: str | None,
     accelerator: str | None,
     service_account: str | None,
+    network: str | None,
     api_endpoint: str | None,
     emulate: bool,
     as_json: bool,
@@ -38,6 +39,7 @@ def _doctor(
         zone=zone,
         accelerator=accelerator,
         service_account=service_account,
+        network=network,
         emulate=emulate,
         api_endpoint=api_endpoint,
         adc_project=adc_project,
@@ -76,6 +78,12 @@ def doctor_command(
             help="The VM's account (default: the project's default compute account).",
         ),
     ] = None,
+    network: Annotated[
+        str | None,
+        typer.Option(
+            "--network", metavar="VPC", help="The VPC a run would use (default: `default`)."
+        ),
+    ] = None,
     api_endpoint: Annotated[
         str | None,
         typer.Option("--api-endpoint", help="An emulator URL serving Google's APIs."),
@@ -97,6 +105,7 @@ def doctor_command(
             zone=zone,
             accelerator=accelerator,
             service_account=service_account,
+            network=network,
             api_endpoint=api_endpoint,
             emulate=emulate,
             as_json=as_json,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tpulab import catalog
 from tpulab.config.endpoint import Target, choose_target
+from tpulab.config.network import check_network
 from tpulab.config.project_file import load_project_file
 from tpulab.config.resolve import (
     AdcProject,
@@ -42,6 +43,7 @@ class DoctorInputs:
     accelerator: str | None
     service_account: str | None
     project_error: ConfigError | None = None
+    network: str = "default"  # the VPC a run would create in (its short name)
 
 
 def doctor_inputs(
@@ -51,6 +53,7 @@ def doctor_inputs(
     accelerator: str | None,
     service_account: str | None,
     emulate: bool,
+    network: str | None = None,
     api_endpoint: str | None,
     env: Mapping[str, str] | None = None,
     adc_project: AdcProject | None = None,
@@ -65,6 +68,7 @@ def doctor_inputs(
         given(accelerator, "--accelerator", hint="Pass a type such as v5litepod-4.")
         accel = catalog.lookup(accelerator.strip()).name
     account = check_service_account(service_account)
+    vpc = check_network(network)
     flag = project_flag(project)  # malformed: bad input, raised
     zn = Resolved(zone_flags([zone])[0], "--zone") if zone is not None else None
     env = os.environ if env is None else env
@@ -74,6 +78,9 @@ def doctor_inputs(
     else:
         defaults = load_project_file(Path.cwd() if cwd is None else cwd)
         from_file = _from_file(defaults, "project")
+        in_file = _from_file(defaults, "network")
+        if vpc is None and in_file is not None:
+            vpc = check_network(in_file.value, f"network (from {in_file.source})")
         zn = zn or find_zone(None, env=env)
         if target.emulated:
             proj = find_project(project, env=env, project_file=from_file) or Resolved(
@@ -85,10 +92,17 @@ def doctor_inputs(
             try:
                 proj = resolve_project(project, env=env, adc_project=adc, project_file=from_file)
             except ConfigError as error:
-                return DoctorInputs(target, None, zn, accel, account, project_error=error)
+                return DoctorInputs(
+                    target, None, zn, accel, account, project_error=error, network=_short(vpc)
+                )
     if accel is not None and zn is not None and zn.value not in catalog.zones_offering(accel):
         raise ConfigError(
             f"Zone {zn.value} (from {zn.source}) does not offer {accel}.",
             hint=f"Zones that do: {', '.join(catalog.zones_offering(accel)[:6])}.",
         )
-    return DoctorInputs(target, proj, zn, accel, account)
+    return DoctorInputs(target, proj, zn, accel, account, network=_short(vpc))
+
+
+def _short(network: str | None) -> str:
+    """The network's name (a `projects/P/global/networks/N` path names N); `default`."""
+    return network.rsplit("/", 1)[-1] if network else "default"
