@@ -241,9 +241,10 @@ def test_idle_sessions_delete_themselves_and_ssh_down_list_say_why(
 
 def test_a_failing_up_leaves_no_node_and_no_key(served: Emulator, tpulab_home: Path) -> None:
     # The node boots, SSH and the watchdog come up, then the verifier is killed before it
-    # writes a receipt (it needs several seconds): the run's own teardown must delete
-    # the node although `up` asked to keep it.
-    up = tpulab(*_up(served, "--name", "broken", "--payload-timeout", "1", "--json"), timeout=300)
+    # writes a receipt (importing jax alone takes longer than 0.1 s; a quiet machine ran
+    # the whole verifier inside the 1 s this gave it before): the run's own teardown
+    # must delete the node although `up` asked to keep it.
+    up = tpulab(*_up(served, "--name", "broken", "--payload-timeout", "0.1", "--json"), timeout=300)
     assert up.returncode != EXIT_OK, up.stdout
     # --json: the failure is the envelope `run --json` prints for it, inside up's.
     envelope = UpEnvelope.model_validate_json(up.stdout)
