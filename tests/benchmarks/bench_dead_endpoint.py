@@ -48,6 +48,9 @@ SMOKE_CASES = (("list", "unresolvable"), ("teardown", "refused"), ("down", "refu
 def _cases() -> list[tuple[str, str]]:
     """(command, dead kind) pairs to time: the whole grid for the figures."""
     if SMOKE:
+        # Every command and every kind, whatever this table becomes.
+        assert {command for command, _ in SMOKE_CASES} == set(COMMANDS)
+        assert {kind for _, kind in SMOKE_CASES} == set(KINDS)
         return list(SMOKE_CASES)
     return [(command, kind) for command in COMMANDS for kind in KINDS]
 
@@ -114,6 +117,7 @@ def test_dead_endpoints_fail_in_seconds(tmp_path: Path) -> None:
         "blackhole": hole.url,
         "unresolvable": "http://tpu-nowhere.invalid:8470",
     }
+    assert set(dead) == set(KINDS)
     rows: list[tuple[str, str, int, float]] = []
     saved_home = os.environ.get("TPULAB_HOME")
     try:
