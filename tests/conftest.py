@@ -3,6 +3,7 @@ its own TPULAB_HOME so nothing touches the user's."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from collections.abc import Callable
@@ -117,7 +118,9 @@ def benchmarks_at_the_heads(
     ordered: list[_T] = []
     for head, share in zip(heads, worksteal_shares(len(items), workers), strict=True):
         ordered += head
-        ordered += [next(rest) for _ in range(max(0, share - len(head)))]
+        # islice, not next(): with more benchmarks than the rest can pad (`pytest -n 4
+        # tests/benchmarks`), a share runs out of other items before its end.
+        ordered += itertools.islice(rest, max(0, share - len(head)))
     ordered += rest
     return ordered
 

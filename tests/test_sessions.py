@@ -17,12 +17,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import require_tool, served_emulator, tpulab
+from helpers import require_tool, served_emulator, tpulab, wait_until
+from test_exec import _age_session
 
 from tpulab.catalog import lookup
 from tpulab.cleanup.journal import Journal
 from tpulab.cleanup.report import UpEnvelope
+from tpulab.cloud.google import GoogleTpuApi
+from tpulab.contract import LEASE_ATTRIBUTE
 from tpulab.emulator import Emulator
+from tpulab.remote.watchdog import parse_lease
 
 pytestmark = pytest.mark.slow
 
@@ -199,6 +203,23 @@ def test_idle_sessions_delete_themselves_and_ssh_down_list_say_why(
     _up_at_once(served, *names, extra=("--idle", "30s"))
     states = {name: _state_of(tpulab_home, name) for name in names}
     # Nobody renews the leases: the VMs' watchdogs delete the nodes (30 s + their poll).
+    # The 30 s are skipped rather than waited for, on both sides, as test_exec ages a
+    # --ttl: each VM's clock moves past its --idle once its watchdog has published up's
+    # renewal (one seen only after the move would lapse 30 s of real time later), and
+    # each session's recorded times here move back as much, so ssh/down/list judge the
+    # lease lapsed too (`why_gone` reads this machine's clock).
+    api = GoogleTpuApi(PROJECT, api_endpoint=served.url)
+    for name, state in states.items():
+        node = str(state["node_name"])
+
+        def renewed(node: str = node) -> bool:
+            text = api.guest_attributes(ZONE, node, "tpulab/").get(LEASE_ATTRIBUTE)
+            found = parse_lease(text)
+            return found is not None and found.renewals >= 1
+
+        wait_until(renewed, f"{node}'s watchdog to publish up's renewal")
+        served.skip_vm_clock(PROJECT, ZONE, node, 30)
+        _age_session(name, 30, idle_too=True)
     deadline = time.monotonic() + 90
     while served.node_names(PROJECT):
         assert time.monotonic() < deadline, "the idle sessions' nodes were not deleted"
@@ -237,9 +258,10 @@ def test_idle_sessions_delete_themselves_and_ssh_down_list_say_why(
 
 def test_a_failing_up_leaves_no_node_and_no_key(served: Emulator, tpulab_home: Path) -> None:
     # The node boots, SSH and the watchdog come up, then the verifier is killed before it
-    # writes a receipt (it needs several seconds): the run's own teardown must delete
-    # the node although `up` asked to keep it.
-    up = tpulab(*_up(served, "--name", "broken", "--payload-timeout", "1", "--json"), timeout=300)
+    # writes a receipt (importing jax alone takes longer than 0.1 s; a quiet machine ran
+    # the whole verifier inside the 1 s this gave it before): the run's own teardown
+    # must delete the node although `up` asked to keep it.
+    up = tpulab(*_up(served, "--name", "broken", "--payload-timeout", "0.1", "--json"), timeout=300)
     assert up.returncode != EXIT_OK, up.stdout
     # --json: the failure is the envelope `run --json` prints for it, inside up's.
     envelope = UpEnvelope.model_validate_json(up.stdout)

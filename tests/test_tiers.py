@@ -179,3 +179,18 @@ def test_the_benchmarks_start_the_shares_xdist_hands_out() -> None:
     for share, count in zip(shares, counts, strict=True):
         assert all(map(is_benchmark, share[:count])), share[:3]  # first in their share
     assert benchmarks_at_the_heads(collected, 1, is_benchmark) == collected
+
+
+def test_mostly_benchmarks_are_dealt_without_running_out() -> None:
+    """`pytest -n 4 tests/benchmarks`: 15 benchmarks and nothing else to pad the shares
+    with. Dealing them stopped the collection (StopIteration, an INTERNALERROR)."""
+    from conftest import benchmarks_at_the_heads
+
+    def is_benchmark(name: str) -> bool:
+        return name.startswith("tests/benchmarks/")
+
+    for others in (0, 1, 5):
+        collected = [f"tests/benchmarks/bench_{n:02}.py::test" for n in range(15)]
+        collected += [f"tests/test_{n:03}.py::test" for n in range(others)]
+        ordered = benchmarks_at_the_heads(collected, 4, is_benchmark)
+        assert sorted(ordered) == sorted(collected), others

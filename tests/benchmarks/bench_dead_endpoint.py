@@ -20,6 +20,7 @@ from pathlib import Path
 
 from helpers import Blackhole, create_ready_node, refused_port
 
+from benchmarks.smoke import SMOKE
 from tpulab.cleanup.sessions import SessionStore
 from tpulab.cloud.google import GoogleTpuApi
 from tpulab.emulator import Emulator, Timing
@@ -33,6 +34,25 @@ ZONE = "us-central1-a"
 # exists: 6, "may still be billing", with the commands that finish it.
 EXPECTED = {"list": 3, "teardown": 6, "down": 6, "run": 3}
 EXPECTED_AFTER_A_SENT_CREATE = {"run": 6}
+COMMANDS = ("list", "teardown", "down", "run")
+KINDS = ("refused", "blackhole", "unresolvable")
+# The smoke run (tests/benchmarks/smoke.py) times each command against one dead kind,
+# each kind at least once and `run` against the blackhole (the sent-create case): every
+# branch of this benchmark, 4 commands instead of 12. The unresolvable name waits out
+# the 15 s network-blip schedule and the blackhole its bounded try, so the whole grid
+# kept a CI worker for minutes; tests/test_dead_endpoint.py checks each pairing.
+SMOKE_CASES = (("list", "unresolvable"), ("teardown", "refused"), ("down", "refused"),
+               ("run", "blackhole"))  # fmt: skip
+
+
+def _cases() -> list[tuple[str, str]]:
+    """(command, dead kind) pairs to time: the whole grid for the figures."""
+    if SMOKE:
+        # Every command and every kind, whatever this table becomes.
+        assert {command for command, _ in SMOKE_CASES} == set(COMMANDS)
+        assert {kind for _, kind in SMOKE_CASES} == set(KINDS)
+        return list(SMOKE_CASES)
+    return [(command, kind) for command in COMMANDS for kind in KINDS]
 
 
 def _session(home: Path, url: str, node: str) -> None:
@@ -97,6 +117,7 @@ def test_dead_endpoints_fail_in_seconds(tmp_path: Path) -> None:
         "blackhole": hole.url,
         "unresolvable": "http://tpu-nowhere.invalid:8470",
     }
+    assert set(dead) == set(KINDS)
     rows: list[tuple[str, str, int, float]] = []
     saved_home = os.environ.get("TPULAB_HOME")
     try:
@@ -111,19 +132,19 @@ def test_dead_endpoints_fail_in_seconds(tmp_path: Path) -> None:
                 seconds, status, output = _timed(command, live.url, home)
                 assert status == 0, output
                 rows.append((command, "live emulator", status, seconds))
-        for command in ("list", "teardown", "down", "run"):
-            for kind, url in dead.items():
-                home = tmp_path / f"{command}-{kind}"
-                if command == "down":
-                    _session(home, url, "tpulab-bench-dead")
-                seconds, status, output = _timed(command, url, home)
-                expected = EXPECTED[command]
-                if kind == "blackhole":
-                    expected = EXPECTED_AFTER_A_SENT_CREATE.get(command, expected)
-                assert status == expected, output
-                reached = ("cannot reach the Cloud TPU API at", "is not reachable")
-                assert any(words in output for words in reached), output
-                rows.append((command, kind, status, seconds))
+        for command, kind in _cases():
+            url = dead[kind]
+            home = tmp_path / f"{command}-{kind}"
+            if command == "down":
+                _session(home, url, "tpulab-bench-dead")
+            seconds, status, output = _timed(command, url, home)
+            expected = EXPECTED[command]
+            if kind == "blackhole":
+                expected = EXPECTED_AFTER_A_SENT_CREATE.get(command, expected)
+            assert status == expected, output
+            reached = ("cannot reach the Cloud TPU API at", "is not reachable")
+            assert any(words in output for words in reached), output
+            rows.append((command, kind, status, seconds))
     finally:
         hole.close()
         held.close()

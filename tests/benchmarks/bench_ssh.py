@@ -53,9 +53,9 @@ def test_ssh_costs(ssh_host: SshHost, tmp_path: Path) -> None:
         (tmp_path / "copy.bin").write_bytes(source.read_bytes())
         subprocess.run(["sha256sum", str(tmp_path / "copy.bin")], check=True, capture_output=True)
 
-    connect = _median(connect_once, 5)
+    connect = _median(connect_once, rounds(5))
     local_spawn = _median(lambda: subprocess.run(["true"], check=True))
-    local_transfer = _median(local_copy, 3)
+    local_transfer = _median(local_copy, rounds(3))
     with ssh_host.connect() as conn:
         conn.open()
         round_trip = _median(lambda: conn.run(["true"], timeout=30, check=True))
