@@ -141,7 +141,11 @@ def test_a_type_no_zone_offers_ends_after_one_pass_even_when_retrying(
 def test_retry_until_up_waits_for_capacity(embedded_rig: Rig) -> None:
     faults = embedded_rig.emulator.faults
     faults.stockout_zones = ["us-central1-a", "us-west1-c"]
-    faults.capacity_after = {"*": 2.0}
+    # Only the first zone gains capacity (2 s after the first stockout): the second never
+    # does, so whatever the machine's load, the first pass fails in both zones and the
+    # success comes on a later pass (with "*", a loaded first pass could reach the second
+    # zone after its capacity came, and succeed there on attempt 2).
+    faults.capacity_after = {"us-central1-a": 2.0}
     spec = _spec(embedded_rig, ["us-central1-a", "us-west1-c"], retry_until_up=True, retry_for=20)
     runner, recorder = _attempts(embedded_rig, spec)
     assert runner.run().succeeded
@@ -149,6 +153,7 @@ def test_retry_until_up_waits_for_capacity(embedded_rig: Rig) -> None:
     assert outcomes[-1] == "verified"
     assert set(outcomes[:-1]) == {"stockout"}
     assert len(runner.attempts) >= 3  # at least one full pass failed before capacity came
+    assert runner.attempts[-1].zone == "us-central1-a"
     notes = recorder.notes
     assert any("next pass over the zones in" in note for note in notes)
     assert embedded_rig.leftovers() == []
