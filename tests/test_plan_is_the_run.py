@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpulab.cloud import rest
 from tpulab.cloud.google import GoogleTpuApi
+from tpulab.emulator.sshhost import EmbeddedHostBackend
 from tpulab.models import NodeRequest, tpulab_labels
 from tpulab.remote.cmdline import remote_command
 from tpulab.remote.keys import RunKey, SshTarget
@@ -199,6 +200,25 @@ def _budgets_within(real: list[Event], plan: list[Event], slack: float) -> None:
         plan[index] = (*theirs[:-1], _KILL_AFTER.sub("timeout --signal=KILL <T> ", theirs[-1]))
 
 
+def _first_renewal_only(commands: list[str]) -> list[str]:
+    """The renewer thread's repeats of the first lease renewal dropped (the plan shows it
+    once, like a poll)."""
+    renewals = 0
+    kept: list[str] = []
+    for command in commands:
+        if "/tmp/tpulab-lease-" in command:
+            renewals += 1
+            if renewals > 1:
+                continue
+        kept.append(command)
+    return kept
+
+
+def _budgets_erased(commands: list[str]) -> list[str]:
+    """The bootstrap's remaining-time budgets as <T> (their bound is _budgets_within's)."""
+    return [_KILL_AFTER.sub("timeout --signal=KILL <T> ", command) for command in commands]
+
+
 # -- the tests -----------------------------------------------------------------------
 
 
@@ -242,6 +262,12 @@ def test_dry_run_sends_what_a_real_run_sends(embedded_rig: Rig) -> None:
     assert real_api == plan_api
     _budgets_within(real_ssh, plan_ssh, slack=spec.timeouts.bootstrap / 2)
     assert real_ssh == plan_ssh
+    # And byte for byte as the SSH server received them (not as the client meant to send
+    # them): every command line of the plan, transfers' checks included, in order.
+    assert isinstance(rig.backend, EmbeddedHostBackend)
+    received = _first_renewal_only([command for _node, command in rig.backend.received])
+    plan_lines = [s.command for s in steps if s.kind == "ssh" and s.command]
+    assert _budgets_erased(_normalise(received, replacements)) == _budgets_erased(plan_lines)
     # Sanity: the comparison covered every phase that talks to the VM or the API.
     phases = {event[0] for event in plan_api + plan_ssh}
     # (The `-- CMD` phases are tests/test_workload_plan.py's: this run has no command.)

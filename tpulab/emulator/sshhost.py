@@ -91,6 +91,10 @@ class EmbeddedHostBackend:
         self.image = self.images.base
         self._nodes: dict[str, _Node] = {}
         self._lock = threading.Lock()
+        # Every exec channel's command line exactly as this server received it, with its
+        # node, in arrival order: what a client really sent (tests compare the dry run's
+        # command lines with it, byte for byte).
+        self.received: list[tuple[str, str]] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="tpulab-ssh-hosts", daemon=True
@@ -259,6 +263,9 @@ class EmbeddedHostBackend:
 
     async def _run_session(self, node: _Node, process: asyncssh.SSHServerProcess[bytes]) -> None:
         command = process.command
+        if command is not None:
+            with self._lock:
+                self.received.append((node.key, command))
         if command is None:
             process.stderr.write(b"this emulated host runs commands only (no shell)\n")
             process.exit(1)
