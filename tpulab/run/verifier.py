@@ -316,19 +316,19 @@ def verify(ctx: RunContext) -> str:
 
 def _verify_slice(ctx: RunContext, expectation: Expectation) -> str:
     """Every worker's receipt and the slice they make (tpulab.evidence.slice_judge);
-    each receipt there is kept, worker 0's as the run's, with the slice's judgement."""
-    from tpulab.evidence.judge import judge
+    each receipt there is kept (with its own judgement, and its own payload status),
+    worker 0's as the run's, with the slice's judgement. (The `judge` seam is a single
+    host's: a slice is judged by judge_slice only.)"""
     from tpulab.evidence.slice_judge import judge_slice, slice_failure_of
 
     workers = ctx.workers
     judged = judge_slice([w.raw_receipt for w in workers], expectation)
-    for worker in workers[1:]:
-        if worker.raw_receipt is not None:
-            alone = judge(worker.raw_receipt, expectation)
-            _keep(ctx, worker.raw_receipt, alone, expectation, worker=worker.index)
+    for worker, alone in zip(workers[1:], judged.workers[1:], strict=True):
+        if worker.raw_receipt is not None and alone is not None:
+            _keep(ctx, worker.raw_receipt, alone, expectation, worker=worker)
     first = workers[0].raw_receipt
     if first is not None:
-        _keep(ctx, first, judged.as_judgement(), expectation, worker=0)
+        _keep(ctx, first, judged.as_judgement(), expectation, worker=workers[0])
     else:
         ctx.outcome.judgement = judged.as_judgement()
     problem = slice_failure_of(
@@ -348,10 +348,11 @@ def _keep(
     judgement: Judgement,
     expectation: Expectation,
     *,
-    worker: int | None = None,
+    worker: Worker | None = None,
 ) -> None:
-    """Keep `raw` with its judgement; the run's own receipt (worker None or 0) becomes
-    the outcome's. A slice's other workers' are kept beside it, named by worker."""
+    """Keep `raw` with its judgement; the run's own receipt (one host's, or a slice's
+    worker 0's) becomes the outcome's. A slice's other workers' are kept beside it,
+    named by worker, each with its own payload status."""
     from tpulab.evidence.store import Provenance, Source
 
     spec = ctx.spec
@@ -363,11 +364,11 @@ def _keep(
         zone=spec.zone.value,
         accelerator_type=spec.accelerator.name,
         emulated=spec.emulated,
-        payload_exit_status=ctx.outcome.payload_exit,
-        worker=worker if len(ctx.workers) > 1 else None,
+        payload_exit_status=ctx.outcome.payload_exit if worker is None else worker.payload_exit,
+        worker=worker.index if worker is not None else None,
     )
     kept = ctx.receipt_store().keep(raw, expectation, judgement, provenance)
-    if worker:
+    if worker is not None and worker.index > 0:
         return
     ctx.outcome.judgement = judgement
     ctx.outcome.receipt = kept
