@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from helpers import tpulab
 
-from tpulab.app.doctor import DoctorEnvelope, refuse_on_problems, run_preflight
+from tpulab.app.doctor import DoctorEnvelope, run_preflight
+from tpulab.cloud.preflight import refuse_on_problems
 from tpulab.emulator.iam import project_number
 from tpulab.errors import CloudError, ConfigError
 
@@ -213,10 +214,9 @@ def test_run_preflight_is_the_cheap_subset_the_app_refuses_on(emulator: Emulator
     with pytest.raises(ConfigError, match="not enabled") as refused:
         refuse_on_problems(checks)
     assert "gcloud services enable tpu.googleapis.com" in (refused.value.hint or "")
-    # Two requests (plus tokeninfo for the account), nothing else.
+    # Two requests, nothing else (a run needs no account name: no tokeninfo).
     paths = [r["path"] for r in emulator.requests()]
     assert paths == [
-        "/tokeninfo",
         f"/v1/projects/{PROJECT}/services/tpu.googleapis.com",
         f"/v1/projects/{PROJECT}:testIamPermissions",
     ]
@@ -239,4 +239,32 @@ def test_a_custom_network_is_checked_by_name_and_needs_its_own_ssh_rule(
     status, output = _doctor(emulator, "--network", "Bad_Name")
     assert status == 2, output
     assert "Invalid --network 'Bad_Name'" in output
+    _created_nothing(emulator)
+
+
+@pytest.mark.parametrize(
+    ("faults", "words"),
+    [
+        (
+            {"disabled_services": ["tpu.googleapis.com"]},
+            "gcloud services enable tpu.googleapis.com",
+        ),
+        ({"caller_lacks": ["tpu.nodes.create"]}, "tpu.nodes.create"),
+    ],
+)
+def test_run_and_up_refuse_a_definite_problem_before_the_create(
+    emulator: Emulator, faults: dict[str, Any], words: str
+) -> None:
+    """`run` asks the cheap preflight before its create: a project that cannot run gets
+    exit 2 and its fix, not a node that then fails (nothing is created, no journal row)."""
+    emulator.faults.update(faults)
+    for command in ("run", "up"):
+        done = tpulab(
+            command, "--accelerator", "v5litepod-4", "--api-endpoint", emulator.url,
+            "--project", PROJECT, "--zone", ZONE,
+        )  # fmt: skip
+        said = done.stdout + done.stderr
+        assert done.returncode == 2, said
+        assert words in said.replace("\n", " ")
+        assert "tpulab doctor" in said
     _created_nothing(emulator)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tpulab.app.doctor import preflight_for
 from tpulab.cloud import rest
 from tpulab.cloud.google import GoogleTpuApi
 from tpulab.emulator.sshhost import EmbeddedHostBackend
@@ -236,7 +237,9 @@ def test_dry_run_sends_what_a_real_run_sends(embedded_rig: Rig) -> None:
         sessions.append(session)
         return session
 
-    life, _recorder, error = rig.run(spec, marks, connect=connect)
+    # The project's preflight as `tpulab run` asks it (app.doctor.preflight_for).
+    preflight = preflight_for(spec, rig.emulator.url)
+    life, _recorder, error = rig.run(spec, marks, connect=connect, preflight=preflight)
     assert error is None, error
     assert life.outcome.succeeded
     (session,) = sessions
@@ -282,6 +285,8 @@ def test_the_plan_runs_the_lifecycle_and_shows_its_teardown_once(tpulab_home: Pa
     steps = build_plan(spec)
     api = [(s.phase, s.action) for s in steps if s.kind == "api"]
     assert api == [
+        ("create", "GetService"),  # the preflight: is the Cloud TPU API enabled?
+        ("create", "TestIamPermissions"),  # ... and may this caller run?
         ("create", "CreateNode"),
         ("create", "GetOperation"),
         ("wait-ready", "GetNode"),

@@ -17,6 +17,7 @@ from test_plan_is_the_run import (
     _wire_by_phase,
 )
 
+from tpulab.app.doctor import preflight_for
 from tpulab.cloud import rest
 from tpulab.cloud.api import QueuedResourceRequest
 from tpulab.cloud.google import GoogleTpuApi
@@ -42,7 +43,9 @@ def test_dry_run_queued_sends_what_a_queued_run_sends(embedded_rig: Rig) -> None
     def connect(target: SshTarget, key: RunKey) -> TracingConnection:
         return TracingConnection(target, key, events=events, phase=lambda: marks.phase)
 
-    life, _recorder, error = rig.run(spec, marks, connect=connect)
+    # The project's preflight as `tpulab run` asks it (app.doctor.preflight_for).
+    preflight = preflight_for(spec, rig.emulator.url)
+    life, _recorder, error = rig.run(spec, marks, connect=connect, preflight=preflight)
     assert error is None, error
     assert life.key is not None
     replacements = {life.key.public_b64: PLACEHOLDER_PUBLIC_KEY}
@@ -53,13 +56,15 @@ def test_dry_run_queued_sends_what_a_queued_run_sends(embedded_rig: Rig) -> None
         (phase, method, target.split("?")[0].rsplit("/", 1)[-1])
         for phase, method, target, _ in plan_api
     ]
-    assert calls[:3] == [
+    assert calls[:5] == [
+        ("create", "GET", "tpu.googleapis.com"),  # the preflight: the API enabled ...
+        ("create", "POST", "test-project:testIamPermissions"),  # ... and the permissions
         ("create", "POST", "queuedResources"),
         ("create", "GET", "<OP>"),
         ("create", "GET", spec.node_name),
     ]
     # The plan shows the QueuedResource body: node spec with our labels and key, window.
-    body = plan_api[0][3]
+    body = plan_api[2][3]
     assert body["queueingPolicy"] == {"validUntilDuration": "600s"}
     (node_spec,) = body["tpu"]["nodeSpec"]
     assert node_spec["nodeId"] == spec.node_name

@@ -25,6 +25,7 @@ from test_plan_is_the_run import (
     _wire_by_phase,
 )
 
+from tpulab.app.doctor import preflight_for
 from tpulab.config.workload import WorkloadSpec
 from tpulab.remote.cmdline import remote_command
 from tpulab.remote.keys import RunKey, SshTarget
@@ -99,7 +100,9 @@ def test_dry_run_of_a_command_sends_what_an_emulated_run_sends(
         sessions.append(session)
         return session
 
-    life, recorder, error = rig.run(spec, marks, connect=connect)
+    # The project's preflight as `tpulab run` asks it (app.doctor.preflight_for).
+    preflight = preflight_for(spec, rig.emulator.url)
+    life, recorder, error = rig.run(spec, marks, connect=connect, preflight=preflight)
     assert error is None, error
     assert life.outcome.succeeded
     assert (tmp_path / "out" / "run" / "r.txt").read_text() == "1"

@@ -8,8 +8,9 @@ The checks, in order, each ok / problem / unknown with its fix:
 
 A check that cannot run because an earlier one failed is "unknown" and says why.
 Nothing here creates anything. `run_preflight` is the cheap subset (tpu-api +
-permissions) for the app layer to ask before a create; `refuse_on_problems` turns its
-definite problems into a ConfigError (exit 2: nothing was created).
+permissions) a run asks before its create (`preflight_for` gives the run engine its seam;
+tpulab.cloud.preflight.refuse_on_problems turns definite problems into a ConfigError,
+exit 2: nothing was created).
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ from tpulab.errors import ConfigError, TpuLabError
 from tpulab.exits import EXIT_CLOUD, EXIT_CONFIG, EXIT_OK
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tpulab.cloud.google import CallerSession
     from tpulab.cloud.preflight import Check
+    from tpulab.config import RunSpec
     from tpulab.config.doctor import DoctorInputs
 
 __all__ = [
@@ -34,7 +38,7 @@ __all__ = [
     "DoctorEnvelope",
     "doctor",
     "exit_status",
-    "refuse_on_problems",
+    "preflight_for",
     "run_preflight",
 ]
 
@@ -180,17 +184,23 @@ def run_preflight(
     from tpulab.cloud.google import caller_session
     from tpulab.cloud.preflight import ProjectApis, preflight
 
-    session = caller_session(api_endpoint)
+    session = caller_session(api_endpoint, with_account=False)
     apis = ProjectApis(session.session, api_endpoint)
     return list(preflight(apis, project, account=session.account, service_account=service_account))
 
 
-def refuse_on_problems(checks: Sequence[Check]) -> None:
-    """A ConfigError naming each definite problem and its fix; "unknown" does not refuse."""
-    problems = [check for check in checks if check.status == "problem"]
-    if problems:
-        raise ConfigError(
-            " ".join(check.summary for check in problems),
-            hint=" ".join(check.fix or "" for check in problems).strip()
-            + " (`tpulab doctor` checks everything.)",
-        )
+def preflight_for(spec: RunSpec, api_endpoint: str | None) -> Callable[[], list[Check]]:
+    """The run engine's preflight seam for `spec` (RunContext.preflight): asked once,
+    however many attempts (zones, recoveries) the run makes; `api_endpoint` is the TPU
+    client's (the embedded emulator's URL under --emulate)."""
+    answered: list[Check] | None = None
+
+    def ask() -> list[Check]:
+        nonlocal answered
+        if answered is None:
+            answered = run_preflight(
+                spec.project.value, api_endpoint=api_endpoint, service_account=spec.service_account
+            )
+        return answered
+
+    return ask

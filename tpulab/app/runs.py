@@ -21,6 +21,7 @@ from tpulab.run.signals import shield, signals_to_teardown, skippable
 
 if TYPE_CHECKING:
     from tpulab.cloud.api import TpuApi
+    from tpulab.cloud.preflight import Check
     from tpulab.config import RunSpec
     from tpulab.config.commands import Installer, SshBackend
     from tpulab.run.outcome import RunOutcome
@@ -52,6 +53,7 @@ class RunTpu:
         self.journal = journal
         self.notify = notify
         self.runner: Attempts | None = None
+        self._asked: Callable[[], list[Check]] | None = None
 
     @property
     def last(self) -> Lifecycle | None:
@@ -80,11 +82,20 @@ class RunTpu:
             with signals_to_teardown(self.alert, force_exit_status=EXIT_TEARDOWN):
                 return self.runner.run()
 
+    def _preflight(self, api: TpuApi) -> Callable[[], list[Check]]:
+        """Asked once for the whole run, at its first create (every attempt shares it)."""
+        if self._asked is None:
+            from tpulab.app.doctor import preflight_for
+
+            self._asked = preflight_for(self.spec, getattr(api, "api_endpoint", None))
+        return self._asked
+
     def _lifecycle(self, attempt: RunSpec, api: TpuApi) -> Lifecycle:
         # Each attempt (a zone, a recovery) is a whole run with its own teardown.
         return Lifecycle(
             attempt,
             api=api,
+            preflight=self._preflight(api),
             journal=self.journal,
             observer=self.observer,
             shield=shield,

@@ -178,9 +178,12 @@ def _up(
     display = RunDisplay(verbose=verbose, quiet=False, command_quiet=False, stderr=as_json)
     recorder = Recorder()
     journal = RunJournalAdapter()
+    from tpulab.app.doctor import preflight_for
+
     life = KeptRun(
         spec,
         api=tpu_api(spec.project.value, api_endpoint=spec.api_endpoint),
+        preflight=preflight_for(spec, spec.api_endpoint),
         journal=journal,
         observer=FanOut([recorder, display]),
         shield=shield,

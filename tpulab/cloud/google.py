@@ -505,17 +505,24 @@ class CallerSession:
         self.credentials = credentials
 
 
-def caller_session(api_endpoint: str | None, *, timeout: float = 30.0) -> CallerSession:
+def caller_session(
+    api_endpoint: str | None, *, timeout: float = 30.0, with_account: bool = True
+) -> CallerSession:
     """The session `tpulab doctor` asks with. For Google: ADC, refreshed once here so a
     missing or expired login is said now (ConfigError / PermissionDeniedError), with
-    the account the token belongs to (its service account, else Google's tokeninfo)."""
+    the account the token belongs to (its service account, else Google's tokeninfo;
+    `with_account=False`: not asked, "", as a run's preflight needs no name)."""
     import requests
 
     endpoint = classify_endpoint(api_endpoint)
     if not endpoint.sends_credentials:
         # An emulator answers tokeninfo for its anonymous caller (the project owner).
         session = requests.Session()
-        account = _tokeninfo_email(session, f"{api_endpoint}/tokeninfo", {}, timeout)
+        account = (
+            _tokeninfo_email(session, f"{api_endpoint}/tokeninfo", {}, timeout)
+            if with_account
+            else ""
+        )
         return CallerSession(
             session, account=account, credentials=f"no credentials (sent none: {api_endpoint})"
         )
@@ -528,7 +535,7 @@ def caller_session(api_endpoint: str | None, *, timeout: float = 30.0) -> Caller
         raise _translate(error, "refresh the credentials", "oauth2.googleapis.com") from None
     account = str(getattr(credentials, "service_account_email", "") or "")
     kind = "a service account" if account else "a user login"
-    if not account:
+    if not account and with_account:
         account = _tokeninfo_email(
             requests.Session(),
             "https://oauth2.googleapis.com/tokeninfo",

@@ -38,6 +38,7 @@ __all__ = [
     "network_check",
     "permissions_check",
     "preflight",
+    "refuse_on_problems",
     "tpu_api_check",
     "vm_account_check",
 ]
@@ -389,3 +390,17 @@ def preflight(
         api,
         permissions_check(apis, project, account=account, service_account=service_account),
     ]
+
+
+def refuse_on_problems(checks: Sequence[Check]) -> None:
+    """A ConfigError naming each definite problem and its fix; "unknown" does not refuse
+    (the API would not say: the create itself will, if it must)."""
+    from tpulab.errors import ConfigError
+
+    problems = [check for check in checks if check.status == "problem"]
+    if problems:
+        raise ConfigError(
+            " ".join(check.summary for check in problems),
+            hint=" ".join(check.fix or "" for check in problems).strip()
+            + " (`tpulab doctor` checks everything.)",
+        )

@@ -18,7 +18,7 @@ import contextlib
 import hashlib
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -36,6 +36,7 @@ from tpulab.run.workers import MAX_PARALLEL, FanOut, Worker, fan_out
 from tpulab.run.workload import Skippable, WorkloadRunner, no_skip
 
 if TYPE_CHECKING:
+    from tpulab.cloud.preflight import Check
     from tpulab.evidence.judge import Judgement
     from tpulab.evidence.receipt import Expectation
     from tpulab.evidence.store import ReceiptStore
@@ -108,6 +109,7 @@ class RunContext:
         renew_in_background: bool = True,
         preemption_wait: float = PREEMPTION_WAIT_SECONDS,
         parallel_workers: int = MAX_PARALLEL,
+        preflight: Callable[[], Sequence[Check]] | None = None,
     ) -> None:
         self.spec = spec
         self.api = api
@@ -137,6 +139,10 @@ class RunContext:
         self.preemption_wait = preemption_wait
         # How many of a slice's workers a step runs on at once (a dry run: 1, in order).
         self.parallel_workers = parallel_workers
+        # The project's cheap checks before the create (tpulab.cloud.preflight: the TPU
+        # API enabled, the caller's permissions); a definite problem refuses the run
+        # with nothing created. None: not asked (the tests' rigs, unless they pass one).
+        self.preflight = preflight
         # Before the command, kill what still holds the TPU (tpulab.remote.tpu_release):
         # only on a node this run made; on a session's node a holder may be the user's.
         self.frees_stale_tpu = True

@@ -88,6 +88,7 @@ def build_plan(spec: RunSpec, *, installer: boot.Installer = "uv") -> list[PlanS
         renew_in_background=False,
         # A slice's workers one after another: the plan lists each one's steps in order.
         parallel_workers=1,
+        preflight=recorder.preflight,
     )
     try:
         life.run()

@@ -63,7 +63,12 @@ def node_request(ctx: RunContext) -> NodeRequest:
 
 
 def create(ctx: RunContext) -> str:
-    """Journal the run, send CreateNode with labels + ssh key, wait for the operation."""
+    """Ask the project's preflight (a definite problem refuses the run, nothing created),
+    journal the run, send CreateNode with labels + ssh key, wait for the operation."""
+    if ctx.preflight is not None:
+        from tpulab.cloud.preflight import refuse_on_problems
+
+        refuse_on_problems(ctx.preflight())
     if ctx.journal is not None:
         ctx.journal.run_started(ctx.spec)
         ctx.journalled = True

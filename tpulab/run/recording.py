@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tpulab.cloud import rest
 from tpulab.cloud.polling import operation_schedule
+from tpulab.cloud.preflight import Check, ProjectApis
 from tpulab.cloud.tpu_v2 import TpuV2Api
 from tpulab.cloud.transport import Answer
 from tpulab.config import RunSpec
@@ -197,6 +198,18 @@ class PlanRecorder:
     def new_nonce(self) -> str:
         self.local(f"draw the run's nonce {PLACEHOLDER_NONCE} (the payload must echo it)")
         return PLACEHOLDER_NONCE
+
+    def preflight(self) -> list[Check]:
+        """The project's checks before the create, through the same `preflight` a run
+        asks, over a recording `ProjectApis` that answers as a ready project."""
+        from tpulab.cloud.preflight import preflight
+
+        apis = RecordingProjectApis(self)
+        return list(
+            preflight(
+                apis, self.spec.project.value, account="", service_account=self.spec.service_account
+            )
+        )
 
     def connect(self, target: SshTarget, key: RunKey) -> RecordingSession:
         return RecordingSession(self, target, key)
@@ -690,3 +703,35 @@ def _archive_manifest(stream: BinaryIO | Iterable[bytes]) -> list[dict[str, Any]
             digest = hashlib.sha256(content.read() if content else b"").hexdigest()
             entries.append({"path": member.name, "bytes": member.size, "sha256": digest})
     return entries
+
+
+class RecordingProjectApis(ProjectApis):
+    """`ProjectApis` whose requests are plan steps (path and query as sent, the body as
+    JSON), answered as a project that is ready: the TPU API enabled, every permission
+    asked for held."""
+
+    def __init__(self, recorder: PlanRecorder) -> None:
+        super().__init__(None, None)
+        self.recorder = recorder
+
+    def _send(self, method: str, url: str, **kwargs: Any) -> tuple[int, dict[str, Any]]:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        params = kwargs.get("params") or {}
+        path = parts.path + (
+            "?" + "&".join(f"{k}={v}" for k, v in params.items()) if params else ""
+        )
+        body = kwargs.get("json")
+        action = "TestIamPermissions" if path.endswith(":testIamPermissions") else "GetService"
+        self.recorder.add(
+            "api",
+            action,
+            method=method,
+            path=path,
+            body=body,
+            detail=f"{parts.netloc}: answered as a ready project in a plan",
+        )
+        if action == "TestIamPermissions":
+            return 200, {"permissions": list((body or {}).get("permissions") or [])}
+        return 200, {"name": path.lstrip("/"), "state": "ENABLED"}
