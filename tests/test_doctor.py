@@ -20,6 +20,8 @@ from tpulab.emulator.iam import project_number
 from tpulab.errors import CloudError, ConfigError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from tpulab.cloud.google import GoogleTpuApi
     from tpulab.emulator import Emulator
 
@@ -268,3 +270,38 @@ def test_run_and_up_refuse_a_definite_problem_before_the_create(
         assert words in said.replace("\n", " ")
         assert "tpulab doctor" in said
     _created_nothing(emulator)
+
+
+def test_a_default_account_that_cannot_delete_gets_the_dedicated_account_recipe(
+    emulator: Emulator,
+) -> None:
+    emulator.faults.update({"node_identity_cannot_delete": True})
+
+    _status, output = _doctor(emulator)
+
+    line = " ".join(_line(output, "vm-account").split())
+    account = "tpulab-vm@test-project.iam.gserviceaccount.com"
+    assert "gcloud iam service-accounts create tpulab-vm --project test-project" in line
+    assert f"--member=serviceAccount:{account} --role=roles/tpu.admin" in line
+    assert f"--service-account {account} (or [tool.tpulab] service_account)" in line
+
+
+def test_the_workspace_file_names_the_vm_account_and_a_flag_wins(tmp_path: Path) -> None:
+    from tpulab.config import build_run_spec
+    from tpulab.config.project_file import load_project_file
+
+    account = "tpulab-vm@test-project.iam.gserviceaccount.com"
+    (tmp_path / "tpulab.toml").write_text(f'service_account = "{account}"\n')
+    defaults = load_project_file(tmp_path)
+    spec = build_run_spec(accelerator="v5litepod-4", emulate=True, defaults=defaults)
+    assert spec.service_account == account
+    other = "other@test-project.iam.gserviceaccount.com"
+    flagged = build_run_spec(
+        accelerator="v5litepod-4", emulate=True, defaults=defaults, service_account=other
+    )
+    assert flagged.service_account == other
+    (tmp_path / "tpulab.toml").write_text('service_account = "not an email"\n')
+    with pytest.raises(ConfigError, match=r"not a service account e-mail address \(from"):
+        build_run_spec(
+            accelerator="v5litepod-4", emulate=True, defaults=load_project_file(tmp_path)
+        )

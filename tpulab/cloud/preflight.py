@@ -270,8 +270,27 @@ def vm_account_check(
         '"secure by default" organisation gives the default compute account no Editor): '
         "the VM's watchdog could not delete a forgotten VM. (Roles granted on a folder or "
         "the organisation are not in the project's policy.)",
-        f"Run `{_grant(project, member, 'roles/tpu.admin')}`, or pass --service-account "
-        "with an account that holds roles/tpu.admin.",
+        f"Run `{_grant(project, member, 'roles/tpu.admin')}`, or "
+        + (
+            "pass --service-account with an account that holds roles/tpu.admin."
+            if service_account
+            else _dedicated_account(project)
+        ),
+    )
+
+
+def _dedicated_account(project: str) -> str:
+    """The three commands that make the VM a dedicated identity (issue: a default compute
+    account with Editor is broader than a TPU VM needs, and gone in new organisations)."""
+    account = f"tpulab-vm@{project}.iam.gserviceaccount.com"
+    return (
+        "give the VMs a dedicated account: "
+        f"`gcloud iam service-accounts create tpulab-vm --project {project} "
+        '--display-name="tpulab TPU VMs"`, '
+        f"`{_grant(project, f'serviceAccount:{account}', 'roles/tpu.admin')}`, "
+        f"`gcloud iam service-accounts add-iam-policy-binding {account} --project {project} "
+        "--member=user:YOU --role=roles/iam.serviceAccountUser` (you act as it), then run "
+        f"with --service-account {account} (or [tool.tpulab] service_account)."
     )
 
 

@@ -45,6 +45,7 @@ ALLOWED_KEYS = (
     "exclude",
     "network",
     "subnetwork",
+    "service_account",
 )
 
 
@@ -66,6 +67,7 @@ class ProjectDefaults:
     exclude: tuple[str, ...] = ()
     network: str | None = None
     subnetwork: str | None = None
+    service_account: str | None = None
 
 
 NO_PROJECT_FILE = ProjectDefaults()
@@ -201,6 +203,7 @@ def _validated(path: Path, source: str, table: Mapping[str, Any]) -> ProjectDefa
         ),
         network=text("network"),
         subnetwork=text("subnetwork"),
+        service_account=text("service_account"),
     )
 
 

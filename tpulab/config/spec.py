@@ -311,7 +311,7 @@ def build_run_spec(
         valid_for=window,
         accelerator_source=accel_source,
         watchdog=dog,
-        service_account=check_service_account(service_account),
+        service_account=_service_account(service_account, defaults),
         network=_network(network, "network", defaults),
         subnetwork=_network(subnetwork, "subnetwork", defaults),
     )
@@ -380,6 +380,21 @@ def _accelerator(
         )
     try:
         return catalog.lookup(found.value), found.source
+    except ConfigError as error:
+        raise ConfigError(
+            f"{error.message.rstrip('.')} (from {found.source}).", hint=error.hint
+        ) from None
+
+
+def _service_account(flag: str | None, defaults: ProjectDefaults | None) -> str | None:
+    """--service-account, else the workspace's [tool.tpulab] service_account, checked."""
+    if flag is not None:
+        return check_service_account(flag)
+    found = _from_file(defaults, "service_account")
+    if found is None:
+        return None
+    try:
+        return check_service_account(found.value)
     except ConfigError as error:
         raise ConfigError(
             f"{error.message.rstrip('.')} (from {found.source}).", hint=error.hint
