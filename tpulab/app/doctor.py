@@ -42,6 +42,8 @@ __all__ = [
     "run_preflight",
 ]
 
+# Seconds each preflight request may take (Google answers these in well under one).
+PREFLIGHT_TIMEOUT = 10.0
 # Problems in these mean tpulab is not set up (exit 2); any other problem is the
 # cloud project's (exit 3). docs/reference/exit-status.md says so.
 _CONFIG_CHECKS = ("credentials", "project")
@@ -185,7 +187,9 @@ def run_preflight(
     from tpulab.cloud.preflight import ProjectApis, preflight
 
     session = caller_session(api_endpoint, with_account=False)
-    apis = ProjectApis(session.session, api_endpoint)
+    # Short: two small reads before a create; an endpoint that does not answer in this
+    # long is the create's to report (tpulab.run.provision).
+    apis = ProjectApis(session.session, api_endpoint, timeout=PREFLIGHT_TIMEOUT)
     return list(preflight(apis, project, account=session.account, service_account=service_account))
 
 

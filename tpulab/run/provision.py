@@ -66,9 +66,7 @@ def create(ctx: RunContext) -> str:
     """Ask the project's preflight (a definite problem refuses the run, nothing created),
     journal the run, send CreateNode with labels + ssh key, wait for the operation."""
     if ctx.preflight is not None:
-        from tpulab.cloud.preflight import refuse_on_problems
-
-        refuse_on_problems(ctx.preflight())
+        _preflight(ctx)
     if ctx.journal is not None:
         ctx.journal.run_started(ctx.spec)
         ctx.journalled = True
@@ -77,6 +75,22 @@ def create(ctx: RunContext) -> str:
     if ctx.spec.queued:
         return _create_through_queue(ctx, request)
     return _CreateNode(ctx, request).send()
+
+
+def _preflight(ctx: RunContext) -> None:
+    """The project's cheap checks; a definite problem refuses the run (ConfigError,
+    nothing created). Project APIs that cannot be reached decide nothing: the create
+    then meets the same endpoint and says what it found, as it always has ("never
+    sent", or a create sent and never answered)."""
+    from tpulab.cloud.preflight import refuse_on_problems
+
+    assert ctx.preflight is not None
+    try:
+        checks = ctx.preflight()
+    except UnreachableError as error:
+        ctx.observer.note(f"the project's preflight could not be asked ({error.message})")
+        return
+    refuse_on_problems(checks)
 
 
 class _CreateNode:
