@@ -219,3 +219,18 @@ def test_a_slice_reporting_fewer_workers_than_its_type_fails_at_once(embedded_ri
     assert time.monotonic() - started < 60
     assert life.outcome.teardown_status == "confirmed"
     assert embedded_rig.leftovers() == []
+
+
+def test_a_late_workers_ssh_is_waited_for_and_the_slice_verifies(embedded_rig: Rig) -> None:
+    """A worker whose sshd comes up seconds after the others (as a VM that boots late):
+    its connection retries within the boot timeout, as worker 0's would, and the slice
+    verifies with it; the slowest connect is that worker's."""
+    embedded_rig.emulator.faults.late_workers = {3: 4.0}
+    life, recorder, error = embedded_rig.run(embedded_rig.spec(SLICE))
+    assert error is None, error
+    assert life.outcome.verified
+    connect = life.outcome.worker_seconds["connect"]
+    assert max(range(HOSTS), key=connect.__getitem__) == 3, connect
+    said = next(p for p in recorder.phases if p.phase.value == "connect").detail or ""
+    assert "slowest worker 3" in said, said
+    assert embedded_rig.leftovers() == []
