@@ -14,6 +14,10 @@ Use from a test module with `pytest_plugins = ["emulator_fixtures"]`, then ask f
   for as long as the test looks. On the real clock Timing.fast()'s 0.1-0.2 s can pass
   before a loaded machine's next request, and the state the test asserts is gone.
 
+- `fast_embedded_emulator`: the state directory of `--emulate`'s embedded emulator in
+  the test's TPULAB_HOME, with fast timing, for tests that run `tpulab ... --emulate` as
+  a subprocess; `embedded_nodes_left()` lists what that emulator still holds.
+
 Helpers: `api_for(emulator, project=PROJECT, **kwargs)`, `node_request(...)`.
 Import names from here only under `TYPE_CHECKING` (pytest rewrites plugin asserts).
 """
@@ -109,3 +113,36 @@ def tpu_api(emulator: Emulator) -> GoogleTpuApi:
 def held_emulator(start_emulator: EmulatorStarter, tmp_path: Path) -> tuple[Emulator, FakeClock]:
     clock = FakeClock(time.time())  # wall-clock based, as the emulator's own clock is
     return start_emulator(tmp_path / "held-emulator-state", clock=clock), clock
+
+
+# The embedded emulator's timing for CLI tests (`tpulab ... --emulate` reads timing.json
+# from its state directory): creates and deletes in a fraction of a second.
+FAST_EMBEDDED_TIMING = {
+    "create_seconds": 0.2,
+    "delete_seconds": 0.1,
+    "stockout_seconds": 0.1,
+    "tick_seconds": 0.02,
+}
+
+
+@pytest.fixture
+def fast_embedded_emulator() -> Path:
+    import json
+
+    from tpulab import paths
+
+    state = paths.emulator_state_dir()
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "timing.json").write_text(json.dumps(FAST_EMBEDDED_TIMING))
+    return state
+
+
+def embedded_nodes_left() -> list[str]:
+    """The nodes `tpulab list --emulate` still shows (a real subprocess, as typed)."""
+    import json
+
+    from helpers import tpulab
+
+    listed = tpulab("list", "--emulate", "--json")
+    assert listed.returncode == 0, listed.stderr
+    return [node["name"] for node in json.loads(listed.stdout)["nodes"]]

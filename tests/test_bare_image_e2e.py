@@ -17,12 +17,10 @@ from typing import Any
 
 import pytest
 
-from tpulab import paths
 from tpulab.emulator.hostenv import find_image_python
 from tpulab.exits import EXIT_OK
 
-FAST = {"create_seconds": 0.2, "delete_seconds": 0.1, "stockout_seconds": 0.1, "tick_seconds": 0.02}
-
+pytest_plugins = ["emulator_fixtures"]
 
 # One `run --emulate` on the bare image installs jax from the package index: a cold
 # cache on a slow network takes minutes. This bound, not pytest-timeout's 300 s
@@ -40,14 +38,6 @@ def tpulab(*args: str, timeout: float = RUN_BOUND) -> subprocess.CompletedProces
         env={**os.environ, "COLUMNS": "250"},
         check=False,
     )
-
-
-@pytest.fixture
-def fast_embedded_emulator() -> Path:
-    state = paths.emulator_state_dir()
-    state.mkdir(parents=True, exist_ok=True)
-    (state / "timing.json").write_text(json.dumps(FAST))
-    return state
 
 
 def _minor(version: str) -> tuple[int, int]:

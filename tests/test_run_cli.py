@@ -31,8 +31,6 @@ pytest_plugins = ["emulator_fixtures", "ssh_fixtures"]
 PROJECT = "cli-project"
 ZONE = "us-central1-a"
 
-FAST = {"create_seconds": 0.2, "delete_seconds": 0.1, "stockout_seconds": 0.1, "tick_seconds": 0.02}
-
 
 def tpulab(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200"}
@@ -94,14 +92,6 @@ def check_verified_v5litepod_4(result: RunEnvelope) -> None:
     ]  # fmt: skip
     assert all(p.ok and p.seconds >= 0 for p in result.phases)
     assert result.api_calls > 5
-
-
-@pytest.fixture
-def fast_embedded_emulator() -> Path:
-    state = paths.emulator_state_dir()
-    state.mkdir(parents=True, exist_ok=True)
-    (state / "timing.json").write_text(json.dumps(FAST))
-    return state
 
 
 def embedded_leftovers(state: Path) -> list[str]:

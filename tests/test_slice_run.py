@@ -8,7 +8,6 @@ left" is one list call, whatever happened on its workers.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from emulator_fixtures import embedded_nodes_left
+from helpers import tpulab
 from run_rig import Rig
 
-from tpulab import paths
 from tpulab.errors import RemoteError
 from tpulab.evidence.store import ReceiptStore
 from tpulab.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_WORKLOAD
@@ -29,7 +29,6 @@ pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
 SLICE = "v5litepod-16"
 HOSTS = 4
 PSUM_LAB = Path(__file__).resolve().parent.parent / "examples" / "slice_lab"
-FAST = {"create_seconds": 0.2, "delete_seconds": 0.1, "stockout_seconds": 0.1, "tick_seconds": 0.02}
 
 
 def test_a_slice_verifies_every_worker_and_leaves_nothing(rig: Rig) -> None:
@@ -65,32 +64,6 @@ def test_a_worker_whose_ssh_is_dead_is_named_and_nothing_is_left(embedded_rig: R
     assert embedded_rig.leftovers() == []
 
 
-def tpulab(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tpulab", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-        env={**os.environ, "COLUMNS": "250"},
-        check=False,
-    )
-
-
-@pytest.fixture
-def fast_embedded_emulator() -> Path:
-    state = paths.emulator_state_dir()
-    state.mkdir(parents=True, exist_ok=True)
-    (state / "timing.json").write_text(json.dumps(FAST))
-    return state
-
-
-def nodes_left() -> list[str]:
-    listed = tpulab("list", "--emulate", "--json")
-    assert listed.returncode == EXIT_OK, listed.stderr
-    return [node["name"] for node in json.loads(listed.stdout)["nodes"]]
-
-
 def test_one_jax_program_across_the_slice_comes_back_per_worker(
     fast_embedded_emulator: Path, tmp_path: Path
 ) -> None:
@@ -98,6 +71,7 @@ def test_one_jax_program_across_the_slice_comes_back_per_worker(
     done = tpulab(
         "run", "--accelerator", SLICE, "--emulate", "--json", "--all-output",
         "--workdir", str(PSUM_LAB), "--out", str(out), "--", "python", "psum.py",
+        timeout=600,
     )  # fmt: skip
     assert done.returncode == EXIT_OK, done.stderr + done.stdout
     result: dict[str, Any] = json.loads(done.stdout)
@@ -112,7 +86,7 @@ def test_one_jax_program_across_the_slice_comes_back_per_worker(
         # --all-output: each worker's line streamed with its worker in the gutter.
         assert f"w{worker} ┃ " in done.stderr
         assert f'"worker": {worker}' in done.stderr
-    assert nodes_left() == []
+    assert embedded_nodes_left() == []
 
 
 def test_the_first_failing_worker_stops_the_others_and_is_named(
@@ -130,7 +104,7 @@ def test_the_first_failing_worker_stops_the_others_and_is_named(
     started = time.monotonic()
     done = tpulab(
         "run", "--accelerator", SLICE, "--emulate", "--json", "--workdir", str(work),
-        "--out", str(tmp_path / "out"), "--", "python", "job.py",
+        "--out", str(tmp_path / "out"), "--", "python", "job.py", timeout=600,
     )  # fmt: skip
     took = time.monotonic() - started
     assert done.returncode == EXIT_WORKLOAD, done.stderr + done.stdout
@@ -145,7 +119,7 @@ def test_the_first_failing_worker_stops_the_others_and_is_named(
     )
     assert took < 200, took  # the others were stopped, not waited for
     assert "worker 2 gives up" in (tmp_path / "out" / "worker-2" / "output.log").read_text()
-    assert nodes_left() == []
+    assert embedded_nodes_left() == []
 
 
 def test_ctrl_c_while_every_worker_runs_leaves_nothing(
@@ -181,7 +155,7 @@ def test_ctrl_c_while_every_worker_runs_leaves_nothing(
     assert run.returncode == EXIT_INTERRUPTED, said
     assert "your command was stopped on worker 3" in said
     assert "deleted, confirmed by list" in said
-    assert nodes_left() == []
+    assert embedded_nodes_left() == []
 
 
 def test_sessions_refuse_a_slice_before_anything_is_created(

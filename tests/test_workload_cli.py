@@ -14,14 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from emulator_fixtures import embedded_nodes_left
 
-from tpulab import paths
 from tpulab.exits import EXIT_OK, EXIT_WORKLOAD
+
+pytest_plugins = ["emulator_fixtures"]
 
 pytestmark = pytest.mark.slow
 
 LAB = Path(__file__).resolve().parent.parent / "examples" / "course_lab"
-FAST = {"create_seconds": 0.2, "delete_seconds": 0.1, "stockout_seconds": 0.1, "tick_seconds": 0.02}
 
 
 def tpulab(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -34,20 +35,6 @@ def tpulab(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[s
         env={**os.environ, "COLUMNS": "250"},
         check=False,
     )
-
-
-@pytest.fixture
-def fast_embedded_emulator() -> Path:
-    state = paths.emulator_state_dir()
-    state.mkdir(parents=True, exist_ok=True)
-    (state / "timing.json").write_text(json.dumps(FAST))
-    return state
-
-
-def nodes_left(state: Path) -> list[str]:
-    listed = tpulab("list", "--emulate", "--json")
-    assert listed.returncode == EXIT_OK, listed.stderr
-    return [node["name"] for node in json.loads(listed.stdout)["nodes"]]
 
 
 def test_the_readme_course_lab_comes_back(fast_embedded_emulator: Path, tmp_path: Path) -> None:
@@ -66,7 +53,7 @@ def test_the_readme_course_lab_comes_back(fast_embedded_emulator: Path, tmp_path
     assert len(metrics) == 20
     assert json.loads((out / "run" / "device_receipt.json").read_text())["device_count"] == 4
     assert json.loads((out / "run.json").read_text())["workload"]["exit_status"] == 0
-    assert nodes_left(fast_embedded_emulator) == []
+    assert embedded_nodes_left() == []
 
 
 def test_a_failing_command_is_exit_9_with_its_own_status(
@@ -89,7 +76,7 @@ def test_a_failing_command_is_exit_9_with_its_own_status(
     assert result["teardown"]["confirmed"] is True
     assert "about to fail" not in done.stderr  # --quiet: only logged ...
     assert "about to fail" in (tmp_path / "out" / "output.log").read_text()  # ... and fetched
-    assert nodes_left(fast_embedded_emulator) == []
+    assert embedded_nodes_left() == []
 
 
 def test_sigkill_during_the_command_leaves_a_node_that_teardown_verify_deletes(
@@ -135,10 +122,10 @@ def test_sigkill_during_the_command_leaves_a_node_that_teardown_verify_deletes(
             run.kill()
     (row,) = Journal().open_runs()
     assert row.phase == "workload"  # the journal knew where the run was
-    assert nodes_left(fast_embedded_emulator) == [row.node_name]
+    assert embedded_nodes_left() == [row.node_name]
     swept = tpulab("teardown", "--verify", "--emulate", "--yes", "--run-id", row.run_id)
     assert swept.returncode == EXIT_OK, swept.stderr + swept.stdout
-    assert nodes_left(fast_embedded_emulator) == []
+    assert embedded_nodes_left() == []
     assert Journal().open_runs() == []
 
 
