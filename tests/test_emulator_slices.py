@@ -13,10 +13,7 @@ API does (workerIds; the answer indexed by position). gcloud's own `tpu-vm ssh
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -25,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from helpers import require_tool
 
 from tpulab import catalog
 from tpulab.cloud.polling import wait_for_state
@@ -326,45 +322,20 @@ def test_gcloud_tpu_vm_ssh_worker_all_reaches_every_worker_with_one_port(
     """`gcloud compute tpus tpu-vm ssh NODE --worker=all --command 'echo $HOME'
     --ssh-flag=-p<port>`, as tests/test_gcloud_ssh.py points gcloud at the emulator."""
     from emulator_fixtures import api_for
+    from test_gcloud_ssh import gcloud_ssh
 
-    require_tool(shutil.which("gcloud") is not None, "gcloud (Google Cloud SDK)")
-    require_tool(shutil.which("ssh") is not None, "OpenSSH client (ssh)")
     emulator = start_emulator(tmp_path / "state", host_backend=host_backend)
     api = api_for(emulator)
     api.create_node(ZONE, "gc-all", slice_request(RunKey()))
     workers, _ = targets(api, host_backend, "gc-all")
     home = tmp_path / "home"
-    home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLOUDSDK_")}
-    env.update(
-        HOME=str(home),
-        CLOUDSDK_CONFIG=str(home / "gcloud-config"),
-        CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU=emulator.url + "/",
-        CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE=emulator.url + "/compute/v1/",
-        CLOUDSDK_API_ENDPOINT_OVERRIDES_OSLOGIN=emulator.url + "/",
-        CLOUDSDK_AUTH_DISABLE_CREDENTIALS="true",
-        CLOUDSDK_CORE_ACCOUNT="tester@example.com",
-        CLOUDSDK_CORE_PROJECT=PROJECT,
-        CLOUDSDK_CORE_DISABLE_PROMPTS="1",
-        CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK="true",
-        CLOUDSDK_CORE_DISABLE_USAGE_REPORTING="true",
-    )
-    done = subprocess.run(
-        [
-            "gcloud",
-            "compute",
-            "tpus",
-            "tpu-vm",
-            "ssh",
-            "gc-all",
-            f"--zone={ZONE}",
-            "--worker=all",
-            "--command=echo $HOME",
-            f"--ssh-flag=-p {workers[0].port}",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
+    done = gcloud_ssh(
+        emulator,
+        home,
+        "gc-all",
+        workers[0].port,
+        "--worker=all",
+        command="echo $HOME",
         timeout=180,
     )
     assert done.returncode == 0, done.stderr

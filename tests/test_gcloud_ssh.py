@@ -52,9 +52,17 @@ OWNER = "tpulab"
 
 
 def gcloud_ssh(
-    emulator: Emulator, home: Path, node: str, port: int
+    emulator: Emulator,
+    home: Path,
+    node: str,
+    port: int,
+    *extra: str,
+    command: str = "echo ok",
+    timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
-    """`gcloud compute tpus tpu-vm ssh` as a user runs it, against the emulator only."""
+    """`gcloud compute tpus tpu-vm ssh` as a user runs it, against the emulator only
+    (`extra`: more flags, e.g. `--worker=all`; the one `-p` reaches every worker of an
+    emulated slice, as port 22 does online)."""
     require_tool(shutil.which("gcloud") is not None, "gcloud (Google Cloud SDK)")
     require_tool(shutil.which("ssh") is not None, "OpenSSH client (ssh)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLOUDSDK_")}
@@ -83,13 +91,14 @@ def gcloud_ssh(
             "ssh",
             node,
             f"--zone={ZONE}",
-            "--command=echo ok",
+            *extra,
+            f"--command={command}",
             f"--ssh-flag=-p {port}",  # a real VM listens on 22; an emulated one elsewhere
         ],
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
 
 
