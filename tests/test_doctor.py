@@ -305,3 +305,38 @@ def test_the_workspace_file_names_the_vm_account_and_a_flag_wins(tmp_path: Path)
         build_run_spec(
             accelerator="v5litepod-4", emulate=True, defaults=load_project_file(tmp_path)
         )
+
+
+def test_doctor_checks_the_account_and_network_the_workspace_file_names(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    from tpulab.config.doctor import doctor_inputs
+
+    account = "tpulab-vm@test-project.iam.gserviceaccount.com"
+    (tmp_path / "tpulab.toml").write_text(
+        f'service_account = "{account}"\nnetwork = "projects/test-project/global/networks/v"\n'
+    )
+    inputs = doctor_inputs(
+        project=PROJECT,
+        zone=None,
+        accelerator=None,
+        service_account=None,
+        emulate=False,
+        api_endpoint=emulator.url,
+        cwd=tmp_path,
+    )
+    assert (inputs.service_account, inputs.network) == (account, "v")
+    flagged = doctor_inputs(
+        project=PROJECT,
+        zone=None,
+        accelerator=None,
+        service_account="x@test-project.iam.gserviceaccount.com",
+        emulate=False,
+        api_endpoint=emulator.url,
+        cwd=tmp_path,
+        network="w",
+    )
+    assert (flagged.service_account, flagged.network) == (
+        "x@test-project.iam.gserviceaccount.com",
+        "w",
+    )

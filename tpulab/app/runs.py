@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from tpulab.app.doctor import preflight_for
 from tpulab.app.target import Notify, api_context
 from tpulab.envelope import error_report
 from tpulab.exits import EXIT_TEARDOWN
@@ -53,7 +54,6 @@ class RunTpu:
         self.journal = journal
         self.notify = notify
         self.runner: Attempts | None = None
-        self._asked: Callable[[], list[Check]] | None = None
 
     @property
     def last(self) -> Lifecycle | None:
@@ -74,28 +74,24 @@ class RunTpu:
             ssh=self.ssh_backend,
             notify=self.notify,
         ) as api:
+            # Asked once for the whole run, at its first create (every attempt shares it).
+            preflight = preflight_for(spec, getattr(api, "api_endpoint", None))
             self.runner = Attempts(
                 spec,
-                new_lifecycle=lambda attempt: self._lifecycle(attempt, api),
+                new_lifecycle=lambda attempt: self._lifecycle(attempt, api, preflight),
                 observer=self.observer,
             )
             with signals_to_teardown(self.alert, force_exit_status=EXIT_TEARDOWN):
                 return self.runner.run()
 
-    def _preflight(self, api: TpuApi) -> Callable[[], list[Check]]:
-        """Asked once for the whole run, at its first create (every attempt shares it)."""
-        if self._asked is None:
-            from tpulab.app.doctor import preflight_for
-
-            self._asked = preflight_for(self.spec, getattr(api, "api_endpoint", None))
-        return self._asked
-
-    def _lifecycle(self, attempt: RunSpec, api: TpuApi) -> Lifecycle:
+    def _lifecycle(
+        self, attempt: RunSpec, api: TpuApi, preflight: Callable[[], list[Check]]
+    ) -> Lifecycle:
         # Each attempt (a zone, a recovery) is a whole run with its own teardown.
         return Lifecycle(
             attempt,
             api=api,
-            preflight=self._preflight(api),
+            preflight=preflight,
             journal=self.journal,
             observer=self.observer,
             shield=shield,

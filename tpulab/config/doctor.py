@@ -28,7 +28,13 @@ from tpulab.config.resolve import (
     resolve_project,
     zone_flags,
 )
-from tpulab.config.spec import EMULATED_PROJECT, EMULATED_ZONE, _from_file
+from tpulab.config.spec import (
+    EMULATED_PROJECT,
+    EMULATED_ZONE,
+    _from_file,
+    _network,
+    _service_account,
+)
 from tpulab.config.watchdog import check_service_account
 from tpulab.errors import ConfigError
 
@@ -78,9 +84,9 @@ def doctor_inputs(
     else:
         defaults = load_project_file(Path.cwd() if cwd is None else cwd)
         from_file = _from_file(defaults, "project")
-        in_file = _from_file(defaults, "network")
-        if vpc is None and in_file is not None:
-            vpc = check_network(in_file.value, f"network (from {in_file.source})")
+        # The VM account and the VPC a run from here would use: flag, else the file.
+        account = _service_account(service_account, defaults)
+        vpc = _network(network, "network", defaults)
         zn = zn or find_zone(None, env=env)
         if target.emulated:
             proj = find_project(project, env=env, project_file=from_file) or Resolved(
