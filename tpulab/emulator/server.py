@@ -14,7 +14,6 @@ also kept, as it arrived on the wire, in a bounded log (`Emulator.requests()`, `
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -26,36 +25,21 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import parse_qs, parse_qsl, unquote, urlsplit
 
 from tpulab.contract import (
-    EMULATOR_COORDINATOR_PORT_ATTRIBUTE,
-    EMULATOR_SSH_PORT_ATTRIBUTE,
-    EMULATOR_SSH_USER_ATTRIBUTE,
-    HOST_KEY_NAMESPACE,
-    OS_LOGIN_METADATA,
     RUN_ID_LABEL,
-    SSH_KEYS_METADATA,
 )
 from tpulab.emulator import project_apis, queued
 from tpulab.emulator.compute import COMPUTE_ROUTES, compute_project
 from tpulab.emulator.faults import GUEST_ATTRIBUTE_ERRORS, FaultPlan
-from tpulab.emulator.guest import Guest, StateLink
-from tpulab.emulator.hostenv import (
-    BackendImage,
-    ImageEnv,
-    common_free_port,
-    kill_tagged,
-    reserve_port,
-)
-from tpulab.emulator.hosts import AddressedHostBackend, HostBackend, HostEndpoint
+from tpulab.emulator.hosts import HostBackend
 from tpulab.emulator.iam import (
     ROUTE_PERMISSIONS,
     TOKEN_PREFIX,
@@ -64,6 +48,7 @@ from tpulab.emulator.iam import (
     permission_denied,
     principal,
 )
+from tpulab.emulator.machines import Machines, clear_boot, kill_boot, owner_alive, set_live
 from tpulab.emulator.persist import EmulatorStateError, StateFile
 from tpulab.emulator.project_apis import PROJECT_ROUTES
 from tpulab.emulator.startup import startup_log
@@ -78,14 +63,8 @@ from tpulab.emulator.state import (
 from tpulab.emulator.timing import Timing
 from tpulab.emulator.wire import ApiError, error_body
 from tpulab.emulator.workers import (
-    WORKERS_FIELD,
-    loopback_address,
-    set_worker_part,
     worker_count,
-    worker_key,
-    worker_part,
     worker_suffix,
-    writable_attributes,
 )
 from tpulab.emulator.zones import ZONES
 
@@ -95,18 +74,9 @@ log = logging.getLogger(__name__)
 
 Record = dict[str, Any]
 Handler = Callable[["_Request"], tuple[int, Record]]
-_T = TypeVar("_T")
-_R = TypeVar("_R")
 
-# Emulators alive in this process, by owner token: a node whose SSH host was started by
-# an emulator that is no longer here (stopped, or its process died) gets a new one.
-_LIVE_OWNERS: set[str] = set()
-_LIVE_LOCK = threading.Lock()
 # Enough for any single run (a few hundred requests); old entries fall off the front.
 _REQUEST_LOG_SIZE = 10_000
-# How often a slice's hosts are started again on another common port when one was
-# taken between probing it and binding it (workers.py: one port for every worker).
-_COMMON_PORT_ATTEMPTS = 5
 
 _P = r"(?P<project>[^/]+)"
 _Z = r"(?P<zone>[^/]+)"
@@ -227,7 +197,6 @@ class Emulator:
         self.state_dir = Path(state_dir)
         self.host_backend = host_backend
         self._guests_choice = guests
-        self._guests: dict[str, dict[int, Guest]] = {}  # node key -> worker -> its boot
         self.timing = timing if timing is not None else Timing()
         self.faults = FaultPlan()
         self.calls: Counter[str] = Counter()
@@ -237,9 +206,6 @@ class Emulator:
         self._clock = clock
         self._file = StateFile(self.state_dir)
         self._owner = f"{os.getpid()}:{uuid.uuid4().hex}"
-        # Node keys whose SSH hosts (and guests) this emulator started -> how many workers.
-        self._hosts: dict[str, int] = {}
-        self._hosts_lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -249,6 +215,14 @@ class Emulator:
         self.url = ""
         self.failure: EmulatorStateError | None = None
         """Set when the state on disk became unusable while serving; the owner stops."""
+        # The guests and SSH hosts behind READY nodes and RUNNING instances (machines.py).
+        self._machines = Machines(
+            self,
+            owner=self._owner,
+            state_file=self._file,
+            transaction=self._transaction,
+            clock=self._clock,
+        )
         self._seed_faults(self.state_dir / "faults.json")
 
     @property
@@ -277,8 +251,7 @@ class Emulator:
             return self.url
         self._file.read()  # an unusable state directory fails here, before anything runs
         self.failure = None
-        with _LIVE_LOCK:
-            _LIVE_OWNERS.add(self._owner)
+        set_live(self._owner, True)
         self._stopping.clear()
         server = _Server(self._bind, _make_handler(self))
         server.daemon_threads = True
@@ -313,19 +286,17 @@ class Emulator:
                     connection.shutdown(socket.SHUT_RDWR)
         for thread in self._threads:
             thread.join(timeout=5)
-        with _LIVE_LOCK:
-            _LIVE_OWNERS.discard(self._owner)
-        with self._hosts_lock:
-            owned = set(self._hosts)
+        set_live(self._owner, False)
+        owned = self._machines.owned()
         for key in owned:
-            self._stop_host(key)  # (it skips keys no longer in _hosts: take no copy first)
+            self._machines.stop(key)  # (it skips keys no longer booted: take no copy first)
         # A state file that went bad cannot record that our hosts are gone; the next
         # emulator restarts them anyway (their owner is no longer alive).
         with suppress(EmulatorStateError), self._file.transaction() as data:
             for key in owned:
                 node = data["nodes"].get(key)
                 if node is not None and (node.get("host") or {}).get("owner") == self._owner:
-                    _clear_boot(node, None)
+                    clear_boot(node, None)
 
     def __enter__(self) -> Emulator:
         self.start()
@@ -365,8 +336,7 @@ class Emulator:
         much sooner, so a test need not wait minutes of real time for them. The total
         skipped since the node booted; KeyError when the node has no booted guest.
         Every worker of a slice moves together (worker 0's total is returned)."""
-        with self._hosts_lock:
-            guests = dict(self._guests.get(node_key(project, zone, node)) or {})
+        guests = self._machines.guests_of(node_key(project, zone, node))
         if 0 not in guests:
             raise KeyError(f"node {project}/{zone}/{node} has no booted guest")
         totals = {worker: guest.skip_clock(seconds) for worker, guest in guests.items()}
@@ -408,12 +378,11 @@ class Emulator:
 
     def _forget(self, gone: list[Record]) -> None:
         for node in gone:
-            project, zone, name = node["project"], node["zone"], node["name"]
-            self._stop_host(node_key(project, zone, name))
-            _kill_boot(node)  # booted by an emulator that died: nobody else will
+            self._machines.stop(self.machine_key(node))
+            kill_boot(node)  # booted by an emulator that died: nobody else will
             for worker in range(worker_count(node["accelerator_type"])):
-                shutil.rmtree(self.sandbox(project, zone, name, worker), True)
-                self.clock_skip_file(project, zone, name, worker).unlink(missing_ok=True)
+                shutil.rmtree(self.machine_home(node, worker), True)
+                self.machine_clock_file(node, worker).unlink(missing_ok=True)
             _forget_tmp_files(node)
 
     def _tick_loop(self) -> None:
@@ -441,7 +410,7 @@ class Emulator:
             for key, node in cloud.nodes.items():
                 host = node.get("host") or {}
                 mine = host.get("owner") == self._owner
-                ssh_keys = self._authorized_keys(node["metadata"])
+                ssh_keys = self._machines.authorized_keys(node["metadata"])
                 if mine and "port" in host and host.get("ssh_keys") != ssh_keys:
                     host["ssh_keys"] = ssh_keys  # UpdateNode (or OS Login) changed them
                     # Every worker's guest agent installs the node's keys.
@@ -450,238 +419,37 @@ class Emulator:
                 stopped = node.get("vm_stopped_at") is not None
                 if mine and (stopped or node["state"] not in {"READY", "DELETING"}):
                     to_stop.append(key)
-                    _clear_boot(node, None)
+                    clear_boot(node, None)
                 elif (
                     (self.host_backend is not None or self.guests)
                     and node["state"] == "READY"
                     and not stopped
-                    and not _owner_alive(host.get("owner"))
+                    and not owner_alive(host.get("owner"))
                 ):
                     # A new boot. The old one's init died with its emulator; should any
                     # process of it have survived, it goes now (its tag is on record).
-                    _kill_boot(node)
-                    _clear_boot(node, {"owner": self._owner})
+                    kill_boot(node)
+                    clear_boot(node, {"owner": self._owner})
                     to_start.append(dict(node))
         for key in to_stop:
-            self._stop_host(key)
+            self._machines.stop(key)
         for key, ssh_keys, count in to_rekey:
-            self._rekey_host(key, ssh_keys, count)
+            self._machines.rekey(key, ssh_keys, count)
         for node in to_start:
-            self._start_host(node)
+            self._machines.start(node)
 
-    def _authorized_keys(self, metadata: dict[str, str]) -> str:
-        """The ssh-keys lines the guest agent would install, as the GCE agent decides:
-        none under the project's OS Login unless the instance turns it off."""
-        os_login_off = metadata.get(OS_LOGIN_METADATA, "").strip().lower() == "false"
-        if self.faults.project_os_login and not os_login_off:
-            return ""
-        return metadata.get(SSH_KEYS_METADATA, "")
+    # -- where a machine's files live (machines.MachineHost) ------------------------
 
-    def _rekey_host(self, key: str, ssh_keys: str, count: int) -> None:
-        assert self.host_backend is not None
-        for worker in range(count):
-            try:
-                self.host_backend.update_keys(worker_key(key, worker), ssh_keys)
-            except Exception:
-                log.exception("could not give the SSH host of %s its new ssh-keys", key)
+    def machine_key(self, record: Record) -> str:
+        """The state key of a node or instance record."""
+        return node_key(record["project"], record["zone"], record["name"])
 
-    def _start_host(self, node: Record) -> None:
-        """Boot a READY node: each worker's guest (metadata server, startup-script), then
-        each worker's SSH host, whose sessions get that guest's environment too. A
-        single-host node has one worker, 0; a slice one per host (workers.py)."""
-        project, zone, name = node["project"], node["zone"], node["name"]
-        key = node_key(project, zone, name)
-        count = worker_count(node["accelerator_type"])
-        with self._hosts_lock:
-            self._hosts[key] = count  # from now on _stop_host stops every worker
-        sandboxes = [self.sandbox(project, zone, name, worker) for worker in range(count)]
-        for sandbox in sandboxes:
-            sandbox.mkdir(parents=True, exist_ok=True)
-        envs: list[dict[str, str]] = []
-        for worker, sandbox in enumerate(sandboxes):
-            guest = self._boot_guest(key, node, worker, sandbox) if self.guests else None
-            envs.append(guest.env if guest is not None else {})
-        if self.host_backend is None:
-            self._record_boot(key, count, [], "")
-            return
-        ssh_keys = self._authorized_keys(node["metadata"])
-        try:
-            endpoints = self._start_workers(key, sandboxes, ssh_keys, envs)
-        except Exception as error:
-            log.exception("could not start an SSH host for %s", key)
-            with self._file.transaction() as data:
-                current = data["nodes"].get(key)
-                if current is not None and current.get("host", {}).get("owner") == self._owner:
-                    current["host"] = {"owner": self._owner, "error": str(error)}
-            return
-        self._record_boot(key, count, endpoints, ssh_keys)
+    def machine_home(self, record: Record, worker: int) -> Path:
+        """The home directory of a record's worker (`sandbox` of a node)."""
+        return self.sandbox(record["project"], record["zone"], record["name"], worker)
 
-    def _start_workers(
-        self, key: str, sandboxes: list[Path], ssh_keys: str, envs: list[dict[str, str]]
-    ) -> list[HostEndpoint]:
-        """Every worker's SSH host, in worker order. One worker: as a single host always
-        was (127.0.0.1, any port). Several, on a backend that can: worker w on
-        127.0.0.(1+w), all on one port, the whole set again on another port should a
-        port be taken on some address; otherwise each on its own 127.0.0.1 port."""
-        backend = self.host_backend
-        assert backend is not None
-
-        def start(worker: int, address: str | None, port: int) -> HostEndpoint:
-            options: dict[str, Any] = {
-                "refuse_for": self.faults.refuse_for(worker),
-                "ensurepip_missing": self.faults.ensurepip_missing,
-                "env": envs[worker],
-            }
-            name = worker_key(key, worker)
-            if address is None:
-                return backend.start(name, sandboxes[worker], ssh_keys, **options)
-            assert isinstance(backend, AddressedHostBackend)
-            return backend.start_at(
-                name, sandboxes[worker], ssh_keys, address=address, port=port, **options
-            )
-
-        count = len(sandboxes)
-        separate = [None] * count
-        if count == 1 or not isinstance(backend, AddressedHostBackend):
-            return _each(lambda w: start(w, separate[w], 0), range(count))
-        addresses = [loopback_address(worker) for worker in range(count)]
-
-        def start_set(port: int) -> list[HostEndpoint]:
-            return _each(lambda w: start(w, addresses[w], port), range(count))
-
-        for attempt in range(_COMMON_PORT_ATTEMPTS):
-            try:
-                port = common_free_port(addresses)
-            except OSError as error:
-                if error.errno != errno.EADDRNOTAVAIL:
-                    raise
-                # Only 127.0.0.1 on this machine's loopback (macOS): a port each there.
-                log.info("no 127.0.0.x addresses here (%s): each worker on a port", error)
-                return _each(lambda w: start(w, separate[w], 0), range(count))
-            try:
-                return start_set(port)
-            except BaseException as error:
-                for worker in range(count):
-                    backend.stop(worker_key(key, worker))
-                taken = isinstance(error, OSError) and error.errno == errno.EADDRINUSE
-                if not taken or attempt + 1 == _COMMON_PORT_ATTEMPTS:
-                    raise
-                # Taken between the probe and the bind: the whole set on another port.
-                log.info("port %d of %s was taken (%s); trying another", port, key, error)
-        raise AssertionError("unreachable")  # the loop returns or raises
-
-    def _boot_guest(self, key: str, node: Record, worker: int, sandbox: Path) -> Guest | None:
-        project, zone, name = node["project"], node["zone"], node["name"]
-        guest = Guest(
-            node,
-            sandbox,
-            StateLink(key, self._transaction, self._clock, worker=worker),
-            api_url=self.url,
-            image=self._guest_image(),
-            clock_skip=self.clock_skip_file(project, zone, name, worker),
-        )
-        try:
-            guest.start()
-        except Exception:
-            log.exception(
-                "could not boot the guest (metadata server, startup-script) of %s worker %d",
-                key,
-                worker,
-            )
-            guest.stop()
-            return None
-        with self._hosts_lock:
-            self._guests.setdefault(key, {})[worker] = guest
-        with self._file.transaction() as data:
-            current = data["nodes"].get(key)
-            if current is not None and (current.get("host") or {}).get("owner") == self._owner:
-                set_worker_part(
-                    current,
-                    worker,
-                    "guest",
-                    {
-                        "metadata": guest.metadata.address,
-                        "tag": guest.startup.tag if guest.startup is not None else None,
-                        "init_pid": guest.startup.pid if guest.startup is not None else None,
-                    },
-                )
-        return guest
-
-    def _guest_image(self) -> ImageEnv:
-        """The image the node's SSH sessions get (for its boot-time processes too)."""
-        images = getattr(self.host_backend, "images", None)
-        if isinstance(images, BackendImage):
-            return images.for_node(ensurepip_missing=self.faults.ensurepip_missing)
-        return ImageEnv(path=("/usr/bin", "/bin"), name="minimal (no SSH host)")
-
-    def _record_boot(
-        self, key: str, count: int, endpoints: list[HostEndpoint], ssh_keys: str
-    ) -> None:
-        """Publish each worker's SSH host as its guest agent would; `endpoints` is empty
-        when there is no host backend (guests only)."""
-        with self._hosts_lock:
-            self._hosts[key] = count
-        # A slice's workers find JAX's coordinator on worker 0 at this port (contract.py).
-        coordinator = _free_loopback_port() if endpoints and count > 1 else None
-        login_user = getattr(self.host_backend, "login_user", None)
-        keep = False
-        with self._file.transaction() as data:
-            current = data["nodes"].get(key)
-            if current is not None and (current.get("host") or {}).get("owner") == self._owner:
-                keep = current["state"] in {"READY", "DELETING"}
-                for worker, endpoint in enumerate(endpoints):
-                    host: Record = {"host": endpoint.host, "port": endpoint.port}
-                    if worker == 0:
-                        host = {
-                            "owner": self._owner,
-                            **host,
-                            "ssh_keys": ssh_keys,  # what it accepts; the ticker compares
-                        }
-                    host["tag"] = endpoint.tag  # its sessions' processes: see _kill_boot
-                    set_worker_part(current, worker, "host", host)
-                    # As each worker's guest agent does: one `hostkeys/<type>` per key its
-                    # sshd serves, beside what the worker's processes wrote since boot.
-                    attributes = writable_attributes(current, worker)
-                    attributes.update(
-                        {
-                            f"{HOST_KEY_NAMESPACE}/{t}": b64
-                            for t, b64 in endpoint.host_keys.items()
-                            if not self.faults.host_key_types or t in self.faults.host_key_types
-                        }
-                    )
-                    attributes[EMULATOR_SSH_PORT_ATTRIBUTE] = str(endpoint.port)
-                    if isinstance(login_user, str) and login_user:
-                        attributes[EMULATOR_SSH_USER_ATTRIBUTE] = login_user
-                    if coordinator is not None:
-                        attributes[EMULATOR_COORDINATOR_PORT_ATTRIBUTE] = str(coordinator)
-        if not keep:
-            self._stop_host(key)
-
-    def _stop_host(self, key: str) -> None:
-        with self._hosts_lock:
-            count = self._hosts.pop(key, None)
-            if count is None:
-                return
-            guests = self._guests.pop(key, {})
-
-        def stop_guest(guest: Guest) -> None:
-            try:
-                guest.stop()  # the power goes off: its processes die first
-            except Exception:
-                log.exception("could not stop the guest of %s worker %d", key, guest.worker)
-
-        _each(stop_guest, list(guests.values()))
-        backend = self.host_backend
-        if backend is None:
-            return
-
-        def stop_host(worker: int) -> None:
-            try:
-                backend.stop(worker_key(key, worker))
-            except Exception:
-                log.exception("could not stop the SSH host for %s worker %d", key, worker)
-
-        _each(stop_host, range(count))
+    def machine_clock_file(self, record: Record, worker: int) -> Path:
+        return self.clock_skip_file(record["project"], record["zone"], record["name"], worker)
 
     # -- request handling --------------------------------------------------------------
 
@@ -1132,74 +900,6 @@ def _refuse_constant(name: str) -> Any:
     # json.loads accepts NaN and Infinity, which are not JSON; refuse them on input so
     # they can never come back out (as the faults endpoint used to echo `Infinity`).
     raise ValueError(f"{name} is not valid JSON")
-
-
-def _kill_boot(node: Record) -> None:
-    """Kill whatever a boot of `node` left running: each worker's startup-script tree
-    (its guest's tag) and SSH sessions' processes (its host's tag), as powering off a
-    VM does. The emulator that booted it stops its own on delete; one that died
-    (SIGKILL) leaves them orphaned on this machine, and only these recorded tags find
-    them again."""
-    recorded = {int(w) for w in node.get(WORKERS_FIELD) or {} if str(w).isdigit()}
-    for worker in sorted({0, *recorded}):
-        for part in ("guest", "host"):
-            tag = (worker_part(node, worker, part) or {}).get("tag")
-            if tag:
-                kill_tagged(tag)
-
-
-def _clear_boot(node: Record, host: Record | None) -> None:
-    """Forget the node's boot in its record: no SSH hosts, no guest attributes, on any
-    worker (`host` becomes worker 0's host record: the new boot's owner, or None). The
-    guests' records stay, so their tags can still be killed (_kill_boot)."""
-    node["host"] = host
-    node["guest_attributes"] = {}
-    for record in (node.get(WORKERS_FIELD) or {}).values():
-        record["host"] = None
-        record["guest_attributes"] = {}
-
-
-def _each(work: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
-    """`work` on every item, concurrently when there are several (a slice's workers boot
-    together, as its VMs do), in item order; once all have ended, the first failure (in
-    item order) is raised."""
-    todo = list(items)
-    if len(todo) <= 1:
-        return [work(item) for item in todo]
-    with ThreadPoolExecutor(len(todo), thread_name_prefix="tpu-emulator-worker") as pool:
-        futures = [pool.submit(work, item) for item in todo]
-        wait(futures)
-    for future in futures:
-        error = future.exception()
-        if error is not None:
-            raise error
-    return [future.result() for future in futures]
-
-
-def _free_loopback_port() -> int:
-    """A port free on 127.0.0.1 now (for a process of the node to bind later)."""
-    with reserve_port("127.0.0.1") as sock:
-        return int(sock.getsockname()[1])
-
-
-def _owner_alive(owner: str | None) -> bool:
-    """Is the emulator that started this node's SSH host still running?"""
-    if not owner:
-        return False
-    pid_text, _, _ = owner.partition(":")
-    if not pid_text.isdigit():
-        return False
-    pid = int(pid_text)
-    if pid == os.getpid():
-        with _LIVE_LOCK:
-            return owner in _LIVE_OWNERS
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class _Server(ThreadingHTTPServer):
