@@ -43,6 +43,16 @@ METHODS = (
     "get_network",
     "list_firewalls",
     "get_tokeninfo",
+    # Compute's instances API (instances.py)
+    "get_compute_zone",
+    "insert_instance",
+    "list_instances",
+    "get_instance",
+    "delete_instance",
+    "get_instance_guest_attributes",
+    "get_zone_operation",
+    "wait_zone_operation",
+    "aggregated_instances",
 )
 
 # How long a dead worker's SSH host waits before it listens: longer than any test or

@@ -31,6 +31,7 @@ from tpulab.emulator.wire import ApiError
 
 __all__ = [
     "CLOUD_PLATFORM_SCOPE",
+    "COMPUTE_DELETE_PERMISSION",
     "ROUTE_PERMISSIONS",
     "TOKEN_PREFIX",
     "check_permissions",
@@ -54,6 +55,8 @@ TOKEN_PREFIX = "ya29.tpulab-emulated."  # noqa: S105 (a marker, not a secret)
 TOKEN_LIFETIME = 3600.0
 TOKEN_REFRESH_MARGIN = 300.0
 
+# What a VM's watchdog needs to delete its own Compute instance (instances.py).
+COMPUTE_DELETE_PERMISSION = "compute.instances.delete"
 # What the default compute service account (Editor) holds among the permissions the
 # emulated APIs check. Editor has every tpu.* permission; tpu.nodes.delete is the one the
 # watchdog needs (roles/tpu.admin grants it to a dedicated account).
@@ -79,6 +82,14 @@ _EDITOR_PERMISSIONS = frozenset(
         "tpu.queuedresources.get",
         "tpu.queuedresources.list",
         "resourcemanager.projects.get",
+        # Compute Engine's, for a TPU VM made as an instance (instances.py).
+        "compute.instances.create",
+        COMPUTE_DELETE_PERMISSION,
+        "compute.instances.get",
+        "compute.instances.list",
+        "compute.instances.getGuestAttributes",
+        "compute.zoneOperations.get",
+        "compute.zones.get",
     }
 )
 # service.resource.verb, as IAM spells every permission.
@@ -158,6 +169,7 @@ def granted(node: Record, faults: FaultPlan, permissions: Iterable[str]) -> list
     denied_here = node["name"] in faults.node_identity_cannot_delete_nodes
     if faults.node_identity_cannot_delete or denied_here:
         held.discard(DELETE_NODE_PERMISSION)
+        held.discard(COMPUTE_DELETE_PERMISSION)  # the same identity, on either API
     return [p for p in permissions if p in held]
 
 

@@ -82,7 +82,10 @@ def tpu_env(node: Record, worker: int = 0) -> str:
 
 def vm_name(node: Record, worker: int = 0) -> str:
     """The GCE VM's name under the node: TPU VMs are `t1v-n-<8 hex>-w-<worker>`, not the
-    node's name (which code on the VM must take from tpu-env's NODE_ID)."""
+    node's name (which code on the VM must take from tpu-env's NODE_ID). A Compute
+    Engine instance (instances.py) is its own VM: its name is the instance's."""
+    if node.get("api") == "compute":
+        return str(node["name"])
     return f"t1v-n-{int(node['id']) % 0xFFFFFFFF:08x}-w-{worker}"
 
 
@@ -115,7 +118,7 @@ def metadata_tree(node: Record, worker: int = 0) -> Tree:
             "hostname": f"{vm_name(node, worker)}.{node['zone']}.c.{node['project']}.internal",
             "id": int(node["id"]),
             "name": vm_name(node, worker),
-            "preempted": "TRUE" if node["state"] == "PREEMPTED" else "FALSE",
+            "preempted": "TRUE" if node["state"] in {"PREEMPTED", "TERMINATED"} else "FALSE",
             "service-accounts": _Verbatim({"default": account, email: dict(account)}),
             "zone": f"projects/{number}/zones/{node['zone']}",
         },

@@ -48,6 +48,7 @@ from tpulab.emulator.iam import (
     permission_denied,
     principal,
 )
+from tpulab.emulator.instances import INSTANCE_ROUTES, InstanceApi, instance_key, is_instance
 from tpulab.emulator.machines import Machines, clear_boot, kill_boot, owner_alive, set_live
 from tpulab.emulator.persist import EmulatorStateError, StateFile
 from tpulab.emulator.project_apis import PROJECT_ROUTES
@@ -77,6 +78,8 @@ Handler = Callable[["_Request"], tuple[int, Record]]
 
 # Enough for any single run (a few hundred requests); old entries fall off the front.
 _REQUEST_LOG_SIZE = 10_000
+# What tells a Compute instance's files from a TPU node's of the same name.
+_INSTANCE_SUFFIX = ".instance"
 
 _P = r"(?P<project>[^/]+)"
 _Z = r"(?P<zone>[^/]+)"
@@ -111,6 +114,8 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("GET", r"/locations/" + _Z + r"/runtimeVersions/(?P<item>[^/]+)", "get_runtime_version"),
     )
 ] + COMPUTE_ROUTES  # gcloud's tpu-vm ssh asks Compute for the project (compute.py)
+# Compute's instances API for TPU machine types (instances.py).
+_ROUTES.extend(INSTANCE_ROUTES)
 # Resource Manager v1, for the node identity's "may I delete myself?" (docs/architecture.md §10).
 _ROUTES.append(
     (
@@ -223,6 +228,9 @@ class Emulator:
             transaction=self._transaction,
             clock=self._clock,
         )
+        self._instances = InstanceApi(
+            self._transaction, self._clock, self.faults, wake=self._wake.set
+        )
         self._seed_faults(self.state_dir / "faults.json")
 
     @property
@@ -320,11 +328,29 @@ class Emulator:
     def node_names(self, project: str | None = None) -> list[str]:
         """Names of the nodes that exist (any state), optionally in one project."""
         nodes = self.snapshot()["nodes"].values()
-        return sorted(n["name"] for n in nodes if project is None or n["project"] == project)
+        return sorted(
+            n["name"]
+            for n in nodes
+            if not is_instance(n) and (project is None or n["project"] == project)
+        )
 
     def sandbox(self, project: str, zone: str, node: str, worker: int = 0) -> Path:
         """The home directory of the node's worker `worker` (0: a single host's)."""
         return self.state_dir / "sandboxes" / project / zone / (node + worker_suffix(worker))
+
+    def instance_home(self, project: str, zone: str, instance: str) -> Path:
+        """The home directory of a Compute instance's VM (beside nodes' sandboxes; no
+        node name ends in ".instance")."""
+        return self.state_dir / "sandboxes" / project / zone / (instance + _INSTANCE_SUFFIX)
+
+    def instance_names(self, project: str | None = None) -> list[str]:
+        """Names of the Compute instances that exist (any status)."""
+        records = self.snapshot()["nodes"].values()
+        return sorted(
+            r["name"]
+            for r in records
+            if is_instance(r) and (project is None or r["project"] == project)
+        )
 
     def clock_skip_file(self, project: str, zone: str, node: str, worker: int = 0) -> Path:
         """How far the worker's clock was moved forward (beside, not in, its home)."""
@@ -442,14 +468,21 @@ class Emulator:
 
     def machine_key(self, record: Record) -> str:
         """The state key of a node or instance record."""
-        return node_key(record["project"], record["zone"], record["name"])
+        project, zone, name = record["project"], record["zone"], record["name"]
+        if is_instance(record):
+            return instance_key(project, zone, name)
+        return node_key(project, zone, name)
 
     def machine_home(self, record: Record, worker: int) -> Path:
-        """The home directory of a record's worker (`sandbox` of a node)."""
+        """The home directory of a record's worker (`sandbox` of a node, and of an
+        instance `instance_home`: a node and an instance may share a name)."""
+        if is_instance(record):
+            return self.instance_home(record["project"], record["zone"], record["name"])
         return self.sandbox(record["project"], record["zone"], record["name"], worker)
 
     def machine_clock_file(self, record: Record, worker: int) -> Path:
-        return self.clock_skip_file(record["project"], record["zone"], record["name"], worker)
+        name = record["name"] + (_INSTANCE_SUFFIX if is_instance(record) else "")
+        return self.clock_skip_file(record["project"], record["zone"], name, worker)
 
     # -- request handling --------------------------------------------------------------
 
@@ -526,6 +559,8 @@ class Emulator:
             raise ApiError(
                 503, "UNAVAILABLE", "The service is currently unavailable.", reason="UNAVAILABLE"
             )
+        if name in self._INSTANCE_CALLS:
+            return self._instances.handle(name, request)  # its own auth and error shape
         self._authorize(name, request)
         handler: Callable[[_Request], tuple[int, Record]] = getattr(self, f"_api_{name}")
         answer = handler(request)
@@ -534,6 +569,8 @@ class Emulator:
                 503, "UNAVAILABLE", "The service is currently unavailable.", reason="UNAVAILABLE"
             )
         return answer
+
+    _INSTANCE_CALLS = frozenset(name for _, _, name in INSTANCE_ROUTES)
 
     def _caller(self, authorization: str) -> Record | None:
         if TOKEN_PREFIX not in authorization:

@@ -128,6 +128,11 @@ class CloudState:
                 node["reported_state"] = self.faults.preempt_as
             stopped = node.get("vm_stopped_at") is not None
             if state == "READY" and stopped and now >= node["reported_at"]:
+                if node.get("termination_action") == "DELETE":
+                    # A Compute spot VM told to be deleted when preempted (instances.py).
+                    del self.nodes[key]
+                    gone.append(node)
+                    continue
                 node["state"] = node["reported_state"]
                 node["health"] = "HEALTH_UNSPECIFIED"
             if state == "DELETING":

@@ -1,0 +1,861 @@
+"""Compute Engine's instances API for TPU machine types (docs/reference/compute-facts.md).
+
+New TPU generations (TPU7x on) are made through Compute Engine, as VM instances with a
+TPU machine type, not through the Cloud TPU API; the two APIs do not see each other's
+resources. The emulator serves the Compute v1 calls such a VM needs, under the compute
+root gcloud reaches with `CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE=<emulator>/compute/v1/`:
+
+    POST   projects/P/zones/Z/instances                      instances.insert -> Operation
+    GET    projects/P/zones/Z/instances[?filter&maxResults&pageToken]   instances.list
+    GET    projects/P/zones/Z/instances/I                    instances.get
+    DELETE projects/P/zones/Z/instances/I                    instances.delete -> Operation
+    GET    projects/P/zones/Z/instances/I/getGuestAttributes?queryPath=|variableKey=
+    GET    projects/P/zones/Z/operations/O                   zoneOperations.get
+    POST   projects/P/zones/Z/operations/O/wait              zoneOperations.wait
+    GET    projects/P/aggregated/instances                   instances.aggregatedList
+    GET    projects/P/zones/Z                                zones.get (gcloud asks first)
+
+The paths and fields are gcloud's generated Compute v1 client and messages
+(googlecloudsdk/generated_clients/apis/compute/v1: `Instance`, `Operation`,
+`InstanceList`, `InstanceAggregatedList`, `GuestAttributes`, `Scheduling`).
+
+An instance lives in the same state as TPU nodes (`CloudState.nodes`) under its own key
+(`instance_key`: "compute:P/Z/I", which no node key can equal), marked `"api":
+"compute"`, so the one state machine (state.py: CREATING -> READY -> DELETING, spot
+preemption) and the one boot mechanism (machines.py: guest, metadata server,
+startup-script, SSH host, host keys as guest attributes) serve both. Here those states
+are shown as Compute's: PROVISIONING, STAGING, RUNNING, STOPPING, TERMINATED.
+
+Compute writes errors in its own shape (`error.errors[]` with `reason` and `domain`, no
+`status`), and an operation's failure as `error.errors[].code` (ZONE_RESOURCE_POOL_EXHAUSTED,
+QUOTA_EXCEEDED) with `httpErrorStatusCode`; `ComputeError` carries the former.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import secrets
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from tpulab.emulator.faults import FaultPlan
+from tpulab.emulator.iam import granted
+from tpulab.emulator.state import CloudState
+from tpulab.emulator.wire import rfc3339
+from tpulab.emulator.workers import worker_address, worker_attributes
+from tpulab.emulator.zones import ZONES
+
+__all__ = [
+    "INSTANCE_ROUTES",
+    "MACHINE_TYPES",
+    "ComputeError",
+    "InstanceApi",
+    "instance_key",
+    "is_instance",
+]
+
+Record = dict[str, Any]
+
+BASE = "https://www.googleapis.com/compute/v1/"
+
+# TPU machine type -> (the Cloud TPU API accelerator type of the same single VM, which
+# the VM's metadata (`accelerator-type`, tpu-env) shows; TPU chips on the VM). The
+# emulator's own table, not tpulab.catalog's (a wrong row shared by both could never
+# fail a test). Sources, in docs/reference/compute-facts.md: Compute supports TPU7x, v6e
+# and v5p ("TPU machines in accelerator-optimized machine family",
+# cloud.google.com/compute/docs/tpus/tpu-machines); v6e's ct6e-standard-{1,4,8}t from
+# the "TPU v6e" page's configuration table (cloud.google.com/tpu/docs/v6e); v5p's
+# ct5p-hightpu-4t, 4 chips a host (cloud.google.com/tpu/docs/v5p: 2x2x1 is one full
+# host of 4 chips); tpu7x-standard-4t, four chips a VM (GKE's "Ironwood (TPU7x)" page:
+# "Each Ironwood (TPU7x) virtual machine (VM) contains four chips").
+MACHINE_TYPES: dict[str, tuple[str, int]] = {
+    "ct6e-standard-1t": ("v6e-1", 1),
+    "ct6e-standard-4t": ("v6e-4", 4),
+    "ct6e-standard-8t": ("v6e-8", 8),
+    "ct5p-hightpu-4t": ("v5p-8", 4),
+    "tpu7x-standard-4t": ("tpu7x-8", 4),
+}
+
+_P = r"(?P<project>[^/]+)"
+_Z = r"(?P<zone>[^/]+)"
+_I = r"(?P<instance>[^/]+)"
+_ROOT = r"^/compute/v1/projects/" + _P
+INSTANCE_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    (m, re.compile(_ROOT + p + "$"), name)
+    for m, p, name in (
+        ("GET", r"/zones/" + _Z, "get_compute_zone"),
+        ("POST", r"/zones/" + _Z + r"/instances", "insert_instance"),
+        ("GET", r"/zones/" + _Z + r"/instances", "list_instances"),
+        ("GET", r"/zones/" + _Z + r"/instances/" + _I, "get_instance"),
+        ("DELETE", r"/zones/" + _Z + r"/instances/" + _I, "delete_instance"),
+        (
+            "GET",
+            r"/zones/" + _Z + r"/instances/" + _I + r"/getGuestAttributes",
+            "get_instance_guest_attributes",
+        ),
+        ("GET", r"/zones/" + _Z + r"/operations/(?P<op>[^/]+)", "get_zone_operation"),
+        ("POST", r"/zones/" + _Z + r"/operations/(?P<op>[^/]+)/wait", "wait_zone_operation"),
+        ("GET", r"/aggregated/instances", "aggregated_instances"),
+    )
+]
+
+# The permission each call needs (IAM's compute.* names).
+_PERMISSIONS = {
+    "insert_instance": "compute.instances.create",
+    "list_instances": "compute.instances.list",
+    "aggregated_instances": "compute.instances.list",
+    "get_instance": "compute.instances.get",
+    "delete_instance": "compute.instances.delete",
+    "get_instance_guest_attributes": "compute.instances.getGuestAttributes",
+    "get_zone_operation": "compute.zoneOperations.get",
+    "wait_zone_operation": "compute.zoneOperations.get",
+    "get_compute_zone": "compute.zones.get",
+}
+_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_MAX_RESULTS = 500  # Compute's default and largest page
+# zoneOperations.wait returns when the operation is DONE or after about 2 minutes
+# (the method's description in compute_v1_client.py); the emulator waits less.
+_WAIT_SECONDS = 30.0
+_STATUS = {
+    "READY": "RUNNING",
+    "DELETING": "STOPPING",
+    "PREEMPTED": "TERMINATED",
+    "TERMINATED": "TERMINATED",
+}
+
+
+class ComputeError(Exception):
+    """An error Compute answers with, in its `{"error": {code, message, errors[]}}` shape."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+
+    def body(self) -> Record:
+        return {
+            "error": {
+                "code": self.code,
+                "message": self.message,
+                "errors": [{"message": self.message, "domain": "global", "reason": self.reason}],
+            }
+        }
+
+
+class Request(Protocol):
+    """What a handler reads of a request (server.py's `_Request`)."""
+
+    params: dict[str, str]
+    body: Record
+    caller: Record | None
+
+    def arg(self, name: str) -> str: ...
+
+
+def instance_key(project: str, zone: str, name: str) -> str:
+    """An instance's key in the state: no TPU node key (`P/Z/N`) starts "compute:"."""
+    return f"compute:{project}/{zone}/{name}"
+
+
+def is_instance(record: Record) -> bool:
+    return record.get("api") == "compute"
+
+
+def _operation_key(project: str, zone: str, name: str) -> str:
+    return f"compute:projects/{project}/zones/{zone}/operations/{name}"
+
+
+def _not_found(resource: str) -> ComputeError:
+    # Compute's words for a missing resource (as its networks.get answers, project_apis.py).
+    return ComputeError(404, "notFound", f"The resource '{resource}' was not found")
+
+
+def _instance_path(project: str, zone: str, name: str) -> str:
+    return f"projects/{project}/zones/{zone}/instances/{name}"
+
+
+class InstanceApi:
+    """The handlers (`api_<route name>`), each returning (HTTP status, JSON body)."""
+
+    def __init__(
+        self,
+        transaction: Callable[[], AbstractContextManager[CloudState]],
+        clock: Callable[[], float],
+        faults: FaultPlan,
+        wake: Callable[[], None],
+    ) -> None:
+        self._transaction = transaction
+        self._clock = clock
+        self._faults = faults
+        self._wake = wake
+
+    def handle(self, name: str, request: Request) -> tuple[int, Record]:
+        try:
+            self._authorize(name, request)
+            handler: Callable[[Request], tuple[int, Record]] = getattr(self, f"api_{name}")
+            return handler(request)
+        except ComputeError as error:
+            return error.code, error.body()
+
+    def _authorize(self, name: str, request: Request) -> None:
+        """The controller holds every permission but `caller_lacks`; a VM's own token
+        (its metadata server's) what its service account is granted, in its project
+        only: the watchdog's DELETE of its own instance passes here as a node's does."""
+        permission = _PERMISSIONS[name]
+        caller = request.caller
+        if caller is None:
+            allowed = permission not in self._faults.caller_lacks
+        else:
+            allowed = caller["project"] == request.params["project"] and bool(
+                granted(caller, self._faults, [permission])
+            )
+        if not allowed:
+            # Compute's 403 words: "Required '<permission>' permission for '<resource>'".
+            raise ComputeError(
+                403, "forbidden", f"Required '{permission}' permission for '{_resource(request)}'"
+            )
+
+    # -- zones -------------------------------------------------------------------------
+
+    def api_get_compute_zone(self, request: Request) -> tuple[int, Record]:
+        project, zone = request.params["project"], request.params["zone"]
+        _zone_or_404(project, zone)
+        return 200, {
+            "kind": "compute#zone",
+            "id": _id(zone),
+            "name": zone,
+            "description": zone,
+            "status": "UP",
+            "region": f"{BASE}projects/{project}/regions/{zone.rsplit('-', 1)[0]}",
+            "selfLink": f"{BASE}projects/{project}/zones/{zone}",
+            "availableCpuPlatforms": ["AMD Milan"],
+        }
+
+    # -- instances ---------------------------------------------------------------------
+
+    def api_insert_instance(self, request: Request) -> tuple[int, Record]:
+        project, zone = request.params["project"], request.params["zone"]
+        _zone_or_404(project, zone)
+        body = request.body
+        name = str(body.get("name") or "")
+        if not _NAME.match(name):
+            raise ComputeError(
+                400,
+                "invalid",
+                f"Invalid value for field 'resource.name': '{name}'. Must be a match of regex "
+                "'(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'",
+            )
+        machine_type = _machine_type(zone, body)
+        now = self._clock()
+        with self._transaction() as cloud:
+            key = instance_key(project, zone, name)
+            if key in cloud.nodes:
+                raise ComputeError(
+                    409,
+                    "alreadyExists",
+                    f"The resource '{_instance_path(project, zone, name)}' already exists",
+                )
+            quota = self._faults.quota_message(zone)
+            if quota is not None:
+                # A quota failure arrives on the operation, not on the insert's reply
+                # (googleapis/nodejs-compute#459: insert answers OK, then the VM fails).
+                operation = _new_operation(cloud, project, zone, name, "insert", now, now)
+                operation["error"] = _quota_error(zone, machine_type)
+                return 200, _operation_json(operation, now)
+            record = _new_record(cloud, project, zone, name, machine_type, body, now)
+            stockout = self._faults.stockout_in(zone, now)
+            timing = cloud.timing
+            record["ready_at"] = now + (
+                timing.stockout_seconds if stockout else timing.create_seconds
+            )
+            record["fate"] = "stockout" if stockout else "ready"
+            cloud.nodes[key] = record
+            operation = _new_operation(cloud, project, zone, name, "insert", now, None)
+            operation["done_at"] = record["ready_at"]
+            if stockout:
+                operation["error"] = _stockout_error(project, zone, machine_type)
+            record["create_op"] = _operation_key(project, zone, operation["name"])
+            answer = _operation_json(operation, now)
+        self._wake()
+        return 200, answer
+
+    def api_get_instance(self, request: Request) -> tuple[int, Record]:
+        now = self._clock()
+        with self._transaction() as cloud:
+            return 200, instance_json(self._instance(cloud, request), now)
+
+    def api_list_instances(self, request: Request) -> tuple[int, Record]:
+        project, zone = request.params["project"], request.params["zone"]
+        _zone_or_404(project, zone)
+        matches = _filter(request.arg("filter"))
+        now = self._clock()
+        with self._transaction() as cloud:
+            items = [
+                instance_json(r, now)
+                for r in _instances(cloud, project)
+                if r["zone"] == zone and matches(r, now)
+            ]
+        page, token = _page(items, request.arg("maxResults"), request.arg("pageToken"))
+        answer: Record = {
+            "kind": "compute#instanceList",
+            "id": f"projects/{project}/zones/{zone}/instances",
+            "items": page,
+            "selfLink": f"{BASE}projects/{project}/zones/{zone}/instances",
+        }
+        if token:
+            answer["nextPageToken"] = token
+        return 200, answer
+
+    def api_aggregated_instances(self, request: Request) -> tuple[int, Record]:
+        """instances.aggregatedList (what `gcloud compute instances list` sends): the
+        instances by "zones/Z" scope; one page (maxResults is not applied across scopes)."""
+        project = request.params["project"]
+        matches = _filter(request.arg("filter"))
+        now = self._clock()
+        scopes: dict[str, Record] = {}
+        with self._transaction() as cloud:
+            for record in _instances(cloud, project):
+                if matches(record, now):
+                    scope = scopes.setdefault(f"zones/{record['zone']}", {"instances": []})
+                    scope["instances"].append(instance_json(record, now))
+        return 200, {
+            "kind": "compute#instanceAggregatedList",
+            "id": f"projects/{project}/aggregated/instances",
+            "items": scopes,
+            "selfLink": f"{BASE}projects/{project}/aggregated/instances",
+        }
+
+    def api_delete_instance(self, request: Request) -> tuple[int, Record]:
+        now = self._clock()
+        with self._transaction() as cloud:
+            record = self._instance(cloud, request)
+            project, zone, name = record["project"], record["zone"], record["name"]
+            pending = cloud.operations.get(record.get("delete_op") or "")
+            if record["state"] == "DELETING" and pending is not None:
+                return 200, _operation_json(pending, now)
+            if record["state"] == "CREATING":
+                # The insert can no longer succeed: it ends now, as a deleted VM's does.
+                create_op = cloud.operations.get(record.get("create_op") or "")
+                if create_op is not None:
+                    create_op["done_at"] = now
+                    create_op["error"] = {
+                        "errors": [
+                            {
+                                "code": "RESOURCE_NOT_FOUND",
+                                "message": f"The resource '{_instance_path(project, zone, name)}'"
+                                " was not found",
+                            }
+                        ]
+                    }
+            done_at: float | None = now + cloud.timing.delete_seconds
+            error = None
+            if self._faults.delete_hangs:
+                done_at = None
+            elif self._faults.take_delete_failure():
+                error = {"errors": [{"code": "INTERNAL_ERROR", "message": "Internal error."}]}
+            record["state_before_delete"] = (
+                "READY" if record["state"] == "CREATING" else record["state"]
+            )
+            record["state"] = "DELETING"
+            operation = _new_operation(cloud, project, zone, name, "delete", now, done_at)
+            operation["error"] = error
+            record["delete_op"] = _operation_key(project, zone, operation["name"])
+            answer = _operation_json(operation, now)
+        self._wake()
+        return 200, answer
+
+    def api_get_instance_guest_attributes(self, request: Request) -> tuple[int, Record]:
+        """getGuestAttributes: `variableKey` ("ns/key") answers one value, `queryPath`
+        ("ns/" or "ns/key") the items under it; nothing there is a 404, as Compute
+        answers for a guest attribute path that does not exist."""
+        now = self._clock()
+        with self._transaction() as cloud:
+            record = self._instance(cloud, request)
+            attributes = _visible_attributes(record, now, self._faults)
+        link = f"{BASE}{_instance_path(record['project'], record['zone'], record['name'])}"
+        missing = _not_found(
+            f"{_instance_path(record['project'], record['zone'], record['name'])}"
+            f"/guestAttributes/{request.arg('variableKey') or request.arg('queryPath')}"
+        )
+        variable = request.arg("variableKey")
+        if variable:
+            if variable not in attributes:
+                raise missing
+            return 200, {
+                "kind": "compute#guestAttributes",
+                "variableKey": variable,
+                "variableValue": attributes[variable],
+                "selfLink": f"{link}/guestAttributes/{variable}",
+            }
+        query = request.arg("queryPath")
+        if query.endswith("/") or (query and "/" not in query):
+            prefix = query.rstrip("/") + "/"
+            found = {k: v for k, v in attributes.items() if k.startswith(prefix)}
+        elif query:
+            found = {k: v for k, v in attributes.items() if k == query}
+        else:
+            found = dict(attributes)
+        if not found:
+            raise missing
+        items = [
+            {"namespace": k.split("/", 1)[0], "key": k.split("/", 1)[1], "value": v}
+            for k, v in sorted(found.items())
+        ]
+        return 200, {
+            "kind": "compute#guestAttributes",
+            "queryPath": query,
+            "queryValue": {"items": items},
+            "selfLink": f"{link}/guestAttributes/{query}",
+        }
+
+    # -- operations --------------------------------------------------------------------
+
+    def api_get_zone_operation(self, request: Request) -> tuple[int, Record]:
+        now = self._clock()
+        with self._transaction() as cloud:
+            return 200, _operation_json(self._operation(cloud, request), now)
+
+    def api_wait_zone_operation(self, request: Request) -> tuple[int, Record]:
+        deadline = time.monotonic() + _WAIT_SECONDS
+        while True:
+            now = self._clock()
+            with self._transaction() as cloud:
+                answer = _operation_json(self._operation(cloud, request), now)
+            if answer["status"] == "DONE" or time.monotonic() >= deadline:
+                return 200, answer
+            time.sleep(0.05)
+
+    # -- lookups -----------------------------------------------------------------------
+
+    def _instance(self, cloud: CloudState, request: Request) -> Record:
+        project, zone = request.params["project"], request.params["zone"]
+        name = request.params["instance"]
+        _zone_or_404(project, zone)
+        record = cloud.nodes.get(instance_key(project, zone, name))
+        if record is None:
+            raise _not_found(_instance_path(project, zone, name))
+        return record
+
+    def _operation(self, cloud: CloudState, request: Request) -> Record:
+        project, zone, name = (request.params[k] for k in ("project", "zone", "op"))
+        _zone_or_404(project, zone)
+        operation = cloud.operations.get(_operation_key(project, zone, name))
+        if operation is None:
+            raise _not_found(f"projects/{project}/zones/{zone}/operations/{name}")
+        return operation
+
+
+def _resource(request: Request) -> str:
+    params = request.params
+    path = f"projects/{params['project']}"
+    if "zone" in params:
+        path += f"/zones/{params['zone']}"
+    if "instance" in params:
+        path += f"/instances/{params['instance']}"
+    return path
+
+
+def _zone_or_404(project: str, zone: str) -> None:
+    if zone not in ZONES:
+        raise _not_found(f"projects/{project}/zones/{zone}")
+
+
+def _machine_type(zone: str, body: Record) -> str:
+    """The TPU machine type the body names (a short name or a URL), or Compute's 400
+    for a machine type the zone does not have: every type but a TPU one, here."""
+    given = str(body.get("machineType") or "")
+    name = given.rsplit("/", 1)[-1]
+    if name not in MACHINE_TYPES:
+        raise ComputeError(
+            400,
+            "invalid",
+            f"Invalid value for field 'resource.machineType': '{given}'. Machine type with "
+            f"name '{name}' does not exist in zone '{zone}'.",
+        )
+    return name
+
+
+def _new_record(
+    cloud: CloudState,
+    project: str,
+    zone: str,
+    name: str,
+    machine_type: str,
+    body: Record,
+    now: float,
+) -> Record:
+    number = int(cloud.data["next_id"])
+    cloud.data["next_id"] = number + 1
+    scheduling = body.get("scheduling") or {}
+    spot = str(scheduling.get("provisioningModel") or "") == "SPOT"
+    accounts = body.get("serviceAccounts") or [{}]
+    interfaces = body.get("networkInterfaces") or [{}]
+    disks = body.get("disks") or [{}]
+    image = str(((disks[0] or {}).get("initializeParams") or {}).get("sourceImage") or "")
+    return {
+        "api": "compute",
+        "project": project,
+        "zone": zone,
+        "name": name,
+        "id": str(8_000_000_000_000_000 + number),
+        "number": number,
+        "machine_type": machine_type,
+        "accelerator_type": MACHINE_TYPES[machine_type][0],
+        "runtime_version": image.rsplit("/", 1)[-1],
+        "image": image,
+        "description": str(body.get("description") or ""),
+        "labels": {str(k): str(v) for k, v in (body.get("labels") or {}).items()},
+        "metadata": {
+            str(item.get("key")): str(item.get("value") or "")
+            for item in (body.get("metadata") or {}).get("items") or []
+        },
+        "spot": spot,
+        "preemptible": bool(scheduling.get("preemptible")) or spot,
+        # Spot VMs stop when preempted unless told to be deleted (Compute's default).
+        "termination_action": str(
+            scheduling.get("instanceTerminationAction") or ("STOP" if spot else "")
+        ),
+        "external_ips": bool((interfaces[0] or {}).get("accessConfigs")),
+        "network": str((interfaces[0] or {}).get("network") or "default").rsplit("/", 1)[-1],
+        "subnetwork": str((interfaces[0] or {}).get("subnetwork") or "").rsplit("/", 1)[-1],
+        "state": "CREATING",
+        "health": "HEALTH_UNSPECIFIED",
+        "create_time": now,
+        "ready_time": None,
+        "delete_op": None,
+        "host": None,
+        "guest_attributes": {},
+        "service_account": {
+            "email": str((accounts[0] or {}).get("email") or ""),
+            "scopes": [str(s) for s in (accounts[0] or {}).get("scopes") or []],
+        },
+    }
+
+
+def _instances(cloud: CloudState, project: str) -> Iterator[Record]:
+    for key, record in sorted(cloud.nodes.items()):
+        if key.startswith(f"compute:{project}/") and is_instance(record):
+            yield record
+
+
+def _status(record: Record, now: float) -> str:
+    """Compute's status: PROVISIONING for the first half of the create, then STAGING,
+    RUNNING when the TPU API would say READY, STOPPING while deleted, and TERMINATED
+    once a preempted spot VM is reported stopped."""
+    state = record["state"]
+    if state == "CREATING":
+        halfway = record["create_time"] + (record["ready_at"] - record["create_time"]) / 2
+        return "PROVISIONING" if now < halfway else "STAGING"
+    return _STATUS.get(state, "RUNNING")
+
+
+def instance_json(record: Record, now: float) -> Record:
+    """An instance record as Compute v1's `Instance` JSON."""
+    project, zone, name = record["project"], record["zone"], record["name"]
+    zone_link = f"{BASE}projects/{project}/zones/{zone}"
+    region = zone.rsplit("-", 1)[0]
+    address = worker_address(record, 0)
+    interface: Record = {
+        "kind": "compute#networkInterface",
+        "name": "nic0",
+        "network": f"{BASE}projects/{project}/global/networks/{record['network']}",
+        "subnetwork": f"{BASE}projects/{project}/regions/{region}/subnetworks/"
+        f"{record['subnetwork'] or record['network']}",
+        "networkIP": address,
+        "stackType": "IPV4_ONLY",
+        "fingerprint": _fingerprint(address),
+    }
+    if record["external_ips"]:
+        # An emulated VM is reached at its one (loopback) address either way.
+        interface["accessConfigs"] = [
+            {
+                "kind": "compute#accessConfig",
+                "type": "ONE_TO_ONE_NAT",
+                "name": "external-nat",
+                "natIP": address,
+                "networkTier": "PREMIUM",
+            }
+        ]
+    items = [{"key": k, "value": v} for k, v in sorted(record["metadata"].items())]
+    scheduling: Record = {
+        "onHostMaintenance": "TERMINATE",  # TPU VMs cannot live-migrate
+        "automaticRestart": not record["spot"],
+        "preemptible": record["preemptible"],
+        "provisioningModel": "SPOT" if record["spot"] else "STANDARD",
+    }
+    if record.get("termination_action"):
+        scheduling["instanceTerminationAction"] = record["termination_action"]
+    account = record.get("service_account") or {}
+    body: Record = {
+        "kind": "compute#instance",
+        "id": record["id"],
+        "creationTimestamp": rfc3339(record["create_time"]),
+        "name": name,
+        "description": record["description"],
+        "tags": {"fingerprint": _fingerprint("")},
+        "machineType": f"{zone_link}/machineTypes/{record['machine_type']}",
+        "status": _status(record, now),
+        "zone": zone_link,
+        "canIpForward": False,
+        "networkInterfaces": [interface],
+        "disks": [
+            {
+                "kind": "compute#attachedDisk",
+                "type": "PERSISTENT",
+                "mode": "READ_WRITE",
+                "source": f"{zone_link}/disks/{name}",
+                "deviceName": "persistent-disk-0",
+                "index": 0,
+                "boot": True,
+                "autoDelete": True,
+                "interface": "SCSI",
+            }
+        ],
+        "metadata": {
+            "kind": "compute#metadata",
+            "fingerprint": _fingerprint(repr(items)),
+            "items": items,
+        },
+        "serviceAccounts": [
+            {
+                "email": account.get("email") or "default",
+                "scopes": list(account.get("scopes") or []),
+            }
+        ],
+        "selfLink": f"{BASE}{_instance_path(project, zone, name)}",
+        "scheduling": scheduling,
+        "labels": dict(record["labels"]),
+        "labelFingerprint": _fingerprint(repr(sorted(record["labels"].items()))),
+        "startRestricted": False,
+        "deletionProtection": False,
+        "fingerprint": _fingerprint(record["id"]),
+    }
+    if record.get("ready_time") is not None:
+        body["lastStartTimestamp"] = rfc3339(record["ready_time"])
+    if body["status"] == "TERMINATED" and record.get("vm_stopped_at") is not None:
+        body["lastStopTimestamp"] = rfc3339(record["vm_stopped_at"])
+    return body
+
+
+def _visible_attributes(record: Record, now: float, faults: FaultPlan) -> dict[str, str]:
+    """What the VM's guest agent has published (after the `guest_attributes_delay`)."""
+    ready_time = record.get("ready_time")
+    if ready_time is None or _status(record, now) != "RUNNING":
+        return {}
+    if now < ready_time + faults.guest_attributes_delay:
+        return {}
+    return dict(worker_attributes(record, 0))
+
+
+def _new_operation(
+    cloud: CloudState,
+    project: str,
+    zone: str,
+    instance: str,
+    verb: str,
+    now: float,
+    done_at: float | None,
+) -> Record:
+    name = f"operation-{int(now * 1000)}-{secrets.token_hex(6)}"
+    operation: Record = {
+        "api": "compute",
+        "name": name,
+        "id": _id(name),
+        "project": project,
+        "zone": zone,
+        "node": instance,
+        "verb": verb,
+        "create_time": now,
+        "done_at": done_at,
+        "error": None,
+    }
+    cloud.operations[_operation_key(project, zone, name)] = operation
+    return operation
+
+
+def _operation_json(operation: Record, now: float) -> Record:
+    """A zonal operation as Compute v1's `Operation` JSON: PENDING, RUNNING, then DONE
+    with `error.errors[]` (and `httpErrorStatusCode`) when it failed."""
+    project, zone, name = operation["project"], operation["zone"], operation["name"]
+    done_at = operation["done_at"]
+    done = done_at is not None and now >= done_at
+    body: Record = {
+        "kind": "compute#operation",
+        "id": operation["id"],
+        "name": name,
+        "zone": f"{BASE}projects/{project}/zones/{zone}",
+        "operationType": operation["verb"],
+        "targetLink": f"{BASE}{_instance_path(project, zone, operation['node'])}",
+        "targetId": operation["id"],
+        "status": "DONE" if done else "RUNNING",
+        "user": "owner@tpulab-emulator.example",
+        "progress": 100 if done else 0,
+        "insertTime": rfc3339(operation["create_time"]),
+        "startTime": rfc3339(operation["create_time"]),
+        "selfLink": f"{BASE}projects/{project}/zones/{zone}/operations/{name}",
+    }
+    if done:
+        body["endTime"] = rfc3339(done_at)
+        if operation["error"]:
+            error = operation["error"]
+            body["error"] = {"errors": list(error["errors"])}
+            body["httpErrorStatusCode"] = error.get("http", 400)
+            body["httpErrorMessage"] = error.get("http_message", "BAD REQUEST")
+    return body
+
+
+def _stockout_error(project: str, zone: str, machine_type: str) -> Record:
+    # The words of cloud.google.com/compute/docs/resource-error; the errorDetails as a
+    # real insert's operation carried them (GoogleCloudPlatform/ai-on-gke#849).
+    return {
+        "errors": [
+            {
+                "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+                "message": f"The zone 'projects/{project}/zones/{zone}' does not have enough "
+                "resources available to fulfill the request.  Try a different zone, or try "
+                "again later.",
+                "errorDetails": [
+                    {
+                        "errorInfo": {
+                            "reason": "resource_availability",
+                            "domain": "compute.googleapis.com",
+                            "metadatas": {
+                                "zone": zone,
+                                "vmType": machine_type,
+                                "attachment": "",
+                                "zonesAvailable": "",
+                            },
+                        }
+                    },
+                    {
+                        "help": {
+                            "links": [
+                                {
+                                    "description": "Troubleshooting documentation",
+                                    "url": "https://cloud.google.com/compute/docs/resource-error",
+                                }
+                            ]
+                        }
+                    },
+                ],
+            }
+        ],
+        "http": 503,
+        "http_message": "SERVICE UNAVAILABLE",
+    }
+
+
+def _quota_error(zone: str, machine_type: str) -> Record:
+    # Compute's words: "Quota 'C2_CPUS' exceeded.  Limit: 50.0 in region us-east1."
+    # (scylladb/scylla-cluster-tests#3649). The TPU metric's name is not on record: the
+    # emulator names it after the machine type's family.
+    region = zone.rsplit("-", 1)[0]
+    metric = machine_type.split("-", 1)[0].upper() + "_TPUS"
+    return {
+        "errors": [
+            {
+                "code": "QUOTA_EXCEEDED",
+                "message": f"Quota '{metric}' exceeded.  Limit: 0.0 in region {region}.",
+                "errorDetails": [
+                    {
+                        "quotaInfo": {
+                            "metricName": f"compute.googleapis.com/{metric.lower()}",
+                            "limitName": f"{metric}-per-project-region",
+                            "dimensions": {"region": region},
+                            "limit": 0,
+                        }
+                    }
+                ],
+            }
+        ],
+        "http": 403,
+        "http_message": "FORBIDDEN",
+    }
+
+
+def _page(items: list[Record], max_results: str, token: str) -> tuple[list[Record], str]:
+    size = _MAX_RESULTS
+    if max_results:
+        if not max_results.isdigit() or not 0 <= int(max_results) <= _MAX_RESULTS:
+            raise ComputeError(
+                400,
+                "invalid",
+                f"Invalid value for field 'maxResults': '{max_results}'. Must be less than or "
+                f"equal to {_MAX_RESULTS}",
+            )
+        size = int(max_results) or _MAX_RESULTS
+    start = 0
+    if token:
+        if not token.isdigit() or int(token) > len(items):
+            raise ComputeError(400, "invalid", f"Invalid value for field 'pageToken': '{token}'.")
+        start = int(token)
+    end = start + size
+    return items[start:end], (str(end) if end < len(items) else "")
+
+
+# One comparison of Compute's list filter: `labels.KEY = VALUE`, `name != VALUE`,
+# `status eq RE2` ... ("=" and "!=" compare the whole value, "*" a wildcard; "eq" and
+# "ne" take a regular expression that must match all of it), optionally in parentheses;
+# several, separated by spaces or AND, must all hold.
+_TERM = re.compile(
+    r"\(?\s*(?P<field>labels\.[a-z0-9_-]+|name|status)\s*"
+    r"(?P<op>!=|=|\beq\b|\bne\b)\s*"
+    r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s()]+)\s*\)?"
+)
+
+
+def _filter(text: str) -> Callable[[Record, float], bool]:
+    terms: list[tuple[str, str, str]] = []
+    rest = text.strip()
+    while rest:
+        match = _TERM.match(rest)
+        if match is None:
+            raise ComputeError(
+                400,
+                "invalid",
+                f"Invalid value for field 'filter': '{text}'. Invalid list filter expression.",
+            )
+        value = match["value"]
+        if value[:1] in {'"', "'"}:
+            value = value[1:-1]
+        terms.append((match["field"], match["op"], value))
+        rest = rest[match.end() :].strip()
+        if rest.upper().startswith("AND "):
+            rest = rest[4:].strip()
+
+    def field_value(record: Record, field: str, now: float) -> str | None:
+        if field.startswith("labels."):
+            found = record["labels"].get(field.split(".", 1)[1])
+            return None if found is None else str(found)
+        if field == "status":
+            return _status(record, now)
+        return str(record["name"])
+
+    def matches(record: Record, now: float) -> bool:
+        for field, op, value in terms:
+            actual = field_value(record, field, now)
+            if op in {"=", "!="}:
+                hit = actual is not None and fnmatch.fnmatchcase(actual, value)
+            else:
+                hit = actual is not None and re.fullmatch(value, actual) is not None
+            if hit != (op in {"=", "eq"}):
+                return False
+        return True
+
+    return matches
+
+
+def _id(text: str) -> str:
+    """A stable uint64-looking id (Compute writes ids as strings)."""
+    return str(6_000_000_000_000 + zlib.crc32(text.encode("utf-8")))
+
+
+def _fingerprint(text: str) -> str:
+    import base64
+
+    return base64.b64encode(zlib.crc32(text.encode("utf-8")).to_bytes(8, "big")).decode("ascii")
