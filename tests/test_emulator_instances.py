@@ -64,6 +64,37 @@ def _insert(emulator: Emulator, name: str, **extra: Any) -> dict[str, Any]:
     return operation
 
 
+def test_host_keys_are_published_only_where_guest_attributes_are_enabled(
+    start_emulator: EmulatorStarter, host_backend: HostBackend, tmp_path: Path
+) -> None:
+    emulator = start_emulator(tmp_path / "state", host_backend=host_backend)
+    _wait(emulator, _insert(emulator, "plain"))
+    _wait(
+        emulator,
+        _insert(
+            emulator,
+            "enabled",
+            metadata={"items": [{"key": "enable-guest-attributes", "value": "TRUE"}]},
+        ),
+    )
+
+    def attributes(name: str, query: str) -> tuple[int, dict[str, Any]]:
+        return _call(
+            emulator, "GET", f"zones/{ZONE}/instances/{name}/getGuestAttributes?queryPath={query}"
+        )
+
+    _until(lambda: attributes("enabled", "hostkeys/")[0] == 200)
+    _, found = attributes("enabled", "hostkeys/")
+    assert {i["key"] for i in found["queryValue"]["items"]} >= {"ssh-ed25519"}
+    # The emulator's port is there either way; the agent's host keys are not.
+    _until(lambda: attributes("plain", "tpulab-emulator/")[0] == 200)
+    status, refused = attributes("plain", "hostkeys/")
+    assert status == 404
+    assert refused["error"]["message"] == (
+        "The resource 'hostkeys/' of type 'Guest Attribute' was not found."
+    )
+
+
 def _wait(emulator: Emulator, operation: dict[str, Any]) -> dict[str, Any]:
     status, done = _call(emulator, "POST", f"zones/{ZONE}/operations/{operation['name']}/wait")
     assert status == 200, done

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from tpulab.contract import EMULATOR_SSH_PORT_ATTRIBUTE, GUEST_ATTRIBUTES_METADATA
 from tpulab.emulator.faults import FaultPlan
 from tpulab.emulator.iam import granted
 from tpulab.emulator.state import CloudState
@@ -116,6 +117,8 @@ _PERMISSIONS = {
     "get_compute_zone": "compute.zones.get",
 }
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+# The namespace of what only the emulator publishes (its SSH port and user).
+_EMULATOR_NAMESPACE = EMULATOR_SSH_PORT_ATTRIBUTE.split("/", 1)[0] + "/"
 _MAX_RESULTS = 500  # Compute's default and largest page
 # zoneOperations.wait returns when the operation is DONE or after about 2 minutes
 # (the method's description in compute_v1_client.py); the emulator waits less.
@@ -378,9 +381,13 @@ class InstanceApi:
             record = self._instance(cloud, request)
             attributes = _visible_attributes(record, now, self._faults)
         link = f"{BASE}{_instance_path(record['project'], record['zone'], record['name'])}"
-        missing = _not_found(
-            f"{_instance_path(record['project'], record['zone'], record['name'])}"
-            f"/guestAttributes/{request.arg('variableKey') or request.arg('queryPath')}"
+        # Compute's words, as gcloud's compute ssh matches them (command_lib/compute/
+        # ssh_utils.py GetHostKeysFromGuestAttributes).
+        missing = ComputeError(
+            404,
+            "notFound",
+            f"The resource '{request.arg('variableKey') or request.arg('queryPath')}' of "
+            "type 'Guest Attribute' was not found.",
         )
         variable = request.arg("variableKey")
         if variable:
@@ -649,7 +656,18 @@ def _visible_attributes(record: Record, now: float, faults: FaultPlan) -> dict[s
         return {}
     if now < ready_time + faults.guest_attributes_delay:
         return {}
-    return dict(worker_attributes(record, 0))
+    published = dict(worker_attributes(record, 0))
+    if not _guest_attributes_enabled(record):
+        # The guest agent writes guest attributes (the host keys among them) only where
+        # the metadata enables them (gcloud's ssh_utils.py _MetadataHasGuestAttributesEnabled:
+        # instance metadata first, then the project's, which has none here). What the
+        # emulator publishes about itself stays: a real VM listens on port 22 anyway.
+        published = {k: v for k, v in published.items() if k.startswith(_EMULATOR_NAMESPACE)}
+    return published
+
+
+def _guest_attributes_enabled(record: Record) -> bool:
+    return str(record["metadata"].get(GUEST_ATTRIBUTES_METADATA, "")).strip().lower() == "true"
 
 
 def _new_operation(
