@@ -274,7 +274,8 @@ def test_stockout_quota_permission_and_bad_type_in_computes_shapes(emulator: Emu
     assert status == 403
     assert body["error"]["errors"][0]["reason"] == "forbidden"
     assert body["error"]["message"] == (
-        f"Required 'compute.instances.create' permission for 'projects/{PROJECT}/zones/{ZONE}'"
+        "Required 'compute.instances.create' permission for "
+        f"'projects/{PROJECT}/zones/{ZONE}/instances/x'"
     )
 
     emulator.faults.caller_lacks = []
@@ -363,8 +364,14 @@ def test_the_vms_own_token_deletes_its_instance_unless_its_identity_may_not(
     start_emulator: EmulatorStarter, tmp_path: Path
 ) -> None:
     emulator = start_emulator(tmp_path / "state", guests=True)
+    # The startup-script runs at boot, in the VM's home, beside its metadata server.
+    script = 'echo "booted as $(hostname -s 2>/dev/null || echo vm)" > "$HOME/booted.txt"'
+    metadata = {"items": [{"key": "startup-script", "value": script}]}
     for name in ("self-a", "self-b"):
-        _wait(emulator, _insert(emulator, name))
+        _wait(emulator, _insert(emulator, name, metadata=metadata))
+    booted = emulator.instance_home(PROJECT, ZONE, "self-a") / "booted.txt"
+    _until(booted.exists)
+    assert emulator.skip_vm_clock(PROJECT, ZONE, "self-a", 5.0, instance=True) == 5.0
     _until(
         lambda: (
             all(

@@ -462,8 +462,12 @@ def _resource(request: Request) -> str:
     path = f"projects/{params['project']}"
     if "zone" in params:
         path += f"/zones/{params['zone']}"
-    if "instance" in params:
-        path += f"/instances/{params['instance']}"
+    instance = params.get("instance") or str(request.body.get("name") or "")
+    if "zone" in params and instance:
+        # An insert names the instance it would make, as Compute's refusal does:
+        # "Required 'compute.instances.create' permission for 'projects/P/zones/Z/
+        # instances/I'" (gcloud's and Terraform's output, quoted in many issue threads).
+        path += f"/instances/{instance}"
     return path
 
 

@@ -356,21 +356,29 @@ class Emulator:
         """How far the worker's clock was moved forward (beside, not in, its home)."""
         return self.state_dir / "clocks" / project / zone / (node + worker_suffix(worker))
 
-    def skip_vm_clock(self, project: str, zone: str, node: str, seconds: float) -> float:
+    def skip_vm_clock(
+        self, project: str, zone: str, node: str, seconds: float, *, instance: bool = False
+    ) -> float:
         """Move a booted node's clock `seconds` forward, as if that long had passed on the
         VM with nothing else happening: its watchdog's --ttl deadline and lease come that
         much sooner, so a test need not wait minutes of real time for them. The total
         skipped since the node booted; KeyError when the node has no booted guest.
-        Every worker of a slice moves together (worker 0's total is returned)."""
-        guests = self._machines.guests_of(node_key(project, zone, node))
+        Every worker of a slice moves together (worker 0's total is returned).
+        `instance`: `node` names a Compute instance (instances.py), not a TPU node."""
+        key = (instance_key if instance else node_key)(project, zone, node)
+        guests = self._machines.guests_of(key)
         if 0 not in guests:
-            raise KeyError(f"node {project}/{zone}/{node} has no booted guest")
+            raise KeyError(f"{key} has no booted guest")
         totals = {worker: guest.skip_clock(seconds) for worker, guest in guests.items()}
         return totals[0]
 
     def startup_log(self, project: str, zone: str, node: str, worker: int = 0) -> Path:
         """Where the worker's startup-script output goes (in its sandbox, while it exists)."""
         return startup_log(self.sandbox(project, zone, node, worker))
+
+    def instance_startup_log(self, project: str, zone: str, instance: str) -> Path:
+        """Where a Compute instance's startup-script output goes (in its home)."""
+        return startup_log(self.instance_home(project, zone, instance))
 
     def requests(self) -> list[Record]:
         """The API requests received so far, oldest first, as they arrived on the wire:
