@@ -279,6 +279,13 @@ def test_stockout_quota_permission_and_bad_type_in_computes_shapes(emulator: Emu
     )
 
     emulator.faults.caller_lacks = []
+    emulator.faults.disabled_services = ["compute.googleapis.com"]
+    status, body = _call(emulator, "GET", f"zones/{ZONE}/instances")
+    assert status == 403
+    assert body["error"]["errors"][0]["reason"] == "accessNotConfigured"
+    assert body["error"]["message"].startswith("Compute Engine API has not been used in project")
+
+    emulator.faults.disabled_services = []
     status, body = _call(
         emulator, "POST", f"zones/{ZONE}/instances", {"name": "x", "machineType": "v6e-4"}
     )

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 from tpulab.contract import EMULATOR_SSH_PORT_ATTRIBUTE, GUEST_ATTRIBUTES_METADATA
 from tpulab.emulator.faults import FaultPlan
-from tpulab.emulator.iam import granted
+from tpulab.emulator.iam import granted, project_number
 from tpulab.emulator.state import CloudState
 from tpulab.emulator.wire import rfc3339
 from tpulab.emulator.workers import worker_address, worker_attributes
@@ -134,18 +134,19 @@ _STATUS = {
 class ComputeError(Exception):
     """An error Compute answers with, in its `{"error": {code, message, errors[]}}` shape."""
 
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str, *, domain: str = "global") -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
+        self.domain = domain
 
     def body(self) -> Record:
         return {
             "error": {
                 "code": self.code,
                 "message": self.message,
-                "errors": [{"message": self.message, "domain": "global", "reason": self.reason}],
+                "errors": [{"message": self.message, "domain": self.domain, "reason": self.reason}],
             }
         }
 
@@ -199,6 +200,8 @@ class InstanceApi:
 
     def handle(self, name: str, request: Request) -> tuple[int, Record]:
         try:
+            if "compute.googleapis.com" in self._faults.disabled_services:
+                raise _compute_disabled(request.params["project"])
             self._authorize(name, request)
             handler: Callable[[Request], tuple[int, Record]] = getattr(self, f"api_{name}")
             return handler(request)
@@ -469,6 +472,22 @@ def _resource(request: Request) -> str:
         # instances/I'" (gcloud's and Terraform's output, quoted in many issue threads).
         path += f"/instances/{instance}"
     return path
+
+
+def _compute_disabled(project: str) -> ComputeError:
+    """A project that never enabled Compute: Service Usage's words (as the TPU API's, in
+    project_apis.py), in Compute's v1 shape with its legacy reason `accessNotConfigured`."""
+    number = project_number(project)
+    return ComputeError(
+        403,
+        "accessNotConfigured",
+        f"Compute Engine API has not been used in project {number} before or it is "
+        "disabled. Enable it by visiting https://console.developers.google.com/apis/api/"
+        f"compute.googleapis.com/overview?project={number} then retry. If you enabled this "
+        "API recently, wait a few minutes for the action to propagate to our systems and "
+        "retry.",
+        domain="usageLimits",
+    )
 
 
 def _zone_or_404(project: str, zone: str) -> None:
