@@ -403,3 +403,28 @@ def test_the_vms_own_token_deletes_its_instance_unless_its_identity_may_not(
     assert emulator.instance_names() == ["self-b"]
     caller = [r.get("caller") for r in emulator.requests() if r["method"] == "DELETE"]
     assert caller[-1] is not None
+
+
+def test_a_restarted_emulator_boots_running_instances_again(
+    start_emulator: EmulatorStarter, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    first = start_emulator(state, guests=True)
+    _wait(first, _insert(first, "kept"))
+
+    def boot(emulator: Emulator) -> tuple[str, str]:
+        """(the emulator that booted it, its metadata server's address)"""
+        [record] = [r for r in emulator.snapshot()["nodes"].values() if r.get("api")]
+        owner = str((record.get("host") or {}).get("owner") or "")
+        return owner, str((record.get("guest") or {}).get("metadata") or "")
+
+    _until(lambda: all(boot(first)))
+    booted_by, old_address = boot(first)
+    first.stop()
+
+    second = start_emulator(state, guests=True)
+    # A new boot: another owner, and a metadata server of its own (the old record of the
+    # guest stays until the new guest replaces it).
+    _until(lambda: boot(second)[0] not in {"", booted_by} and boot(second)[1] != old_address)
+    assert _status_of(second, "kept") == "RUNNING"
+    assert _metadata_token(second, "kept").startswith("ya29.")
