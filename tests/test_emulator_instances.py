@@ -428,3 +428,80 @@ def test_a_restarted_emulator_boots_running_instances_again(
     _until(lambda: boot(second)[0] not in {"", booted_by} and boot(second)[1] != old_address)
     assert _status_of(second, "kept") == "RUNNING"
     assert _metadata_token(second, "kept").startswith("ya29.")
+
+
+@pytest.mark.gcloud
+def test_gcloud_compute_ssh_adds_its_key_and_pins_the_published_host_key(
+    start_emulator: EmulatorStarter, host_backend: HostBackend, tmp_path: Path
+) -> None:
+    """`gcloud compute ssh` (command_lib/compute/ssh_utils.py): it reads the instance and
+    the project, adds its own key with instances.setMetadata (the fingerprint lock), reads
+    the host keys from guest attributes and runs the system ssh, host key checked."""
+    require_tool(shutil.which("gcloud") is not None, "gcloud (Google Cloud SDK)")
+    require_tool(shutil.which("ssh") is not None, "OpenSSH client (ssh)")
+    from ssh_fixtures import login_user
+
+    emulator = start_emulator(tmp_path / "state", host_backend=host_backend)
+    enabled = {"items": [{"key": "enable-guest-attributes", "value": "TRUE"}]}
+    nat = [{"network": "global/networks/default", "accessConfigs": [{"type": "ONE_TO_ONE_NAT"}]}]
+    _wait(emulator, _insert(emulator, "gc-ssh", metadata=enabled, networkInterfaces=nat))
+
+    def port() -> int:
+        status, found = _call(
+            emulator,
+            "GET",
+            f"zones/{ZONE}/instances/gc-ssh/getGuestAttributes?variableKey=tpulab-emulator/ssh-port",
+        )
+        return int(found["variableValue"]) if status == 200 else 0
+
+    _until(lambda: port() > 0)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**_gcloud_env(emulator, home / "gcloud-config"), "HOME": str(home)}
+    env["CLOUDSDK_CORE_ACCOUNT"] = "tester@example.com"
+    user = login_user(host_backend, "tester")
+    ran = subprocess.run(
+        [
+            "gcloud",
+            "compute",
+            "ssh",
+            f"{user}@gc-ssh",
+            f"--zone={ZONE}",
+            "--command=echo ok from $HOME",
+            f"--ssh-flag=-p {port()}",
+            "--strict-host-key-checking=yes",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    # (ssh-keygen's report comes first: gcloud made its key in this HOME.)
+    home_there = emulator.instance_home(PROJECT, ZONE, "gc-ssh")
+    assert ran.stdout.strip().splitlines()[-1] == f"ok from {home_there}"
+    _, instance = _call(emulator, "GET", f"zones/{ZONE}/instances/gc-ssh")
+    keys = {i["key"]: i["value"] for i in instance["metadata"]["items"]}["ssh-keys"]
+    assert keys.startswith(f"{user}:ssh-rsa ")  # gcloud's own key, added by setMetadata
+    calls = [f"{r['method']} {r['path'].rsplit('/', 1)[-1]}" for r in emulator.requests()]
+    assert "POST setMetadata" in calls
+    assert "GET getGuestAttributes" in calls
+
+
+def test_set_metadata_needs_the_current_fingerprint(emulator: Emulator) -> None:
+    _wait(emulator, _insert(emulator, "meta"))
+    _, instance = _call(emulator, "GET", f"zones/{ZONE}/instances/meta")
+    stale = instance["metadata"]["fingerprint"]
+    path = f"zones/{ZONE}/instances/meta/setMetadata"
+    items = [{"key": "ssh-keys", "value": "a:ssh-ed25519 AAAA a"}]
+
+    status, operation = _call(emulator, "POST", path, {"fingerprint": stale, "items": items})
+    assert status == 200, operation
+    assert _wait(emulator, operation)["operationType"] == "setMetadata"
+    _, instance = _call(emulator, "GET", f"zones/{ZONE}/instances/meta")
+    assert instance["metadata"]["items"] == items
+    assert instance["metadata"]["fingerprint"] != stale
+
+    status, refused = _call(emulator, "POST", path, {"fingerprint": stale, "items": []})
+    assert status == 412
+    assert refused["error"]["errors"][0]["reason"] == "conditionNotMet"

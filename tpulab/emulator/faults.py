@@ -49,6 +49,7 @@ METHODS = (
     "list_instances",
     "get_instance",
     "delete_instance",
+    "set_instance_metadata",
     "get_instance_guest_attributes",
     "get_zone_operation",
     "wait_zone_operation",

@@ -88,6 +88,7 @@ _EDITOR_PERMISSIONS = frozenset(
         "compute.instances.get",
         "compute.instances.list",
         "compute.instances.getGuestAttributes",
+        "compute.instances.setMetadata",
         "compute.zoneOperations.get",
         "compute.zones.get",
     }

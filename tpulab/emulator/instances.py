@@ -9,6 +9,7 @@ root gcloud reaches with `CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE=<emulator>/com
     GET    projects/P/zones/Z/instances[?filter&maxResults&pageToken]   instances.list
     GET    projects/P/zones/Z/instances/I                    instances.get
     DELETE projects/P/zones/Z/instances/I                    instances.delete -> Operation
+    POST   projects/P/zones/Z/instances/I/setMetadata        instances.setMetadata -> Operation
     GET    projects/P/zones/Z/instances/I/getGuestAttributes?queryPath=|variableKey=
     GET    projects/P/zones/Z/operations/O                   zoneOperations.get
     POST   projects/P/zones/Z/operations/O/wait              zoneOperations.wait
@@ -93,6 +94,7 @@ INSTANCE_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("GET", r"/zones/" + _Z + r"/instances", "list_instances"),
         ("GET", r"/zones/" + _Z + r"/instances/" + _I, "get_instance"),
         ("DELETE", r"/zones/" + _Z + r"/instances/" + _I, "delete_instance"),
+        ("POST", r"/zones/" + _Z + r"/instances/" + _I + r"/setMetadata", "set_instance_metadata"),
         (
             "GET",
             r"/zones/" + _Z + r"/instances/" + _I + r"/getGuestAttributes",
@@ -111,6 +113,7 @@ _PERMISSIONS = {
     "aggregated_instances": "compute.instances.list",
     "get_instance": "compute.instances.get",
     "delete_instance": "compute.instances.delete",
+    "set_instance_metadata": "compute.instances.setMetadata",
     "get_instance_guest_attributes": "compute.instances.getGuestAttributes",
     "get_zone_operation": "compute.zoneOperations.get",
     "wait_zone_operation": "compute.zoneOperations.get",
@@ -375,6 +378,29 @@ class InstanceApi:
         self._wake()
         return 200, answer
 
+    def api_set_instance_metadata(self, request: Request) -> tuple[int, Record]:
+        """instances.setMetadata: the body (a `Metadata`) replaces the instance's items
+        when its `fingerprint` is the current one (Compute's optimistic lock: anything
+        else is 412 conditionNotMet); the guest agent then installs the new ssh-keys (the
+        ticker rekeys the SSH host, as after a node's UpdateNode)."""
+        now = self._clock()
+        with self._transaction() as cloud:
+            record = self._instance(cloud, request)
+            current = _metadata_json(record)["fingerprint"]
+            if request.body.get("fingerprint") != current:
+                raise ComputeError(
+                    412,
+                    "conditionNotMet",
+                    "Supplied fingerprint does not match current metadata fingerprint.",
+                )
+            record["metadata"] = _metadata_items(request.body)
+            project, zone, name = record["project"], record["zone"], record["name"]
+            done_at = now + cloud.timing.update_seconds
+            operation = _new_operation(cloud, project, zone, name, "setMetadata", now, done_at)
+            answer = _operation_json(operation, now)
+        self._wake()
+        return 200, answer
+
     def api_get_instance_guest_attributes(self, request: Request) -> tuple[int, Record]:
         """getGuestAttributes: `variableKey` ("ns/key") answers one value, `queryPath`
         ("ns/" or "ns/key") the items under it; nothing there is a 404, as Compute
@@ -540,10 +566,7 @@ def _new_record(
         "image": image,
         "description": str(body.get("description") or ""),
         "labels": {str(k): str(v) for k, v in (body.get("labels") or {}).items()},
-        "metadata": {
-            str(item.get("key")): str(item.get("value") or "")
-            for item in (body.get("metadata") or {}).get("items") or []
-        },
+        "metadata": _metadata_items(body.get("metadata") or {}),
         "spot": spot,
         "preemptible": bool(scheduling.get("preemptible")) or spot,
         # Spot VMs stop when preempted unless told to be deleted (Compute's default).
@@ -565,6 +588,18 @@ def _new_record(
             "scopes": [str(s) for s in (accounts[0] or {}).get("scopes") or []],
         },
     }
+
+
+def _metadata_items(metadata: Record) -> dict[str, str]:
+    """A `Metadata` message's items as the record keeps them (key -> value)."""
+    items = metadata.get("items") or []
+    return {str(item.get("key")): str(item.get("value") or "") for item in items}
+
+
+def _metadata_json(record: Record) -> Record:
+    items = [{"key": k, "value": v} for k, v in sorted(record["metadata"].items())]
+    # Base64 bytes that change with the items, as Compute's optimistic-lock value.
+    return {"kind": "compute#metadata", "fingerprint": _fingerprint(repr(items)), "items": items}
 
 
 def _instances(cloud: CloudState, project: str) -> Iterator[Record]:
@@ -611,7 +646,6 @@ def instance_json(record: Record, now: float) -> Record:
                 "networkTier": "PREMIUM",
             }
         ]
-    items = [{"key": k, "value": v} for k, v in sorted(record["metadata"].items())]
     scheduling: Record = {
         "onHostMaintenance": "TERMINATE",  # TPU VMs cannot live-migrate
         "automaticRestart": not record["spot"],
@@ -646,11 +680,7 @@ def instance_json(record: Record, now: float) -> Record:
                 "interface": "SCSI",
             }
         ],
-        "metadata": {
-            "kind": "compute#metadata",
-            "fingerprint": _fingerprint(repr(items)),
-            "items": items,
-        },
+        "metadata": _metadata_json(record),
         "serviceAccounts": [
             {
                 "email": account.get("email") or "default",
