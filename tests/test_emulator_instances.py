@@ -389,8 +389,21 @@ def test_the_vms_own_token_deletes_its_instance_unless_its_identity_may_not(
         )
     )
 
+    def may_delete(token: str) -> list[str]:
+        """Resource Manager testIamPermissions with the VM's token, as the watchdog asks."""
+        request = urllib.request.Request(
+            f"{emulator.url}/v1/projects/{PROJECT}:testIamPermissions",
+            data=json.dumps({"permissions": ["compute.instances.delete"]}).encode(),
+            headers={"Authorization": f"Bearer {token}"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return list(json.loads(answer.read()).get("permissions", []))
+
+    assert may_delete(_metadata_token(emulator, "self-b")) == ["compute.instances.delete"]
     emulator.faults.node_identity_cannot_delete = True
     token = _metadata_token(emulator, "self-b")
+    assert may_delete(token) == []
     status, body = _call(emulator, "DELETE", f"zones/{ZONE}/instances/self-b", token=token)
     assert status == 403
     assert "compute.instances.delete" in body["error"]["message"]
