@@ -45,8 +45,8 @@ from tpulab.contract import (
     SSH_KEYS_METADATA,
 )
 from tpulab.emulator import project_apis, queued
-from tpulab.emulator.compute import COMPUTE_ROUTES, compute_project
-from tpulab.emulator.faults import GUEST_ATTRIBUTE_ERRORS, FaultPlan
+from tpulab.emulator.compute import COMPUTE_ROUTES, compute_project, subnetwork
+from tpulab.emulator.faults import GUEST_ATTRIBUTE_ERRORS, FaultPlan, unreachable_index_env
 from tpulab.emulator.guest import Guest, StateLink
 from tpulab.emulator.hostenv import (
     BackendImage,
@@ -500,7 +500,8 @@ class Emulator:
         envs: list[dict[str, str]] = []
         for worker, sandbox in enumerate(sandboxes):
             guest = self._boot_guest(key, node, worker, sandbox) if self.guests else None
-            envs.append(guest.env if guest is not None else {})
+            booted = guest.env if guest is not None else {}
+            envs.append({**booted, **unreachable_index_env(self.faults)})
         if self.host_backend is None:
             self._record_boot(key, count, [], "")
             return
@@ -976,6 +977,14 @@ class Emulator:
 
     def _api_list_firewalls(self, request: _Request) -> tuple[int, Record]:
         return project_apis.firewall_list(request.project, self.faults)
+
+    def _api_get_subnetwork(self, request: _Request) -> tuple[int, Record]:
+        networks = project_apis.project_networks(self.faults)
+        private_access = self.faults.private_google_access
+        region, name = request.params["region"], request.params["subnetwork"]
+        return subnetwork(
+            request.project, region, name, networks=networks, private_google_access=private_access
+        )
 
     # -- queued resources (the logic is queued.py's) ----------------------------------
 
