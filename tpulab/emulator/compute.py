@@ -29,8 +29,8 @@ import re
 import zlib
 from typing import Any
 
-from tpulab.catalog import ZONES, region_of
 from tpulab.contract import OS_LOGIN_METADATA
+from tpulab.emulator.zones import ZONES
 
 __all__ = ["COMPUTE_ROUTES", "compute_project", "subnetwork", "subnetwork_links"]
 
@@ -90,8 +90,9 @@ def compute_project(project: str, *, os_login: bool) -> dict[str, Any]:
 
 
 def _regions() -> list[str]:
-    """The regions an auto-mode network has a subnetwork in: every region with a TPU zone."""
-    return sorted({region_of(zone) for zone in ZONES})
+    """The regions an auto-mode network has a subnetwork in: every region with a TPU zone
+    (the emulator's own zone table, not the controller's catalog)."""
+    return sorted({zone.rsplit("-", 1)[0] for zone in ZONES})
 
 
 def _auto_range(region: str) -> str:
