@@ -5,10 +5,12 @@ The checks, in order, each ok / problem / unknown with its fix:
     credentials  ADC and the account they belong to (an emulator: its own caller)
     project      resolves as `run`'s does (tpulab.config.doctor)
     tpu-api, permissions, vm-account, network    tpulab.cloud.preflight
+    private-access   with --internal-ip: the VM's subnetwork has Private Google Access
 
 A check that cannot run because an earlier one failed is "unknown" and says why.
 Nothing here creates anything. `run_preflight` is the cheap subset (tpu-api +
-permissions) a run asks before its create (`preflight_for` gives the run engine its seam;
+permissions, + private-access for --internal-ip) a run asks before its create
+(`preflight_for` gives the run engine its seam;
 tpulab.cloud.preflight.refuse_on_problems turns definite problems into a ConfigError,
 exit 2: nothing was created).
 """
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from tpulab.cloud.google import CallerSession
-    from tpulab.cloud.preflight import Check
+    from tpulab.cloud.preflight import Check, Placement
     from tpulab.config import RunSpec
     from tpulab.config.doctor import DoctorInputs
 
@@ -129,13 +131,29 @@ def doctor(inputs: DoctorInputs) -> tuple[str, list[Check]]:
             checks.append(Check("project", "ok", f"{project.value} (from {project.source})."))
         if session is None or inputs.project is None:
             why = "without credentials" if session is None else "without a project"
-            for name in ("tpu-api", "permissions", "vm-account", "network"):
+            names = ["tpu-api", "permissions", "vm-account", "network"]
+            for name in names + (["private-access"] if inputs.internal_ip else []):
                 checks.append(Check(name, "unknown", f"Not checked {why}.", None))
             return "", checks
         checks += _cloud_checks(
-            session, url, inputs.project.value, inputs.service_account, inputs.network
+            session,
+            url,
+            inputs.project.value,
+            inputs.service_account,
+            inputs.network,
+            _placement(inputs),
         )
         return session.account, checks
+
+
+def _placement(inputs: DoctorInputs) -> Placement | None:
+    """Where a --internal-ip VM would be (None: doctor was not asked about one)."""
+    from tpulab.cloud.preflight import Placement
+
+    if not inputs.internal_ip:
+        return None
+    zone = inputs.zone.value if inputs.zone else None
+    return Placement(zone, inputs.network, inputs.subnetwork)
 
 
 def _credentials(url: str | None) -> tuple[Check, CallerSession | None]:
@@ -158,31 +176,42 @@ def _cloud_checks(
     project: str,
     service_account: str | None,
     network: str = "default",
+    internal_ip: Placement | None = None,
 ) -> list[Check]:
     from tpulab.cloud.preflight import (
         ProjectApis,
         network_check,
         permissions_check,
+        private_access_check,
         tpu_api_check,
         vm_account_check,
     )
 
     apis = ProjectApis(session.session, url)
     api, number = tpu_api_check(apis, project)
-    return [
+    checks = [
         api,
         permissions_check(apis, project, account=session.account, service_account=service_account),
         vm_account_check(apis, project, service_account=service_account, number=number),
         network_check(apis, project, network),
     ]
+    if internal_ip is not None:
+        checks.append(private_access_check(apis, project, internal_ip))
+    return checks
 
 
 def run_preflight(
-    project: str, *, api_endpoint: str | None, service_account: str | None = None
+    project: str,
+    *,
+    api_endpoint: str | None,
+    service_account: str | None = None,
+    internal_ip: Placement | None = None,
 ) -> list[Check]:
     """The cheap subset before a create (two requests): is the Cloud TPU API enabled,
-    and does the caller hold what a run needs? `api_endpoint` is the TPU client's (for
-    --emulate, the embedded emulator's URL: `GoogleTpuApi.api_endpoint`)."""
+    and does the caller hold what a run needs? With `internal_ip` (where a VM without an
+    external IP would be) also its subnetwork's Private Google Access (one or two more).
+    `api_endpoint` is the TPU client's (for --emulate, the embedded emulator's URL:
+    `GoogleTpuApi.api_endpoint`)."""
     from tpulab.cloud.google import caller_session
     from tpulab.cloud.preflight import ProjectApis, preflight
 
@@ -190,20 +219,33 @@ def run_preflight(
     # Short: two small reads before a create; an endpoint that does not answer in this
     # long is the create's to report (tpulab.run.provision).
     apis = ProjectApis(session.session, api_endpoint, timeout=PREFLIGHT_TIMEOUT)
-    return list(preflight(apis, project, account=session.account, service_account=service_account))
+    return list(
+        preflight(
+            apis,
+            project,
+            account=session.account,
+            service_account=service_account,
+            internal_ip=internal_ip,
+        )
+    )
 
 
 def preflight_for(spec: RunSpec, api_endpoint: str | None) -> Callable[[], list[Check]]:
     """The run engine's preflight seam for `spec` (RunContext.preflight): asked once,
     however many attempts (zones, recoveries) the run makes; `api_endpoint` is the TPU
     client's (the embedded emulator's URL under --emulate)."""
+    from tpulab.cloud.preflight import placement_of
+
     answered: list[Check] | None = None
 
     def ask() -> list[Check]:
         nonlocal answered
         if answered is None:
             answered = run_preflight(
-                spec.project.value, api_endpoint=api_endpoint, service_account=spec.service_account
+                spec.project.value,
+                api_endpoint=api_endpoint,
+                service_account=spec.service_account,
+                internal_ip=placement_of(spec),  # None without --internal-ip
             )
         return answered
 

@@ -23,6 +23,8 @@ def _doctor(
     accelerator: str | None,
     service_account: str | None,
     network: str | None,
+    subnetwork: str | None,
+    internal_ip: bool,
     api_endpoint: str | None,
     emulate: bool,
     as_json: bool,
@@ -40,6 +42,8 @@ def _doctor(
         accelerator=accelerator,
         service_account=service_account,
         network=network,
+        subnetwork=subnetwork,
+        internal_ip=internal_ip,
         emulate=emulate,
         api_endpoint=api_endpoint,
         adc_project=adc_project,
@@ -84,6 +88,22 @@ def doctor_command(
             "--network", metavar="VPC", help="The VPC a run would use (default: `default`)."
         ),
     ] = None,
+    subnetwork: Annotated[
+        str | None,
+        typer.Option(
+            "--subnetwork",
+            metavar="SUBNET",
+            help="The subnetwork a run would use (default: the network's in the zone's region).",
+        ),
+    ] = None,
+    internal_ip: Annotated[
+        bool,
+        typer.Option(
+            "--internal-ip",
+            help="Also check what a VM without an external IP needs: Private Google Access "
+            "on its subnetwork.",
+        ),
+    ] = False,
     api_endpoint: Annotated[
         str | None,
         typer.Option("--api-endpoint", help="An emulator URL serving Google's APIs."),
@@ -94,7 +114,8 @@ def doctor_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON envelope.")] = False,
 ) -> None:
     """Check credentials, project, Cloud TPU API, permissions, the VM's account and the
-    network before a run spends anything; each with its fix."""
+    network (with --internal-ip, its subnetwork's Private Google Access) before a run
+    spends anything; each with its fix."""
     from tpulab.cli._exit import json_or_guarded
 
     json_or_guarded(
@@ -106,6 +127,8 @@ def doctor_command(
             accelerator=accelerator,
             service_account=service_account,
             network=network,
+            subnetwork=subnetwork,
+            internal_ip=internal_ip,
             api_endpoint=api_endpoint,
             emulate=emulate,
             as_json=as_json,

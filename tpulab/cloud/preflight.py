@@ -10,10 +10,14 @@ unknown, with the exact fix (a gcloud command or the role to grant):
                  role that deletes its own node (the watchdog's second line of defence)?
     network      Compute v1 networks.get + firewalls.list: the network exists and a rule
                  lets tcp:22 in from outside
+    private-access  (--internal-ip only) Compute v1 subnetworks.get: the VM's subnetwork
+                 has Private Google Access (`privateIpGoogleAccess`), without which a VM
+                 with no external IP reaches no Google API (its watchdog's TPU API)
 
 "unknown" means the API would not say (the caller may not ask it); only "problem" is a
 definite no. `preflight` is the cheap subset a run asks before its create (tpu-api and
-permissions: two requests). Nothing here creates or changes anything.
+permissions: two requests; with --internal-ip also private-access: one or two more).
+Nothing here creates or changes anything.
 
 The same `ProjectApis` reaches Google or one emulator URL (which serves these paths,
 tpulab/emulator/project_apis.py); the session comes from `tpulab.cloud.google`.
@@ -24,20 +28,27 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from tpulab.catalog import region_of
 from tpulab.contract import DELETE_NODE_PERMISSION
 from tpulab.errors import UnreachableError
+
+if TYPE_CHECKING:
+    from tpulab.config import RunSpec
 
 __all__ = [
     "DELETE_ROLES",
     "RUN_PERMISSIONS",
     "Check",
     "CheckStatus",
+    "Placement",
     "ProjectApis",
     "network_check",
     "permissions_check",
+    "placement_of",
     "preflight",
+    "private_access_check",
     "refuse_on_problems",
     "tpu_api_check",
     "vm_account_check",
@@ -400,15 +411,174 @@ def _allows_22(allowed: object) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a VM without an external IP would be: the zone, its VPC and subnetwork as
+    the run gives them (`network` a short name; `subnetwork` a name, a path, or None)."""
+
+    zone: str | None
+    network: str = "default"
+    subnetwork: str | None = None
+
+
+def placement_of(spec: RunSpec) -> Placement | None:
+    """Where `spec`'s VM would be when it has no external IP (--internal-ip), else None:
+    its first zone, and its VPC and subnetwork as given. (A failover to a zone of
+    another region is not asked again: the preflight is asked once per run.)"""
+    if not spec.internal_ip:
+        return None
+    network = (spec.network or "default").rsplit("/", 1)[-1]
+    return Placement(spec.zone.value, network, spec.subnetwork)
+
+
+def private_access_check(apis: ProjectApis, project: str, placement: Placement) -> Check:
+    """Has the subnetwork a VM without an external IP would get Private Google Access?
+    The subnetwork is --subnetwork's, else the network's in the zone's region (read from
+    networks.get: an auto-mode network has one per region, named as the network)."""
+    region, named = _subnetwork_region(placement)
+    if region is None:
+        return Check(
+            "private-access",
+            "unknown",
+            "No zone, so the subnetwork a VM would get (and its Private Google Access) "
+            "is not known.",
+            "Pass --zone (or --subnetwork projects/P/regions/R/subnetworks/S).",
+        )
+    names = [named] if named else _subnetworks_in(apis, project, placement.network, region)
+    if names is None:
+        return Check(
+            "private-access",
+            "unknown",
+            f"Compute would not show network `{placement.network}`, so its subnetwork in "
+            f"{region} is not known.",
+            f"Check with `gcloud compute networks subnets list --project {project} "
+            f"--network {placement.network} --regions {region}`.",
+        )
+    if not names:
+        return Check(
+            "private-access",
+            "unknown",
+            f"Network `{placement.network}` lists no subnetwork in {region}.",
+            f"Create one, or pass --subnetwork: `gcloud compute networks subnets list "
+            f"--project {project} --network {placement.network}`.",
+        )
+    answers = [_private_access(apis, project, region, name) for name in names]
+    return _private_access_verdict(project, region, placement.network, names, answers)
+
+
+def _subnetwork_region(placement: Placement) -> tuple[str | None, str | None]:
+    """(the region, the subnetwork's short name or None): a subnetwork path names its
+    region; otherwise the zone does."""
+    subnetwork = placement.subnetwork
+    parts = (subnetwork or "").split("/")
+    if len(parts) == 6 and parts[2] == "regions":
+        return parts[3], parts[5]
+    region = region_of(placement.zone) if placement.zone else None
+    return region, subnetwork or None
+
+
+def _subnetworks_in(apis: ProjectApis, project: str, network: str, region: str) -> list[str] | None:
+    """The network's subnetworks in `region` (names), from networks.get's `subnetworks`
+    URLs; None when Compute would not show the network."""
+    status, body = apis.get("compute", f"projects/{project}/global/networks/{network}")
+    if status != 200:
+        return None
+    marker = f"/regions/{region}/subnetworks/"
+    links = [str(link) for link in body.get("subnetworks") or []]
+    return [link.rsplit("/", 1)[-1] for link in links if marker in link]
+
+
+def _private_access(apis: ProjectApis, project: str, region: str, name: str) -> bool | str:
+    """The subnetwork's `privateIpGoogleAccess`, or why it is not known (a sentence)."""
+    status, body = apis.get("compute", f"projects/{project}/regions/{region}/subnetworks/{name}")
+    if status == 404:
+        return f"subnetwork `{name}` does not exist in {region}"
+    if status != 200:
+        return (
+            f"Compute would not show subnetwork `{name}` (HTTP {status}: "
+            f"{_api_message(body) or 'no message'})"
+        )
+    return bool(body.get("privateIpGoogleAccess"))
+
+
+def _private_access_verdict(
+    project: str, region: str, network: str, names: list[str], answers: list[bool | str]
+) -> Check:
+    where = ", ".join(f"`{name}`" for name in names) + f" ({region})"
+    unknown = [answer for answer in answers if isinstance(answer, str)]
+    if unknown:
+        return Check(
+            "private-access",
+            "unknown",
+            f"Whether subnetwork {where} has Private Google Access is not known: "
+            + "; ".join(unknown)
+            + ".",
+            f"Check with `gcloud compute networks subnets list --project {project} "
+            f"--network {network} --regions {region} "
+            "--format='table(name,privateIpGoogleAccess)'`.",
+        )
+    if all(answers):
+        return Check(
+            "private-access",
+            "ok",
+            f"Subnetwork {where} has Private Google Access: a VM without an external IP "
+            "reaches Google APIs. (Package downloads still need Cloud NAT or a mirror.)",
+        )
+    off = [name for name, answer in zip(names, answers, strict=True) if not answer]
+    if len(off) < len(names):
+        return Check(
+            "private-access",
+            "unknown",
+            f"Of network `{network}`'s subnetworks in {region}, only "
+            + ", ".join(f"`{n}`" for n in names if n not in off)
+            + " has Private Google Access; which one a VM gets is not known.",
+            "Pass --subnetwork with one that has it.",
+        )
+    return Check(
+        "private-access",
+        "problem",
+        f"Subnetwork {where} has Private Google Access off: a VM without an external IP "
+        "(--internal-ip) could not reach Google APIs (the Cloud TPU API its watchdog "
+        "deletes it through, metadata-token calls).",
+        _private_access_fix(project, region, network, off[0]),
+    )
+
+
+def _private_access_fix(project: str, region: str, network: str, subnetwork: str) -> str:
+    """Turn Private Google Access on; and, since it covers Google APIs only, how pip/uv
+    downloads get out too (Cloud NAT, or a mirror inside the VPC)."""
+    router = "tpulab-nat-router"
+    return (
+        f"Run `gcloud compute networks subnets update {subnetwork} --project {project} "
+        f"--region {region} --enable-private-ip-google-access`. Package downloads (pip, "
+        "uv, a uv-managed Python) need Cloud NAT as well: "
+        f"`gcloud compute routers create {router} --project {project} --network {network} "
+        f"--region {region} && gcloud compute routers nats create tpulab-nat --project "
+        f"{project} --router {router} --region {region} --auto-allocate-nat-external-ips "
+        "--nat-all-subnet-ip-ranges`; or use --python system with a package mirror the "
+        "VPC reaches."
+    )
+
+
 def preflight(
-    apis: ProjectApis, project: str, *, account: str, service_account: str | None
+    apis: ProjectApis,
+    project: str,
+    *,
+    account: str,
+    service_account: str | None,
+    internal_ip: Placement | None = None,
 ) -> Sequence[Check]:
-    """The cheap subset a run asks before its create: API enabled, caller's permissions."""
+    """The cheap subset a run asks before its create: API enabled, caller's permissions;
+    and, for a VM without an external IP (`internal_ip`: where it would be), its
+    subnetwork's Private Google Access."""
     api, _ = tpu_api_check(apis, project)
-    return [
+    checks = [
         api,
         permissions_check(apis, project, account=account, service_account=service_account),
     ]
+    if internal_ip is not None:
+        checks.append(private_access_check(apis, project, internal_ip))
+    return checks
 
 
 def refuse_on_problems(checks: Sequence[Check]) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tpulab import catalog
 from tpulab.config.endpoint import Target, choose_target
-from tpulab.config.network import check_network
+from tpulab.config.network import check_network, check_subnetwork
 from tpulab.config.project_file import load_project_file
 from tpulab.config.resolve import (
     AdcProject,
@@ -50,6 +50,8 @@ class DoctorInputs:
     service_account: str | None
     project_error: ConfigError | None = None
     network: str = "default"  # the VPC a run would create in (its short name)
+    subnetwork: str | None = None  # --subnetwork (a name or its regions/R path), or None
+    internal_ip: bool = False  # check what a VM without an external IP needs
 
 
 def doctor_inputs(
@@ -60,6 +62,8 @@ def doctor_inputs(
     service_account: str | None,
     emulate: bool,
     network: str | None = None,
+    subnetwork: str | None = None,
+    internal_ip: bool = False,
     api_endpoint: str | None,
     env: Mapping[str, str] | None = None,
     adc_project: AdcProject | None = None,
@@ -75,6 +79,7 @@ def doctor_inputs(
         accel = catalog.lookup(accelerator.strip()).name
     account = check_service_account(service_account)
     vpc = check_network(network)
+    subnet = check_subnetwork(subnetwork)
     flag = project_flag(project)  # malformed: bad input, raised
     zn = Resolved(zone_flags([zone])[0], "--zone") if zone is not None else None
     env = os.environ if env is None else env
@@ -87,6 +92,7 @@ def doctor_inputs(
         # The VM account and the VPC a run from here would use: flag, else the file.
         account = _service_account(service_account, defaults)
         vpc = _network(network, "network", defaults)
+        subnet = _network(subnetwork, "subnetwork", defaults)
         zn = zn or find_zone(None, env=env)
         if target.emulated:
             proj = find_project(project, env=env, project_file=from_file) or Resolved(
@@ -99,14 +105,31 @@ def doctor_inputs(
                 proj = resolve_project(project, env=env, adc_project=adc, project_file=from_file)
             except ConfigError as error:
                 return DoctorInputs(
-                    target, None, zn, accel, account, project_error=error, network=_short(vpc)
+                    target,
+                    None,
+                    zn,
+                    accel,
+                    account,
+                    project_error=error,
+                    network=_short(vpc),
+                    subnetwork=subnet,
+                    internal_ip=internal_ip,
                 )
     if accel is not None and zn is not None and zn.value not in catalog.zones_offering(accel):
         raise ConfigError(
             f"Zone {zn.value} (from {zn.source}) does not offer {accel}.",
             hint=f"Zones that do: {', '.join(catalog.zones_offering(accel)[:6])}.",
         )
-    return DoctorInputs(target, proj, zn, accel, account, network=_short(vpc))
+    return DoctorInputs(
+        target,
+        proj,
+        zn,
+        accel,
+        account,
+        network=_short(vpc),
+        subnetwork=subnet,
+        internal_ip=internal_ip,
+    )
 
 
 def _short(network: str | None) -> str:

@@ -14,7 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["GUEST_ATTRIBUTE_ERRORS", "METHODS", "NEVER", "PREEMPTED_STATES", "FaultPlan"]
+__all__ = [
+    "GUEST_ATTRIBUTE_ERRORS",
+    "METHODS",
+    "NEVER",
+    "PREEMPTED_STATES",
+    "FaultPlan",
+    "unreachable_index_env",
+]
 
 # The method names `transient` understands ("*" means any call).
 METHODS = (
@@ -42,6 +49,7 @@ METHODS = (
     "get_iam_policy",
     "get_network",
     "list_firewalls",
+    "get_subnetwork",
     "get_tokeninfo",
     # Compute's instances API (instances.py)
     "get_compute_zone",
@@ -175,6 +183,15 @@ class FaultPlan:
     its name in every region): what `--network` / `--subnetwork` may name."""
     no_ssh_firewall: bool = False
     """The `default` network lacks its default-allow-ssh rule: nothing lets tcp:22 in."""
+    private_google_access: bool = False
+    """Every subnetwork has Private Google Access on (`gcloud compute networks subnets
+    update S --enable-private-ip-google-access`). Off by default, as auto-mode
+    subnetworks are created: a VM without an external IP then reaches no Google API."""
+    package_index_unreachable: bool = False
+    """Nodes booted while it is set reach no package index and no Python download, as a
+    VM without an external IP whose subnetwork has no Cloud NAT: their sessions get
+    UV_DEFAULT_INDEX, PIP_INDEX_URL and UV_PYTHON_INSTALL_MIRROR at a loopback port
+    nothing listens on (`unreachable_index_env`)."""
 
     queued_invalid: bool = False
     """A queued resource FAILS when its capacity arrives with INVALID_ARGUMENT (a request
@@ -315,6 +332,24 @@ class FaultPlan:
 
     def reset(self) -> None:
         self.update(FaultPlan().to_dict())
+
+
+def unreachable_index_env(faults: FaultPlan) -> dict[str, str]:
+    """What `package_index_unreachable` adds to a booting node's environment: every
+    download source at a loopback port that was free a moment ago (bound, then closed),
+    so a connection is refused as a network without a route refuses it; {} when off."""
+    if not faults.package_index_unreachable:
+        return {}
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    return {
+        "UV_DEFAULT_INDEX": f"{closed}/simple",
+        "PIP_INDEX_URL": f"{closed}/simple",
+        "UV_PYTHON_INSTALL_MIRROR": f"{closed}/python-build-standalone",
+    }
 
 
 def _copy(value: Any) -> Any:

@@ -34,7 +34,7 @@ from tpulab.contract import (
     OS_LOGIN_METADATA,
     SSH_KEYS_METADATA,
 )
-from tpulab.emulator.faults import FaultPlan
+from tpulab.emulator.faults import FaultPlan, unreachable_index_env
 from tpulab.emulator.guest import Guest, StateLink
 from tpulab.emulator.hostenv import (
     BackendImage,
@@ -153,7 +153,8 @@ class Machines:
         envs: list[dict[str, str]] = []
         for worker, sandbox in enumerate(sandboxes):
             guest = self._boot_guest(key, node, worker, sandbox) if self._host.guests else None
-            envs.append(guest.env if guest is not None else {})
+            booted = guest.env if guest is not None else {}
+            envs.append({**booted, **unreachable_index_env(self._host.faults)})
         if self._host.host_backend is None:
             self._record_boot(key, count, [], "")
             return

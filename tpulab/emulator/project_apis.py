@@ -26,6 +26,7 @@ import re
 import zlib
 from typing import Any
 
+from tpulab.emulator.compute import subnetwork_links
 from tpulab.emulator.faults import FaultPlan
 from tpulab.emulator.iam import project_number
 from tpulab.emulator.wire import ApiError
@@ -169,7 +170,7 @@ def network(project: str, name: str, faults: FaultPlan) -> tuple[int, Record]:
         "description": "Default network for the project",
         "selfLink": link,
         "autoCreateSubnetworks": True,
-        "subnetworks": [f"{_COMPUTE}{project}/regions/us-central1/subnetworks/{name}"],
+        "subnetworks": subnetwork_links(project, name),
         "routingConfig": {"routingMode": "REGIONAL"},
         "networkFirewallPolicyEnforcementOrder": "AFTER_CLASSIC_FIREWALL",
     }

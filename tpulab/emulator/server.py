@@ -37,7 +37,7 @@ from tpulab.contract import (
     RUN_ID_LABEL,
 )
 from tpulab.emulator import project_apis, queued
-from tpulab.emulator.compute import COMPUTE_ROUTES, compute_project
+from tpulab.emulator.compute import COMPUTE_ROUTES, compute_project, subnetwork
 from tpulab.emulator.faults import GUEST_ATTRIBUTE_ERRORS, FaultPlan
 from tpulab.emulator.hosts import HostBackend
 from tpulab.emulator.iam import (
@@ -789,6 +789,14 @@ class Emulator:
 
     def _api_list_firewalls(self, request: _Request) -> tuple[int, Record]:
         return project_apis.firewall_list(request.project, self.faults)
+
+    def _api_get_subnetwork(self, request: _Request) -> tuple[int, Record]:
+        networks = project_apis.project_networks(self.faults)
+        private_access = self.faults.private_google_access
+        region, name = request.params["region"], request.params["subnetwork"]
+        return subnetwork(
+            request.project, region, name, networks=networks, private_google_access=private_access
+        )
 
     # -- queued resources (the logic is queued.py's) ----------------------------------
 

@@ -29,6 +29,16 @@ Steps, each one remote command (`--dry-run` records them as the run sends them):
    resolved versions. A package the installer cannot find or resolve is a
    BootstrapError naming it.
 
+Before each step that downloads (uv's own install with pip, a uv-managed Python, the
+jax install), the step's script probes the source it is about to use (`_REACH`, a few
+seconds at most): the package index uv or pip will read, found the way they find it
+(UV_DEFAULT_INDEX / UV_INDEX_URL / uv.toml's index-url; PIP_INDEX_URL / pip.conf; else
+https://pypi.org/simple), and uv's Python download source (UV_PYTHON_INSTALL_MIRROR, else
+python-build-standalone's GitHub releases) unless downloads are off. A source that does
+not answer ends the bootstrap at once, named (exit 44, `TPULAB_UNREACHABLE`), instead of
+after the installer's own retries: what a VM without an external IP and without Cloud
+NAT meets. Any HTTP answer counts as reached (the installer then says what it found).
+
 Every command is an argv list; scripts get their variable parts as positional
 parameters ("$@"), never pasted into the shell text.
 """
@@ -58,6 +68,8 @@ __all__ = [
     "RECEIPT_PATH",
     "STAGED_PAYLOAD",
     "SYSTEM_PYTHON",
+    "UNREACHABLE_EXIT",
+    "UNREACHABLE_MARKER",
     "VENV_DIR",
     "VENV_MARKER",
     "VENV_PYTHON",
@@ -97,6 +109,12 @@ EXTRA_VERSIONS_MARKER = "TPULAB_EXTRA_VERSIONS "
 EXTRAS_STAMP = f"{VENV_DIR}/tpulab-extras.sha256"
 STAGED_REQUIREMENTS = f"{LAB_DIR}/requirements.txt"
 _UV_PREFIX = "TPULAB_UV "
+UNREACHABLE_MARKER = "TPULAB_UNREACHABLE "
+# The exit status of a step that stopped because a download source did not answer.
+UNREACHABLE_EXIT = 44
+# Seconds the probe gives each source to answer (a reachable index answers in well under
+# one; an unreachable one would otherwise cost the installer's timeouts and retries).
+REACH_TIMEOUT = 5
 _NOTE_PREFIX = "TPULAB_NOTE "
 _IMAGE_PREFIX = "TPULAB_IMAGE "
 _IMAGE_KIND_PREFIX = "TPULAB_IMAGE_KIND "
@@ -127,6 +145,105 @@ class RemoteShell(Protocol):
     ) -> CommandResult: ...
 
 
+# Can this VM reach the download source of KIND (argv[1]: "uv" or "pip" for that
+# installer's package index, "python" for uv's Python downloads)? Stdlib only (Python
+# 3.10), no single quotes (the scripts carry it as a quoted literal). Prints
+# UNREACHABLE and exits 44 when the source does not answer; nothing to probe (offline,
+# downloads off, a local path that exists) exits 0.
+_REACH = """
+import configparser, os, re, ssl, sys, urllib.error, urllib.parse, urllib.request
+kind, timeout = sys.argv[1], float(sys.argv[2])
+PYPI = "https://pypi.org/simple"
+def env(name):
+    return os.environ.get(name, "").strip()
+def on(name):
+    return env(name).lower() in ("1", "true", "yes", "on")
+def config_dir():
+    return env("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+def pip_index():
+    if on("PIP_NO_INDEX"):
+        return None
+    if env("PIP_INDEX_URL"):
+        return env("PIP_INDEX_URL").split()[0]
+    files = ["/etc/xdg/pip/pip.conf", "/etc/pip.conf", os.path.expanduser("~/.pip/pip.conf"),
+             os.path.join(config_dir(), "pip", "pip.conf")]
+    if env("PIP_CONFIG_FILE") == os.devnull:
+        files = []
+    elif env("PIP_CONFIG_FILE"):
+        files.append(env("PIP_CONFIG_FILE"))
+    found = None
+    for path in files:
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(path)
+        except (OSError, configparser.Error):
+            continue
+        for section in ("global", "install"):
+            for key in ("index-url", "index_url"):
+                if parser.has_option(section, key):
+                    found = parser.get(section, key).split()[0]
+    return found or PYPI
+def uv_index():
+    if on("UV_OFFLINE") or on("UV_NO_INDEX"):
+        return None
+    for name in ("UV_DEFAULT_INDEX", "UV_INDEX_URL"):
+        if env(name):
+            return env(name).split()[0]
+    user = env("UV_CONFIG_FILE") or os.path.join(config_dir(), "uv", "uv.toml")
+    for path in (user, "/etc/uv/uv.toml"):
+        try:
+            text = open(path, encoding="utf-8").read()
+        except OSError:
+            continue
+        match = re.search(r"^\\s*index-url\\s*=\\s*[\\x22\\x27]([^\\x22\\x27]+)", text, re.M)
+        if match:
+            return match.group(1)
+    return PYPI
+def python_source():
+    if on("UV_OFFLINE") or env("UV_PYTHON_DOWNLOADS").lower() in ("never", "manual", "0", "false"):
+        return None
+    return env("UV_PYTHON_INSTALL_MIRROR") or (
+        "https://github.com/astral-sh/python-build-standalone/releases/download")
+def shown(url):
+    parts = urllib.parse.urlsplit(url)
+    host = (parts.hostname or "") + (":" + str(parts.port) if parts.port else "")
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+def problem(url):
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        path = urllib.request.url2pathname(parts.path) if parts.scheme == "file" else url
+        return None if os.path.exists(path) else "no such file or directory"
+    request = urllib.request.Request(shown(url), method="HEAD",
+                                     headers={"User-Agent": "tpulab-bootstrap-probe"})
+    try:
+        urllib.request.urlopen(request, timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return None
+    except urllib.error.URLError as error:
+        if isinstance(error.reason, ssl.SSLError):
+            return None
+        return type(error.reason).__name__ + ": " + str(error.reason)
+    except Exception as error:
+        return type(error).__name__ + ": " + (str(error) or "no answer")
+    return None
+url = {"uv": uv_index, "pip": pip_index, "python": python_source}[kind]()
+if url is not None:
+    why = problem(url)
+    if why is not None:
+        print("TPULAB_UNREACHABLE", kind, shown(url), why.replace(chr(10), " "))
+        sys.exit(44)
+    print("TPULAB_REACHED", kind, shown(url))
+"""
+assert "'" not in _REACH
+# How a step's script runs the probe: `reach KIND || exit 44` (a probe that could not
+# run at all, e.g. no python3, decides nothing: only its own 44 stops the step).
+_REACH_FUNCTION = (
+    f"reach_code='{_REACH}'\n"
+    + 'reach() { python3 -c "$reach_code" "$1" '
+    + str(REACH_TIMEOUT)
+    + "; [ $? -ne 44 ]; }\n"
+)
+
 # Finding uv: PATH first, then where `pip install --user` puts it (SSH commands do not
 # read ~/.profile, so ~/.local/bin is not on their PATH). Shared by the scripts below.
 _FIND_UV = r"""
@@ -135,12 +252,14 @@ if [ -z "$uv" ] && [ -x "$HOME/.local/bin/uv" ]; then uv="$HOME/.local/bin/uv"; 
 """
 
 _UV_SCRIPT = (
-    _FIND_UV
+    _REACH_FUNCTION
+    + _FIND_UV
     + r"""
 if [ -n "$uv" ] && "$uv" --version >/dev/null 2>&1; then echo "TPULAB_UV found $uv"; exit 0; fi
 if ! python3 -m pip --version >/dev/null 2>&1; then
   echo "TPULAB_UV none (the image python3 has no pip to install uv with)"; exit 0
 fi
+reach pip || exit 44
 # Ubuntu 22.04's pip needs no flag; a PEP 668 image (24.04) refuses without one.
 if python3 -m pip install -q --user uv >&2 ||
    python3 -m pip install -q --user --break-system-packages uv >&2; then
@@ -166,6 +285,7 @@ _VENV_SCRIPT = (
 lab=$1; venv=$2; want=$3; prefer=$4
 """
     + f"matches='{_MATCHES}'; kind_var={EMULATED_IMAGE_ENV}\n"
+    + _REACH_FUNCTION
     + r"""mkdir -p "$lab" || exit 30
 """
     + _FIND_UV
@@ -188,6 +308,7 @@ fi
 if [ -e "$venv" ]; then echo "$venv is not python $target (or is broken); recreating it" >&2; fi
 rm -rf "$venv"
 if [ "$want" != system ] && [ -n "$uv" ]; then
+  if ! "$uv" python find "$want" >/dev/null 2>&1; then reach python || exit 44; fi
   if "$uv" venv -q --python "$want" "$venv" >&2; then
     echo "TPULAB_VENV uv venv --python $want"; exit 0
   fi
@@ -236,8 +357,10 @@ _INSTALL_SCRIPT = (
     r"""
 venv=$1; installer=$2; shift 2
 """
+    + _REACH_FUNCTION
     + _FIND_UV
     + r"""
+reach "$installer" || exit 44
 if [ "$installer" = uv ]; then
   if [ -z "$uv" ] && [ -x "$venv/bin/uv" ]; then uv="$venv/bin/uv"; fi
   if [ -z "$uv" ] && "$venv/bin/python" -m pip install -q uv >&2; then uv="$venv/bin/uv"; fi
@@ -248,6 +371,7 @@ if [ "$installer" = uv ]; then
     if "$uv" pip install --python "$venv/bin/python" "$@"; then exit 0; fi
   fi
   echo "uv was not usable; falling back to pip" >&2
+  reach pip || exit 44
 fi
 if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   "$venv/bin/python" -m ensurepip --upgrade --default-pip >&2 || exit 41
@@ -484,6 +608,40 @@ def _missing(
     return missing
 
 
+_SOURCES = {
+    "uv": "uv's package index",
+    "pip": "pip's package index",
+    "python": "uv's Python download source",
+}
+
+
+def _stop_if_unreachable(result: CommandResult, step: str) -> None:
+    """A step that stopped because a download source did not answer (its probe's
+    UNREACHABLE line): CommandFailedError naming the source, the error and the ways out."""
+    said = _marker(result.stdout, UNREACHABLE_MARKER)
+    if said is None or result.exit_status != UNREACHABLE_EXIT:
+        return
+    kind, _, rest = said.partition(" ")
+    url, _, why = rest.partition(" ")
+    ways = (
+        "use --python system (the image's python3: nothing to download), or set "
+        "UV_PYTHON_INSTALL_MIRROR on the VM to a mirror it reaches"
+        if kind == "python"
+        else "set a package mirror the VM reaches (UV_DEFAULT_INDEX / PIP_INDEX_URL, or "
+        "pip.conf, in the VM's image), or use --python system with such a mirror"
+    )
+    raise CommandFailedError(
+        f"The VM cannot reach {url} ({_SOURCES.get(kind, kind)}): {why or 'no answer'}. "
+        f"The bootstrap's {step} step stopped before downloading.",
+        exit_status=result.exit_status,
+        output_tail=_tail(result),
+        hint="With --internal-ip the VM reaches the internet only through Cloud NAT on "
+        "its subnetwork (`gcloud compute routers create ...` and `gcloud compute routers "
+        "nats create ...`: `tpulab doctor --internal-ip` prints both for your project); "
+        f"or {ways}.",
+    )
+
+
 def _probe(shell: RemoteShell, timeout: float) -> dict[str, str | None]:
     result = shell.run(probe_command(), timeout=timeout)
     found = _marker(result.stdout, VERSIONS_MARKER)
@@ -531,9 +689,11 @@ def bootstrap(
 
     if needs_uv(python, installer):
         found = shell.run(uv_command(), timeout=left(), on_line=on_line)
+        _stop_if_unreachable(found, "uv")
         result.uv = _marker(found.stdout, _UV_PREFIX) or "none (the uv step said nothing)"
         tell(f"uv: {result.uv}")
     made = shell.run(venv_command(installer, python), timeout=left(), on_line=on_line)
+    _stop_if_unreachable(made, "venv")
     venv_path = _marker(made.stdout, VENV_MARKER)
     result.image_python = (_marker(made.stdout, _IMAGE_PREFIX) or "").removeprefix("python3 ")
     result.image_kind = _marker(made.stdout, _IMAGE_KIND_PREFIX)
@@ -568,6 +728,7 @@ def bootstrap(
     done = shell.run(
         install_command(platform, installer, jax_version), timeout=left(), on_line=on_line
     )
+    _stop_if_unreachable(done, "install")
     used = _marker(done.stdout, INSTALLER_MARKER) or installer
     if done.exit_status != 0:
         raise CommandFailedError(

@@ -37,6 +37,7 @@ from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from tpulab import catalog
 from tpulab.cloud import rest
 from tpulab.cloud.polling import operation_schedule
 from tpulab.cloud.preflight import Check, ProjectApis
@@ -202,12 +203,16 @@ class PlanRecorder:
     def preflight(self) -> list[Check]:
         """The project's checks before the create, through the same `preflight` a run
         asks, over a recording `ProjectApis` that answers as a ready project."""
-        from tpulab.cloud.preflight import preflight
+        from tpulab.cloud.preflight import placement_of, preflight
 
         apis = RecordingProjectApis(self)
         return list(
             preflight(
-                apis, self.spec.project.value, account="", service_account=self.spec.service_account
+                apis,
+                self.spec.project.value,
+                account="",
+                service_account=self.spec.service_account,
+                internal_ip=placement_of(self.spec),
             )
         )
 
@@ -708,7 +713,7 @@ def _archive_manifest(stream: BinaryIO | Iterable[bytes]) -> list[dict[str, Any]
 class RecordingProjectApis(ProjectApis):
     """`ProjectApis` whose requests are plan steps (path and query as sent, the body as
     JSON), answered as a project that is ready: the TPU API enabled, every permission
-    asked for held."""
+    asked for held, every subnetwork with Private Google Access."""
 
     def __init__(self, recorder: PlanRecorder) -> None:
         super().__init__(None, None)
@@ -723,7 +728,7 @@ class RecordingProjectApis(ProjectApis):
             "?" + "&".join(f"{k}={v}" for k, v in params.items()) if params else ""
         )
         body = kwargs.get("json")
-        action = "TestIamPermissions" if path.endswith(":testIamPermissions") else "GetService"
+        action = _project_api_action(path)
         self.recorder.add(
             "api",
             action,
@@ -734,4 +739,23 @@ class RecordingProjectApis(ProjectApis):
         )
         if action == "TestIamPermissions":
             return 200, {"permissions": list((body or {}).get("permissions") or [])}
+        if action == "GetNetwork":  # an auto-mode network: one subnetwork per region
+            name = path.rsplit("/", 1)[-1]
+            project = path.split("/projects/", 1)[1].split("/", 1)[0]
+            region = catalog.region_of(self.recorder.spec.zone.value)
+            link = f"projects/{project}/regions/{region}/subnetworks/{name}"
+            return 200, {"name": name, "subnetworks": [link]}
+        if action == "GetSubnetwork":
+            return 200, {"name": path.rsplit("/", 1)[-1], "privateIpGoogleAccess": True}
         return 200, {"name": path.lstrip("/"), "state": "ENABLED"}
+
+
+def _project_api_action(path: str) -> str:
+    """The plan's name for a project API request, by its path."""
+    if path.endswith(":testIamPermissions"):
+        return "TestIamPermissions"
+    if "/subnetworks/" in path:
+        return "GetSubnetwork"
+    if "/global/networks/" in path:
+        return "GetNetwork"
+    return "GetService"
