@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from helpers import tpulab
+
 from tpulab import errors as E
 from tpulab.cloud.classify import compute_error, scope_of
 from tpulab.cloud.compute_v1 import instance_from_json, label_filter
