@@ -25,6 +25,10 @@ is not held up, and then:
    the queued resource goes with its node (deleting only the node would leave it
    SUSPENDED and holding quota), then the node itself. Every path must name this VM's
    own project, zone and node name (the queued resource is named like its node).
+   A Compute Engine instance (config `provider: compute`) is deleted at the config's
+   `api_base` (https://compute.googleapis.com/) with
+   `DELETE compute/v1/projects/P/zones/Z/instances/N`, which needs
+   `compute.instances.delete`; it learns its name from `instance/name` (no tpu-env).
 
 The lease: the controller writes the lease file over its SSH session every few seconds
 (a new line each time; `{"seq": n, "lease_seconds": s}`). The watchdog does not trust
@@ -94,6 +98,8 @@ STATE_KEY = "watchdog"
 # machine can tell a node in use from one left behind.
 LEASE_KEY = "lease"
 DELETE_PERMISSION = "tpu.nodes.delete"
+COMPUTE_DELETE_PERMISSION = "compute.instances.delete"
+COMPUTE = "compute"  # Config.provider of a Compute Engine instance
 # What the controller reads back (tpulab.remote.watchdog parses the same prefixes).
 ARMED = "armed"
 UNVERIFIED = "unverified: "
@@ -124,6 +130,14 @@ class Config:
     max_duration_seconds: float
     poll_seconds: float
     delete_paths: tuple[str, ...] = ()  # empty: this node's own DELETE only
+    # Absent from a TPU API node's config (whose JSON is unchanged): "tpu-api", and the
+    # API root from the environment or TPU_API_BASE.
+    provider: str = "tpu-api"
+    api_base: str = ""
+
+    @property
+    def delete_permission(self) -> str:
+        return COMPUTE_DELETE_PERMISSION if self.provider == COMPUTE else DELETE_PERMISSION
 
     @classmethod
     def from_json(cls, text: str) -> Config:
@@ -141,6 +155,8 @@ class Config:
             max_duration_seconds=_positive(data["max_duration_seconds"]),
             poll_seconds=_positive(data["poll_seconds"]),
             delete_paths=tuple(str(p) for p in data.get("delete_paths") or ()),
+            provider=str(data.get("provider") or "tpu-api"),
+            api_base=str(data.get("api_base") or ""),
         )
 
 
@@ -276,6 +292,15 @@ class Identity:
 def delete_targets(config: Config, identity: Identity) -> list[str]:
     """The DELETE paths (relative to the API root) for this VM; ValueError if the config
     names anything that is not this node or its like-named queued resource."""
+    if config.provider == COMPUTE:
+        instance = (
+            f"compute/v1/projects/{identity.project}/zones/{identity.zone}/instances/"
+            f"{identity.node_name}"
+        )
+        paths = list(config.delete_paths) or [instance]
+        if paths != [instance]:
+            raise ValueError(f"refusing to delete {paths!r}: not this VM's own instance")
+        return paths
     parent = f"v2/projects/{identity.project}/locations/{identity.zone}/"
     node = f"{parent}nodes/{identity.node_name}"
     paths = list(config.delete_paths) or [node]
@@ -292,7 +317,10 @@ def delete_targets(config: Config, identity: Identity) -> list[str]:
 def identity_of(metadata: Metadata, config: Config) -> Identity:
     """Who this VM is, from the metadata server; ValueError if it is not the node the
     config was made for (the watchdog never deletes another node)."""
-    env = parse_tpu_env(metadata.get("instance/attributes/tpu-env"))
+    if config.provider == COMPUTE:
+        env = {"NODE_ID": metadata.get("instance/name")}  # an instance has no tpu-env
+    else:
+        env = parse_tpu_env(metadata.get("instance/attributes/tpu-env"))
     node = env.get("NODE_ID", "")
     zone = env.get("ZONE", "")
     project = env.get("CONSUMER_PROJECT_ID", "")
@@ -387,7 +415,8 @@ class Watchdog:
     def arm(self, identity: Identity) -> str:
         """Check the delete permission; publish and return the state."""
         url = f"{self.rm_base}v1/projects/{identity.project}:testIamPermissions"
-        body = json.dumps({"permissions": [DELETE_PERMISSION]}).encode("utf-8")
+        wanted = self.config.delete_permission
+        body = json.dumps({"permissions": [wanted]}).encode("utf-8")
         try:
             headers = self._auth({"Content-Type": "application/json"})
             answer = json.loads(request("POST", url, headers=headers, body=body) or b"{}")
@@ -400,13 +429,14 @@ class Watchdog:
             state = f"{UNVERIFIED}the permission check answered nonsense ({error})"
         else:
             granted = answer.get("permissions") or []
-            if DELETE_PERMISSION in granted:
+            role = "roles/compute.instanceAdmin.v1" if wanted != DELETE_PERMISSION else ""
+            if wanted in granted:
                 state = ARMED
             else:
                 state = (
-                    f"{NO_PERMISSION}{identity.email} lacks {DELETE_PERMISSION} on project "
-                    f"{identity.project}; grant it roles/tpu.admin (or a role with "
-                    f"{DELETE_PERMISSION})"
+                    f"{NO_PERMISSION}{identity.email} lacks {wanted} on project "
+                    f"{identity.project}; grant it {role or 'roles/tpu.admin'} (or a role "
+                    f"with {wanted})"
                 )
         self.publish(state)
         return state
@@ -563,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     watchdog = Watchdog(
         config,
         Metadata(env.get(METADATA_HOST_ENV) or METADATA_HOST),
-        api_base=env.get(TPU_API_BASE_ENV) or TPU_API_BASE,
+        api_base=config.api_base or env.get(TPU_API_BASE_ENV) or TPU_API_BASE,
         resource_manager_base=env.get(RESOURCE_MANAGER_BASE_ENV) or RESOURCE_MANAGER_BASE,
         clock=vm_clock(env.get(CLOCK_SKIP_ENV)),
         log=log,

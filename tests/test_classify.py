@@ -33,6 +33,15 @@ SKY = "SkyPilot sky/backends/cloud_vm_ray_backend.py FailoverCloudErrorHandlerV2
 # (status, real message, source, expected class, failover scope)
 REAL_ANSWERS: list[tuple[str, str, str, type[E.CloudError], Scope]] = [
     (
+        "PERMISSION_DENIED",
+        "Required 'compute.instances.create' permission for "
+        "'projects/qwiklabs-gcp-04-631da58f3d4a/zones/us-central1-a/instances/lab-2'",
+        "Compute Engine's 403 to `gcloud compute instances create` (a Qwiklabs transcript "
+        "quoted in a public repository's notes), the Compute provider's create",
+        E.PermissionDeniedError,
+        "fatal",
+    ),
+    (
         "INVALID_ARGUMENT",
         "The referenced network resource cannot be found: projects/p/global/networks/default.",
         "Compute's 400 for a missing network (GoogleCloudPlatform/magic-modules #18826 "

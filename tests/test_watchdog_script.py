@@ -35,6 +35,10 @@ PROJECT, ZONE, NODE = "wd-proj", "us-central1-a", "tpulab-wd-node"
 TOKEN = "ya29.test-token"
 SERVICE_ACCOUNT = "runner@wd-proj.iam.gserviceaccount.com"
 NODE_PATH = f"/v2/projects/{PROJECT}/locations/{ZONE}/nodes/{NODE}"
+# A Compute Engine instance's DELETE, under the root its config names (not the
+# environment's TPU API base), so the test tells the two apart.
+COMPUTE_ROOT = "compute-root/"
+INSTANCE_PATH = f"/{COMPUTE_ROOT}compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/{NODE}"
 # How late after its grace, lease or deadline the watchdog may fire: one poll (1 s
 # here) plus its publish and DELETE round trips on a loaded 2-CPU runner. Counted from
 # when the daemon provably ran (its "armed" PUT), never from before `sh` started it:
@@ -108,7 +112,7 @@ def _handler(cloud: FakeCloud) -> type[BaseHTTPRequestHandler]:
                     return self._answer(cloud.iam_status, {"error": error})
                 asked = json.loads(body)["permissions"]
                 return self._answer(200, {"permissions": [p for p in asked if p in cloud.granted]})
-            if path == NODE_PATH and self.command == "DELETE":
+            if path in (NODE_PATH, INSTANCE_PATH) and self.command == "DELETE":
                 if not bearer:
                     return self._answer(401, {"error": {"code": 401, "message": "no token"}})
                 status = cloud.delete_statuses.pop(0) if cloud.delete_statuses else 200
@@ -129,6 +133,10 @@ def _handler(cloud: FakeCloud) -> type[BaseHTTPRequestHandler]:
                     f"NODE_ID: '{cloud.node_id}'\nWORKER_ID: '0'\nZONE: '{ZONE}'\n"
                 ),
                 "instance/service-accounts/default/email": SERVICE_ACCOUNT,
+                # What a Compute Engine instance has instead of tpu-env.
+                "instance/name": cloud.node_id,
+                "instance/zone": f"projects/123456/zones/{ZONE}",
+                "project/project-id": PROJECT,
                 "instance/service-accounts/default/token": json.dumps(
                     {"access_token": TOKEN, "expires_in": 3599, "token_type": "Bearer"}
                 ),
@@ -446,3 +454,28 @@ def test_the_emulators_clock_skip_moves_the_watchdogs_clock_forward_never_back(
         assert clock() - time.monotonic() >= 99.0, unread
     skip.write_text("250.5\n")
     assert clock() - time.monotonic() >= 249.0
+
+
+def test_a_compute_instance_checks_its_own_permission_and_deletes_at_its_configs_root(
+    cloud: tuple[FakeCloud, str], armed: list[Armed]
+) -> None:
+    state, address = cloud
+    state.granted = ["compute.instances.delete"]
+    config = dataclasses.replace(
+        _config("c0m9ut"), provider="compute", api_base=f"http://{address}/{COMPUTE_ROOT}"
+    )
+    assert json.loads(config.as_json())["delete_paths"] == [INSTANCE_PATH.split(COMPUTE_ROOT)[1]]
+    _start(armed, config, address)
+    wait_until(lambda: state.deletes(), "the DELETE")
+    assert [d.path for d in state.deletes()][:1] == [INSTANCE_PATH]
+    assert state.states()[0] == "armed"
+    iam = [r for r in state.requests if r.path.endswith(":testIamPermissions")]
+    assert json.loads(iam[0].body) == {"permissions": ["compute.instances.delete"]}
+    # It learnt its name from instance/name: it never asked for tpu-env.
+    assert not [r for r in state.requests if r.path.endswith("/tpu-env")]
+
+
+def test_a_tpu_nodes_config_is_what_it_always_was() -> None:
+    keys = set(json.loads(_config("t0p0a1").as_json()))
+    assert "provider" not in keys
+    assert "api_base" not in keys

@@ -16,17 +16,21 @@ import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
-from tpulab.errors import UnknownAcceleratorError, UnsupportedAcceleratorError
+from tpulab.errors import ConfigError, UnknownAcceleratorError, UnsupportedAcceleratorError
 
 __all__ = [
     "ACCELERATOR_SIZES",
     "CATALOG",
     "PRICE_DATE",
+    "PROVIDERS",
     "ZONES",
     "Accelerator",
+    "Provider",
     "Zone",
     "accelerator_family",
+    "check_provider",
     "closed_form_sum_of_squares",
     "lookup",
     "lookup_single_host",
@@ -39,6 +43,14 @@ PRICE_DATE = "2026-11"
 _PRICE_PER_CHIP_HOUR = {"v2": 1.125, "v3": 2.00, "v4": 3.22, "v5e": 1.20, "v5p": 4.20, "v6e": 2.70}
 _SPOT_FRACTION = 0.2
 
+# Who serves a type (docs/reference/providers.md): the Cloud TPU API (nodes) or Compute
+# Engine (VM instances with a TPU machine type). The first a row names is its default.
+Provider = Literal["tpu-api", "compute"]
+PROVIDERS: tuple[Provider, ...] = ("tpu-api", "compute")
+_TPU_API: tuple[Provider, ...] = ("tpu-api",)
+_BOTH: tuple[Provider, ...] = ("tpu-api", "compute")
+_COMPUTE: tuple[Provider, ...] = ("compute",)
+
 
 @dataclass(frozen=True)
 class Accelerator:
@@ -48,26 +60,48 @@ class Accelerator:
     hosts: int
     devices_per_host: int
     runtime_version: str
+    providers: tuple[Provider, ...] = _TPU_API
+    # Compute Engine's machine type for this shape (one VM); None: not on Compute.
+    machine_type: str | None = None
 
     @property
     def single_host(self) -> bool:
         return self.hosts == 1
 
     @property
+    def default_provider(self) -> Provider:
+        return self.providers[0]
+
+    @property
+    def priced(self) -> bool:
+        """Whether a list price is cited for this generation (TPU7x: none found)."""
+        return self.generation in _PRICE_PER_CHIP_HOUR
+
+    @property
     def total_devices(self) -> int:
         return self.hosts * self.devices_per_host
 
     def price_per_hour(self, *, spot: bool = False) -> float:
-        """Estimated USD per hour for the whole slice (see PRICE_DATE)."""
-        price = self.chips * _PRICE_PER_CHIP_HOUR[self.generation]
+        """Estimated USD per hour for the whole slice (see PRICE_DATE); 0.0 for a
+        generation without a cited price (`priced` says which: costs show it unknown)."""
+        price = self.chips * _PRICE_PER_CHIP_HOUR.get(self.generation, 0.0)
         return round(price * (_SPOT_FRACTION if spot else 1.0), 4)
 
     def estimated_cost(self, seconds: float, *, spot: bool = False) -> float:
         return self.price_per_hour(spot=spot) * max(seconds, 0.0) / 3600.0
 
 
-def _acc(name: str, gen: str, chips: int, hosts: int, per_host: int, runtime: str) -> Accelerator:
-    return Accelerator(name, gen, chips, hosts, per_host, runtime)
+def _acc(
+    name: str,
+    gen: str,
+    chips: int,
+    hosts: int,
+    per_host: int,
+    runtime: str,
+    providers: tuple[Provider, ...] = _TPU_API,
+    machine_type: str | None = None,
+) -> Accelerator:
+    return Accelerator(name, gen, chips, hosts, per_host, runtime, providers, machine_type)
 
 
 _BASE = "tpu-ubuntu2204-base"
@@ -90,15 +124,21 @@ CATALOG: dict[str, Accelerator] = {
         _acc("v5litepod-16", "v5e", 16, 4, 4, _V5E),
         _acc("v5litepod-32", "v5e", 32, 8, 4, _V5E),
         _acc("v5litepod-64", "v5e", 64, 16, 4, _V5E),
-        _acc("v5p-8", "v5p", 4, 1, 4, _V5P),
+        # Compute machine types: ct5p-hightpu-4t, ct6e-standard-{1,4,8}t, tpu7x-standard-4t
+        # (the suffix counts chips per VM); sources in docs/reference/providers.md.
+        _acc("v5p-8", "v5p", 4, 1, 4, _V5P, _BOTH, "ct5p-hightpu-4t"),
         _acc("v5p-16", "v5p", 8, 2, 4, _V5P),
         _acc("v5p-32", "v5p", 16, 4, 4, _V5P),
-        _acc("v6e-1", "v6e", 1, 1, 1, _V6E),
-        _acc("v6e-4", "v6e", 4, 1, 4, _V6E),
-        _acc("v6e-8", "v6e", 8, 1, 8, _V6E),
+        _acc("v6e-1", "v6e", 1, 1, 1, _V6E, _BOTH, "ct6e-standard-1t"),
+        _acc("v6e-4", "v6e", 4, 1, 4, _V6E, _BOTH, "ct6e-standard-4t"),
+        _acc("v6e-8", "v6e", 8, 1, 8, _V6E, _BOTH, "ct6e-standard-8t"),
         _acc("v6e-16", "v6e", 16, 4, 4, _V6E),
         _acc("v6e-32", "v6e", 32, 8, 4, _V6E),
         _acc("v6e-64", "v6e", 64, 16, 4, _V6E),
+        # TPU7x (Ironwood): Compute Engine (or GKE) only. One VM has 4 chips of two
+        # TensorCores each; named like v5p by TensorCores (tpu7x-8 = 4 chips), each
+        # TensorCore one JAX device. No runtime version: Compute boots an image.
+        _acc("tpu7x-8", "tpu7x", 4, 1, 8, "", _COMPUTE, "tpu7x-standard-4t"),
     )
 }
 
@@ -143,6 +183,29 @@ def lookup_single_host(name: str, *, what: str, instead: str) -> Accelerator:
             hint=f"{instead}, or choose a single-host type: {single}",
         )
     return accelerator
+
+
+def check_provider(accelerator: Accelerator, provider: Provider) -> None:
+    """ConfigError, before any call, when `provider` does not serve `accelerator`."""
+    if provider in accelerator.providers and (
+        provider != "compute" or accelerator.machine_type is not None
+    ):
+        return
+    served = " or ".join(accelerator.providers)
+    if provider == "compute" and not accelerator.single_host and "compute" not in served:
+        on_compute = ", ".join(a.name for a in CATALOG.values() if "compute" in a.providers)
+        raise ConfigError(
+            f"{accelerator.name} is a multi-host slice ({accelerator.hosts} hosts): on "
+            "Compute Engine that is a managed instance group with a workload policy, which "
+            "tpulab does not create yet.",
+            hint=f"Use --provider tpu-api for {accelerator.name}, or a single-host type on "
+            f"Compute: {on_compute}.",
+        )
+    raise ConfigError(
+        f"{accelerator.name} is not served by the {provider} provider (only {served}).",
+        hint=f"Pass --provider {accelerator.default_provider}, or leave --provider out "
+        "for the accelerator's default.",
+    )
 
 
 def closed_form_sum_of_squares(devices: int, width: int = 8) -> int:

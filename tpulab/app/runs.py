@@ -73,9 +73,17 @@ class RunTpu:
             api_endpoint=spec.api_endpoint,
             ssh=self.ssh_backend,
             notify=self.notify,
+            provider=spec.provider,
+            image=spec.image,
         ) as api:
             # Asked once for the whole run, at its first create (every attempt shares it).
-            preflight = preflight_for(spec, getattr(api, "api_endpoint", None))
+            preflight = (
+                preflight_for(spec, getattr(api, "api_endpoint", None))
+                if spec.provider == "tpu-api"
+                # Its checks ask about the Cloud TPU API and tpu.* permissions, which a
+                # Compute run does not use: none rather than a false refusal.
+                else list
+            )
             self.runner = Attempts(
                 spec,
                 new_lifecycle=lambda attempt: self._lifecycle(attempt, api, preflight),

@@ -1,4 +1,6 @@
-"""Which Cloud TPU API a command talks to: Google, an --api-endpoint, or --emulate.
+"""Which Cloud TPU API a command talks to: Google, an --api-endpoint, or --emulate; and
+through which provider: the Cloud TPU API's nodes or Compute Engine's instances
+(tpulab.cloud.compute_v1, docs/reference/providers.md).
 
 `run`, `list`, `teardown` and the session commands share it so that they reach the same
 nodes: the embedded emulator keeps its state in one directory, and every API is the real
@@ -15,7 +17,7 @@ if TYPE_CHECKING:
 
     from tpulab.cloud.api import TpuApi
 
-__all__ = ["adc_project", "api_context", "tpu_api"]
+__all__ = ["adc_project", "api_context", "compute_api", "tpu_api"]
 
 Notify = Callable[[str], None]
 
@@ -27,11 +29,23 @@ def tpu_api(
     notify: Notify | None = None,
     retry_for: float = 60.0,
     request_timeout: float = 60.0,
+    provider: str = "tpu-api",
+    image: str | None = None,
 ) -> TpuApi:
     """The API client for `project` at `api_endpoint` (None: Google's). `notify` hears
     that an endpoint has not answered yet and is being retried; `retry_for` bounds the
-    retries of a call, `request_timeout` one request."""
+    retries of a call, `request_timeout` one request. `provider` "compute" builds the
+    Compute Engine provider instead (`image`: its boot image)."""
     from tpulab.cloud.google import GoogleTpuApi
+
+    if provider == "compute":
+        return compute_api(
+            project,
+            api_endpoint=api_endpoint,
+            image=image,
+            retry_for=retry_for,
+            request_timeout=request_timeout,
+        )
 
     return GoogleTpuApi(
         project,
@@ -42,6 +56,52 @@ def tpu_api(
     )
 
 
+def compute_api(
+    project: str,
+    *,
+    api_endpoint: str | None,
+    image: str | None,
+    retry_for: float = 60.0,
+    request_timeout: float = 60.0,
+) -> TpuApi:
+    """The Compute Engine provider: instances at Compute's root (ProjectApis finds it,
+    at Google or `<endpoint>/compute/v1/`), over the caller's authorised session."""
+    from tpulab import catalog
+    from tpulab.cloud.compute_v1 import ComputeTpuApi, ComputeTransport
+    from tpulab.cloud.google import caller_session
+    from tpulab.cloud.polling import operation_schedule
+    from tpulab.cloud.preflight import ProjectApis
+    from tpulab.config.endpoint import classify_endpoint
+    from tpulab.errors import ConfigError
+
+    if not image:
+        # The TPU VM image of a Compute instance could not be confirmed from Google's
+        # pages (docs/reference/providers.md): tpulab does not guess one.
+        raise ConfigError(
+            "The Compute provider needs the boot image of the TPU VM instance; none was given.",
+            hint="Pass --image (or [tool.tpulab] image) with the TPU VM image Google's "
+            "'Create a TPU VM instance' page names for your machine type.",
+        )
+
+    def machine_type_of(accelerator_type: str) -> str:
+        accelerator = catalog.lookup(accelerator_type)
+        catalog.check_provider(accelerator, "compute")
+        return str(accelerator.machine_type)
+
+    session = caller_session(api_endpoint, timeout=request_timeout, with_account=False)
+    apis = ProjectApis(session.session, api_endpoint, timeout=request_timeout)
+    local = classify_endpoint(api_endpoint).is_loopback
+    return ComputeTpuApi(
+        project,
+        ComputeTransport(
+            apis, session.session, retry_for=retry_for, request_timeout=request_timeout
+        ),
+        machine_type_of=machine_type_of,
+        image=image,
+        poll=lambda: operation_schedule(local=local),
+    )
+
+
 def api_context(
     project: str,
     *,
@@ -49,6 +109,8 @@ def api_context(
     api_endpoint: str | None,
     ssh: Literal["embedded", "openssh"] | None = None,
     notify: Notify | None = None,
+    provider: str = "tpu-api",
+    image: str | None = None,
 ) -> AbstractContextManager[TpuApi]:
     """The API for `project`; with `emulate` an in-process emulator lives as long as the
     context, with SSH hosts behind READY nodes only when `ssh` names a backend (`run`)."""
@@ -57,9 +119,20 @@ def api_context(
     if emulate:
         from tpulab.app.embedded import emulated_api
 
+        if provider == "compute":
+            from tpulab.errors import ConfigError
+
+            raise ConfigError(
+                "The embedded emulator does not serve Compute Engine instances yet.",
+                hint="Rehearse with --dry-run, or run `tpulab emulator serve` once it "
+                "serves instances and pass --api-endpoint.",
+            )
+
         # Its OpenSSH hosts publish the login user they need (tpulab-emulator/ssh-user).
         return emulated_api(project, ssh=ssh)
-    return nullcontext(tpu_api(project, api_endpoint=api_endpoint, notify=notify))
+    return nullcontext(
+        tpu_api(project, api_endpoint=api_endpoint, notify=notify, provider=provider, image=image)
+    )
 
 
 def adc_project() -> str | None:

@@ -24,6 +24,8 @@ PANELS: dict[str, tuple[str, ...]] = {
         "--internal-ip",
         "--network",
         "--subnetwork",
+        "--provider",
+        "--image",
         "--service-account",
     ),
     "Capacity": (

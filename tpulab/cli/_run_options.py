@@ -12,11 +12,13 @@ __all__ = [
     "ApiEndpoint",
     "BootTimeout",
     "BootstrapTimeout",
+    "Image",
     "Installer",
     "JaxVersion",
     "Network",
     "PayloadTimeout",
     "Project",
+    "Provider",
     "Python",
     "ServiceAccount",
     "Subnetwork",
@@ -86,6 +88,25 @@ ServiceAccount = Annotated[
         "--service-account",
         help="The VM's service account (its watchdog needs tpu.nodes.delete); default: "
         "the project's default compute service account.",
+    ),
+]
+Provider = Annotated[
+    str | None,
+    typer.Option(
+        "--provider",
+        metavar="tpu-api|compute",
+        help="Who makes the VM: the Cloud TPU API (a node) or Compute Engine (an instance "
+        "with a TPU machine type; TPU7x needs it). Default: the accelerator's "
+        "(docs/reference/providers.md).",
+    ),
+]
+Image = Annotated[
+    str | None,
+    typer.Option(
+        "--image",
+        metavar="IMAGE",
+        help="With --provider compute: the boot disk's image "
+        "(projects/P/global/images/I or .../images/family/F).",
     ),
 ]
 Verbose = Annotated[bool, typer.Option("-v", "--verbose", help="Show remote output live.")]

@@ -69,6 +69,11 @@ def _run_dry(spec: RunSpec, installer: Installer, as_json: bool) -> None:
             "the first attempt's; each later one is the same run in its zone, as "
             f"{spec.run_id}-aN."
         )
+    out.print(
+        f"Provider: {spec.provider} ({escape(spec.provider_source)})"
+        + (f", machine type {spec.accelerator.machine_type}" if spec.provider == "compute" else "")
+        + "."
+    )
     pin = f", jax {spec.jax_version}" if spec.jax_version else ""
     out.print(f"The VM's venv: python {escape(spec.python)} ({escape(spec.python_source)}){pin}.")
     given = [f"{key} ({where})" for key, where in plan.sources.items() if where != "default"]
@@ -117,13 +122,25 @@ def _shown_body(body: dict[str, Any]) -> dict[str, Any]:
 
     from tpulab.contract import STARTUP_SCRIPT_METADATA
 
+    def summary(script: str) -> str:
+        digest = hashlib.sha256(script.encode()).hexdigest()[:12]
+        return f"<the tpulab watchdog: {len(script)} bytes, sha256 {digest}; --json shows it>"
+
     metadata = body.get("metadata")
-    if not isinstance(metadata, dict) or STARTUP_SCRIPT_METADATA not in metadata:
+    if not isinstance(metadata, dict):
+        return body
+    if isinstance(metadata.get("items"), list):  # Compute's Metadata: {items: [{key, value}]}
+        items = [
+            {**item, "value": summary(str(item.get("value", "")))}
+            if isinstance(item, dict) and item.get("key") == STARTUP_SCRIPT_METADATA
+            else item
+            for item in metadata["items"]
+        ]
+        return {**body, "metadata": {**metadata, "items": items}}
+    if STARTUP_SCRIPT_METADATA not in metadata:
         return body
     script = str(metadata[STARTUP_SCRIPT_METADATA])
-    digest = hashlib.sha256(script.encode()).hexdigest()[:12]
-    summary = f"<the tpulab watchdog: {len(script)} bytes, sha256 {digest}; --json shows it>"
-    return {**body, "metadata": {**metadata, STARTUP_SCRIPT_METADATA: summary}}
+    return {**body, "metadata": {**metadata, STARTUP_SCRIPT_METADATA: summary(script)}}
 
 
 def _for(seconds: float | None) -> str:
@@ -359,6 +376,8 @@ def run_command(
     service_account: ro.ServiceAccount = None,
     network: ro.Network = None,
     subnetwork: ro.Subnetwork = None,
+    provider: ro.Provider = None,
+    image: ro.Image = None,
 ) -> None:
     """Create a TPU VM, run the JAX verifier on it, check the receipt, delete the VM.
 
@@ -428,6 +447,8 @@ def run_command(
             service_account=service_account,
             network=network,
             subnetwork=subnetwork,
+            provider=provider,
+            image=image,
         )
         spec = inputs.spec
         if no_watchdog:

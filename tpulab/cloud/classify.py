@@ -38,12 +38,14 @@ from tpulab.errors import (
 )
 
 __all__ = [
+    "COMPUTE_ERROR_STATUS",
     "HTTP_STATUS",
     "RPC_STATUS",
     "RULES",
     "Rule",
     "Scope",
     "classify",
+    "compute_error",
     "error_for_status",
     "hint_for",
     "scope_of",
@@ -130,6 +132,9 @@ RULES: tuple[Rule, ...] = (
         _CAPACITY_HINT,
         "zone",
         phrases=("capacity", "stockout"),
+        # Compute Engine's operation error codes for the same: its message ("does not
+        # have enough resources available to fulfill the request") names neither word.
+        reasons=("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"),
     ),
     Rule(
         # Create-operation code 9: a reservation (or spot/reserved pool) has no room.
@@ -247,6 +252,18 @@ RULES: tuple[Rule, ...] = (
         "fatal",
     ),
     Rule(
+        # Compute Engine names the permission it wanted ("Required
+        # 'compute.instances.create' permission for 'projects/...'").
+        _statuses("PERMISSION_DENIED"),
+        PermissionDeniedError,
+        "permission denied: {api_message}",
+        "Your account needs the Compute Engine permissions of a TPU VM instance "
+        "(roles/compute.instanceAdmin.v1, and roles/iam.serviceAccountUser on the VM's "
+        "account); refresh credentials with `gcloud auth application-default login`.",
+        "fatal",
+        phrases=("'compute.",),
+    ),
+    Rule(
         _statuses("PERMISSION_DENIED", "UNAUTHENTICATED"),
         PermissionDeniedError,
         "permission denied",
@@ -335,6 +352,29 @@ def error_for_status(status: str, api_message: str, what: str, *, reason: str = 
         api_message=api_message,
         hint=rule.hint.format(zone=zone),
     )
+
+
+# Compute Engine's operation error codes (Operation.error.errors[].code, a string) as the
+# google.rpc status the table reads; the code itself is matched as the row's `reason`.
+# Quota: its message says where ("Quota 'TPUS_PER_TPU_FAMILY' exceeded.  Limit: 0.0 in
+# region us-central1."), which the quota rows already scope by zone or region.
+COMPUTE_ERROR_STATUS = {
+    "ZONE_RESOURCE_POOL_EXHAUSTED": "RESOURCE_EXHAUSTED",
+    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS": "RESOURCE_EXHAUSTED",
+    "QUOTA_EXCEEDED": "RESOURCE_EXHAUSTED",
+    "RESOURCE_NOT_FOUND": "NOT_FOUND",
+    "RESOURCE_ALREADY_EXISTS": "ALREADY_EXISTS",
+    "PERMISSIONS_ERROR": "PERMISSION_DENIED",
+    "INVALID_FIELD_VALUE": "INVALID_ARGUMENT",
+}
+
+
+def compute_error(code: str, api_message: str, what: str, *, http_status: int = 0) -> CloudError:
+    """The tpulab error for a failed Compute Engine operation (its first `errors[]`
+    entry), through the same table: the code names the status, else the operation's
+    httpErrorStatusCode does."""
+    status = COMPUTE_ERROR_STATUS.get(code) or HTTP_STATUS.get(http_status) or "UNKNOWN"
+    return error_for_status(status, api_message, what, reason=code)
 
 
 def hint_for(kind: type[CloudError]) -> str:

@@ -108,6 +108,8 @@ def run_inputs(
     service_account: str | None = None,
     network: str | None = None,
     subnetwork: str | None = None,
+    provider: str | None = None,
+    image: str | None = None,
 ) -> RunInputs:
     """`tpulab run`'s flags, validated. `adc_project` None (a dry run) never asks ADC.
 
@@ -151,6 +153,8 @@ def run_inputs(
         service_account=service_account,
         network=network,
         subnetwork=subnetwork,
+        provider=provider,
+        image=image,
         queued=queued,
         valid_for=valid_for,
         defaults=defaults,

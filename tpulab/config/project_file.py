@@ -46,6 +46,8 @@ ALLOWED_KEYS = (
     "network",
     "subnetwork",
     "service_account",
+    "provider",
+    "image",
 )
 
 
@@ -68,6 +70,8 @@ class ProjectDefaults:
     network: str | None = None
     subnetwork: str | None = None
     service_account: str | None = None
+    provider: str | None = None  # tpu-api or compute (tpulab.catalog.PROVIDERS)
+    image: str | None = None  # the Compute provider's boot image
 
 
 NO_PROJECT_FILE = ProjectDefaults()
@@ -204,6 +208,8 @@ def _validated(path: Path, source: str, table: Mapping[str, Any]) -> ProjectDefa
         network=text("network"),
         subnetwork=text("subnetwork"),
         service_account=text("service_account"),
+        provider=text("provider"),
+        image=text("image"),
     )
 
 

@@ -145,6 +145,11 @@ class RunSpec:
     # the API's default (`default`).
     network: str | None = None
     subnetwork: str | None = None
+    # Who serves the node (tpulab.catalog.PROVIDERS) and where that choice came from;
+    # the Compute provider's boot image (None: none given, which a real run refuses).
+    provider: catalog.Provider = "tpu-api"
+    provider_source: str = "default"
+    image: str | None = None
     # What the node is for, as its `tpulab-kind` label says: KIND_RUN, or KIND_SESSION
     # for `tpulab up` (which keeps it).
     kind: str = KIND_RUN
@@ -176,6 +181,7 @@ class RunSpec:
             "project": self.project.source,
             "zone": self.zone.source,
             "python": self.python_source,
+            "provider": self.provider_source,
         }
         if self.workload is not None:
             found.update(self.workload.sources)
@@ -234,6 +240,8 @@ def build_run_spec(
     service_account: str | None = None,
     network: str | None = None,
     subnetwork: str | None = None,
+    provider: str | None = None,
+    image: str | None = None,
 ) -> RunSpec:
     """Validate every input of a run before anything contacts the cloud (invariant 1).
 
@@ -249,6 +257,12 @@ def build_run_spec(
     """
     target = choose_target(emulate=emulate, api_endpoint=api_endpoint)
     accel, accel_source = _accelerator(accelerator, defaults)
+    chosen, chosen_source = _provider(provider, accel, defaults)
+    if queued and chosen == "compute":
+        raise ConfigError(
+            "--queued asks the Cloud TPU API for a queued resource; the Compute provider has none.",
+            hint="Drop --queued, or pass --provider tpu-api with a type it serves.",
+        )
     env = os.environ if env is None else env
     if zone is not None and zones:
         raise ConfigError("Pass the zone once: zone or zones.", hint="Use --zone (repeatable).")
@@ -314,7 +328,41 @@ def build_run_spec(
         service_account=_service_account(service_account, defaults),
         network=_network(network, "network", defaults),
         subnetwork=_network(subnetwork, "subnetwork", defaults),
+        provider=chosen,
+        provider_source=chosen_source,
+        image=_image(image, defaults) if chosen == "compute" else None,
     )
+
+
+def _provider(
+    flag: str | None, accelerator: catalog.Accelerator, defaults: ProjectDefaults | None
+) -> tuple[catalog.Provider, str]:
+    """--provider, else the workspace's, else the catalog's default for the type; a pair
+    the catalog does not serve is refused here, before anything is contacted."""
+    found = _from_file(defaults, "provider")
+    text, source = (flag, "--provider") if flag is not None else (None, "")
+    if text is None and found is not None:
+        text, source = found.value, found.source
+    if text is None:
+        return accelerator.default_provider, f"default for {accelerator.name}"
+    by_name: dict[str, catalog.Provider] = {name: name for name in catalog.PROVIDERS}
+    if text.strip() not in by_name:
+        raise ConfigError(
+            f"Unknown provider {text!r} (from {source}).",
+            hint="Use tpu-api (the Cloud TPU API) or compute (Compute Engine instances).",
+        )
+    chosen = by_name[text.strip()]
+    catalog.check_provider(accelerator, chosen)
+    return chosen, source
+
+
+def _image(flag: str | None, defaults: ProjectDefaults | None) -> str | None:
+    """--image, else the workspace's `image`: the boot image of a Compute instance."""
+    if flag is not None:
+        given(flag, "--image", hint="Pass an image path, e.g. projects/P/global/images/I.")
+        return flag.strip()
+    found = _from_file(defaults, "image")
+    return None if found is None else found.value
 
 
 # How long a queued resource may wait for capacity. The API documents no bound of its

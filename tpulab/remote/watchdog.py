@@ -65,6 +65,10 @@ class WatchdogConfig:
     max_duration_seconds: float
     # --queued: the queued resource (named like the node) that made the node.
     queued_resource: str | None = None
+    # "compute": a Compute Engine instance, deleted at `api_base` (the config carries
+    # both; a TPU API node's config leaves them out and is unchanged).
+    provider: str = "tpu-api"
+    api_base: str = ""
 
     @property
     def delete_paths(self) -> tuple[str, ...]:
@@ -73,6 +77,10 @@ class WatchdogConfig:
         queued resource go (a lone node DELETE leaves the queued resource SUSPENDED,
         still holding quota); the node's own DELETE follows, so the VM still goes should
         the queued-resource delete be refused."""
+        if self.provider == "compute":
+            return (
+                f"compute/v1/projects/{self.project}/zones/{self.zone}/instances/{self.node_name}",
+            )
         parent = f"v2/projects/{self.project}/locations/{self.zone}"
         node = f"{parent}/nodes/{self.node_name}"
         if self.queued_resource is None:
@@ -106,8 +114,16 @@ class WatchdogConfig:
         return min(10.0, max(1.0, self.lease_seconds / 5))
 
     def as_json(self) -> str:
+        # A TPU API node's config is what it always was, key for key: only an instance
+        # carries its provider and the API root its DELETE goes to.
+        extra = (
+            {"provider": self.provider, "api_base": self.api_base}
+            if self.provider == "compute"
+            else {}
+        )
         return json.dumps(
             {
+                **extra,
                 "run_id": self.run_id,
                 "node_name": self.node_name,
                 "zone": self.zone,

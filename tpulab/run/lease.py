@@ -85,7 +85,17 @@ def watchdog_config(spec: RunSpec) -> WatchdogConfig | None:
         boot_grace_seconds=settings.boot_grace_seconds,
         max_duration_seconds=deadline,
         queued_resource=spec.node_name if spec.queued else None,
+        provider=spec.provider,
+        api_base=_compute_base(spec.api_endpoint) if spec.provider == "compute" else "",
     )
+
+
+def _compute_base(api_endpoint: str | None) -> str:
+    """The root a Compute instance's watchdog deletes it at (its paths say compute/v1/):
+    Google's, or the --api-endpoint that also serves Compute (tpulab.cloud.preflight)."""
+    if api_endpoint is None:
+        return "https://compute.googleapis.com/"
+    return api_endpoint.rstrip("/") + "/"
 
 
 @dataclass

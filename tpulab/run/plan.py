@@ -115,6 +115,8 @@ def plan_envelope(
         endpoint = EMBEDDED_ENDPOINT
     elif spec.mode == "endpoint" and spec.api_endpoint:
         endpoint = spec.api_endpoint.rstrip("/")
+    elif spec.provider == "compute":
+        endpoint = "https://compute.googleapis.com"  # each step's path is /compute/v1/...
     else:
         endpoint = GOOGLE_ENDPOINT
     shown = [step.model_dump_json() for step in steps]

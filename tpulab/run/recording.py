@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tpulab import catalog
 from tpulab.cloud import rest
+from tpulab.cloud.api import TpuApi
 from tpulab.cloud.polling import operation_schedule
 from tpulab.cloud.preflight import Check, ProjectApis
 from tpulab.cloud.tpu_v2 import TpuV2Api
@@ -86,6 +87,7 @@ PLACEHOLDER_REMOTE_HOME = "@REMOTE-HOME@"
 PLACEHOLDER_CREATE_OPERATION = "<CREATE-OPERATION-ID>"
 PLACEHOLDER_DELETE_OPERATION = "<DELETE-OPERATION-ID>"
 PLACEHOLDER_QR_OPERATION = "<QUEUED-RESOURCE-OPERATION-ID>"
+PLACEHOLDER_IMAGE = "<TPU-VM-IMAGE: pass --image>"
 PLACEHOLDER_FROM_VM = "<reported by the VM>"
 PLACEHOLDER_RECEIPT_ID = "<RECEIPT-ID>"
 # A label value (lowercase, [a-z0-9_-]): a plan on a home that has none makes none.
@@ -99,6 +101,8 @@ PLACEHOLDERS: dict[str, str] = {
     PLACEHOLDER_CREATE_OPERATION: "the operation id CreateNode answers with",
     PLACEHOLDER_DELETE_OPERATION: "the operation id DeleteNode answers with",
     PLACEHOLDER_QR_OPERATION: "the operation id a queued-resource create or delete answers with",
+    PLACEHOLDER_IMAGE: "the Compute instance's boot image (--image); a real run refuses "
+    "to start without one",
     PLACEHOLDER_FROM_VM: "whatever the VM's bootstrap scripts report",
     PLACEHOLDER_RECEIPT_ID: "the id the receipt store gives the kept receipt",
     PLACEHOLDER_OWNER: "this tpulab home's owner id, made by its first real run",
@@ -205,6 +209,8 @@ class PlanRecorder:
         asks, over a recording `ProjectApis` that answers as a ready project."""
         from tpulab.cloud.preflight import placement_of, preflight
 
+        if self.spec.provider == "compute":
+            return []  # as a real Compute run: the TPU API's checks do not apply
         apis = RecordingProjectApis(self)
         return list(
             preflight(
@@ -355,6 +361,8 @@ class RecordingTransport:
         return self._answer(wire)
 
     def _answer(self, wire: rest.WireRequest) -> Answer:
+        if wire.rpc.startswith("compute."):
+            return self._compute_answer(wire)
         rpc, name = wire.rpc, str(wire.message.get("name") or wire.message.get("parent"))
         if rpc == "GetOperation":
             return {"name": name, "done": True}
@@ -387,6 +395,55 @@ class RecordingTransport:
         if rpc == "GetGuestAttributes":
             return self._guest_attributes(node)
         return node
+
+    def _compute_answer(self, wire: rest.WireRequest) -> Answer:
+        """Compute Engine's answers (tpulab.cloud.compute_v1): an operation DONE at the
+        first look, the instance RUNNING at a placeholder address, its guest attributes
+        as the TPU API's, nothing listed once the delete went out."""
+        rpc, path = wire.rpc, str(wire.message.get("name"))
+        zone_path = "/".join(path.split("/")[:4])  # projects/P/zones/Z
+        if rpc == "compute.zoneOperations.get":
+            return {"name": path.rsplit("/", 1)[-1], "status": "DONE"}
+        if rpc == "compute.instances.insert":
+            self.created = dict(wire.body or {})
+            return {"name": PLACEHOLDER_CREATE_OPERATION, "status": "PENDING"}
+        if rpc == "compute.instances.list":
+            return {"items": [self._instance(zone_path)]} if self._exists() else {}
+        instance = self._instance(zone_path)  # get, delete, guest attributes: NOT_FOUND if none
+        if rpc == "compute.instances.delete":
+            self.deleted = True
+            return {"name": PLACEHOLDER_DELETE_OPERATION, "status": "PENDING"}
+        if rpc == "compute.instances.getGuestAttributes":
+            attributes = self._guest_attributes({"metadata": self._metadata_of(instance)})
+            return {"queryValue": attributes["guestAttributes"][0]["queryValue"]}
+        return instance
+
+    @staticmethod
+    def _metadata_of(instance: Answer) -> dict[str, str]:
+        items = (instance.get("metadata") or {}).get("items") or []
+        return {str(item["key"]): str(item.get("value", "")) for item in items}
+
+    def _instance(self, zone_path: str) -> Answer:
+        if self.created is None or self.deleted:
+            name = self.recorder.spec.node_name
+            raise NotFoundError(f"Instance {name} was not found.", status="NOT_FOUND")
+        body = self.created
+        interfaces = []
+        for interface in body.get("networkInterfaces") or [{}]:
+            answered: Answer = {**interface, "networkIP": PLACEHOLDER_NODE_IP}
+            if interface.get("accessConfigs"):
+                # As Compute answers: an external address only when one was asked for.
+                answered["accessConfigs"] = [
+                    {**config, "natIP": PLACEHOLDER_NODE_IP}
+                    for config in interface["accessConfigs"]
+                ]
+            interfaces.append(answered)
+        return {
+            **body,
+            "zone": zone_path,
+            "status": "RUNNING",
+            "networkInterfaces": interfaces,
+        }
 
     def _exists(self) -> bool:
         return self.created is not None and not self.deleted
@@ -439,11 +496,24 @@ def _zone(resource: str) -> str:
     return parts[3] if len(parts) > 3 else ""
 
 
-def recording_api(recorder: PlanRecorder, transport: RecordingTransport) -> TpuV2Api:
-    """The TPU v2 verbs over the recording transport, polling operations on the schedule
-    GoogleTpuApi would use for this endpoint."""
+def recording_api(recorder: PlanRecorder, transport: RecordingTransport) -> TpuApi:
+    """The run's provider over the recording transport -- the TPU v2 verbs, or Compute
+    Engine's -- polling operations on the schedule the real one would use."""
     spec = recorder.spec
     local = spec.mode == "emulate" or classify_endpoint(spec.api_endpoint).is_loopback
+    if spec.provider == "compute":
+        from tpulab import catalog
+        from tpulab.cloud.compute_v1 import ComputeTpuApi
+
+        return ComputeTpuApi(
+            spec.project.value,
+            transport,
+            machine_type_of=lambda name: str(catalog.lookup(name).machine_type),
+            image=spec.image or PLACEHOLDER_IMAGE,
+            poll=lambda: operation_schedule(local=local),
+            clock=recorder.clock,
+            sleep=recorder.sleep,
+        )
     return TpuV2Api(
         spec.project.value,
         transport,

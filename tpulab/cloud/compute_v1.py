@@ -1,0 +1,446 @@
+"""Provider two: TPU VMs as Compute Engine v1 instances, the `TpuApi` verbs over a transport.
+
+Why: the Cloud TPU API "is no longer in active development"; TPU7x and later are served
+only through Compute Engine (or GKE), as VM instances with a TPU machine type, and the
+resources of one API are invisible to the other (docs/reference/providers.md).
+
+`ComputeTpuApi` writes each verb once as `WireRequest`s (tpulab.cloud.rest's shape) sent
+through a `Transport` (tpulab.cloud.transport): `ComputeTransport` (below) over an
+authorised `requests` session for a real run, the dry run's recording transport for a
+plan. Paths and fields are those of gcloud's generated Compute v1 client
+(googlecloudsdk/generated_clients/apis/compute/v1/compute_v1_client.py and
+compute_v1_messages.py, read 2026-12-05):
+
+    insert      POST   compute/v1/projects/P/zones/Z/instances          body: Instance
+    get         GET    compute/v1/projects/P/zones/Z/instances/N
+    list        GET    compute/v1/projects/P/zones/Z/instances?filter=&maxResults=&pageToken=
+    delete      DELETE compute/v1/projects/P/zones/Z/instances/N
+    guest attrs GET    compute/v1/projects/P/zones/Z/instances/N/getGuestAttributes?queryPath=
+    operation   GET    compute/v1/projects/P/zones/Z/operations/O       (zoneOperations.get)
+
+Queued resources are a Cloud TPU API object: every queued verb refuses. Multi-host
+slices (a MIG with a workload policy) are out of scope and refused before any call
+(tpulab.catalog.check_provider).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from tpulab.cloud.api import QueuedResourceInfo, QueuedResourceRequest
+from tpulab.cloud.classify import compute_error
+from tpulab.cloud.polling import wait_for_operation
+from tpulab.cloud.rest import Method, WireRequest
+from tpulab.cloud.transport import Answer, Transport
+from tpulab.contract import MANAGED_BY_LABEL, MANAGED_BY_VALUE
+from tpulab.errors import ConfigError, UnsupportedAcceleratorError
+from tpulab.models import NodeInfo, NodeRequest, NodeState, WorkerEndpoint
+
+__all__ = [
+    "COMPUTE_ROOT",
+    "ComputeTpuApi",
+    "instance_body",
+    "instance_from_json",
+    "instance_path",
+    "label_filter",
+    "operation_path",
+]
+
+COMPUTE_ROOT = "compute/v1"
+# gcloud's `compute instances create` names the one-to-one NAT access config so.
+_EXTERNAL_NAT = {"type": "ONE_TO_ONE_NAT", "name": "External NAT"}
+
+# Instance.status (compute_v1_messages.Instance.StatusValueValuesEnum) as tpulab's node
+# states. run/symptoms.py reads PREEMPTED, TERMINATED and STOPPED of a spot node as a
+# preemption; a spot instance is created with instanceTerminationAction STOP, so a
+# reclaimed one stays, TERMINATED, where the run can see it (and deletes it itself).
+_STATES = {
+    "PROVISIONING": NodeState.CREATING,
+    "STAGING": NodeState.CREATING,
+    "RUNNING": NodeState.READY,
+    "STOPPING": NodeState.STOPPING,
+    "STOPPED": NodeState.STOPPED,
+    "SUSPENDING": NodeState.STOPPING,
+    "SUSPENDED": NodeState.STOPPED,
+    "TERMINATED": NodeState.TERMINATED,
+    "REPAIRING": NodeState.REPAIRING,
+    "DEPROVISIONING": NodeState.DELETING,
+}
+
+
+def zone_path(project: str, zone: str) -> str:
+    return f"projects/{project}/zones/{zone}"
+
+
+def instance_path(project: str, zone: str, name: str) -> str:
+    return f"{zone_path(project, zone)}/instances/{name}"
+
+
+def operation_path(project: str, zone: str, operation: str) -> str:
+    """What `create_node`/`delete_node` return: Compute's operation names are short and
+    zonal, so the zone travels with the name to `wait_operation`."""
+    return f"{zone_path(project, zone)}/operations/{operation}"
+
+
+def label_filter() -> str:
+    """The list filter that finds tpulab's instances (Compute's filter syntax:
+    `labels.KEY = "VALUE"`), so other VMs of the project are never read."""
+    return f'labels.{MANAGED_BY_LABEL} = "{MANAGED_BY_VALUE}"'
+
+
+def _wire(
+    rpc: str,
+    method: Method,
+    path: str,
+    *,
+    query: tuple[tuple[str, str], ...] = (),
+    body: dict[str, Any] | None = None,
+) -> WireRequest:
+    message: dict[str, Any] = {"name": path, **dict(query)}
+    if body is not None:
+        message["body"] = body
+    return WireRequest(rpc, method, f"/{COMPUTE_ROOT}/{path}", query, body, message)
+
+
+def _resource(project: str, kind: str, value: str, region: str = "") -> str:
+    """A network or subnetwork as given (a path) or by name, as Compute's partial URL."""
+    if "/" in value:
+        return value
+    if kind == "subnetworks":
+        return f"projects/{project}/regions/{region}/subnetworks/{value}"
+    return f"projects/{project}/global/networks/{value}"
+
+
+def instance_body(
+    project: str,
+    zone: str,
+    name: str,
+    request: NodeRequest,
+    *,
+    machine_type: str,
+    image: str,
+) -> dict[str, Any]:
+    """The `Instance` of an instances.insert, as JSON: the same NodeRequest the TPU API
+    provider sends as a Node (tpulab.cloud.tpu_v2.node_request built it)."""
+    body: dict[str, Any] = {
+        "name": name,
+        "machineType": f"zones/{zone}/machineTypes/{machine_type}",
+        "disks": [{"boot": True, "autoDelete": True, "initializeParams": {"sourceImage": image}}],
+    }
+    if request.description:
+        body["description"] = request.description
+    if request.labels:
+        body["labels"] = dict(request.labels)
+    if request.metadata:
+        # Metadata.items[]: the guest agent reads ssh-keys, enable-oslogin and
+        # enable-guest-attributes from here as on a TPU VM; startup-script arms the watchdog.
+        body["metadata"] = {
+            "items": [{"key": key, "value": value} for key, value in request.metadata.items()]
+        }
+    interface: dict[str, Any] = {}
+    if request.network:
+        interface["network"] = _resource(project, "networks", request.network)
+    if request.subnetwork:
+        region = zone.rsplit("-", 1)[0]
+        interface["subnetwork"] = _resource(project, "subnetworks", request.subnetwork, region)
+    if request.external_ips:
+        interface["accessConfigs"] = [dict(_EXTERNAL_NAT)]
+    body["networkInterfaces"] = [interface]
+    if request.service_account_email or request.service_account_scopes:
+        # "default" is Compute's name for the project's default compute service account.
+        account: dict[str, Any] = {"email": request.service_account_email or "default"}
+        if request.service_account_scopes:
+            account["scopes"] = list(request.service_account_scopes)
+        body["serviceAccounts"] = [account]
+    if request.spot:
+        # Scheduling: a Spot VM cannot restart or migrate; STOP keeps a reclaimed one
+        # visible as TERMINATED (a preemption to tpulab) instead of gone.
+        body["scheduling"] = {
+            "provisioningModel": "SPOT",
+            "instanceTerminationAction": "STOP",
+            "onHostMaintenance": "TERMINATE",
+            "automaticRestart": False,
+        }
+    return body
+
+
+def instance_from_json(instance: Answer, project: str, zone: str) -> NodeInfo:
+    """A Compute `Instance` (REST JSON) as tpulab's NodeInfo; one worker (single host)."""
+    interfaces = [i for i in instance.get("networkInterfaces") or [] if isinstance(i, dict)]
+    worker = WorkerEndpoint()
+    if interfaces:
+        access = [a for a in interfaces[0].get("accessConfigs") or [] if isinstance(a, dict)]
+        worker = WorkerEndpoint(
+            ip_address=str(interfaces[0].get("networkIP") or "") or None,
+            external_ip=str(access[0].get("natIP") or "") or None if access else None,
+        )
+    items = (instance.get("metadata") or {}).get("items") or []
+    metadata = {str(i.get("key")): str(i.get("value", "")) for i in items if isinstance(i, dict)}
+    scheduling = instance.get("scheduling") or {}
+    status = str(instance.get("status") or "")
+    spot = scheduling.get("provisioningModel") == "SPOT" or bool(scheduling.get("preemptible"))
+    return NodeInfo(
+        project=project,
+        zone=str(instance.get("zone") or zone).rsplit("/", 1)[-1],
+        name=str(instance.get("name", "")),
+        accelerator_type=str(instance.get("machineType") or "").rsplit("/", 1)[-1],
+        state=_STATES.get(status, NodeState.UNKNOWN if status else NodeState.STATE_UNSPECIFIED),
+        labels=dict(instance.get("labels") or {}),
+        metadata=metadata,
+        ip_address=worker.ip_address,
+        external_ip=worker.external_ip,
+        workers=(worker,) if interfaces else (),
+        spot=spot,
+        create_time=instance.get("creationTimestamp") or None,
+    )
+
+
+def _not_here(what: str) -> ConfigError:
+    return ConfigError(
+        f"{what} is not available on the Compute provider: queued resources are a Cloud "
+        "TPU API object.",
+        hint="Drop --queued (Compute creates the instance at once), or use --provider "
+        "tpu-api with an accelerator it serves.",
+    )
+
+
+class ComputeTpuApi:
+    """`TpuApi` for TPU VM instances over a `Transport`. `machine_type_of` names the
+    machine type of an accelerator (tpulab.catalog), `image` the boot disk's
+    sourceImage; `poll` makes the operation-polling schedule."""
+
+    def __init__(
+        self,
+        project: str,
+        transport: Transport,
+        *,
+        machine_type_of: Callable[[str], str],
+        image: str,
+        poll: Callable[[], Iterable[float]],
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        list_page_size: int = 0,
+    ) -> None:
+        self.project = project
+        self.transport = transport
+        self._machine_type_of = machine_type_of
+        self.image = image
+        self._poll = poll
+        self._clock = clock
+        self._sleep = sleep
+        self._list_page_size = list_page_size
+
+    @property
+    def call_count(self) -> int:
+        return self.transport.call_count
+
+    def _send(self, wire: WireRequest, what: str, *, idempotent: bool) -> Answer:
+        return self.transport.send(wire, what=what, idempotent=idempotent)
+
+    def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
+        body = instance_body(
+            self.project,
+            zone,
+            node_id,
+            request,
+            machine_type=self._machine_type_of(request.accelerator_type),
+            image=self.image,
+        )
+        wire = _wire(
+            "compute.instances.insert",
+            "POST",
+            f"{zone_path(self.project, zone)}/instances",
+            body=body,
+        )
+        answer = self._send(wire, f"create instance {node_id} in {zone}", idempotent=False)
+        return operation_path(self.project, zone, str(answer["name"]))
+
+    def wait_operation(self, operation_name: str, *, timeout: float) -> None:
+        wire = _wire("compute.zoneOperations.get", "GET", operation_name)
+        operation = wait_for_operation(
+            lambda: self._send(wire, f"read operation {operation_name}", idempotent=True),
+            lambda answer: answer.get("status") == "DONE",
+            operation_name=operation_name,
+            timeout=timeout,
+            backoff=self._poll(),
+            clock=self._clock,
+            sleep=self._sleep,
+        )
+        errors = [
+            e for e in (operation.get("error") or {}).get("errors") or [] if isinstance(e, dict)
+        ]
+        if errors:
+            raise compute_error(
+                str(errors[0].get("code") or ""),
+                str(errors[0].get("message") or ""),
+                _what(operation),
+                http_status=int(operation.get("httpErrorStatusCode") or 0),
+            )
+
+    def get_node(self, zone: str, node_id: str) -> NodeInfo:
+        wire = _wire("compute.instances.get", "GET", instance_path(self.project, zone, node_id))
+        answer = self._send(wire, f"get instance {node_id} in {zone}", idempotent=True)
+        return instance_from_json(answer, self.project, zone)
+
+    def list_nodes(self, zone: str) -> list[NodeInfo]:
+        """tpulab's instances in the zone (by its managed-by label), all pages."""
+        found: list[NodeInfo] = []
+        token = ""
+        while True:  # one request per page, each counted and retried on its own
+            query = [("filter", label_filter())]
+            if self._list_page_size:
+                query.append(("maxResults", str(self._list_page_size)))
+            if token:
+                query.append(("pageToken", token))
+            path = f"{zone_path(self.project, zone)}/instances"
+            wire = _wire("compute.instances.list", "GET", path, query=tuple(query))
+            page = self._send(wire, f"list instances in {zone}", idempotent=True)
+            items = [i for i in page.get("items") or [] if isinstance(i, dict)]
+            found.extend(instance_from_json(item, self.project, zone) for item in items)
+            token = str(page.get("nextPageToken") or "")
+            if not token:
+                return found
+
+    def delete_node(self, zone: str, node_id: str) -> str:
+        path = instance_path(self.project, zone, node_id)
+        answer = self._send(
+            _wire("compute.instances.delete", "DELETE", path),
+            f"delete instance {node_id} in {zone}",
+            idempotent=False,
+        )
+        return operation_path(self.project, zone, str(answer["name"]))
+
+    def guest_attributes(
+        self, zone: str, node_id: str, query_path: str = "", *, worker: int = 0
+    ) -> dict[str, str]:
+        if worker:
+            raise UnsupportedAcceleratorError(
+                f"Instance {node_id} is one VM: it has no worker {worker}.",
+                hint="Multi-host slices are not available on the Compute provider.",
+            )
+        path = f"{instance_path(self.project, zone, node_id)}/getGuestAttributes"
+        query = (("queryPath", query_path),) if query_path else ()
+        wire = _wire("compute.instances.getGuestAttributes", "GET", path, query=query)
+        answer = self._send(wire, f"read guest attributes of {node_id} in {zone}", idempotent=True)
+        items = (answer.get("queryValue") or {}).get("items") or []
+        return {
+            f"{item.get('namespace', '')}/{item.get('key', '')}": str(item.get("value", ""))
+            for item in items
+            if isinstance(item, dict)
+        }
+
+    # -- queued resources: a Cloud TPU API object -----------------------------------------
+
+    def create_queued_resource(self, zone: str, qr_id: str, request: QueuedResourceRequest) -> str:
+        raise _not_here("A queued resource")
+
+    def get_queued_resource(self, zone: str, qr_id: str) -> QueuedResourceInfo:
+        raise _not_here("A queued resource")
+
+    def list_queued_resources(self, zone: str) -> list[QueuedResourceInfo]:
+        return []  # none can exist here: listing finds nothing rather than failing
+
+    def delete_queued_resource(self, zone: str, qr_id: str, *, force: bool) -> str:
+        raise _not_here("A queued resource")
+
+
+def _what(operation: Answer) -> str:
+    """ "insert instance n in zone" from an operation's type and target, else its name."""
+    target = str(operation.get("targetLink") or "").split("/")
+    kind = str(operation.get("operationType") or "")
+    if kind and len(target) >= 4 and target[-2] == "instances":
+        return f"{kind} instance {target[-1]} in {target[-3]}"
+    return f"complete operation {operation.get('name', '')}"
+
+
+class ComputeTransport:
+    """The `Transport` of a real run on Compute: each wire request at the URL `apis`
+    gives (tpulab.cloud.preflight.ProjectApis: the one way tpulab finds Compute's root,
+    at Google or at an emulator) over `session` (tpulab.cloud.google.caller_session's,
+    the same authorised session the preflight asks with). Idempotent requests ride out
+    transient failures for up to `retry_for` seconds; insert and delete are sent once."""
+
+    def __init__(
+        self,
+        apis: Any,
+        session: Any,
+        *,
+        retry_for: float = 60.0,
+        request_timeout: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._apis = apis
+        self._session = session
+        self._retry_for = retry_for
+        self._timeout = request_timeout
+        self._clock = clock
+        self._sleep = sleep
+        self._calls = 0
+
+    @property
+    def call_count(self) -> int:
+        return self._calls
+
+    def send(self, wire: WireRequest, *, what: str, idempotent: bool) -> Answer:
+        from tpulab.errors import TransientError, UnreachableError
+        from tpulab.polling import Backoff, retry_call
+
+        def attempt() -> Answer:
+            self._calls += 1
+            return self._once(wire, what)
+
+        def retry_if(error: Exception) -> bool:
+            if isinstance(error, UnreachableError):
+                return True  # never sent: resending is always safe
+            return idempotent and isinstance(error, TransientError)
+
+        return retry_call(
+            attempt,
+            retry_if=retry_if,
+            timeout=self._retry_for if idempotent else 0.0,
+            clock=self._clock,
+            sleep=self._sleep,
+            backoff=Backoff(0.5, 8.0),
+        )
+
+    def _once(self, wire: WireRequest, what: str) -> Answer:
+        import requests
+
+        from tpulab.cloud.classify import HTTP_STATUS, error_for_status
+        from tpulab.errors import OutcomeUnknownError, UnreachableError
+
+        url = self._apis.url("compute", wire.path.removeprefix(f"/{COMPUTE_ROOT}/"))
+        try:
+            answer = self._session.request(
+                wire.method, url, params=list(wire.query), json=wire.body, timeout=self._timeout
+            )
+        except requests.ConnectionError as error:
+            raise UnreachableError(
+                f"Could not {what}: cannot reach {url.split('/compute/')[0]}; the request "
+                "was never sent.",
+                status="UNAVAILABLE",
+                api_message=str(error)[:300],
+                hint="Check the network (or, for --api-endpoint, that the emulator runs).",
+            ) from None
+        except requests.RequestException as error:
+            raise OutcomeUnknownError(
+                f"Could not {what}: no answer from Compute Engine; it may have taken effect.",
+                status="DEADLINE_EXCEEDED",
+                api_message=str(error)[:300],
+                hint="Check with `tpulab list`, then retry.",
+            ) from None
+        try:
+            body = answer.json()
+        except ValueError:
+            body = {}
+        body = body if isinstance(body, dict) else {}
+        if answer.status_code < 400:
+            return body
+        failure: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else {}
+        reasons = [e.get("reason") for e in failure.get("errors") or [] if isinstance(e, dict)]
+        status = str(failure.get("status") or HTTP_STATUS.get(answer.status_code) or "UNKNOWN")
+        reason = str(reasons[0] if reasons else "")
+        raise error_for_status(status, str(failure.get("message") or ""), what, reason=reason)
