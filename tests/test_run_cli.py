@@ -154,6 +154,9 @@ def test_human_output_names_phases_verdict_and_teardown(fast_embedded_emulator: 
     assert "[140] total 140 (closed form 140)" in out
     assert "deleted, confirmed by list" in out
     assert "TPULAB_RECEIPT" in out  # -v shows the payload's own output
+    # A new user's first command prints no library's warnings (asyncssh's DSA names
+    # under cryptography >= 48 did, once per run, eight lines of them).
+    assert "Warning" not in done.stderr, done.stderr
 
 
 def test_invalid_accelerator_is_refused_before_any_call(bare: Emulator) -> None:

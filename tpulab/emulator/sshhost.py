@@ -22,6 +22,7 @@ import os
 import signal
 import socket
 import threading
+import warnings
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,19 @@ if TYPE_CHECKING:
 __all__ = ["EmbeddedHostBackend"]
 
 log = logging.getLogger(__name__)
+
+
+def _load_asyncssh_quietly() -> None:
+    """Import asyncssh (later `import asyncssh` finds it loaded) without its import-time
+    warnings: asyncssh 2.24 names DSA key types that cryptography >= 48 deprecates, which
+    printed eight warning lines on the terminal of every `tpulab run --emulate` -- noise
+    about a library, not about the run."""
+    from cryptography.utils import CryptographyDeprecationWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CryptographyDeprecationWarning)
+        import asyncssh  # noqa: F401
+
 
 _T = TypeVar("_T")
 _CALL_TIMEOUT = 30.0
@@ -136,6 +150,7 @@ class EmbeddedHostBackend:
         ensurepip_missing: bool = False,
         env: Mapping[str, str] | None = None,
     ) -> HostEndpoint:
+        _load_asyncssh_quietly()
         import asyncssh
 
         self.stop(node_key)  # a restart replaces the old server, never doubles it
@@ -205,6 +220,7 @@ class EmbeddedHostBackend:
         node.pending = asyncio.get_running_loop().call_later(refuse_for, later)
 
     async def _listen(self, node: _Node, host_keys: list[asyncssh.SSHKey]) -> None:
+        _load_asyncssh_quietly()
         import asyncssh
 
         backend = self
