@@ -176,7 +176,8 @@ def _dry_run(spec: RunSpec, files: SessionFiles, installer: Installer, *, as_jso
     from rich.markup import escape
 
     from tpulab.cli.run import print_plan_steps
-    from tpulab.run.attach import Attachment, build_attached_plan
+    from tpulab.run.attach import Attachment
+    from tpulab.run.attach_plan import build_attached_plan
     from tpulab.run.plan import plan_envelope
     from tpulab.run.recording import PlaceholderKey
 

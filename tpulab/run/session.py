@@ -3,8 +3,11 @@
 - `SessionState`: everything later commands need to reach the node again -- name, run
   id, node, zone, project, API endpoint, SSH user/address/port, the pinned host key, the
   watchdog's config (to renew its lease), the hard deadline and the idle expiry (wall
-  clock, UTC epoch seconds). The private key is not in it: the store keeps that in a
-  0600 file beside it (tpulab.cleanup.sessions).
+  clock, UTC epoch seconds). A multi-host slice's other workers (`WorkerAddress`: each
+  its own address, port and pinned host key) and where its JAX processes meet are kept
+  too: every worker's watchdog reads its own lease, so every command that renews the
+  lease must reach them all (`worker_targets`). The private key is not in it: the store
+  keeps that in a 0600 file beside it (tpulab.cleanup.sessions).
 - `bring_up(life)`: a `KeptRun` (tpulab.run.lifecycle), so a failed `up` goes through
   the very teardown of `run` and only a verified one keeps its node.
 - `take_down(api, state)`: the run's teardown (`delete_and_confirm`) for a kept node.
@@ -22,7 +25,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from tpulab.errors import NodeVanishedError, TpuLabError, VerificationError
@@ -35,10 +38,12 @@ if TYPE_CHECKING:
     from tpulab.remote.keys import RunKey, SshTarget
     from tpulab.remote.workload import LockHolder
     from tpulab.run.lifecycle import KeptRun
+    from tpulab.run.workers import Worker
 
 __all__ = [
     "DownLock",
     "SessionState",
+    "WorkerAddress",
     "abandon",
     "address_of",
     "bring_up",
@@ -48,6 +53,21 @@ __all__ = [
     "renew_argv",
     "take_down",
 ]
+
+
+@dataclass(frozen=True)
+class WorkerAddress:
+    """Where one of a slice's other workers listens, and the host key `up` pinned for it
+    (each worker VM has its own)."""
+
+    host: str
+    port: int
+    host_key_type: str
+    host_key_b64: str
+
+    @classmethod
+    def of(cls, target: SshTarget) -> WorkerAddress:
+        return cls(target.host, target.port, target.host_key.key_type, target.host_key.b64)
 
 
 @dataclass(frozen=True)
@@ -73,10 +93,21 @@ class SessionState:
     # The id of the receipt `up` verified on this node: the gate every `exec` passes
     # (DESIGN §3.9). A default, so a session.json written before it existed still loads.
     receipt_id: str | None = None
+    # A slice's workers 1..N-1, in worker order (worker 0 is ssh_host, ssh_port and the
+    # host_key_* fields above, as for a single host); empty for a single host, and in a
+    # session.json written before slices had sessions (which then loads as one worker).
+    other_workers: tuple[WorkerAddress, ...] = ()
+    # A slice's "address:port" where its JAX processes meet (worker 0's internal
+    # address): what `exec` passes as JAX_COORDINATOR_ADDRESS. None for a single host.
+    coordinator: str | None = None
 
     @property
     def idle_expires_at(self) -> float:
         return self.renewed_at + self.idle_seconds
+
+    @property
+    def worker_count(self) -> int:
+        return 1 + len(self.other_workers)
 
     def watchdog_config(self) -> WatchdogConfig:
         return WatchdogConfig(**self.watchdog)
@@ -88,10 +119,35 @@ class SessionState:
         host_key = HostKey(self.host_key_type, self.host_key_b64)
         return SshTarget(self.ssh_host, self.ssh_port, self.ssh_user, host_key)
 
+    def worker_targets(self) -> list[SshTarget]:
+        """Every worker's target, worker 0 first (one for a single host)."""
+        from tpulab.remote.keys import HostKey, SshTarget
+
+        others = [
+            SshTarget(w.host, w.port, self.ssh_user, HostKey(w.host_key_type, w.host_key_b64))
+            for w in self.other_workers
+        ]
+        return [self.ssh_target(), *others]
+
+    def worker_target(self, worker: int) -> SshTarget:
+        """Worker `worker`'s target; ConfigError (exit 2) for a worker the node has not."""
+        from tpulab.errors import ConfigError
+
+        if not 0 <= worker < self.worker_count:
+            have = (
+                "one worker (0)"
+                if self.worker_count == 1
+                else (f"{self.worker_count} workers (0-{self.worker_count - 1})")
+            )
+            raise ConfigError(
+                f"Session {self.name}'s node ({self.accelerator_type}) has {have}: "
+                f"there is no worker {worker}.",
+                hint=f"Pass --worker between 0 and {self.worker_count - 1}.",
+            )
+        return self.worker_targets()[worker]
+
     def renewed(self, at: float) -> SessionState:
-        fields = asdict(self)
-        fields["renewed_at"] = at
-        return SessionState(**fields)
+        return replace(self, renewed_at=at)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -174,7 +230,14 @@ def bring_up(
         idle_seconds=watchdog.lease_seconds,
         renewed_at=now(),
         receipt_id=life.outcome.receipt.id if life.outcome.receipt is not None else None,
+        other_workers=_other_workers(life.workers),
+        coordinator=life.coordinator,
     )
+
+
+def _other_workers(workers: list[Worker]) -> tuple[WorkerAddress, ...]:
+    """A slice's workers after worker 0, as the session keeps them."""
+    return tuple(WorkerAddress.of(worker.target) for worker in workers[1:])
 
 
 def node_address(
@@ -217,9 +280,7 @@ def readdressed(api: TpuApi, state: SessionState) -> SessionState | None:
     found = node_address(api, state.zone, state.node_name)
     if found is None or found == (state.ssh_host, state.ssh_port):
         return None
-    fields = asdict(state)
-    fields["ssh_host"], fields["ssh_port"] = found
-    return SessionState(**fields)
+    return replace(state, ssh_host=found[0], ssh_port=found[1])
 
 
 def renew_argv(state: SessionState, *, now: Callable[[], float] = time.time) -> list[str]:
