@@ -196,7 +196,7 @@ def _host_key(n: int) -> str:
     return base64.b64encode(blob).decode()
 
 
-_SINGLE = {
+_SINGLE: dict[str, object] = {
     "name": "old", "run_id": "20261201t000000-abcdef", "node_name": "tpulab-old",
     "zone": ZONE, "project": PROJECT, "api_endpoint": None, "accelerator_type": "v5litepod-4",
     "spot": False, "ssh_user": "tpulab", "ssh_host": "10.0.0.2", "ssh_port": 22,
