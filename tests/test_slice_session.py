@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import served_emulator, tpulab, wait_until
+from helpers import refused_port, served_emulator, tpulab, wait_until
 
 from tpulab.emulator import Emulator
 from tpulab.errors import ConfigError
@@ -183,6 +183,48 @@ def test_ctrl_c_during_a_slice_up_leaves_nothing(served: Emulator) -> None:
     assert "Delete VM and confirm" in output
     assert "confirmed by list" in output
     assert not _session_dir("slice-3").exists()
+    assert served.node_names(PROJECT) == []
+
+
+def test_a_slice_session_follows_a_worker_that_moved(served: Emulator, tmp_path: Path) -> None:
+    """Worker 2's saved port made stale (as a restarted VM or emulator leaves it): `ssh`
+    and `exec` ask the API where every worker is now, save it, and reach worker 2 there
+    with the host key `up` pinned."""
+    state = _up(served, "slice-4")
+    node = str(state["node_name"])
+    path = _session_dir("slice-4") / "session.json"
+
+    def worker_2_port() -> int:
+        return int(json.loads(path.read_text())["other_workers"][1]["port"])
+
+    def make_stale(port: int) -> None:
+        saved = json.loads(path.read_text())
+        saved["other_workers"][1]["port"] = port
+        path.write_text(json.dumps(saved))
+
+    real = worker_2_port()
+    with refused_port() as stale:
+        make_stale(stale)
+        shell = tpulab("ssh", "slice-4", "--worker", "2", "--", "echo $HOME", timeout=120)
+        assert shell.returncode == EXIT_OK, shell.stderr
+        home = served.sandbox(PROJECT, ZONE, node, 2).resolve()
+        assert Path(shell.stdout.strip()).resolve() == home
+        said = " ".join(shell.stderr.split())
+        assert f"worker 2 moved from 127.0.0.3:{stale} to 127.0.0.3:{real} (GetNode)" in said
+        assert worker_2_port() == real  # saved for the next command
+
+        make_stale(stale)
+        work, out = tmp_path / "work", tmp_path / "out"
+        _write_job(work)
+        ran = tpulab(
+            "exec", "slice-4", "--workdir", str(work), "--out", str(out),
+            "--", "python", "job.py", timeout=300,
+        )  # fmt: skip
+        assert ran.returncode == EXIT_OK, ran.stderr + ran.stdout
+        assert (out / "worker-2" / "run" / "id.txt").read_text().startswith("2 4 ")
+        assert worker_2_port() == real
+    down = tpulab("down", "slice-4", timeout=120)
+    assert down.returncode == EXIT_OK, down.stderr
     assert served.node_names(PROJECT) == []
 
 

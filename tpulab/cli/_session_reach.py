@@ -63,10 +63,16 @@ def readdressed_session(state: SessionState) -> SessionState | None:
 
     api = tpu_api(state.project, api_endpoint=state.api_endpoint)
     moved = readdressed(api, state)
-    if moved is not None:
+    if moved is None:
+        return None
+    pairs = zip(state.worker_targets(), moved.worker_targets(), strict=True)
+    for index, (was, now) in enumerate(pairs):
+        if (was.host, was.port) == (now.host, now.port):
+            continue
+        whose = "node" if state.worker_count == 1 else f"worker {index}"
         print_stderr(
-            f"Session {state.name}'s node moved from {state.ssh_host}:{state.ssh_port} "
-            f"to {moved.ssh_host}:{moved.ssh_port} (GetNode); reaching it there."
+            f"Session {state.name}'s {whose} moved from {was.host}:{was.port} "
+            f"to {now.host}:{now.port} (GetNode); reaching it there."
         )
     return moved
 

@@ -111,24 +111,27 @@ class Attachment:
             self.follow_address(life, node)
 
     def follow_address(self, life: RunContext, node: NodeInfo) -> None:
-        """Connect where the node is now (tpulab.run.session.address_of): a restarted
-        VM's new external IP, or a restarted emulator's new port, would otherwise cost
-        the connect timeout and end as "unreachable". Only the address changes: the
-        host key stays the one `up` pinned, so a different machine there is refused."""
+        """Connect where the node's workers are now (tpulab.run.session.worker_addresses):
+        a restarted VM's new external IP, or a restarted emulator's new port, would
+        otherwise cost the connect timeout and end as "unreachable". Only the addresses
+        change: the host keys stay the ones `up` pinned, so a different machine there is
+        refused."""
         from dataclasses import replace
 
-        from tpulab.run.session import address_of
+        from tpulab.run.session import worker_addresses
 
-        assert life.target is not None
-        found = address_of(life.api, node, ask_port=life.spec.emulated)
-        old = (life.target.host, life.target.port)
-        if found is None or found == old:
-            return
-        life.target = replace(life.target, host=found[0], port=found[1])
-        life.observer.note(
-            f"session {self.session}'s node moved from {old[0]}:{old[1]} to "
-            f"{found[0]}:{found[1]} (GetNode); its pinned host key must still match there"
-        )
+        found = worker_addresses(life.api, node, len(life.workers), ask_port=life.spec.emulated)
+        for worker, address in zip(life.workers, found or (), strict=False):
+            old = (worker.target.host, worker.target.port)
+            if address == old:
+                continue
+            worker.target = replace(worker.target, host=address[0], port=address[1])
+            whose = "node" if len(life.workers) == 1 else f"worker {worker.index}"
+            life.observer.note(
+                f"session {self.session}'s {whose} moved from {old[0]}:{old[1]} to "
+                f"{address[0]}:{address[1]} (GetNode); its pinned host key must still "
+                "match there"
+            )
 
     def take_lock(self, session: wl.HoldingShell, run_id: str) -> None:
         """Take the session's exec lock for this exec, before anything else is sent: two

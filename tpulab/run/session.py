@@ -23,7 +23,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -48,10 +48,10 @@ __all__ = [
     "address_of",
     "bring_up",
     "exec_lock_for_down",
-    "node_address",
     "readdressed",
     "renew_argv",
     "take_down",
+    "worker_addresses",
 ]
 
 
@@ -149,6 +149,16 @@ class SessionState:
     def renewed(self, at: float) -> SessionState:
         return replace(self, renewed_at=at)
 
+    def moved_to(self, addresses: Sequence[tuple[str, int]]) -> SessionState:
+        """The session with its workers at `addresses` (host, port; worker 0 first, one
+        per worker); their pinned host keys stay as they are."""
+        (host, port), others = addresses[0], addresses[1:]
+        moved = tuple(
+            replace(worker, host=address[0], port=address[1])
+            for worker, address in zip(self.other_workers, others, strict=True)
+        )
+        return replace(self, ssh_host=host, ssh_port=port, other_workers=moved)
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
@@ -240,47 +250,60 @@ def _other_workers(workers: list[Worker]) -> tuple[WorkerAddress, ...]:
     return tuple(WorkerAddress.of(worker.target) for worker in workers[1:])
 
 
-def node_address(
-    api: TpuApi, zone: str, node_name: str, *, ask_port: bool = True
+def address_of(
+    api: TpuApi, node: NodeInfo, *, ask_port: bool = True, worker: int = 0
 ) -> tuple[str, int] | None:
-    """Where the node's SSH listens now, from the API (GetNode, then `address_of`); None
-    when the API cannot say (no such node, an API error): then nothing may be
-    concluded."""
-    from tpulab.errors import CloudError
-
-    try:
-        node = api.get_node(zone, node_name)
-    except CloudError:
-        return None
-    return address_of(api, node, ask_port=ask_port)
-
-
-def address_of(api: TpuApi, node: NodeInfo, *, ask_port: bool = True) -> tuple[str, int] | None:
-    """A node's SSH address: its external IP (what `up` connected to) and the port (22,
-    or the emulator's published one, a guest attribute: `ask_port`). None without an
-    external IP or when the port cannot be read. A VM's ephemeral external IP can change
-    (a restart), and a restarted emulator gives its nodes new ports: a session's saved
-    address is only where the node was. The host key is not read here: the session's
-    pinned one still has to match at the new address."""
+    """A node's (or its worker `worker`'s) SSH address: its external IP (what `up`
+    connected to) and the port (22, or the emulator's published one, a guest attribute:
+    `ask_port`). None without an external IP or when the port cannot be read. A VM's
+    ephemeral external IP can change (a restart), and a restarted emulator gives its
+    nodes new ports: a session's saved address is only where the node was. The host key
+    is not read here: the session's pinned one still has to match at the new address."""
     from tpulab.errors import CloudError, RemoteError
     from tpulab.remote.keys import ssh_port_from
 
-    if not node.external_ip:
+    if worker == 0:
+        external = node.external_ip
+    else:
+        external = node.workers[worker].external_ip if worker < len(node.workers) else None
+    if not external:
         return None
     try:
-        port = ssh_port_from(api.guest_attributes(node.zone, node.name)) if ask_port else 22
+        attributes = api.guest_attributes(node.zone, node.name, worker=worker) if ask_port else {}
+        port = ssh_port_from(attributes) if ask_port else 22
     except (CloudError, RemoteError):
         return None
-    return node.external_ip, port
+    return external, port
+
+
+def worker_addresses(
+    api: TpuApi, node: NodeInfo, count: int, *, ask_port: bool = True
+) -> list[tuple[str, int]] | None:
+    """Every worker's SSH address now, worker 0 first (`address_of` each); None when the
+    API cannot say where one of them is (then nothing may be concluded)."""
+    found: list[tuple[str, int]] = []
+    for worker in range(count):
+        address = address_of(api, node, ask_port=ask_port, worker=worker)
+        if address is None:
+            return None
+        found.append(address)
+    return found
 
 
 def readdressed(api: TpuApi, state: SessionState) -> SessionState | None:
-    """The session at its node's current address when the API says it moved; None when
-    it did not (or the API cannot say)."""
-    found = node_address(api, state.zone, state.node_name)
-    if found is None or found == (state.ssh_host, state.ssh_port):
+    """The session at its node's current addresses (every worker's) when the API says
+    it moved; None when it did not (or the API cannot say)."""
+    from tpulab.errors import CloudError
+
+    try:
+        node = api.get_node(state.zone, state.node_name)
+    except CloudError:
         return None
-    return replace(state, ssh_host=found[0], ssh_port=found[1])
+    found = worker_addresses(api, node, state.worker_count)
+    was = [(t.host, t.port) for t in state.worker_targets()]
+    if found is None or found == was:
+        return None
+    return state.moved_to(found)
 
 
 def renew_argv(state: SessionState, *, now: Callable[[], float] = time.time) -> list[str]:
