@@ -57,7 +57,7 @@ def connect_renewed(
     from tpulab.run.forward import wall_time_of
 
     state = files.state
-    state.worker_target(worker)
+    state.check_worker(worker)
     if not files.key_path.is_file():
         raise E.ConfigError(
             f"Session {state.name} has no key file at {files.key_path}.",

@@ -129,21 +129,23 @@ class SessionState:
         ]
         return [self.ssh_target(), *others]
 
-    def worker_target(self, worker: int) -> SshTarget:
-        """Worker `worker`'s target; ConfigError (exit 2) for a worker the node has not."""
+    def check_worker(self, worker: int) -> None:
+        """ConfigError (exit 2) for a worker the node has not, before anything is sent."""
         from tpulab.errors import ConfigError
 
-        if not 0 <= worker < self.worker_count:
-            have = (
-                "one worker (0)"
-                if self.worker_count == 1
-                else (f"{self.worker_count} workers (0-{self.worker_count - 1})")
-            )
-            raise ConfigError(
-                f"Session {self.name}'s node ({self.accelerator_type}) has {have}: "
-                f"there is no worker {worker}.",
-                hint=f"Pass --worker between 0 and {self.worker_count - 1}.",
-            )
+        count = self.worker_count
+        if 0 <= worker < count:
+            return
+        have = "one worker (0)" if count == 1 else f"{count} workers (0-{count - 1})"
+        raise ConfigError(
+            f"Session {self.name}'s node ({self.accelerator_type}) has {have}: "
+            f"there is no worker {worker}.",
+            hint=f"Pass --worker between 0 and {count - 1}.",
+        )
+
+    def worker_target(self, worker: int) -> SshTarget:
+        """Worker `worker`'s target (`check_worker` first)."""
+        self.check_worker(worker)
         return self.worker_targets()[worker]
 
     def renewed(self, at: float) -> SessionState:
