@@ -158,14 +158,6 @@ def test_ctrl_c_while_every_worker_runs_leaves_nothing(
     assert embedded_nodes_left() == []
 
 
-def test_sessions_refuse_a_slice_before_anything_is_created(
-    fast_embedded_emulator: Path,
-) -> None:
-    done = tpulab("up", "--accelerator", SLICE, "--api-endpoint", "http://127.0.0.1:9")
-    assert done.returncode != EXIT_OK
-    assert "a session (`tpulab up`, `exec`, `ssh`) works on single-host types only" in (done.stderr)
-
-
 def test_a_slice_is_priced_for_all_its_chips() -> None:
     from tpulab.catalog import lookup
 

@@ -63,10 +63,16 @@ def readdressed_session(state: SessionState) -> SessionState | None:
 
     api = tpu_api(state.project, api_endpoint=state.api_endpoint)
     moved = readdressed(api, state)
-    if moved is not None:
+    if moved is None:
+        return None
+    pairs = zip(state.worker_targets(), moved.worker_targets(), strict=True)
+    for index, (was, now) in enumerate(pairs):
+        if (was.host, was.port) == (now.host, now.port):
+            continue
+        whose = "node" if state.worker_count == 1 else f"worker {index}"
         print_stderr(
-            f"Session {state.name}'s node moved from {state.ssh_host}:{state.ssh_port} "
-            f"to {moved.ssh_host}:{moved.ssh_port} (GetNode); reaching it there."
+            f"Session {state.name}'s {whose} moved from {was.host}:{was.port} "
+            f"to {now.host}:{now.port} (GetNode); reaching it there."
         )
     return moved
 
@@ -75,18 +81,20 @@ def refuse_unreachable(store: SessionStore, state: SessionState, why: str) -> No
     """SSH to the session failed where the API says its node is: a host key that is not
     the pinned one is named as such; a node gone is concluded gone (raise_if_gone);
     else the plain failure. Always raises."""
+    # A slice's failure names its worker (tpulab.run.workers.EveryWorker): its address
+    # is then not worker 0's, which is all the session's top-level fields say.
+    where = f"at {state.ssh_host}:{state.ssh_port}" if state.worker_count == 1 else "(a worker)"
     if "host key verification failed" in why.lower():
         # The pin holds at any address: another machine there is never logged in to.
         raise E.HostKeyMismatchError(
-            f"Session {state.name}'s node at {state.ssh_host}:{state.ssh_port} does not "
-            f"present the host key `up` pinned ({state.host_key_type}): refused ({why}).",
+            f"Session {state.name}'s node {where} does not present the host key `up` "
+            f"pinned ({state.host_key_type}): refused ({why}).",
             hint="Something else answers at the node's address, or the node was rebuilt: "
             f"end the session with `tpulab down {state.name}` and start a new one.",
         )
     raise_if_gone(store, state)
     raise E.RemoteError(
-        f"Could not reach session {state.name} at {state.ssh_host}:{state.ssh_port} to "
-        f"renew its lease ({why}).",
+        f"Could not reach session {state.name} {where} to renew its lease ({why}).",
         hint="GetNode did not say it is gone: check your network, or `tpulab down "
         f"{state.name}` to end it.",
     )

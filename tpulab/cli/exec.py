@@ -176,7 +176,8 @@ def _dry_run(spec: RunSpec, files: SessionFiles, installer: Installer, *, as_jso
     from rich.markup import escape
 
     from tpulab.cli.run import print_plan_steps
-    from tpulab.run.attach import Attachment, build_attached_plan
+    from tpulab.run.attach import Attachment
+    from tpulab.run.attach_plan import build_attached_plan
     from tpulab.run.plan import plan_envelope
     from tpulab.run.recording import PlaceholderKey
 
@@ -251,14 +252,11 @@ def _run(
 
 
 def _save_session(store: SessionStore, state: SessionState, life: AttachedRun) -> None:
-    """What the exec learnt of its session: the last lease renewal, and its node's
-    address if the API said it moved (Attachment.follow_address)."""
-    import dataclasses
-
+    """What the exec learnt of its session: the last lease renewal, and its workers'
+    addresses if the API said they moved (Attachment.follow_address)."""
     updated = state
-    target = life.target
-    if target is not None and (target.host, target.port) != (state.ssh_host, state.ssh_port):
-        updated = dataclasses.replace(state, ssh_host=target.host, ssh_port=target.port)
+    if len(life.workers) == state.worker_count:  # every worker's address, worker 0 first
+        updated = state.moved_to([(w.target.host, w.target.port) for w in life.workers])
     renewed = life.last_renewal_at()
     if renewed is not None:
         updated = updated.renewed(renewed)

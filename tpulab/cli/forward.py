@@ -43,34 +43,28 @@ def interrupt_on_term() -> Iterator[None]:
 
 
 def connect_renewed(
-    store: SessionStore, files: SessionFiles, *, background: bool
+    store: SessionStore, files: SessionFiles, *, background: bool, worker: int = 0
 ) -> tuple[SystemSsh, LeaseRenewer, SessionState]:
-    """The session's OpenSSH client, its lease renewed once (and, with `background`,
-    from then on until the renewer is stopped). A node that does not answer is asked
-    of the API: moved -> reached where it is now, with the pinned host key (and the
+    """Worker `worker`'s OpenSSH client (0: the only one of a single host), the
+    session's lease renewed once on EVERY worker (each worker's watchdog reads its own
+    lease; a slice's renewal that misses one fails, naming it), and, with `background`,
+    from then on until the renewer is stopped. A node that does not answer is asked of
+    the API: moved -> reached where it is now, with the pinned host key (and the
     session's state, returned, says so); gone -> the session is concluded gone (exit 4,
-    saying why)."""
-    from tpulab.cleanup.ssh_config import known_hosts_path
+    saying why). ConfigError (exit 2) for a worker the node has not, before anything is
+    sent."""
     from tpulab.cli._session_reach import readdressed_session, refuse_unreachable
-    from tpulab.run.forward import session_renewer, session_ssh, wall_time_of
+    from tpulab.run.forward import wall_time_of
 
     state = files.state
+    state.check_worker(worker)
     if not files.key_path.is_file():
         raise E.ConfigError(
             f"Session {state.name} has no key file at {files.key_path}.",
             hint=f"End it with `tpulab down {state.name}` and start a new one.",
         )
-    try:
-        ssh = session_ssh(state, files.key_path, known_hosts_path(files))
-    except E.RemoteError as error:  # the pinned key in session.json does not parse
-        raise E.RemoteError(
-            f"Could not reach session {state.name}: its pinned host key is unusable "
-            f"({error.message}); nothing was sent.",
-            hint=f"End it with `tpulab down {state.name}` and start a new one.",
-        ) from None
-    renewer = session_renewer(ssh, state)
-    renewer.background = background
-    renewer.start()
+    shells = _worker_shells(state, files)
+    renewer = _renewing(state, shells, background=background)
     if renewer.renewals == 0:
         renewer.stop()
         # Before any "may have deleted itself": the node may only have moved. Ask the
@@ -79,16 +73,49 @@ def connect_renewed(
         if moved is not None:
             store.save(moved)
             state = moved
-            ssh = session_ssh(state, files.key_path, known_hosts_path(files))
-            renewer = session_renewer(ssh, state)
-            renewer.background = background
-            renewer.start()
+            shells = _worker_shells(state, files)
+            renewer = _renewing(state, shells, background=background)
     if renewer.renewals == 0:
         renewer.stop()
         refuse_unreachable(store, state, renewer.failures[-1] if renewer.failures else "no answer")
     renewer.note = lambda message: print_stderr(f"[yellow]lease:[/] {message}")
     store.save(state.renewed(wall_time_of(renewer)))
-    return ssh, renewer, state
+    return shells[worker], renewer, state
+
+
+def _worker_shells(state: SessionState, files: SessionFiles) -> list[SystemSsh]:
+    """Each worker's OpenSSH client, worker 0 first, each with its own pinned known_hosts
+    beside the session's key (worker 0's is the one `tpulab ssh-config` names)."""
+    from tpulab.cleanup.ssh_config import known_hosts_path
+    from tpulab.remote.system_ssh import SystemSsh, write_known_hosts
+
+    shells: list[SystemSsh] = []
+    try:
+        for index, target in enumerate(state.worker_targets()):
+            known = known_hosts_path(files)
+            if index:
+                known = known.with_name(f"{known.name}.worker-{index}")
+            write_known_hosts(known, target)
+            shells.append(SystemSsh(target, files.key_path, known))
+    except E.RemoteError as error:  # a pinned key in session.json that does not parse
+        raise E.RemoteError(
+            f"Could not reach session {state.name}: its pinned host key is unusable "
+            f"({error.message}); nothing was sent.",
+            hint=f"End it with `tpulab down {state.name}` and start a new one.",
+        ) from None
+    return shells
+
+
+def _renewing(state: SessionState, shells: list[SystemSsh], *, background: bool) -> LeaseRenewer:
+    """The session's renewer over every worker at once (tpulab.run.workers.EveryWorker;
+    a single host's one client as is), started: renewed once now."""
+    from tpulab.run.forward import session_renewer
+    from tpulab.run.workers import EveryWorker
+
+    renewer = session_renewer(shells[0] if len(shells) == 1 else EveryWorker(shells), state)
+    renewer.background = background
+    renewer.start()
+    return renewer
 
 
 def ssh_session(
@@ -98,9 +125,11 @@ def ssh_session(
     forwards: Sequence[Forward] = (),
     *,
     forward_only: bool = False,
+    worker: int = 0,
 ) -> int:
-    """`tpulab ssh`: a shell or `-- CMD` (lease renewed first), with `-L` forwards beside
-    it (lease renewed while they are open), or forwards only (`-N`)."""
+    """`tpulab ssh`: a shell or `-- CMD` on worker `worker` (lease renewed first, on every
+    worker), with `-L` forwards beside it (lease renewed while they are open), or
+    forwards only (`-N`)."""
     import subprocess
 
     from tpulab.run.forward import (
@@ -112,7 +141,7 @@ def ssh_session(
 
     if forwards:
         check_local_ports_free(forwards)
-    ssh, renewer, state = connect_renewed(store, files, background=bool(forwards))
+    ssh, renewer, state = connect_renewed(store, files, background=bool(forwards), worker=worker)
     if not forwards:
         return subprocess.run(ssh.argv(remote=command, typed=True), check=False).returncode
 

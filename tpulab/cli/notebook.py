@@ -39,6 +39,12 @@ def notebook_command(
     installer: Annotated[
         str, typer.Option("--installer", help="Installer for jupyterlab: uv (default) or pip.")
     ] = "uv",
+    worker: Annotated[
+        int,
+        typer.Option(
+            "--worker", metavar="N", help="A multi-host slice's worker to run it on (default 0)."
+        ),
+    ] = 0,
 ) -> None:
     """Start JupyterLab on the session's VM and open it here: prints the URL with its token.
 
@@ -56,7 +62,7 @@ def notebook_command(
         check_port("--port", port)
         chosen = installer_choice(installer)
         store = SessionStore()
-        return _notebook(store, store.resolve(name), port, chosen)
+        return _notebook(store, store.resolve(name), port, chosen, worker)
 
     status = guarded(action)
     raise typer.Exit(status if isinstance(status, int) else 0)
@@ -78,13 +84,16 @@ def _finishing(what: str) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def _notebook(store: SessionStore, files: SessionFiles, port: int, installer: Installer) -> int:
+def _notebook(
+    store: SessionStore, files: SessionFiles, port: int, installer: Installer, worker: int
+) -> int:
     from tpulab.cli.forward import connect_renewed, interrupt_on_term
     from tpulab.config.forward import Forward
     from tpulab.run.forward import check_local_ports_free, wall_time_of
 
     check_local_ports_free([Forward(port=port)])
-    ssh, renewer, state = connect_renewed(store, files, background=True)
+    # The lease is renewed on every worker of a slice; Jupyter runs on `worker`.
+    ssh, renewer, state = connect_renewed(store, files, background=True, worker=worker)
     started = stopped = False
     try:
         with interrupt_on_term():

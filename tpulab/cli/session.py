@@ -131,16 +131,6 @@ def up_command(
             network=network,
             subnetwork=subnetwork,
         )
-        if inputs.spec.accelerator.hosts > 1:
-            from tpulab.catalog import lookup_single_host
-
-            # Before any API call: a session keeps one SSH target (SessionState).
-            lookup_single_host(
-                inputs.spec.accelerator.name,
-                what="a session (`tpulab up`, `exec`, `ssh`)",
-                instead="Run your command on every worker with `tpulab run --accelerator "
-                f"{inputs.spec.accelerator.name} -- CMD`",
-            )
         from tpulab.contract import KIND_SESSION
 
         session_name = chosen_name or check_session_name(f"s-{inputs.spec.run_id.split('-')[-1]}")
@@ -215,9 +205,12 @@ def _up(
     left = max(0.0, state.deadline_at - time.time())
     # Under a minute left reads in seconds (a rounded "0 min", or "-0 min", said nothing).
     in_left = f"{left / 60:.0f} min" if left >= 60 else f"{left:.0f} s"
+    workers = f", {state.worker_count} workers" if state.worker_count > 1 else ""
+    where = "worker 0 at " if state.worker_count > 1 else ""
     typer.echo(
-        f"Session {state.name} is up: node {state.node_name} ({state.accelerator_type}) in "
-        f"{state.zone}, {state.ssh_user}@{state.ssh_host}:{state.ssh_port}. It deletes "
+        f"Session {state.name} is up: node {state.node_name} ({state.accelerator_type}"
+        f"{workers}) in {state.zone}, {where}{state.ssh_user}@{state.ssh_host}:"
+        f"{state.ssh_port}. It deletes "
         f"itself in {in_left} (--ttl) or {state.idle_seconds / 60:.1f} min after "
         f"the last `tpulab ssh` (--idle). End it with `tpulab down {state.name}`."
     )
@@ -385,13 +378,19 @@ def ssh_command(
     forward_only: Annotated[
         bool, typer.Option("-N", help="Forward only (-L), no shell: until Ctrl-C.")
     ] = False,
+    worker: Annotated[
+        int,
+        typer.Option(
+            "--worker", metavar="N", help="A multi-host slice's worker to reach (default 0)."
+        ),
+    ] = 0,
 ) -> None:
     """Open a shell on the session's VM (OpenSSH, pinned host key), or run `-- CMD`.
 
     One argument after `--` is a command line for the remote shell (`-- 'cd x && y'`),
     as with ssh; several are run as exactly those words. Renews the session's idle lease
-    first, and keeps renewing it while -L forwards are open: `tpulab ssh S -L 6006 -N`
-    shows the VM's TensorBoard at localhost:6006.
+    first (on every worker of a slice), and keeps renewing it while -L forwards are
+    open: `tpulab ssh S -L 6006 -N` shows the VM's TensorBoard at localhost:6006.
     """
     command = list(ctx.meta.get(AFTER_DASHES, ()))
 
@@ -407,7 +406,7 @@ def ssh_command(
             raise E.ConfigError("-N runs no command: drop -N, or the command after --.")
         with session_store() as store:  # warns of damaged state files before the shell
             files = store.resolve(name)
-        return ssh_session(store, files, command, parsed, forward_only=forward_only)
+        return ssh_session(store, files, command, parsed, forward_only=forward_only, worker=worker)
 
     status = guarded(action)
     raise typer.Exit(status if isinstance(status, int) else 0)

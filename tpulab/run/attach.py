@@ -17,8 +17,9 @@ either: the node belongs to the session, guarded by its watchdog (--ttl, --idle)
 (`Attachment.vanished`, through tpulab.run.lease.vanished).
 
 `AttachedRun` is the third driver over the run's context (tpulab.run.context): the same
-phases, observer, signals and run record as `tpulab run`'s, and `build_attached_plan` is
-that same driver over the recording seams of tpulab.run.recording: `tpulab exec --dry-run`.
+phases, observer, signals and run record as `tpulab run`'s, and `build_attached_plan`
+(tpulab.run.attach_plan) is that same driver over the recording seams of
+tpulab.run.recording: `tpulab exec --dry-run`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from tpulab.run.context import RunContext
 from tpulab.run.lease import look_up, vanished
 from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import Phase
+from tpulab.run.workers import Worker
 
 if TYPE_CHECKING:
     from tpulab.config import RunSpec
@@ -54,13 +56,11 @@ if TYPE_CHECKING:
     from tpulab.remote import workload as wl
     from tpulab.remote.keys import RunKey, SshTarget
     from tpulab.remote.watchdog import WatchdogConfig
-    from tpulab.run.recording import PlanStep
     from tpulab.run.session import SessionState
 
 __all__ = [
     "AttachedRun",
     "Attachment",
-    "build_attached_plan",
     "describe_holder",
 ]
 
@@ -71,12 +71,16 @@ class Attachment:
     its watchdog (to renew the lease), the receipt that gated it, and its deadline."""
 
     session: str
-    target: SshTarget
+    target: SshTarget  # worker 0
     key: RunKey
     watchdog: WatchdogConfig
     receipt_id: str | None
     deadline_at: float  # the watchdog's hard deadline (--ttl), wall clock
     wall_clock: Callable[[], float] = time.time
+    # A slice: workers 1..N-1 (the command runs on every worker, as `run -- CMD` does),
+    # and where their JAX processes meet.
+    others: tuple[SshTarget, ...] = ()
+    coordinator: str | None = None
 
     @classmethod
     def of(cls, state: SessionState, key: RunKey) -> Attachment:
@@ -87,7 +91,13 @@ class Attachment:
             watchdog=state.watchdog_config(),
             receipt_id=state.receipt_id,
             deadline_at=state.deadline_at,
+            others=tuple(state.worker_targets()[1:]),
+            coordinator=state.coordinator,
         )
+
+    def workers(self) -> list[Worker]:
+        """The session's workers as the run engine holds them, worker 0 first."""
+        return [Worker(index, t) for index, t in enumerate((self.target, *self.others))]
 
     def check_node(self, life: RunContext) -> None:
         """Ask the API (GetNode) before connecting: a node its watchdog deleted since the
@@ -101,24 +111,27 @@ class Attachment:
             self.follow_address(life, node)
 
     def follow_address(self, life: RunContext, node: NodeInfo) -> None:
-        """Connect where the node is now (tpulab.run.session.address_of): a restarted
-        VM's new external IP, or a restarted emulator's new port, would otherwise cost
-        the connect timeout and end as "unreachable". Only the address changes: the
-        host key stays the one `up` pinned, so a different machine there is refused."""
+        """Connect where the node's workers are now (tpulab.run.session.worker_addresses):
+        a restarted VM's new external IP, or a restarted emulator's new port, would
+        otherwise cost the connect timeout and end as "unreachable". Only the addresses
+        change: the host keys stay the ones `up` pinned, so a different machine there is
+        refused."""
         from dataclasses import replace
 
-        from tpulab.run.session import address_of
+        from tpulab.run.session import worker_addresses
 
-        assert life.target is not None
-        found = address_of(life.api, node, ask_port=life.spec.emulated)
-        old = (life.target.host, life.target.port)
-        if found is None or found == old:
-            return
-        life.target = replace(life.target, host=found[0], port=found[1])
-        life.observer.note(
-            f"session {self.session}'s node moved from {old[0]}:{old[1]} to "
-            f"{found[0]}:{found[1]} (GetNode); its pinned host key must still match there"
-        )
+        found = worker_addresses(life.api, node, len(life.workers), ask_port=life.spec.emulated)
+        for worker, address in zip(life.workers, found or (), strict=False):
+            old = (worker.target.host, worker.target.port)
+            if address == old:
+                continue
+            worker.target = replace(worker.target, host=address[0], port=address[1])
+            whose = "node" if len(life.workers) == 1 else f"worker {worker.index}"
+            life.observer.note(
+                f"session {self.session}'s {whose} moved from {old[0]}:{old[1]} to "
+                f"{address[0]}:{address[1]} (GetNode); its pinned host key must still "
+                "match there"
+            )
 
     def take_lock(self, session: wl.HoldingShell, run_id: str) -> None:
         """Take the session's exec lock for this exec, before anything else is sent: two
@@ -165,13 +178,15 @@ class Attachment:
             f"power or its network lets go within {wl.LOCK_SILENCE_SECONDS:g} s.",
         )
 
-    def check_not_busy(self, session: boot.RemoteShell) -> None:
+    def check_not_busy(self, session: boot.RemoteShell, worker: int | None = None) -> None:
         """Refuse, before the sync swaps the workspace and the launcher clears the run
         dir, while a command an earlier exec started still runs on the node (an exec that
         was SIGKILLed, or one in another terminal): a second command beside it would, on
-        a real TPU, not even open the chips the first one holds. RemoteError if busy."""
+        a real TPU, not even open the chips the first one holds. RemoteError if busy.
+        `worker`: a slice's worker, checked as each of them is (its hint names it)."""
         from tpulab.remote import workload as wl
 
+        ssh = f"tpulab ssh {self.session}" + (f" --worker {worker}" if worker else "")
         result = session.run(wl.busy_command(), timeout=_BUSY_CHECK_TIMEOUT)
         try:
             busy = wl.parse_busy_report(result.stdout)
@@ -179,7 +194,7 @@ class Attachment:
             raise RemoteError(
                 f"Cannot tell whether a command still runs on session {self.session}'s "
                 f"node ({error}; exit status {result.exit_status}).",
-                hint="Check the node with `tpulab ssh " + self.session + " -- true`.",
+                hint=f"Check the node with `{ssh} -- true`.",
             ) from None
         if busy is None:
             return
@@ -189,7 +204,7 @@ class Attachment:
             started = datetime.fromtimestamp(busy.started_at, tz=timezone.utc)
             since = f", since {started:%Y-%m-%d %H:%M:%S} UTC"
         # `-s TERM`: `kill -TERM -- -PGID` fails in dash, a login shell a VM may have.
-        stop = f"tpulab ssh {self.session} -- kill -s TERM -- -{busy.pgid}"
+        stop = f"{ssh} -- kill -s TERM -- -{busy.pgid}"
         raise RemoteError(
             f"Session {self.session} is busy: a command an earlier exec started still "
             f"runs on its node, process group {busy.pgid}{runs}{since}. Nothing was "
@@ -257,8 +272,9 @@ class AttachedRun(RunContext):
     def __init__(self, spec: RunSpec, *, attachment: Attachment, **seams: Any) -> None:
         super().__init__(spec, **seams)
         self.attachment = attachment
-        # Its key, pinned host key and watchdog are the session's.
-        self.key, self.target = attachment.key, attachment.target
+        # Its key, pinned host keys (every worker's) and watchdog are the session's.
+        self.key, self.workers = attachment.key, attachment.workers()
+        self.coordinator = attachment.coordinator
         self.watchdog = attachment.watchdog
         self.outcome.session = attachment.session
         self.outcome.gate_receipt_id = attachment.receipt_id
@@ -329,7 +345,14 @@ class AttachedRun(RunContext):
         # Before the lease or anything changes: the lock first (two execs at once would
         # both pass the busy check), held until the connection closes.
         attachment.take_lock(self.session, self.spec.run_id)
-        attachment.check_not_busy(self.session)
+        slice_ = len(self.workers) > 1
+
+        def not_busy(worker: Worker) -> None:
+            assert worker.session is not None
+            attachment.check_not_busy(worker.session, worker.index if slice_ else None)
+
+        self.on_workers(not_busy, "busy check")
+        # Every worker's lease (each worker's watchdog reads its own): verifier.arm_lease.
         return f"{where}; {verifier.arm_lease(self)}"
 
     def last_renewal_at(self) -> float | None:
@@ -338,47 +361,3 @@ class AttachedRun(RunContext):
         if renewer is None or renewer.last_renewed is None:
             return None
         return self.attachment.wall_clock() - (self.clock() - renewer.last_renewed)
-
-
-def build_attached_plan(
-    spec: RunSpec, attachment: Attachment, *, installer: boot.Installer = "uv"
-) -> list[PlanStep]:
-    """`tpulab exec --dry-run`: the steps of an exec, recorded from `AttachedRun` over
-    the recording seams (no key is read, nothing is contacted or written)."""
-    from dataclasses import replace
-
-    from tpulab.cloud import rest
-    from tpulab.contract import KIND_SESSION, STARTUP_SCRIPT_METADATA
-    from tpulab.models import NodeRequest, tpulab_labels
-    from tpulab.remote.watchdog import startup_script
-    from tpulab.run.recording import PlaceholderKey, PlanEnds, PlanRecorder
-
-    recorder = PlanRecorder(spec)
-    # The session's node exists (READY, its watchdog armed by the startup-script `up`
-    # sent): the recording API answers for it as the real one would.
-    recorder.transport.created = rest.node_body(
-        NodeRequest(
-            accelerator_type=spec.accelerator.name,
-            runtime_version=spec.accelerator.runtime_version,
-            labels=tpulab_labels(attachment.watchdog.run_id, kind=KIND_SESSION),
-            metadata={STARTUP_SCRIPT_METADATA: startup_script(attachment.watchdog)},
-        )
-    )
-    life = AttachedRun(
-        spec,
-        attachment=replace(attachment, key=PlaceholderKey(), wall_clock=lambda: 0.0),
-        api=recorder.api,
-        connect=recorder.connect,
-        observer=recorder,
-        store=recorder.store,
-        installer=installer,
-        clock=recorder.clock,
-        sleep=recorder.sleep,
-        write_record=recorder.write_record,
-        renew_in_background=False,
-    )
-    try:
-        life.run()
-    except PlanEnds:
-        return recorder.steps
-    raise AssertionError("the dry run went past the point where evidence comes back")

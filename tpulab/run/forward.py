@@ -30,6 +30,7 @@ from tpulab.run.lease import LeaseRenewer
 if TYPE_CHECKING:
     from tpulab.config.forward import Forward
     from tpulab.run.session import SessionState
+    from tpulab.run.workers import EveryWorker
 
 __all__ = [
     "Forwarding",
@@ -64,7 +65,7 @@ def session_ssh(state: SessionState, key_path: Path, known_hosts: Path) -> Syste
 
 
 def session_renewer(
-    ssh: SystemSsh,
+    ssh: SystemSsh | EveryWorker,
     state: SessionState,
     *,
     note: Callable[[str], None] = lambda _message: None,

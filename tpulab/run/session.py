@@ -3,8 +3,11 @@
 - `SessionState`: everything later commands need to reach the node again -- name, run
   id, node, zone, project, API endpoint, SSH user/address/port, the pinned host key, the
   watchdog's config (to renew its lease), the hard deadline and the idle expiry (wall
-  clock, UTC epoch seconds). The private key is not in it: the store keeps that in a
-  0600 file beside it (tpulab.cleanup.sessions).
+  clock, UTC epoch seconds). A multi-host slice's other workers (`WorkerAddress`: each
+  its own address, port and pinned host key) and where its JAX processes meet are kept
+  too: every worker's watchdog reads its own lease, so every command that renews the
+  lease must reach them all (`worker_targets`). The private key is not in it: the store
+  keeps that in a 0600 file beside it (tpulab.cleanup.sessions).
 - `bring_up(life)`: a `KeptRun` (tpulab.run.lifecycle), so a failed `up` goes through
   the very teardown of `run` and only a verified one keeps its node.
 - `take_down(api, state)`: the run's teardown (`delete_and_confirm`) for a kept node.
@@ -20,9 +23,9 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from tpulab.errors import NodeVanishedError, TpuLabError, VerificationError
@@ -35,19 +38,36 @@ if TYPE_CHECKING:
     from tpulab.remote.keys import RunKey, SshTarget
     from tpulab.remote.workload import LockHolder
     from tpulab.run.lifecycle import KeptRun
+    from tpulab.run.workers import Worker
 
 __all__ = [
     "DownLock",
     "SessionState",
+    "WorkerAddress",
     "abandon",
     "address_of",
     "bring_up",
     "exec_lock_for_down",
-    "node_address",
     "readdressed",
     "renew_argv",
     "take_down",
+    "worker_addresses",
 ]
+
+
+@dataclass(frozen=True)
+class WorkerAddress:
+    """Where one of a slice's other workers listens, and the host key `up` pinned for it
+    (each worker VM has its own)."""
+
+    host: str
+    port: int
+    host_key_type: str
+    host_key_b64: str
+
+    @classmethod
+    def of(cls, target: SshTarget) -> WorkerAddress:
+        return cls(target.host, target.port, target.host_key.key_type, target.host_key.b64)
 
 
 @dataclass(frozen=True)
@@ -73,10 +93,21 @@ class SessionState:
     # The id of the receipt `up` verified on this node: the gate every `exec` passes
     # (DESIGN §3.9). A default, so a session.json written before it existed still loads.
     receipt_id: str | None = None
+    # A slice's workers 1..N-1, in worker order (worker 0 is ssh_host, ssh_port and the
+    # host_key_* fields above, as for a single host); empty for a single host, and in a
+    # session.json written before slices had sessions (which then loads as one worker).
+    other_workers: tuple[WorkerAddress, ...] = ()
+    # A slice's "address:port" where its JAX processes meet (worker 0's internal
+    # address): what `exec` passes as JAX_COORDINATOR_ADDRESS. None for a single host.
+    coordinator: str | None = None
 
     @property
     def idle_expires_at(self) -> float:
         return self.renewed_at + self.idle_seconds
+
+    @property
+    def worker_count(self) -> int:
+        return 1 + len(self.other_workers)
 
     def watchdog_config(self) -> WatchdogConfig:
         return WatchdogConfig(**self.watchdog)
@@ -88,10 +119,47 @@ class SessionState:
         host_key = HostKey(self.host_key_type, self.host_key_b64)
         return SshTarget(self.ssh_host, self.ssh_port, self.ssh_user, host_key)
 
+    def worker_targets(self) -> list[SshTarget]:
+        """Every worker's target, worker 0 first (one for a single host)."""
+        from tpulab.remote.keys import HostKey, SshTarget
+
+        others = [
+            SshTarget(w.host, w.port, self.ssh_user, HostKey(w.host_key_type, w.host_key_b64))
+            for w in self.other_workers
+        ]
+        return [self.ssh_target(), *others]
+
+    def check_worker(self, worker: int) -> None:
+        """ConfigError (exit 2) for a worker the node has not, before anything is sent."""
+        from tpulab.errors import ConfigError
+
+        count = self.worker_count
+        if 0 <= worker < count:
+            return
+        have = "one worker (0)" if count == 1 else f"{count} workers (0-{count - 1})"
+        raise ConfigError(
+            f"Session {self.name}'s node ({self.accelerator_type}) has {have}: "
+            f"there is no worker {worker}.",
+            hint=f"Pass --worker between 0 and {count - 1}.",
+        )
+
+    def worker_target(self, worker: int) -> SshTarget:
+        """Worker `worker`'s target (`check_worker` first)."""
+        self.check_worker(worker)
+        return self.worker_targets()[worker]
+
     def renewed(self, at: float) -> SessionState:
-        fields = asdict(self)
-        fields["renewed_at"] = at
-        return SessionState(**fields)
+        return replace(self, renewed_at=at)
+
+    def moved_to(self, addresses: Sequence[tuple[str, int]]) -> SessionState:
+        """The session with its workers at `addresses` (host, port; worker 0 first, one
+        per worker); their pinned host keys stay as they are."""
+        (host, port), others = addresses[0], addresses[1:]
+        moved = tuple(
+            replace(worker, host=address[0], port=address[1])
+            for worker, address in zip(self.other_workers, others, strict=True)
+        )
+        return replace(self, ssh_host=host, ssh_port=port, other_workers=moved)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -174,52 +242,70 @@ def bring_up(
         idle_seconds=watchdog.lease_seconds,
         renewed_at=now(),
         receipt_id=life.outcome.receipt.id if life.outcome.receipt is not None else None,
+        other_workers=_other_workers(life.workers),
+        coordinator=life.coordinator,
     )
 
 
-def node_address(
-    api: TpuApi, zone: str, node_name: str, *, ask_port: bool = True
+def _other_workers(workers: list[Worker]) -> tuple[WorkerAddress, ...]:
+    """A slice's workers after worker 0, as the session keeps them."""
+    return tuple(WorkerAddress.of(worker.target) for worker in workers[1:])
+
+
+def address_of(
+    api: TpuApi, node: NodeInfo, *, ask_port: bool = True, worker: int = 0
 ) -> tuple[str, int] | None:
-    """Where the node's SSH listens now, from the API (GetNode, then `address_of`); None
-    when the API cannot say (no such node, an API error): then nothing may be
-    concluded."""
-    from tpulab.errors import CloudError
-
-    try:
-        node = api.get_node(zone, node_name)
-    except CloudError:
-        return None
-    return address_of(api, node, ask_port=ask_port)
-
-
-def address_of(api: TpuApi, node: NodeInfo, *, ask_port: bool = True) -> tuple[str, int] | None:
-    """A node's SSH address: its external IP (what `up` connected to) and the port (22,
-    or the emulator's published one, a guest attribute: `ask_port`). None without an
-    external IP or when the port cannot be read. A VM's ephemeral external IP can change
-    (a restart), and a restarted emulator gives its nodes new ports: a session's saved
-    address is only where the node was. The host key is not read here: the session's
-    pinned one still has to match at the new address."""
+    """A node's (or its worker `worker`'s) SSH address: its external IP (what `up`
+    connected to) and the port (22, or the emulator's published one, a guest attribute:
+    `ask_port`). None without an external IP or when the port cannot be read. A VM's
+    ephemeral external IP can change (a restart), and a restarted emulator gives its
+    nodes new ports: a session's saved address is only where the node was. The host key
+    is not read here: the session's pinned one still has to match at the new address."""
     from tpulab.errors import CloudError, RemoteError
     from tpulab.remote.keys import ssh_port_from
 
-    if not node.external_ip:
+    if worker == 0:
+        external = node.external_ip
+    else:
+        external = node.workers[worker].external_ip if worker < len(node.workers) else None
+    if not external:
         return None
     try:
-        port = ssh_port_from(api.guest_attributes(node.zone, node.name)) if ask_port else 22
+        attributes = api.guest_attributes(node.zone, node.name, worker=worker) if ask_port else {}
+        port = ssh_port_from(attributes) if ask_port else 22
     except (CloudError, RemoteError):
         return None
-    return node.external_ip, port
+    return external, port
+
+
+def worker_addresses(
+    api: TpuApi, node: NodeInfo, count: int, *, ask_port: bool = True
+) -> list[tuple[str, int]] | None:
+    """Every worker's SSH address now, worker 0 first (`address_of` each); None when the
+    API cannot say where one of them is (then nothing may be concluded)."""
+    found: list[tuple[str, int]] = []
+    for worker in range(count):
+        address = address_of(api, node, ask_port=ask_port, worker=worker)
+        if address is None:
+            return None
+        found.append(address)
+    return found
 
 
 def readdressed(api: TpuApi, state: SessionState) -> SessionState | None:
-    """The session at its node's current address when the API says it moved; None when
-    it did not (or the API cannot say)."""
-    found = node_address(api, state.zone, state.node_name)
-    if found is None or found == (state.ssh_host, state.ssh_port):
+    """The session at its node's current addresses (every worker's) when the API says
+    it moved; None when it did not (or the API cannot say)."""
+    from tpulab.errors import CloudError
+
+    try:
+        node = api.get_node(state.zone, state.node_name)
+    except CloudError:
         return None
-    fields = asdict(state)
-    fields["ssh_host"], fields["ssh_port"] = found
-    return SessionState(**fields)
+    found = worker_addresses(api, node, state.worker_count)
+    was = [(t.host, t.port) for t in state.worker_targets()]
+    if found is None or found == was:
+        return None
+    return state.moved_to(found)
 
 
 def renew_argv(state: SessionState, *, now: Callable[[], float] = time.time) -> list[str]:

@@ -9,6 +9,7 @@ driver, whose teardown runs whatever happened (tpulab.run.ending).
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -113,10 +114,13 @@ def arm_lease(ctx: RunContext) -> str:
 
     def renew(worker: Worker) -> None:
         assert worker.session is not None
+        note: Callable[[str], None] = ctx.observer.note
+        if len(ctx.workers) > 1:  # a failed renewal names the worker whose lease it missed
+            note = _worker_note(ctx, worker.index)
         worker.renewer = LeaseRenewer(
             worker.session,
             watchdog,
-            note=ctx.observer.note,
+            note=note,
             background=ctx.renew_in_background,
             clock=ctx.clock,
         )
@@ -132,6 +136,10 @@ def arm_lease(ctx: RunContext) -> str:
         if fix:
             ctx.observer.note(fix)
     return f"watchdog {state.describe()}; lease {watchdog.lease_seconds:g}s"
+
+
+def _worker_note(ctx: RunContext, index: int) -> Callable[[str], None]:
+    return lambda message: ctx.observer.note(f"worker {index}: {message}")
 
 
 def bootstrap(ctx: RunContext) -> str:

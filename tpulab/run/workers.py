@@ -19,9 +19,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
 from tpulab.errors import TpuLabError
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from tpulab.run.context import RemoteSession
     from tpulab.run.lease import LeaseRenewer
 
-__all__ = ["MAX_PARALLEL", "FanOut", "Worker", "fan_out", "name_worker"]
+__all__ = ["MAX_PARALLEL", "EveryWorker", "FanOut", "Worker", "fan_out", "name_worker"]
 
 # SSH sessions opened at once at most (MaxText's multihost_runner starts one process per
 # worker; 16 covers every slice in the catalog in one wave).
@@ -150,3 +150,46 @@ def fan_out(
             progress(f"{what}: {len(finished)}/{len(workers)} workers done")
     order = range(len(workers))
     return FanOut([cast(T, finished[i]) for i in order], [seconds[i] for i in order])
+
+
+class _Shell(Protocol):
+    def run(
+        self,
+        argv: Sequence[str] | str,
+        *,
+        env: Mapping[str, str] | None = ...,
+        timeout: float,
+        on_line: Callable[[str, str], None] | None = ...,
+        check: bool = ...,
+    ) -> object: ...
+
+
+@dataclass(frozen=True)
+class EveryWorker:
+    """Several workers' shells as one: `run` sends the same command to each at once and
+    succeeds only when every worker's did, raising the first failure with its worker
+    named (`fan_out`). A session's lease renewal goes through it (one LeaseRenewer for
+    the whole slice): each worker's watchdog reads the lease on its own VM, so a renewal
+    that reached only some of them is a failed one, and says which worker it missed."""
+
+    shells: Sequence[_Shell]
+
+    def run(
+        self,
+        argv: Sequence[str] | str,
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float,
+        on_line: Callable[[str, str], None] | None = None,
+        check: bool = False,
+    ) -> list[object]:
+        """Each worker's result, in worker order. `on_line` hears worker 0's output only
+        (the others' would interleave with it)."""
+
+        def one(position: int) -> object:
+            heard = on_line if position == 0 else None
+            return self.shells[position].run(
+                argv, env=env, timeout=timeout, on_line=heard, check=check
+            )
+
+        return fan_out(range(len(self.shells)), one, what="every worker").results
