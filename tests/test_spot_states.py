@@ -93,3 +93,30 @@ def test_waiting_for_ready_a_terminated_spot_node_is_preempted_at_once(
 def test_the_emulator_refuses_an_unknown_preempted_state(emulator: Emulator) -> None:
     with pytest.raises(ValueError, match="preempt_as"):
         emulator.faults.update({"preempt_as": "READY"})
+
+
+def test_a_preempted_spot_slice_is_recovered_whole(embedded_rig: Rig, tmp_path: Path) -> None:
+    """A slice is one node: its preemption takes every worker at once (the fault stops all
+    four VMs), and `--recover 1` brings up a new slice whose four workers verify."""
+    from run_rig import sleeps_once_then_verifies
+
+    wrapper = sleeps_once_then_verifies(tmp_path, 60)
+    spec = _spec(
+        embedded_rig,
+        ["us-central1-a", "us-west1-c"],
+        accelerator="v5litepod-16",
+        spot=True,
+        recover=1,
+        payload=wrapper,
+    )
+    runner, _recorder = _attempts(embedded_rig, spec, _TerminateAtPayload(embedded_rig))
+    outcome = runner.run()
+    assert outcome.succeeded, [a.reason for a in runner.attempts]
+    assert [(a.zone, a.outcome) for a in runner.attempts] == [
+        ("us-central1-a", "preempted"),
+        ("us-west1-c", "verified"),
+    ]
+    assert outcome.observed_total == outcome.expected_total  # the closed form for 16 devices
+    assert len(outcome.per_device_sums) == 16
+    assert all(a.teardown_status == "confirmed" for a in runner.attempts)
+    assert embedded_rig.leftovers() == []
