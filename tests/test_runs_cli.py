@@ -70,7 +70,7 @@ def test_a_schema_1_journal_is_migrated_in_place(tmp_path: Path) -> None:
         ("old1", tmp_path / "out" / "run.json")
     ]
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
 
 
 # A schema-4 journal: the record's pointer in the run's own row.

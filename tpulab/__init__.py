@@ -198,7 +198,7 @@ def sweep(
     A node this journal does not know whose watchdog's lease is fresh (another machine's
     or home's live work) is kept too, in `kept_elsewhere`, unless `include_live=True`.
     """
-    from tpulab.app.target import api_context
+    from tpulab.app.target import provider_apis
     from tpulab.cleanup.journal import Journal
     from tpulab.cleanup.report import teardown_envelope, teardown_error
     from tpulab.cleanup.sweep import find_in_scope, sweep_shielded
@@ -219,7 +219,10 @@ def sweep(
     scope, timeout = inputs.scope, inputs.timeout
     journal = Journal()
     result = None
-    with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
+    # Both providers: a Compute run's instance is found and deleted through Compute.
+    with provider_apis(
+        scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint
+    ) as api:
         plan = find_in_scope(
             api,
             scope,

@@ -366,10 +366,15 @@ class LeakedNode:
     # The QueuedResource holding the node (`run --queued`): deleting it with --force is
     # what deletes both; deleting only the node would leave the queued resource behind.
     queued_resource: str | None = None
+    # Which API holds it: "tpu-api" (a node) or "compute" (a VM instance), whose gcloud
+    # commands differ; each API is blind to the other's resources.
+    provider: str = "tpu-api"
 
     def manual_delete_command(self) -> str:
         if self.target == TARGET_EMULATE:
             return self.sweep_command() + " --yes"
+        if self.provider == "compute":
+            return self._compute_delete_command()
         gcloud = (
             f"gcloud compute tpus tpu-vm delete {self.name} "
             f"--project={self.project} --zone={self.zone} --quiet"
@@ -384,6 +389,19 @@ class LeakedNode:
         # gcloud against the endpoint, as in docs/guides/emulator.md.
         return (
             f"CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU={self.target.rstrip('/')}/ "
+            f"CLOUDSDK_AUTH_DISABLE_CREDENTIALS=true {gcloud}"
+        )
+
+    def _compute_delete_command(self) -> str:
+        gcloud = (
+            f"gcloud compute instances delete {self.name} "
+            f"--project={self.project} --zone={self.zone} --quiet"
+        )
+        if self.target == TARGET_GOOGLE:
+            return gcloud
+        # Compute's root on an emulator is <endpoint>/compute/v1/ (tpulab.cloud.preflight).
+        return (
+            f"CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE={self.target.rstrip('/')}/compute/v1/ "
             f"CLOUDSDK_AUTH_DISABLE_CREDENTIALS=true {gcloud}"
         )
 

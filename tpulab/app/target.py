@@ -9,7 +9,8 @@ client (`GoogleTpuApi`), built here and nowhere else.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
     from tpulab.cloud.api import TpuApi
 
-__all__ = ["adc_project", "api_context", "compute_api", "tpu_api"]
+__all__ = ["adc_project", "api_context", "compute_api", "provider_apis", "tpu_api"]
 
 Notify = Callable[[str], None]
 
@@ -63,9 +64,13 @@ def compute_api(
     image: str | None,
     retry_for: float = 60.0,
     request_timeout: float = 60.0,
+    image_needed: bool = True,
 ) -> TpuApi:
     """The Compute Engine provider: instances at Compute's root (ProjectApis finds it,
-    at Google or `<endpoint>/compute/v1/`), over the caller's authorised session."""
+    at Google or `<endpoint>/compute/v1/`), over the caller's authorised session.
+    `image_needed=False` builds it for list, get and delete (cleanup), which send no
+    image: one that tried to create would send an empty sourceImage, which Compute
+    refuses."""
     from tpulab import catalog
     from tpulab.cloud.compute_v1 import ComputeTpuApi, ComputeTransport
     from tpulab.cloud.google import caller_session
@@ -74,7 +79,7 @@ def compute_api(
     from tpulab.config.endpoint import classify_endpoint
     from tpulab.errors import ConfigError
 
-    if not image:
+    if image_needed and not image:
         # The TPU VM image of a Compute instance could not be confirmed from Google's
         # pages (docs/reference/providers.md): tpulab does not guess one.
         raise ConfigError(
@@ -97,7 +102,7 @@ def compute_api(
             apis, session.session, retry_for=retry_for, request_timeout=request_timeout
         ),
         machine_type_of=machine_type_of,
-        image=image,
+        image=image or "",
         poll=lambda: operation_schedule(local=local),
     )
 
@@ -133,6 +138,36 @@ def api_context(
     return nullcontext(
         tpu_api(project, api_endpoint=api_endpoint, notify=notify, provider=provider, image=image)
     )
+
+
+@contextmanager
+def provider_apis(
+    project: str,
+    *,
+    emulate: bool,
+    api_endpoint: str | None,
+    notify: Notify | None = None,
+) -> Iterator[dict[str, TpuApi]]:
+    """Every provider's API for `project` at one target, by provider name ("tpu-api",
+    "compute"), for the commands that find what tpulab left behind (`list`, `teardown
+    --verify`, `tpulab.sweep`): each API is blind to the other's resources. The embedded
+    emulator serves no Compute instances, so with `emulate` only the Cloud TPU API is
+    there. Building the Compute provider sends nothing: whether Compute answers is
+    learnt by asking it (tpulab.cleanup.providers)."""
+    with api_context(project, emulate=emulate, api_endpoint=api_endpoint, notify=notify) as api:
+        from contextlib import suppress
+
+        from tpulab.errors import TpuLabError
+
+        apis = {"tpu-api": api}
+        # Left out if it cannot be built: a journal row of a Compute run then reads as
+        # "cannot be asked" (never as gone), and the listing of nodes goes on.
+        with suppress(TpuLabError):
+            if not emulate:
+                apis["compute"] = compute_api(
+                    project, api_endpoint=api_endpoint, image=None, image_needed=False
+                )
+        yield apis
 
 
 def adc_project() -> str | None:

@@ -89,8 +89,8 @@ class LedgerEntry:
     state: BillingState
     billed_until: datetime | None  # None: nothing was created, so nothing billed
     billed_seconds: float
-    price_per_hour: float | None  # None: emulated, or a type not in this catalog
-    estimated_cost: float | None  # None only for a type not in this catalog
+    price_per_hour: float | None  # None: emulated, or a type without a cited price
+    estimated_cost: float | None  # None only for a type without a cited price (TPU7x)
     # The run this row is an attempt of, and which attempt (1: the run's own row).
     run_group: str = ""
     attempt: int = 1
@@ -267,6 +267,9 @@ def _entry(row: RunRow, now: datetime, session: SessionState | None = None) -> L
         accelerator = catalog.lookup(row.accelerator)
     except UnknownAcceleratorError:
         return LedgerEntry(row, state, until, seconds, None, None, session=name)
+    if not accelerator.priced:
+        # No cited list price (TPU7x, a Compute-only type): unknown, never $0.
+        return LedgerEntry(row, state, until, seconds, None, None, session=name)
     return LedgerEntry(
         row,
         state,
@@ -350,6 +353,7 @@ class LedgerEntryReport(_Part):
     accelerator_type: str
     spot: bool
     target: str  # "google", "emulate" or an API endpoint URL (the journal's name)
+    provider: str  # "tpu-api" (a Cloud TPU API node) or "compute" (a Compute instance)
     emulated: bool
     queued_resource: str | None
     state: BillingState
@@ -419,6 +423,7 @@ def _entry_report(entry: LedgerEntry) -> LedgerEntryReport:
         accelerator_type=row.accelerator,
         spot=row.spot,
         target=row.target,
+        provider=row.provider,
         emulated=row.emulated,
         queued_resource=row.queued_resource,
         state=entry.state,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import socket
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -54,7 +54,7 @@ __all__ = [
     "target_for",
 ]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # The embedded emulator listens on a random port per process, so its rows are keyed by
 # TARGET_EMULATE (tpulab.errors, beside LeakedNode) rather than by a URL no later process
 # could reach.
@@ -88,7 +88,8 @@ CREATE TABLE runs (
     teardown    TEXT CHECK (teardown IN ('confirmed', 'unconfirmed', 'not-created', 'forgotten')),
     detail      TEXT NOT NULL DEFAULT '',
     queued_resource TEXT,
-    run_record  TEXT  -- schema 4's pointer, moved to `records` by schema 5: unused
+    run_record  TEXT,  -- schema 4's pointer, moved to `records` by schema 5: unused
+    provider    TEXT NOT NULL DEFAULT 'tpu-api'
 );
 CREATE INDEX runs_by_teardown ON runs (teardown);
 CREATE INDEX runs_by_node ON runs (project, zone, node_name);
@@ -164,6 +165,11 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE records ADD COLUMN host TEXT",
         "ALTER TABLE records ADD COLUMN proc_start TEXT",
     ),
+    # Schema 7 records which API holds the node: "tpu-api" (a Cloud TPU API node) or
+    # "compute" (a Compute Engine instance). Each API answers NOT_FOUND for the other's
+    # resources, so a row checked through the wrong one would read as gone while its VM
+    # bills. Every older row was a Cloud TPU API node.
+    6: ("ALTER TABLE runs ADD COLUMN provider TEXT NOT NULL DEFAULT 'tpu-api'",),
 }
 
 # Queries are whole literals (no string building), so nothing user-supplied reaches SQL
@@ -171,26 +177,29 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
 _INSERT = (
     "INSERT INTO runs (run_id, project, zone, node_name, accelerator, target, emulated, "
     "spot, started, updated, phase, pid, host, proc_start, ended, teardown, detail, "
-    "queued_resource) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "queued_resource, provider) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _SELECT_ONE = (
     "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
-    "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource "
-    "FROM runs WHERE run_id = ?"
+    "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource, "
+    "provider FROM runs WHERE run_id = ?"
 )
 _SELECT_OPEN = (
     "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
-    "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource FROM runs "
+    "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource, provider "
+    "FROM runs "
     "WHERE teardown IS NULL OR teardown = 'unconfirmed' ORDER BY started, rowid"
 )
 _SELECT_ALL = (
     "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
-    "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource FROM runs "
+    "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource, provider "
+    "FROM runs "
     "ORDER BY started DESC, rowid DESC LIMIT ?"
 )
 _SELECT_NODE = (
     "SELECT run_id, project, zone, node_name, accelerator, target, emulated, spot, started, "
-    "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource FROM runs "
+    "updated, phase, pid, host, proc_start, ended, teardown, detail, queued_resource, provider "
+    "FROM runs "
     "WHERE project = ? AND zone = ? AND node_name = ? ORDER BY started DESC, rowid DESC"
 )
 _SELECT_RECORDS = (
@@ -247,6 +256,8 @@ class RunRow:
     teardown: TeardownResult | None = None
     detail: str = ""
     queued_resource: str | None = None  # --queued: the QueuedResource holding the node
+    # The API that holds the node: "tpu-api" or "compute" (tpulab.catalog.PROVIDERS).
+    provider: str = "tpu-api"
 
     @classmethod
     def for_this_process(
@@ -263,6 +274,7 @@ class RunRow:
         phase: str = "create",
         started: datetime | None = None,
         queued_resource: str | None = None,
+        provider: str = "tpu-api",
     ) -> RunRow:
         """A new row owned by the calling process (pid and host let a sweep skip it)."""
         pid = os.getpid()
@@ -281,6 +293,7 @@ class RunRow:
             host=socket.gethostname(),
             proc_start=process_marker(pid),
             queued_resource=queued_resource,
+            provider=provider,
         )
 
     @property
@@ -347,7 +360,7 @@ def _parse(text: str | None) -> datetime | None:
 
 def _row(values: Sequence[object]) -> RunRow:
     (run_id, project, zone, node, acc, target, emulated, spot, started, updated, phase, pid,
-     host, proc_start, ended, teardown, detail, queued) = values  # fmt: skip
+     host, proc_start, ended, teardown, detail, queued, provider) = values  # fmt: skip
     started_at = _parse(str(started))
     assert started_at is not None
     if teardown is not None and teardown not in _TEARDOWN_RESULTS:
@@ -371,6 +384,7 @@ def _row(values: Sequence[object]) -> RunRow:
         teardown=teardown,  # type: ignore[arg-type]  # checked just above
         detail=str(detail),
         queued_resource=None if queued is None else str(queued),
+        provider=str(provider),
     )
 
 
@@ -414,7 +428,7 @@ class Journal:
             row.run_id, row.project, row.zone, row.node_name, row.accelerator, row.target,
             int(row.emulated), int(row.spot), _iso(row.started), _iso(row.updated),
             row.phase, row.pid, row.host, row.proc_start, None, None, row.detail,
-            row.queued_resource,
+            row.queued_resource, row.provider,
         )  # fmt: skip
         with self._transaction(write=True) as conn:
             try:
@@ -710,11 +724,14 @@ def journal_view(
     project: str | None = None,
     target: str | None = None,
     journal: Journal | None = None,
+    providers: Collection[str] | None = None,
 ) -> JournalView:
     """Journal state next to the cloud's, for `tpulab list`. Never raises JournalError.
 
-    `project` and `target` (see `target_for`) say which API was listed, so that `missing`
-    only holds rows the listing could have shown.
+    `project` and `target` (see `target_for`) say which API was listed, and `providers`
+    (None: any) which of its providers answered, so that `missing` only holds rows the
+    listing could have shown: a Compute row is never "gone" for a listing that could not
+    ask Compute.
     """
     journal = journal or Journal()
     nodes = list(nodes)
@@ -737,6 +754,7 @@ def journal_view(
             if row.zone in wanted_zones
             and (not projects or row.project in projects)
             and (target is None or row.target == target)
+            and (providers is None or row.provider in providers)
             and (row.project, row.zone, row.node_name) not in listed
         ]
         # Gone on its own: the run is over (no live process will close it) and it got
@@ -785,6 +803,7 @@ class RunJournalAdapter:
                 emulated=spec.emulated,
                 spot=spec.spot,
                 queued_resource=spec.node_name if spec.queued else None,
+                provider=spec.provider,
             )
         )
         if spec.workload is not None:

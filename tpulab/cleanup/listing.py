@@ -1,25 +1,29 @@
 """What `tpulab list` shows: nodes across zones, with age and an estimated cost so far.
 
-The cloud API has no label filter, so every page of every zone is read and tpulab's
-own nodes (label managed-by=tpulab) are picked out here. Queued resources are listed
-too: one holding a node is shown on that node's line; one still waiting for capacity
-gets a line of its own for the node it would make (not billing yet: cost 0). Costs are
-catalog list-price estimates (see `catalog.PRICE_DATE`), never billing data.
+The Cloud TPU API has no label filter, so every page of every zone is read and tpulab's
+own nodes (label managed-by=tpulab) are picked out here. Compute Engine's instances are
+asked for by that label (tpulab.cloud.compute_v1.label_filter) and shown beside the
+nodes, each with its provider; when Compute cannot be asked (disabled, permission
+denied, unreachable) the listing says so in `unasked` and still shows the nodes. Queued
+resources are listed too: one holding a node is shown on that node's line; one still
+waiting for capacity gets a line of its own for the node it would make (not billing yet:
+cost 0). Costs are catalog list-price estimates (see `catalog.PRICE_DATE`), never billing
+data; a type without a cited price (TPU7x) has an unknown cost, never $0.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
-from tpulab import catalog
+from tpulab.cleanup.providers import TPU_API, Apis, accelerator_of, apis_of
 from tpulab.cloud.api import QueuedResourceInfo, TpuApi
-from tpulab.errors import UnknownAcceleratorError
+from tpulab.errors import CloudError
 from tpulab.models import NodeInfo
 
-__all__ = ["ListedNode", "Listing", "list_nodes", "queued_as_node"]
+__all__ = ["ListedNode", "Listing", "list_nodes", "list_providers", "queued_as_node"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class ListedNode:
     estimated_cost: float | None
     queued_resource: str | None = None  # the queued resource holding (or making) it
     queued_state: str | None = None
+    provider: str = TPU_API  # the API that holds it: "tpu-api" (a node) or "compute"
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,8 @@ class Listing:
     include_all: bool
     nodes: list[ListedNode]
     hidden: int  # nodes listed by the API but not tpulab's (shown with --all)
+    # Providers that could not be asked (provider -> why): their resources are not shown.
+    unasked: dict[str, str] = field(default_factory=dict)
 
     @property
     def estimated_total(self) -> float:
@@ -84,6 +91,34 @@ def list_nodes(
     return Listing(api.project, list(zones), include_all, shown, hidden)
 
 
+def list_providers(
+    apis: TpuApi | Apis,
+    zones: Sequence[str],
+    *,
+    include_all: bool = False,
+    now: datetime | None = None,
+) -> Listing:
+    """`list_nodes` over every provider in `apis`: the Cloud TPU API's failure raises as
+    before; another provider's (Compute's) is noted in `unasked` and the nodes are still
+    listed, so a project that never enabled Compute lists as it always did."""
+    by_provider = apis_of(apis)
+    primary = by_provider.get(TPU_API) or next(iter(by_provider.values()))
+    listing = Listing(primary.project, list(zones), include_all, [], 0)
+    shown: list[ListedNode] = []
+    for provider, api in by_provider.items():
+        try:
+            found = list_nodes(api, zones, include_all=include_all, now=now)
+        except CloudError as error:
+            if provider == TPU_API:
+                raise
+            listing.unasked[provider] = error.message
+            continue
+        shown += [replace(item, provider=provider) for item in found.nodes]
+        listing = replace(listing, hidden=listing.hidden + found.hidden)
+    shown.sort(key=lambda n: (n.node.zone, n.node.name, n.provider))
+    return replace(listing, nodes=shown)
+
+
 def _list_zone(api: TpuApi, zone: str) -> tuple[list[NodeInfo], list[QueuedResourceInfo]]:
     return api.list_nodes(zone), api.list_queued_resources(zone)
 
@@ -111,9 +146,9 @@ def _listed(
 ) -> ListedNode:
     age = (now - node.create_time).total_seconds() if node.create_time else None
     name, state = (queued.name, queued.state) if queued is not None else (None, None)
-    try:
-        accelerator = catalog.lookup(node.accelerator_type)
-    except UnknownAcceleratorError:
+    accelerator = accelerator_of(node.accelerator_type)
+    if accelerator is None or not accelerator.priced:
+        # Unknown, or no cited price (TPU7x): said as unknown, never as $0.
         return ListedNode(node, age, None, None, name, state)
     price = accelerator.price_per_hour(spot=node.spot)
     cost = accelerator.estimated_cost(age, spot=node.spot) if age is not None else None

@@ -53,6 +53,7 @@ def _cost(usd: float | None) -> float | None:
 
 
 class ListedNodeReport(NodeReport):
+    provider: str  # the API that holds it: "tpu-api" (a node) or "compute" (an instance)
     spot: bool
     managed_by_tpulab: bool
     create_time: datetime | None
@@ -169,6 +170,8 @@ class ListEnvelope(Envelope):
     journal_error: str | None
     sessions: list[SessionReport]  # sessions kept by `tpulab up` that are up
     sessions_gone: list[SessionGoneReport]  # found gone by this listing: cleaned up
+    # Providers that could not be asked (provider -> why): their resources are not shown.
+    providers_unasked: dict[str, str]
 
 
 def _node_fields(node: NodeInfo, age: float | None, cost: float | None) -> dict[str, object]:
@@ -190,6 +193,7 @@ def _listed(item: ListedNode, journal: str | None) -> ListedNodeReport:
     return ListedNodeReport.model_validate(
         {
             **_node_fields(node, item.age_seconds, item.estimated_cost),
+            "provider": item.provider,
             "spot": node.spot,
             "managed_by_tpulab": node.managed_by_tpulab,
             "create_time": node.create_time,
@@ -239,10 +243,12 @@ def list_envelope(
         journal_error=view.error,
         sessions=[session_report(files, now=moment) for files in sessions],
         sessions_gone=[_gone_report(concluded) for concluded in sessions_gone],
+        providers_unasked=dict(listing.unasked),
     )
 
 
 class FoundNode(NodeReport):
+    provider: str  # the API that holds it: "tpu-api" (a node) or "compute" (an instance)
     source: Literal["journal+labels", "labels"]
     live: bool  # its run is still in progress on this machine: left to finish
     # The `tpulab up` session whose node this is; a live one is kept unless
@@ -298,7 +304,9 @@ class TeardownEnvelope(Envelope):
     # Sessions whose key and state this teardown removed (node deleted or found gone).
     ended_sessions: list[str]
     untouched_unlabelled: list[str]
-    list_errors: dict[str, str]  # zone -> why it could not be listed
+    list_errors: dict[str, str]  # zone -> why it could not be listed ("ZONE (compute)")
+    # Providers that could not be asked and no journal row needed (provider -> why).
+    providers_unasked: dict[str, str]
     other_targets: list[str]  # commands that sweep open journal rows of other targets
     journal_error: str | None
     not_deleted_because: str | None
@@ -344,6 +352,7 @@ def _found(candidate: Candidate) -> FoundNode:
     return FoundNode.model_validate(
         {
             **_node_fields(candidate.node, candidate.age_seconds, candidate.estimated_cost),
+            "provider": candidate.provider,
             "source": candidate.source,
             "live": candidate.live,
             "session": candidate.session,
@@ -402,6 +411,7 @@ def teardown_envelope(
         ended_sessions=result.ended_sessions if result else [],
         untouched_unlabelled=[n.name for n in plan.lookalikes],
         list_errors=result.list_errors if result else plan.list_errors,
+        providers_unasked=dict(plan.unasked),
         other_targets=[sweep_command_for(row) for row in plan.other_rows],
         journal_error=plan.journal_error,
         not_deleted_because=declined or None,

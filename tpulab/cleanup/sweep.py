@@ -28,6 +28,12 @@ one, and a listed queued resource whose node spec carries tpulab's labels is our
 is a candidate with its node (or, before capacity came, the node it would make), and
 is deleted with force by the same teardown, which confirms both gone.
 
+Both providers are searched (tpulab.cleanup.providers): the Cloud TPU API's nodes and
+Compute Engine's instances, each journal row through the API of its own provider (the
+other answers NOT_FOUND, which must never close a row whose VM bills). Compute that
+cannot be asked (disabled, permission denied) is a note in `unasked` where no journal
+row needs it, and a failure where one does.
+
 Deletion is `teardown.delete_and_confirm`, the same code `tpulab run` uses. `verify`
 lists again at the end: the sweep is clean only when no tpulab node remains in scope and
 every zone could be listed.
@@ -36,15 +42,23 @@ every zone could be listed.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
-from tpulab import catalog
 from tpulab.cleanup.journal import Journal, RunRow, close_vanished, row_is_live, target_for
 from tpulab.cleanup.listing import queued_as_node
 from tpulab.cleanup.liveness import Liveness, read_liveness
+from tpulab.cleanup.providers import (
+    TPU_API,
+    Apis,
+    accelerator_of,
+    apis_of,
+    cannot_be_asked,
+    provider_name,
+    where,
+)
 from tpulab.cleanup.sessions import SESSION_PHASE, SessionStore, conclude_gone, why_gone
 from tpulab.cloud.api import QueuedResourceInfo, TpuApi
 from tpulab.config import Scope
@@ -57,7 +71,6 @@ from tpulab.errors import (
     TeardownError,
     TpuLabError,
     TransientError,
-    UnknownAcceleratorError,
 )
 from tpulab.models import NodeInfo
 from tpulab.polling import Backoff, retry_call
@@ -90,6 +103,11 @@ class Candidate:
     session: str | None = None  # the `tpulab up` session whose node this is, if any
     # Labels and lease, read for a node this journal does not know (None: it knows it).
     liveness: Liveness | None = None
+    provider: str = TPU_API  # the API that holds it: a node ("tpu-api") or an instance
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.provider, self.node.zone, self.node.name)
 
     @property
     def run_id(self) -> str | None:
@@ -102,7 +120,9 @@ class Candidate:
     def leaked(self) -> LeakedNode:
         node = self.node
         queued = self.queued.name if self.queued else None
-        return LeakedNode(node.project, node.zone, node.name, self.target, self.run_id, queued)
+        return LeakedNode(
+            node.project, node.zone, node.name, self.target, self.run_id, queued, self.provider
+        )
 
 
 @dataclass
@@ -122,6 +142,8 @@ class SweepPlan:
     stale_rows: list[RunRow] = field(default_factory=list)  # open rows, no node left
     lookalikes: list[NodeInfo] = field(default_factory=list)  # named like ours, unlabelled
     list_errors: dict[str, str] = field(default_factory=dict)  # zone -> why it failed
+    # Providers that could not be asked and that no journal row needed (provider -> why).
+    unasked: dict[str, str] = field(default_factory=dict)
     other_rows: list[RunRow] = field(default_factory=list)  # open rows for other targets
     unlisted_rows: list[RunRow] = field(default_factory=list)  # open rows, zone unlisted
     journal_error: str | None = None
@@ -169,6 +191,8 @@ class SweepResult:
     ended_rows: list[str] = field(default_factory=list)  # their rows (closed if open)
     list_errors: dict[str, str] = field(default_factory=dict)
     journal_warnings: list[str] = field(default_factory=list)
+    # The provider of each node of the final list, by (zone, name): its manual command.
+    providers: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -176,11 +200,17 @@ class SweepResult:
 
     def leaked(self, target: str) -> list[LeakedNode]:
         """What may remain, with the commands that work against `target`."""
-        seen = {(n.project, n.zone, n.name): n for n in self.remaining}
+        seen = {
+            (n.project, n.zone, n.name): (n, self.providers.get((n.zone, n.name), TPU_API))
+            for n in self.remaining
+        }
         for candidate, _error in self.failed:
             node = candidate.node
-            seen.setdefault((node.project, node.zone, node.name), node)
-        return [LeakedNode(p, z, name, target, node.run_id) for (p, z, name), node in seen.items()]
+            seen.setdefault((node.project, node.zone, node.name), (node, candidate.provider))
+        return [
+            LeakedNode(p, z, name, target, node.run_id, provider=provider)
+            for (p, z, name), (node, provider) in seen.items()
+        ]
 
 
 def sweep_command_for(row: RunRow) -> str:
@@ -195,7 +225,9 @@ def forget_command_for(row: RunRow) -> str | None:
 
 
 def _leaked(row: RunRow) -> LeakedNode:
-    return LeakedNode(row.project, row.zone, row.node_name, row.target, row.run_id)
+    return LeakedNode(
+        row.project, row.zone, row.node_name, row.target, row.run_id, provider=row.provider
+    )
 
 
 def _list_zone(
@@ -245,16 +277,17 @@ def _age_and_cost(
     if started.tzinfo is None:
         started = started.replace(tzinfo=timezone.utc)
     age = max(0.0, (now - started).total_seconds())
-    name = node.accelerator_type or (row.accelerator if row else "")
-    try:
-        accelerator = catalog.lookup(name)
-    except UnknownAcceleratorError:
-        return age, None
+    # A node names its accelerator type, an instance its machine type; either is found.
+    accelerator = accelerator_of(node.accelerator_type) or accelerator_of(
+        row.accelerator if row else ""
+    )
+    if accelerator is None or not accelerator.priced:
+        return age, None  # unknown, or no cited price (TPU7x): never shown as $0
     return age, accelerator.estimated_cost(age, spot=node.spot)
 
 
 def find_orphans(
-    api: TpuApi,
+    api: TpuApi | Apis,
     *,
     target: str,
     zones: Sequence[str] = (),
@@ -271,26 +304,32 @@ def find_orphans(
 ) -> SweepPlan:
     """Look (journal, then every zone's `list`) and say what a sweep would do.
 
-    `target` is the journal's name for `api` (see `journal.target_for`); rows of other
-    targets or projects are reported in `other_rows`, never acted on. `zones` are searched
-    in addition to the zones of this target's open journal rows. A journal that cannot
-    be read is reported in `journal_error` and the search goes on by labels alone. A zone
-    whose list keeps failing transiently for `list_for` seconds lands in `list_errors`.
-    A live session's node goes to `sessions` unless `include_sessions` (`sessions` is
-    this machine's session store, by default the state directory's). A node the journal
-    does not know whose lease is fresh goes to `elsewhere` unless `include_live`
-    (`this_home`, this home's owner id, only names it in what is shown).
+    `api` is the Cloud TPU API alone, or every provider's API by name
+    (tpulab.cleanup.providers.Apis): each is listed, and each journal row is judged by
+    its own provider's listing. `target` is the journal's name for them (see
+    `journal.target_for`); rows of other targets or projects are reported in
+    `other_rows`, never acted on. `zones` are searched in addition to the zones of this
+    target's open journal rows. A journal that cannot be read is reported in
+    `journal_error` and the search goes on by labels alone. A zone whose list keeps
+    failing transiently for `list_for` seconds lands in `list_errors`; Compute refusing
+    to answer where no row needs it lands in `unasked`. A live session's node goes to
+    `sessions` unless `include_sessions` (`sessions` is this machine's session store, by
+    default the state directory's). A node the journal does not know whose lease is
+    fresh goes to `elsewhere` unless `include_live` (`this_home`, this home's owner id,
+    only names it in what is shown).
     """
+    apis = apis_of(api)
     now = now or datetime.now(timezone.utc)
     journal = journal or Journal()
-    plan = SweepPlan(project=api.project, target=target, zones=[], run_id=run_id)
+    project = (apis.get(TPU_API) or next(iter(apis.values()))).project
+    plan = SweepPlan(project=project, target=target, zones=[], run_id=run_id)
     plan.session_states = (sessions or SessionStore()).by_run_id()
     rows: list[RunRow] = []
     try:
         for row in journal.open_runs():
             if run_id is not None and row.run_id != run_id:
                 continue
-            if row.target == target and row.project == api.project:
+            if row.target == target and row.project == project:
                 rows.append(row)
             else:
                 plan.other_rows.append(row)
@@ -309,70 +348,118 @@ def find_orphans(
             if run_id is not None and elsewhere
             else "Pass --zone ZONE (repeat it for several zones).",
         )
-    rows_by_run = {row.run_id: row for row in rows}
-    labelled_runs: set[str] = set()
-    unknown: list[Candidate] = []  # not in this journal: their leases decide
-    for zone in plan.zones:
-        try:
-            listed = _list_zone(api, zone, list_for=list_for, clock=clock, sleep=sleep)
-            queued = _list_queued(api, zone, list_for=list_for, clock=clock, sleep=sleep)
-        except CloudError as error:
-            plan.list_errors[zone] = error.message
-            continue
-        # Ours by the labels of the node spec (a queued resource has none of its own).
-        queued_by_node = {
-            (found.node_id or found.name): found for found in queued if found.managed_by_tpulab
-        }
-        listed_names = {node.name for node in listed}
-        listed = listed + [
-            queued_as_node(found)
-            for name, found in queued_by_node.items()
-            if name not in listed_names
-        ]
-        open_names = {row.node_name for row in rows if row.zone == zone}
-        for node in listed:
-            if not node.managed_by_tpulab:
-                if node.name in open_names or node.name.startswith("tpulab-"):
-                    plan.lookalikes.append(node)
-                continue
-            if run_id is not None and node.run_id != run_id:
-                continue
-            if node.run_id is not None:
-                labelled_runs.add(node.run_id)
-            known = rows_by_run.get(node.run_id or "")
-            live = known is not None and known.teardown is None and row_is_live(known)
-            age, cost = _age_and_cost(node, known, now)
-            holder = queued_by_node.get(node.name) if node.managed_by_tpulab else None
-            state = plan.session_states.get(node.run_id or "")
-            session = state.name if state is not None and _is_session(known) else None
-            candidate = Candidate(node, known, live, age, cost, target, holder, session)
-            if live and not include_live:
-                plan.live.append(candidate)
-            elif (
-                state is not None
-                and session is not None
-                and state.deadline_at > now.timestamp()
-                and not include_sessions
-            ):
-                plan.sessions.append(candidate)
-            elif known is None:
-                unknown.append(candidate)
-            else:
-                plan.candidates.append(candidate)
-    _judge_by_lease(api, plan, unknown, include_live=include_live, now=now, this_home=this_home)
     for row in rows:
-        listed_ok = row.zone not in plan.list_errors
+        if row.provider not in apis:
+            # Not askable here (the embedded emulator serves no instances): its node may
+            # remain, so the sweep cannot be clean.
+            plan.list_errors[where(row.zone, row.provider)] = (
+                f"{provider_name(row.provider)} cannot be asked through this target"
+            )
+    labelled_runs: set[tuple[str, str]] = set()  # (provider, run id) seen with a node
+    unknown: list[Candidate] = []  # not in this journal: their leases decide
+    for provider, provider_api in apis.items():
+        needed = {row.zone for row in rows if row.provider == provider}
+        by_run = {row.run_id: row for row in rows if row.provider == provider}
+        for zone in plan.zones:
+            try:
+                listed = _list_zone(provider_api, zone, list_for=list_for, clock=clock, sleep=sleep)
+                queued = _list_queued(
+                    provider_api, zone, list_for=list_for, clock=clock, sleep=sleep
+                )
+            except CloudError as error:
+                if cannot_be_asked(provider, error) and zone not in needed:
+                    plan.unasked[provider] = error.message
+                else:
+                    plan.list_errors[where(zone, provider)] = error.message
+                continue
+            _judge_zone(
+                plan,
+                _with_queued(listed, queued),
+                {q.node_id or q.name: q for q in queued if q.managed_by_tpulab},
+                provider=provider,
+                zone=zone,
+                rows=by_run,
+                labelled_runs=labelled_runs,
+                unknown=unknown,
+                include_live=include_live,
+                include_sessions=include_sessions,
+                now=now,
+            )
+    _judge_by_lease(apis, plan, unknown, include_live=include_live, now=now, this_home=this_home)
+    for row in rows:
+        listed_ok = where(row.zone, row.provider) not in plan.list_errors
         if not listed_ok:
             plan.unlisted_rows.append(row)
-        elif row.run_id not in labelled_runs:
+        elif (row.provider, row.run_id) not in labelled_runs:
             if row.teardown is None and row_is_live(row) and not include_live:
                 continue  # may still be creating its node; it will close its own row
             plan.stale_rows.append(row)
     return plan
 
 
+def _with_queued(listed: list[NodeInfo], queued: list[QueuedResourceInfo]) -> list[NodeInfo]:
+    """The listed nodes, plus the node each of tpulab's queued resources would make
+    (ours by the labels of its node spec: a queued resource has none of its own)."""
+    names = {node.name for node in listed}
+    return listed + [
+        queued_as_node(found)
+        for found in queued
+        if found.managed_by_tpulab and (found.node_id or found.name) not in names
+    ]
+
+
+def _judge_zone(
+    plan: SweepPlan,
+    listed: list[NodeInfo],
+    queued_by_node: dict[str, QueuedResourceInfo],
+    *,
+    provider: str,
+    zone: str,
+    rows: dict[str, RunRow],
+    labelled_runs: set[tuple[str, str]],
+    unknown: list[Candidate],
+    include_live: bool,
+    include_sessions: bool,
+    now: datetime,
+) -> None:
+    """Sort one zone's listing of one provider into the plan: candidates, live runs,
+    kept sessions, lookalikes; nodes this journal does not know go to `unknown`."""
+    open_names = {row.node_name for row in rows.values() if row.zone == zone}
+    for node in listed:
+        if not node.managed_by_tpulab:
+            if node.name in open_names or node.name.startswith("tpulab-"):
+                plan.lookalikes.append(node)
+            continue
+        if plan.run_id is not None and node.run_id != plan.run_id:
+            continue
+        if node.run_id is not None:
+            labelled_runs.add((provider, node.run_id))
+        known = rows.get(node.run_id or "")
+        live = known is not None and known.teardown is None and row_is_live(known)
+        age, cost = _age_and_cost(node, known, now)
+        holder = queued_by_node.get(node.name)
+        state = plan.session_states.get(node.run_id or "")
+        session = state.name if state is not None and _is_session(known) else None
+        candidate = Candidate(
+            node, known, live, age, cost, plan.target, holder, session, provider=provider
+        )
+        if live and not include_live:
+            plan.live.append(candidate)
+        elif (
+            state is not None
+            and session is not None
+            and state.deadline_at > now.timestamp()
+            and not include_sessions
+        ):
+            plan.sessions.append(candidate)
+        elif known is None:
+            unknown.append(candidate)
+        else:
+            plan.candidates.append(candidate)
+
+
 def _judge_by_lease(
-    api: TpuApi,
+    apis: Apis,
     plan: SweepPlan,
     unknown: list[Candidate],
     *,
@@ -382,14 +469,16 @@ def _judge_by_lease(
 ) -> None:
     """Nodes this journal does not know: kept when their lease is fresh (live work of
     another machine or home), candidates otherwise, each with what its lease said."""
-    read = read_liveness(api, [c.node for c in unknown], this_home=this_home, now=now.timestamp)
-    for candidate in unknown:
-        liveness = read[(candidate.node.zone, candidate.node.name)]
-        judged = replace(candidate, liveness=liveness)
-        if liveness.fresh and not include_live:
-            plan.elsewhere.append(judged)
-        else:
-            plan.candidates.append(judged)
+    for provider, api in apis.items():
+        mine = [c for c in unknown if c.provider == provider]
+        read = read_liveness(api, [c.node for c in mine], this_home=this_home, now=now.timestamp)
+        for candidate in mine:
+            liveness = read[(candidate.node.zone, candidate.node.name)]
+            judged = replace(candidate, liveness=liveness)
+            if liveness.fresh and not include_live:
+                plan.elsewhere.append(judged)
+            else:
+                plan.candidates.append(judged)
 
 
 def _is_session(row: RunRow | None) -> bool:
@@ -406,36 +495,56 @@ def _close(journal: Journal, run_id: str, detail: str, warnings: list[str]) -> b
 
 
 def verify_clean(
-    api: TpuApi,
+    api: TpuApi | Apis,
     zones: Iterable[str],
     *,
     run_id: str | None = None,
     list_for: float = 60.0,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    unasked: Collection[str] = (),
 ) -> tuple[list[NodeInfo], dict[str, str]]:
-    """tpulab nodes (of `run_id`, if given) still listed, and zones that failed to list."""
-    remaining: list[NodeInfo] = []
-    errors: dict[str, str] = {}
-    for zone in zones:
-        try:
-            listed = _list_zone(api, zone, list_for=list_for, clock=clock, sleep=sleep)
-            queued = _list_queued(api, zone, list_for=list_for, clock=clock, sleep=sleep)
-        except CloudError as error:
-            errors[zone] = error.message
-            continue
-        names = {node.name for node in listed}
-        listed += [queued_as_node(q) for q in queued if (q.node_id or q.name) not in names]
-        remaining.extend(
-            node
-            for node in listed
-            if node.managed_by_tpulab and (run_id is None or node.run_id == run_id)
-        )
+    """tpulab nodes (of `run_id`, if given) still listed, and zones that failed to list
+    (a Compute zone named as `providers.where` names it). Providers in `unasked` (the
+    sweep's plan found them unaskable, with no row needing them) are not listed again."""
+    remaining, errors, _providers = _final_list(
+        apis_of(api), list(zones), run_id, list_for, clock, sleep, unasked
+    )
     return remaining, errors
 
 
+def _final_list(
+    apis: Apis,
+    zones: list[str],
+    run_id: str | None,
+    list_for: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    unasked: Collection[str],
+) -> tuple[list[NodeInfo], dict[str, str], dict[tuple[str, str], str]]:
+    """`verify_clean`'s list, with each remaining node's provider by (zone, name)."""
+    remaining: list[NodeInfo] = []
+    errors: dict[str, str] = {}
+    providers: dict[tuple[str, str], str] = {}
+    for provider, api in apis.items():
+        if provider in unasked:
+            continue
+        for zone in zones:
+            try:
+                listed = _list_zone(api, zone, list_for=list_for, clock=clock, sleep=sleep)
+                queued = _list_queued(api, zone, list_for=list_for, clock=clock, sleep=sleep)
+            except CloudError as error:
+                errors[where(zone, provider)] = error.message
+                continue
+            for node in _with_queued(listed, queued):
+                if node.managed_by_tpulab and (run_id is None or node.run_id == run_id):
+                    remaining.append(node)
+                    providers[(node.zone, node.name)] = provider
+    return remaining, errors, providers
+
+
 def sweep(
-    api: TpuApi,
+    api: TpuApi | Apis,
     plan: SweepPlan,
     *,
     journal: Journal | None = None,
@@ -451,7 +560,9 @@ def sweep(
 ) -> SweepResult:
     """Delete the plan's candidates, close the journal rows it has evidence for, and
     list every zone once more. Never reports success for a node it could not see gone.
+    Each candidate is deleted through its own provider's API in `api` (an `Apis`).
     """
+    apis = apis_of(api)
     journal = journal or Journal()
     store = sessions or SessionStore()
     result = SweepResult()
@@ -462,7 +573,7 @@ def sweep(
         node = candidate.node
         try:
             report = delete_and_confirm(
-                api,
+                apis[candidate.provider],
                 node.zone,
                 node.name,
                 run_id=node.run_id,
@@ -548,23 +659,25 @@ def sweep(
         detail = f"no node labelled tpulab-run={row.run_id} in {row.zone} (teardown --verify)"
         if _close(journal, row.run_id, detail, result.journal_warnings):
             result.closed_rows.append(row.run_id)
-    listed, result.list_errors = verify_clean(
-        api, plan.zones, run_id=plan.run_id, list_for=list_for, clock=clock, sleep=sleep
+    listed, result.list_errors, result.providers = _final_list(
+        apis, plan.zones, plan.run_id, list_for, clock, sleep, plan.unasked
     )
-    owned = {(c.node.zone, c.node.name) for c in plan.live}
-    kept = {(c.node.zone, c.node.name) for c in plan.sessions}
-    elsewhere = {(c.node.zone, c.node.name) for c in plan.elsewhere}
-    result.live = [node for node in listed if (node.zone, node.name) in owned]
-    result.kept_sessions = [node for node in listed if (node.zone, node.name) in kept]
-    result.kept_elsewhere = [node for node in listed if (node.zone, node.name) in elsewhere]
-    result.remaining = [
-        node for node in listed if (node.zone, node.name) not in owned | kept | elsewhere
-    ]
+
+    def key(node: NodeInfo) -> tuple[str, str, str]:
+        return (result.providers[(node.zone, node.name)], node.zone, node.name)
+
+    owned = {c.key for c in plan.live}
+    kept = {c.key for c in plan.sessions}
+    elsewhere = {c.key for c in plan.elsewhere}
+    result.live = [node for node in listed if key(node) in owned]
+    result.kept_sessions = [node for node in listed if key(node) in kept]
+    result.kept_elsewhere = [node for node in listed if key(node) in elsewhere]
+    result.remaining = [node for node in listed if key(node) not in owned | kept | elsewhere]
     return result
 
 
 def sweep_shielded(
-    api: TpuApi,
+    api: TpuApi | Apis,
     plan: SweepPlan,
     *,
     journal: Journal,
@@ -588,7 +701,7 @@ def sweep_shielded(
 
 
 def find_in_scope(
-    api: TpuApi,
+    api: TpuApi | Apis,
     scope: Scope,
     *,
     journal: Journal,

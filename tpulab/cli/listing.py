@@ -1,4 +1,5 @@
-"""`tpulab list`: tpulab's TPU nodes with zone, type, state, age, run id and cost.
+"""`tpulab list`: tpulab's TPU nodes and Compute instances with zone, type, state, age,
+run id and cost.
 
 tpulab.cleanup.listing reads the nodes and prices them; this module prints them, with the
 journal's view of each node next to it.
@@ -13,7 +14,7 @@ import typer
 
 from tpulab.cli._console import age_text, cost_text, print_stderr, table_console
 from tpulab.cli._exit import json_or_guarded, print_envelope
-from tpulab.cli._target import adc_project, api_context
+from tpulab.cli._target import adc_project, reach_notice
 
 if TYPE_CHECKING:
     from tpulab.cleanup.listing import Listing
@@ -35,7 +36,7 @@ def _list_table(listing: Listing, journal_states: dict[tuple[str, str, str], str
         console.print(f"No {which} in {where}{extra}.")
         return
     table = Table(box=None, pad_edge=False)
-    for column in ("NAME", "ZONE", "TYPE", "STATE", "AGE", "RUN ID", "EST. COST"):
+    for column in ("NAME", "ZONE", "TYPE", "STATE", "AGE", "RUN ID", "EST. COST", "PROVIDER"):
         table.add_column(column)
     if journal_states:
         table.add_column("JOURNAL")
@@ -50,6 +51,7 @@ def _list_table(listing: Listing, journal_states: dict[tuple[str, str, str], str
             age_text(item.age_seconds),
             node.run_id or "-",
             cost_text(item.estimated_cost),
+            item.provider,
         ]
         if journal_states:
             row.append(journal_states.get((node.project, node.zone, node.name), "-"))
@@ -107,9 +109,13 @@ def _list(
     api_endpoint: str | None,
     project: str | None,
 ) -> None:
+    from rich.markup import escape
+
+    from tpulab.app.target import provider_apis
     from tpulab.cleanup.journal import VANISHED, Journal, close_vanished, journal_view, target_for
-    from tpulab.cleanup.listing import list_nodes
+    from tpulab.cleanup.listing import list_providers
     from tpulab.cleanup.liveness import with_liveness
+    from tpulab.cleanup.providers import provider_name
     from tpulab.cleanup.sessions import reconcile_listed
     from tpulab.cli._session_reach import session_store
     from tpulab.config import list_scope
@@ -123,8 +129,10 @@ def _list(
         adc_project=adc_project,
     )
     journal = Journal()
-    with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
-        listing = list_nodes(api, scope.zones, include_all=include_all)
+    with provider_apis(
+        scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint, notify=reach_notice
+    ) as apis:
+        listing = list_providers(apis, scope.zones, include_all=include_all)
         nodes = [item.node for item in listing.nodes]
         view = journal_view(
             nodes,
@@ -132,10 +140,16 @@ def _list(
             project=scope.project,
             target=target_for(scope.api_endpoint, embedded_emulator=scope.emulate),
             journal=journal,
+            # A row of a provider that was not asked is not "missing": nothing looked.
+            providers=[name for name in apis if name not in listing.unasked],
         )
         # A node this journal does not know: its lease says whether it is someone's
         # live work (another machine's or home's) or a leftover.
-        states = with_liveness(api, nodes, view.states, this_home=owner_id())
+        states = dict(view.states)
+        for name, api in apis.items():
+            # Each provider reads its own nodes' leases (guest attributes are per API).
+            theirs = [item.node for item in listing.nodes if item.provider == name]
+            states = with_liveness(api, theirs, states, this_home=owner_id())
         view = dataclasses.replace(view, states=states)
     # Sessions first: a session whose node the listing does not show deleted itself
     # (or was deleted), and its key, state and row go with it, saying why.
@@ -162,6 +176,12 @@ def _list(
     closed += [c.run_id for c in gone if c.journal_closed]
     for warning in warnings:
         print_stderr(f"[yellow]journal:[/] {warning}")
+    for provider, why in listing.unasked.items():
+        # One line, and the nodes are still listed: a project may never have enabled it.
+        print_stderr(
+            f"[yellow]{escape(provider_name(provider))} could not be asked; its "
+            f"resources are not shown:[/] {escape(why)}"
+        )
     if as_json:
         from tpulab.cleanup.report import list_envelope
 
@@ -206,7 +226,8 @@ def list_command(
         bool, typer.Option("--emulate", help="List the embedded emulator's nodes.")
     ] = False,
 ) -> None:
-    """List tpulab's TPU nodes with zone, type, state, age, run id and estimated cost."""
+    """List tpulab's TPU nodes and Compute instances with zone, provider, type, state,
+    age, run id and estimated cost."""
     json_or_guarded(
         "list",
         as_json,

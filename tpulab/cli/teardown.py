@@ -21,7 +21,7 @@ import typer
 
 from tpulab.cli._console import age_text, cost_text, print_stderr, table_console
 from tpulab.cli._exit import error_report, json_or_guarded, print_envelope, report_error
-from tpulab.cli._target import adc_project, api_context, tpu_api
+from tpulab.cli._target import adc_project, reach_notice, tpu_api
 from tpulab.errors import TARGET_GOOGLE, ConfigError
 from tpulab.exits import EXIT_TEARDOWN
 
@@ -38,6 +38,7 @@ def _print_plan(plan: SweepPlan) -> None:
     from rich.table import Table
 
     from tpulab.catalog import PRICE_DATE
+    from tpulab.cleanup.providers import provider_name
     from tpulab.cleanup.sweep import forget_command_for, sweep_command_for
 
     console = table_console()
@@ -48,7 +49,8 @@ def _print_plan(plan: SweepPlan) -> None:
     found = [*plan.candidates, *plan.live, *plan.sessions, *plan.elsewhere]
     if found:
         table = Table(box=None, pad_edge=False)
-        for column in ("ZONE", "NODE", "STATE", "RUN ID", "AGE", "EST. COST", "FOUND BY"):
+        columns = ("ZONE", "NODE", "STATE", "RUN ID", "AGE", "EST. COST", "PROVIDER", "FOUND BY")
+        for column in columns:
             table.add_column(column)
         for c in found:
             table.add_row(
@@ -58,6 +60,7 @@ def _print_plan(plan: SweepPlan) -> None:
                 c.run_id or "-",
                 age_text(c.age_seconds),
                 cost_text(c.estimated_cost),
+                c.provider,
                 c.source
                 + (" [yellow](run in progress)[/]" if c.live else "")
                 + (f" (session {escape(c.session)})" if c.session else "")
@@ -99,6 +102,12 @@ def _print_plan(plan: SweepPlan) -> None:
         console.print(f"Left alone: {escape(node.name)} has no tpulab labels (not ours).")
     for zone, message in plan.list_errors.items():
         console.print(f"[red]Could not list {escape(zone)}: {escape(message)}[/]")
+    for provider, message in plan.unasked.items():
+        # No journal row needed it (else it is a list error above): said, not fatal.
+        console.print(
+            f"[yellow]{escape(provider_name(provider))} could not be asked (no journal row "
+            f"here needs it); its resources were not searched: {escape(message)}[/]"
+        )
     if plan.journal_error:
         console.print(
             f"[yellow]Journal unreadable; searched by labels only. {escape(plan.journal_error)}[/]"
@@ -132,6 +141,7 @@ def _teardown_verify(
     include_sessions: bool,
     timeout: float,
 ) -> None:
+    from tpulab.app.target import provider_apis
     from tpulab.cleanup.journal import Journal
     from tpulab.cleanup.sweep import find_in_scope, sweep_shielded
     from tpulab.config import teardown_inputs
@@ -152,9 +162,11 @@ def _teardown_verify(
     journal = Journal()
     result: SweepResult | None = None
     declined = ""
-    with api_context(scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint) as api:
+    with provider_apis(
+        scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint, notify=reach_notice
+    ) as apis:
         plan = find_in_scope(
-            api,
+            apis,
             scope,
             journal=journal,
             include_live=include_live,
@@ -189,14 +201,14 @@ def _teardown_verify(
                 declined = "not deleted: declined at the prompt"
         if not declined:
             result = sweep_shielded(
-                api,
+                apis,
                 plan,
                 journal=journal,
                 timeout=timeout,
                 notify=print_stderr,
                 force_exit_status=EXIT_TEARDOWN,
             )
-        unreachable = _unreachable(api)
+        unreachable = _unreachable(apis["tpu-api"])
     if unreachable is not None and not as_json:
         _say_unreachable(journal, plan, result, unreachable)
     _teardown_report(plan, result, declined, dry_run, as_json)

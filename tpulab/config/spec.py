@@ -208,6 +208,7 @@ class RunSpec:
             self.target,
             self.run_id,
             queued_resource=self.node_name if self.queued else None,
+            provider=self.provider,
         )
 
 
