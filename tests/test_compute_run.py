@@ -349,3 +349,31 @@ def test_ctrl_c_mid_payload_exits_130_and_the_runs_own_teardown_deletes(served: 
     deletes = served.deletes(node)
     assert deletes
     assert all("caller" not in entry for entry in deletes), deletes  # the controller's
+
+
+# -- spot --------------------------------------------------------------------------------
+
+
+def test_a_spot_instance_reclaimed_mid_run_is_a_preemption_and_recover_recreates_it(
+    served: Served,
+) -> None:
+    # Reclaimed a few seconds after RUNNING (the verifier or the command is under way):
+    # Compute shows it TERMINATED (its termination action is STOP), once only.
+    served.emulator.faults.update(
+        {"preempt_after": 4.0, "preempt_nodes": 1, "preempt_as": "TERMINATED"}
+    )
+    node = "tpulab-compute-spot"
+    run = served.start(node, "--spot", "--recover", "1", "--", "sh", "-c", "sleep 10")
+    status, output = run.wait()
+    assert status == 0, output[-4000:]
+    # Read as a preemption from the instance's own state (run/symptoms.py), not a crash.
+    assert "was preempted" in output
+    assert "the API says TERMINATED" in output
+    inserts = [
+        entry["path"]
+        for entry in served.emulator.requests()
+        if entry["method"] == "POST" and entry["path"].endswith("/instances")
+    ]
+    assert len(inserts) == 2  # the reclaimed instance, then its recovery
+    assert served.emulator.faults.preempt_nodes == 0
+    assert served.emulator.instance_names(PROJECT) == []
