@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from run_rig import Rig
 
     from tpulab.emulator import Emulator
+    from tpulab.emulator.hosts import HostBackend
 
 pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
 
@@ -106,6 +107,34 @@ def test_an_emulated_compute_plan_names_the_emulators_image() -> None:
         "--dry-run", "--json",
     )  # fmt: skip
     assert json.loads(online.stdout)["sources"]["image"] == "default"
+
+
+def test_nothing_published_yet_is_empty_but_a_missing_instance_is_not_found(
+    start_emulator: EmulatorStarter, host_backend: HostBackend, tmp_path: Path
+) -> None:
+    """Compute answers 404 both for a guest attribute path with nothing under it and for
+    a missing instance: the first is "not yet" (the host-key wait goes on), the second
+    an error."""
+    from emulator_fixtures import node_request
+
+    from tpulab.errors import NotFoundError
+
+    emulator = start_emulator(tmp_path / "state", host_backend=host_backend)
+    api = compute_api(PROJECT, api_endpoint=emulator.url, image=IMAGE)
+    # No enable-guest-attributes in its metadata: its agent never publishes host keys.
+    api.wait_operation(api.create_node(ZONE, "quiet", node_request("v6e-4")), timeout=60)
+    _until(lambda: bool(api.guest_attributes(ZONE, "quiet")), "the emulator's port", 60)
+    published = api.guest_attributes(ZONE, "quiet")
+    assert not [key for key in published if key.startswith("hostkeys/")], published
+    assert api.guest_attributes(ZONE, "quiet", "hostkeys/") == {}
+    # Asked, and answered 404 (tests/test_emulator_instances.py shows that answer).
+    assert any("queryPath=hostkeys/" in _url(e) for e in emulator.requests())
+    with pytest.raises(NotFoundError):
+        api.guest_attributes(ZONE, "no-such-instance")
+
+
+def _url(entry: dict[str, Any]) -> str:
+    return str(entry["path"]) + "?" + "&".join(f"{k}={v}" for k, v in entry["query"])
 
 
 # -- the plan is the run --------------------------------------------------------------
