@@ -89,6 +89,7 @@ RESOURCE_MANAGER_BASE_ENV = "TPULAB_RESOURCE_MANAGER_BASE"
 CLOCK_SKIP_ENV = "TPULAB_EMULATED_CLOCK_SKIP"
 METADATA_HOST = "metadata.google.internal"
 TPU_API_BASE = "https://tpu.googleapis.com/"
+COMPUTE_API_BASE = "https://compute.googleapis.com/"
 RESOURCE_MANAGER_BASE = "https://cloudresourcemanager.googleapis.com/"
 
 STATE_NAMESPACE = "tpulab"
@@ -590,10 +591,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{stamp} tpulab-watchdog[{config.run_id}]: {message}", flush=True)
 
     env = os.environ
+    # A config without api_base (an embedded emulator's run, whose controller cannot name
+    # the emulator's root to the VM) takes the environment's, else the provider's Google root.
+    google_base = COMPUTE_API_BASE if config.provider == COMPUTE else TPU_API_BASE
     watchdog = Watchdog(
         config,
         Metadata(env.get(METADATA_HOST_ENV) or METADATA_HOST),
-        api_base=config.api_base or env.get(TPU_API_BASE_ENV) or TPU_API_BASE,
+        api_base=config.api_base or env.get(TPU_API_BASE_ENV) or google_base,
         resource_manager_base=env.get(RESOURCE_MANAGER_BASE_ENV) or RESOURCE_MANAGER_BASE,
         clock=vm_clock(env.get(CLOCK_SKIP_ENV)),
         log=log,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from tpulab.config import EMULATED_PROJECT, EMULATED_ZONE
+from tpulab.config import EMULATED_IMAGE, EMULATED_PROJECT, EMULATED_ZONE
 from tpulab.emulator.server import Emulator
 from tpulab.emulator.timing import Timing
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EMBEDDED_TIMING",
+    "EMULATED_IMAGE",
     "EMULATED_PROJECT",
     "EMULATED_ZONE",
     "EmulatedTarget",
@@ -101,7 +102,16 @@ def emulated_api(
     *,
     ssh: Literal["embedded", "openssh"] | None = None,
     timing: Timing | None = None,
+    provider: str = "tpu-api",
+    image: str | None = None,
 ) -> Iterator[TpuApi]:
-    """Just the API of `emulated_target` (what `teardown --emulate` needs)."""
+    """Just the API of `emulated_target` (what `teardown --emulate` needs); with
+    `provider` "compute", the Compute provider at the same emulator's Compute root,
+    creating instances from `image` (None: EMULATED_IMAGE)."""
     with emulated_target(project, ssh=ssh, timing=timing) as target:
-        yield target.api
+        if provider != "compute":
+            yield target.api
+            return
+        from tpulab.app.target import compute_api
+
+        yield compute_api(project, api_endpoint=target.emulator.url, image=image or EMULATED_IMAGE)

@@ -72,7 +72,12 @@ def compute_api(
     image: one that tried to create would send an empty sourceImage, which Compute
     refuses."""
     from tpulab import catalog
-    from tpulab.cloud.compute_v1 import ComputeTpuApi, ComputeTransport
+    from tpulab.cloud.compute_v1 import (
+        EMULATOR_NAMESPACE,
+        HOST_KEYS_QUERY,
+        ComputeTpuApi,
+        ComputeTransport,
+    )
     from tpulab.cloud.google import caller_session
     from tpulab.cloud.polling import operation_schedule
     from tpulab.cloud.preflight import ProjectApis
@@ -104,6 +109,8 @@ def compute_api(
         machine_type_of=machine_type_of,
         image=image or "",
         poll=lambda: operation_schedule(local=local),
+        # A local endpoint is an emulator: its SSH port and user are published too.
+        published=(HOST_KEYS_QUERY, EMULATOR_NAMESPACE) if local else (HOST_KEYS_QUERY,),
     )
 
 
@@ -124,17 +131,10 @@ def api_context(
     if emulate:
         from tpulab.app.embedded import emulated_api
 
-        if provider == "compute":
-            from tpulab.errors import ConfigError
-
-            raise ConfigError(
-                "The embedded emulator does not serve Compute Engine instances yet.",
-                hint="Rehearse with --dry-run, or run `tpulab emulator serve` once it "
-                "serves instances and pass --api-endpoint.",
-            )
-
         # Its OpenSSH hosts publish the login user they need (tpulab-emulator/ssh-user).
-        return emulated_api(project, ssh=ssh)
+        # The emulator serves Compute's instances too; it boots any image alike, so
+        # --image may be left out (tpulab.app.embedded.EMULATED_IMAGE).
+        return emulated_api(project, ssh=ssh, provider=provider, image=image)
     return nullcontext(
         tpu_api(project, api_endpoint=api_endpoint, notify=notify, provider=provider, image=image)
     )

@@ -34,12 +34,19 @@ from tpulab.cloud.classify import compute_error
 from tpulab.cloud.polling import wait_for_operation
 from tpulab.cloud.rest import Method, WireRequest
 from tpulab.cloud.transport import Answer, Transport
-from tpulab.contract import MANAGED_BY_LABEL, MANAGED_BY_VALUE
-from tpulab.errors import ConfigError, UnsupportedAcceleratorError
+from tpulab.contract import (
+    EMULATOR_SSH_PORT_ATTRIBUTE,
+    HOST_KEY_NAMESPACE,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+)
+from tpulab.errors import ConfigError, NotFoundError, UnsupportedAcceleratorError
 from tpulab.models import NodeInfo, NodeRequest, NodeState, WorkerEndpoint
 
 __all__ = [
     "COMPUTE_ROOT",
+    "EMULATOR_NAMESPACE",
+    "HOST_KEYS_QUERY",
     "ComputeTpuApi",
     "instance_body",
     "instance_from_json",
@@ -49,6 +56,15 @@ __all__ = [
 ]
 
 COMPUTE_ROOT = "compute/v1"
+# Where a Compute VM's guest agent publishes its host keys, as gcloud's `compute ssh` asks
+# for them (command_lib/compute/ssh_utils.py GetHostKeysFromGuestAttributes: queryPath
+# 'hostkeys/'); and the namespace only an emulator publishes (its SSH port and user).
+HOST_KEYS_QUERY = f"{HOST_KEY_NAMESPACE}/"
+EMULATOR_NAMESPACE = EMULATOR_SSH_PORT_ATTRIBUTE.split("/", 1)[0] + "/"
+# Compute's 404 for a guest attribute path with nothing under it (yet): the words gcloud
+# matches in the same function. The instance's own 404 says "The resource
+# 'projects/...'" and stays an error.
+_NOTHING_PUBLISHED = "of type 'Guest Attribute' was not found"
 # gcloud's `compute instances create` names the one-to-one NAT access config so.
 _EXTERNAL_NAT = {"type": "ONE_TO_ONE_NAT", "name": "External NAT"}
 
@@ -209,7 +225,10 @@ def _not_here(what: str) -> ConfigError:
 class ComputeTpuApi:
     """`TpuApi` for TPU VM instances over a `Transport`. `machine_type_of` names the
     machine type of an accelerator (tpulab.catalog), `image` the boot disk's
-    sourceImage; `poll` makes the operation-polling schedule."""
+    sourceImage; `poll` makes the operation-polling schedule. `published` are the guest
+    attribute paths `guest_attributes` reads when asked for everything: Compute answers
+    one queryPath at a time, and a real VM's agent publishes the host keys only (an
+    emulator adds EMULATOR_NAMESPACE)."""
 
     def __init__(
         self,
@@ -222,8 +241,10 @@ class ComputeTpuApi:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         list_page_size: int = 0,
+        published: tuple[str, ...] = (HOST_KEYS_QUERY,),
     ) -> None:
         self.project = project
+        self._published = published
         self.transport = transport
         self._machine_type_of = machine_type_of
         self.image = image
@@ -320,10 +341,27 @@ class ComputeTpuApi:
                 f"Instance {node_id} is one VM: it has no worker {worker}.",
                 hint="Multi-host slices are not available on the Compute provider.",
             )
+        if query_path:
+            return self._published_under(zone, node_id, query_path)
+        found: dict[str, str] = {}
+        for published in self._published:
+            found.update(self._published_under(zone, node_id, published))
+        return found
+
+    def _published_under(self, zone: str, node_id: str, query_path: str) -> dict[str, str]:
+        """One getGuestAttributes?queryPath=; nothing published there (yet) is empty, as
+        the TPU API's answer is: its 404 is "not yet", not a missing instance."""
         path = f"{instance_path(self.project, zone, node_id)}/getGuestAttributes"
-        query = (("queryPath", query_path),) if query_path else ()
+        query = (("queryPath", query_path),)
         wire = _wire("compute.instances.getGuestAttributes", "GET", path, query=query)
-        answer = self._send(wire, f"read guest attributes of {node_id} in {zone}", idempotent=True)
+        try:
+            answer = self._send(
+                wire, f"read guest attributes of {node_id} in {zone}", idempotent=True
+            )
+        except NotFoundError as error:
+            if _NOTHING_PUBLISHED in (error.api_message or ""):
+                return {}
+            raise
         items = (answer.get("queryValue") or {}).get("items") or []
         return {
             f"{item.get('namespace', '')}/{item.get('key', '')}": str(item.get("value", ""))

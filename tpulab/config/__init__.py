@@ -34,6 +34,7 @@ from tpulab.config.resolve import (
     resolve_zones,
 )
 from tpulab.config.spec import (
+    EMULATED_IMAGE,
     EMULATED_PROJECT,
     EMULATED_ZONE,
     SSH_USER,
@@ -54,6 +55,7 @@ from tpulab.config.workload import (
 __all__ = [
     "DEFAULT_MAX_FETCH",
     "DEFAULT_MAX_UPLOAD",
+    "EMULATED_IMAGE",
     "EMULATED_PROJECT",
     "EMULATED_ZONE",
     "SSH_USER",

@@ -64,6 +64,10 @@ __all__ = [
 # The embedded emulator's defaults (the same ones `tpulab list --emulate` uses).
 EMULATED_PROJECT = "tpulab-emulated"
 EMULATED_ZONE = "us-central1-a"
+# The boot image of a Compute instance under --emulate when no --image is given: the
+# emulator boots every instance alike (its own guest image), so it needs no real one;
+# the name says where it came from in the plan and the emulator's records.
+EMULATED_IMAGE = "projects/tpulab-emulator/global/images/tpulab-emulated-tpu-vm"
 # The login user our per-run key is registered for in metadata["ssh-keys"].
 SSH_USER = "tpulab"
 
@@ -150,6 +154,7 @@ class RunSpec:
     provider: catalog.Provider = "tpu-api"
     provider_source: str = "default"
     image: str | None = None
+    image_source: str = "default"
     # What the node is for, as its `tpulab-kind` label says: KIND_RUN, or KIND_SESSION
     # for `tpulab up` (which keeps it).
     kind: str = KIND_RUN
@@ -183,6 +188,8 @@ class RunSpec:
             "python": self.python_source,
             "provider": self.provider_source,
         }
+        if self.provider == "compute":
+            found["image"] = self.image_source
         if self.workload is not None:
             found.update(self.workload.sources)
         return found
@@ -259,6 +266,11 @@ def build_run_spec(
     target = choose_target(emulate=emulate, api_endpoint=api_endpoint)
     accel, accel_source = _accelerator(accelerator, defaults)
     chosen, chosen_source = _provider(provider, accel, defaults)
+    boot_image, image_source = (
+        _image(image, defaults, emulated=target.mode == "emulate")
+        if chosen == "compute"
+        else (None, "default")
+    )
     if queued and chosen == "compute":
         raise ConfigError(
             "--queued asks the Cloud TPU API for a queued resource; the Compute provider has none.",
@@ -331,7 +343,8 @@ def build_run_spec(
         subnetwork=_network(subnetwork, "subnetwork", defaults),
         provider=chosen,
         provider_source=chosen_source,
-        image=_image(image, defaults) if chosen == "compute" else None,
+        image=boot_image,
+        image_source=image_source,
     )
 
 
@@ -357,13 +370,21 @@ def _provider(
     return chosen, source
 
 
-def _image(flag: str | None, defaults: ProjectDefaults | None) -> str | None:
-    """--image, else the workspace's `image`: the boot image of a Compute instance."""
+def _image(
+    flag: str | None, defaults: ProjectDefaults | None, *, emulated: bool
+) -> tuple[str | None, str]:
+    """--image, else the workspace's `image`, else (the embedded emulator only) its own
+    EMULATED_IMAGE: the boot image of a Compute instance, and where it came from. None
+    elsewhere: a real run refuses to guess one (tpulab.app.target.compute_api)."""
     if flag is not None:
         given(flag, "--image", hint="Pass an image path, e.g. projects/P/global/images/I.")
-        return flag.strip()
+        return flag.strip(), "--image"
     found = _from_file(defaults, "image")
-    return None if found is None else found.value
+    if found is not None:
+        return found.value, found.source
+    if emulated:
+        return EMULATED_IMAGE, "the emulator's"
+    return None, "default"
 
 
 # How long a queued resource may wait for capacity. The API documents no bound of its

@@ -86,16 +86,21 @@ def watchdog_config(spec: RunSpec) -> WatchdogConfig | None:
         max_duration_seconds=deadline,
         queued_resource=spec.node_name if spec.queued else None,
         provider=spec.provider,
-        api_base=_compute_base(spec.api_endpoint) if spec.provider == "compute" else "",
+        api_base=_compute_base(spec) if spec.provider == "compute" else "",
     )
 
 
-def _compute_base(api_endpoint: str | None) -> str:
+def _compute_base(spec: RunSpec) -> str:
     """The root a Compute instance's watchdog deletes it at (its paths say compute/v1/):
-    Google's, or the --api-endpoint that also serves Compute (tpulab.cloud.preflight)."""
-    if api_endpoint is None:
+    Google's, or the --api-endpoint that also serves Compute (tpulab.cloud.preflight).
+    None under --emulate: the embedded emulator's port is not known to the spec (nor the
+    plan), and its VMs' environment names it (TPULAB_TPU_API_BASE, which the watchdog
+    reads when its config has no api_base)."""
+    if spec.mode == "emulate":
+        return ""
+    if spec.api_endpoint is None:
         return "https://compute.googleapis.com/"
-    return api_endpoint.rstrip("/") + "/"
+    return spec.api_endpoint.rstrip("/") + "/"
 
 
 @dataclass

@@ -415,7 +415,7 @@ class RecordingTransport:
             return {"name": PLACEHOLDER_DELETE_OPERATION, "status": "PENDING"}
         if rpc == "compute.instances.getGuestAttributes":
             attributes = self._guest_attributes({"metadata": self._metadata_of(instance)})
-            return {"queryValue": attributes["guestAttributes"][0]["queryValue"]}
+            return _under_query_path(attributes, str(wire.message.get("queryPath") or ""))
         return instance
 
     @staticmethod
@@ -491,6 +491,22 @@ class RecordingTransport:
         return {**self.queued, "name": name, "state": {"state": "ACTIVE"}}
 
 
+def _under_query_path(attributes: Answer, query: str) -> Answer:
+    """Compute's answer to getGuestAttributes?queryPath= ("ns/" or "ns/key"): the items
+    under it, or its 404 when nothing is published there (as a real VM's emulator
+    namespace never is)."""
+    items = attributes["guestAttributes"][0]["queryValue"]["items"]
+    namespace, _, key = query.partition("/")
+    found = [i for i in items if i["namespace"] == namespace and (not key or i["key"] == key)]
+    if not found:
+        raise NotFoundError(
+            f"Guest attributes {query} were not found.",
+            status="NOT_FOUND",
+            api_message=f"The resource '{query}' of type 'Guest Attribute' was not found.",
+        )
+    return {"queryPath": query, "queryValue": {"items": found}}
+
+
 def _zone(resource: str) -> str:
     parts = resource.split("/")  # projects/P/locations/Z/...
     return parts[3] if len(parts) > 3 else ""
@@ -503,7 +519,7 @@ def recording_api(recorder: PlanRecorder, transport: RecordingTransport) -> TpuA
     local = spec.mode == "emulate" or classify_endpoint(spec.api_endpoint).is_loopback
     if spec.provider == "compute":
         from tpulab import catalog
-        from tpulab.cloud.compute_v1 import ComputeTpuApi
+        from tpulab.cloud.compute_v1 import EMULATOR_NAMESPACE, HOST_KEYS_QUERY, ComputeTpuApi
 
         return ComputeTpuApi(
             spec.project.value,
@@ -511,6 +527,7 @@ def recording_api(recorder: PlanRecorder, transport: RecordingTransport) -> TpuA
             machine_type_of=lambda name: str(catalog.lookup(name).machine_type),
             image=spec.image or PLACEHOLDER_IMAGE,
             poll=lambda: operation_schedule(local=local),
+            published=(HOST_KEYS_QUERY, EMULATOR_NAMESPACE) if local else (HOST_KEYS_QUERY,),
             clock=recorder.clock,
             sleep=recorder.sleep,
         )
