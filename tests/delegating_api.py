@@ -18,6 +18,7 @@ class DelegatingTpuApi:
     def __init__(self, api: TpuApi) -> None:
         self.api = api
         self.project = api.project
+        self.provider = api.provider
 
     @property
     def call_count(self) -> int:

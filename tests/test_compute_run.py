@@ -363,6 +363,35 @@ def test_sigkill_mid_payload_the_instances_watchdog_deletes_it_once_the_lease_la
     assert all(str(entry.get("caller", "")).endswith(f"/{node}") for entry in deletes), deletes
 
 
+def test_sigkill_mid_payload_then_teardown_verify_deletes_the_instance(served: Served) -> None:
+    """The laptop dies with the instance billing and its watchdog's lease still fresh:
+    `teardown --verify` finds it through the journal row's provider (Compute, where the
+    TPU API would answer NOT_FOUND), deletes it through Compute and confirms by listing."""
+    node = "tpulab-compute-swept"
+    command, started = _command_that_waits(served.tmp)
+    run = served.start(node, *command)  # the default lease: the watchdog stays out of it
+    try:
+        _until(started.exists, "the payload to start", 180, run)
+        run.process.send_signal(signal.SIGKILL)
+        assert run.process.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        run.stop()
+    assert served.emulator.instance_names(PROJECT) == [node]
+    swept = tpulab(
+        "teardown", "--verify", "--yes", "--api-endpoint", served.emulator.url,
+        "--project", PROJECT, "--zone", ZONE,
+    )  # fmt: skip
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    assert served.emulator.instance_names(PROJECT) == []
+    deletes = served.deletes(node)
+    assert deletes, "deleted through Compute's instances API"
+    # The laptop's delete, not the VM's (whose lease had not lapsed).
+    assert not any(str(entry.get("caller", "")).endswith(f"/{node}") for entry in deletes)
+    assert not [
+        entry for entry in served.emulator.requests() if entry["path"].endswith(f"/nodes/{node}")
+    ], "nothing about it was asked of the TPU API"
+
+
 def test_ctrl_c_mid_payload_exits_130_and_the_runs_own_teardown_deletes(served: Served) -> None:
     node = "tpulab-compute-interrupted"
     command, started = _command_that_waits(served.tmp)

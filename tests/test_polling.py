@@ -159,6 +159,7 @@ class ScriptedApi:
     clock: the seam the lifecycle injects, driven here without any network."""
 
     project = "p"
+    provider = "tpu-api"
 
     def __init__(self, clock: FakeClock, script: list[tuple[float, NodeState]]) -> None:
         self.clock = clock

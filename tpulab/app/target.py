@@ -150,24 +150,32 @@ def provider_apis(
 ) -> Iterator[dict[str, TpuApi]]:
     """Every provider's API for `project` at one target, by provider name ("tpu-api",
     "compute"), for the commands that find what tpulab left behind (`list`, `teardown
-    --verify`, `tpulab.sweep`): each API is blind to the other's resources. The embedded
-    emulator serves no Compute instances, so with `emulate` only the Cloud TPU API is
-    there. Building the Compute provider sends nothing: whether Compute answers is
-    learnt by asking it (tpulab.cleanup.providers)."""
-    with api_context(project, emulate=emulate, api_endpoint=api_endpoint, notify=notify) as api:
-        from contextlib import suppress
+    --verify`, `tpulab.sweep`): each API is blind to the other's resources (the embedded
+    emulator serves both, as Google does). Building the Compute provider sends nothing:
+    whether Compute answers is learnt by asking it (tpulab.cleanup.providers)."""
+    from contextlib import suppress
 
-        from tpulab.errors import TpuLabError
+    from tpulab.errors import TpuLabError
 
+    def with_compute(api: TpuApi, endpoint: str | None) -> dict[str, TpuApi]:
         apis = {"tpu-api": api}
         # Left out if it cannot be built: a journal row of a Compute run then reads as
         # "cannot be asked" (never as gone), and the listing of nodes goes on.
         with suppress(TpuLabError):
-            if not emulate:
-                apis["compute"] = compute_api(
-                    project, api_endpoint=api_endpoint, image=None, image_needed=False
-                )
-        yield apis
+            apis["compute"] = compute_api(
+                project, api_endpoint=endpoint, image=None, image_needed=False
+            )
+        return apis
+
+    if emulate:
+        from tpulab.app.embedded import emulated_target
+
+        # The embedded emulator serves Compute's instances too, at its own URL.
+        with emulated_target(project) as target:
+            yield with_compute(target.api, target.emulator.url)
+        return
+    with api_context(project, emulate=False, api_endpoint=api_endpoint, notify=notify) as api:
+        yield with_compute(api, api_endpoint)
 
 
 def adc_project() -> str | None:

@@ -58,9 +58,13 @@ def _list_table(listing: Listing, journal_states: dict[tuple[str, str, str], str
         table.add_row(*row)
     console.print(table)
     hidden = f"; {listing.hidden} non-tpulab node(s) hidden (--all)" if listing.hidden else ""
+    unpriced = sum(1 for item in listing.nodes if item.estimated_cost is None)
+    # A type without a cited price (TPU7x) is unknown, never counted as $0 in the total.
+    besides = f", plus {unpriced} node(s) whose cost is unknown" if unpriced else ""
     console.print(
         f"{len(listing.nodes)} node(s) in {where}{hidden}. Estimated cost so far "
-        f"~${listing.estimated_total:.2f} at {PRICE_DATE} list prices (an estimate, not a bill)."
+        f"~${listing.estimated_total:.2f}{besides} at {PRICE_DATE} list prices (an estimate, "
+        "not a bill)."
     )
 
 

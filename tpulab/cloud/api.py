@@ -64,6 +64,9 @@ class TpuApi(Protocol):
     """The calls tpulab makes, for one project. Errors are those of `tpulab.errors`."""
 
     project: str
+    # Which API holds the nodes ("tpu-api", "compute"): what a leaked node's message tells
+    # the user to delete it with, and what the journal row records.
+    provider: str
 
     @property
     def call_count(self) -> int:

@@ -230,6 +230,8 @@ class ComputeTpuApi:
     one queryPath at a time, and a real VM's agent publishes the host keys only (an
     emulator adds EMULATOR_NAMESPACE)."""
 
+    provider = "compute"
+
     def __init__(
         self,
         project: str,

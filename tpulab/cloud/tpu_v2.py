@@ -79,6 +79,8 @@ class TpuV2Api:
     """`TpuApi` over a `Transport`. `poll` makes the operation-polling schedule;
     `list_page_size` 0 lets the API choose its pages."""
 
+    provider = "tpu-api"
+
     def __init__(
         self,
         project: str,

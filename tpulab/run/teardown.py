@@ -318,7 +318,7 @@ class _Teardown:
             f"Teardown NOT confirmed: {error.message} So {deleted}: node {self.name} "
             f"(project {self.api.project}, zone {self.zone}) may exist and still be "
             f"billing. {error.hint}",
-            [LeakedNode(self.api.project, self.zone, self.name)],
+            [LeakedNode(self.api.project, self.zone, self.name, provider=self.api.provider)],
             delete_attempts=self.report.delete_attempts,
         )
 
@@ -341,7 +341,10 @@ class _Teardown:
         )
         return TeardownError(
             message,
-            [LeakedNode(self.api.project, self.zone, name) for name in names],
+            [
+                LeakedNode(self.api.project, self.zone, name, provider=self.api.provider)
+                for name in names
+            ],
             delete_attempts=self.report.delete_attempts,
         )
 
