@@ -435,3 +435,39 @@ def test_a_spot_instance_reclaimed_mid_run_is_a_preemption_and_recover_recreates
     assert len(inserts) == 2  # the reclaimed instance, then its recovery
     assert served.emulator.faults.preempt_nodes == 0
     assert served.emulator.instance_names(PROJECT) == []
+
+
+def test_an_emulated_compute_run_killed_is_listed_and_swept_by_the_emulate_commands(
+    fast_embedded_emulator: Path, tmp_path: Path
+) -> None:
+    """`tpulab run --accelerator tpu7x-8 --emulate` SIGKILLed: `list --emulate` shows its
+    instance (provider compute, orphaned), `teardown --verify --emulate` deletes it, and
+    the embedded emulator's state holds no instance after."""
+    from emulator_fixtures import embedded_nodes_left
+
+    command, started = _command_that_waits(tmp_path)
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    out, err = tmp_path / "run.out", tmp_path / "run.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tpulab", "run", "--accelerator", "tpu7x-8", "--emulate",
+             *command],
+            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, text=True, cwd=workspace,
+        )  # fmt: skip
+    run = Run(process, out, err)
+    try:
+        _until(started.exists, "the command to start", 180, run)
+        process.send_signal(signal.SIGKILL)
+        assert process.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        run.stop()
+    listed = tpulab("list", "--emulate", "--json")
+    assert listed.returncode == 0, listed.stderr
+    (node,) = json.loads(listed.stdout)["nodes"]
+    assert node["provider"] == "compute"
+    swept = tpulab("teardown", "--verify", "--emulate", "--yes")
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    assert f"Deleted and confirmed gone: {node['name']}" in swept.stdout
+    assert embedded_nodes_left() == []
+    assert _emulator_instances(fast_embedded_emulator) == []
