@@ -356,6 +356,12 @@ class Emulator:
         """How far the worker's clock was moved forward (beside, not in, its home)."""
         return self.state_dir / "clocks" / project / zone / (node + worker_suffix(worker))
 
+    def vm_tmp(self, project: str, zone: str, node: str, worker: int = 0) -> Path:
+        """The directory that is the worker's /tmp (contract.EMULATED_TMP_ENV): where its
+        watchdog keeps its files and reads the lease renewed on that worker. Beside,
+        not in, its home; it goes with the node."""
+        return self.state_dir / "tmp" / project / zone / (node + worker_suffix(worker))
+
     def skip_vm_clock(
         self, project: str, zone: str, node: str, seconds: float, *, instance: bool = False
     ) -> float:
@@ -417,6 +423,7 @@ class Emulator:
             for worker in range(worker_count(node["accelerator_type"])):
                 shutil.rmtree(self.machine_home(node, worker), True)
                 self.machine_clock_file(node, worker).unlink(missing_ok=True)
+                shutil.rmtree(self.machine_tmp(node, worker), True)
             _forget_tmp_files(node)
 
     def _tick_loop(self) -> None:
@@ -491,6 +498,10 @@ class Emulator:
     def machine_clock_file(self, record: Record, worker: int) -> Path:
         name = record["name"] + (_INSTANCE_SUFFIX if is_instance(record) else "")
         return self.clock_skip_file(record["project"], record["zone"], name, worker)
+
+    def machine_tmp(self, record: Record, worker: int) -> Path:
+        name = record["name"] + (_INSTANCE_SUFFIX if is_instance(record) else "")
+        return self.vm_tmp(record["project"], record["zone"], name, worker)
 
     # -- request handling --------------------------------------------------------------
 
