@@ -183,7 +183,8 @@ class Emulator:
 
     `state_dir` holds `state.json` (the cloud) and `sandboxes/<project>/<zone>/<node>`
     (each node's home directory; worker w > 0 of a multi-host slice has its own,
-    `<node>.worker-<w>`, beside it). A `faults.json` there, if present, seeds `faults`.
+    `<node>.worker-<w>`, beside it), and `tmp/<project>/<zone>/<node>` likewise (each
+    worker's /tmp: `vm_tmp`). A `faults.json` there, if present, seeds `faults`.
     `guests` (default: when there is a host backend) boots each READY node's inside:
     its metadata server and its `startup-script` (see `guest.py`).
     """
