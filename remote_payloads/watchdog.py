@@ -63,7 +63,9 @@ Real-GCP assumptions (each is where the emulator imitates the real VM):
 - The lease file lives in /tmp: root runs this script while the controller writes as the
   SSH user, and /tmp (sticky, world-writable) is the directory both can use. The
   watchdog only reads it; the controller creates and replaces it (write + rename), so
-  no root-owned file can stand in the user's way.
+  no root-owned file can stand in the user's way. Each worker VM of a multi-host slice
+  has its own /tmp, so the controller renews the lease on every worker; the emulator,
+  whose workers share one machine, gives each its own directory for /tmp (TMP_ENV).
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 # The overrides only the emulator sets (tpulab.contract names them too); on a real VM
@@ -87,6 +89,10 @@ TPU_API_BASE_ENV = "TPULAB_TPU_API_BASE"
 RESOURCE_MANAGER_BASE_ENV = "TPULAB_RESOURCE_MANAGER_BASE"
 # Set by the emulator only (tpulab.contract.EMULATED_CLOCK_SKIP_ENV): see vm_clock.
 CLOCK_SKIP_ENV = "TPULAB_EMULATED_CLOCK_SKIP"
+# Set by the emulator only (tpulab.contract.EMULATED_TMP_ENV): this worker's own /tmp,
+# as each real worker VM of a slice has one. See Config.on_this_vm.
+TMP_ENV = "TPULAB_EMULATED_TMP"
+VM_TMP = "/tmp/"
 METADATA_HOST = "metadata.google.internal"
 TPU_API_BASE = "https://tpu.googleapis.com/"
 COMPUTE_API_BASE = "https://compute.googleapis.com/"
@@ -135,6 +141,27 @@ class Config:
     # API root from the environment or TPU_API_BASE.
     provider: str = "tpu-api"
     api_base: str = ""
+
+    def on_this_vm(self, emulated_tmp: str | None) -> Config:
+        """The config with its files where this VM keeps them. The config names them in
+        /tmp, as on a real VM, where nothing changes; an emulated worker's /tmp is the
+        directory `emulated_tmp` (TMP_ENV), so that each worker of an emulated slice
+        reads its own lease, as each real worker does. The controller's renew script
+        (tpulab.remote.watchdog.renew_command) resolves the lease path the same way."""
+        if not emulated_tmp:
+            return self
+
+        def moved(path: str) -> str:
+            if not path.startswith(VM_TMP):
+                return path
+            return os.path.join(emulated_tmp, path[len(VM_TMP) :])
+
+        return replace(
+            self,
+            lease_path=moved(self.lease_path),
+            log_path=moved(self.log_path),
+            pid_path=moved(self.pid_path),
+        )
 
     @property
     def delete_permission(self) -> str:
@@ -582,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="the run's watchdog config (JSON)")
     parser.add_argument("--foreground", action="store_true", help="do not daemonise")
     args = parser.parse_args(argv)
-    config = Config.from_json(args.config)
+    config = Config.from_json(args.config).on_this_vm(os.environ.get(TMP_ENV))
     if not args.foreground:
         daemonize(config.log_path, config.pid_path)
 

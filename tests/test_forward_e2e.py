@@ -131,13 +131,16 @@ def interrupt(process: subprocess.Popen[str], timeout: float = 120) -> tuple[int
     return process.returncode, out, err
 
 
-def lease_file(state: dict[str, object]) -> Path:
-    return Path(f"/tmp/tpulab-lease-{state['run_id']}")
+def lease_file(emulator_state: Path, state: dict[str, object]) -> Path:
+    """The lease as worker 0's watchdog reads it: in that worker's own /tmp
+    (`Emulator.vm_tmp`, under the emulator's state directory)."""
+    vm_tmp = emulator_state / "tmp" / PROJECT / ZONE / str(state["node_name"])
+    return vm_tmp / f"tpulab-lease-{state['run_id']}"
 
 
 @pytest.mark.timeout(900)  # an `up` and a `down` on a loaded CI machine
 def test_forward_a_page_renew_the_lease_end_with_ctrl_c_then_ssh_config_and_down(
-    served: str, home: Path
+    served: str, home: Path, tmp_path: Path
 ) -> None:
     # 60 s: the steps after the forward (ssh-config, plain ssh) do not renew the lease.
     state = up(served, "fwd", "--idle", "60s", "--ttl", "1h")
@@ -162,10 +165,10 @@ def test_forward_a_page_renew_the_lease_end_with_ctrl_c_then_ssh_config_and_down
         # The lease is renewed while the forward lives: the VM's lease file changes (what
         # its watchdog counts) and the session's renewal time moves, more than once.
         first = session_state("fwd")["renewed_at"]
-        seen = {lease_file(state).read_text()}
+        seen = {lease_file(tmp_path / "emulator", state).read_text()}
 
         def renewed_twice() -> bool:
-            seen.add(lease_file(state).read_text())
+            seen.add(lease_file(tmp_path / "emulator", state).read_text())
             return len(seen) >= 3
 
         wait_until(renewed_twice, "two more lease renewals on the VM", timeout=120)

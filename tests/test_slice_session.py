@@ -3,10 +3,9 @@
 each command), one real SSH host per worker. Every slow test ends by asking the
 emulator what is left.
 
-The emulator's workers share this machine's /tmp, so the watchdogs' lease files (one
-path per run) cannot tell one worker's renewal from another's here: that a renewal
-reaches every worker is shown instead by a worker whose SSH host is stopped, which
-the renewal must meet and name.
+A renewal must reach every worker: one whose SSH host is stopped is met and named here;
+that worker's watchdog then deleting the node is tests/test_slice_leases.py (each
+emulated worker has its own /tmp, so its own lease file).
 """
 
 from __future__ import annotations

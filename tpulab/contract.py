@@ -12,6 +12,7 @@ __all__ = [
     "DELETE_NODE_PERMISSION",
     "EMULATED_CLOCK_SKIP_ENV",
     "EMULATED_IMAGE_ENV",
+    "EMULATED_TMP_ENV",
     "EMULATOR_COORDINATOR_PORT_ATTRIBUTE",
     "EMULATOR_SSH_PORT_ATTRIBUTE",
     "EMULATOR_SSH_USER_ATTRIBUTE",
@@ -120,6 +121,13 @@ RESOURCE_MANAGER_DEFAULT_BASE = "https://cloudresourcemanager.googleapis.com/"
 # the watchdog adds to its monotonic clock, so a test reaches a --ttl deadline without
 # waiting minutes for it. Unset on a real VM.
 EMULATED_CLOCK_SKIP_ENV = "TPULAB_EMULATED_CLOCK_SKIP"
+# Only the emulator sets it, in every node process's environment: the directory that is
+# this worker's /tmp. Each real worker VM of a slice has its own /tmp, where its watchdog
+# reads the lease the controller renews on it; the emulated workers share this machine's,
+# so the watchdog and the renew script put their /tmp files here instead. Unset on a real
+# VM (the files stay in /tmp). Not TMPDIR: a user's shell profile may set that for one
+# user and not for root, and the lease is written by one and read by the other.
+EMULATED_TMP_ENV = "TPULAB_EMULATED_TMP"
 # What the node's identity needs to delete its own node (roles/tpu.admin grants it);
 # asked of Resource Manager v1 `projects/{p}:testIamPermissions`.
 DELETE_NODE_PERMISSION = "tpu.nodes.delete"

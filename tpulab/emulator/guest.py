@@ -9,6 +9,7 @@ and the APIs where google-auth would look (docs/architecture.md §7, §8):
     GCE_METADATA_HOST / GCE_METADATA_IP = 127.0.0.1:<this node's metadata port>
     TPULAB_TPU_API_BASE / TPULAB_RESOURCE_MANAGER_BASE = <the emulator's URL>/
     TPULAB_EMULATED_CLOCK_SKIP = <a file: how far this VM's clock was moved forward>
+    TPULAB_EMULATED_TMP = <this worker's own directory standing for its /tmp>
 
 `Guest.stop()` is the power going off: the metadata server stops answering and every
 process the script started is killed.
@@ -26,6 +27,7 @@ from typing import Any
 
 from tpulab.contract import (
     EMULATED_CLOCK_SKIP_ENV,
+    EMULATED_TMP_ENV,
     METADATA_HOST_ENV,
     METADATA_IP_ENV,
     RESOURCE_MANAGER_BASE_ENV,
@@ -107,12 +109,16 @@ class Guest:
         api_url: str,
         image: ImageEnv,
         clock_skip: Path,
+        tmp_dir: Path,
     ) -> None:
         self.node_key = link.node_key
         self.worker = link.worker
         # How far this boot's clock was moved forward (skip_clock); the watchdog reads it.
         self.clock_skip = clock_skip
         self._skipped = 0.0
+        # This worker's /tmp: each worker VM of a real slice has its own, where its
+        # watchdog reads the lease renewed on it (the workers here share one machine's).
+        self.tmp_dir = tmp_dir
         self.sandbox = sandbox
         self.metadata = MetadataServer(link, worker=link.worker)
         self.script = str(node["metadata"].get(STARTUP_SCRIPT_METADATA) or "")
@@ -126,12 +132,14 @@ class Guest:
     def start(self) -> None:
         address = self.metadata.start()
         self._write_skip(0.0)  # a boot's clock starts unskipped, as a VM's monotonic one
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
         self.env = {
             METADATA_HOST_ENV: address,
             METADATA_IP_ENV: address,
             TPU_API_BASE_ENV: self._api_base,
             RESOURCE_MANAGER_BASE_ENV: self._api_base,
             EMULATED_CLOCK_SKIP_ENV: str(self.clock_skip),
+            EMULATED_TMP_ENV: str(self.tmp_dir),
         }
         if self.script.strip():
             self.startup = StartupScript(

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from tpulab.contract import (
+    EMULATED_TMP_ENV,
     EMULATOR_COORDINATOR_PORT_ATTRIBUTE,
     EMULATOR_SSH_PORT_ATTRIBUTE,
     EMULATOR_SSH_USER_ATTRIBUTE,
@@ -90,6 +91,8 @@ class MachineHost(Protocol):
 
     def machine_clock_file(self, record: Record, worker: int) -> Path: ...
 
+    def machine_tmp(self, record: Record, worker: int) -> Path: ...
+
 
 class Machines:
     """The guests and SSH hosts one emulator started, by machine key."""
@@ -142,7 +145,8 @@ class Machines:
     def start(self, node: Record) -> None:
         """Boot a READY node: each worker's guest (metadata server, startup-script), then
         each worker's SSH host, whose sessions get that guest's environment too. A
-        single-host node has one worker, 0; a slice one per host (workers.py)."""
+        single-host node has one worker, 0; a slice one per host (workers.py). Each
+        worker has its own HOME and its own /tmp (EMULATED_TMP_ENV), as each VM has."""
         key = self._host.machine_key(node)
         count = worker_count(node["accelerator_type"])
         with self._hosts_lock:
@@ -152,9 +156,14 @@ class Machines:
             sandbox.mkdir(parents=True, exist_ok=True)
         envs: list[dict[str, str]] = []
         for worker, sandbox in enumerate(sandboxes):
+            tmp = self._host.machine_tmp(node, worker)
+            tmp.mkdir(parents=True, exist_ok=True)
             guest = self._boot_guest(key, node, worker, sandbox) if self._host.guests else None
             booted = guest.env if guest is not None else {}
-            envs.append({**booted, **unreachable_index_env(self._host.faults)})
+            # Sessions see the worker's /tmp with or without a booted guest: a renewal
+            # lands where that worker's watchdog (if any) reads it.
+            own_tmp = {EMULATED_TMP_ENV: str(tmp)}
+            envs.append({**booted, **own_tmp, **unreachable_index_env(self._host.faults)})
         if self._host.host_backend is None:
             self._record_boot(key, count, [], "")
             return
@@ -232,6 +241,7 @@ class Machines:
             api_url=self._host.url,
             image=self._guest_image(),
             clock_skip=self._host.machine_clock_file(node, worker),
+            tmp_dir=self._host.machine_tmp(node, worker),
         )
         try:
             guest.start()

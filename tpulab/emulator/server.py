@@ -183,7 +183,8 @@ class Emulator:
 
     `state_dir` holds `state.json` (the cloud) and `sandboxes/<project>/<zone>/<node>`
     (each node's home directory; worker w > 0 of a multi-host slice has its own,
-    `<node>.worker-<w>`, beside it). A `faults.json` there, if present, seeds `faults`.
+    `<node>.worker-<w>`, beside it), and `tmp/<project>/<zone>/<node>` likewise (each
+    worker's /tmp: `vm_tmp`). A `faults.json` there, if present, seeds `faults`.
     `guests` (default: when there is a host backend) boots each READY node's inside:
     its metadata server and its `startup-script` (see `guest.py`).
     """
@@ -356,6 +357,12 @@ class Emulator:
         """How far the worker's clock was moved forward (beside, not in, its home)."""
         return self.state_dir / "clocks" / project / zone / (node + worker_suffix(worker))
 
+    def vm_tmp(self, project: str, zone: str, node: str, worker: int = 0) -> Path:
+        """The directory that is the worker's /tmp (contract.EMULATED_TMP_ENV): where its
+        watchdog keeps its files and reads the lease renewed on that worker. Beside,
+        not in, its home; it goes with the node."""
+        return self.state_dir / "tmp" / project / zone / (node + worker_suffix(worker))
+
     def skip_vm_clock(
         self, project: str, zone: str, node: str, seconds: float, *, instance: bool = False
     ) -> float:
@@ -417,6 +424,7 @@ class Emulator:
             for worker in range(worker_count(node["accelerator_type"])):
                 shutil.rmtree(self.machine_home(node, worker), True)
                 self.machine_clock_file(node, worker).unlink(missing_ok=True)
+                shutil.rmtree(self.machine_tmp(node, worker), True)
             _forget_tmp_files(node)
 
     def _tick_loop(self) -> None:
@@ -491,6 +499,10 @@ class Emulator:
     def machine_clock_file(self, record: Record, worker: int) -> Path:
         name = record["name"] + (_INSTANCE_SUFFIX if is_instance(record) else "")
         return self.clock_skip_file(record["project"], record["zone"], name, worker)
+
+    def machine_tmp(self, record: Record, worker: int) -> Path:
+        name = record["name"] + (_INSTANCE_SUFFIX if is_instance(record) else "")
+        return self.vm_tmp(record["project"], record["zone"], name, worker)
 
     # -- request handling --------------------------------------------------------------
 

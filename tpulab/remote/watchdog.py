@@ -25,7 +25,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tpulab import paths
-from tpulab.contract import DELETE_NODE_PERMISSION, LEASE_ATTRIBUTE, WATCHDOG_STATE_ATTRIBUTE
+from tpulab.contract import (
+    DELETE_NODE_PERMISSION,
+    EMULATED_TMP_ENV,
+    LEASE_ATTRIBUTE,
+    WATCHDOG_STATE_ATTRIBUTE,
+)
 
 __all__ = [
     "DELETE_ROLE",
@@ -86,6 +91,12 @@ class WatchdogConfig:
         if self.queued_resource is None:
             return (node,)
         return (f"{parent}/queuedResources/{self.queued_resource}?force=true", node)
+
+    # The three files' paths on a real VM. Each is resolved ON the VM (the watchdog's
+    # `Config.on_this_vm`, the renew script's `case`): under /tmp unless the emulator
+    # gives the worker its own /tmp (contract.EMULATED_TMP_ENV), as each real worker VM
+    # of a slice has, so that an emulated slice's watchdogs read one lease file each.
+    # The config keeps the real paths: online, byte for byte what they always were.
 
     @property
     def lease_path(self) -> str:
@@ -171,13 +182,17 @@ def startup_script(config: WatchdogConfig, source: str | None = None) -> str:
 def renew_command(config: WatchdogConfig, seq: int) -> list[str]:
     """The argv that renews the lease once (the Connection quotes every word)."""
     line = json.dumps({"seq": seq, "lease_seconds": config.lease_seconds}, sort_keys=True)
-    # $1 the line, $2 the lease file: nothing is pasted into the script itself. The
-    # temporary file is this shell's own ($$): two renewers at once (an emulated slice's
-    # workers share one machine's /tmp; a forward beside an exec) made one's mv fail on
-    # the other's "$2.tmp". -T: a directory in the lease's place is a failure, not a
-    # place to move into (GNU mv, as on the TPU VM images).
+    # $1 the line, $2 the lease file: nothing but the constant below is pasted into the
+    # script. A lease under /tmp is under this worker's own /tmp: the watchdog resolves
+    # it the same way (`Config.on_this_vm`); online the variable is unset and the path
+    # is $2 itself. The temporary file is this shell's own ($$): two renewers at once (a
+    # forward beside an exec) made one's mv fail on the other's "$2.tmp". -T: a
+    # directory in the lease's place is a failure, not a place to move into (GNU mv, as
+    # on the TPU VM images). POSIX sh: dash runs it on Debian-based images.
     script = (
-        'tmp="$2.tmp.$$"; printf "%s\\n" "$1" > "$tmp" && mv -fT "$tmp" "$2" '
+        f'lease="$2"; case "$lease" in /tmp/*) lease="${{{EMULATED_TMP_ENV}:-/tmp}}/'
+        '${lease#/tmp/}";; esac; '
+        'tmp="$lease.tmp.$$"; printf "%s\\n" "$1" > "$tmp" && mv -fT "$tmp" "$lease" '
         '|| { rm -f "$tmp"; exit 1; }'
     )
     return ["sh", "-c", script, "tpulab-lease", line, config.lease_path]
