@@ -10,7 +10,9 @@ from __future__ import annotations
 
 __all__ = [
     "DELETE_NODE_PERMISSION",
+    "DELETE_QUEUED_RESOURCE_PERMISSION",
     "EMULATED_CLOCK_SKIP_ENV",
+    "EMULATED_DISK_ENV",
     "EMULATED_IMAGE_ENV",
     "EMULATOR_COORDINATOR_PORT_ATTRIBUTE",
     "EMULATOR_SSH_PORT_ATTRIBUTE",
@@ -33,6 +35,7 @@ __all__ = [
     "METADATA_ROOT_PATH",
     "OS_LOGIN_METADATA",
     "OWNER_LABEL",
+    "PREEMPTED_ATTRIBUTE",
     "RESOURCE_MANAGER_BASE_ENV",
     "RESOURCE_MANAGER_DEFAULT_BASE",
     "RUN_ID_LABEL",
@@ -120,9 +123,17 @@ RESOURCE_MANAGER_DEFAULT_BASE = "https://cloudresourcemanager.googleapis.com/"
 # the watchdog adds to its monotonic clock, so a test reaches a --ttl deadline without
 # waiting minutes for it. Unset on a real VM.
 EMULATED_CLOCK_SKIP_ENV = "TPULAB_EMULATED_CLOCK_SKIP"
+# Only the emulator sets it, in every node process's environment: the directory standing
+# in for the VM's root disk (each emulated VM's own, kept across its reboots), under which
+# the watchdog remembers the run's first boot (var/lib/tpulab/first-boot-RUN). Unset on a
+# real VM: the watchdog writes /var/lib/tpulab itself, as root.
+EMULATED_DISK_ENV = "TPULAB_EMULATED_DISK"
 # What the node's identity needs to delete its own node (roles/tpu.admin grants it);
 # asked of Resource Manager v1 `projects/{p}:testIamPermissions`.
 DELETE_NODE_PERMISSION = "tpu.nodes.delete"
+# ... and, for a node a queued resource made, to delete that queued resource first (IAM
+# spells the resource type all lower case; roles/tpu.admin grants it too).
+DELETE_QUEUED_RESOURCE_PERMISSION = "tpu.queuedresources.delete"
 # Where the VM's watchdog (remote_payloads/watchdog.py) publishes how it is, as
 # getGuestAttributes keys it (namespace/key): "armed", "unverified: ...",
 # "no-permission: ...", "error: ...", "firing: ...".
@@ -132,3 +143,7 @@ WATCHDOG_STATE_ATTRIBUTE = "tpulab/watchdog"
 # first, the boot grace standing in for the lease). Fresh means the node is still
 # someone's live work; stale means its watchdog should have deleted it.
 LEASE_ATTRIBUTE = "tpulab/lease"
+# Where the watchdog says, once, that the metadata server's `instance/preempted` read
+# TRUE (GCE is stopping this spot VM): exactly the value "TRUE". The watchdog deletes
+# nothing for it; the controller reads it to recover elsewhere.
+PREEMPTED_ATTRIBUTE = "tpulab/preempted"

@@ -9,6 +9,7 @@ and the APIs where google-auth would look (docs/architecture.md §7, §8):
     GCE_METADATA_HOST / GCE_METADATA_IP = 127.0.0.1:<this node's metadata port>
     TPULAB_TPU_API_BASE / TPULAB_RESOURCE_MANAGER_BASE = <the emulator's URL>/
     TPULAB_EMULATED_CLOCK_SKIP = <a file: how far this VM's clock was moved forward>
+    TPULAB_EMULATED_DISK = <the sandbox: the directory standing in for this VM's disk>
 
 `Guest.stop()` is the power going off: the metadata server stops answering and every
 process the script started is killed.
@@ -26,6 +27,7 @@ from typing import Any
 
 from tpulab.contract import (
     EMULATED_CLOCK_SKIP_ENV,
+    EMULATED_DISK_ENV,
     METADATA_HOST_ENV,
     METADATA_IP_ENV,
     RESOURCE_MANAGER_BASE_ENV,
@@ -132,6 +134,8 @@ class Guest:
             TPU_API_BASE_ENV: self._api_base,
             RESOURCE_MANAGER_BASE_ENV: self._api_base,
             EMULATED_CLOCK_SKIP_ENV: str(self.clock_skip),
+            # The worker's home is its disk: kept across reboots, removed with the node.
+            EMULATED_DISK_ENV: str(self.sandbox),
         }
         if self.script.strip():
             self.startup = StartupScript(

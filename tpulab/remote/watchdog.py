@@ -25,7 +25,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tpulab import paths
-from tpulab.contract import DELETE_NODE_PERMISSION, LEASE_ATTRIBUTE, WATCHDOG_STATE_ATTRIBUTE
+from tpulab.contract import (
+    DELETE_NODE_PERMISSION,
+    DELETE_QUEUED_RESOURCE_PERMISSION,
+    LEASE_ATTRIBUTE,
+    WATCHDOG_STATE_ATTRIBUTE,
+)
 
 __all__ = [
     "DELETE_ROLE",
@@ -218,8 +223,11 @@ class WatchdogState:
             return None
         who = service_account or "the project's default compute service account"
         if self.kind == "no-permission":
+            # A queued node's watchdog also needs its queued resource's delete.
+            queued = DELETE_QUEUED_RESOURCE_PERMISSION in self.detail
+            needed = DELETE_PERMISSION + (f" and {DELETE_QUEUED_RESOURCE_PERMISSION}" * queued)
             return (
-                f"Grant {who} {DELETE_ROLE} (or a role with {DELETE_PERMISSION}), or pass "
+                f"Grant {who} {DELETE_ROLE} (or a role with {needed}), or pass "
                 "--service-account EMAIL of one that has it. The run continues; only the "
                 "laptop-side teardown protects it."
             )
