@@ -9,7 +9,8 @@ is not held up, and then:
    ZONE, CONSUMER_PROJECT_ID) and refuses to act for any other node than the one its
    config names;
 2. proves it may delete that node: Resource Manager v1 `projects/P:testIamPermissions`
-   for `tpu.nodes.delete`, with the VM service account's token from the metadata server.
+   for `tpu.nodes.delete` (a queued node: and `tpu.queuedresources.delete`, for its
+   queued resource), with the VM service account's token from the metadata server.
    It publishes the answer as the guest attribute `tpulab/watchdog`:
    `armed`, `unverified: ...` (the check itself was refused: armed, but unproven),
    `no-permission: ...` or `error: ...`;
@@ -28,7 +29,10 @@ is not held up, and then:
    A Compute Engine instance (config `provider: compute`) is deleted at the config's
    `api_base` (https://compute.googleapis.com/) with
    `DELETE compute/v1/projects/P/zones/Z/instances/N`, which needs
-   `compute.instances.delete`; it learns its name from `instance/name` (no tpu-env).
+   `compute.instances.delete`; it learns its name from `instance/name` (no tpu-env);
+5. every poll reads `instance/preempted` and, once it says TRUE (GCE is stopping this
+   spot VM), publishes the guest attribute `tpulab/preempted` = `TRUE`, once. It deletes
+   nothing for it: the VM is going anyway, and the controller recovers elsewhere.
 
 The lease: the controller writes the lease file over its SSH session every few seconds
 (a new line each time; `{"seq": n, "lease_seconds": s}`). The watchdog does not trust
@@ -37,7 +41,9 @@ time, and the lease runs `lease_seconds` from that moment. Until the first renew
 boot grace (counted from the watchdog's start) stands in for it. The hard deadline is
 `max_duration_seconds` after the watchdog's start, whatever the lease says. Both are
 measured with time.monotonic, so an NTP step at boot cannot fire it early (the emulator
-may move that clock forward for a test: vm_clock).
+may move that clock forward for a test: vm_clock). "The watchdog's start" is the run's
+FIRST boot: its wall-clock time is kept on the VM's disk (remember_first_boot), so a
+reboot that runs the startup-script again restarts neither the grace nor the deadline.
 
 Real-GCP assumptions (each is where the emulator imitates the real VM):
 - The guest agent runs metadata `startup-script` at boot as root: it writes the value to
