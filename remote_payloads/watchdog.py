@@ -9,7 +9,8 @@ is not held up, and then:
    ZONE, CONSUMER_PROJECT_ID) and refuses to act for any other node than the one its
    config names;
 2. proves it may delete that node: Resource Manager v1 `projects/P:testIamPermissions`
-   for `tpu.nodes.delete`, with the VM service account's token from the metadata server.
+   for `tpu.nodes.delete` (a queued node: and `tpu.queuedresources.delete`, for its
+   queued resource), with the VM service account's token from the metadata server.
    It publishes the answer as the guest attribute `tpulab/watchdog`:
    `armed`, `unverified: ...` (the check itself was refused: armed, but unproven),
    `no-permission: ...` or `error: ...`;
@@ -28,7 +29,10 @@ is not held up, and then:
    A Compute Engine instance (config `provider: compute`) is deleted at the config's
    `api_base` (https://compute.googleapis.com/) with
    `DELETE compute/v1/projects/P/zones/Z/instances/N`, which needs
-   `compute.instances.delete`; it learns its name from `instance/name` (no tpu-env).
+   `compute.instances.delete`; it learns its name from `instance/name` (no tpu-env);
+5. every poll reads `instance/preempted` and, once it says TRUE (GCE is stopping this
+   spot VM), publishes the guest attribute `tpulab/preempted` = `TRUE`, once. It deletes
+   nothing for it: the VM is going anyway, and the controller recovers elsewhere.
 
 The lease: the controller writes the lease file over its SSH session every few seconds
 (a new line each time; `{"seq": n, "lease_seconds": s}`). The watchdog does not trust
@@ -37,7 +41,9 @@ time, and the lease runs `lease_seconds` from that moment. Until the first renew
 boot grace (counted from the watchdog's start) stands in for it. The hard deadline is
 `max_duration_seconds` after the watchdog's start, whatever the lease says. Both are
 measured with time.monotonic, so an NTP step at boot cannot fire it early (the emulator
-may move that clock forward for a test: vm_clock).
+may move that clock forward for a test: vm_clock). "The watchdog's start" is the run's
+FIRST boot: its wall-clock time is kept on the VM's disk (remember_first_boot), so a
+reboot that runs the startup-script again restarts neither the grace nor the deadline.
 
 Real-GCP assumptions (each is where the emulator imitates the real VM):
 - The guest agent runs metadata `startup-script` at boot as root: it writes the value to
@@ -93,6 +99,12 @@ CLOCK_SKIP_ENV = "TPULAB_EMULATED_CLOCK_SKIP"
 # as each real worker VM of a slice has one. See Config.on_this_vm.
 TMP_ENV = "TPULAB_EMULATED_TMP"
 VM_TMP = "/tmp/"
+# Set by the emulator only (tpulab.contract.EMULATED_DISK_ENV): the directory standing in
+# for this VM's root disk, under which FIRST_BOOT_DIR lives (see first_boot_path).
+DISK_ENV = "TPULAB_EMULATED_DISK"
+# On the VM's disk, not in /tmp (which a reboot may clear): root writes it at the first
+# boot, and every later boot of the same run reads it back.
+FIRST_BOOT_DIR = "/var/lib/tpulab"
 METADATA_HOST = "metadata.google.internal"
 TPU_API_BASE = "https://tpu.googleapis.com/"
 COMPUTE_API_BASE = "https://compute.googleapis.com/"
@@ -105,6 +117,13 @@ STATE_KEY = "watchdog"
 # machine can tell a node in use from one left behind.
 LEASE_KEY = "lease"
 DELETE_PERMISSION = "tpu.nodes.delete"
+# A queued node's first DELETE is its queued resource's (tpulab.contract
+# .DELETE_QUEUED_RESOURCE_PERMISSION; IAM spells the resource all lower case).
+QUEUED_DELETE_PERMISSION = "tpu.queuedresources.delete"
+# `instance/preempted` says TRUE once GCE preempts this spot VM; the watchdog passes it on
+# as the guest attribute tpulab/preempted = TRUE (tpulab.contract.PREEMPTED_ATTRIBUTE).
+PREEMPTED_KEY = "preempted"
+PREEMPTED = "TRUE"
 COMPUTE_DELETE_PERMISSION = "compute.instances.delete"
 COMPUTE = "compute"  # Config.provider of a Compute Engine instance
 # What the controller reads back (tpulab.remote.watchdog parses the same prefixes).
@@ -167,6 +186,14 @@ class Config:
     def delete_permission(self) -> str:
         return COMPUTE_DELETE_PERMISSION if self.provider == COMPUTE else DELETE_PERMISSION
 
+    @property
+    def permissions(self) -> list[str]:
+        """What the watchdog must hold to delete all it lists: the node's (or instance's)
+        delete, and a queued resource's when it lists one (only then, so a plain node's
+        permission check is what it always was)."""
+        queued = any("/queuedResources/" in path for path in self.delete_paths)
+        return [self.delete_permission] + ([QUEUED_DELETE_PERMISSION] if queued else [])
+
     @classmethod
     def from_json(cls, text: str) -> Config:
         data = json.loads(text)
@@ -213,6 +240,50 @@ def vm_clock(skip_path: str | None) -> Callable[[], float]:
         return time.monotonic() + skipped[0]
 
     return clock
+
+
+def vm_wall_clock(skip_path: str | None) -> Callable[[], float]:
+    """This VM's wall clock (time.time), moved forward as vm_clock is on the emulator."""
+    if not skip_path:
+        return time.time
+    monotonic = vm_clock(skip_path)
+    return lambda: time.time() + (monotonic() - time.monotonic())
+
+
+def first_boot_path(run_id: str, disk: str | None) -> str:
+    """Where this run's first boot is remembered: on the VM's disk, or under the emulated
+    VM's own directory standing in for it (each emulated VM has its own)."""
+    directory = (disk.rstrip("/") + FIRST_BOOT_DIR) if disk else FIRST_BOOT_DIR
+    return os.path.join(directory, f"first-boot-{run_id}")
+
+
+def remember_first_boot(path: str, now: float, log: Callable[[str], None]) -> float:
+    """The wall-clock time (epoch seconds) of this run's first boot: read back when an
+    earlier boot wrote it, else `now`, written for later boots.
+
+    Wall clock, not monotonic: a monotonic clock starts again at every boot, so only the
+    wall clock compares across a reboot (an NTP step between boots moves the deadline by
+    the step; the decisions within one boot stay monotonic). A file that cannot be read or
+    written is logged and this boot counts as the first: the watchdog still guards."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            found = float(json.loads(handle.read())["first_boot"])
+        if 0 < found < 10**11:
+            return found
+        log(f"ignoring {path}: first boot {found!r} is not a time")
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        log(f"ignoring {path}: {type(error).__name__}: {error}")
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        partial = f"{path}.partial"
+        with open(partial, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps({"first_boot": now}) + "\n")
+        os.replace(partial, path)  # whole or not at all: a reboot may come at any moment
+    except OSError as error:
+        log(f"cannot remember the first boot in {path} ({error}); a reboot restarts the clock")
+    return now
 
 
 class HttpError(Exception):
@@ -384,6 +455,7 @@ class Watchdog:
         sleep: Callable[[float], None] = time.sleep,
         log: Callable[[str], None] = print,
         wall: Callable[[], float] = time.time,
+        since_first_boot: float = 0.0,
     ) -> None:
         self.config = config
         self.wall = wall
@@ -393,8 +465,17 @@ class Watchdog:
         self.clock = clock
         self.sleep = sleep
         self.log = log
-        self.started = clock()
+        now = clock()
+        # The grace and the deadline run from the run's first boot (since_first_boot
+        # seconds ago: 0 at the first boot, see remember_first_boot), so a reboot that runs
+        # the startup-script again restarts neither.
+        self.started = now - max(0.0, since_first_boot)
         self.lease_until = self.started + config.boot_grace_seconds
+        if since_first_boot > 0:
+            # A reboot cut the controller's SSH session (and may have cleared the lease
+            # file in /tmp): one lease from now lets a live controller renew before this
+            # fires; a gone one costs one lease more, and the deadline still stands.
+            self.lease_until = max(self.lease_until, now + config.lease_seconds)
         self.deadline = self.started + config.max_duration_seconds
         self.renewals = 0
         self._lease_text: str | None = None
@@ -402,8 +483,9 @@ class Watchdog:
         # The lease to publish (wall clock only for others to read; the decisions above
         # stay monotonic), and whether it still has to go out.
         self.renewed_at = wall()
-        self.lease_for = config.boot_grace_seconds
+        self.lease_for = max(self.lease_until - now, 0.001)
         self._lease_unpublished = True
+        self._preempted_published = False
 
     # -- state -------------------------------------------------------------------------
 
@@ -440,11 +522,28 @@ class Watchdog:
             return
         self._lease_unpublished = False
 
+    def watch_preemption(self) -> None:
+        """Pass `instance/preempted` on as tpulab/preempted = TRUE, once: the laptop reads
+        it to recover on another node. Nothing is deleted for it (GCE stops the VM
+        anyway). A failed read or PUT is tried again at the next poll, silently: the
+        local metadata server answers in microseconds, and a log line per poll would
+        drown the log."""
+        if self._preempted_published:
+            return
+        try:
+            if self.metadata.get("instance/preempted").upper() != PREEMPTED:
+                return
+            self.metadata.put_guest_attribute(STATE_NAMESPACE, PREEMPTED_KEY, PREEMPTED)
+        except HttpError:
+            return
+        self._preempted_published = True
+        self.log("preempted: this spot VM is being stopped; published tpulab/preempted")
+
     def arm(self, identity: Identity) -> str:
         """Check the delete permission; publish and return the state."""
         url = f"{self.rm_base}v1/projects/{identity.project}:testIamPermissions"
         wanted = self.config.delete_permission
-        body = json.dumps({"permissions": [wanted]}).encode("utf-8")
+        body = json.dumps({"permissions": self.config.permissions}).encode("utf-8")
         try:
             headers = self._auth({"Content-Type": "application/json"})
             answer = json.loads(request("POST", url, headers=headers, body=body) or b"{}")
@@ -458,13 +557,14 @@ class Watchdog:
         else:
             granted = answer.get("permissions") or []
             role = "roles/compute.instanceAdmin.v1" if wanted != DELETE_PERMISSION else ""
-            if wanted in granted:
+            lacking = ", ".join(p for p in self.config.permissions if p not in granted)
+            if not lacking:
                 state = ARMED
             else:
                 state = (
-                    f"{NO_PERMISSION}{identity.email} lacks {wanted} on project "
+                    f"{NO_PERMISSION}{identity.email} lacks {lacking} on project "
                     f"{identity.project}; grant it {role or 'roles/tpu.admin'} (or a role "
-                    f"with {wanted})"
+                    f"with {lacking})"
                 )
         self.publish(state)
         return state
@@ -573,6 +673,7 @@ class Watchdog:
             return  # never delete anything not this VM's own
         self.arm(identity)
         while True:
+            self.watch_preemption()
             self.observe_lease()
             reason = self.why_fire()
             if reason is None:
@@ -621,6 +722,9 @@ def main(argv: list[str] | None = None) -> int:
     # A config without api_base (an embedded emulator's run, whose controller cannot name
     # the emulator's root to the VM) takes the environment's, else the provider's Google root.
     google_base = COMPUTE_API_BASE if config.provider == COMPUTE else TPU_API_BASE
+    wall = vm_wall_clock(env.get(CLOCK_SKIP_ENV))
+    now = wall()
+    first_boot = remember_first_boot(first_boot_path(config.run_id, env.get(DISK_ENV)), now, log)
     watchdog = Watchdog(
         config,
         Metadata(env.get(METADATA_HOST_ENV) or METADATA_HOST),
@@ -628,10 +732,12 @@ def main(argv: list[str] | None = None) -> int:
         resource_manager_base=env.get(RESOURCE_MANAGER_BASE_ENV) or RESOURCE_MANAGER_BASE,
         clock=vm_clock(env.get(CLOCK_SKIP_ENV)),
         log=log,
+        since_first_boot=max(0.0, now - first_boot),
     )
     log(
         f"started for node {config.node_name} in {config.zone}: lease {config.lease_seconds:g}s "
         f"(boot grace {config.boot_grace_seconds:g}s), deadline {config.max_duration_seconds:g}s"
+        f", first boot {now - first_boot:.0f}s ago"
     )
     while True:
         try:

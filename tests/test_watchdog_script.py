@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -64,6 +66,12 @@ class FakeCloud:
     iam_status: int = 200
     delete_statuses: list[int] = field(default_factory=list)  # then 200 for good
     node_id: str = NODE
+    preempted: str = "FALSE"  # instance/preempted
+    # Until this time.monotonic(), the metadata server's identity answers are 503 (its
+    # guest attributes still take PUTs, so what the watchdog says can be read).
+    identity_down_until: float = 0.0
+    # Replaces the token's JSON (e.g. "[]", which the watchdog cannot read).
+    token_body: str | None = None
     requests: list[Seen] = field(default_factory=list)
     attributes: dict[str, list[str]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -75,6 +83,11 @@ class FakeCloud:
     def deletes(self) -> list[Seen]:
         with self.lock:
             return [r for r in self.requests if r.method == "DELETE"]
+
+    def attribute(self, key: str) -> list[str]:
+        """Every value PUT to guest attribute `key` (namespace/key), in order."""
+        with self.lock:
+            return list(self.attributes.get(key, []))
 
     def published(self, state: str) -> Seen:
         """The request that published `state` (the first, if several did)."""
@@ -127,6 +140,8 @@ def _handler(cloud: FakeCloud) -> type[BaseHTTPRequestHandler]:
                 with cloud.lock:
                     cloud.attributes.setdefault(key, []).append(body)
                 return self._answer(200, "")
+            if time.monotonic() < cloud.identity_down_until:
+                return self._answer(503, "the metadata server is starting")
             values = {
                 "instance/attributes/tpu-env": (
                     f"ACCELERATOR_TYPE: 'v5litepod-4'\nCONSUMER_PROJECT_ID: '{PROJECT}'\n"
@@ -137,9 +152,9 @@ def _handler(cloud: FakeCloud) -> type[BaseHTTPRequestHandler]:
                 "instance/name": cloud.node_id,
                 "instance/zone": f"projects/123456/zones/{ZONE}",
                 "project/project-id": PROJECT,
-                "instance/service-accounts/default/token": json.dumps(
-                    {"access_token": TOKEN, "expires_in": 3599, "token_type": "Bearer"}
-                ),
+                "instance/preempted": cloud.preempted,
+                "instance/service-accounts/default/token": cloud.token_body
+                or json.dumps({"access_token": TOKEN, "expires_in": 3599, "token_type": "Bearer"}),
             }
             if path in values:
                 return self._answer(200, values[path])
@@ -164,16 +179,33 @@ def cloud() -> Iterator[tuple[FakeCloud, str]]:
 
 
 class Armed:
-    """One watchdog started through its real startup-script; killed at the end."""
+    """One watchdog started through its real startup-script; killed at the end.
 
-    def __init__(self, config: WatchdogConfig, address: str) -> None:
+    `disk` stands in for the VM's disk (TPULAB_EMULATED_DISK: where it remembers its
+    first boot; a fresh directory, removed at stop, unless given) and `clock_skip` for the
+    emulator's clock-skip file (TPULAB_EMULATED_CLOCK_SKIP), as the emulator sets them."""
+
+    def __init__(
+        self,
+        config: WatchdogConfig,
+        address: str,
+        *,
+        disk: Path | None = None,
+        clock_skip: Path | None = None,
+    ) -> None:
         self.config = config
+        # Never the runner's own /var/lib/tpulab (tests may run as root).
+        self._own_disk = disk is None
+        self.disk = disk or Path(tempfile.mkdtemp(prefix="tpulab-wd-disk-"))
         env = {
             **os.environ,
             "GCE_METADATA_HOST": address,
             "TPULAB_TPU_API_BASE": f"http://{address}/",
             "TPULAB_RESOURCE_MANAGER_BASE": f"http://{address}/",
+            "TPULAB_EMULATED_DISK": str(self.disk),
         }
+        if clock_skip is not None:
+            env["TPULAB_EMULATED_CLOCK_SKIP"] = str(clock_skip)
         self.started = time.monotonic()
         # Pipes, like the guest agent's runner: communicate() returns only once every
         # holder of the write ends closed them, so this proves the daemon let go.
@@ -196,11 +228,22 @@ class Armed:
             return False
         return True
 
+    def power_off(self) -> None:
+        """The VM going down: the watchdog killed, /tmp's lease and pid file cleared
+        (the log stays, for the next boot to append to)."""
+        if self.alive():
+            os.kill(self.pid, signal.SIGKILL)
+        wait_until(lambda: not self.alive(), "the watchdog to die")
+        for path in (self.config.lease_path, self.config.pid_path):
+            Path(path).unlink(missing_ok=True)
+
     def stop(self) -> None:
         if self.alive():
             os.kill(self.pid, signal.SIGKILL)
         for path in (self.config.lease_path, self.config.log_path, self.config.pid_path):
             Path(path).unlink(missing_ok=True)
+        if self._own_disk:
+            shutil.rmtree(self.disk, ignore_errors=True)
 
     def log(self) -> str:
         return Path(self.config.log_path).read_text()

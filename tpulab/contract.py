@@ -10,7 +10,9 @@ from __future__ import annotations
 
 __all__ = [
     "DELETE_NODE_PERMISSION",
+    "DELETE_QUEUED_RESOURCE_PERMISSION",
     "EMULATED_CLOCK_SKIP_ENV",
+    "EMULATED_DISK_ENV",
     "EMULATED_IMAGE_ENV",
     "EMULATED_TMP_ENV",
     "EMULATOR_COORDINATOR_PORT_ATTRIBUTE",
@@ -34,6 +36,7 @@ __all__ = [
     "METADATA_ROOT_PATH",
     "OS_LOGIN_METADATA",
     "OWNER_LABEL",
+    "PREEMPTED_ATTRIBUTE",
     "RESOURCE_MANAGER_BASE_ENV",
     "RESOURCE_MANAGER_DEFAULT_BASE",
     "RUN_ID_LABEL",
@@ -128,9 +131,17 @@ EMULATED_CLOCK_SKIP_ENV = "TPULAB_EMULATED_CLOCK_SKIP"
 # VM (the files stay in /tmp). Not TMPDIR: a user's shell profile may set that for one
 # user and not for root, and the lease is written by one and read by the other.
 EMULATED_TMP_ENV = "TPULAB_EMULATED_TMP"
+# Only the emulator sets it, in every node process's environment: the directory standing
+# in for the VM's root disk (each emulated VM's own, kept across its reboots), under which
+# the watchdog remembers the run's first boot (var/lib/tpulab/first-boot-RUN). Unset on a
+# real VM: the watchdog writes /var/lib/tpulab itself, as root.
+EMULATED_DISK_ENV = "TPULAB_EMULATED_DISK"
 # What the node's identity needs to delete its own node (roles/tpu.admin grants it);
 # asked of Resource Manager v1 `projects/{p}:testIamPermissions`.
 DELETE_NODE_PERMISSION = "tpu.nodes.delete"
+# ... and, for a node a queued resource made, to delete that queued resource first (IAM
+# spells the resource type all lower case; roles/tpu.admin grants it too).
+DELETE_QUEUED_RESOURCE_PERMISSION = "tpu.queuedresources.delete"
 # Where the VM's watchdog (remote_payloads/watchdog.py) publishes how it is, as
 # getGuestAttributes keys it (namespace/key): "armed", "unverified: ...",
 # "no-permission: ...", "error: ...", "firing: ...".
@@ -140,3 +151,7 @@ WATCHDOG_STATE_ATTRIBUTE = "tpulab/watchdog"
 # first, the boot grace standing in for the lease). Fresh means the node is still
 # someone's live work; stale means its watchdog should have deleted it.
 LEASE_ATTRIBUTE = "tpulab/lease"
+# Where the watchdog says, once, that the metadata server's `instance/preempted` read
+# TRUE (GCE is stopping this spot VM): exactly the value "TRUE". The watchdog deletes
+# nothing for it; the controller reads it to recover elsewhere.
+PREEMPTED_ATTRIBUTE = "tpulab/preempted"

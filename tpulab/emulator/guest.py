@@ -10,6 +10,7 @@ and the APIs where google-auth would look (docs/architecture.md §7, §8):
     TPULAB_TPU_API_BASE / TPULAB_RESOURCE_MANAGER_BASE = <the emulator's URL>/
     TPULAB_EMULATED_CLOCK_SKIP = <a file: how far this VM's clock was moved forward>
     TPULAB_EMULATED_TMP = <this worker's own directory standing for its /tmp>
+    TPULAB_EMULATED_DISK = <the sandbox: the directory standing in for this VM's disk>
 
 `Guest.stop()` is the power going off: the metadata server stops answering and every
 process the script started is killed.
@@ -27,6 +28,7 @@ from typing import Any
 
 from tpulab.contract import (
     EMULATED_CLOCK_SKIP_ENV,
+    EMULATED_DISK_ENV,
     EMULATED_TMP_ENV,
     METADATA_HOST_ENV,
     METADATA_IP_ENV,
@@ -140,6 +142,8 @@ class Guest:
             RESOURCE_MANAGER_BASE_ENV: self._api_base,
             EMULATED_CLOCK_SKIP_ENV: str(self.clock_skip),
             EMULATED_TMP_ENV: str(self.tmp_dir),
+            # The worker's home is its disk: kept across reboots, removed with the node.
+            EMULATED_DISK_ENV: str(self.sandbox),
         }
         if self.script.strip():
             self.startup = StartupScript(

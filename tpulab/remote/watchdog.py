@@ -27,6 +27,7 @@ from typing import Literal
 from tpulab import paths
 from tpulab.contract import (
     DELETE_NODE_PERMISSION,
+    DELETE_QUEUED_RESOURCE_PERMISSION,
     EMULATED_TMP_ENV,
     LEASE_ATTRIBUTE,
     WATCHDOG_STATE_ATTRIBUTE,
@@ -233,8 +234,11 @@ class WatchdogState:
             return None
         who = service_account or "the project's default compute service account"
         if self.kind == "no-permission":
+            # A queued node's watchdog also needs its queued resource's delete.
+            queued = DELETE_QUEUED_RESOURCE_PERMISSION in self.detail
+            needed = DELETE_PERMISSION + (f" and {DELETE_QUEUED_RESOURCE_PERMISSION}" * queued)
             return (
-                f"Grant {who} {DELETE_ROLE} (or a role with {DELETE_PERMISSION}), or pass "
+                f"Grant {who} {DELETE_ROLE} (or a role with {needed}), or pass "
                 "--service-account EMAIL of one that has it. The run continues; only the "
                 "laptop-side teardown protects it."
             )
