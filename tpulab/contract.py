@@ -33,6 +33,7 @@ __all__ = [
     "METADATA_ROOT_PATH",
     "OS_LOGIN_METADATA",
     "OWNER_LABEL",
+    "PREEMPTED_ATTRIBUTE",
     "RESOURCE_MANAGER_BASE_ENV",
     "RESOURCE_MANAGER_DEFAULT_BASE",
     "RUN_ID_LABEL",
@@ -132,3 +133,7 @@ WATCHDOG_STATE_ATTRIBUTE = "tpulab/watchdog"
 # first, the boot grace standing in for the lease). Fresh means the node is still
 # someone's live work; stale means its watchdog should have deleted it.
 LEASE_ATTRIBUTE = "tpulab/lease"
+# Where the VM's watchdog publishes "TRUE" once its metadata server's `instance/preempted`
+# says TRUE: the VM knows it is being reclaimed before the API's node state does (that
+# can lag by about a minute), so a failed spot run reads it first (tpulab.run.symptoms).
+PREEMPTED_ATTRIBUTE = "tpulab/preempted"

@@ -16,6 +16,7 @@ from typing import Any
 
 __all__ = [
     "GUEST_ATTRIBUTE_ERRORS",
+    "LAG_HEALTHS",
     "METHODS",
     "NEVER",
     "PREEMPTED_STATES",
@@ -71,6 +72,9 @@ NEVER = 1e9
 # What `preempt_as` may be: the states a reclaimed spot node is reported in.
 PREEMPTED_STATES = ("PREEMPTED", "TERMINATED")
 
+# What `preempt_lag_health` may be: the v2 Node's HealthValueValuesEnum, less unspecified.
+LAG_HEALTHS = ("HEALTHY", "TIMEOUT", "UNHEALTHY_TENSORFLOW", "UNHEALTHY_MAINTENANCE")
+
 # What `guest_attributes_error` may be: the HTTP status and google.rpc status it answers.
 GUEST_ATTRIBUTE_ERRORS = {"NOT_FOUND": 404, "FAILED_PRECONDITION": 400}
 
@@ -118,6 +122,12 @@ class FaultPlan:
     """Seconds the API keeps saying READY after `preempt_after` stopped the VM (its SSH
     host and guest are gone at once), as the state can lag by about a minute
     (SkyPilot #849)."""
+    preempt_lag_health: str = "HEALTHY"
+    """The health a spot node reports while `preempt_state_lag` keeps its state READY
+    after `preempt_after` stopped its VM: HEALTHY (the API has not noticed), or e.g.
+    UNHEALTHY_MAINTENANCE (the v2 Node's "under maintenance/priority boost caused
+    rescheduling"), which the controller takes as the reclaim without waiting out the
+    lag."""
     create_preempted: int = 0
     """The next N spot create operations fail with code 3, the API's "preempted during
     create" ("... update is not supported while in state PREEMPTED")."""
@@ -314,6 +324,9 @@ class FaultPlan:
         ended = checked.get("preempt_as", self.preempt_as)
         if ended not in PREEMPTED_STATES:
             raise ValueError(f"preempt_as cannot be {ended!r}; known: {list(PREEMPTED_STATES)}")
+        health = checked.get("preempt_lag_health", self.preempt_lag_health)
+        if health not in LAG_HEALTHS:
+            raise ValueError(f"preempt_lag_health cannot be {health!r}; known: {list(LAG_HEALTHS)}")
         error = checked.get("guest_attributes_error", self.guest_attributes_error)
         if error not in GUEST_ATTRIBUTE_ERRORS:
             raise ValueError(

@@ -453,7 +453,13 @@ class Emulator:
                 stopped = node.get("vm_stopped_at") is not None
                 if mine and (stopped or node["state"] not in {"READY", "DELETING"}):
                     to_stop.append(key)
+                    published = dict(node.get("guest_attributes") or {})
                     clear_boot(node, None)
+                    if stopped and node["state"] == "READY":
+                        # Reclaimed with the state lagging: what worker 0 published before
+                        # its VM stopped (the watchdog's `tpulab/preempted` above all) is
+                        # held by the API, not the VM, and stays readable meanwhile.
+                        node["guest_attributes"] = published
                 elif (
                     (self.host_backend is not None or self.guests)
                     and node["state"] == "READY"
