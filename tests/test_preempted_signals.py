@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
 from test_failover import _spec
 
 from tpulab.contract import (
@@ -22,6 +23,7 @@ from tpulab.contract import (
     METADATA_FLAVOR_HEADER,
     PREEMPTED_ATTRIBUTE,
 )
+from tpulab.errors import ConnectError
 from tpulab.polling import Backoff
 from tpulab.run.attempts import Attempts
 from tpulab.run.lifecycle import Lifecycle
@@ -138,12 +140,12 @@ def test_a_healthy_ready_node_with_a_silent_vm_is_not_called_preempted(
     embedded_rig: Rig, tmp_path: Path
 ) -> None:
     """The control: no signal, state READY throughout -> the wait runs out and the run
-    fails as the SSH failure it saw, not as a preemption (nothing is recovered)."""
+    fails with the SSH failure it saw, not as a preemption (nothing is recovered)."""
     runner = _recovering_run(
         embedded_rig, tmp_path, _ReclaimAtPayload(embedded_rig, vm_publishes=False)
     )
-    outcome = runner.run()
-    assert not outcome.succeeded
+    with pytest.raises(ConnectError, match="dropped"):
+        runner.run()
     assert len(runner.attempts) == 1
     assert runner.attempts[0].outcome != "preempted", runner.attempts[0].reason
     assert embedded_rig.leftovers() == []

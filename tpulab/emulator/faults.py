@@ -2,8 +2,8 @@
 
 A `FaultPlan` is plain data: tests mutate `emulator.faults` directly, and an
 out-of-process user POSTs the same field names as JSON to `/_emulator/faults`.
-Counted faults (`transient`, `rate_limited`, `create_lost_replies`, `delete_failures`)
-are consumed as they fire.
+Counted faults (`transient`, `rate_limited`, `create_lost_replies`, `delete_failures`,
+`garbled_deletes`) are consumed as they fire.
 """
 
 from __future__ import annotations
@@ -108,6 +108,10 @@ class FaultPlan:
     acted but its reply was lost (what a resend must notice, by the node's labels)."""
     delete_failures: int = 0
     """The next N delete operations end with an INTERNAL error; the node stays."""
+    garbled_deletes: int = 0
+    """The next N DeleteNode calls answer 200 with a body that is no Operation (its
+    `done` a string), as a broken proxy or a truncated reply might: the client cannot
+    parse it, and the node is not deleted."""
     delete_hangs: bool = False
     """Delete operations never finish; the node stays DELETING."""
     preempt_after: float | None = None
@@ -253,6 +257,13 @@ class FaultPlan:
         with self._lock:
             if self.create_lost_replies > 0:
                 self.create_lost_replies -= 1
+                return True
+            return False
+
+    def take_garbled_delete(self) -> bool:
+        with self._lock:
+            if self.garbled_deletes > 0:
+                self.garbled_deletes -= 1
                 return True
             return False
 

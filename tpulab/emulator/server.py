@@ -666,6 +666,9 @@ class Emulator:
             return 200, node_json(node, as_int=request.as_int)
 
     def _api_delete_node(self, request: _Request) -> tuple[int, Record]:
+        if self.faults.take_garbled_delete():
+            # JSON, but no google.longrunning.Operation: `done` must be a boolean.
+            return 200, {"name": "operations/garbled", "done": "garbled"}
         now = self._clock()
         with self._transaction() as cloud:
             operation = cloud.delete_node(
