@@ -151,7 +151,8 @@ WATCHDOG_STATE_ATTRIBUTE = "tpulab/watchdog"
 # first, the boot grace standing in for the lease). Fresh means the node is still
 # someone's live work; stale means its watchdog should have deleted it.
 LEASE_ATTRIBUTE = "tpulab/lease"
-# Where the watchdog says, once, that the metadata server's `instance/preempted` read
-# TRUE (GCE is stopping this spot VM): exactly the value "TRUE". The watchdog deletes
-# nothing for it; the controller reads it to recover elsewhere.
+# Where the VM's watchdog publishes "TRUE" once its metadata server's `instance/preempted`
+# says TRUE: the VM knows it is being reclaimed before the API's node state does (that
+# can lag by about a minute), so a failed spot run reads it first (tpulab.run.symptoms).
+# The watchdog deletes nothing for it.
 PREEMPTED_ATTRIBUTE = "tpulab/preempted"

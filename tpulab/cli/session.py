@@ -183,9 +183,13 @@ def _up(
     # The key file exists before the node does, so a name in use is refused first.
     store.reserve(session_name, key.openssh_private_bytes())
     try:
+        # The save is inside the signal guard with the hand-over: a SIGTERM or Ctrl-C
+        # after the node was kept but before session.json records it then raises here,
+        # and the node is deleted below, instead of killing `up` with a kept node that no
+        # session file names (the default SIGTERM would, once the guard had ended).
         with signals_to_teardown(display.alert, force_exit_status=EXIT_TEARDOWN):
             state = bring_up(life, session_name=session_name)
-        store.save(state)
+            store.save(state)
     except BaseException as error:
         display.stop()
         if life.outcome.kept:

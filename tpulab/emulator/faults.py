@@ -2,8 +2,8 @@
 
 A `FaultPlan` is plain data: tests mutate `emulator.faults` directly, and an
 out-of-process user POSTs the same field names as JSON to `/_emulator/faults`.
-Counted faults (`transient`, `rate_limited`, `create_lost_replies`, `delete_failures`)
-are consumed as they fire.
+Counted faults (`transient`, `rate_limited`, `create_lost_replies`, `delete_failures`,
+`garbled_deletes`) are consumed as they fire.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 __all__ = [
     "GUEST_ATTRIBUTE_ERRORS",
+    "LAG_HEALTHS",
     "METHODS",
     "NEVER",
     "PREEMPTED_STATES",
@@ -71,6 +72,9 @@ NEVER = 1e9
 # What `preempt_as` may be: the states a reclaimed spot node is reported in.
 PREEMPTED_STATES = ("PREEMPTED", "TERMINATED")
 
+# What `preempt_lag_health` may be: the v2 Node's HealthValueValuesEnum, less unspecified.
+LAG_HEALTHS = ("HEALTHY", "TIMEOUT", "UNHEALTHY_TENSORFLOW", "UNHEALTHY_MAINTENANCE")
+
 # What `guest_attributes_error` may be: the HTTP status and google.rpc status it answers.
 GUEST_ATTRIBUTE_ERRORS = {"NOT_FOUND": 404, "FAILED_PRECONDITION": 400}
 
@@ -104,6 +108,10 @@ class FaultPlan:
     acted but its reply was lost (what a resend must notice, by the node's labels)."""
     delete_failures: int = 0
     """The next N delete operations end with an INTERNAL error; the node stays."""
+    garbled_deletes: int = 0
+    """The next N DeleteNode calls answer 200 with a body that is no Operation (its
+    `done` a string), as a broken proxy or a truncated reply might: the client cannot
+    parse it, and the node is not deleted."""
     delete_hangs: bool = False
     """Delete operations never finish; the node stays DELETING."""
     preempt_after: float | None = None
@@ -118,6 +126,12 @@ class FaultPlan:
     """Seconds the API keeps saying READY after `preempt_after` stopped the VM (its SSH
     host and guest are gone at once), as the state can lag by about a minute
     (SkyPilot #849)."""
+    preempt_lag_health: str = "HEALTHY"
+    """The health a spot node reports while `preempt_state_lag` keeps its state READY
+    after `preempt_after` stopped its VM: HEALTHY (the API has not noticed), or e.g.
+    UNHEALTHY_MAINTENANCE (the v2 Node's "under maintenance/priority boost caused
+    rescheduling"), which the controller takes as the reclaim without waiting out the
+    lag."""
     create_preempted: int = 0
     """The next N spot create operations fail with code 3, the API's "preempted during
     create" ("... update is not supported while in state PREEMPTED")."""
@@ -246,6 +260,13 @@ class FaultPlan:
                 return True
             return False
 
+    def take_garbled_delete(self) -> bool:
+        with self._lock:
+            if self.garbled_deletes > 0:
+                self.garbled_deletes -= 1
+                return True
+            return False
+
     def take_delete_failure(self) -> bool:
         with self._lock:
             if self.delete_failures > 0:
@@ -314,6 +335,9 @@ class FaultPlan:
         ended = checked.get("preempt_as", self.preempt_as)
         if ended not in PREEMPTED_STATES:
             raise ValueError(f"preempt_as cannot be {ended!r}; known: {list(PREEMPTED_STATES)}")
+        health = checked.get("preempt_lag_health", self.preempt_lag_health)
+        if health not in LAG_HEALTHS:
+            raise ValueError(f"preempt_lag_health cannot be {health!r}; known: {list(LAG_HEALTHS)}")
         error = checked.get("guest_attributes_error", self.guest_attributes_error)
         if error not in GUEST_ATTRIBUTE_ERRORS:
             raise ValueError(

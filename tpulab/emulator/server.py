@@ -461,7 +461,13 @@ class Emulator:
                 stopped = node.get("vm_stopped_at") is not None
                 if mine and (stopped or node["state"] not in {"READY", "DELETING"}):
                     to_stop.append(key)
+                    published = dict(node.get("guest_attributes") or {})
                     clear_boot(node, None)
+                    if stopped and node["state"] == "READY":
+                        # Reclaimed with the state lagging: what worker 0 published before
+                        # its VM stopped (the watchdog's `tpulab/preempted` above all) is
+                        # held by the API, not the VM, and stays readable meanwhile.
+                        node["guest_attributes"] = published
                 elif (
                     (self.host_backend is not None or self.guests)
                     and node["state"] == "READY"
@@ -672,6 +678,9 @@ class Emulator:
             return 200, node_json(node, as_int=request.as_int)
 
     def _api_delete_node(self, request: _Request) -> tuple[int, Record]:
+        if self.faults.take_garbled_delete():
+            # JSON, but no google.longrunning.Operation: `done` must be a boolean.
+            return 200, {"name": "operations/garbled", "done": "garbled"}
         now = self._clock()
         with self._transaction() as cloud:
             operation = cloud.delete_node(

@@ -126,6 +126,7 @@ class CloudState:
                 node["vm_stopped_at"] = now
                 node["reported_at"] = now + self.faults.preempt_state_lag
                 node["reported_state"] = self.faults.preempt_as
+                node["lag_health"] = self.faults.preempt_lag_health
             stopped = node.get("vm_stopped_at") is not None
             if state == "READY" and stopped and now >= node["reported_at"]:
                 if node.get("termination_action") == "DELETE":
@@ -552,8 +553,10 @@ def node_json(node: Record, *, as_int: bool) -> Record:
             "topology": _topology(accelerator),
         }
     if node["state"] in {"READY", "DELETING"} or node.get("ready_time") is not None:
+        # READY is HEALTHY, unless its VM stopped and the state lags (`preempt_lag_health`).
+        ready_health = node.get("lag_health", "HEALTHY") if node.get("vm_stopped_at") else "HEALTHY"
         body["health"] = enum_value(
-            HEALTHS, "HEALTHY" if node["state"] == "READY" else node["health"], as_int=as_int
+            HEALTHS, ready_health if node["state"] == "READY" else node["health"], as_int=as_int
         )
         # One entry per worker VM, in worker order (a slice has several; clients index
         # this list by worker: gcloud's tpu-vm ssh ParseWorkerFlag, tpulab's run engine).

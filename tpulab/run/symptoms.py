@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tpulab.contract import PREEMPTED_ATTRIBUTE
 from tpulab.errors import (
     CloudError,
     CommandFailedError,
@@ -32,6 +33,15 @@ __all__ = ["describe_error", "explain"]
 _RECLAIMED = frozenset(
     {NodeState.PREEMPTED.value, NodeState.TERMINATED.value, NodeState.STOPPED.value}
 )
+# The node healths that, on a spot node, mean it is being reclaimed while its state may
+# still say READY. The v2 Node's HealthValueValuesEnum (gcloud's generated
+# tpu_v2_messages.py) documents UNHEALTHY_MAINTENANCE as "under maintenance/priority
+# boost caused rescheduling and will resume running once rescheduled"; a spot VM is
+# never rescheduled (it stops on host maintenance), so for one this is the reclaim. The
+# v2 `symptoms[].symptomType` enum has no preemption type (LOW_MEMORY, OUT_OF_MEMORY,
+# EXECUTE_TIMED_OUT, MESH_BUILD_FAIL, HBM_OUT_OF_MEMORY, PROJECT_ABUSE), so symptoms
+# are not read for this.
+_RECLAIMING_HEALTH = frozenset({"UNHEALTHY_MAINTENANCE"})
 
 
 def explain(ctx: RunContext, error: TpuLabError) -> TpuLabError | None:
@@ -69,7 +79,9 @@ def preemption(ctx: RunContext, error: TpuLabError) -> PreemptedError | None:
     a minute after the VM stopped (SkyPilot #849), and a reclaimed TPU VM may end
     TERMINATED or STOPPED rather than PREEMPTED, or simply vanish (SkyPilot #1468). So
     the node is polled for up to `preemption_wait` seconds (a command's own non-zero exit
-    is no symptom: one look then), and any of those counts."""
+    is no symptom: one look then), and any of those counts. Two signals do not lag: the
+    VM's own word (its watchdog's `tpulab/preempted` guest attribute, read once) and a
+    node health that means reclaiming; either counts at once, even while READY."""
     spec = ctx.spec
     if not spec.spot or isinstance(error, PreemptedError) or not ctx.outcome.create_accepted:
         return None
@@ -80,7 +92,7 @@ def preemption(ctx: RunContext, error: TpuLabError) -> PreemptedError | None:
             f"spot node {spec.node_name}: {describe_error(error)}; asking the API for up "
             f"to {wait:g} s whether it was preempted (its state can lag the VM)"
         )
-    seen = _reclaimed_state(ctx, wait)
+    seen = _vm_says_preempted(ctx) or _reclaimed_state(ctx, wait)
     if seen is None:
         return None
     return PreemptedError(
@@ -92,6 +104,21 @@ def preemption(ctx: RunContext, error: TpuLabError) -> PreemptedError | None:
     )
 
 
+def _vm_says_preempted(ctx: RunContext) -> str | None:
+    """What the VM published about its own preemption (one GetGuestAttributes), or None.
+    Best effort: a guest-attribute read that fails for any reason is no signal, and the
+    node's state is asked next as before."""
+    zone, name = ctx.spec.zone.value, ctx.spec.node_name
+    try:
+        published = ctx.api.guest_attributes(zone, name, PREEMPTED_ATTRIBUTE)
+    except Exception:  # no answer is no signal, whatever the failure
+        return None
+    if published.get(PREEMPTED_ATTRIBUTE, "").strip().upper() != "TRUE":
+        return None
+    ctx.observer.note(f"spot node {name}: its VM published {PREEMPTED_ATTRIBUTE}=TRUE")
+    return f"READY, but its VM says it was preempted ({PREEMPTED_ATTRIBUTE}=TRUE)"
+
+
 def _reclaimed_state(ctx: RunContext, wait: float) -> str | None:
     """The state that says a spot node was reclaimed (or "gone"), polled for up to `wait`
     s; None if it still looks alive then, or if its own watchdog (or someone) is deleting
@@ -101,9 +128,13 @@ def _reclaimed_state(ctx: RunContext, wait: float) -> str | None:
 
     def look() -> str:
         try:
-            state = ctx.api.get_node(zone, name).state.value
+            node = ctx.api.get_node(zone, name)
         except NotFoundError:
             state = "gone"
+        else:
+            state = node.state.value
+            if node.health in _RECLAIMING_HEALTH:
+                state = f"{state}, health {node.health}"
         if not last or last[-1] != state:
             if last:
                 ctx.observer.note(f"spot node {name}: {state}")
@@ -114,7 +145,7 @@ def _reclaimed_state(ctx: RunContext, wait: float) -> str | None:
     try:
         state = poll_until(
             look,
-            lambda found: found in settled,
+            lambda found: found in settled or _says_reclaiming(found),
             timeout=wait,
             clock=ctx.clock,
             sleep=ctx.sleep,
@@ -128,9 +159,16 @@ def _reclaimed_state(ctx: RunContext, wait: float) -> str | None:
         return None  # the API cannot say; the original error stands
     if state == NodeState.DELETING.value:
         return None
+    if _says_reclaiming(state):
+        return state
     if state == "gone" and _watchdog_fired(ctx):
         return None
     return state
+
+
+def _says_reclaiming(seen: str) -> bool:
+    """Whether `look` saw a health that means the spot node is being reclaimed."""
+    return any(seen.endswith(f"health {health}") for health in _RECLAIMING_HEALTH)
 
 
 def _watchdog_fired(ctx: RunContext) -> bool:
