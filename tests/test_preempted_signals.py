@@ -59,10 +59,13 @@ class _ReclaimAtPayload(NullObserver):
     """Once the first node's payload runs: optionally have its VM publish that it is
     preempted, then stop the VM with the state lagging (and `lag_health` reported)."""
 
-    def __init__(self, rig: Rig, *, vm_publishes: bool, lag_health: str = "HEALTHY") -> None:
+    def __init__(
+        self, rig: Rig, *, vm_publishes: bool, lag_health: str = "HEALTHY", notice: float = 0.0
+    ) -> None:
         self.rig = rig
         self.vm_publishes = vm_publishes
         self.lag_health = lag_health
+        self.notice = notice
         self.done = False
 
     def phase_started(self, phase: Phase) -> None:
@@ -75,6 +78,7 @@ class _ReclaimAtPayload(NullObserver):
             {
                 "preempt_state_lag": LAG,
                 "preempt_lag_health": self.lag_health,
+                "preempt_notice": self.notice,
                 "preempt_nodes": 1,
                 "preempt_after": 0.0,
             }
@@ -123,6 +127,18 @@ def test_the_vms_own_word_makes_a_ready_spot_node_preempted(
     runner = _recovering_run(
         embedded_rig, tmp_path, _ReclaimAtPayload(embedded_rig, vm_publishes=True)
     )
+    _assert_recovered_at_once(runner, embedded_rig, PREEMPTED_ATTRIBUTE)
+
+
+def test_the_watchdog_passes_the_preemption_notice_on_and_the_run_recovers(
+    embedded_rig: Rig, tmp_path: Path
+) -> None:
+    """The whole path, with nothing put by the test: the emulated VM is told it is
+    preempted (`instance/preempted` TRUE) 8 s before it stops, its watchdog (polling every
+    few seconds) publishes `tpulab/preempted`, and the failed run reads it while the
+    state still says READY."""
+    observer = _ReclaimAtPayload(embedded_rig, vm_publishes=False, notice=8.0)
+    runner = _recovering_run(embedded_rig, tmp_path, observer)
     _assert_recovered_at_once(runner, embedded_rig, PREEMPTED_ATTRIBUTE)
 
 

@@ -126,6 +126,11 @@ class FaultPlan:
     """Seconds the API keeps saying READY after `preempt_after` stopped the VM (its SSH
     host and guest are gone at once), as the state can lag by about a minute
     (SkyPilot #849)."""
+    preempt_notice: float = 0.0
+    """Seconds between a spot VM being told it is preempted and it stopping: its metadata
+    server's `instance/preempted` says TRUE for that long while the VM still runs, as
+    Compute Engine gives a preempted VM a notice (an ACPI soft-off and the metadata value,
+    about 30 s, on its "Preemption process" page for Spot VMs). 0: the VM stops at once."""
     preempt_lag_health: str = "HEALTHY"
     """The health a spot node reports while `preempt_state_lag` keeps its state READY
     after `preempt_after` stopped its VM: HEALTHY (the API has not noticed), or e.g.

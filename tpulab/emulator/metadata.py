@@ -118,11 +118,20 @@ def metadata_tree(node: Record, worker: int = 0) -> Tree:
             "hostname": f"{vm_name(node, worker)}.{node['zone']}.c.{node['project']}.internal",
             "id": int(node["id"]),
             "name": vm_name(node, worker),
-            "preempted": "TRUE" if node["state"] in {"PREEMPTED", "TERMINATED"} else "FALSE",
+            "preempted": "TRUE" if _preempted(node) else "FALSE",
             "service-accounts": _Verbatim({"default": account, email: dict(account)}),
             "zone": f"projects/{number}/zones/{node['zone']}",
         },
         "project": {"numeric-project-id": int(number), "project-id": node["project"]},
+    }
+
+
+def _preempted(node: Record) -> bool:
+    """`instance/preempted`: TRUE from the preemption notice on (the VM still runs for
+    `preempt_notice` s), and in the states a reclaimed node ends in."""
+    return node.get("preempt_notice_at") is not None or node["state"] in {
+        "PREEMPTED",
+        "TERMINATED",
     }
 
 

@@ -117,16 +117,28 @@ class CloudState:
                 state == "READY"
                 and node["spot"]
                 and node.get("vm_stopped_at") is None
+                and node.get("preempt_notice_at") is None
                 and preempt is not None
                 and now >= node["ready_time"] + preempt
                 and self.faults.take_preemption()
+            ):
+                # Told first (metadata `instance/preempted` TRUE, metadata.py), stopped
+                # `preempt_notice` later.
+                node["preempt_notice_at"] = now
+                node["vm_stops_at"] = now + self.faults.preempt_notice
+                node["reported_state"] = self.faults.preempt_as
+                node["lag_health"] = self.faults.preempt_lag_health
+            stops_at = node.get("vm_stops_at")
+            if (
+                state == "READY"
+                and stops_at is not None
+                and node.get("vm_stopped_at") is None
+                and now >= stops_at
             ):
                 # The VM stops now (server.py stops its host); the API says so only
                 # `preempt_state_lag` later, and then as PREEMPTED or TERMINATED.
                 node["vm_stopped_at"] = now
                 node["reported_at"] = now + self.faults.preempt_state_lag
-                node["reported_state"] = self.faults.preempt_as
-                node["lag_health"] = self.faults.preempt_lag_health
             stopped = node.get("vm_stopped_at") is not None
             if state == "READY" and stopped and now >= node["reported_at"]:
                 if node.get("termination_action") == "DELETE":
