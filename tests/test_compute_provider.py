@@ -126,6 +126,19 @@ def test_a_real_compute_run_without_an_image_is_refused() -> None:
     assert "--image" in result.stdout + result.stderr
 
 
+def test_a_session_on_the_compute_provider_is_refused_before_anything_is_sent() -> None:
+    # `up` keeps a session through the Cloud TPU API only: a TPU7x (Compute only) must
+    # not be sent to the TPU API as a node (which would refuse the type, or worse).
+    result = tpulab(
+        "up", "--accelerator", "tpu7x-8", "--project", "p", "--zone", "us-central1-c",
+        "--api-endpoint", DEAD_ENDPOINT,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    said = " ".join((result.stdout + result.stderr).split())
+    assert "sessions (`tpulab up`, `exec`, `ssh`) do not support it yet" in said
+    assert "tpulab run --accelerator tpu7x-8 -- CMD" in said
+
+
 _VALIDATE = """
 import json, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/third_party"]

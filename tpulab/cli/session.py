@@ -131,6 +131,19 @@ def up_command(
             network=network,
             subnetwork=subnetwork,
         )
+        if inputs.spec.provider == "compute":
+            from tpulab.errors import ConfigError
+
+            # Before any API call: a session's node is found, renewed and taken down
+            # through the Cloud TPU API only (run/session.py keeps no provider yet).
+            raise ConfigError(
+                f"{inputs.spec.accelerator.name} is served here by the Compute Engine "
+                f"provider ({inputs.spec.provider_source}), and sessions (`tpulab up`, "
+                "`exec`, `ssh`) do not support it yet.",
+                hint=f"Run your command with `tpulab run --accelerator "
+                f"{inputs.spec.accelerator.name} -- CMD`, or keep a session on a type the "
+                "Cloud TPU API serves (e.g. v6e-4 with the default --provider tpu-api).",
+            )
         from tpulab.contract import KIND_SESSION
 
         session_name = chosen_name or check_session_name(f"s-{inputs.spec.run_id.split('-')[-1]}")
