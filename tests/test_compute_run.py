@@ -90,6 +90,8 @@ def test_an_emulated_compute_run_verifies_the_catalogs_devices_and_deletes(
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     accelerator = args[1]
     assert f"VERIFIED: {devices} cpu device(s) of {accelerator} (EMULATED)" in result.stdout
+    priced = "would have cost ~$" if accelerator == "v6e-4" else "has no known cost"
+    assert priced in result.stdout
     assert "deleted, confirmed by list" in result.stdout
     assert _emulator_instances(fast_embedded_emulator) == []
 
@@ -99,6 +101,8 @@ def test_an_emulated_compute_plan_names_the_emulators_image() -> None:
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["sources"]["image"] == "the emulator's"
+    # No list price is cited for TPU7x: unknown, never $0.00/h.
+    assert plan["estimated_cost_per_hour_usd"] is None
     (insert,) = [s for s in plan["steps"] if s.get("action") == "compute.instances.insert"]
     assert insert["body"]["disks"][0]["initializeParams"]["sourceImage"] == EMULATED_IMAGE
     # Online no image is guessed (the real run refuses: tests/test_compute_provider.py).

@@ -53,8 +53,7 @@ def _run_dry(spec: RunSpec, installer: Installer, as_json: bool) -> None:
     out.print(
         f"[bold]Plan for run {plan.run_id}[/]{tag}: {plan.accelerator_type} as node "
         f"{plan.node_name}, project {escape(plan.project)} ({escape(plan.project_source)}), "
-        f"zone {plan.zone} ({escape(plan.zone_source)}); est. "
-        f"${plan.estimated_cost_per_hour_usd:.2f}/h (list prices of {plan.price_date}). "
+        f"zone {plan.zone} ({escape(plan.zone_source)}); {_rate(plan)}. "
         "Recorded from the run itself over "
         f"recording seams: nothing is contacted. API base {escape(plan.endpoint)}."
     )
@@ -81,6 +80,12 @@ def _run_dry(spec: RunSpec, installer: Installer, as_json: bool) -> None:
     rest = f"; defaults: {', '.join(left)}" if left else ""
     out.print(f"[dim]Where values came from: {escape(', '.join(given) + rest)}.[/]")
     print_plan_steps(plan)
+
+
+def _rate(plan: PlanEnvelope) -> str:
+    if plan.estimated_cost_per_hour_usd is None:
+        return f"no list price is cited for {plan.accelerator_type} (cost unknown)"
+    return f"est. ${plan.estimated_cost_per_hour_usd:.2f}/h (list prices of {plan.price_date})"
 
 
 def print_plan_steps(plan: PlanEnvelope) -> None:

@@ -76,7 +76,19 @@ def doctor_inputs(
     accel = None
     if accelerator is not None:
         given(accelerator, "--accelerator", hint="Pass a type such as v5litepod-4.")
-        accel = catalog.lookup(accelerator.strip()).name
+        found = catalog.lookup(accelerator.strip())
+        if found.default_provider == "compute":
+            # doctor's checks are the Cloud TPU API's (its API, tpu.* permissions, its
+            # zones): for a Compute-only type they would answer a question nobody asked.
+            raise ConfigError(
+                f"{found.name} is served by the Compute Engine provider only, and doctor "
+                "checks the Cloud TPU API's path; its Compute Engine checks are not "
+                "written yet.",
+                hint="Run doctor without --accelerator for the project-wide checks, and "
+                "check Compute yourself: `gcloud services list --enabled` shows "
+                "compute.googleapis.com, and you hold roles/compute.instanceAdmin.v1.",
+            )
+        accel = found.name
     account = check_service_account(service_account)
     vpc = check_network(network)
     subnet = check_subnetwork(subnetwork)
@@ -118,7 +130,9 @@ def doctor_inputs(
     if accel is not None and zn is not None and zn.value not in catalog.zones_offering(accel):
         raise ConfigError(
             f"Zone {zn.value} (from {zn.source}) does not offer {accel}.",
-            hint=f"Zones that do: {', '.join(catalog.zones_offering(accel)[:6])}.",
+            hint=f"Zones that do: {', '.join(catalog.zones_offering(accel)[:6])}."
+            if catalog.zones_offering(accel)
+            else "No zone in tpulab's zone table offers it.",
         )
     return DoctorInputs(
         target,

@@ -59,7 +59,7 @@ class PlanEnvelope(Envelope):
     ssh_user: str
     installer: str
     timeouts_seconds: dict[str, float]
-    estimated_cost_per_hour_usd: float
+    estimated_cost_per_hour_usd: float | None  # None: no list price is cited (TPU7x)
     price_date: str
     placeholders: dict[str, str]  # marker -> the real value it stands for
     steps: list[PlanStep]
@@ -138,7 +138,7 @@ def plan_envelope(
         ssh_user=spec.ssh_user,
         installer=installer,
         timeouts_seconds=dataclasses.asdict(spec.timeouts),
-        estimated_cost_per_hour_usd=accel.price_per_hour(spot=spec.spot),
+        estimated_cost_per_hour_usd=accel.price_per_hour(spot=spec.spot) if accel.priced else None,
         price_date=PRICE_DATE,
         placeholders={
             marker: meaning

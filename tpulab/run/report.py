@@ -404,20 +404,21 @@ def summary_lines(
         lines.append([("  teardown  ", "dim"), ("nothing was created", "")])
     else:
         lines.append([("  teardown  ", "dim"), ("NOT CONFIRMED: may still be billing", "bold red")])
-    price = spec.accelerator.price_per_hour(spot=spec.spot)
-    cost = f"~${total_cost(outcome, attempts):.4f}"
+    accelerator = spec.accelerator
+    price = accelerator.price_per_hour(spot=spec.spot)
+    cost = f"~${total_cost(outcome, attempts):.4f}" if accelerator.priced else "unknown"
     if len(attempts) > 1:
         cost += f" over {len(attempts)} attempts"
     if spec.emulated:
-        cost = f"$0 (a real {spec.accelerator.name} would have cost {cost})"
+        real = f"would have cost {cost}" if accelerator.priced else "has no known cost"
+        cost = f"$0 (a real {accelerator.name} {real})"
+    # No list price is cited for some generations (TPU7x): unknown, never "$0.00/h".
+    rate = f"est. ${price:.2f}/h list price {PRICE_DATE}" if accelerator.priced else "no list price"
     lines.append(
         [
             ("  cost      ", "dim"),
             (cost, ""),
-            (
-                f" (est. ${price:.2f}/h list price {PRICE_DATE}; {outcome.api_calls} API calls)",
-                "dim",
-            ),
+            (f" ({rate}; {outcome.api_calls} API calls)", "dim"),
         ]
     )
     return lines
