@@ -94,10 +94,17 @@ def _expand(values: Sequence[str], accelerator: str, source: str) -> tuple[Resol
             if part == AUTO_ZONE:
                 offering = catalog.zones_offering(accelerator)
                 if not offering:
+                    # tpulab's zone table is the Cloud TPU API's; a Compute-only type
+                    # (TPU7x) has none, and its zones are Compute's machine types.
+                    machine = catalog.lookup(accelerator).machine_type
+                    where = (
+                        f"`gcloud compute machine-types list --filter=name={machine}`"
+                        if machine
+                        else "`gcloud compute tpus accelerator-types list --zone=ZONE`"
+                    )
                     raise ConfigError(
                         f"{source} auto found no zone that offers {accelerator}.",
-                        hint="Name the zone yourself with --zone "
-                        "(`gcloud compute tpus accelerator-types list --zone=ZONE`).",
+                        hint=f"Name the zone yourself with --zone ({where}).",
                     )
                 for zone in offering:
                     zones.setdefault(zone, Resolved(zone, f"{source} auto (catalog)"))
