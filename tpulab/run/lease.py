@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
 from tpulab.errors import (
     CloudError,
@@ -39,6 +39,7 @@ from tpulab.remote.watchdog import (
     parse_state,
     renew_command,
 )
+from tpulab.run.workers import RunsCommands
 
 if TYPE_CHECKING:
     from tpulab.cloud.api import TpuApi
@@ -56,18 +57,6 @@ __all__ = [
 
 # How long after SSH is up the controller waits for the watchdog to say how it is.
 STATE_WAIT_SECONDS = 30.0
-
-
-class _Runs(Protocol):
-    def run(
-        self,
-        argv: Sequence[str] | str,
-        *,
-        env: Mapping[str, str] | None = ...,
-        timeout: float,
-        on_line: Callable[[str, str], None] | None = ...,
-        check: bool = ...,
-    ) -> object: ...
 
 
 def watchdog_config(spec: RunSpec) -> WatchdogConfig | None:
@@ -107,7 +96,7 @@ def _compute_base(spec: RunSpec) -> str:
 class LeaseRenewer:
     """Renews one run's lease until stopped; `failures` says what went wrong."""
 
-    session: _Runs
+    session: RunsCommands
     config: WatchdogConfig
     note: Callable[[str], None] = lambda _message: None
     background: bool = True  # False: only the foreground renewal (a dry run's plan)

@@ -30,7 +30,15 @@ if TYPE_CHECKING:
     from tpulab.run.context import RemoteSession
     from tpulab.run.lease import LeaseRenewer
 
-__all__ = ["MAX_PARALLEL", "EveryWorker", "FanOut", "Worker", "fan_out", "name_worker"]
+__all__ = [
+    "MAX_PARALLEL",
+    "EveryWorker",
+    "FanOut",
+    "RunsCommands",
+    "Worker",
+    "fan_out",
+    "name_worker",
+]
 
 # SSH sessions opened at once at most (MaxText's multihost_runner starts one process per
 # worker; 16 covers every slice in the catalog in one wave).
@@ -152,7 +160,10 @@ def fan_out(
     return FanOut([cast(T, finished[i]) for i in order], [seconds[i] for i in order])
 
 
-class _Shell(Protocol):
+class RunsCommands(Protocol):
+    """What runs a command on one worker (an SSH session): the lease renewer's and
+    EveryWorker's one need of it."""
+
     def run(
         self,
         argv: Sequence[str] | str,
@@ -172,7 +183,7 @@ class EveryWorker:
     the whole slice): each worker's watchdog reads the lease on its own VM, so a renewal
     that reached only some of them is a failed one, and says which worker it missed."""
 
-    shells: Sequence[_Shell]
+    shells: Sequence[RunsCommands]
 
     def run(
         self,
