@@ -104,7 +104,11 @@ def compute_api(
     return ComputeTpuApi(
         project,
         ComputeTransport(
-            apis, session.session, retry_for=retry_for, request_timeout=request_timeout
+            apis,
+            session.session,
+            api_endpoint=api_endpoint,
+            retry_for=retry_for,
+            request_timeout=request_timeout,
         ),
         machine_type_of=machine_type_of,
         image=image or "",

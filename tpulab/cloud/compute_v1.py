@@ -399,19 +399,27 @@ class ComputeTransport:
     """The `Transport` of a real run on Compute: each wire request at the URL `apis`
     gives (tpulab.cloud.preflight.ProjectApis: the one way tpulab finds Compute's root,
     at Google or at an emulator) over `session` (tpulab.cloud.google.caller_session's,
-    the same authorised session the preflight asks with). Idempotent requests ride out
-    transient failures for up to `retry_for` seconds; insert and delete are sent once."""
+    the same authorised session the preflight asks with). Sent through the same loop as
+    the TPU API's transport (`tpulab.cloud.reach.send_through`): idempotent requests ride
+    out transient failures for up to `retry_for` seconds, insert and delete are sent once,
+    and an endpoint that has never answered this command is declared down on the reach
+    schedule (at once on loopback) instead of being retried for a minute per call."""
 
     def __init__(
         self,
         apis: Any,
         session: Any,
         *,
+        api_endpoint: str | None = None,
         retry_for: float = 60.0,
         request_timeout: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        notify: Callable[[str], None] | None = None,
     ) -> None:
+        from tpulab.cloud.reach import CLOUD_SCHEDULE, LOOPBACK_SCHEDULE, Reach
+        from tpulab.config.endpoint import classify_endpoint
+
         self._apis = apis
         self._session = session
         self._retry_for = retry_for
@@ -419,59 +427,55 @@ class ComputeTransport:
         self._clock = clock
         self._sleep = sleep
         self._calls = 0
+        endpoint = classify_endpoint(api_endpoint)
+        self._local = endpoint.is_loopback
+        self._endpoint_text = api_endpoint or "compute.googleapis.com"
+        self._reach = Reach(
+            self._endpoint_text,
+            LOOPBACK_SCHEDULE if self._local else CLOUD_SCHEDULE,
+            clock=clock,
+            notify=notify or (lambda _line: None),
+            google=endpoint.kind == "google",
+            api="Compute Engine",
+        )
 
     @property
     def call_count(self) -> int:
         return self._calls
 
     def send(self, wire: WireRequest, *, what: str, idempotent: bool) -> Answer:
-        from tpulab.errors import TransientError, UnreachableError
-        from tpulab.polling import Backoff, retry_call
+        from tpulab.cloud.google import network_words, translate_client_error, worth_retrying
+        from tpulab.cloud.reach import send_through
+        from tpulab.polling import Backoff
 
-        def attempt() -> Answer:
+        def counted() -> None:
             self._calls += 1
-            return self._once(wire, what)
 
-        def retry_if(error: Exception) -> bool:
-            if isinstance(error, UnreachableError):
-                return True  # never sent: resending is always safe
-            return idempotent and isinstance(error, TransientError)
-
-        return retry_call(
-            attempt,
-            retry_if=retry_if,
-            timeout=self._retry_for if idempotent else 0.0,
+        return send_through(
+            self._reach,
+            lambda timeout: self._once(wire, what, timeout),
+            what=what,
+            idempotent=idempotent,
+            translate=lambda raw: translate_client_error(raw, what, self._endpoint_text),
+            network_words=network_words,
+            worth_retrying=worth_retrying,
+            request_timeout=self._timeout,
+            retry_for=self._retry_for,
+            backoff=Backoff(0.05, 0.5) if self._local else Backoff(0.5, 8.0),
             clock=self._clock,
             sleep=self._sleep,
-            backoff=Backoff(0.5, 8.0),
+            counted=counted,
         )
 
-    def _once(self, wire: WireRequest, what: str) -> Answer:
-        import requests
-
+    def _once(self, wire: WireRequest, what: str, timeout: float) -> Answer:
+        """One HTTP request; an HTTP error answer is raised as tpulab's error (the client's
+        own network exceptions are left to `send_through`'s translation)."""
         from tpulab.cloud.classify import HTTP_STATUS, error_for_status
-        from tpulab.errors import OutcomeUnknownError, UnreachableError
 
         url = self._apis.url("compute", wire.path.removeprefix(f"/{COMPUTE_ROOT}/"))
-        try:
-            answer = self._session.request(
-                wire.method, url, params=list(wire.query), json=wire.body, timeout=self._timeout
-            )
-        except requests.ConnectionError as error:
-            raise UnreachableError(
-                f"Could not {what}: cannot reach {url.split('/compute/')[0]}; the request "
-                "was never sent.",
-                status="UNAVAILABLE",
-                api_message=str(error)[:300],
-                hint="Check the network (or, for --api-endpoint, that the emulator runs).",
-            ) from None
-        except requests.RequestException as error:
-            raise OutcomeUnknownError(
-                f"Could not {what}: no answer from Compute Engine; it may have taken effect.",
-                status="DEADLINE_EXCEEDED",
-                api_message=str(error)[:300],
-                hint="Check with `tpulab list`, then retry.",
-            ) from None
+        answer = self._session.request(
+            wire.method, url, params=list(wire.query), json=wire.body, timeout=timeout
+        )
         try:
             body = answer.json()
         except ValueError:

@@ -28,20 +28,19 @@ from tpulab.cloud.reach import (
     LOOPBACK_SCHEDULE,
     Reach,
     ReachSchedule,
-    is_network_failure,
+    send_through,
 )
 from tpulab.cloud.tpu_v2 import TpuV2Api
 from tpulab.cloud.transport import Answer
 from tpulab.config.endpoint import classify_endpoint
 from tpulab.errors import (
-    CloudError,
     ConfigError,
     OutcomeUnknownError,
     PermissionDeniedError,
     TransientError,
     UnreachableError,
 )
-from tpulab.polling import Backoff, retry_call
+from tpulab.polling import Backoff
 
 __all__ = [
     "CallerSession",
@@ -50,6 +49,9 @@ __all__ = [
     "adc_project",
     "caller_session",
     "error_for_status",
+    "network_words",
+    "translate_client_error",
+    "worth_retrying",
 ]
 
 T = TypeVar("T")
@@ -71,7 +73,7 @@ def adc_project() -> str | None:
     return str(project) if project else None
 
 
-def _translate(error: Exception, what: str, endpoint: str) -> Exception:
+def translate_client_error(error: Exception, what: str, endpoint: str) -> Exception:
     """Map an exception raised by the client stack to a tpulab error (or leave it be)."""
     from google.api_core import exceptions as api_exceptions
     from google.auth import exceptions as auth_exceptions
@@ -141,7 +143,7 @@ def _network_error(error: OSError, what: str, endpoint: str) -> TransientError:
     )
 
 
-def _network_words(error: BaseException) -> str:
+def network_words(error: BaseException) -> str:
     """What went wrong on the network, in a user's words, from the client's exception."""
     from google.auth import exceptions as auth_exceptions
     from requests import exceptions as http_exceptions
@@ -175,7 +177,7 @@ def _reason(error: BaseException) -> str:
     return str(error)[:160]
 
 
-def _worth_retrying(error: Exception) -> bool:
+def worth_retrying(error: Exception) -> bool:
     return isinstance(error, TransientError) and not isinstance(error, UnreachableError)
 
 
@@ -337,65 +339,27 @@ class GoogleTransport:
     # -- plumbing --------------------------------------------------------------------
 
     def _call(self, send: Callable[..., T], what: str, *, idempotent: bool) -> T:
-        """Send one request (each try counted; `send(timeout=...)`); retry an idempotent
-        one (class doc), and any one of an endpoint that has not answered yet while
-        resending is safe (`tpulab.cloud.reach`)."""
-        tries = 0
-        sent = False  # some try of this call reached the server (and got no answer)
-        words = ""  # what went wrong on the network on the last try
+        """Send one request (`send(timeout=...)`) through the endpoint's reach
+        (`tpulab.cloud.reach.send_through`: the class doc's retries)."""
 
-        def resendable(error: Exception) -> bool:
-            return idempotent or isinstance(error, UnreachableError)
-
-        def attempt() -> T:
-            nonlocal tries, sent, words
-            self._reach.raise_if_down(what)
-            tries += 1
-            timeout = self._reach.timeout(self._request_timeout)
+        def counted() -> None:
             with self._calls_lock:
                 self._calls += 1
-            try:
-                result = send(timeout=timeout)
-            except Exception as raw:
-                error = _translate(raw, what, self._endpoint_text)
-                if error is raw:
-                    raise
-                if not isinstance(error, CloudError) or not is_network_failure(error):
-                    self._reach.heard()  # an API error is an answer: something is there
-                    raise error from None
-                sent = sent or isinstance(error, OutcomeUnknownError)
-                words = _network_words(raw)
-                raise self._reach.failed(
-                    error,
-                    tries=tries,
-                    sent=sent,
-                    what=what,
-                    resendable=resendable(error),
-                    words=words,
-                ) from None
-            self._reach.heard()
-            return result
 
-        def retry_if(error: Exception) -> bool:
-            if self._reach.should_retry(error, resendable=resendable(error)):
-                return True
-            return idempotent and _worth_retrying(error)
-
-        def on_retry(error: Exception, _delay: float) -> None:
-            self._reach.retrying(error, tries=tries, words=words)
-
-        budget = self._retry_for if idempotent else 0.0
-        if not self._reach.answered:
-            # The reach schedule ends itself; it must not be cut by a shorter budget.
-            budget = max(budget, self._reach.schedule.budget + 1.0)
-        return retry_call(
-            attempt,
-            retry_if=retry_if,
-            timeout=budget,
+        return send_through(
+            self._reach,
+            lambda timeout: send(timeout=timeout),
+            what=what,
+            idempotent=idempotent,
+            translate=lambda raw: translate_client_error(raw, what, self._endpoint_text),
+            network_words=network_words,
+            worth_retrying=worth_retrying,
+            request_timeout=self._request_timeout,
+            retry_for=self._retry_for,
+            backoff=self._retry_backoff(),
             clock=self._clock,
             sleep=self._sleep,
-            backoff=self._reach.delays(iter(self._retry_backoff())),
-            on_retry=on_retry,
+            counted=counted,
         )
 
 
@@ -532,7 +496,9 @@ def caller_session(
     try:
         credentials.refresh(Request())
     except Exception as error:  # RefreshError, TransportError: translated below
-        raise _translate(error, "refresh the credentials", "oauth2.googleapis.com") from None
+        raise translate_client_error(
+            error, "refresh the credentials", "oauth2.googleapis.com"
+        ) from None
     account = str(getattr(credentials, "service_account_email", "") or "")
     kind = "a service account" if account else "a user login"
     if not account and with_account:

@@ -25,8 +25,9 @@ so the run's teardown looks for the node it may have made.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from tpulab.errors import (
     CloudError,
@@ -37,7 +38,16 @@ from tpulab.errors import (
     UnreachableError,
 )
 
-__all__ = ["CLOUD_SCHEDULE", "LOOPBACK_SCHEDULE", "Reach", "ReachSchedule", "is_network_failure"]
+__all__ = [
+    "CLOUD_SCHEDULE",
+    "LOOPBACK_SCHEDULE",
+    "Reach",
+    "ReachSchedule",
+    "is_network_failure",
+    "send_through",
+]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -86,8 +96,10 @@ class Reach:
         clock: Callable[[], float],
         notify: Callable[[str], None],
         google: bool,
+        api: str = "the Cloud TPU API",
     ) -> None:
         self.endpoint = endpoint
+        self.api = api  # what the messages call it ("Compute Engine")
         self.schedule = schedule
         self._clock = clock
         self._notify = notify
@@ -117,7 +129,7 @@ class Reach:
         """Once declared down, every later call fails at once, unsent."""
         if self._down is not None:
             raise EndpointUnreachableError(
-                f"Could not {what}: the Cloud TPU API at {self.endpoint} is not reachable "
+                f"Could not {what}: {self.api} at {self.endpoint} is not reachable "
                 f"({self._down}); the request was not sent.",
                 status="UNAVAILABLE",
                 hint=self._hint(),
@@ -173,7 +185,7 @@ class Reach:
         kind: type[EndpointDownError] = EndpointSilentError if sent else EndpointUnreachableError
         outcome = "" if sent else "; the request was never sent"
         return kind(
-            f"Could not {what}: cannot reach the Cloud TPU API at {self.endpoint} "
+            f"Could not {what}: cannot reach {self.api} at {self.endpoint} "
             f"({words}; no answer in {elapsed:.0f} s, {tries} {plural}){outcome}.",
             status=error.status,
             api_message=error.api_message,
@@ -209,3 +221,89 @@ class Reach:
             "local emulator, check that `tpulab emulator serve` is still running (or use "
             "--emulate). Then retry."
         )
+
+
+def send_through(
+    reach: Reach,
+    send: Callable[[float], T],
+    *,
+    what: str,
+    idempotent: bool,
+    translate: Callable[[Exception], Exception],
+    network_words: Callable[[Exception], str],
+    worth_retrying: Callable[[Exception], bool],
+    request_timeout: float,
+    retry_for: float,
+    backoff: Iterable[float],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    counted: Callable[[], None],
+) -> T:
+    """One request of a transport, `send(timeout)`, through `reach` (every provider's
+    transport uses this one loop): each try counted and its timeout cut while the
+    endpoint is unproven; `translate` turns what the client raised into tpulab's error
+    (or leaves an unknown exception be, which then propagates as it is); an idempotent
+    request is retried while `worth_retrying` says so, for up to `retry_for` s; any
+    request that may safely be resent (idempotent, or never sent) rides the reach
+    schedule of an endpoint that has not answered yet, and then fails as an
+    EndpointDownError (module doc)."""
+    from tpulab.polling import retry_call
+
+    tries = 0
+    sent = False  # some try of this call reached the server (and got no answer)
+    words = ""  # what went wrong on the network on the last try
+
+    def resendable(error: Exception) -> bool:
+        return idempotent or isinstance(error, UnreachableError)
+
+    def attempt() -> T:
+        nonlocal tries, sent, words
+        reach.raise_if_down(what)
+        tries += 1
+        timeout = reach.timeout(request_timeout)
+        counted()
+        try:
+            result = send(timeout)
+        except Exception as raw:
+            error = translate(raw)
+            if not isinstance(error, CloudError):
+                raise
+            if not is_network_failure(error):
+                reach.heard()  # an API error is an answer: something is there
+                if error is raw:
+                    raise
+                raise error from None
+            sent = sent or isinstance(error, OutcomeUnknownError)
+            words = network_words(raw)
+            raise reach.failed(
+                error,
+                tries=tries,
+                sent=sent,
+                what=what,
+                resendable=resendable(error),
+                words=words,
+            ) from None
+        reach.heard()
+        return result
+
+    def retry_if(error: Exception) -> bool:
+        if reach.should_retry(error, resendable=resendable(error)):
+            return True
+        return idempotent and worth_retrying(error)
+
+    def on_retry(error: Exception, _delay: float) -> None:
+        reach.retrying(error, tries=tries, words=words)
+
+    budget = retry_for if idempotent else 0.0
+    if not reach.answered:
+        # The reach schedule ends itself; it must not be cut by a shorter budget.
+        budget = max(budget, reach.schedule.budget + 1.0)
+    return retry_call(
+        attempt,
+        retry_if=retry_if,
+        timeout=budget,
+        clock=clock,
+        sleep=sleep,
+        backoff=reach.delays(iter(backoff)),
+        on_retry=on_retry,
+    )
