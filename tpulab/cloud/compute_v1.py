@@ -25,6 +25,7 @@ slices (a MIG with a workload policy) are out of scope and refused before any ca
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -417,26 +418,24 @@ class ComputeTransport:
         sleep: Callable[[float], None] = time.sleep,
         notify: Callable[[str], None] | None = None,
     ) -> None:
-        from tpulab.cloud.reach import CLOUD_SCHEDULE, LOOPBACK_SCHEDULE, Reach
-        from tpulab.config.endpoint import classify_endpoint
+        from tpulab.cloud.reach import reach_of
 
         self._apis = apis
         self._session = session
+        self._api_endpoint = api_endpoint
         self._retry_for = retry_for
         self._timeout = request_timeout
         self._clock = clock
         self._sleep = sleep
         self._calls = 0
-        endpoint = classify_endpoint(api_endpoint)
-        self._local = endpoint.is_loopback
+        self._calls_lock = threading.Lock()  # `tpulab list` lists zones concurrently
         self._endpoint_text = api_endpoint or "compute.googleapis.com"
-        self._reach = Reach(
-            self._endpoint_text,
-            LOOPBACK_SCHEDULE if self._local else CLOUD_SCHEDULE,
-            clock=clock,
-            notify=notify or (lambda _line: None),
-            google=endpoint.kind == "google",
+        self._reach = reach_of(
+            api_endpoint,
+            "compute.googleapis.com",
             api="Compute Engine",
+            clock=clock,
+            notify=notify,
         )
 
     @property
@@ -445,11 +444,11 @@ class ComputeTransport:
 
     def send(self, wire: WireRequest, *, what: str, idempotent: bool) -> Answer:
         from tpulab.cloud.google import network_words, translate_client_error, worth_retrying
-        from tpulab.cloud.reach import send_through
-        from tpulab.polling import Backoff
+        from tpulab.cloud.reach import retry_backoff, send_through
 
         def counted() -> None:
-            self._calls += 1
+            with self._calls_lock:
+                self._calls += 1
 
         return send_through(
             self._reach,
@@ -461,7 +460,7 @@ class ComputeTransport:
             worth_retrying=worth_retrying,
             request_timeout=self._timeout,
             retry_for=self._retry_for,
-            backoff=Backoff(0.05, 0.5) if self._local else Backoff(0.5, 8.0),
+            backoff=retry_backoff(self._api_endpoint),
             clock=self._clock,
             sleep=self._sleep,
             counted=counted,

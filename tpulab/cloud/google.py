@@ -23,13 +23,8 @@ from typing import Any, TypeVar
 from tpulab.cloud import rest
 from tpulab.cloud.classify import HTTP_STATUS, error_for_status, hint_for
 from tpulab.cloud.polling import operation_schedule
-from tpulab.cloud.reach import (
-    CLOUD_SCHEDULE,
-    LOOPBACK_SCHEDULE,
-    Reach,
-    ReachSchedule,
-    send_through,
-)
+from tpulab.cloud.reach import ReachSchedule, reach_of, send_through
+from tpulab.cloud.reach import retry_backoff as retry_backoff_of
 from tpulab.cloud.tpu_v2 import TpuV2Api
 from tpulab.cloud.transport import Answer
 from tpulab.config.endpoint import classify_endpoint
@@ -40,7 +35,6 @@ from tpulab.errors import (
     TransientError,
     UnreachableError,
 )
-from tpulab.polling import Backoff
 
 __all__ = [
     "CallerSession",
@@ -248,17 +242,15 @@ class GoogleTransport:
         self._calls = 0
         self._calls_lock = threading.Lock()  # `tpulab list` lists zones concurrently
         endpoint = classify_endpoint(api_endpoint)  # the one rule; ConfigError if malformed
-        local = endpoint.is_loopback
-        self._retry_backoff = retry_backoff or (
-            (lambda: Backoff(initial=0.05, cap=0.5)) if local else (lambda: Backoff(0.5, 8.0))
-        )
+        self._retry_backoff = retry_backoff or (lambda: retry_backoff_of(api_endpoint))
         self._endpoint_text = api_endpoint or "tpu.googleapis.com"
-        self._reach = Reach(
-            self._endpoint_text,
-            reach or (LOOPBACK_SCHEDULE if local else CLOUD_SCHEDULE),
+        self._reach = reach_of(
+            api_endpoint,
+            "tpu.googleapis.com",
+            api="the Cloud TPU API",
             clock=clock,
-            notify=notify or (lambda _line: None),
-            google=endpoint.kind == "google",
+            notify=notify,
+            schedule=reach,
         )
         if credentials is None:
             credentials = (

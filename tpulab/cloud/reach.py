@@ -44,6 +44,8 @@ __all__ = [
     "Reach",
     "ReachSchedule",
     "is_network_failure",
+    "reach_of",
+    "retry_backoff",
     "send_through",
 ]
 
@@ -76,6 +78,42 @@ CLOUD_SCHEDULE = ReachSchedule((1.0, 2.0, 4.0, 8.0), min_try=5.0)
 # nothing listens, final at once. Only a listener that never answers costs time, bounded
 # generously because a loaded machine's emulator may be slow to answer its first request.
 LOOPBACK_SCHEDULE = ReachSchedule((), min_try=10.0)
+
+
+def reach_of(
+    api_endpoint: str | None,
+    google_host: str,
+    *,
+    api: str,
+    clock: Callable[[], float],
+    notify: Callable[[str], None] | None,
+    schedule: ReachSchedule | None = None,
+) -> Reach:
+    """The Reach of one transport's endpoint (`api_endpoint`, None: Google's
+    `google_host`): the loopback schedule for a local one, the cloud's otherwise.
+    ConfigError for a malformed endpoint (tpulab.config.endpoint's one rule)."""
+    from tpulab.config.endpoint import classify_endpoint
+
+    endpoint = classify_endpoint(api_endpoint)
+    return Reach(
+        api_endpoint or google_host,
+        schedule or (LOOPBACK_SCHEDULE if endpoint.is_loopback else CLOUD_SCHEDULE),
+        clock=clock,
+        notify=notify or (lambda _line: None),
+        google=endpoint.kind == "google",
+        api=api,
+    )
+
+
+def retry_backoff(api_endpoint: str | None) -> Iterable[float]:
+    """The pauses between an idempotent request's ordinary retries: short on loopback (an
+    emulator answers in milliseconds), the cloud's otherwise."""
+    from tpulab.config.endpoint import classify_endpoint
+    from tpulab.polling import Backoff
+
+    if classify_endpoint(api_endpoint).is_loopback:
+        return Backoff(initial=0.05, cap=0.5)
+    return Backoff(0.5, 8.0)
 
 
 def is_network_failure(error: Exception) -> bool:
