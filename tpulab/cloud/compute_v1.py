@@ -443,7 +443,7 @@ class ComputeTransport:
         return self._calls
 
     def send(self, wire: WireRequest, *, what: str, idempotent: bool) -> Answer:
-        from tpulab.cloud.google import network_words, translate_client_error, worth_retrying
+        from tpulab.cloud.client_errors import network_words, translate_client_error, worth_retrying
         from tpulab.cloud.reach import retry_backoff, send_through
 
         def counted() -> None:
