@@ -43,7 +43,7 @@ from tpulab.config import EMULATED_IMAGE, build_run_spec
 from tpulab.emulator.backends import make_host_backend
 from tpulab.remote.keys import RunKey, SshTarget
 from tpulab.run.plan import build_plan
-from tpulab.run.recording import (
+from tpulab.run.plan_steps import (
     PLACEHOLDER_NODE_IP,
     PLACEHOLDER_NONCE,
     PLACEHOLDER_PUBLIC_KEY,
