@@ -800,7 +800,7 @@ def _archive_manifest(stream: BinaryIO | Iterable[bytes]) -> list[dict[str, Any]
 
 class RecordingProjectApis(ProjectApis):
     """`ProjectApis` whose requests are plan steps (path and query as sent, the body as
-    JSON), answered as a project that is ready: the TPU API enabled, every permission
+    JSON), answered as a project that is ready: the provider's API enabled, every permission
     asked for held, every subnetwork with Private Google Access."""
 
     def __init__(self, recorder: PlanRecorder) -> None:
