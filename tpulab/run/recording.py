@@ -112,18 +112,19 @@ class PlanRecorder:
     def preflight(self) -> list[Check]:
         """The project's checks before the create, through the same `preflight` a run
         asks, over a recording `ProjectApis` that answers as a ready project."""
-        from tpulab.cloud.preflight import placement_of, preflight
+        from tpulab.cloud.preflight import checks_for, placement_of, preflight
 
-        if self.spec.provider == "compute":
-            return []  # as a real Compute run: the TPU API's checks do not apply
         apis = RecordingProjectApis(self)
+        placement = placement_of(self.spec)
         return list(
             preflight(
                 apis,
                 self.spec.project.value,
                 account="",
                 service_account=self.spec.service_account,
-                internal_ip=placement_of(self.spec),
+                internal_ip=placement,
+                # the run's provider's checks, as a real run asks them (app.doctor)
+                checks=checks_for(self.spec.provider, external_ip=placement is None),
             )
         )
 
@@ -232,7 +233,7 @@ class RecordingJournal:
 
 class RecordingProjectApis(ProjectApis):
     """`ProjectApis` whose requests are plan steps (path and query as sent, the body as
-    JSON), answered as a project that is ready: the TPU API enabled, every permission
+    JSON), answered as a project that is ready: the provider's API enabled, every permission
     asked for held, every subnetwork with Private Google Access."""
 
     def __init__(self, recorder: PlanRecorder) -> None:
