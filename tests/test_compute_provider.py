@@ -71,7 +71,14 @@ def test_tpu7x_defaults_to_compute_and_the_plan_inserts_an_instance() -> None:
     assert "compute.zoneOperations.get" in actions
     assert "compute.instances.getGuestAttributes" in actions
     assert "compute.instances.delete" in actions
-    assert not [a for a in actions if not a.startswith("compute.")], actions
+    # Before them, only the project's checks (Service Usage: Compute enabled; Resource
+    # Manager: the permissions); nothing is asked of the Cloud TPU API.
+    before_insert = actions[: actions.index("compute.instances.insert")]
+    assert before_insert == ["GetService", "TestIamPermissions"], actions
+    paths = [str(step.get("path")) for step in plan["steps"] if step["kind"] == "api"]
+    assert "/services/compute.googleapis.com" in paths[0], paths
+    assert not [a for a in actions[len(before_insert) :] if not a.startswith("compute.")]
+    assert not [p for p in paths if "/v2/projects/" in p or "tpu.googleapis.com" in p], paths
 
 
 def test_v6e_on_compute_by_flag_spot_internal_and_an_image() -> None:
