@@ -25,7 +25,7 @@ from tpulab.errors import ConfigError
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from tpulab.cloud.preflight import Check
+    from tpulab.cloud.project_apis import Check
     from tpulab.emulator import Emulator
 
 pytest_plugins = ["emulator_fixtures"]

@@ -125,7 +125,7 @@ def test_doctor_reads_the_given_subnetwork_in_its_own_region(emulator: Emulator)
 def test_a_subnetwork_compute_will_not_show_is_unknown_and_does_not_refuse(
     emulator: Emulator,
 ) -> None:
-    from tpulab.cloud.preflight import Placement
+    from tpulab.cloud.network_checks import Placement
 
     emulator.faults.update({"transient": {"get_subnetwork": 1}})
     checks = run_preflight(PROJECT, api_endpoint=emulator.url, internal_ip=Placement(ZONE))
@@ -151,7 +151,7 @@ def test_run_with_internal_ip_refuses_private_access_off_before_the_create(
 
 
 def test_the_run_preflight_asks_private_access_only_for_internal_ip(emulator: Emulator) -> None:
-    from tpulab.cloud.preflight import Placement
+    from tpulab.cloud.network_checks import Placement
 
     emulator.faults.update({"private_google_access": True})
     checks = run_preflight(PROJECT, api_endpoint=emulator.url, internal_ip=Placement(ZONE))

@@ -36,7 +36,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from tpulab.cloud.google import CallerSession
-    from tpulab.cloud.preflight import Check, Placement, ProviderChecks
+    from tpulab.cloud.network_checks import Placement
+    from tpulab.cloud.preflight import ProviderChecks
+    from tpulab.cloud.project_apis import Check
     from tpulab.config import RunSpec
     from tpulab.config.doctor import DoctorInputs
 
@@ -116,7 +118,8 @@ def _endpoint(inputs: DoctorInputs) -> Iterator[str | None]:
 def doctor(inputs: DoctorInputs) -> tuple[str, list[Check]]:
     """(the caller's account, every check in order). Raises only when the endpoint
     cannot be reached at all (UnreachableError)."""
-    from tpulab.cloud.preflight import Check, checks_for
+    from tpulab.cloud.preflight import checks_for
+    from tpulab.cloud.project_apis import Check
 
     asked = checks_for(inputs.provider, external_ip=not inputs.internal_ip)
     with _endpoint(inputs) as url:
@@ -177,7 +180,7 @@ def _machine(inputs: DoctorInputs) -> tuple[str | None, str, str] | None:
 
 def _placement(inputs: DoctorInputs) -> Placement | None:
     """Where a --internal-ip VM would be (None: doctor was not asked about one)."""
-    from tpulab.cloud.preflight import Placement
+    from tpulab.cloud.network_checks import Placement
 
     if not inputs.internal_ip:
         return None
@@ -187,7 +190,7 @@ def _placement(inputs: DoctorInputs) -> Placement | None:
 
 def _credentials(url: str | None) -> tuple[Check, CallerSession | None]:
     from tpulab.cloud.google import caller_session
-    from tpulab.cloud.preflight import Check
+    from tpulab.cloud.project_apis import Check
 
     try:
         session = caller_session(url)
@@ -210,15 +213,14 @@ def _cloud_checks(
     asked: ProviderChecks,
     machine: tuple[str | None, str, str] | None = None,
 ) -> list[Check]:
+    from tpulab.cloud.network_checks import network_check, private_access_check
     from tpulab.cloud.preflight import (
-        ProjectApis,
         api_check,
         machine_type_check,
-        network_check,
         permissions_check,
-        private_access_check,
         vm_account_check,
     )
+    from tpulab.cloud.project_apis import ProjectApis
 
     apis = ProjectApis(session.session, url)
     api, number = api_check(apis, project, asked)
@@ -255,7 +257,8 @@ def run_preflight(
     `api_endpoint` is the client's (for --emulate, the embedded emulator's URL:
     `GoogleTpuApi.api_endpoint`)."""
     from tpulab.cloud.google import caller_session
-    from tpulab.cloud.preflight import ProjectApis, checks_for, preflight
+    from tpulab.cloud.preflight import checks_for, preflight
+    from tpulab.cloud.project_apis import ProjectApis
 
     session = caller_session(api_endpoint, with_account=False)
     # Short: two small reads before a create; an endpoint that does not answer in this
@@ -278,7 +281,7 @@ def preflight_for(spec: RunSpec, api_endpoint: str | None) -> Callable[[], list[
     however many attempts (zones, recoveries) the run makes, of `spec`'s provider (the
     Cloud TPU API's checks, or Compute's); `api_endpoint` is the client's (the embedded
     emulator's URL under --emulate)."""
-    from tpulab.cloud.preflight import placement_of
+    from tpulab.cloud.network_checks import placement_of
 
     answered: list[Check] | None = None
 

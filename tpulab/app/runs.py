@@ -22,7 +22,7 @@ from tpulab.run.signals import shield, signals_to_teardown, skippable
 
 if TYPE_CHECKING:
     from tpulab.cloud.api import TpuApi
-    from tpulab.cloud.preflight import Check
+    from tpulab.cloud.project_apis import Check
     from tpulab.config import RunSpec
     from tpulab.config.commands import Installer, SshBackend
     from tpulab.run.outcome import RunOutcome

@@ -80,7 +80,7 @@ def compute_api(
     )
     from tpulab.cloud.google import caller_session
     from tpulab.cloud.polling import operation_schedule
-    from tpulab.cloud.preflight import ProjectApis
+    from tpulab.cloud.project_apis import ProjectApis
     from tpulab.config.endpoint import classify_endpoint
     from tpulab.errors import ConfigError
 

@@ -36,7 +36,7 @@ from tpulab.run.workers import MAX_PARALLEL, FanOut, Worker, fan_out
 from tpulab.run.workload import Skippable, WorkloadRunner, no_skip
 
 if TYPE_CHECKING:
-    from tpulab.cloud.preflight import Check
+    from tpulab.cloud.project_apis import Check
     from tpulab.evidence.judge import Judgement
     from tpulab.evidence.receipt import Expectation
     from tpulab.evidence.store import ReceiptStore

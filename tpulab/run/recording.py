@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tpulab import catalog
-from tpulab.cloud.preflight import Check, ProjectApis
+from tpulab.cloud.project_apis import Check, ProjectApis
 from tpulab.config import RunSpec
 from tpulab.evidence.judge import Judgement, Verdict
 from tpulab.evidence.receipt import Expectation
@@ -112,7 +112,8 @@ class PlanRecorder:
     def preflight(self) -> list[Check]:
         """The project's checks before the create, through the same `preflight` a run
         asks, over a recording `ProjectApis` that answers as a ready project."""
-        from tpulab.cloud.preflight import checks_for, placement_of, preflight
+        from tpulab.cloud.network_checks import placement_of
+        from tpulab.cloud.preflight import checks_for, preflight
 
         apis = RecordingProjectApis(self)
         placement = placement_of(self.spec)
