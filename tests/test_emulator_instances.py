@@ -293,6 +293,42 @@ def test_stockout_quota_permission_and_bad_type_in_computes_shapes(emulator: Emu
     assert body["error"]["errors"][0]["reason"] == "invalid"
 
 
+@pytest.mark.parametrize(
+    ("lacked", "body_extra"),
+    [
+        ("compute.disks.create", {}),
+        ("compute.subnetworks.use", {}),
+        (
+            "compute.subnetworks.useExternalIp",
+            {"networkInterfaces": [{"accessConfigs": [{"type": "ONE_TO_ONE_NAT"}]}]},
+        ),
+        ("compute.instances.setMetadata", {"metadata": {"items": [{"key": "k", "value": "v"}]}}),
+        ("compute.instances.setLabels", {"labels": {"managed-by": "tpulab"}}),
+        ("compute.instances.setServiceAccount", {"serviceAccounts": [{"email": "default"}]}),
+    ],
+)
+def test_an_insert_needs_every_permission_its_request_uses(
+    emulator: Emulator, lacked: str, body_extra: dict[str, Any]
+) -> None:
+    """Holding compute.instances.create is not enough, as on Compute: a caller without
+    the permission for the disk, the subnetwork or a field the insert sets is refused
+    with that permission named, and nothing is made. Without the field, the insert needs
+    no such permission (labels, metadata, an external IP, a service account are asked
+    only when set)."""
+    emulator.faults.caller_lacks = [lacked]
+    body = {"name": "needs", "machineType": TPU_TYPE, **body_extra}
+    status, answer = _call(emulator, "POST", f"zones/{ZONE}/instances", body)
+    assert status == 403, answer
+    assert answer["error"]["message"] == (
+        f"Required '{lacked}' permission for 'projects/{PROJECT}/zones/{ZONE}/instances/needs'"
+    )
+    assert emulator.instance_names() == []
+    if body_extra:  # the same insert without that field goes through
+        done = _wait(emulator, _insert(emulator, "bare", networkInterfaces=[{}]))
+        assert "error" not in done, done
+        assert emulator.instance_names() == ["bare"]
+
+
 def test_a_node_and_an_instance_of_one_name_do_not_see_each_other(emulator: Emulator) -> None:
     from emulator_fixtures import api_for, node_request
 

@@ -234,19 +234,22 @@ class InstanceApi:
         """The controller holds every permission but `caller_lacks`; a VM's own token
         (its metadata server's) what its service account is granted, in its project
         only: the watchdog's DELETE of its own instance passes here as a node's does."""
-        permission = _PERMISSIONS[name]
         caller = request.caller
-        if caller is None:
-            allowed = permission not in self._faults.caller_lacks
-        else:
-            allowed = caller["project"] == request.params["project"] and bool(
-                granted(caller, self._faults, [permission])
-            )
-        if not allowed:
-            # Compute's 403 words: "Required '<permission>' permission for '<resource>'".
-            raise ComputeError(
-                403, "forbidden", f"Required '{permission}' permission for '{_resource(request)}'"
-            )
+        for permission in _needed(name, request.body):
+            if caller is None:
+                allowed = permission not in self._faults.caller_lacks
+            else:
+                allowed = caller["project"] == request.params["project"] and bool(
+                    granted(caller, self._faults, [permission])
+                )
+            if not allowed:
+                # Compute's words: "Required '<permission>' permission for '<resource>'",
+                # naming the first permission the caller lacks.
+                raise ComputeError(
+                    403,
+                    "forbidden",
+                    f"Required '{permission}' permission for '{_resource(request)}'",
+                )
 
     # -- zones -------------------------------------------------------------------------
 
@@ -525,6 +528,31 @@ class InstanceApi:
         if operation is None:
             raise _not_found(f"projects/{project}/zones/{zone}/operations/{name}")
         return operation
+
+
+def _needed(name: str, body: Record) -> list[str]:
+    """The permissions a call needs. An insert needs more than compute.instances.create:
+    the boot disk it makes, the subnetwork it joins (and an external IP's use of it),
+    and each of metadata, labels and a service account it sets (the permissions Compute's
+    "Create a VM instance" pages list for the caller; tpulab/cloud/preflight.py asks the
+    same list before a run). Asked in that order, so a refusal names the first one
+    lacked, as Compute's does."""
+    needed = [_PERMISSIONS[name]]
+    if name != "insert_instance":
+        return needed
+    needed += ["compute.disks.create", "compute.subnetworks.use"]
+    interfaces = body.get("networkInterfaces") or [{}]
+    if any(
+        isinstance(interface, dict) and interface.get("accessConfigs") for interface in interfaces
+    ):
+        needed.append("compute.subnetworks.useExternalIp")
+    if body.get("metadata"):
+        needed.append("compute.instances.setMetadata")
+    if body.get("labels"):
+        needed.append("compute.instances.setLabels")
+    if body.get("serviceAccounts"):
+        needed.append("compute.instances.setServiceAccount")
+    return needed
 
 
 def _resource(request: Request) -> str:
