@@ -616,6 +616,18 @@ def test_two_concurrent_runs_each_delete_only_their_own_node(quick: Matrix) -> N
     assert [row.teardown for row in quick.journal.all_runs()] == ["confirmed", "confirmed"]
 
 
+def _press_until_it_quits(process: subprocess.Popen[str], *, timeout: float) -> int:
+    """Ctrl-C every 0.25 s until `process` exits; its exit status."""
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        process.send_signal(signal.SIGINT)
+        try:
+            return process.wait(timeout=0.25)
+        except subprocess.TimeoutExpired:
+            continue
+    return process.wait(timeout=1)
+
+
 def test_ctrl_c_during_teardown_is_refused_and_a_quick_third_forces_quit(quick: Matrix) -> None:
     served = quick
     patient, impatient = "tpulab-ctrl-c-twice", "tpulab-ctrl-c-thrice"
@@ -632,8 +644,11 @@ def test_ctrl_c_during_teardown_is_refused_and_a_quick_third_forces_quit(quick: 
             deletes[node].wait_reached()
             process.send_signal(signal.SIGINT)
             wait_until(partial(_says, served, node, "SIGINT ignored"), f"{node} refusing")
-        runs[impatient].send_signal(signal.SIGINT)  # the third, well inside 2 s
-        assert runs[impatient].wait(timeout=30) == EXIT_TEARDOWN
+        # The third, inside the 2 s window. Pressed again every 0.25 s until the run quits,
+        # as an impatient user does: on a loaded machine the test can see the refusal more
+        # than 2 s after it was made, and a single third press would then be a fresh
+        # (refused) second one, and the run would wait for the held delete.
+        assert _press_until_it_quits(runs[impatient], timeout=30) == EXIT_TEARDOWN
         deletes[patient].release()
         assert runs[patient].wait(timeout=60) == EXIT_INTERRUPTED
     finally:
