@@ -64,7 +64,9 @@ def test_tpu7x_defaults_to_compute_and_the_plan_inserts_an_instance() -> None:
     assert body["serviceAccounts"][0]["scopes"] == [
         "https://www.googleapis.com/auth/cloud-platform"
     ]
-    assert "scheduling" not in body  # on demand
+    # On demand: no provisioning model, and no live migration (an accelerator VM's only
+    # host-maintenance behaviour, said rather than left to Compute's MIGRATE default).
+    assert body["scheduling"] == {"onHostMaintenance": "TERMINATE"}
     assert plan["sources"]["provider"] == "default for tpu7x-8"
     # The rest of the run is the Compute verbs too: wait, read, guest attributes, delete.
     actions = [step["action"] for step in plan["steps"] if step["kind"] == "api"]

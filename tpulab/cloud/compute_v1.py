@@ -180,6 +180,14 @@ def instance_body(
             "onHostMaintenance": "TERMINATE",
             "automaticRestart": False,
         }
+    else:
+        # Compute's default for a standard instance is MIGRATE (Scheduling.onHostMaintenance,
+        # the v1 reference), which an accelerator VM cannot do (its GPU pages: "must be set
+        # to TERMINATE"); whether a TPU machine type turns the default to TERMINATE itself
+        # is not on record, and TERMINATE is valid for every instance, so it is said here
+        # rather than left to a default that could refuse the insert
+        # (docs/reference/compute-facts.md).
+        body["scheduling"] = {"onHostMaintenance": "TERMINATE"}
     return body
 
 
