@@ -138,6 +138,7 @@ class ApiGate:
 def _handler(gate: ApiGate) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # as the emulator's: no 40 ms delayed-ACK stall
 
         def _any(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)

@@ -996,6 +996,11 @@ def _make_handler(emulator: Emulator) -> type[BaseHTTPRequestHandler]:
     class _Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "tpulab-emulator"
+        # TCP_NODELAY: the headers and the body go out as two writes, and on a kept-alive
+        # connection Nagle held the body until the client's delayed ACK of the headers:
+        # 48 ms a request instead of 2 (tests/benchmarks/bench_api_latency.py). Google's
+        # front ends answer without that stall.
+        disable_nagle_algorithm = True
         timeout = 60  # idle keep-alive connections are closed after this
 
         def setup(self) -> None:
