@@ -208,7 +208,7 @@ def _run(
     verbose: bool,
 ) -> None:
     from tpulab.cli._run_display import RunDisplay
-    from tpulab.cli._target import tpu_api
+    from tpulab.cli._session_reach import session_api
     from tpulab.remote.keys import RunKey
     from tpulab.run.attach import AttachedRun, Attachment
     from tpulab.run.progress import FanOut, Recorder
@@ -227,7 +227,7 @@ def _run(
     life = AttachedRun(
         spec,
         attachment=Attachment.of(state, key),
-        api=tpu_api(state.project, api_endpoint=state.api_endpoint),
+        api=session_api(state),
         observer=FanOut([Recorder(), display]),
         shield=shield,
         skippable=skippable,
