@@ -169,6 +169,9 @@ def _exec_inputs(files: SessionFiles, flags: WorkloadFlags, installer: str) -> R
         ssh_backend="embedded",
         adc_project=None,  # the session names its project
         workload=flags,
+        # The session's provider, never the type's default or a project file's: the exec
+        # asks about the node through the API it lives behind.
+        provider=state.provider,
     )
 
 
