@@ -48,9 +48,11 @@ def served(tmp_path: Path) -> Iterator[Emulator]:
         yield emulator
 
 
-def up_args(emulator: Emulator, name: str, *extra: str) -> list[str]:
+def up_args(
+    emulator: Emulator, name: str, *extra: str, accelerator: tuple[str, ...] = ("tpu7x-8",)
+) -> list[str]:
     return [
-        "up", "--accelerator", "tpu7x-8", "--image", IMAGE, "--api-endpoint", emulator.url,
+        "up", "--accelerator", *accelerator, "--image", IMAGE, "--api-endpoint", emulator.url,
         "--project", PROJECT, "--zone", ZONE, "--boot-timeout", "30", "--name", name, *extra,
     ]  # fmt: skip
 
@@ -79,8 +81,11 @@ def test_up_exec_ssh_list_down_on_tpu7x_go_through_compute(
     served: Emulator, tmp_path: Path
 ) -> None:
     require_tool(shutil.which("ssh") is not None, "OpenSSH client (ssh)")
-    state = up(served, "iron", "--ttl", "1h", "--idle", "10m")
+    done = tpulab(*up_args(served, "iron", "--ttl", "1h", "--idle", "10m"), timeout=300)
+    assert done.returncode == EXIT_OK, done.stderr + done.stdout
+    state = json.loads(session_file("iron").read_text())
     node = str(state["node_name"])
+    assert f"Session iron is up: instance {node} (tpu7x-8) in {ZONE}" in done.stdout
     assert state["provider"] == "compute"
     assert state["accelerator_type"] == "tpu7x-8"
     assert isinstance(state["receipt_id"], str)
@@ -146,7 +151,7 @@ def test_up_exec_ssh_list_down_on_tpu7x_go_through_compute(
 
     down = tpulab("down", "iron", timeout=300)
     assert down.returncode == EXIT_OK, down.stderr + down.stdout
-    assert f"node {node} deleted, confirmed by list" in down.stdout
+    assert f"instance {node} deleted, confirmed by list" in down.stdout
     assert not session_file("iron").exists()
     row = Journal().get(str(state["run_id"]))
     assert row is not None
@@ -234,8 +239,10 @@ def test_a_second_homes_sweep_keeps_the_live_instance_until_its_idle_lease_lapse
 
 
 def test_ctrl_c_during_a_compute_up_leaves_nothing(served: Emulator) -> None:
+    # v6e-4, which both providers serve, kept on Compute by --provider.
+    argv = up_args(served, "cut", accelerator=("v6e-4", "--provider", "compute"))
     up_process = subprocess.Popen(
-        [sys.executable, "-m", "tpulab", *up_args(served, "cut")],
+        [sys.executable, "-m", "tpulab", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -257,6 +264,10 @@ def test_ctrl_c_during_a_compute_up_leaves_nothing(served: Emulator) -> None:
     output = "".join(said)
     assert up_process.returncode == EXIT_INTERRUPTED, output
     assert "confirmed by list" in output
+    # Deleted through Compute by the controller (no instance token: not its watchdog).
+    deletes = [e for e in served.requests() if e["method"] == "DELETE"]
+    assert deletes
+    assert all("/compute/v1/" in str(e["path"]) and "caller" not in e for e in deletes)
     assert not session_file("cut").parent.exists()
     assert served.instance_names(PROJECT) == []
     assert served.node_names(PROJECT) == []

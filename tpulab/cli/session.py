@@ -225,7 +225,7 @@ def _up(
     workers = f", {state.worker_count} workers" if state.worker_count > 1 else ""
     where = "worker 0 at " if state.worker_count > 1 else ""
     typer.echo(
-        f"Session {state.name} is up: node {state.node_name} ({state.accelerator_type}"
+        f"Session {state.name} is up: {state.vm_kind} {state.node_name} ({state.accelerator_type}"
         f"{workers}) in {state.zone}, {where}{state.ssh_user}@{state.ssh_host}:"
         f"{state.ssh_port}. It deletes "
         f"itself in {in_left} (--ttl) or {state.idle_seconds / 60:.1f} min after "
@@ -315,7 +315,7 @@ def _down(store: SessionStore, files: SessionFiles, *, force: bool) -> None:
         for warning in concluded.warnings:
             print_stderr(f"[yellow]journal:[/] {warning}")
         typer.echo(
-            f"Session {state.name} is down: its node {state.node_name} was already gone "
+            f"Session {state.name} is down: its {state.vm_kind} {state.node_name} was already gone "
             f"(it {concluded.vanish.reason}); key removed."
         )
         return
@@ -325,8 +325,8 @@ def _down(store: SessionStore, files: SessionFiles, *, force: bool) -> None:
         print_stderr(f"[yellow]warning:[/] the journal could not record it: {error}")
     store.remove(state.name)
     typer.echo(
-        f"Session {state.name} is down: node {state.node_name} deleted, confirmed by list; "
-        "key removed."
+        f"Session {state.name} is down: {state.vm_kind} {state.node_name} deleted, "
+        "confirmed by list; key removed."
     )
 
 

@@ -109,6 +109,12 @@ class SessionState:
     provider: Provider = "tpu-api"
 
     @property
+    def vm_kind(self) -> str:
+        """What its provider calls the VM, for what the user reads: "node" (Cloud TPU
+        API) or "instance" (Compute Engine), as gcloud names them."""
+        return "instance" if self.provider == "compute" else "node"
+
+    @property
     def idle_expires_at(self) -> float:
         return self.renewed_at + self.idle_seconds
 
