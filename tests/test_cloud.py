@@ -11,7 +11,8 @@ import pytest
 from helpers import FakeClock
 
 from tpulab import errors as E
-from tpulab.cloud.google import GoogleTpuApi, error_for_status
+from tpulab.cloud.classify import error_for_status
+from tpulab.cloud.google import GoogleTpuApi
 from tpulab.cloud.polling import wait_for_state
 from tpulab.models import NodeRequest, NodeState
 

@@ -38,12 +38,13 @@ from test_plan_is_the_run import (
     _wire_by_phase,
 )
 
+from tpulab.app.doctor import preflight_for
 from tpulab.app.target import compute_api
 from tpulab.config import EMULATED_IMAGE, build_run_spec
 from tpulab.emulator.backends import make_host_backend
 from tpulab.remote.keys import RunKey, SshTarget
 from tpulab.run.plan import build_plan
-from tpulab.run.recording import (
+from tpulab.run.plan_steps import (
     PLACEHOLDER_NODE_IP,
     PLACEHOLDER_NONCE,
     PLACEHOLDER_PUBLIC_KEY,
@@ -166,7 +167,9 @@ def test_a_compute_dry_run_sends_what_a_compute_run_sends(embedded_rig: Rig) -> 
         sessions.append(session)
         return session
 
-    life, _recorder, error = rig.run(spec, marks, connect=connect, api=api, preflight=list)
+    # The project's preflight as `tpulab run` asks it of Compute (app.doctor.preflight_for).
+    preflight = preflight_for(spec, rig.emulator.url)
+    life, _recorder, error = rig.run(spec, marks, connect=connect, api=api, preflight=preflight)
     assert error is None, error
     assert life.outcome.succeeded
     assert rig.emulator.instance_names() == []
@@ -186,7 +189,14 @@ def test_a_compute_dry_run_sends_what_a_compute_run_sends(embedded_rig: Rig) -> 
     real_ssh = _normalise(_fold_transfers(events), replacements)
     plan_api, plan_ssh = (_normalise(x, {}) for x in _plan_events(build_plan(spec)))
     assert real_api == plan_api
-    # Every request was Compute's, and the host keys were asked where Compute's agent
+    # The preflight asked Compute's side of the project, before the create.
+    assert real_api[:2] == [
+        ("create", "GET", f"/v1/projects/{PROJECT}/services/compute.googleapis.com", None),
+        ("create", "POST", f"/v1/projects/{PROJECT}:testIamPermissions", real_api[1][3]),
+    ]
+    assert "compute.instances.create" in real_api[1][3]["permissions"]
+    real_api = real_api[2:]
+    # Every other request was Compute's, and the host keys were asked where Compute's agent
     # publishes them (as gcloud's compute ssh asks).
     assert all(str(event[2]).startswith("/compute/v1/") for event in real_api), real_api
     assert any(str(e[2]).endswith("getGuestAttributes?queryPath=hostkeys/") for e in real_api)

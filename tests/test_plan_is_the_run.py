@@ -29,8 +29,7 @@ from tpulab.remote.cmdline import remote_command
 from tpulab.remote.keys import RunKey, SshTarget
 from tpulab.remote.ssh import Connection, RunResult
 from tpulab.run.plan import build_plan
-from tpulab.run.progress import WORKLOAD_PHASES, NullObserver, Phase
-from tpulab.run.recording import (
+from tpulab.run.plan_steps import (
     PLACEHOLDER_CREATE_OPERATION,
     PLACEHOLDER_NODE_IP,
     PLACEHOLDER_NONCE,
@@ -39,6 +38,7 @@ from tpulab.run.recording import (
     PLACEHOLDER_SSH_PORT,
     PlanStep,
 )
+from tpulab.run.progress import WORKLOAD_PHASES, NullObserver, Phase
 
 if TYPE_CHECKING:
     from run_rig import Rig

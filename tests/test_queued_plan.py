@@ -24,7 +24,7 @@ from tpulab.cloud.google import GoogleTpuApi
 from tpulab.models import NodeRequest, tpulab_labels
 from tpulab.remote.keys import RunKey, SshTarget
 from tpulab.run.plan import build_plan
-from tpulab.run.recording import PLACEHOLDER_PUBLIC_KEY, PLACEHOLDER_QR_OPERATION
+from tpulab.run.plan_steps import PLACEHOLDER_PUBLIC_KEY, PLACEHOLDER_QR_OPERATION
 
 if TYPE_CHECKING:
     from run_rig import Rig

@@ -18,7 +18,7 @@ from tpulab import paths
 from tpulab.emulator import Emulator, Timing
 from tpulab.exits import EXIT_CLOUD, EXIT_CONFIG, EXIT_OK, EXIT_TEARDOWN
 from tpulab.run.plan import PlanEnvelope
-from tpulab.run.recording import PLACEHOLDER_OWNER
+from tpulab.run.plan_steps import PLACEHOLDER_OWNER
 from tpulab.run.report import RunEnvelope
 
 if TYPE_CHECKING:

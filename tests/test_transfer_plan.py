@@ -20,7 +20,8 @@ from tpulab.remote.workspace import (
     unpack_command,
     upload_workspace,
 )
-from tpulab.run.recording import _PLACEHOLDER_HOST_KEY, PlaceholderKey, PlanEnds, PlanRecorder
+from tpulab.run.plan_steps import _PLACEHOLDER_HOST_KEY, PlanEnds
+from tpulab.run.recording import PlaceholderKey, PlanRecorder
 
 
 def test_transfers_are_recorded_with_the_exact_command_and_answered(

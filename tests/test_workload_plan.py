@@ -33,15 +33,15 @@ from tpulab.remote.ssh import RunResult
 from tpulab.remote.tpu_release import release_command
 from tpulab.remote.workload import STAGED_LAUNCHER, WORKSPACE_DIR
 from tpulab.run.plan import build_plan
-from tpulab.run.progress import Phase
-from tpulab.run.record import RUN_RECORD_NAME, read_run_record
-from tpulab.run.recording import (
+from tpulab.run.plan_steps import (
     PLACEHOLDER_NODE_IP,
     PLACEHOLDER_NONCE,
     PLACEHOLDER_PUBLIC_KEY,
     PLACEHOLDER_REMOTE_HOME,
     PLACEHOLDER_SSH_PORT,
 )
+from tpulab.run.progress import Phase
+from tpulab.run.record import RUN_RECORD_NAME, read_run_record
 
 if TYPE_CHECKING:
     from run_rig import Rig

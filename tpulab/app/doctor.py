@@ -7,9 +7,14 @@ The checks, in order, each ok / problem / unknown with its fix:
     tpu-api, permissions, vm-account, network    tpulab.cloud.preflight
     private-access   with --internal-ip: the VM's subnetwork has Private Google Access
 
+For the Compute Engine provider (a Compute-only --accelerator such as tpu7x-8, or
+--provider compute) the same checks ask Compute's side (tpulab.cloud.preflight
+`compute_checks`): compute-api instead of tpu-api, Compute's permissions and
+delete role, and, with --accelerator, machine-type (the zone offers its machine type).
+
 A check that cannot run because an earlier one failed is "unknown" and says why.
-Nothing here creates anything. `run_preflight` is the cheap subset (tpu-api +
-permissions, + private-access for --internal-ip) a run asks before its create
+Nothing here creates anything. `run_preflight` is the cheap subset (the provider's API
++ permissions, + private-access for --internal-ip) a run asks before its create
 (`preflight_for` gives the run engine its seam;
 tpulab.cloud.preflight.refuse_on_problems turns definite problems into a ConfigError,
 exit 2: nothing was created).
@@ -31,7 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from tpulab.cloud.google import CallerSession
-    from tpulab.cloud.preflight import Check, Placement
+    from tpulab.cloud.preflight import Check, Placement, ProviderChecks
     from tpulab.config import RunSpec
     from tpulab.config.doctor import DoctorInputs
 
@@ -111,8 +116,9 @@ def _endpoint(inputs: DoctorInputs) -> Iterator[str | None]:
 def doctor(inputs: DoctorInputs) -> tuple[str, list[Check]]:
     """(the caller's account, every check in order). Raises only when the endpoint
     cannot be reached at all (UnreachableError)."""
-    from tpulab.cloud.preflight import Check
+    from tpulab.cloud.preflight import Check, checks_for
 
+    asked = checks_for(inputs.provider, external_ip=not inputs.internal_ip)
     with _endpoint(inputs) as url:
         credentials, session = _credentials(url)
         checks = [credentials]
@@ -131,8 +137,7 @@ def doctor(inputs: DoctorInputs) -> tuple[str, list[Check]]:
             checks.append(Check("project", "ok", f"{project.value} (from {project.source})."))
         if session is None or inputs.project is None:
             why = "without credentials" if session is None else "without a project"
-            names = ["tpu-api", "permissions", "vm-account", "network"]
-            for name in names + (["private-access"] if inputs.internal_ip else []):
+            for name in _cloud_check_names(inputs, asked):
                 checks.append(Check(name, "unknown", f"Not checked {why}.", None))
             return "", checks
         checks += _cloud_checks(
@@ -142,8 +147,32 @@ def doctor(inputs: DoctorInputs) -> tuple[str, list[Check]]:
             inputs.service_account,
             inputs.network,
             _placement(inputs),
+            asked=asked,
+            machine=_machine(inputs),
         )
         return session.account, checks
+
+
+def _cloud_check_names(inputs: DoctorInputs, asked: ProviderChecks) -> list[str]:
+    """The cloud checks' names, in their order, for `inputs` (as `_cloud_checks` asks)."""
+    names = [asked.api_check, "permissions", "vm-account", "network"]
+    if _machine(inputs) is not None:
+        names.append("machine-type")
+    return names + (["private-access"] if inputs.internal_ip else [])
+
+
+def _machine(inputs: DoctorInputs) -> tuple[str | None, str, str] | None:
+    """(zone, accelerator, its machine type) when doctor asks Compute whether the zone
+    offers it: the Compute provider with an --accelerator; else None (the Cloud TPU
+    API's zones are checked from the catalog before anything is asked)."""
+    if inputs.provider != "compute" or inputs.accelerator is None:
+        return None
+    from tpulab import catalog
+
+    machine_type = catalog.lookup(inputs.accelerator).machine_type
+    if machine_type is None:  # check_provider refused such a pair already
+        return None
+    return (inputs.zone.value if inputs.zone else None, inputs.accelerator, machine_type)
 
 
 def _placement(inputs: DoctorInputs) -> Placement | None:
@@ -177,24 +206,35 @@ def _cloud_checks(
     service_account: str | None,
     network: str = "default",
     internal_ip: Placement | None = None,
+    *,
+    asked: ProviderChecks,
+    machine: tuple[str | None, str, str] | None = None,
 ) -> list[Check]:
     from tpulab.cloud.preflight import (
         ProjectApis,
+        api_check,
+        machine_type_check,
         network_check,
         permissions_check,
         private_access_check,
-        tpu_api_check,
         vm_account_check,
     )
 
     apis = ProjectApis(session.session, url)
-    api, number = tpu_api_check(apis, project)
+    api, number = api_check(apis, project, asked)
+    account = session.account
     checks = [
         api,
-        permissions_check(apis, project, account=session.account, service_account=service_account),
-        vm_account_check(apis, project, service_account=service_account, number=number),
+        permissions_check(
+            apis, project, account=account, service_account=service_account, checks=asked
+        ),
+        vm_account_check(
+            apis, project, service_account=service_account, number=number, checks=asked
+        ),
         network_check(apis, project, network),
     ]
+    if machine is not None:
+        checks.append(machine_type_check(apis, project, *machine))
     if internal_ip is not None:
         checks.append(private_access_check(apis, project, internal_ip))
     return checks
@@ -206,14 +246,16 @@ def run_preflight(
     api_endpoint: str | None,
     service_account: str | None = None,
     internal_ip: Placement | None = None,
+    provider: str = "tpu-api",
 ) -> list[Check]:
-    """The cheap subset before a create (two requests): is the Cloud TPU API enabled,
-    and does the caller hold what a run needs? With `internal_ip` (where a VM without an
-    external IP would be) also its subnetwork's Private Google Access (one or two more).
-    `api_endpoint` is the TPU client's (for --emulate, the embedded emulator's URL:
+    """The cheap subset before a create (two requests): is the provider's API enabled
+    (the Cloud TPU API, or Compute Engine for `provider` "compute"), and does the caller
+    hold what a run needs of it? With `internal_ip` (where a VM without an external IP
+    would be) also its subnetwork's Private Google Access (one or two more).
+    `api_endpoint` is the client's (for --emulate, the embedded emulator's URL:
     `GoogleTpuApi.api_endpoint`)."""
     from tpulab.cloud.google import caller_session
-    from tpulab.cloud.preflight import ProjectApis, preflight
+    from tpulab.cloud.preflight import ProjectApis, checks_for, preflight
 
     session = caller_session(api_endpoint, with_account=False)
     # Short: two small reads before a create; an endpoint that does not answer in this
@@ -226,14 +268,16 @@ def run_preflight(
             account=session.account,
             service_account=service_account,
             internal_ip=internal_ip,
+            checks=checks_for(provider, external_ip=internal_ip is None),
         )
     )
 
 
 def preflight_for(spec: RunSpec, api_endpoint: str | None) -> Callable[[], list[Check]]:
     """The run engine's preflight seam for `spec` (RunContext.preflight): asked once,
-    however many attempts (zones, recoveries) the run makes; `api_endpoint` is the TPU
-    client's (the embedded emulator's URL under --emulate)."""
+    however many attempts (zones, recoveries) the run makes, of `spec`'s provider (the
+    Cloud TPU API's checks, or Compute's); `api_endpoint` is the client's (the embedded
+    emulator's URL under --emulate)."""
     from tpulab.cloud.preflight import placement_of
 
     answered: list[Check] | None = None
@@ -246,6 +290,7 @@ def preflight_for(spec: RunSpec, api_endpoint: str | None) -> Callable[[], list[
                 api_endpoint=api_endpoint,
                 service_account=spec.service_account,
                 internal_ip=placement_of(spec),  # None without --internal-ip
+                provider=spec.provider,
             )
         return answered
 

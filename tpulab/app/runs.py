@@ -76,14 +76,9 @@ class RunTpu:
             provider=spec.provider,
             image=spec.image,
         ) as api:
-            # Asked once for the whole run, at its first create (every attempt shares it).
-            preflight = (
-                preflight_for(spec, getattr(api, "api_endpoint", None))
-                if spec.provider == "tpu-api"
-                # Its checks ask about the Cloud TPU API and tpu.* permissions, which a
-                # Compute run does not use: none rather than a false refusal.
-                else list
-            )
+            # Asked once for the whole run, at its first create (every attempt shares it),
+            # of the run's provider: the Cloud TPU API's checks, or Compute Engine's.
+            preflight = preflight_for(spec, getattr(api, "api_endpoint", None))
             self.runner = Attempts(
                 spec,
                 new_lifecycle=lambda attempt: self._lifecycle(attempt, api, preflight),

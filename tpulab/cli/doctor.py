@@ -1,8 +1,9 @@
 """`tpulab doctor`: check a project before any money is spent (tpulab.app.doctor).
 
-Each check prints as ok / problem / unknown with its fix. Exit 0 only when nothing is a
-problem; 2 when the credentials or the project are; 3 for any other (the cloud
-project's). The core is imported inside the function so --help stays light.
+Each check prints as ok / problem / unknown with its fix; the provider (--provider, or
+the --accelerator's default: Compute Engine for tpu7x-8) chooses whose checks. Exit 0
+only when nothing is a problem; 2 when the credentials or the project are; 3 for any
+other (the cloud project's). The core is imported inside the function so --help stays light.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def _doctor(
     network: str | None,
     subnetwork: str | None,
     internal_ip: bool,
+    provider: str | None,
     api_endpoint: str | None,
     emulate: bool,
     as_json: bool,
@@ -44,6 +46,7 @@ def _doctor(
         network=network,
         subnetwork=subnetwork,
         internal_ip=internal_ip,
+        provider=provider,
         emulate=emulate,
         api_endpoint=api_endpoint,
         adc_project=adc_project,
@@ -55,9 +58,9 @@ def _doctor(
     else:
         out = console()
         for check in checks:
-            out.print(f"{_MARKS[check.status]}  {check.name:<12} {escape(check.summary)}")
+            out.print(f"{_MARKS[check.status]}  {check.name:<14} {escape(check.summary)}")
             if check.fix:
-                out.print(f"{'':<22} fix: {escape(check.fix)}")
+                out.print(f"{'':<24} fix: {escape(check.fix)}")
         problems = sum(check.status == "problem" for check in checks)
         unknown = sum(check.status == "unknown" for check in checks)
         verdict = "ready for a run" if not problems else f"{problems} problem(s) to fix first"
@@ -73,7 +76,20 @@ def doctor_command(
     ] = None,
     accelerator: Annotated[
         str | None,
-        typer.Option("--accelerator", help="Check that the zone offers this type."),
+        typer.Option(
+            "--accelerator",
+            help="Check that the zone offers this type (on Compute: its machine type, asked "
+            "of the zone).",
+        ),
+    ] = None,
+    provider: Annotated[
+        str | None,
+        typer.Option(
+            "--provider",
+            metavar="tpu-api|compute",
+            help="Whose checks: the Cloud TPU API's or Compute Engine's (default: the "
+            "--accelerator's, as a run chooses; without one, tpu-api).",
+        ),
     ] = None,
     service_account: Annotated[
         str | None,
@@ -113,9 +129,10 @@ def doctor_command(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON envelope.")] = False,
 ) -> None:
-    """Check credentials, project, Cloud TPU API, permissions, the VM's account and the
-    network (with --internal-ip, its subnetwork's Private Google Access) before a run
-    spends anything; each with its fix."""
+    """Check credentials, project, the provider's API (Cloud TPU or Compute Engine),
+    permissions, the VM's account and the network (with --internal-ip, its subnetwork's
+    Private Google Access; on Compute with --accelerator, the zone's machine type) before
+    a run spends anything; each with its fix."""
     from tpulab.cli._exit import json_or_guarded
 
     json_or_guarded(
@@ -129,6 +146,7 @@ def doctor_command(
             network=network,
             subnetwork=subnetwork,
             internal_ip=internal_ip,
+            provider=provider,
             api_endpoint=api_endpoint,
             emulate=emulate,
             as_json=as_json,

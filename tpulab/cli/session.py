@@ -184,9 +184,8 @@ def _up(
             provider=spec.provider,
             image=spec.image,
         ),
-        # The pre-flight asks about the Cloud TPU API and tpu.* permissions, which a
-        # Compute instance does not use: none rather than a false refusal (as `run`).
-        preflight=preflight_for(spec, spec.api_endpoint) if spec.provider == "tpu-api" else list,
+        # The provider's own checks (the Cloud TPU API's, or Compute's), as `run` asks.
+        preflight=preflight_for(spec, spec.api_endpoint),
         journal=journal,
         observer=FanOut([recorder, display]),
         shield=shield,

@@ -260,6 +260,13 @@ class ComputeTpuApi:
     def call_count(self) -> int:
         return self.transport.call_count
 
+    @property
+    def api_endpoint(self) -> str | None:
+        """The endpoint asked (None: Google's), as `GoogleTpuApi.api_endpoint`: a run's
+        preflight asks the same place (tpulab.app.doctor.preflight_for)."""
+        endpoint = getattr(self.transport, "api_endpoint", None)
+        return endpoint if isinstance(endpoint, str) else None
+
     def _send(self, wire: WireRequest, what: str, *, idempotent: bool) -> Answer:
         return self.transport.send(wire, what=what, idempotent=idempotent)
 
@@ -442,8 +449,12 @@ class ComputeTransport:
     def call_count(self) -> int:
         return self._calls
 
+    @property
+    def api_endpoint(self) -> str | None:
+        return self._api_endpoint
+
     def send(self, wire: WireRequest, *, what: str, idempotent: bool) -> Answer:
-        from tpulab.cloud.google import network_words, translate_client_error, worth_retrying
+        from tpulab.cloud.client_errors import network_words, translate_client_error, worth_retrying
         from tpulab.cloud.reach import retry_backoff, send_through
 
         def counted() -> None:

@@ -15,7 +15,7 @@ The gcloud configuration is read as a file (`$CLOUDSDK_CONFIG` or ~/.config/gclo
 `active_config`, `configurations/config_NAME`), never by running gcloud: it is fast and
 works offline. ADC is consulted last and only through a callable the caller passes,
 because asking google-auth may touch the network (the GCE metadata server) and only
-`tpulab.cloud.google` may import google.*.
+`tpulab.cloud.google` (and its error translation) may import google.*.
 
 A value that is present but empty or malformed is an error naming where it came from,
 wherever it came from (flag, environment, gcloud file): falling through to the next

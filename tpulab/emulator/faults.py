@@ -54,6 +54,7 @@ METHODS = (
     "get_tokeninfo",
     # Compute's instances API (instances.py)
     "get_compute_zone",
+    "get_machine_type",
     "insert_instance",
     "list_instances",
     "get_instance",
@@ -193,7 +194,13 @@ class FaultPlan:
     caller_lacks: list[str] = field(default_factory=list)
     """Permissions the controller (the caller without a node token, otherwise the owner)
     does not hold: testIamPermissions omits them, a TPU call needing one answers 403, and
-    "resourcemanager.projects.getIamPolicy" here makes getIamPolicy answer 403."""
+    "resourcemanager.projects.getIamPolicy" here makes getIamPolicy answer 403. Compute's
+    permissions too (e.g. "compute.instances.create", "compute.disks.create"): Compute's
+    calls that need one answer its 403 `forbidden` (instances.py)."""
+    absent_machine_types: list[str] = field(default_factory=list)
+    """"ZONE/MACHINE_TYPE" entries a zone does not offer (every TPU machine type is
+    offered in every zone otherwise): machineTypes.get answers 404 notFound and an
+    instance insert 400 invalid, as Compute answers a type the zone lacks."""
     no_default_network: bool = False
     """The project has no `default` network (deleted, or an organisation that skips it):
     Compute networks.get answers 404 notFound, and firewalls.list has no default rules."""

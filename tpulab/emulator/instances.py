@@ -15,6 +15,7 @@ root gcloud reaches with `CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE=<emulator>/com
     POST   projects/P/zones/Z/operations/O/wait              zoneOperations.wait
     GET    projects/P/aggregated/instances                   instances.aggregatedList
     GET    projects/P/zones/Z                                zones.get (gcloud asks first)
+    GET    projects/P/zones/Z/machineTypes/M                 machineTypes.get (doctor asks)
 
 The paths and fields are gcloud's generated Compute v1 client and messages
 (googlecloudsdk/generated_clients/apis/compute/v1: `Instance`, `Operation`,
@@ -29,7 +30,9 @@ are shown as Compute's: PROVISIONING, STAGING, RUNNING, STOPPING, TERMINATED.
 
 Compute writes errors in its own shape (`error.errors[]` with `reason` and `domain`, no
 `status`), and an operation's failure as `error.errors[].code` (ZONE_RESOURCE_POOL_EXHAUSTED,
-QUOTA_EXCEEDED) with `httpErrorStatusCode`; `ComputeError` carries the former.
+QUOTA_EXCEEDED) with `httpErrorStatusCode`; `ComputeError` carries the former. A project
+whose Compute Engine API is disabled (`disabled_services` with compute.googleapis.com)
+answers every Compute call with `compute_disabled`'s 403 accessNotConfigured.
 """
 
 from __future__ import annotations
@@ -52,10 +55,12 @@ from tpulab.emulator.workers import worker_address, worker_attributes
 from tpulab.emulator.zones import ZONES
 
 __all__ = [
+    "COMPUTE_SERVICE",
     "INSTANCE_ROUTES",
     "MACHINE_TYPES",
     "ComputeError",
     "InstanceApi",
+    "compute_disabled",
     "instance_key",
     "is_instance",
 ]
@@ -63,6 +68,7 @@ __all__ = [
 Record = dict[str, Any]
 
 BASE = "https://www.googleapis.com/compute/v1/"
+COMPUTE_SERVICE = "compute.googleapis.com"
 
 # TPU machine type -> (the Cloud TPU API accelerator type of the same single VM, which
 # the VM's metadata (`accelerator-type`, tpu-env) shows; TPU chips on the VM). The
@@ -90,6 +96,7 @@ INSTANCE_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     (m, re.compile(_ROOT + p + "$"), name)
     for m, p, name in (
         ("GET", r"/zones/" + _Z, "get_compute_zone"),
+        ("GET", r"/zones/" + _Z + r"/machineTypes/(?P<machine_type>[^/]+)", "get_machine_type"),
         ("POST", r"/zones/" + _Z + r"/instances", "insert_instance"),
         ("GET", r"/zones/" + _Z + r"/instances", "list_instances"),
         ("GET", r"/zones/" + _Z + r"/instances/" + _I, "get_instance"),
@@ -118,6 +125,7 @@ _PERMISSIONS = {
     "get_zone_operation": "compute.zoneOperations.get",
     "wait_zone_operation": "compute.zoneOperations.get",
     "get_compute_zone": "compute.zones.get",
+    "get_machine_type": "compute.machineTypes.get",
 }
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 # The namespace of what only the emulator publishes (its SSH port and user).
@@ -137,12 +145,22 @@ _STATUS = {
 class ComputeError(Exception):
     """An error Compute answers with, in its `{"error": {code, message, errors[]}}` shape."""
 
-    def __init__(self, code: int, reason: str, message: str, *, domain: str = "global") -> None:
+    def __init__(
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        *,
+        domain: str = "global",
+        extra: Record | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
         self.domain = domain
+        # Fields beside code/message/errors (status, details) some refusals carry.
+        self.extra = extra or {}
 
     def body(self) -> Record:
         return {
@@ -150,6 +168,7 @@ class ComputeError(Exception):
                 "code": self.code,
                 "message": self.message,
                 "errors": [{"message": self.message, "domain": self.domain, "reason": self.reason}],
+                **self.extra,
             }
         }
 
@@ -203,8 +222,8 @@ class InstanceApi:
 
     def handle(self, name: str, request: Request) -> tuple[int, Record]:
         try:
-            if "compute.googleapis.com" in self._faults.disabled_services:
-                raise _compute_disabled(request.params["project"])
+            if COMPUTE_SERVICE in self._faults.disabled_services:
+                raise compute_disabled(request.params["project"])
             self._authorize(name, request)
             handler: Callable[[Request], tuple[int, Record]] = getattr(self, f"api_{name}")
             return handler(request)
@@ -245,6 +264,28 @@ class InstanceApi:
             "availableCpuPlatforms": ["AMD Milan"],
         }
 
+    def api_get_machine_type(self, request: Request) -> tuple[int, Record]:
+        """machineTypes.get: a TPU machine type the zone offers (MACHINE_TYPES, less the
+        `absent_machine_types` fault's), or Compute's 404 notFound for any other. The
+        sizes (guestCpus, memoryMb) are not on record here and are left out."""
+        params = request.params
+        project, zone, name = params["project"], params["zone"], params["machine_type"]
+        _zone_or_404(project, zone)
+        if name not in MACHINE_TYPES or f"{zone}/{name}" in self._faults.absent_machine_types:
+            raise _not_found(f"projects/{project}/zones/{zone}/machineTypes/{name}")
+        accelerator, chips = MACHINE_TYPES[name]
+        return 200, {
+            "kind": "compute#machineType",
+            "id": _id(f"{zone}/{name}"),
+            "creationTimestamp": "2024-01-01T00:00:00.000-08:00",
+            "name": name,
+            "description": f"{chips} TPU chip(s) ({accelerator} as the Cloud TPU API names it)",
+            "zone": zone,
+            "isSharedCpu": False,
+            "architecture": "X86_64",
+            "selfLink": f"{BASE}projects/{project}/zones/{zone}/machineTypes/{name}",
+        }
+
     # -- instances ---------------------------------------------------------------------
 
     def api_insert_instance(self, request: Request) -> tuple[int, Record]:
@@ -259,7 +300,7 @@ class InstanceApi:
                 f"Invalid value for field 'resource.name': '{name}'. Must be a match of regex "
                 "'(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'",
             )
-        machine_type = _machine_type(zone, body)
+        machine_type = _machine_type(zone, body, self._faults.absent_machine_types)
         now = self._clock()
         with self._transaction() as cloud:
             key = instance_key(project, zone, name)
@@ -500,19 +541,38 @@ def _resource(request: Request) -> str:
     return path
 
 
-def _compute_disabled(project: str) -> ComputeError:
-    """A project that never enabled Compute: Service Usage's words (as the TPU API's, in
-    project_apis.py), in Compute's v1 shape with its legacy reason `accessNotConfigured`."""
+def compute_disabled(project: str) -> ComputeError:
+    """A project that never enabled Compute (or disabled it): 403 with Compute's v1
+    reason `accessNotConfigured` in domain `usageLimits`, and Service Usage's words, as
+    public client output quotes them ("googleapi: Error 403: Compute Engine API has not
+    been used in project N before or it is disabled. Enable it by visiting
+    https://console.developers.google.com/apis/api/compute.googleapis.com/overview?
+    project=N then retry. ..., accessNotConfigured": hashicorp/terraform#19912,
+    midl-dev/tezos-on-gke#34, fog/fog#3996). The `status` and the ErrorInfo detail
+    (reason SERVICE_DISABLED, the service and consumer, as the TPU API's 403 carries
+    them, project_apis.py) are Google's shared error model; that Compute's v1 body
+    carries them too is not on record (docs/reference/compute-facts.md)."""
     number = project_number(project)
+    enable = f"https://console.developers.google.com/apis/api/{COMPUTE_SERVICE}/overview"
     return ComputeError(
         403,
         "accessNotConfigured",
         f"Compute Engine API has not been used in project {number} before or it is "
-        "disabled. Enable it by visiting https://console.developers.google.com/apis/api/"
-        f"compute.googleapis.com/overview?project={number} then retry. If you enabled this "
-        "API recently, wait a few minutes for the action to propagate to our systems and "
-        "retry.",
+        f"disabled. Enable it by visiting {enable}?project={number} then retry. If you "
+        "enabled this API recently, wait a few minutes for the action to propagate to our "
+        "systems and retry.",
         domain="usageLimits",
+        extra={
+            "status": "PERMISSION_DENIED",
+            "details": [
+                {
+                    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                    "reason": "SERVICE_DISABLED",
+                    "domain": "googleapis.com",
+                    "metadata": {"consumer": f"projects/{number}", "service": COMPUTE_SERVICE},
+                }
+            ],
+        },
     )
 
 
@@ -521,12 +581,13 @@ def _zone_or_404(project: str, zone: str) -> None:
         raise _not_found(f"projects/{project}/zones/{zone}")
 
 
-def _machine_type(zone: str, body: Record) -> str:
+def _machine_type(zone: str, body: Record, absent: list[str]) -> str:
     """The TPU machine type the body names (a short name or a URL), or Compute's 400
-    for a machine type the zone does not have: every type but a TPU one, here."""
+    for a machine type the zone does not have: every type but a TPU one here, and the
+    `absent` ones ("ZONE/TYPE", the `absent_machine_types` fault)."""
     given = str(body.get("machineType") or "")
     name = given.rsplit("/", 1)[-1]
-    if name not in MACHINE_TYPES:
+    if name not in MACHINE_TYPES or f"{zone}/{name}" in absent:
         raise ComputeError(
             400,
             "invalid",

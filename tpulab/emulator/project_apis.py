@@ -16,7 +16,12 @@ in auto mode with the default-allow-* firewall rules. Each negative answer is a 
 `no_default_network`, `no_ssh_firewall`.
 
 Compute answers its errors in its own shape (`errors[]` with `reason`, no `status`),
-so its handlers return them rather than raise an `ApiError` (the TPU API's shape).
+so its handlers return them rather than raise an `ApiError` (the TPU API's shape); with
+compute.googleapis.com in `disabled_services` they answer Compute's 403
+accessNotConfigured (instances.py `compute_disabled`), as every Compute call does.
+
+Service Usage knows every service by name, ENABLED unless `disabled_services` names it:
+tpu.googleapis.com and compute.googleapis.com are the two tpulab asks about.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 from tpulab.emulator.compute import subnetwork_links
 from tpulab.emulator.faults import FaultPlan
 from tpulab.emulator.iam import project_number
+from tpulab.emulator.instances import COMPUTE_SERVICE, compute_disabled
 from tpulab.emulator.wire import ApiError
 
 __all__ = [
@@ -145,6 +151,11 @@ def _compute_error(code: int, reason: str, message: str) -> tuple[int, Record]:
     }
 
 
+def _disabled(project: str) -> tuple[int, Record]:
+    error = compute_disabled(project)
+    return error.code, error.body()
+
+
 def _id(*parts: str) -> str:
     """A stable uint64-looking id, as Compute writes ids (strings)."""
     return str(5_000_000_000_000 + zlib.crc32("/".join(parts).encode()))
@@ -158,6 +169,8 @@ def project_networks(faults: FaultPlan) -> list[str]:
 
 def network(project: str, name: str, faults: FaultPlan) -> tuple[int, Record]:
     """Compute `networks.get`: the auto-mode `default` network, or 404 notFound."""
+    if COMPUTE_SERVICE in faults.disabled_services:
+        return _disabled(project)
     link = f"{_COMPUTE}{project}/global/networks/{name}"
     if name not in project_networks(faults):
         resource = f"projects/{project}/global/networks/{name}"
@@ -196,6 +209,8 @@ def _rule(project: str, name: str, allowed: list[Record], sources: list[str]) ->
 
 def firewall_list(project: str, faults: FaultPlan) -> tuple[int, Record]:
     """Compute `firewalls.list`: the rules a `default` network is created with."""
+    if COMPUTE_SERVICE in faults.disabled_services:
+        return _disabled(project)
     rules: list[Record] = []
     if not faults.no_default_network:
         anywhere = ["0.0.0.0/0"]

@@ -11,7 +11,7 @@ from tpulab.run.attach import AttachedRun, Attachment
 if TYPE_CHECKING:
     from tpulab.config import RunSpec
     from tpulab.remote import bootstrap as boot
-    from tpulab.run.recording import PlanStep
+    from tpulab.run.plan_steps import PlanStep
 
 __all__ = ["build_attached_plan"]
 
@@ -28,7 +28,8 @@ def build_attached_plan(
     from tpulab.contract import KIND_SESSION, STARTUP_SCRIPT_METADATA
     from tpulab.models import NodeRequest, tpulab_labels
     from tpulab.remote.watchdog import startup_script
-    from tpulab.run.recording import PLACEHOLDER_IMAGE, PlaceholderKey, PlanEnds, PlanRecorder
+    from tpulab.run.plan_steps import PLACEHOLDER_IMAGE, PlanEnds
+    from tpulab.run.recording import PlaceholderKey, PlanRecorder
 
     recorder = PlanRecorder(spec)
     # The session's node exists (READY, its watchdog armed by the startup-script `up`

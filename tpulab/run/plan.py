@@ -19,14 +19,14 @@ from tpulab.config import Mode, RunSpec
 from tpulab.envelope import Envelope
 from tpulab.remote import bootstrap as boot
 from tpulab.run.lifecycle import Lifecycle
-from tpulab.run.recording import (
+from tpulab.run.plan_steps import (
     PLACEHOLDER_OWNER,
     PLACEHOLDERS,
     PlanEnds,
-    PlanRecorder,
     PlanStep,
     worker_ip_placeholder,
 )
+from tpulab.run.recording import PlanRecorder
 
 __all__ = ["GOOGLE_ENDPOINT", "PlanEnvelope", "PlanStep", "build_plan", "plan_envelope"]
 
