@@ -135,17 +135,17 @@ def test_a_real_compute_run_without_an_image_is_refused() -> None:
     assert "--image" in result.stdout + result.stderr
 
 
-def test_a_session_on_the_compute_provider_is_refused_before_anything_is_sent() -> None:
-    # `up` keeps a session through the Cloud TPU API only: a TPU7x (Compute only) must
-    # not be sent to the TPU API as a node (which would refuse the type, or worse).
+def test_a_compute_session_without_an_image_is_refused_before_anything_is_sent() -> None:
+    # `up` keeps a TPU7x (Compute only) as an instance, which needs a boot image: none
+    # given is refused as `run` refuses it, before any request or session file.
     result = tpulab(
         "up", "--accelerator", "tpu7x-8", "--project", "p", "--zone", "us-central1-c",
         "--api-endpoint", DEAD_ENDPOINT,
     )  # fmt: skip
     assert result.returncode == 2, result.stdout + result.stderr
-    said = " ".join((result.stdout + result.stderr).split())
-    assert "sessions (`tpulab up`, `exec`, `ssh`) do not support it yet" in said
-    assert "tpulab run --accelerator tpu7x-8 -- CMD" in said
+    assert "--image" in result.stdout + result.stderr
+    sessions = Path(os.environ["TPULAB_HOME"]) / "state" / "sessions"
+    assert not sessions.exists() or not any(sessions.iterdir())
 
 
 _VALIDATE = """

@@ -18,7 +18,14 @@ if TYPE_CHECKING:
 
     from tpulab.cloud.api import TpuApi
 
-__all__ = ["adc_project", "api_context", "compute_api", "provider_apis", "tpu_api"]
+__all__ = [
+    "adc_project",
+    "api_context",
+    "compute_api",
+    "provider_api",
+    "provider_apis",
+    "tpu_api",
+]
 
 Notify = Callable[[str], None]
 
@@ -49,6 +56,37 @@ def tpu_api(
         )
 
     return GoogleTpuApi(
+        project,
+        api_endpoint=api_endpoint,
+        notify=notify,
+        retry_for=retry_for,
+        request_timeout=request_timeout,
+    )
+
+
+def provider_api(
+    project: str,
+    *,
+    provider: str,
+    api_endpoint: str | None,
+    notify: Notify | None = None,
+    retry_for: float = 60.0,
+    request_timeout: float = 60.0,
+) -> TpuApi:
+    """`provider`'s API for what exists already (get, list, delete, guest attributes):
+    what a session's later commands (`exec`, `ssh`, `down`, ...) reach its node through,
+    by the provider its state names. Compute's is built without an image: only a create
+    sends one, and none is asked of a session."""
+    if provider == "compute":
+        return compute_api(
+            project,
+            api_endpoint=api_endpoint,
+            image=None,
+            image_needed=False,
+            retry_for=retry_for,
+            request_timeout=request_timeout,
+        )
+    return tpu_api(
         project,
         api_endpoint=api_endpoint,
         notify=notify,

@@ -17,7 +17,9 @@ When a session's node is found gone (it deleted itself at --ttl or --idle, or so
 deleted it), `conclude_gone` is the one place that draws the consequences -- key and
 state removed, journal row closed -- for `list`, `ssh`, `exec`, `down` and `teardown`
 alike. `why_gone` says why from the session's own times; `ask_gone` asks the API
-(GetNode) first, for commands that only know that the node stopped answering.
+(GetNode, or Compute's instances.get for an instance) first, for commands that only
+know that the node stopped answering. A session's provider (SessionState.provider) says
+which API its node lives behind.
 """
 
 from __future__ import annotations
@@ -394,13 +396,16 @@ def reconcile_listed(
     zones: Collection[str],
     listed: Collection[tuple[str, str]],
     seen_by: str,
+    providers: Collection[str] = ("tpu-api",),
     journal: Journal | None = None,
     now: Callable[[], float] = time.time,
 ) -> tuple[list[SessionFiles], list[SessionConcluded]]:
     """Sessions next to a listing of `zones` of `project` behind `target` (the journal's
-    name of the API, `target_for`): the ones still up, and the ones whose node the
-    listing covers but does not show (`listed` holds (zone, node name)), concluded gone.
-    Sessions the listing does not cover are returned as up: nothing is known of them."""
+    name of the API, `target_for`) by `providers` (those that answered): the ones still
+    up, and the ones whose node the listing covers but does not show (`listed` holds
+    (zone, node name)), concluded gone. Sessions the listing does not cover -- another
+    target, zone, or a provider that was not asked -- are returned as up: nothing is
+    known of them."""
     up: list[SessionFiles] = []
     concluded: list[SessionConcluded] = []
     for files in store.all():
@@ -409,6 +414,7 @@ def reconcile_listed(
             target_for(state.api_endpoint) == target
             and state.project == project
             and state.zone in zones
+            and state.provider in providers
         )
         if covered and (state.zone, state.node_name) not in listed:
             vanish = why_gone(state, now=now())

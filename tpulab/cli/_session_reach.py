@@ -14,9 +14,31 @@ from tpulab.cli._console import print_stderr
 
 if TYPE_CHECKING:
     from tpulab.cleanup.sessions import SessionStore
+    from tpulab.cloud.api import TpuApi
     from tpulab.run.session import SessionState
 
-__all__ = ["raise_if_gone", "readdressed_session", "refuse_unreachable", "session_store"]
+__all__ = [
+    "raise_if_gone",
+    "readdressed_session",
+    "refuse_unreachable",
+    "session_api",
+    "session_store",
+]
+
+
+def session_api(state: SessionState) -> TpuApi:
+    """The API the session's node lives behind, by the provider its state names (a TPU
+    node through the Cloud TPU API, an instance through Compute Engine): every command
+    that finds, follows or deletes a session's node asks it through this."""
+    from tpulab.app.target import provider_api
+    from tpulab.cli._target import reach_notice
+
+    return provider_api(
+        state.project,
+        provider=state.provider,
+        api_endpoint=state.api_endpoint,
+        notify=reach_notice,
+    )
 
 
 @contextmanager
@@ -43,10 +65,8 @@ def raise_if_gone(store: SessionStore, state: SessionState) -> None:
     """The node did not answer: if the API says it is gone, say why, clean up, and exit
     EXIT_REMOTE (NodeVanishedError); if it is still there, return (a plain SSH failure)."""
     from tpulab.cleanup.sessions import ask_gone, conclude_gone
-    from tpulab.cli._target import tpu_api
 
-    api = tpu_api(state.project, api_endpoint=state.api_endpoint)
-    vanish = ask_gone(api, state)
+    vanish = ask_gone(session_api(state), state)
     if vanish is None:
         return
     concluded = conclude_gone(store, state, vanish, seen_by="tpulab ssh")
@@ -58,11 +78,9 @@ def raise_if_gone(store: SessionStore, state: SessionState) -> None:
 def readdressed_session(state: SessionState) -> SessionState | None:
     """The session at its node's current address when the API says it moved (a new
     ephemeral IP, a restarted emulator's port); None when it did not or cannot say."""
-    from tpulab.cli._target import tpu_api
     from tpulab.run.session import readdressed
 
-    api = tpu_api(state.project, api_endpoint=state.api_endpoint)
-    moved = readdressed(api, state)
+    moved = readdressed(session_api(state), state)
     if moved is None:
         return None
     pairs = zip(state.worker_targets(), moved.worker_targets(), strict=True)
@@ -72,9 +90,14 @@ def readdressed_session(state: SessionState) -> SessionState | None:
         whose = "node" if state.worker_count == 1 else f"worker {index}"
         print_stderr(
             f"Session {state.name}'s {whose} moved from {was.host}:{was.port} "
-            f"to {now.host}:{now.port} (GetNode); reaching it there."
+            f"to {now.host}:{now.port} ({_get_call(state)}); reaching it there."
         )
     return moved
+
+
+def _get_call(state: SessionState) -> str:
+    """The API call that says where a session's node is, in the provider's own words."""
+    return "instances.get" if state.provider == "compute" else "GetNode"
 
 
 def refuse_unreachable(store: SessionStore, state: SessionState, why: str) -> None:
@@ -95,6 +118,6 @@ def refuse_unreachable(store: SessionStore, state: SessionState, why: str) -> No
     raise_if_gone(store, state)
     raise E.RemoteError(
         f"Could not reach session {state.name} {where} to renew its lease ({why}).",
-        hint="GetNode did not say it is gone: check your network, or `tpulab down "
+        hint=f"{_get_call(state)} did not say it is gone: check your network, or `tpulab down "
         f"{state.name}` to end it.",
     )

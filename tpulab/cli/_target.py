@@ -45,6 +45,8 @@ def tpu_api(
     api_endpoint: str | None,
     retry_for: float = 60.0,
     request_timeout: float = 60.0,
+    provider: str = "tpu-api",
+    image: str | None = None,
 ) -> TpuApi:
     from tpulab.app import target
 
@@ -54,4 +56,6 @@ def tpu_api(
         notify=reach_notice,
         retry_for=retry_for,
         request_timeout=request_timeout,
+        provider=provider,
+        image=image,
     )

@@ -169,6 +169,9 @@ def _exec_inputs(files: SessionFiles, flags: WorkloadFlags, installer: str) -> R
         ssh_backend="embedded",
         adc_project=None,  # the session names its project
         workload=flags,
+        # The session's provider, never the type's default or a project file's: the exec
+        # asks about the node through the API it lives behind.
+        provider=state.provider,
     )
 
 
@@ -208,7 +211,7 @@ def _run(
     verbose: bool,
 ) -> None:
     from tpulab.cli._run_display import RunDisplay
-    from tpulab.cli._target import tpu_api
+    from tpulab.cli._session_reach import session_api
     from tpulab.remote.keys import RunKey
     from tpulab.run.attach import AttachedRun, Attachment
     from tpulab.run.progress import FanOut, Recorder
@@ -227,7 +230,7 @@ def _run(
     life = AttachedRun(
         spec,
         attachment=Attachment.of(state, key),
-        api=tpu_api(state.project, api_endpoint=state.api_endpoint),
+        api=session_api(state),
         observer=FanOut([Recorder(), display]),
         shield=shield,
         skippable=skippable,

@@ -166,6 +166,8 @@ def _list(
             zones=scope.zones,
             listed={(item.node.zone, item.node.name) for item in listing.nodes},
             seen_by="tpulab list",
+            # A session behind a provider that was not asked is not concluded gone.
+            providers=[name for name in apis if name not in listing.unasked],
             journal=journal,
         )
     for concluded in gone:

@@ -85,6 +85,8 @@ def up_command(
     service_account: ro.ServiceAccount = None,
     network: ro.Network = None,
     subnetwork: ro.Subnetwork = None,
+    provider: ro.Provider = None,
+    image: ro.Image = None,
     verbose: ro.Verbose = False,
     as_json: Annotated[
         bool,
@@ -130,20 +132,9 @@ def up_command(
             service_account=service_account,
             network=network,
             subnetwork=subnetwork,
+            provider=provider,
+            image=image,
         )
-        if inputs.spec.provider == "compute":
-            from tpulab.errors import ConfigError
-
-            # Before any API call: a session's node is found, renewed and taken down
-            # through the Cloud TPU API only (run/session.py keeps no provider yet).
-            raise ConfigError(
-                f"{inputs.spec.accelerator.name} is served here by the Compute Engine "
-                f"provider ({inputs.spec.provider_source}), and sessions (`tpulab up`, "
-                "`exec`, `ssh`) do not support it yet.",
-                hint=f"Run your command with `tpulab run --accelerator "
-                f"{inputs.spec.accelerator.name} -- CMD`, or keep a session on a type the "
-                "Cloud TPU API serves (e.g. v6e-4 with the default --provider tpu-api).",
-            )
         from tpulab.contract import KIND_SESSION
 
         session_name = chosen_name or check_session_name(f"s-{inputs.spec.run_id.split('-')[-1]}")
@@ -185,7 +176,15 @@ def _up(
 
     life = KeptRun(
         spec,
-        api=tpu_api(spec.project.value, api_endpoint=spec.api_endpoint),
+        # The provider's API (a TPU node, or a Compute instance with --image), as `run`
+        # builds it; the session records the provider so later commands rebuild it.
+        api=tpu_api(
+            spec.project.value,
+            api_endpoint=spec.api_endpoint,
+            provider=spec.provider,
+            image=spec.image,
+        ),
+        # The provider's own checks (the Cloud TPU API's, or Compute's), as `run` asks.
         preflight=preflight_for(spec, spec.api_endpoint),
         journal=journal,
         observer=FanOut([recorder, display]),
@@ -225,7 +224,7 @@ def _up(
     workers = f", {state.worker_count} workers" if state.worker_count > 1 else ""
     where = "worker 0 at " if state.worker_count > 1 else ""
     typer.echo(
-        f"Session {state.name} is up: node {state.node_name} ({state.accelerator_type}"
+        f"Session {state.name} is up: {state.vm_kind} {state.node_name} ({state.accelerator_type}"
         f"{workers}) in {state.zone}, {where}{state.ssh_user}@{state.ssh_host}:"
         f"{state.ssh_port}. It deletes "
         f"itself in {in_left} (--ttl) or {state.idle_seconds / 60:.1f} min after "
@@ -284,12 +283,12 @@ def down_command(
 def _down(store: SessionStore, files: SessionFiles, *, force: bool) -> None:
     from tpulab.cleanup.journal import Journal
     from tpulab.cleanup.sessions import conclude_gone, why_gone
-    from tpulab.cli._target import tpu_api
+    from tpulab.cli._session_reach import session_api
     from tpulab.run.lease import node_gone
     from tpulab.run.session import take_down
 
     state = files.state
-    api = tpu_api(state.project, api_endpoint=state.api_endpoint)
+    api = session_api(state)
     try:
         with contextlib.ExitStack() as held:
             # A node still there may have an exec running on it: `down` holds the exec
@@ -315,7 +314,7 @@ def _down(store: SessionStore, files: SessionFiles, *, force: bool) -> None:
         for warning in concluded.warnings:
             print_stderr(f"[yellow]journal:[/] {warning}")
         typer.echo(
-            f"Session {state.name} is down: its node {state.node_name} was already gone "
+            f"Session {state.name} is down: its {state.vm_kind} {state.node_name} was already gone "
             f"(it {concluded.vanish.reason}); key removed."
         )
         return
@@ -325,8 +324,8 @@ def _down(store: SessionStore, files: SessionFiles, *, force: bool) -> None:
         print_stderr(f"[yellow]warning:[/] the journal could not record it: {error}")
     store.remove(state.name)
     typer.echo(
-        f"Session {state.name} is down: node {state.node_name} deleted, confirmed by list; "
-        "key removed."
+        f"Session {state.name} is down: {state.vm_kind} {state.node_name} deleted, "
+        "confirmed by list; key removed."
     )
 
 

@@ -24,22 +24,34 @@ def build_attached_plan(
     from dataclasses import replace
 
     from tpulab.cloud import rest
+    from tpulab.cloud.compute_v1 import instance_body
     from tpulab.contract import KIND_SESSION, STARTUP_SCRIPT_METADATA
     from tpulab.models import NodeRequest, tpulab_labels
     from tpulab.remote.watchdog import startup_script
-    from tpulab.run.plan_steps import PlanEnds
+    from tpulab.run.plan_steps import PLACEHOLDER_IMAGE, PlanEnds
     from tpulab.run.recording import PlaceholderKey, PlanRecorder
 
     recorder = PlanRecorder(spec)
     # The session's node exists (READY, its watchdog armed by the startup-script `up`
-    # sent): the recording API answers for it as the real one would.
-    recorder.transport.created = rest.node_body(
-        NodeRequest(
-            accelerator_type=spec.accelerator.name,
-            runtime_version=spec.accelerator.runtime_version,
-            labels=tpulab_labels(attachment.watchdog.run_id, kind=KIND_SESSION),
-            metadata={STARTUP_SCRIPT_METADATA: startup_script(attachment.watchdog)},
+    # sent): the recording API answers for it as the real one would -- as a Compute
+    # instance when the session's provider is Compute (its answer has no TPU node shape).
+    request = NodeRequest(
+        accelerator_type=spec.accelerator.name,
+        runtime_version=spec.accelerator.runtime_version,
+        labels=tpulab_labels(attachment.watchdog.run_id, kind=KIND_SESSION),
+        metadata={STARTUP_SCRIPT_METADATA: startup_script(attachment.watchdog)},
+    )
+    recorder.transport.created = (
+        instance_body(
+            spec.project.value,
+            spec.zone.value,
+            spec.node_name,
+            request,
+            machine_type=str(spec.accelerator.machine_type),
+            image=spec.image or PLACEHOLDER_IMAGE,
         )
+        if spec.provider == "compute"
+        else rest.node_body(request)
     )
     life = AttachedRun(
         spec,

@@ -1,7 +1,8 @@
 """A kept node (`tpulab up`): what a session is, how it is brought up and taken down.
 
 - `SessionState`: everything later commands need to reach the node again -- name, run
-  id, node, zone, project, API endpoint, SSH user/address/port, the pinned host key, the
+  id, node, zone, project, API endpoint and provider (a Cloud TPU API node, or a Compute
+  Engine instance: docs/reference/providers.md), SSH user/address/port, the pinned host key, the
   watchdog's config (to renew its lease), the hard deadline and the idle expiry (wall
   clock, UTC epoch seconds). A multi-host slice's other workers (`WorkerAddress`: each
   its own address, port and pinned host key) and where its JAX processes meet are kept
@@ -28,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from tpulab.catalog import Provider
 from tpulab.errors import NodeVanishedError, TpuLabError, VerificationError
 from tpulab.remote.watchdog import WatchdogConfig, renew_command
 from tpulab.run.teardown import TeardownReport, delete_and_confirm
@@ -100,6 +102,17 @@ class SessionState:
     # A slice's "address:port" where its JAX processes meet (worker 0's internal
     # address): what `exec` passes as JAX_COORDINATOR_ADDRESS. None for a single host.
     coordinator: str | None = None
+    # Which API the node lives behind: "tpu-api" (a TPU node) or "compute" (a Compute
+    # Engine instance); every later command rebuilds that API to find, follow and delete
+    # it. A session.json written before Compute had sessions loads as "tpu-api". No image
+    # is kept: only a create sends one, and a session's node exists already.
+    provider: Provider = "tpu-api"
+
+    @property
+    def vm_kind(self) -> str:
+        """What its provider calls the VM, for what the user reads: "node" (Cloud TPU
+        API) or "instance" (Compute Engine), as gcloud names them."""
+        return "instance" if self.provider == "compute" else "node"
 
     @property
     def idle_expires_at(self) -> float:
@@ -244,6 +257,7 @@ def bring_up(
         receipt_id=life.outcome.receipt.id if life.outcome.receipt is not None else None,
         other_workers=_other_workers(life.workers),
         coordinator=life.coordinator,
+        provider=spec.provider,
     )
 
 
