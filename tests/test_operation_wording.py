@@ -23,6 +23,7 @@ from tpulab.run.teardown import delete_and_confirm
 
 if TYPE_CHECKING:
     from emulator_fixtures import EmulatorStarter
+    from helpers import FakeClock
     from run_rig import Rig
 
     from tpulab.cloud.google import GoogleTpuApi
@@ -119,13 +120,23 @@ def test_a_run_whose_node_is_deleted_during_create_says_so(slow_rig: Rig) -> Non
 
 
 def test_a_later_round_that_only_ran_out_of_time_does_not_hide_the_apis_error(
-    emulator: Emulator, tpu_api: GoogleTpuApi
+    held_emulator: tuple[Emulator, FakeClock],
 ) -> None:
-    """The first delete operation ends INTERNAL; every later wait gets no time at all (as
-    on a loaded machine near the deadline). The final message still quotes the API."""
-    from emulator_fixtures import node_request
+    """The first delete operation ends INTERNAL; every later one is still running when its
+    wait gets no time at all (as on a loaded machine near the deadline). The final
+    message still quotes the API.
 
-    tpu_api.wait_operation(tpu_api.create_node(ZONE, "late", node_request()), timeout=10)
+    The emulator's clock is held: the test moves it past the delete only in the first
+    wait, so the first operation has provably ended and the later ones provably have not
+    (on the real clock a loaded machine's later operation could end before its wait, and
+    the last round then did not "only run out of time")."""
+    from emulator_fixtures import api_for, node_request
+
+    emulator, clock = held_emulator
+    tpu_api = api_for(emulator)
+    operation = tpu_api.create_node(ZONE, "late", node_request())
+    clock.now += 60.0  # past Timing.fast()'s create
+    tpu_api.wait_operation(operation, timeout=10)
     emulator.faults.delete_failures = 1000
 
     class NoTimeAfterTheFirst(DelegatingTpuApi):
@@ -133,7 +144,11 @@ def test_a_later_round_that_only_ran_out_of_time_does_not_hide_the_apis_error(
 
         def wait_operation(self, operation_name: str, *, timeout: float) -> None:
             self.waits += 1
-            self.api.wait_operation(operation_name, timeout=timeout if self.waits == 1 else 0.0)
+            if self.waits == 1:
+                clock.now += 60.0  # this operation ends (INTERNAL); later ones never do
+                self.api.wait_operation(operation_name, timeout=max(timeout, 60.0))
+            else:
+                self.api.wait_operation(operation_name, timeout=0.0)
 
     api = NoTimeAfterTheFirst(tpu_api)
     with pytest.raises(TeardownError) as failed:
@@ -144,6 +159,13 @@ def test_a_later_round_that_only_ran_out_of_time_does_not_hide_the_apis_error(
     assert "did not finish in 0 s" not in message
     assert f"INTERNAL: {EMULATOR_INTERNAL.rstrip('.')}" in message
     emulator.faults.delete_failures = 0
+    clock.now += 60.0  # every operation in flight ends (the failing ones as INTERNAL)
+
+    class ClockMovesOnWait(DelegatingTpuApi):
+        def wait_operation(self, operation_name: str, *, timeout: float) -> None:
+            clock.now += 60.0
+            self.api.wait_operation(operation_name, timeout=timeout)
+
     assert delete_and_confirm(
-        tpu_api, ZONE, "late", run_id="run-1", timeout=10, poll=0.05
+        ClockMovesOnWait(tpu_api), ZONE, "late", run_id="run-1", timeout=10, poll=0.05
     ).confirmed

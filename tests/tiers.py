@@ -26,8 +26,9 @@ import functools
 import inspect
 import re
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 __all__ = ["E2E_PATTERNS", "SMOKE_TESTS", "sources_of", "tiers_of_source"]
 
@@ -69,6 +70,13 @@ SMOKE_TESTS = (
 
 def tiers_of_source(text: str) -> dict[str, str]:
     """{tier: the reason} for source text (see E2E_PATTERNS and the network rules)."""
+    return dict(_tiers_of_source(text))
+
+
+# Parametrized tests and tests sharing their fixtures reach the same sources: each
+# xdist worker tiers ~1,800 items, so the same text is matched again and again.
+@functools.cache
+def _tiers_of_source(text: str) -> tuple[tuple[str, str], ...]:
     found: dict[str, str] = {}
     for reason, pattern in E2E_PATTERNS.items():
         if pattern.search(text):
@@ -78,10 +86,14 @@ def tiers_of_source(text: str) -> dict[str, str]:
         found["network"] = "`tpulab run --emulate` (the bare image)"
     elif _BARE_NODE.search(text) and _INSTALLS.search(text):
         found["network"] = "a bootstrap on a bare-image node"
-    return found
+    return tuple(found.items())
 
 
 def _in_tests(obj: object) -> bool:
+    return _cached_by_identity(_in_tests_cache, obj, _is_in_tests)
+
+
+def _is_in_tests(obj: object) -> bool:
     try:
         source = inspect.getsourcefile(obj)  # type: ignore[arg-type]
     except TypeError:
@@ -96,7 +108,31 @@ def _code_names(code: types.CodeType) -> Iterator[str]:
             yield from _code_names(const)
 
 
-def _referenced(obj: object) -> Iterator[object]:
+def _referenced(obj: object) -> tuple[object, ...]:
+    """What `_references` yields for `obj`, worked out once per object: every test
+    reaches the same helpers and fixtures, and each name costs a source-file lookup."""
+    return _cached_by_identity(_referenced_cache, obj, lambda o: tuple(_references(o)))
+
+
+_T = TypeVar("_T")
+# id(obj) -> (obj, value): the object is held so its id cannot be reused by another.
+_in_tests_cache: dict[int, tuple[object, bool]] = {}
+_referenced_cache: dict[int, tuple[object, tuple[object, ...]]] = {}
+
+
+def _cached_by_identity(
+    cache: dict[int, tuple[object, _T]], obj: object, compute: Callable[[object], _T]
+) -> _T:
+    """compute(obj), remembered by identity (not every object reached is hashable)."""
+    hit = cache.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    value = compute(obj)
+    cache[id(obj)] = (obj, value)
+    return value
+
+
+def _references(obj: object) -> Iterator[object]:
     """Functions and classes of the tests directory that `obj` names in its body, and
     the constant command lines it names (`SERVE = [sys.executable, "-m", ...]`)."""
     members: Iterable[object] = vars(obj).values() if isinstance(obj, type) else [obj]

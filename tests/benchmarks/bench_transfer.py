@@ -15,7 +15,7 @@ The second upload (`test_a_second_upload_sends_only_what_changed`): the same 50 
 (nothing sent: the VM's manifest matches), then with one file changed (that file sent);
 wall clock and bytes on the wire of each, as ratios to the full upload, same run.
 
-Run: `pytest tests/benchmarks/bench_transfer.py -s`. The first test's smoke run moves 5 MB per tree.
+Run: `pytest tests/benchmarks/bench_transfer.py -s`. The smoke run uses smaller trees (SMOKE below).
 """
 
 from __future__ import annotations
@@ -39,16 +39,21 @@ if TYPE_CHECKING:
 
 pytest_plugins = ["ssh_fixtures"]
 
-WORKSPACE_FILES = 2000
-RUN_FILES = 500
+FULL_FILES = 2000
 FULL_TOTAL = 50 * 10**6
-# The smoke run (tests/benchmarks/smoke.py) of the stream-vs-SFTP test moves the same file
-# counts at a tenth of the bytes: tar, tar.gz and SFTP both ways on 2 000 files, without
-# hashing, compressing and encrypting 50 MB per tree in Python. The second-upload test
-# keeps the full size: the manifest it sends (~150 B a file) must stay under 1% of a
-# full upload, which holds at 50 MB, not at 5.
-TOTAL = 5 * 10**6 if SMOKE else FULL_TOTAL
-DESCRIBED = "2 000 files, 4.8 MiB" if SMOKE else "2 000 files, 47.7 MiB"
+# The smoke run (tests/benchmarks/smoke.py) checks that each path works, at the smallest
+# sizes that still exercise it: the stream-vs-SFTP test moves 200 files (tar, tar.gz and
+# SFTP both ways) of 0.5 MB in all. At 2 000 files and 5 MB it kept a CI worker for
+# 173 s (in-process SSH host, loaded 2-core runner), most of it hashing, packing and
+# encrypting in Python. The second-upload test needs more bytes: the manifest it sends
+# (~150 B a file) plus one changed file must stay under 1% of a full upload, which
+# holds at 400 files of 20 MB (~110 KB against ~200 KB) as it does at 2 000 of 50 MB.
+WORKSPACE_FILES = 200 if SMOKE else FULL_FILES
+RUN_FILES = 50 if SMOKE else 500
+TOTAL = 5 * 10**5 if SMOKE else FULL_TOTAL
+DESCRIBED = "200 files, 488.3 KiB" if SMOKE else "2 000 files, 47.7 MiB"
+SECOND_UPLOAD_FILES = 400 if SMOKE else FULL_FILES
+SECOND_UPLOAD_TOTAL = 20 * 10**6 if SMOKE else FULL_TOTAL
 
 
 def _make_files(root: Path, count: int, prefix: str, total: int = TOTAL) -> list[str]:
@@ -75,7 +80,7 @@ def _sample() -> int | None:
     value = os.environ.get("TPULAB_BENCH_SFTP_FILES")
     if value:
         return int(value)
-    return 50 if SMOKE else None  # smoke: file-by-file SFTP on 50 files, scaled
+    return 20 if SMOKE else None  # smoke: file-by-file SFTP on 20 files, scaled
 
 
 def test_streamed_archive_vs_file_by_file_sftp(ssh_host: SshHost, tmp_path: Path) -> None:
@@ -134,10 +139,10 @@ def test_streamed_archive_vs_file_by_file_sftp(ssh_host: SshHost, tmp_path: Path
 
     sampled = f" (timed on {sample} files, scaled)" if sample else ""
     print(
-        f"\n{kind}: up {mb:.0f} MB / {WORKSPACE_FILES} files: tar {rate('up tar')}, "
+        f"\n{kind}: up {mb:.1f} MB / {WORKSPACE_FILES} files: tar {rate('up tar')}, "
         f"tar.gz {rate('up gz')}, SFTP per file {rate('up sftp')}{sampled} -> "
         f"streamed x{figures['up sftp'] / figures['up tar']:.1f} faster"
-        f"\n{kind}: down {mb:.0f} MB / {RUN_FILES} files: tar {rate('down tar')}, "
+        f"\n{kind}: down {mb:.1f} MB / {RUN_FILES} files: tar {rate('down tar')}, "
         f"tar.gz {rate('down gz')}, SFTP per file {rate('down sftp')}{sampled} -> "
         f"streamed x{figures['down sftp'] / figures['down tar']:.1f} faster"
     )
@@ -148,7 +153,7 @@ def test_streamed_archive_vs_file_by_file_sftp(ssh_host: SshHost, tmp_path: Path
 
 def test_a_second_upload_sends_only_what_changed(ssh_host: SshHost, tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
-    names = _make_files(workspace, WORKSPACE_FILES, "src/d", FULL_TOTAL)
+    names = _make_files(workspace, SECOND_UPLOAD_FILES, "src/d", SECOND_UPLOAD_TOTAL)
     selection = select_workspace(workspace)  # as in a run: before the sync phase
     seconds: dict[str, float] = {}
     wire: dict[str, int] = {}
@@ -171,8 +176,8 @@ def test_a_second_upload_sends_only_what_changed(ssh_host: SshHost, tmp_path: Pa
             result = upload_workspace(conn, selection, remote, timeout=600)
             seconds[case] = time.perf_counter() - started
             wire[case] = result.wire_bytes
-            assert result.manifest.count == WORKSPACE_FILES
-            expected_sent = 1 if case == "one changed" else 0 if case == "unchanged" else 2000
+            assert result.manifest.count == SECOND_UPLOAD_FILES
+            expected_sent = {"one changed": 1, "unchanged": 0}.get(case, SECOND_UPLOAD_FILES)
             assert result.sent.count == expected_sent, result.describe()
         started = time.perf_counter()
         remote_manifest(conn, "~/inc", timeout=600)
@@ -188,7 +193,7 @@ def test_a_second_upload_sends_only_what_changed(ssh_host: SshHost, tmp_path: Pa
         )
 
     print(
-        f"\n{kind}: {FULL_TOTAL / 1e6:.0f} MB / {WORKSPACE_FILES} files: fresh VM "
+        f"\n{kind}: {SECOND_UPLOAD_TOTAL / 1e6:.0f} MB / {SECOND_UPLOAD_FILES} files: fresh VM "
         f"{seconds['full']:.2f} s, {wire['full'] / 1e6:.1f} MB; every file again (the old upload) "
         f"{seconds['full again']:.2f} s, {wire['full again'] / 1e6:.1f} MB; vs that: "
         f"{line('unchanged')}; {line('one changed')}; "
