@@ -121,7 +121,7 @@ FAST_EMBEDDED_TIMING = {
     "create_seconds": 0.2,
     "delete_seconds": 0.1,
     "stockout_seconds": 0.1,
-    "tick_seconds": 0.05,  # as Timing.fast(): a tick costs CPU (tpulab/emulator/timing.py)
+    "tick_seconds": 0.02,
 }
 
 

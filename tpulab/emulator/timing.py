@@ -51,9 +51,5 @@ class Timing:
             update_seconds=0.1,
             stockout_seconds=0.1,
             queue_seconds=0.05,
-            # Each tick is a state-file transaction (~1 ms of CPU): at 0.02 s an idle
-            # emulator took ~5% of a core, and the suite keeps one alive per busy test
-            # worker. At 0.05 s (~2%) a transition is seen at most 30 ms later; API
-            # calls wake the ticker at once either way.
-            tick_seconds=0.05,
+            tick_seconds=0.02,
         )
