@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -94,6 +95,9 @@ def test_an_emulated_compute_run_verifies_the_catalogs_devices_and_deletes(
     priced = "would have cost ~$" if accelerator == "v6e-4" else "has no known cost"
     assert priced in result.stdout
     assert "deleted, confirmed by list" in result.stdout
+    # Said as Compute says it: an instance, whose watchdog may delete it.
+    assert re.search(rf"^  instance  tpulab-\S+ \({accelerator}\)$", result.stdout, re.M)
+    assert "watchdog  armed (its identity may delete its VM)" in result.stdout
     assert _emulator_instances(fast_embedded_emulator) == []
 
 

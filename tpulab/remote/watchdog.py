@@ -216,16 +216,16 @@ class WatchdogState:
     def reason(self) -> str:
         """Why it is not armed (or what it is doing), in words."""
         if self.kind == "unpublished":
-            return "it published no state (the node's startup-script may not have run)"
+            return "it published no state (the VM's startup-script may not have run)"
         return self.detail
 
     def describe(self) -> str:
         if self.kind == "armed":
-            return "armed (its identity may delete the node)"
+            return "armed (its identity may delete its VM)"
         if self.kind == "unverified":
             return f"armed, permission unverified ({self.detail})"
         if self.kind == "firing":
-            return f"firing ({self.detail}): it is deleting the node"
+            return f"firing ({self.detail}): it is deleting its VM"
         return f"NOT ARMED: {self.reason}"
 
     def fix(self, service_account: str | None) -> str | None:

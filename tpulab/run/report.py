@@ -359,7 +359,11 @@ def summary_lines(
     tag = " EMULATED" if spec.emulated else ""
     lines: list[Line] = [
         [("Run ", "bold"), (spec.run_id, "bold cyan"), (tag, "bold magenta")],
-        [("  node      ", "dim"), (f"{spec.node_name} ({spec.accelerator.name})", "")],
+        # What its provider calls it: a Compute Engine instance, a Cloud TPU API node.
+        [
+            ("  instance  " if spec.provider == "compute" else "  node      ", "dim"),
+            (f"{spec.node_name} ({spec.accelerator.name})", ""),
+        ],
         [("  where     ", "dim"), (f"project {spec.project.value}, zone {spec.zone.value}", "")],
     ]
     if len(attempts) > 1:
