@@ -101,7 +101,7 @@ class PlanRecorder:
     def new_key(self) -> RunKey:
         self.local(
             "generate the run's ed25519 key pair (in memory; public half "
-            f"{PLACEHOLDER_PUBLIC_KEY} goes into the node's ssh-keys metadata)"
+            f"{PLACEHOLDER_PUBLIC_KEY} goes into the VM's ssh-keys metadata)"
         )
         return PlaceholderKey()
 
@@ -220,9 +220,10 @@ class RecordingJournal:
         self.recorder = recorder
 
     def run_started(self, spec: RunSpec) -> None:
+        kind = "instance" if spec.provider == "compute" else "node"
         self.recorder.local(
-            f"journal row for run {spec.run_id}: node {spec.node_name} in {spec.zone.value} "
-            "(committed before CreateNode, so `tpulab teardown --verify` can find it)"
+            f"journal row for run {spec.run_id}: {kind} {spec.node_name} in {spec.zone.value} "
+            "(committed before the create request, so `tpulab teardown --verify` can find it)"
         )
 
     def phase_changed(self, run_id: str, phase: str) -> None:
