@@ -39,11 +39,13 @@ def tpu_api(
     request_timeout: float = 60.0,
     provider: str = "tpu-api",
     image: str | None = None,
+    image_needed: bool = True,
 ) -> TpuApi:
     """The API client for `project` at `api_endpoint` (None: Google's). `notify` hears
     that an endpoint has not answered yet and is being retried; `retry_for` bounds the
     retries of a call, `request_timeout` one request. `provider` "compute" builds the
-    Compute Engine provider instead (`image`: its boot image)."""
+    Compute Engine provider instead (`image`: its boot image; `image_needed` False for a
+    client that only finds, reads and deletes what exists)."""
     from tpulab.cloud.google import GoogleTpuApi
 
     if provider == "compute":
@@ -51,8 +53,10 @@ def tpu_api(
             project,
             api_endpoint=api_endpoint,
             image=image,
+            notify=notify,
             retry_for=retry_for,
             request_timeout=request_timeout,
+            image_needed=image_needed,
         )
 
     return GoogleTpuApi(
@@ -77,21 +81,14 @@ def provider_api(
     what a session's later commands (`exec`, `ssh`, `down`, ...) reach its node through,
     by the provider its state names. Compute's is built without an image: only a create
     sends one, and none is asked of a session."""
-    if provider == "compute":
-        return compute_api(
-            project,
-            api_endpoint=api_endpoint,
-            image=None,
-            image_needed=False,
-            retry_for=retry_for,
-            request_timeout=request_timeout,
-        )
     return tpu_api(
         project,
         api_endpoint=api_endpoint,
         notify=notify,
         retry_for=retry_for,
         request_timeout=request_timeout,
+        provider=provider,
+        image_needed=False,
     )
 
 
@@ -100,6 +97,7 @@ def compute_api(
     *,
     api_endpoint: str | None,
     image: str | None,
+    notify: Notify | None = None,
     retry_for: float = 60.0,
     request_timeout: float = 60.0,
     image_needed: bool = True,
@@ -147,6 +145,7 @@ def compute_api(
             api_endpoint=api_endpoint,
             retry_for=retry_for,
             request_timeout=request_timeout,
+            notify=notify,
         ),
         machine_type_of=machine_type_of,
         image=image or "",
@@ -204,8 +203,12 @@ def provider_apis(
         # Left out if it cannot be built: a journal row of a Compute run then reads as
         # "cannot be asked" (never as gone), and the listing of nodes goes on.
         with suppress(TpuLabError):
-            apis["compute"] = compute_api(
-                project, api_endpoint=endpoint, image=None, image_needed=False
+            apis["compute"] = tpu_api(
+                project,
+                api_endpoint=endpoint,
+                notify=notify,
+                provider="compute",
+                image_needed=False,
             )
         return apis
 
