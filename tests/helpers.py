@@ -69,6 +69,7 @@ __all__ = [
     "served_emulator",
     "tpulab",
     "wait_until",
+    "watchdog_saw_the_last_renewal",
     "workload_spec",
     "written_text",
 ]
@@ -267,6 +268,32 @@ def wait_until(
         assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
         time.sleep(interval)
     return time.monotonic()
+
+
+def watchdog_saw_the_last_renewal(emulator: Emulator, name: str, worker: int = 0) -> bool:
+    """Whether `worker`'s watchdog on node (or instance) `name` has read the lease renewal
+    now on its disk: it published (tpulab/lease) a renewal it dated no earlier than the
+    lease file's last write. Only then may a test move that VM's clock. The watchdog dates
+    a renewal when it sees it, on its own clock: one it has not seen yet would be dated
+    after the move, and its lease would lapse that much later in real time (a 10-minute
+    lease: the test's wait for the watchdog ran out)."""
+    from tpulab.contract import LEASE_ATTRIBUTE
+    from tpulab.emulator.workers import worker_attributes
+    from tpulab.remote.watchdog import parse_lease
+
+    records = [r for r in emulator.snapshot()["nodes"].values() if r["name"] == name]
+    if len(records) != 1:
+        return False
+    leases = [
+        path
+        for path in emulator.machine_tmp(records[0], worker).glob("tpulab-lease-*")
+        if "." not in path.name  # not a renewal's temporary file
+    ]
+    if len(leases) != 1:
+        return False
+    written = leases[0].stat().st_mtime
+    published = parse_lease(worker_attributes(records[0], worker).get(LEASE_ATTRIBUTE))
+    return published is not None and published.renewals >= 1 and published.renewed_at >= written
 
 
 def written_text(path: Path, what: str | None = None, timeout: float = WAIT_BOUND) -> str:

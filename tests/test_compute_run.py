@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from emulator_fixtures import FAST_EMBEDDED_TIMING
-from helpers import tpulab
+from helpers import tpulab, watchdog_saw_the_last_renewal
 from run_rig import FAST
 from test_plan_is_the_run import (
     PhaseMarks,
@@ -359,17 +359,6 @@ def _command_that_waits(tmp: Path) -> tuple[list[str], Path]:
     return ["--", "sh", "-c", f"touch {started} && sleep 240"], started
 
 
-def _watchdog_saw_a_renewal(served: Served, node: str) -> bool:
-    """Whether the instance's watchdog has published (tpulab/lease) a lease renewed at
-    least once: it has read the lease file the run last wrote."""
-    from tpulab.contract import LEASE_ATTRIBUTE
-    from tpulab.remote.watchdog import parse_lease
-
-    (record,) = [r for r in served.emulator.snapshot()["nodes"].values() if r["name"] == node]
-    lease = parse_lease((record.get("guest_attributes") or {}).get(LEASE_ATTRIBUTE))
-    return lease is not None and lease.renewals >= 1
-
-
 def test_sigkill_mid_payload_the_instances_watchdog_deletes_it_once_the_lease_lapses(
     served: Served,
 ) -> None:
@@ -384,7 +373,11 @@ def test_sigkill_mid_payload_the_instances_watchdog_deletes_it_once_the_lease_la
         # The watchdog dates a renewal when it sees it, on its own (moved) clock: moving
         # the clock before it has seen the run's last renewal would date that renewal
         # after the move, and the lease would lapse a real minute later.
-        _until(lambda: _watchdog_saw_a_renewal(served, node), "the watchdog to see it", 60)
+        _until(
+            lambda: watchdog_saw_the_last_renewal(served.emulator, node),
+            "the watchdog to see it",
+            60,
+        )
         # The lease (60 s) lapses on the VM's clock without a minute of the test's.
         served.emulator.skip_vm_clock(PROJECT, ZONE, node, 120, instance=True)
         _until(lambda: served.emulator.instance_names(PROJECT) == [], "the instance to go", 60)

@@ -22,7 +22,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import refused_port, require_tool, served_emulator, tpulab, wait_until
+from helpers import (
+    refused_port,
+    require_tool,
+    served_emulator,
+    tpulab,
+    wait_until,
+    watchdog_saw_the_last_renewal,
+)
 from test_exec import _age_session
 
 from tpulab.app.target import compute_api
@@ -208,6 +215,9 @@ def test_a_second_homes_sweep_keeps_the_live_instance_until_its_idle_lease_lapse
     by = 600.0 + (time.time() - float(str(state["started_at"]))) + 1
     assert by < float(str(state["deadline_at"])) - time.time(), "the --ttl would pass first"
     _age_session("idle", by, idle_too=True)
+    # Only once the watchdog has read up's last renewal: one it reads after the move is
+    # dated after it, and the 10-minute lease would lapse ten real minutes later.
+    wait_until(lambda: watchdog_saw_the_last_renewal(served, node), "up's last renewal read")
     served.skip_vm_clock(PROJECT, ZONE, node, by, instance=True)
     wait_until(lambda: not served.instance_names(PROJECT), "the idle instance to go", 120)
     deletes = [

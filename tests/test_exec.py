@@ -17,7 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import cli_imports, invoke, require_tool, served_emulator, tpulab, wait_until
+from helpers import (
+    cli_imports,
+    invoke,
+    require_tool,
+    served_emulator,
+    tpulab,
+    wait_until,
+    watchdog_saw_the_last_renewal,
+)
 
 from tpulab.cleanup.journal import Journal
 from tpulab.emulator import Emulator
@@ -519,7 +527,11 @@ def test_exec_on_a_session_whose_idle_lease_lapsed_says_so_and_cleans_up(
     by = idle + (time.time() - float(str(state["started_at"]))) + 1
     assert by < float(str(state["deadline_at"])) - time.time(), "the --ttl would pass first"
     _age_session("lapsed", by, idle_too=True)
-    served.skip_vm_clock(PROJECT, ZONE, str(state["node_name"]), by)
+    # Once its watchdog has read up's last renewal (read after the move, it would be
+    # dated after it and the lease would lapse a real --idle later).
+    node = str(state["node_name"])
+    wait_until(lambda: watchdog_saw_the_last_renewal(served, node), "up's last renewal read")
+    served.skip_vm_clock(PROJECT, ZONE, node, by)
     wait_until(lambda: not served.node_names(PROJECT), "the idle session's node to go", 120)
     out = ("--out", str(tmp_path / "out"))
     done = tpulab("exec", "lapsed", "--workdir", str(LAB), *out, "--", "true", timeout=300)

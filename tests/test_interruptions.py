@@ -649,6 +649,9 @@ def test_ctrl_c_during_teardown_is_refused_and_a_quick_third_forces_quit(quick: 
         # than 2 s after it was made, and a single third press would then be a fresh
         # (refused) second one, and the run would wait for the held delete.
         assert _press_until_it_quits(runs[impatient], timeout=30) == EXIT_TEARDOWN
+        # The forced run's DeleteNode was still held when it quit: its node is still there.
+        # Asked now: releasing every hold below lets the gate forward that held request.
+        assert impatient in served.emulator.node_names(PROJECT)
         deletes[patient].release()
         assert runs[patient].wait(timeout=60) == EXIT_INTERRUPTED
     finally:
@@ -671,8 +674,6 @@ def test_ctrl_c_during_teardown_is_refused_and_a_quick_third_forces_quit(quick: 
     row = served.row(impatient)
     assert row is not None
     assert (row.teardown, row.phase) == (None, "teardown")  # left open for the sweep
-    # The forced run's DeleteNode was still held when it quit: its node is still there.
-    assert impatient in served.emulator.node_names(PROJECT)
     sweep = tpulab(
         "teardown", "--verify", "--yes", "--api-endpoint", served.gate.url,
         "--project", PROJECT, "--zone", ZONE,

@@ -17,16 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import require_tool, served_emulator, tpulab, wait_until
+from helpers import require_tool, served_emulator, tpulab, wait_until, watchdog_saw_the_last_renewal
 from test_exec import _age_session
 
 from tpulab.catalog import lookup
 from tpulab.cleanup.journal import Journal
 from tpulab.cleanup.report import UpEnvelope
-from tpulab.cloud.google import GoogleTpuApi
-from tpulab.contract import LEASE_ATTRIBUTE
 from tpulab.emulator import Emulator
-from tpulab.remote.watchdog import parse_lease
 
 pytestmark = pytest.mark.slow
 
@@ -208,16 +205,13 @@ def test_idle_sessions_delete_themselves_and_ssh_down_list_say_why(
     # renewal (one seen only after the move would lapse 30 s of real time later), and
     # each session's recorded times here move back as much, so ssh/down/list judge the
     # lease lapsed too (`why_gone` reads this machine's clock).
-    api = GoogleTpuApi(PROJECT, api_endpoint=served.url)
     for name, state in states.items():
         node = str(state["node_name"])
 
         def renewed(node: str = node) -> bool:
-            text = api.guest_attributes(ZONE, node, "tpulab/").get(LEASE_ATTRIBUTE)
-            found = parse_lease(text)
-            return found is not None and found.renewals >= 1
+            return watchdog_saw_the_last_renewal(served, node)
 
-        wait_until(renewed, f"{node}'s watchdog to publish up's renewal")
+        wait_until(renewed, f"{node}'s watchdog to read up's last renewal")
         served.skip_vm_clock(PROJECT, ZONE, node, 30)
         _age_session(name, 30, idle_too=True)
     deadline = time.monotonic() + 90

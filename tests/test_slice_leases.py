@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import served_emulator, tpulab, wait_until
+from helpers import served_emulator, tpulab, wait_until, watchdog_saw_the_last_renewal
 
 from tpulab.contract import EMULATED_TMP_ENV
 from tpulab.emulator import Emulator
@@ -148,6 +148,13 @@ def test_a_worker_the_renewals_miss_deletes_the_node_when_its_lease_lapses(
     backend = served.host_backend
     assert backend is not None
     backend.stop(worker_key(node_key(PROJECT, ZONE, node), 2))
+    # Worker 2's watchdog dates `up`'s renewal when it reads it, on its own clock: moved
+    # before that, the renewal would be dated after the move and the lease would lapse
+    # ten real minutes later (seen once the emulator stopped answering 40 ms late).
+    wait_until(
+        lambda: watchdog_saw_the_last_renewal(served, node, worker=2),
+        "worker 2's watchdog to read up's renewal",
+    )
 
     # Half a lease passes on the VMs; then a command renews every worker it can reach.
     served.skip_vm_clock(PROJECT, ZONE, node, IDLE_SECONDS / 2)
