@@ -35,6 +35,7 @@ __all__ = [
     "lookup",
     "lookup_single_host",
     "region_of",
+    "vm_kind",
     "zones_offering",
 ]
 
@@ -50,6 +51,12 @@ PROVIDERS: tuple[Provider, ...] = ("tpu-api", "compute")
 _TPU_API: tuple[Provider, ...] = ("tpu-api",)
 _BOTH: tuple[Provider, ...] = ("tpu-api", "compute")
 _COMPUTE: tuple[Provider, ...] = ("compute",)
+
+
+def vm_kind(provider: str) -> str:
+    """What `provider` calls the VM, for what the user reads: "node" (Cloud TPU API) or
+    "instance" (Compute Engine), as gcloud names them."""
+    return "instance" if provider == "compute" else "node"
 
 
 @dataclass(frozen=True)

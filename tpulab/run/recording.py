@@ -220,7 +220,7 @@ class RecordingJournal:
         self.recorder = recorder
 
     def run_started(self, spec: RunSpec) -> None:
-        kind = "instance" if spec.provider == "compute" else "node"
+        kind = catalog.vm_kind(spec.provider)
         self.recorder.local(
             f"journal row for run {spec.run_id}: {kind} {spec.node_name} in {spec.zone.value} "
             "(committed before the create request, so `tpulab teardown --verify` can find it)"

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tpulab.catalog import PRICE_DATE
+from tpulab.catalog import PRICE_DATE, vm_kind
 from tpulab.config import Mode
 from tpulab.config.resolve import format_duration
 from tpulab.envelope import Envelope, ErrorReport
@@ -361,7 +361,7 @@ def summary_lines(
         [("Run ", "bold"), (spec.run_id, "bold cyan"), (tag, "bold magenta")],
         # What its provider calls it: a Compute Engine instance, a Cloud TPU API node.
         [
-            ("  instance  " if spec.provider == "compute" else "  node      ", "dim"),
+            (f"  {vm_kind(spec.provider):<10}", "dim"),
             (f"{spec.node_name} ({spec.accelerator.name})", ""),
         ],
         [("  where     ", "dim"), (f"project {spec.project.value}, zone {spec.zone.value}", "")],

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from tpulab.catalog import Provider
+from tpulab.catalog import Provider, vm_kind
 from tpulab.errors import NodeVanishedError, TpuLabError, VerificationError
 from tpulab.remote.watchdog import WatchdogConfig, renew_command
 from tpulab.run.teardown import TeardownReport, delete_and_confirm
@@ -112,7 +112,7 @@ class SessionState:
     def vm_kind(self) -> str:
         """What its provider calls the VM, for what the user reads: "node" (Cloud TPU
         API) or "instance" (Compute Engine), as gcloud names them."""
-        return "instance" if self.provider == "compute" else "node"
+        return vm_kind(self.provider)
 
     @property
     def idle_expires_at(self) -> float:
