@@ -129,7 +129,10 @@ def test_each_worker_of_a_slice_has_its_own_lease_file(served: Emulator) -> None
     down = tpulab("down", "lease-1", timeout=120)
     assert down.returncode == EXIT_OK, down.stderr
     assert served.node_names(PROJECT) == []
-    assert not served.vm_tmp(PROJECT, ZONE, str(state["node_name"]), 2).exists()
+    # The emulator powers a deleted node's workers off and clears their disks just after
+    # the node leaves the listing (as a real VM's disk goes some time after its delete).
+    worker_tmp = served.vm_tmp(PROJECT, ZONE, str(state["node_name"]), 2)
+    wait_until(lambda: not worker_tmp.exists(), "worker 2's /tmp to be cleared")
 
 
 def test_a_worker_the_renewals_miss_deletes_the_node_when_its_lease_lapses(
