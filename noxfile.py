@@ -100,10 +100,19 @@ def _install_for_tests(session: nox.Session) -> None:
     # `tpulab run` process 2.3 -> 1.2 CPU-s; test_run_cli + test_failover_cli at -n 4,
     # 110 -> 85 CPU-s). It costs ~20 s once per fresh venv.
     session.env["UV_COMPILE_BYTECODE"] = "1"
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test]", *FAST_JAX_IMPORT)
     # The editable tpulab is not in site-packages, so uv leaves it alone: another
     # 0.15 s of each `tpulab` subprocess's ~1.1 s CPU (__pycache__ is gitignored).
     session.run("python", "-m", "compileall", "-q", "tpulab")
+
+
+# The tests' jax is also what the emulated (preloaded) VMs run the verifier with, once
+# per emulated run. ml_dtypes 0.7.0, which jax pulls in, spends 0.5 s initialising its
+# extension module at every `import jax` (0.6.0: 4 ms; `python -X importtime -c "import
+# ml_dtypes"`, 2026-12-06): the verifier went 1.48 -> 0.80 CPU-s, the largest single
+# cost of an emulated run. Only the test environment holds it back; a real VM's
+# bootstrap installs what jax asks for, and `nox -s bench` measures that.
+FAST_JAX_IMPORT = ("ml_dtypes<0.7",)
 
 
 def _payload_python_310(session: nox.Session) -> None:
@@ -119,7 +128,17 @@ def _payload_python_310(session: nox.Session) -> None:
     # itself, and installing into that would put jax into the machine's Python 3.10 --
     # the one the emulator's bare image is made of.
     python = str((venv / "bin" / "python").absolute())
-    session.run("uv", "pip", "install", "--quiet", "--python", python, "jax[cpu]<0.7", "numpy")
+    session.run(
+        "uv",
+        "pip",
+        "install",
+        "--quiet",
+        "--python",
+        python,
+        "jax[cpu]<0.7",
+        "numpy",
+        *FAST_JAX_IMPORT,
+    )
     session.env["TPULAB_TEST_PY310"] = python
 
 
