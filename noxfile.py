@@ -50,7 +50,9 @@ def typecheck(session: nox.Session) -> None:
 # wait (on SSH hosts, subprocesses, emulated operations), so more workers than cores
 # pay: on a 2-core machine shared with other jobs, whole suite, -n 4 took 291 s and
 # -n 2 took 713 s, 325 s of it two OpenSSH sessions hung until their timeouts (2026-12-01).
-# `nox -s tests -- -n 0` runs them in one process (the last -n wins).
+# `nox -s tests -- -n 0` runs them in one process (the last -n wins). A fifth worker
+# does not pay: 11 end-to-end files took 223 s at -n 4 and 261 s at -n 5, the long
+# sleep-bound tests then ending last (2026-12-06).
 TEST_WORKERS = "4"
 # How xdist hands out the tests: "worksteal" gives each worker a contiguous share and
 # lets an idle one take half of a busy one's queue, so the long end-to-end tests near
