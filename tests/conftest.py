@@ -72,16 +72,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(getattr(pytest.mark, tier)(reason=reason))
 
 
-class _BenchmarksAtTheHeads:
-    """Start each xdist worker's share of the suite with its part of the benchmark smoke
-    runs, the suite's longest single tests (one took 209 s, another 167 s, CI load).
+class _LongestAtTheHeads:
+    """Start each xdist worker's share of the suite with its part of the longest tests:
+    the benchmark smoke runs (one took 209 s, another 167 s, CI load) and the tests
+    marked `longest` (about a minute each under CI load).
 
     `--dist worksteal` (noxfile.py) hands each worker a contiguous share of the
     collection and lets an idle one take the *tail* half of a busy one's queue; the
     benchmarks, collected first (tests/benchmarks sorts before test_*.py), all sat at the
     head of the first share, where nobody steals: one worker ran them one after the
-    other. Dealt one per share, they run side by side. Only the order changes; nothing
-    is dropped. After deselection (-m, -k), so the shares are the ones xdist cuts.
+    other. A minute-long test left in the tail keeps one worker busy while the others
+    have finished. Dealt one per share, at the heads, they start at once and run side
+    by side with everything else. Only the order changes; nothing is dropped. After
+    deselection (-m, -k), so the shares are the ones xdist cuts.
     """
 
     def __init__(self, workers: int) -> None:
@@ -89,11 +92,12 @@ class _BenchmarksAtTheHeads:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        items[:] = benchmarks_at_the_heads(items, self.workers, _is_benchmark)
+        items[:] = longest_at_the_heads(items, self.workers, _starts_first)
 
 
-def _is_benchmark(item: pytest.Item) -> bool:
-    return "benchmarks" in Path(str(item.path)).parts
+def _starts_first(item: pytest.Item) -> bool:
+    in_benchmarks = "benchmarks" in Path(str(item.path)).parts
+    return in_benchmarks or item.get_closest_marker("longest") is not None
 
 
 def worksteal_shares(total: int, workers: int) -> list[int]:
@@ -105,20 +109,20 @@ def worksteal_shares(total: int, workers: int) -> list[int]:
     return shares
 
 
-def benchmarks_at_the_heads(
-    items: list[_T], workers: int, is_benchmark: Callable[[_T], bool]
+def longest_at_the_heads(
+    items: list[_T], workers: int, starts_first: Callable[[_T], bool]
 ) -> list[_T]:
-    """`items` reordered so the benchmarks are dealt one per worker share, at its head
-    (the rest keeps its order)."""
-    benchmarks = [item for item in items if is_benchmark(item)]
-    if workers < 2 or not benchmarks or len(items) < 2 * workers:
+    """`items` reordered so those that start first are dealt one per worker share, at
+    its head (the rest keeps its order)."""
+    longest = [item for item in items if starts_first(item)]
+    if workers < 2 or not longest or len(items) < 2 * workers:
         return list(items)
-    rest = iter([item for item in items if not is_benchmark(item)])
-    heads: list[list[_T]] = [benchmarks[k::workers] for k in range(workers)]
+    rest = iter([item for item in items if not starts_first(item)])
+    heads: list[list[_T]] = [longest[k::workers] for k in range(workers)]
     ordered: list[_T] = []
     for head, share in zip(heads, worksteal_shares(len(items), workers), strict=True):
         ordered += head
-        # islice, not next(): with more benchmarks than the rest can pad (`pytest -n 4
+        # islice, not next(): with more of them than the rest can pad (`pytest -n 4
         # tests/benchmarks`), a share runs out of other items before its end.
         ordered += itertools.islice(rest, max(0, share - len(head)))
     ordered += rest
@@ -128,8 +132,8 @@ def benchmarks_at_the_heads(
 def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)  # set in an xdist worker
     if isinstance(workerinput, dict) and int(workerinput.get("workercount", 1)) > 1:
-        plugin = _BenchmarksAtTheHeads(int(workerinput["workercount"]))
-        config.pluginmanager.register(plugin, "tpulab-benchmarks-at-the-heads")
+        plugin = _LongestAtTheHeads(int(workerinput["workercount"]))
+        config.pluginmanager.register(plugin, "tpulab-longest-at-the-heads")
 
 
 def _node_id(item: pytest.Item, root: Path) -> str:

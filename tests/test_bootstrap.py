@@ -277,6 +277,7 @@ def test_a_malformed_python_request_never_reaches_a_script() -> None:
         boot.venv_command("uv", "3.12; rm -rf ~")
 
 
+@pytest.mark.longest
 @pytest.mark.slow
 @pytest.mark.timeout(2 * INSTALL_BOUND + 60)  # three installs at once, then a fourth
 def test_nodes_installing_at_once_share_one_cold_cache_then_hit_it(tmp_path: Path) -> None:

@@ -128,6 +128,7 @@ def _gcloud_env(emulator: Emulator, config: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.longest
 @pytest.mark.gcloud
 def test_gcloud_creates_lists_describes_and_deletes_a_tpu_instance_that_is_an_ssh_host(
     start_emulator: EmulatorStarter, host_backend: HostBackend, tmp_path: Path

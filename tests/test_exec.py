@@ -263,6 +263,7 @@ def test_interrupted_and_failing_execs_keep_the_session(served: Emulator, tmp_pa
 EXEC_START_BOUND = 30.0
 
 
+@pytest.mark.longest
 def test_a_command_outliving_idle_keeps_its_node_and_ttl_ends_it_clearly(
     served: Emulator, tmp_path: Path
 ) -> None:

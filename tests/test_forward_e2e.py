@@ -138,6 +138,7 @@ def lease_file(emulator_state: Path, state: dict[str, object]) -> Path:
     return vm_tmp / f"tpulab-lease-{state['run_id']}"
 
 
+@pytest.mark.longest
 @pytest.mark.timeout(900)  # an `up` and a `down` on a loaded CI machine
 def test_forward_a_page_renew_the_lease_end_with_ctrl_c_then_ssh_config_and_down(
     served: str, home: Path, tmp_path: Path
@@ -221,6 +222,7 @@ def test_forward_a_page_renew_the_lease_end_with_ctrl_c_then_ssh_config_and_down
     assert config.read_text() == text  # down never edits the user's config
 
 
+@pytest.mark.longest
 @pytest.mark.network
 @pytest.mark.timeout(1500)  # an `up`, an exec, JupyterLab from PyPI, a `down`
 def test_notebook_serves_the_workspace_and_ctrl_c_stops_jupyter(

@@ -65,6 +65,7 @@ def _lease(api: GoogleTpuApi, node: str) -> PublishedLease | None:
     return parse_lease(api.guest_attributes(ZONE, node, "tpulab/").get(LEASE_ATTRIBUTE))
 
 
+@pytest.mark.longest
 def test_teardown_from_a_second_home_keeps_a_live_session_of_the_first(
     served: Emulator, tmp_path: Path
 ) -> None:
@@ -158,6 +159,7 @@ pathlib.Path(os.environ["TPULAB_RUN_DIR"], "result.txt").write_text("kept")
 """
 
 
+@pytest.mark.longest
 def test_down_refuses_while_an_exec_holds_the_session_unless_forced(
     served: Emulator, tpulab_home: Path, tmp_path: Path
 ) -> None:

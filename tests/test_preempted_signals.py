@@ -142,6 +142,7 @@ def test_the_watchdog_passes_the_preemption_notice_on_and_the_run_recovers(
     _assert_recovered_at_once(runner, embedded_rig, PREEMPTED_ATTRIBUTE)
 
 
+@pytest.mark.longest
 def test_a_maintenance_health_makes_a_ready_spot_node_preempted(
     embedded_rig: Rig, tmp_path: Path
 ) -> None:

@@ -64,6 +64,7 @@ def test_a_worker_whose_ssh_is_dead_is_named_and_nothing_is_left(embedded_rig: R
     assert embedded_rig.leftovers() == []
 
 
+@pytest.mark.longest
 def test_one_jax_program_across_the_slice_comes_back_per_worker(
     fast_embedded_emulator: Path, tmp_path: Path
 ) -> None:
@@ -89,6 +90,7 @@ def test_one_jax_program_across_the_slice_comes_back_per_worker(
     assert embedded_nodes_left() == []
 
 
+@pytest.mark.longest
 def test_the_first_failing_worker_stops_the_others_and_is_named(
     fast_embedded_emulator: Path, tmp_path: Path
 ) -> None:
@@ -122,6 +124,7 @@ def test_the_first_failing_worker_stops_the_others_and_is_named(
     assert embedded_nodes_left() == []
 
 
+@pytest.mark.longest
 def test_ctrl_c_while_every_worker_runs_leaves_nothing(
     fast_embedded_emulator: Path, tmp_path: Path
 ) -> None:

@@ -82,6 +82,7 @@ def _write_job(work: Path) -> None:
     )
 
 
+@pytest.mark.longest
 def test_up_exec_ssh_and_down_on_a_slice(served: Emulator, tmp_path: Path) -> None:
     state = _up(served, "slice-1")
     others = state["other_workers"]

@@ -159,7 +159,7 @@ def test_the_benchmarks_start_the_shares_xdist_hands_out() -> None:
     """conftest.py deals the benchmark smoke runs (the longest single tests) one per
     worker share, at its head, where worksteal never takes them away: as collected, all
     seven sat in the first worker's share, run one after the other."""
-    from conftest import benchmarks_at_the_heads
+    from conftest import longest_at_the_heads
 
     def is_benchmark(name: str) -> bool:
         return name.startswith("tests/benchmarks/")
@@ -169,7 +169,7 @@ def test_the_benchmarks_start_the_shares_xdist_hands_out() -> None:
     as_collected = _first_shares(collected, 4)
     assert [sum(map(is_benchmark, share)) for share in as_collected] == [7, 0, 0, 0]
 
-    ordered = benchmarks_at_the_heads(collected, 4, is_benchmark)
+    ordered = longest_at_the_heads(collected, 4, is_benchmark)
     assert sorted(ordered) == sorted(collected)  # the order only: nothing dropped or added
     rest = [name for name in collected if not is_benchmark(name)]
     assert [name for name in ordered if not is_benchmark(name)] == rest
@@ -178,13 +178,13 @@ def test_the_benchmarks_start_the_shares_xdist_hands_out() -> None:
     assert sorted(counts) == [1, 2, 2, 2]
     for share, count in zip(shares, counts, strict=True):
         assert all(map(is_benchmark, share[:count])), share[:3]  # first in their share
-    assert benchmarks_at_the_heads(collected, 1, is_benchmark) == collected
+    assert longest_at_the_heads(collected, 1, is_benchmark) == collected
 
 
 def test_mostly_benchmarks_are_dealt_without_running_out() -> None:
     """`pytest -n 4 tests/benchmarks`: 15 benchmarks and nothing else to pad the shares
     with. Dealing them stopped the collection (StopIteration, an INTERNALERROR)."""
-    from conftest import benchmarks_at_the_heads
+    from conftest import longest_at_the_heads
 
     def is_benchmark(name: str) -> bool:
         return name.startswith("tests/benchmarks/")
@@ -192,5 +192,5 @@ def test_mostly_benchmarks_are_dealt_without_running_out() -> None:
     for others in (0, 1, 5):
         collected = [f"tests/benchmarks/bench_{n:02}.py::test" for n in range(15)]
         collected += [f"tests/test_{n:03}.py::test" for n in range(others)]
-        ordered = benchmarks_at_the_heads(collected, 4, is_benchmark)
+        ordered = longest_at_the_heads(collected, 4, is_benchmark)
         assert sorted(ordered) == sorted(collected), others
