@@ -1,7 +1,7 @@
-"""The emulator's HTTP server and its owner, `Emulator`.
+"""The emulator, `Emulator`: what the API answers, and the hosts behind its nodes.
 
-A stdlib `ThreadingHTTPServer` speaks the Cloud TPU v2 REST paths (docs/architecture.md §5) over
-the state machine in `state.py`, persisted by `persist.py`. A background ticker applies
+It answers the Cloud TPU v2 REST paths (docs/architecture.md §5), served over HTTP by
+`http_front.py`, from the state machine in `state.py`, persisted by `persist.py`. A background ticker applies
 time-based transitions and, when a node is READY, asks the `HostBackend` for an SSH
 server and publishes its host key and port as guest attributes; before that it boots the
 node's inside (`guest.py`: a metadata server of its own and its startup-script), whose
@@ -20,14 +20,12 @@ import os
 import re
 import shutil
 import socket
-import sys
 import threading
 import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -40,6 +38,7 @@ from tpulab.emulator import project_apis, queued
 from tpulab.emulator.compute import COMPUTE_ROUTES, compute_project, subnetwork
 from tpulab.emulator.faults import GUEST_ATTRIBUTE_ERRORS, FaultPlan
 from tpulab.emulator.hosts import HostBackend
+from tpulab.emulator.http_front import ApiServer, api_handler, reachable
 from tpulab.emulator.iam import (
     ROUTE_PERMISSIONS,
     TOKEN_PREFIX,
@@ -212,7 +211,7 @@ class Emulator:
         self._clock = clock
         self._file = StateFile(self.state_dir)
         self._owner = f"{os.getpid()}:{uuid.uuid4().hex}"
-        self._server: ThreadingHTTPServer | None = None
+        self._server: ApiServer | None = None
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -262,11 +261,11 @@ class Emulator:
         self.failure = None
         set_live(self._owner, True)
         self._stopping.clear()
-        server = _Server(self._bind, _make_handler(self))
+        server = ApiServer(self._bind, api_handler(self))
         server.daemon_threads = True
         self._server = server
         host, port = server.server_address[:2]
-        self.url = f"http://{_reachable(str(host))}:{port}"
+        self.url = f"http://{reachable(str(host))}:{port}"
         serve = threading.Thread(
             target=server.serve_forever,
             kwargs={"poll_interval": 0.05},  # so stop() returns promptly
@@ -924,7 +923,8 @@ class Emulator:
 
     # -- connection bookkeeping (so stop() can end keep-alive sessions) ----------------
 
-    def _track(self, connection: socket.socket, alive: bool) -> None:
+    def track_connection(self, connection: socket.socket, alive: bool) -> None:
+        """Called by the HTTP front (http_front.py) as each connection opens and closes."""
         with self._connections_lock:
             if alive:
                 self._connections.add(connection)
@@ -962,105 +962,3 @@ def _items(attributes: dict[str, str]) -> list[Record]:
 
 def _location(project: str, zone: str) -> Record:
     return {"name": f"projects/{project}/locations/{zone}", "locationId": zone}
-
-
-def _reachable(bound: str) -> str:
-    """An address clients can connect to: a wildcard bind is reachable on loopback."""
-    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(bound, bound)
-    return f"[{host}]" if ":" in host else host
-
-
-def _refuse_constant(name: str) -> Any:
-    # json.loads accepts NaN and Infinity, which are not JSON; refuse them on input so
-    # they can never come back out (as the faults endpoint used to echo `Infinity`).
-    raise ValueError(f"{name} is not valid JSON")
-
-
-class _Server(ThreadingHTTPServer):
-    """The HTTP server, quiet about clients that go away mid-request (a killed tpulab,
-    a test's reset socket): socketserver would print a ConnectionResetError traceback to
-    the served emulator's terminal for each. Anything else still gets its traceback."""
-
-    dropped_clients = 0  # connections the client reset or closed mid-request
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        error = sys.exc_info()[1]
-        if isinstance(error, ConnectionError | TimeoutError):
-            self.dropped_clients += 1
-            log.debug("client %s went away mid-request: %r", client_address, error)
-            return
-        super().handle_error(request, client_address)
-
-
-def _make_handler(emulator: Emulator) -> type[BaseHTTPRequestHandler]:
-    class _Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "tpulab-emulator"
-        # TCP_NODELAY: the headers and the body go out as two writes, and on a kept-alive
-        # connection Nagle held the body until the client's delayed ACK of the headers:
-        # 48 ms a request instead of 2 (tests/benchmarks/bench_api_latency.py). Google's
-        # front ends answer without that stall.
-        disable_nagle_algorithm = True
-        timeout = 60  # idle keep-alive connections are closed after this
-
-        def setup(self) -> None:
-            super().setup()
-            emulator._track(self.connection, True)
-
-        def finish(self) -> None:
-            emulator._track(self.connection, False)
-            super().finish()
-
-        def _serve(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            try:
-                body = json.loads(raw, parse_constant=_refuse_constant) if raw.strip() else {}
-                if not isinstance(body, dict):
-                    raise ValueError("the request body must be a JSON object")
-            except ValueError as bad:
-                status, answer = (
-                    400,
-                    error_body(ApiError(400, "INVALID_ARGUMENT", f"Invalid JSON payload: {bad}")),
-                )
-            else:
-                try:
-                    status, answer = emulator.handle(
-                        self.command,
-                        self.path,
-                        body,
-                        has_body=bool(raw.strip()),
-                        authorization=self.headers.get("Authorization") or "",
-                    )
-                except EmulatorStateError as error:
-                    status, answer = 500, error_body(ApiError(500, "INTERNAL", str(error)))
-                except Exception as error:  # a bug in the emulator: say so on the wire
-                    log.exception("emulator failed on %s %s", self.command, self.path)
-                    status, answer = (
-                        500,
-                        error_body(ApiError(500, "INTERNAL", f"Emulator error: {error}")),
-                    )
-            try:
-                payload = json.dumps(answer, allow_nan=False).encode("utf-8")
-            except ValueError as error:  # NaN/inf set in-process (a test): still speak JSON
-                log.error(
-                    "emulator answer to %s %s is not JSON: %s", self.command, self.path, error
-                )
-                status = 500
-                refusal = ApiError(500, "INTERNAL", f"Emulator error: answer not JSON: {error}")
-                payload = json.dumps(error_body(refusal)).encode("utf-8")
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json; charset=UTF-8")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        do_GET = _serve
-        do_POST = _serve
-        do_DELETE = _serve
-        do_PATCH = _serve
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("%s - %s", self.address_string(), format % args)
-
-    return _Handler
