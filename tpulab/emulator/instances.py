@@ -19,7 +19,8 @@ root gcloud reaches with `CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE=<emulator>/com
 
 The paths and fields are gcloud's generated Compute v1 client and messages
 (googlecloudsdk/generated_clients/apis/compute/v1: `Instance`, `Operation`,
-`InstanceList`, `InstanceAggregatedList`, `GuestAttributes`, `Scheduling`).
+`InstanceList`, `InstanceAggregatedList`, `GuestAttributes`, `Scheduling`); the JSON
+shapes themselves are written by instance_wire.py.
 
 An instance lives in the same state as TPU nodes (`CloudState.nodes`) under its own key
 (`instance_key`: "compute:P/Z/I", which no node key can equal), marked `"api":
@@ -37,11 +38,9 @@ answers every Compute call with `compute_disabled`'s 403 accessNotConfigured.
 
 from __future__ import annotations
 
-import fnmatch
 import re
 import secrets
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -49,9 +48,22 @@ from typing import Any, Protocol
 from tpulab.contract import EMULATOR_SSH_PORT_ATTRIBUTE, GUEST_ATTRIBUTES_METADATA
 from tpulab.emulator.faults import FaultPlan
 from tpulab.emulator.iam import granted, project_number
+from tpulab.emulator.instance_wire import (
+    BASE,
+    ComputeError,
+    compute_id,
+    instance_json,
+    instance_path,
+    instance_status,
+    list_filter,
+    list_page,
+    metadata_json,
+    operation_json,
+    quota_error,
+    stockout_error,
+)
 from tpulab.emulator.state import CloudState
-from tpulab.emulator.wire import rfc3339
-from tpulab.emulator.workers import worker_address, worker_attributes
+from tpulab.emulator.workers import worker_attributes
 from tpulab.emulator.zones import ZONES
 
 __all__ = [
@@ -67,7 +79,6 @@ __all__ = [
 
 Record = dict[str, Any]
 
-BASE = "https://www.googleapis.com/compute/v1/"
 COMPUTE_SERVICE = "compute.googleapis.com"
 
 # TPU machine type -> (the Cloud TPU API accelerator type of the same single VM, which
@@ -130,47 +141,9 @@ _PERMISSIONS = {
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 # The namespace of what only the emulator publishes (its SSH port and user).
 _EMULATOR_NAMESPACE = EMULATOR_SSH_PORT_ATTRIBUTE.split("/", 1)[0] + "/"
-_MAX_RESULTS = 500  # Compute's default and largest page
 # zoneOperations.wait returns when the operation is DONE or after about 2 minutes
 # (the method's description in compute_v1_client.py); the emulator waits less.
 _WAIT_SECONDS = 30.0
-_STATUS = {
-    "READY": "RUNNING",
-    "DELETING": "STOPPING",
-    "PREEMPTED": "TERMINATED",
-    "TERMINATED": "TERMINATED",
-}
-
-
-class ComputeError(Exception):
-    """An error Compute answers with, in its `{"error": {code, message, errors[]}}` shape."""
-
-    def __init__(
-        self,
-        code: int,
-        reason: str,
-        message: str,
-        *,
-        domain: str = "global",
-        extra: Record | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-        self.message = message
-        self.domain = domain
-        # Fields beside code/message/errors (status, details) some refusals carry.
-        self.extra = extra or {}
-
-    def body(self) -> Record:
-        return {
-            "error": {
-                "code": self.code,
-                "message": self.message,
-                "errors": [{"message": self.message, "domain": self.domain, "reason": self.reason}],
-                **self.extra,
-            }
-        }
 
 
 class Request(Protocol):
@@ -199,10 +172,6 @@ def _operation_key(project: str, zone: str, name: str) -> str:
 def _not_found(resource: str) -> ComputeError:
     # Compute's words for a missing resource (as its networks.get answers, project_apis.py).
     return ComputeError(404, "notFound", f"The resource '{resource}' was not found")
-
-
-def _instance_path(project: str, zone: str, name: str) -> str:
-    return f"projects/{project}/zones/{zone}/instances/{name}"
 
 
 class InstanceApi:
@@ -258,7 +227,7 @@ class InstanceApi:
         _zone_or_404(project, zone)
         return 200, {
             "kind": "compute#zone",
-            "id": _id(zone),
+            "id": compute_id(zone),
             "name": zone,
             "description": zone,
             "status": "UP",
@@ -279,7 +248,7 @@ class InstanceApi:
         accelerator, chips = MACHINE_TYPES[name]
         return 200, {
             "kind": "compute#machineType",
-            "id": _id(f"{zone}/{name}"),
+            "id": compute_id(f"{zone}/{name}"),
             "creationTimestamp": "2024-01-01T00:00:00.000-08:00",
             "name": name,
             "description": f"{chips} TPU chip(s) ({accelerator} as the Cloud TPU API names it)",
@@ -311,15 +280,15 @@ class InstanceApi:
                 raise ComputeError(
                     409,
                     "alreadyExists",
-                    f"The resource '{_instance_path(project, zone, name)}' already exists",
+                    f"The resource '{instance_path(project, zone, name)}' already exists",
                 )
             quota = self._faults.quota_message(zone)
             if quota is not None:
                 # A quota failure arrives on the operation, not on the insert's reply
                 # (googleapis/nodejs-compute#459: insert answers OK, then the VM fails).
                 operation = _new_operation(cloud, project, zone, name, "insert", now, now)
-                operation["error"] = _quota_error(zone, machine_type)
-                return 200, _operation_json(operation, now)
+                operation["error"] = quota_error(zone, machine_type)
+                return 200, operation_json(operation, now)
             record = _new_record(cloud, project, zone, name, machine_type, body, now)
             stockout = self._faults.stockout_in(zone, now)
             timing = cloud.timing
@@ -331,9 +300,9 @@ class InstanceApi:
             operation = _new_operation(cloud, project, zone, name, "insert", now, None)
             operation["done_at"] = record["ready_at"]
             if stockout:
-                operation["error"] = _stockout_error(project, zone, machine_type)
+                operation["error"] = stockout_error(project, zone, machine_type)
             record["create_op"] = _operation_key(project, zone, operation["name"])
-            answer = _operation_json(operation, now)
+            answer = operation_json(operation, now)
         self._wake()
         return 200, answer
 
@@ -345,7 +314,7 @@ class InstanceApi:
     def api_list_instances(self, request: Request) -> tuple[int, Record]:
         project, zone = request.params["project"], request.params["zone"]
         _zone_or_404(project, zone)
-        matches = _filter(request.arg("filter"))
+        matches = list_filter(request.arg("filter"))
         now = self._clock()
         with self._transaction() as cloud:
             items = [
@@ -353,7 +322,7 @@ class InstanceApi:
                 for r in _instances(cloud, project)
                 if r["zone"] == zone and matches(r, now)
             ]
-        page, token = _page(items, request.arg("maxResults"), request.arg("pageToken"))
+        page, token = list_page(items, request.arg("maxResults"), request.arg("pageToken"))
         answer: Record = {
             "kind": "compute#instanceList",
             "id": f"projects/{project}/zones/{zone}/instances",
@@ -368,7 +337,7 @@ class InstanceApi:
         """instances.aggregatedList (what `gcloud compute instances list` sends): the
         instances by "zones/Z" scope; one page (maxResults is not applied across scopes)."""
         project = request.params["project"]
-        matches = _filter(request.arg("filter"))
+        matches = list_filter(request.arg("filter"))
         now = self._clock()
         scopes: dict[str, Record] = {}
         with self._transaction() as cloud:
@@ -390,7 +359,7 @@ class InstanceApi:
             project, zone, name = record["project"], record["zone"], record["name"]
             pending = cloud.operations.get(record.get("delete_op") or "")
             if record["state"] == "DELETING" and pending is not None:
-                return 200, _operation_json(pending, now)
+                return 200, operation_json(pending, now)
             if record["state"] == "CREATING":
                 # The insert can no longer succeed: it ends now, as a deleted VM's does.
                 create_op = cloud.operations.get(record.get("create_op") or "")
@@ -400,7 +369,7 @@ class InstanceApi:
                         "errors": [
                             {
                                 "code": "RESOURCE_NOT_FOUND",
-                                "message": f"The resource '{_instance_path(project, zone, name)}'"
+                                "message": f"The resource '{instance_path(project, zone, name)}'"
                                 " was not found",
                             }
                         ]
@@ -418,7 +387,7 @@ class InstanceApi:
             operation = _new_operation(cloud, project, zone, name, "delete", now, done_at)
             operation["error"] = error
             record["delete_op"] = _operation_key(project, zone, operation["name"])
-            answer = _operation_json(operation, now)
+            answer = operation_json(operation, now)
         self._wake()
         return 200, answer
 
@@ -430,7 +399,7 @@ class InstanceApi:
         now = self._clock()
         with self._transaction() as cloud:
             record = self._instance(cloud, request)
-            current = _metadata_json(record)["fingerprint"]
+            current = metadata_json(record)["fingerprint"]
             if request.body.get("fingerprint") != current:
                 raise ComputeError(
                     412,
@@ -441,7 +410,7 @@ class InstanceApi:
             project, zone, name = record["project"], record["zone"], record["name"]
             done_at = now + cloud.timing.update_seconds
             operation = _new_operation(cloud, project, zone, name, "setMetadata", now, done_at)
-            answer = _operation_json(operation, now)
+            answer = operation_json(operation, now)
         self._wake()
         return 200, answer
 
@@ -453,7 +422,7 @@ class InstanceApi:
         with self._transaction() as cloud:
             record = self._instance(cloud, request)
             attributes = _visible_attributes(record, now, self._faults)
-        link = f"{BASE}{_instance_path(record['project'], record['zone'], record['name'])}"
+        link = f"{BASE}{instance_path(record['project'], record['zone'], record['name'])}"
         # Compute's words, as gcloud's compute ssh matches them (command_lib/compute/
         # ssh_utils.py GetHostKeysFromGuestAttributes).
         missing = ComputeError(
@@ -498,14 +467,14 @@ class InstanceApi:
     def api_get_zone_operation(self, request: Request) -> tuple[int, Record]:
         now = self._clock()
         with self._transaction() as cloud:
-            return 200, _operation_json(self._operation(cloud, request), now)
+            return 200, operation_json(self._operation(cloud, request), now)
 
     def api_wait_zone_operation(self, request: Request) -> tuple[int, Record]:
         deadline = time.monotonic() + _WAIT_SECONDS
         while True:
             now = self._clock()
             with self._transaction() as cloud:
-                answer = _operation_json(self._operation(cloud, request), now)
+                answer = operation_json(self._operation(cloud, request), now)
             if answer["status"] == "DONE" or time.monotonic() >= deadline:
                 return 200, answer
             time.sleep(0.05)
@@ -518,7 +487,7 @@ class InstanceApi:
         _zone_or_404(project, zone)
         record = cloud.nodes.get(instance_key(project, zone, name))
         if record is None:
-            raise _not_found(_instance_path(project, zone, name))
+            raise _not_found(instance_path(project, zone, name))
         return record
 
     def _operation(self, cloud: CloudState, request: Request) -> Record:
@@ -685,116 +654,16 @@ def _metadata_items(metadata: Record) -> dict[str, str]:
     return {str(item.get("key")): str(item.get("value") or "") for item in items}
 
 
-def _metadata_json(record: Record) -> Record:
-    items = [{"key": k, "value": v} for k, v in sorted(record["metadata"].items())]
-    # Base64 bytes that change with the items, as Compute's optimistic-lock value.
-    return {"kind": "compute#metadata", "fingerprint": _fingerprint(repr(items)), "items": items}
-
-
 def _instances(cloud: CloudState, project: str) -> Iterator[Record]:
     for key, record in sorted(cloud.nodes.items()):
         if key.startswith(f"compute:{project}/") and is_instance(record):
             yield record
 
 
-def _status(record: Record, now: float) -> str:
-    """Compute's status: PROVISIONING for the first half of the create, then STAGING,
-    RUNNING when the TPU API would say READY, STOPPING while deleted, and TERMINATED
-    once a preempted spot VM is reported stopped."""
-    state = record["state"]
-    if state == "CREATING":
-        halfway = record["create_time"] + (record["ready_at"] - record["create_time"]) / 2
-        return "PROVISIONING" if now < halfway else "STAGING"
-    return _STATUS.get(state, "RUNNING")
-
-
-def instance_json(record: Record, now: float) -> Record:
-    """An instance record as Compute v1's `Instance` JSON."""
-    project, zone, name = record["project"], record["zone"], record["name"]
-    zone_link = f"{BASE}projects/{project}/zones/{zone}"
-    region = zone.rsplit("-", 1)[0]
-    address = worker_address(record, 0)
-    interface: Record = {
-        "kind": "compute#networkInterface",
-        "name": "nic0",
-        "network": f"{BASE}projects/{project}/global/networks/{record['network']}",
-        "subnetwork": f"{BASE}projects/{project}/regions/{region}/subnetworks/"
-        f"{record['subnetwork'] or record['network']}",
-        "networkIP": address,
-        "stackType": "IPV4_ONLY",
-        "fingerprint": _fingerprint(address),
-    }
-    if record["external_ips"]:
-        # An emulated VM is reached at its one (loopback) address either way.
-        interface["accessConfigs"] = [
-            {
-                "kind": "compute#accessConfig",
-                "type": "ONE_TO_ONE_NAT",
-                "name": "external-nat",
-                "natIP": address,
-                "networkTier": "PREMIUM",
-            }
-        ]
-    scheduling: Record = {
-        "onHostMaintenance": "TERMINATE",  # TPU VMs cannot live-migrate
-        "automaticRestart": not record["spot"],
-        "preemptible": record["preemptible"],
-        "provisioningModel": "SPOT" if record["spot"] else "STANDARD",
-    }
-    if record.get("termination_action"):
-        scheduling["instanceTerminationAction"] = record["termination_action"]
-    account = record.get("service_account") or {}
-    body: Record = {
-        "kind": "compute#instance",
-        "id": record["id"],
-        "creationTimestamp": rfc3339(record["create_time"]),
-        "name": name,
-        "description": record["description"],
-        "tags": {"fingerprint": _fingerprint("")},
-        "machineType": f"{zone_link}/machineTypes/{record['machine_type']}",
-        "status": _status(record, now),
-        "zone": zone_link,
-        "canIpForward": False,
-        "networkInterfaces": [interface],
-        "disks": [
-            {
-                "kind": "compute#attachedDisk",
-                "type": "PERSISTENT",
-                "mode": "READ_WRITE",
-                "source": f"{zone_link}/disks/{name}",
-                "deviceName": "persistent-disk-0",
-                "index": 0,
-                "boot": True,
-                "autoDelete": True,
-                "interface": "SCSI",
-            }
-        ],
-        "metadata": _metadata_json(record),
-        "serviceAccounts": [
-            {
-                "email": account.get("email") or "default",
-                "scopes": list(account.get("scopes") or []),
-            }
-        ],
-        "selfLink": f"{BASE}{_instance_path(project, zone, name)}",
-        "scheduling": scheduling,
-        "labels": dict(record["labels"]),
-        "labelFingerprint": _fingerprint(repr(sorted(record["labels"].items()))),
-        "startRestricted": False,
-        "deletionProtection": False,
-        "fingerprint": _fingerprint(record["id"]),
-    }
-    if record.get("ready_time") is not None:
-        body["lastStartTimestamp"] = rfc3339(record["ready_time"])
-    if body["status"] == "TERMINATED" and record.get("vm_stopped_at") is not None:
-        body["lastStopTimestamp"] = rfc3339(record["vm_stopped_at"])
-    return body
-
-
 def _visible_attributes(record: Record, now: float, faults: FaultPlan) -> dict[str, str]:
     """What the VM's guest agent has published (after the `guest_attributes_delay`)."""
     ready_time = record.get("ready_time")
-    if ready_time is None or _status(record, now) != "RUNNING":
+    if ready_time is None or instance_status(record, now) != "RUNNING":
         return {}
     if now < ready_time + faults.guest_attributes_delay:
         return {}
@@ -825,7 +694,7 @@ def _new_operation(
     operation: Record = {
         "api": "compute",
         "name": name,
-        "id": _id(name),
+        "id": compute_id(name),
         "project": project,
         "zone": zone,
         "node": instance,
@@ -836,186 +705,3 @@ def _new_operation(
     }
     cloud.operations[_operation_key(project, zone, name)] = operation
     return operation
-
-
-def _operation_json(operation: Record, now: float) -> Record:
-    """A zonal operation as Compute v1's `Operation` JSON: PENDING, RUNNING, then DONE
-    with `error.errors[]` (and `httpErrorStatusCode`) when it failed."""
-    project, zone, name = operation["project"], operation["zone"], operation["name"]
-    done_at = operation["done_at"]
-    done = done_at is not None and now >= done_at
-    body: Record = {
-        "kind": "compute#operation",
-        "id": operation["id"],
-        "name": name,
-        "zone": f"{BASE}projects/{project}/zones/{zone}",
-        "operationType": operation["verb"],
-        "targetLink": f"{BASE}{_instance_path(project, zone, operation['node'])}",
-        "targetId": operation["id"],
-        "status": "DONE" if done else "RUNNING",
-        "user": "owner@tpulab-emulator.example",
-        "progress": 100 if done else 0,
-        "insertTime": rfc3339(operation["create_time"]),
-        "startTime": rfc3339(operation["create_time"]),
-        "selfLink": f"{BASE}projects/{project}/zones/{zone}/operations/{name}",
-    }
-    if done:
-        body["endTime"] = rfc3339(done_at)
-        if operation["error"]:
-            error = operation["error"]
-            body["error"] = {"errors": list(error["errors"])}
-            body["httpErrorStatusCode"] = error.get("http", 400)
-            body["httpErrorMessage"] = error.get("http_message", "BAD REQUEST")
-    return body
-
-
-def _stockout_error(project: str, zone: str, machine_type: str) -> Record:
-    # The words of cloud.google.com/compute/docs/resource-error; the errorDetails as a
-    # real insert's operation carried them (GoogleCloudPlatform/ai-on-gke#849).
-    return {
-        "errors": [
-            {
-                "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
-                "message": f"The zone 'projects/{project}/zones/{zone}' does not have enough "
-                "resources available to fulfill the request.  Try a different zone, or try "
-                "again later.",
-                "errorDetails": [
-                    {
-                        "errorInfo": {
-                            "reason": "resource_availability",
-                            "domain": "compute.googleapis.com",
-                            "metadatas": {
-                                "zone": zone,
-                                "vmType": machine_type,
-                                "attachment": "",
-                                "zonesAvailable": "",
-                            },
-                        }
-                    },
-                    {
-                        "help": {
-                            "links": [
-                                {
-                                    "description": "Troubleshooting documentation",
-                                    "url": "https://cloud.google.com/compute/docs/resource-error",
-                                }
-                            ]
-                        }
-                    },
-                ],
-            }
-        ],
-        "http": 503,
-        "http_message": "SERVICE UNAVAILABLE",
-    }
-
-
-def _quota_error(zone: str, machine_type: str) -> Record:
-    # Compute's words: "Quota 'C2_CPUS' exceeded.  Limit: 50.0 in region us-east1."
-    # (scylladb/scylla-cluster-tests#3649). The TPU metric's name is not on record: the
-    # emulator names it after the machine type's family.
-    region = zone.rsplit("-", 1)[0]
-    metric = machine_type.split("-", 1)[0].upper() + "_TPUS"
-    return {
-        "errors": [
-            {
-                "code": "QUOTA_EXCEEDED",
-                "message": f"Quota '{metric}' exceeded.  Limit: 0.0 in region {region}.",
-                "errorDetails": [
-                    {
-                        "quotaInfo": {
-                            "metricName": f"compute.googleapis.com/{metric.lower()}",
-                            "limitName": f"{metric}-per-project-region",
-                            "dimensions": {"region": region},
-                            "limit": 0,
-                        }
-                    }
-                ],
-            }
-        ],
-        "http": 403,
-        "http_message": "FORBIDDEN",
-    }
-
-
-def _page(items: list[Record], max_results: str, token: str) -> tuple[list[Record], str]:
-    size = _MAX_RESULTS
-    if max_results:
-        if not max_results.isdigit() or not 0 <= int(max_results) <= _MAX_RESULTS:
-            raise ComputeError(
-                400,
-                "invalid",
-                f"Invalid value for field 'maxResults': '{max_results}'. Must be less than or "
-                f"equal to {_MAX_RESULTS}",
-            )
-        size = int(max_results) or _MAX_RESULTS
-    start = 0
-    if token:
-        if not token.isdigit() or int(token) > len(items):
-            raise ComputeError(400, "invalid", f"Invalid value for field 'pageToken': '{token}'.")
-        start = int(token)
-    end = start + size
-    return items[start:end], (str(end) if end < len(items) else "")
-
-
-# One comparison of Compute's list filter: `labels.KEY = VALUE`, `name != VALUE`,
-# `status eq RE2` ... ("=" and "!=" compare the whole value, "*" a wildcard; "eq" and
-# "ne" take a regular expression that must match all of it), optionally in parentheses;
-# several, separated by spaces or AND, must all hold.
-_TERM = re.compile(
-    r"\(?\s*(?P<field>labels\.[a-z0-9_-]+|name|status)\s*"
-    r"(?P<op>!=|=|\beq\b|\bne\b)\s*"
-    r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s()]+)\s*\)?"
-)
-
-
-def _filter(text: str) -> Callable[[Record, float], bool]:
-    terms: list[tuple[str, str, str]] = []
-    rest = text.strip()
-    while rest:
-        match = _TERM.match(rest)
-        if match is None:
-            raise ComputeError(
-                400,
-                "invalid",
-                f"Invalid value for field 'filter': '{text}'. Invalid list filter expression.",
-            )
-        value = match["value"]
-        if value[:1] in {'"', "'"}:
-            value = value[1:-1]
-        terms.append((match["field"], match["op"], value))
-        rest = rest[match.end() :].strip()
-        if rest.upper().startswith("AND "):
-            rest = rest[4:].strip()
-
-    def field_value(record: Record, field: str, now: float) -> str | None:
-        if field.startswith("labels."):
-            found = record["labels"].get(field.split(".", 1)[1])
-            return None if found is None else str(found)
-        if field == "status":
-            return _status(record, now)
-        return str(record["name"])
-
-    def matches(record: Record, now: float) -> bool:
-        for field, op, value in terms:
-            actual = field_value(record, field, now)
-            if op in {"=", "!="}:
-                hit = actual is not None and fnmatch.fnmatchcase(actual, value)
-            else:
-                hit = actual is not None and re.fullmatch(value, actual) is not None
-            if hit != (op in {"=", "eq"}):
-                return False
-        return True
-
-    return matches
-
-
-def _id(text: str) -> str:
-    """A stable uint64-looking id (Compute writes ids as strings)."""
-    return str(6_000_000_000_000 + zlib.crc32(text.encode("utf-8")))
-
-
-def _fingerprint(text: str) -> str:
-    import base64
-
-    return base64.b64encode(zlib.crc32(text.encode("utf-8")).to_bytes(8, "big")).decode("ascii")

@@ -1,13 +1,13 @@
 """The emulator, `Emulator`: what the API answers, and the hosts behind its nodes.
 
 It answers the Cloud TPU v2 REST paths (docs/architecture.md §5), served over HTTP by
-`http_front.py`, from the state machine in `state.py`, persisted by `persist.py`. A background ticker applies
-time-based transitions and, when a node is READY, asks the `HostBackend` for an SSH
-server and publishes its host key and port as guest attributes; before that it boots the
-node's inside (`guest.py`: a metadata server of its own and its startup-script), whose
-token the API accepts as the node's identity (`iam.py`; Resource Manager's
-testIamPermissions answers for it too). Admin endpoints under
-`/_emulator/` let another process inject faults and inspect state. Every API request is
+`http_front.py`, from the state machine in `state.py`, persisted by `persist.py`. A
+background ticker applies time-based transitions and, when a node is READY, asks the
+`HostBackend` for an SSH server and publishes its host key and port as guest attributes;
+before that it boots the node's inside (`guest.py`: a metadata server of its own and its
+startup-script), whose token the API accepts as the node's identity (`iam.py`; Resource
+Manager's testIamPermissions answers for it too). Admin endpoints under `/_emulator/`
+let another process inject faults and inspect state. Every API request is
 also kept, as it arrived on the wire, in a bounded log (`Emulator.requests()`, `GET
 /_emulator/requests`): tests compare it with what `tpulab run --dry-run` says it sends.
 """
