@@ -6,8 +6,9 @@ fail with "TPU is already in use" (jax #10192). MaxText's multihost_runner clear
 before every launch: it kills the holders of /dev/accel* (v4, v5e) and /dev/vfio/* (v5p,
 v6e) and removes /tmp/libtpu_lockfile. `release_command` does the same on a node tpulab
 created for this run (never on a session's node, where a holder may be the user's own
-work: `tpulab exec` refuses a busy node instead). It finds holders through /proc (the VM
-image's `lsof` is not guaranteed), kills only what this login may kill (no sudo), waits
+work: `tpulab exec` refuses a busy node instead). It finds holders through /proc with
+`find -lname` (findutils is Essential on the Debian and Ubuntu images; the image's `lsof`
+is not guaranteed), kills only what this login may kill (no sudo), waits
 for them to go, and reports what it did in one line that `parse_release_report` reads.
 """
 
