@@ -19,7 +19,6 @@ from tpulab.emulator.workers import worker_address
 
 __all__ = [
     "BASE",
-    "MAX_RESULTS",
     "ComputeError",
     "compute_id",
     "fingerprint",
@@ -37,7 +36,7 @@ __all__ = [
 Record = dict[str, Any]
 
 BASE = "https://www.googleapis.com/compute/v1/"
-MAX_RESULTS = 500  # Compute's default and largest page
+_MAX_RESULTS = 500  # Compute's default and largest page
 _STATUS_OF_STATE = {
     "READY": "RUNNING",
     "DELETING": "STOPPING",
@@ -282,16 +281,16 @@ def quota_error(zone: str, machine_type: str) -> Record:
 
 
 def list_page(items: list[Record], max_results: str, token: str) -> tuple[list[Record], str]:
-    size = MAX_RESULTS
+    size = _MAX_RESULTS
     if max_results:
-        if not max_results.isdigit() or not 0 <= int(max_results) <= MAX_RESULTS:
+        if not max_results.isdigit() or not 0 <= int(max_results) <= _MAX_RESULTS:
             raise ComputeError(
                 400,
                 "invalid",
                 f"Invalid value for field 'maxResults': '{max_results}'. Must be less than or "
-                f"equal to {MAX_RESULTS}",
+                f"equal to {_MAX_RESULTS}",
             )
-        size = int(max_results) or MAX_RESULTS
+        size = int(max_results) or _MAX_RESULTS
     start = 0
     if token:
         if not token.isdigit() or int(token) > len(items):
