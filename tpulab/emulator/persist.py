@@ -29,6 +29,10 @@ def _empty() -> dict[str, Any]:
     return {"version": _VERSION, "nodes": {}, "operations": {}, "next_id": 1}
 
 
+def _compact(state: dict[str, Any]) -> str:
+    return json.dumps(state, sort_keys=True)
+
+
 class EmulatorStateError(E.ConfigError):
     """The state directory cannot be used: not a directory, or `state.json` unreadable.
 
@@ -43,6 +47,12 @@ class StateFile:
         self._lock_path = state_dir / "state.lock"
         # flock excludes other processes; this excludes our own request threads.
         self._thread_lock = threading.RLock()
+        # The file's text as this process last read or wrote it, and that state in
+        # compact form. A transaction asks "did the body change anything?" by comparing
+        # compact JSON (C-encoded, ~1 ms at 120 nodes) rather than the indented form the
+        # file keeps for people (the pure-Python encoder, ~3.4 ms); the pair saves
+        # encoding the state before the body runs while the file is as we left it.
+        self._known: tuple[str, str] | None = None
 
     @contextmanager
     def transaction(self) -> Iterator[dict[str, Any]]:
@@ -55,12 +65,16 @@ class StateFile:
         with self._thread_lock, lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                before = self._read_text()
-                state = self._parse(before) if before else _empty()
+                text = self._read_text()
+                state = self._parse(text) if text else _empty()
+                known = self._known
+                before = known[1] if known and known[0] == text else _compact(state)
                 yield state
-                after = json.dumps(state, sort_keys=True, indent=1)
+                after = _compact(state)
                 if after != before:
-                    self._write_text(after)
+                    text = json.dumps(state, sort_keys=True, indent=1)
+                    self._write_text(text)
+                self._known = (text, after)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 

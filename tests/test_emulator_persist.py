@@ -1,0 +1,64 @@
+"""The emulator's state file: what a transaction writes, and what it must never miss.
+
+A transaction decides whether to write by comparing the state before and after its body;
+the "before" side is remembered from this process's last read or write while the file
+still holds that text. These tests pin the cases that shortcut could get wrong.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tpulab.emulator.persist import StateFile
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    status = path.stat()
+    return status.st_ino, status.st_mtime_ns
+
+
+def test_a_transaction_that_changes_nothing_leaves_the_file_alone(tmp_path: Path) -> None:
+    store = StateFile(tmp_path)
+    with store.transaction() as state:
+        state["nodes"]["a"] = {"state": "READY"}
+    before = _stamp(store.path)
+    for _ in range(3):
+        with store.transaction() as state:
+            assert state["nodes"]["a"] == {"state": "READY"}
+    assert _stamp(store.path) == before  # replaced files get a new inode
+
+
+def test_a_change_back_after_another_process_wrote_is_written(tmp_path: Path) -> None:
+    # Two StateFiles on one directory stand for a served emulator and `tpulab list
+    # --emulate`. Once the other has written, this one's memory of the file is stale:
+    # setting the value it last wrote is a change again, and must reach the file.
+    mine, theirs = StateFile(tmp_path), StateFile(tmp_path)
+    with mine.transaction() as state:
+        state["next_id"] = 5
+    with theirs.transaction() as state:
+        assert state["next_id"] == 5
+        state["next_id"] = 6
+    with mine.transaction() as state:
+        assert state["next_id"] == 6
+        state["next_id"] = 5
+    assert theirs.read()["next_id"] == 5
+
+
+def test_a_body_that_fails_writes_nothing_and_the_next_sees_the_file(tmp_path: Path) -> None:
+    store = StateFile(tmp_path)
+    with store.transaction() as state:
+        state["nodes"]["a"] = {"state": "READY"}
+
+    def fail_half_way() -> None:
+        with store.transaction() as state:
+            state["nodes"]["a"]["state"] = "DELETING"
+            raise RuntimeError("the request failed half-way")
+
+    with pytest.raises(RuntimeError, match="half-way"):
+        fail_half_way()
+    with store.transaction() as state:
+        assert state["nodes"]["a"] == {"state": "READY"}
+        state["nodes"]["a"]["state"] = "DELETING"  # the same edit, now completed
+    assert StateFile(tmp_path).read()["nodes"]["a"] == {"state": "DELETING"}
