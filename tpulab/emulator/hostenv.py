@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tpulab.contract import EMULATED_IMAGE_ENV
+from tpulab.emulator.bytecode import start_warming
 from tpulab.emulator.guest_init import process_table, tagged
 
 __all__ = [
@@ -291,6 +292,7 @@ def bare_image_env(root: Path, *, cache_dir: Path | None = None) -> ImageEnv:
     cache = cache_dir if cache_dir is not None else default_cache_dir()
     (cache / "uv").mkdir(parents=True, exist_ok=True)
     (cache / "pip").mkdir(parents=True, exist_ok=True)
+    _warm_bytecode(cache)
     log.info("bare emulated image: python3 %s (%s), caches in %s", version, python, cache)
     return ImageEnv(
         # The stand-ins for uv's managed pythons come before /usr/bin, as uv prefers
@@ -315,6 +317,18 @@ def bare_image_env(root: Path, *, cache_dir: Path | None = None) -> ImageEnv:
         },
         name=f"bare (python3 {version}, no jax, no uv)",
     )
+
+
+def _warm_bytecode(cache: Path) -> None:
+    """Bytecode for the venvs' Python in the shared uv cache (tpulab.emulator.bytecode):
+    the bootstrap's default venv takes the newest interpreter the image offers."""
+    offered = local_pythons()
+    if not offered:
+        return
+    version = max(offered, key=lambda text: tuple(int(part) for part in text.split(".")))
+    tag = "cpython-" + version.replace(".", "")
+    if start_warming(cache, offered[version], tag) is not None:
+        log.info("compiling the shared uv cache's packages for python %s", version)
 
 
 _NO_ENSUREPIP = r"""#!/bin/sh
