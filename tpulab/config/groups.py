@@ -45,6 +45,7 @@ __all__ = [
     "check_valid_for",
     "from_file",
     "network_choice",
+    "option_name",
     "option_names",
     "provider_choice",
     "service_account_choice",
@@ -245,12 +246,14 @@ _SPELLED: dict[str, str | None] = {
 }
 
 
+def option_name(field: str) -> str | None:
+    """The CLI option a flag group's field is; None: none (`-- CMD`)."""
+    return _SPELLED.get(field, "--" + field.replace("_", "-"))
+
+
 def option_names(group: type) -> tuple[str, ...]:
     """The CLI options a flag group's fields are, once each, in field order."""
-    names = (
-        _SPELLED.get(field.name, "--" + field.name.replace("_", "-"))
-        for field in dataclasses.fields(group)
-    )
+    names = (option_name(field.name) for field in dataclasses.fields(group))
     return tuple(dict.fromkeys(name for name in names if name is not None))
 
 
