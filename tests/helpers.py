@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import pytest
 
@@ -353,25 +353,33 @@ class Blackhole:
 
 def workload_spec(cwd: Path, **workload: object) -> RunSpec:
     """The spec of `tpulab run --emulate [workload flags] -- python train.py` run in `cwd`."""
-    from tpulab.config import run_inputs
+    from tpulab.config import TargetFlags, TimeoutFlags, run_inputs
     from tpulab.config.workload import WorkloadFlags
 
     flags = WorkloadFlags(**{"command": ("python", "train.py"), **workload})  # type: ignore[arg-type]
     return run_inputs(
-        accelerator="v5litepod-4",
-        emulate=True,
-        api_endpoint=None,
-        project=None,
-        zone=None,
-        name=None,
-        spot=False,
-        teardown_timeout=60.0,
-        installer="uv",
-        ssh_backend="embedded",
+        target=TargetFlags(accelerator="v5litepod-4", emulate=True),
+        timeouts=TimeoutFlags(teardown=60.0),
         env={},
         workload=flags,
         cwd=cwd,
     ).spec
+
+
+def grouped(**flags: Any) -> dict[str, Any]:
+    """run_inputs / build_run_spec keywords from flag-named ones, for tests whose tables
+    vary flags of several groups: a TargetFlags, CapacityFlags or PythonFlags field goes
+    into that group; the rest (env, cwd, workload, timeouts, ...) stays a keyword."""
+    import dataclasses
+
+    from tpulab.config import CapacityFlags, PythonFlags, TargetFlags
+
+    groups = {"target": TargetFlags, "capacity": CapacityFlags, "python": PythonFlags}
+    for keyword, group in groups.items():
+        names = {field.name for field in dataclasses.fields(group)}
+        values = {name: flags.pop(name) for name in list(flags) if name in names}
+        flags[keyword] = group(**values)
+    return flags
 
 
 def advances(marker: Path, seconds: float = 30) -> str:

@@ -20,7 +20,7 @@ import pytest
 from emulator_fixtures import PROJECT, ZONE, EmulatorStarter, api_for, fast_poll
 
 from tpulab.cloud.google import GoogleTpuApi
-from tpulab.config import RunSpec, Timeouts, build_run_spec
+from tpulab.config import CapacityFlags, RunSpec, TargetFlags, Timeouts, build_run_spec
 from tpulab.emulator import Emulator
 from tpulab.emulator.backends import make_host_backend
 from tpulab.emulator.hosts import HostBackend
@@ -94,11 +94,10 @@ class Rig:
         **timeouts: float,
     ) -> RunSpec:
         return build_run_spec(
-            accelerator=accelerator,
-            api_endpoint=self.emulator.url,
-            project=PROJECT,
-            zone=ZONE,
-            spot=spot,
+            target=TargetFlags(
+                accelerator=accelerator, api_endpoint=self.emulator.url, project=PROJECT, zone=ZONE
+            ),
+            capacity=CapacityFlags(spot=spot),
             payload=script,
             timeouts=dataclasses.replace(FAST, **timeouts),
             env={},

@@ -41,7 +41,7 @@ from test_plan_is_the_run import (
 
 from tpulab.app.doctor import preflight_for
 from tpulab.app.target import compute_api
-from tpulab.config import EMULATED_IMAGE, build_run_spec
+from tpulab.config import EMULATED_IMAGE, TargetFlags, build_run_spec
 from tpulab.emulator.backends import make_host_backend
 from tpulab.remote.keys import RunKey, SshTarget
 from tpulab.run.plan import build_plan
@@ -152,12 +152,14 @@ def _url(entry: dict[str, Any]) -> str:
 def test_a_compute_dry_run_sends_what_a_compute_run_sends(embedded_rig: Rig) -> None:
     rig = embedded_rig
     spec = build_run_spec(
-        accelerator="v6e-4",
-        provider="compute",
-        image=IMAGE,
-        api_endpoint=rig.emulator.url,
-        project=PROJECT,
-        zone=ZONE,
+        target=TargetFlags(
+            accelerator="v6e-4",
+            provider="compute",
+            image=IMAGE,
+            api_endpoint=rig.emulator.url,
+            project=PROJECT,
+            zone=ZONE,
+        ),
         timeouts=FAST,
         env={},
     )

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tpulab.config import (
     EMULATED_PROJECT,
     EMULATED_ZONE,
+    PythonFlags,
     Scope,
+    TargetFlags,
+    TimeoutFlags,
     Timeouts,
     build_run_spec,
     choose_target,
@@ -151,7 +155,7 @@ def test_corrupt_gcloud_file_is_ignored(tmp_path: Path) -> None:
 
 
 def test_emulated_spec_defaults_and_labels() -> None:
-    spec = build_run_spec(accelerator="v5litepod-4", emulate=True, env={})
+    spec = build_run_spec(target=TargetFlags(accelerator="v5litepod-4", emulate=True), env={})
     assert (spec.project.value, spec.zone.value) == (EMULATED_PROJECT, EMULATED_ZONE)
     assert spec.emulated
     assert spec.platform == "cpu"
@@ -169,14 +173,18 @@ def test_emulated_spec_defaults_and_labels() -> None:
 
 
 def test_endpoint_mode_is_emulated_only_on_loopback() -> None:
-    local = build_run_spec(accelerator="v5litepod-4", api_endpoint="http://127.0.0.1:8470", env={})
+    local = build_run_spec(
+        target=TargetFlags(accelerator="v5litepod-4", api_endpoint="http://127.0.0.1:8470"), env={}
+    )
     assert local.emulated
     assert local.platform == "cpu"
     remote = build_run_spec(
-        accelerator="v5litepod-4",
-        api_endpoint="https://tpu.example.com",
-        project="p-1",
-        zone="us-central1-a",
+        target=TargetFlags(
+            accelerator="v5litepod-4",
+            api_endpoint="https://tpu.example.com",
+            project="p-1",
+            zone="us-central1-a",
+        ),
         env={},
     )
     assert not remote.emulated
@@ -186,58 +194,61 @@ def test_endpoint_mode_is_emulated_only_on_loopback() -> None:
 def test_google_mode_requires_project_and_zone(tmp_path: Path) -> None:
     env = {"CLOUDSDK_CONFIG": str(tmp_path / "none")}
     with pytest.raises(ConfigError, match="No zone"):
-        build_run_spec(accelerator="v5litepod-4", project="p-1", env=env)
+        build_run_spec(target=TargetFlags(accelerator="v5litepod-4", project="p-1"), env=env)
     spec = build_run_spec(
-        accelerator="v6e-1", zone="us-east5-b", env=env, adc_project=lambda: "adc-p"
+        target=TargetFlags(accelerator="v6e-1", zone="us-east5-b"),
+        env=env,
+        adc_project=lambda: "adc-p",
     )
     assert spec.project.value == "adc-p"
     assert not spec.emulated
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "error", "words"),
+    ("target", "other", "error", "words"),
     [
-        ({"accelerator": "v5litepod-3"}, UnknownAcceleratorError, "v5litepod-4"),
-        ({"name": "Bad_Name"}, ConfigError, "Invalid node name"),
-        ({"name": "x" * 64}, ConfigError, "Invalid node name"),
-        ({"zone": "mars"}, ConfigError, "Invalid zone"),
-        ({"project": "https://console.cloud.google.com"}, ConfigError, "Invalid project"),
-        ({"payload_timeout": 0.0}, ConfigError, "payload timeout"),
-        ({"payload_timeout": float("nan")}, ConfigError, "payload timeout"),
-        ({"api_endpoint": "http://127.0.0.1:1"}, ConfigError, "exclude each other"),
-        ({"payload": Path("/nonexistent/payload.py")}, ConfigError, "does not exist"),
+        ({"accelerator": "v5litepod-3"}, {}, UnknownAcceleratorError, "v5litepod-4"),
+        ({"name": "Bad_Name"}, {}, ConfigError, "Invalid node name"),
+        ({"name": "x" * 64}, {}, ConfigError, "Invalid node name"),
+        ({"zone": "mars"}, {}, ConfigError, "Invalid zone"),
+        ({"project": "https://console.cloud.google.com"}, {}, ConfigError, "Invalid project"),
+        ({}, {"timeouts": TimeoutFlags(payload=0.0)}, ConfigError, "--payload-timeout"),
+        ({}, {"timeouts": TimeoutFlags(payload=float("nan"))}, ConfigError, "--payload-timeout"),
+        ({"api_endpoint": "http://127.0.0.1:1"}, {}, ConfigError, "exclude each other"),
+        ({}, {"payload": Path("/nonexistent/payload.py")}, ConfigError, "does not exist"),
     ],
 )
 def test_bad_input_is_refused_before_anything(
-    kwargs: dict[str, object], error: type[Exception], words: str
+    target: dict[str, Any], other: dict[str, Any], error: type[Exception], words: str
 ) -> None:
-    arguments: dict[str, object] = {"accelerator": "v5litepod-4", "emulate": True, "env": {}}
-    arguments.update(kwargs)
+    flags = TargetFlags(**{"accelerator": "v5litepod-4", "emulate": True, **target})
     with pytest.raises(error) as caught:
-        build_run_spec(**arguments)  # type: ignore[arg-type]
+        build_run_spec(target=flags, env={}, **other)
     text = str(caught.value) + str(getattr(caught.value, "hint", ""))
     assert words in text
 
 
 def test_endpoint_url_is_checked() -> None:
     with pytest.raises(ConfigError, match="Invalid API endpoint"):
-        build_run_spec(accelerator="v5litepod-4", api_endpoint="127.0.0.1:80")
+        build_run_spec(target=TargetFlags(accelerator="v5litepod-4", api_endpoint="127.0.0.1:80"))
 
 
-def test_timeouts_override_only_the_payload() -> None:
+def test_timeout_flags_set_their_deadlines_and_keep_the_others() -> None:
     spec = build_run_spec(
-        accelerator="v5litepod-1",
-        emulate=True,
+        target=TargetFlags(accelerator="v5litepod-1", emulate=True),
+        timeouts=TimeoutFlags(payload=42.0, teardown=5.0, boot=30.0),
         env={},
-        timeouts=Timeouts(teardown=5.0),
-        payload_timeout=42.0,
     )
     assert (spec.timeouts.payload, spec.timeouts.teardown) == (42.0, 5.0)
+    # --boot-timeout is one budget for both waits after READY: host key, then SSH.
+    assert (spec.timeouts.host_key, spec.timeouts.connect) == (30.0, 30.0)
+    assert (spec.timeouts.create, spec.timeouts.collect) == (Timeouts.create, Timeouts.collect)
 
 
 def test_run_ids_are_unique_label_values() -> None:
     ids = {
-        build_run_spec(accelerator="v5litepod-1", emulate=True, env={}).run_id for _ in range(50)
+        build_run_spec(target=TargetFlags(accelerator="v5litepod-1", emulate=True), env={}).run_id
+        for _ in range(50)
     }
     assert len(ids) == 50
 
@@ -277,7 +288,9 @@ def test_one_rule_says_what_an_endpoint_is_and_who_gets_credentials(
 
 def test_run_on_any_loopback_address_is_emulated_and_anonymous() -> None:
     # 127.0.0.2 used to be emulated (CPU) by config while the client sent it ADC.
-    spec = build_run_spec(accelerator="v5litepod-4", api_endpoint="http://127.0.0.2:9", env={})
+    spec = build_run_spec(
+        target=TargetFlags(accelerator="v5litepod-4", api_endpoint="http://127.0.0.2:9"), env={}
+    )
     assert spec.emulated
     assert spec.platform == "cpu"
     assert not classify_endpoint(spec.api_endpoint).sends_credentials
@@ -304,7 +317,9 @@ def test_malformed_endpoints_are_refused(url: str, words: str) -> None:
 
 def test_emulate_and_endpoint_conflict_is_one_check_for_every_command() -> None:
     for call in (
-        lambda: build_run_spec(accelerator="v5litepod-4", emulate=True, api_endpoint="", env={}),
+        lambda: build_run_spec(
+            target=TargetFlags(accelerator="v5litepod-4", emulate=True, api_endpoint=""), env={}
+        ),
         lambda: list_scope(project=None, zones=[], emulate=True, api_endpoint="http://[::1]:1"),
         lambda: teardown_inputs(
             verify=True,
@@ -383,15 +398,18 @@ def test_list_needs_a_zone_and_checks_it() -> None:
 def test_empty_flags_are_errors_not_defaults(kwargs: dict[str, str], words: str) -> None:
     google = {"project": "p-1", "zone": "us-central1-a"}  # all else resolved: Google too
     for target in ({"emulate": True}, {"api_endpoint": "http://127.0.0.1:1"}, google):
-        arguments: dict[str, object] = {"accelerator": "v5litepod-4", "env": {}, **target}
+        flags = TargetFlags(**{"accelerator": "v5litepod-4", **target, **kwargs})  # type: ignore[arg-type]
         with pytest.raises(ConfigError, match=words):
-            build_run_spec(**{**arguments, **kwargs})  # type: ignore[arg-type]
+            build_run_spec(target=flags, env={})
 
 
 def test_a_bogus_configured_zone_is_not_replaced_by_the_emulator_default() -> None:
     env = {"TPULAB_ZONE": "bogus"}
     with pytest.raises(ConfigError, match=r"Invalid zone 'bogus' \(from \$TPULAB_ZONE\)"):
-        build_run_spec(accelerator="v5litepod-4", api_endpoint="http://127.0.0.1:1", env=env)
+        build_run_spec(
+            target=TargetFlags(accelerator="v5litepod-4", api_endpoint="http://127.0.0.1:1"),
+            env=env,
+        )
     with pytest.raises(ConfigError, match="TPULAB_ZONE"):
         list_scope(
             project=None, zones=[], emulate=False, api_endpoint="http://127.0.0.1:1", env=env
@@ -460,38 +478,25 @@ def test_malformed_zones_are_refused(zone: str) -> None:
 # -- run and verify flags ----------------------------------------------------------------
 
 
-def _run_flags(**kwargs: object) -> dict[str, object]:
-    flags: dict[str, object] = {
-        "accelerator": "v5litepod-4",
-        "emulate": True,
-        "api_endpoint": None,
-        "project": None,
-        "zone": None,
-        "name": None,
-        "spot": False,
-        "payload_timeout": 600.0,
-        "teardown_timeout": 600.0,
-        "installer": "uv",
-        "ssh_backend": "embedded",
-        "env": {},
-    }
-    flags.update(kwargs)
-    return flags
-
-
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [
-        ({"installer": "conda"}, "Unknown installer"),
+        ({"python": PythonFlags(installer="conda")}, "Unknown installer"),
         ({"ssh_backend": "dropbear"}, "Unknown SSH backend"),
-        ({"payload_timeout": 0.0}, "--payload-timeout"),
-        ({"teardown_timeout": float("nan")}, "--teardown-timeout"),
+        ({"timeouts": TimeoutFlags(payload=0.0)}, "--payload-timeout"),
+        ({"timeouts": TimeoutFlags(teardown=float("nan"))}, "--teardown-timeout"),
     ],
 )
-def test_run_flags_are_validated_in_config(kwargs: dict[str, object], words: str) -> None:
+def test_run_flags_are_validated_in_config(kwargs: dict[str, Any], words: str) -> None:
+    target = TargetFlags(accelerator="v5litepod-4", emulate=True)
     with pytest.raises(ConfigError, match=words):
-        run_inputs(**_run_flags(**kwargs))  # type: ignore[arg-type]
-    inputs = run_inputs(**_run_flags(installer="pip", payload_timeout=42.0))  # type: ignore[arg-type]
+        run_inputs(target=target, env={}, **kwargs)
+    inputs = run_inputs(
+        target=target,
+        timeouts=TimeoutFlags(payload=42.0),
+        python=PythonFlags(installer="pip"),
+        env={},
+    )
     assert (inputs.installer, inputs.spec.timeouts.payload) == ("pip", 42.0)
 
 
@@ -526,9 +531,11 @@ def test_the_embedded_emulator_never_reads_a_real_configuration(no_home_gcloud: 
     # the embedded emulator's: --emulate takes only its flags.
     write_gcloud(no_home_gcloud / ".config" / "gcloud", "default", "[core]\nproject =\n")
     env = {"TPULAB_ZONE": "bogus", "TPULAB_PROJECT": ""}
-    spec = build_run_spec(accelerator="v5litepod-4", emulate=True, env=env)
+    spec = build_run_spec(target=TargetFlags(accelerator="v5litepod-4", emulate=True), env=env)
     assert (spec.project.value, spec.zone.value) == (EMULATED_PROJECT, EMULATED_ZONE)
     scope = list_scope(project=None, zones=[], emulate=True, api_endpoint=None, env=env)
     assert (scope.project, scope.zones) == (EMULATED_PROJECT, [EMULATED_ZONE])
-    spec = build_run_spec(accelerator="v5litepod-4", emulate=True, zone="us-south1-ai1b", env=env)
+    spec = build_run_spec(
+        target=TargetFlags(accelerator="v5litepod-4", emulate=True, zone="us-south1-ai1b"), env=env
+    )
     assert (spec.zone.value, spec.zone.source) == ("us-south1-ai1b", "--zone")

@@ -16,6 +16,7 @@ from helpers import tpulab
 
 from tpulab.app.doctor import DoctorEnvelope, run_preflight
 from tpulab.cloud.preflight import refuse_on_problems
+from tpulab.config import TargetFlags
 from tpulab.emulator.iam import project_number
 from tpulab.errors import CloudError, ConfigError
 
@@ -293,17 +294,21 @@ def test_the_workspace_file_names_the_vm_account_and_a_flag_wins(tmp_path: Path)
     account = "tpulab-vm@test-project.iam.gserviceaccount.com"
     (tmp_path / "tpulab.toml").write_text(f'service_account = "{account}"\n')
     defaults = load_project_file(tmp_path)
-    spec = build_run_spec(accelerator="v5litepod-4", emulate=True, defaults=defaults)
+    spec = build_run_spec(
+        target=TargetFlags(accelerator="v5litepod-4", emulate=True), defaults=defaults
+    )
     assert spec.service_account == account
     other = "other@test-project.iam.gserviceaccount.com"
     flagged = build_run_spec(
-        accelerator="v5litepod-4", emulate=True, defaults=defaults, service_account=other
+        target=TargetFlags(accelerator="v5litepod-4", emulate=True, service_account=other),
+        defaults=defaults,
     )
     assert flagged.service_account == other
     (tmp_path / "tpulab.toml").write_text('service_account = "not an email"\n')
     with pytest.raises(ConfigError, match=r"not a service account e-mail address \(from"):
         build_run_spec(
-            accelerator="v5litepod-4", emulate=True, defaults=load_project_file(tmp_path)
+            target=TargetFlags(accelerator="v5litepod-4", emulate=True),
+            defaults=load_project_file(tmp_path),
         )
 
 

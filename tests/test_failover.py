@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tpulab import errors as E
-from tpulab.config import RunSpec, build_run_spec
+from tpulab.config import CapacityFlags, RunSpec, TargetFlags, build_run_spec
 from tpulab.polling import Backoff
 from tpulab.run.attempts import Attempts
 from tpulab.run.progress import NullObserver, Phase, Recorder
@@ -27,17 +27,23 @@ pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
 PROJECT = "test-project"
 
 
-def _spec(rig: Rig, zones: Sequence[str], accelerator: str = "v5litepod-4", **kw: Any) -> RunSpec:
+def _spec(
+    rig: Rig,
+    zones: Sequence[str],
+    accelerator: str = "v5litepod-4",
+    payload: Path | None = None,
+    **capacity: Any,
+) -> RunSpec:
     from run_rig import FAST
 
     return build_run_spec(
-        accelerator=accelerator,
-        api_endpoint=rig.emulator.url,
-        project=PROJECT,
-        zones=zones,
+        target=TargetFlags(
+            accelerator=accelerator, api_endpoint=rig.emulator.url, project=PROJECT, zones=zones
+        ),
+        capacity=CapacityFlags(**capacity),
         timeouts=FAST,
+        payload=payload,
         env={},
-        **kw,
     )
 
 
@@ -127,7 +133,7 @@ def test_a_type_no_zone_offers_ends_after_one_pass_even_when_retrying(
     # v6e-1 in two zones the table says host no v6e: each zone answers "invalid
     # AcceleratorType" (zone scope), and capacity arriving cannot fix that.
     spec = _spec(
-        embedded_rig, ["us-west4-a", "us-south1-a"], "v6e-1", retry_until_up=True, retry_for=30
+        embedded_rig, ["us-west4-a", "us-south1-a"], "v6e-1", retry_until_up=True, retry_for="30"
     )
     runner, _recorder = _attempts(embedded_rig, spec)
     started = time.monotonic()
@@ -146,7 +152,7 @@ def test_retry_until_up_waits_for_capacity(embedded_rig: Rig) -> None:
     # success comes on a later pass (with "*", a loaded first pass could reach the second
     # zone after its capacity came, and succeed there on attempt 2).
     faults.capacity_after = {"us-central1-a": 2.0}
-    spec = _spec(embedded_rig, ["us-central1-a", "us-west1-c"], retry_until_up=True, retry_for=20)
+    spec = _spec(embedded_rig, ["us-central1-a", "us-west1-c"], retry_until_up=True, retry_for="20")
     runner, recorder = _attempts(embedded_rig, spec)
     assert runner.run().succeeded
     outcomes = [a.outcome for a in runner.attempts]
@@ -163,7 +169,7 @@ def test_retry_until_up_gives_up_with_a_capacity_error_when_the_budget_ends(
     embedded_rig: Rig,
 ) -> None:
     embedded_rig.emulator.faults.stockout = True
-    spec = _spec(embedded_rig, ["us-central1-a", "us-west1-c"], retry_until_up=True, retry_for=2)
+    spec = _spec(embedded_rig, ["us-central1-a", "us-west1-c"], retry_until_up=True, retry_for="2")
     runner, _recorder = _attempts(embedded_rig, spec)
     started = time.monotonic()
     with pytest.raises(E.StockoutError) as caught:

@@ -4,6 +4,7 @@ validated before anything is contacted."""
 from __future__ import annotations
 
 import pytest
+from helpers import grouped
 
 from tpulab import catalog
 from tpulab.config import RunSpec, parse_duration, run_inputs
@@ -34,26 +35,9 @@ def test_parse_duration_rejects_what_it_cannot_read(text: str) -> None:
     assert "20s" in (caught.value.hint or "")
 
 
-def _flags(**overrides: object) -> dict[str, object]:
-    flags: dict[str, object] = {
-        "accelerator": "v5litepod-4",
-        "emulate": True,
-        "api_endpoint": None,
-        "project": None,
-        "zone": None,
-        "name": None,
-        "spot": False,
-        "teardown_timeout": 600.0,
-        "installer": "uv",
-        "ssh_backend": "embedded",
-        "env": {},
-    }
-    flags.update(overrides)
-    return flags
-
-
 def _spec(**overrides: object) -> RunSpec:
-    return run_inputs(**_flags(**overrides)).spec  # type: ignore[arg-type]
+    flags = {"accelerator": "v5litepod-4", "emulate": True, "env": {}, **overrides}
+    return run_inputs(**grouped(**flags)).spec
 
 
 def test_zone_flags_repeat_and_take_comma_lists_in_order() -> None:

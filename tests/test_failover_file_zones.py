@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from helpers import grouped
 
 from tpulab import catalog
-from tpulab.config import RunSpec, run_inputs
+from tpulab.config import RunSpec, TimeoutFlags, run_inputs
 from tpulab.emulator.backends import make_host_backend
 from tpulab.exits import EXIT_OK
 from tpulab.run.report import RunEnvelope
@@ -42,20 +43,14 @@ def _workspace(root: Path, zone_line: str) -> Path:
 def _spec(workdir: Path, env: dict[str, str] | None = None, **flags: object) -> RunSpec:
     given: dict[str, object] = {
         "accelerator": "v5litepod-4",
-        "emulate": False,
         "api_endpoint": "http://127.0.0.1:9",
         "project": "p-1",
-        "zone": None,
-        "name": None,
-        "spot": False,
-        "teardown_timeout": 60.0,
-        "installer": "uv",
-        "ssh_backend": "embedded",
+        "timeouts": TimeoutFlags(teardown=60.0),
         "env": {"CLOUDSDK_CONFIG": str(workdir / ".no-gcloud"), **(env or {})},
         "cwd": workdir,
     }
     given.update(flags)
-    return run_inputs(**given).spec  # type: ignore[arg-type]
+    return run_inputs(**grouped(**given)).spec
 
 
 def test_the_files_zone_list_is_the_failover_order(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpulab.config import build_run_spec
+from tpulab.config import CapacityFlags, TargetFlags, build_run_spec
 from tpulab.run.attempts import Attempt
 from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import Recorder
@@ -21,7 +21,9 @@ ATTEMPTS = [
 
 def _outcome() -> RunOutcome:
     spec = build_run_spec(
-        accelerator="v5litepod-4", emulate=True, zones=["us-west1-c"], spot=True, run_id="r1-a3"
+        target=TargetFlags(accelerator="v5litepod-4", emulate=True, zones=["us-west1-c"]),
+        capacity=CapacityFlags(spot=True),
+        run_id="r1-a3",
     )
     outcome = RunOutcome(spec)
     outcome.billed_seconds = 300.0

@@ -17,7 +17,7 @@ import pytest
 
 import tpulab
 from tpulab import paths
-from tpulab.config import build_run_spec
+from tpulab.config import TargetFlags, build_run_spec
 from tpulab.errors import ConfigError, StockoutError, TeardownError, UnknownAcceleratorError
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def test_a_spec_and_keyword_inputs_together_are_refused(
     start_emulator: EmulatorStarter, tmp_path: Path
 ) -> None:
     served = start_emulator(tmp_path / "served")
-    spec = build_run_spec(accelerator="v5litepod-1", api_endpoint=served.url)
+    spec = build_run_spec(target=TargetFlags(accelerator="v5litepod-1", api_endpoint=served.url))
     with pytest.raises(ConfigError, match="not both"):
         tpulab.run_tpu(spec, zone="us-central1-b")
     with pytest.raises(ConfigError, match="needs a spec or an accelerator"):
@@ -104,7 +104,9 @@ def test_a_failed_run_raises_or_returns_its_outcome(
             accelerator="v5litepod-4", api_endpoint=served.url, project=PROJECT, zone=ZONE
         )
     # A validated spec is the other way in (the CLI builds the same one).
-    spec = build_run_spec(accelerator="v5litepod-4", api_endpoint=served.url, project=PROJECT)
+    spec = build_run_spec(
+        target=TargetFlags(accelerator="v5litepod-4", api_endpoint=served.url, project=PROJECT)
+    )
     outcome = tpulab.run_tpu(spec, check=False)
     assert outcome.spec is spec
     assert isinstance(outcome.error, StockoutError)

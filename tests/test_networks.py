@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 from run_rig import Rig
 
 from tpulab.cloud import rest
 from tpulab.cloud.tpu_v2 import node_request
-from tpulab.config import build_run_spec
+from tpulab.config import TargetFlags, build_run_spec
 from tpulab.config.project_file import load_project_file
 from tpulab.errors import ConfigError, TpuLabError
 
@@ -29,18 +30,20 @@ pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
     ],
 )
 def test_a_bad_network_is_refused_before_anything_is_sent(
-    flags: dict[str, str], words: str
+    flags: dict[str, Any], words: str
 ) -> None:
     with pytest.raises(ConfigError, match=words):
-        build_run_spec(accelerator="v5litepod-4", emulate=True, **flags)  # type: ignore[arg-type]
+        build_run_spec(target=TargetFlags(accelerator="v5litepod-4", emulate=True, **flags))
 
 
 def test_the_network_goes_into_the_create_body_as_given() -> None:
     spec = build_run_spec(
-        accelerator="v5litepod-4",
-        emulate=True,
-        network="projects/my-project/global/networks/lab-vpc",
-        subnetwork="lab-vpc",
+        target=TargetFlags(
+            accelerator="v5litepod-4",
+            emulate=True,
+            network="projects/my-project/global/networks/lab-vpc",
+            subnetwork="lab-vpc",
+        )
     )
     body = rest.node_body(node_request(spec, ssh_keys="u:k", startup_script=None))
     assert body["networkConfig"] == {
@@ -48,7 +51,7 @@ def test_the_network_goes_into_the_create_body_as_given() -> None:
         "network": "projects/my-project/global/networks/lab-vpc",
         "subnetwork": "lab-vpc",
     }
-    plain = build_run_spec(accelerator="v5litepod-4", emulate=True)
+    plain = build_run_spec(target=TargetFlags(accelerator="v5litepod-4", emulate=True))
     body = rest.node_body(node_request(plain, ssh_keys="u:k", startup_script=None))
     assert body["networkConfig"] == {"enableExternalIps": True}  # the API's default
 
@@ -56,16 +59,20 @@ def test_the_network_goes_into_the_create_body_as_given() -> None:
 def test_the_workspace_file_names_the_network_and_a_flag_wins(tmp_path: Path) -> None:
     (tmp_path / "tpulab.toml").write_text('network = "lab-vpc"\nsubnetwork = "lab-vpc"\n')
     defaults = load_project_file(tmp_path)
-    spec = build_run_spec(accelerator="v5litepod-4", emulate=True, defaults=defaults)
+    spec = build_run_spec(
+        target=TargetFlags(accelerator="v5litepod-4", emulate=True), defaults=defaults
+    )
     assert (spec.network, spec.subnetwork) == ("lab-vpc", "lab-vpc")
     flagged = build_run_spec(
-        accelerator="v5litepod-4", emulate=True, defaults=defaults, network="other"
+        target=TargetFlags(accelerator="v5litepod-4", emulate=True, network="other"),
+        defaults=defaults,
     )
     assert flagged.network == "other"
     (tmp_path / "tpulab.toml").write_text('network = "Bad Name"\n')
     with pytest.raises(ConfigError, match=r"Invalid network \(from tpulab.toml\)"):
         build_run_spec(
-            accelerator="v5litepod-4", emulate=True, defaults=load_project_file(tmp_path)
+            target=TargetFlags(accelerator="v5litepod-4", emulate=True),
+            defaults=load_project_file(tmp_path),
         )
 
 

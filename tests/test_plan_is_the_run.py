@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from tpulab.app.doctor import preflight_for
 from tpulab.cloud import rest
 from tpulab.cloud.google import GoogleTpuApi
+from tpulab.config import TargetFlags
 from tpulab.emulator.sshhost import EmbeddedHostBackend
 from tpulab.models import NodeRequest, tpulab_labels
 from tpulab.remote.cmdline import remote_command
@@ -281,7 +282,9 @@ def test_dry_run_sends_what_a_real_run_sends(embedded_rig: Rig) -> None:
 def test_the_plan_runs_the_lifecycle_and_shows_its_teardown_once(tpulab_home: Path) -> None:
     from tpulab.config import build_run_spec
 
-    spec = build_run_spec(accelerator="v6e-1", project="p-123456", zone="us-east5-b", env={})
+    spec = build_run_spec(
+        target=TargetFlags(accelerator="v6e-1", project="p-123456", zone="us-east5-b"), env={}
+    )
     steps = build_plan(spec)
     api = [(s.phase, s.action) for s in steps if s.kind == "api"]
     assert api == [

@@ -10,8 +10,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import grouped
 
-from tpulab.config import RunInputs, load_project_file, run_inputs
+from tpulab.config import RunInputs, TimeoutFlags, load_project_file, run_inputs
 from tpulab.config.project_file import ALLOWED_KEYS, NO_PROJECT_FILE
 from tpulab.config.workload import WorkloadFlags
 from tpulab.errors import ConfigError
@@ -37,23 +38,14 @@ def inputs(
     **kwargs: object,
 ) -> RunInputs:
     flags: dict[str, object] = {
-        "accelerator": None,
-        "emulate": False,
-        "api_endpoint": None,
-        "project": None,
-        "zone": None,
-        "name": None,
-        "spot": False,
-        "teardown_timeout": 60.0,
-        "installer": "uv",
-        "ssh_backend": "embedded",
+        "timeouts": TimeoutFlags(teardown=60.0),
         # An empty gcloud directory: nothing from this machine may choose a value.
         "env": {"CLOUDSDK_CONFIG": str(workdir / ".no-gcloud"), **(env or {})},
         "cwd": workdir,
         "workload": WorkloadFlags(command=command),
     }
     flags.update(kwargs)
-    return run_inputs(**flags)  # type: ignore[arg-type]
+    return run_inputs(**grouped(**flags))
 
 
 FULL = """

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tpulab.config import build_run_spec
+from tpulab.config import PythonFlags, TargetFlags, build_run_spec
 from tpulab.config.python import EMULATED_PYTHON, REAL_PYTHON
 from tpulab.errors import ConfigError
 from tpulab.exits import EXIT_CONFIG, EXIT_OK
@@ -40,13 +40,11 @@ def tpulab(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def real_spec(**kwargs: str) -> RunSpec:
+def real_spec(**python: str) -> RunSpec:
     return build_run_spec(
-        accelerator="v5litepod-4",
-        project="my-project",
-        zone="us-central1-a",
+        target=TargetFlags(accelerator="v5litepod-4", project="my-project", zone="us-central1-a"),
+        python=PythonFlags(**python),
         env={},
-        **kwargs,  # type: ignore[arg-type]
     )
 
 
@@ -55,7 +53,7 @@ def test_real_runs_default_to_a_uv_managed_3_12_and_emulated_ones_to_the_newest_
     assert (real.python, real.jax_version) == (REAL_PYTHON, None)
     assert REAL_PYTHON == "3.12"
     assert "uv-managed" in real.python_source
-    emulated = build_run_spec(accelerator="v5litepod-4", emulate=True, env={})
+    emulated = build_run_spec(target=TargetFlags(accelerator="v5litepod-4", emulate=True), env={})
     assert emulated.python == EMULATED_PYTHON == ">=3.11"
     assert "newest local python >= 3.11" in emulated.python_source
 
@@ -110,7 +108,7 @@ def test_the_dry_run_shows_the_python_and_the_pin() -> None:
 
 
 def _outcome(jax: str) -> RunOutcome:
-    spec = build_run_spec(accelerator="v5litepod-4", emulate=True, env={})
+    spec = build_run_spec(target=TargetFlags(accelerator="v5litepod-4", emulate=True), env={})
     outcome = RunOutcome(spec)
     outcome.bootstrap = BootstrapResult(
         "uv venv --python >=3.11",

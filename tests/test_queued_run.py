@@ -6,11 +6,11 @@ the queued resource and its node must be gone afterwards, confirmed by list."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tpulab.config import Timeouts, build_run_spec
+from tpulab.config import CapacityFlags, TargetFlags, Timeouts, build_run_spec
 from tpulab.errors import CloudError, ConfigError, QueueExpiredError, StockoutError
 from tpulab.run.attempts import Attempts
 from tpulab.run.progress import NullObserver, Phase
@@ -18,7 +18,7 @@ from tpulab.run.progress import NullObserver, Phase
 if TYPE_CHECKING:
     from run_rig import Rig
 
-    from tpulab.config import RunSpec
+    from tpulab.config import CapacityFlags, RunSpec, TargetFlags
 
 pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
 
@@ -33,15 +33,12 @@ FAST = Timeouts(
 
 def queued_spec(rig: Rig, valid_for: str | None = "30s", *, spot: bool = False) -> RunSpec:
     return build_run_spec(
-        accelerator="v5litepod-4",
-        api_endpoint=rig.emulator.url,
-        project=PROJECT,
-        zone=ZONE,
-        spot=spot,
+        target=TargetFlags(
+            accelerator="v5litepod-4", api_endpoint=rig.emulator.url, project=PROJECT, zone=ZONE
+        ),
+        capacity=CapacityFlags(spot=spot, queued=True, valid_for=valid_for),
         timeouts=FAST,
         env={},
-        queued=True,
-        valid_for=valid_for,
     )
 
 
@@ -130,13 +127,16 @@ def test_suspended_spot_node_ends_the_run_and_nothing_left(embedded_rig: Rig) ->
 
 def test_valid_for_needs_queued_and_a_sane_window(embedded_rig: Rig) -> None:
     rig = embedded_rig
-    base = dict(accelerator="v5litepod-4", api_endpoint=rig.emulator.url, env={})
+    target = TargetFlags(accelerator="v5litepod-4", api_endpoint=rig.emulator.url)
     with pytest.raises(ConfigError, match="--valid-for applies only"):
-        build_run_spec(**base, valid_for="30s")  # type: ignore[arg-type]
+        build_run_spec(target=target, capacity=CapacityFlags(valid_for="30s"), env={})
     for bad in ("soon", "0s", "-5m", "8d"):
         with pytest.raises(ConfigError, match="--valid-for"):
-            build_run_spec(**base, queued=True, valid_for=bad)  # type: ignore[arg-type]
-    spec = build_run_spec(**base, queued=True, valid_for="1m30s")  # type: ignore[arg-type]
+            build_run_spec(
+                target=target, capacity=CapacityFlags(queued=True, valid_for=bad), env={}
+            )
+    queued = CapacityFlags(queued=True, valid_for="1m30s")
+    spec = build_run_spec(target=target, capacity=queued, env={})
     assert spec.valid_for == 90
     # A leak of a queued run is finished by deleting the queued resource with --force
     # (the command tests/test_gcloud_queued.py runs against the emulator).
@@ -146,22 +146,25 @@ def test_valid_for_needs_queued_and_a_sane_window(embedded_rig: Rig) -> None:
 
 
 @pytest.mark.parametrize(
-    ("flags", "words"),
+    ("zones", "flags", "words"),
     [
-        ({"zones": ["us-central1-a,us-central1-b"]}, "2 zones (us-central1-a, us-central1-b)"),
-        ({"zones": ["auto"]}, "zones ("),
-        ({"spot": True, "recover": 2}, "--recover 2"),
-        ({"retry_until_up": True}, "--retry-until-up"),
+        (["us-central1-a,us-central1-b"], {}, "2 zones (us-central1-a, us-central1-b)"),
+        (["auto"], {}, "zones ("),
+        ([], {"spot": True, "recover": 2}, "--recover 2"),
+        ([], {"retry_until_up": True}, "--retry-until-up"),
     ],
 )
 def test_queued_refuses_failover_before_any_api_call(
-    embedded_rig: Rig, flags: dict[str, object], words: str
+    embedded_rig: Rig, zones: list[str], flags: dict[str, Any], words: str
 ) -> None:
     # These were accepted, and a --valid-for expiry then failed over to the next zone
     # ("previous: stockout"), one whole window per zone.
-    base = dict(accelerator="v5litepod-4", api_endpoint=embedded_rig.emulator.url, env={})
+    target = TargetFlags(
+        accelerator="v5litepod-4", api_endpoint=embedded_rig.emulator.url, zones=zones
+    )
+    capacity = CapacityFlags(queued=True, valid_for="1m", **flags)
     with pytest.raises(ConfigError) as refused:
-        build_run_spec(**base, queued=True, valid_for="1m", **flags)  # type: ignore[arg-type]
+        build_run_spec(target=target, capacity=capacity, env={})
     assert refused.value.message.startswith("--queued takes one zone and waits there")
     assert words in refused.value.message
     assert refused.value.hint is not None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tpulab.config import build_run_spec
+from tpulab.config import TargetFlags, build_run_spec
 from tpulab.remote.cmdline import remote_command
 from tpulab.remote.keys import HostKey, SshTarget
 from tpulab.remote.workspace import (
@@ -27,7 +27,9 @@ from tpulab.run.recording import PlaceholderKey, PlanRecorder
 def test_transfers_are_recorded_with_the_exact_command_and_answered(
     tpulab_home: Path, tmp_path: Path
 ) -> None:
-    spec = build_run_spec(accelerator="v6e-1", project="p-123456", zone="us-east5-b", env={})
+    spec = build_run_spec(
+        target=TargetFlags(accelerator="v6e-1", project="p-123456", zone="us-east5-b"), env={}
+    )
     recorder = PlanRecorder(spec)
     session = recorder.connect(
         SshTarget("<NODE-IP>", 22, "tpulab", HostKey("ssh-ed25519", _PLACEHOLDER_HOST_KEY)),

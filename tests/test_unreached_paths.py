@@ -153,16 +153,16 @@ _DRIVER = """
     import sys
     from tpulab.cleanup.journal import RunJournalAdapter
     from tpulab.cloud.google import GoogleTpuApi
-    from tpulab.config import build_run_spec
+    from tpulab.config import TargetFlags, build_run_spec
     from tpulab.errors import TeardownError
     from tpulab.exits import exit_status_for
     from tpulab.run.lifecycle import Lifecycle
 
     url, project, zone, name = sys.argv[1:5]
-    spec = build_run_spec(
-        accelerator="v5litepod-4", api_endpoint=url, project=project, zone=zone, name=name,
-        env={},
+    target = TargetFlags(
+        accelerator="v5litepod-4", api_endpoint=url, project=project, zone=zone, name=name
     )
+    spec = build_run_spec(target=target, env={})
     api = GoogleTpuApi(project, api_endpoint=url)
     life = Lifecycle(spec, api=api, journal=RunJournalAdapter(), teardown_poll=0.2)
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import invoke
 
-from tpulab.config import RunSpec, Timeouts, build_run_spec, run_inputs
+from tpulab.config import RunSpec, TargetFlags, TimeoutFlags, Timeouts, build_run_spec, run_inputs
 from tpulab.config.watchdog import WatchdogRequest
 from tpulab.errors import ConfigError
 from tpulab.remote.watchdog import parse_state, renew_command, startup_script
@@ -22,11 +22,11 @@ from tpulab.run.outcome import RunOutcome
 from tpulab.run.plan import build_plan
 from tpulab.run.report import summary_lines
 
-BASE = {"accelerator": "v5litepod-4", "project": "p-123456", "zone": "us-central1-a", "env": {}}
+BASE = TargetFlags(accelerator="v5litepod-4", project="p-123456", zone="us-central1-a")
 
 
 def _spec(**watchdog: str | bool | None) -> RunSpec:
-    return build_run_spec(**BASE, watchdog=WatchdogRequest(**watchdog))  # type: ignore[arg-type]
+    return build_run_spec(target=BASE, watchdog=WatchdogRequest(**watchdog), env={})  # type: ignore[arg-type]
 
 
 def _text(lines: list[list[tuple[str, str]]]) -> str:
@@ -76,7 +76,8 @@ def test_no_watchdog_refuses_its_tuning_flags_and_arms_nothing() -> None:
 
 def test_service_account_is_validated_and_sent_with_the_cloud_platform_scope() -> None:
     email = "runner@p-123456.iam.gserviceaccount.com"
-    spec = build_run_spec(**BASE, service_account=email)  # type: ignore[arg-type]
+    target = replace(BASE, service_account=email)
+    spec = build_run_spec(target=target, env={})
     create = next(s for s in build_plan(spec) if s.action == "CreateNode")
     assert (create.body or {})["serviceAccount"] == {
         "email": email,
@@ -88,7 +89,7 @@ def test_service_account_is_validated_and_sent_with_the_cloud_platform_scope() -
         "scope": ["https://www.googleapis.com/auth/cloud-platform"]
     }
     with pytest.raises(ConfigError, match="not a service account e-mail"):
-        build_run_spec(**BASE, service_account="runner")  # type: ignore[arg-type]
+        build_run_spec(target=replace(BASE, service_account="runner"), env={})
 
 
 def test_the_startup_script_is_the_watchdog_with_this_runs_config() -> None:
@@ -145,16 +146,8 @@ def test_no_watchdog_warns() -> None:
 
 def test_run_inputs_pass_the_flags_through() -> None:
     inputs = run_inputs(
-        accelerator="v5litepod-4",
-        emulate=True,
-        api_endpoint=None,
-        project=None,
-        zone=None,
-        name=None,
-        spot=False,
-        teardown_timeout=600,
-        installer="uv",
-        ssh_backend="embedded",
+        target=TargetFlags(accelerator="v5litepod-4", emulate=True),
+        timeouts=TimeoutFlags(teardown=600),
         watchdog=WatchdogRequest(lease="30s", boot_grace="45s", max_duration="1h"),
     )
     assert inputs.spec.watchdog is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpulab.config import build_run_spec
+from tpulab.config import TargetFlags, build_run_spec
 from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import Recorder
 from tpulab.run.record import run_record
@@ -13,7 +13,9 @@ from tpulab.run.workload import WorkloadOutcome
 
 
 def _outcome() -> RunOutcome:
-    spec = build_run_spec(accelerator="v5litepod-4", emulate=True, zones=["us-west1-c"])
+    spec = build_run_spec(
+        target=TargetFlags(accelerator="v5litepod-4", emulate=True, zones=["us-west1-c"])
+    )
     return RunOutcome(spec)
 
 

@@ -26,6 +26,7 @@ from test_plan_is_the_run import (
 )
 
 from tpulab.app.doctor import preflight_for
+from tpulab.config import TargetFlags
 from tpulab.config.workload import WorkloadSpec
 from tpulab.remote.cmdline import remote_command
 from tpulab.remote.keys import RunKey, SshTarget
@@ -175,7 +176,10 @@ def test_dry_run_lists_the_extra_packages_install(tmp_path: Path, tpulab_home: P
     from tpulab.config import build_run_spec
 
     base = build_run_spec(
-        accelerator="v5litepod-4", emulate=True, project="p", zone="us-central1-a", env={}
+        target=TargetFlags(
+            accelerator="v5litepod-4", emulate=True, project="p", zone="us-central1-a"
+        ),
+        env={},
     )
     workload = _workload(tmp_path, with_packages=("optax>=0.2", "flax"))
     steps = build_plan(dataclasses.replace(base, workload=workload))

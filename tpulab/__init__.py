@@ -118,9 +118,7 @@ def run_tpu(
     """
     from tpulab.app.runs import RunTpu
     from tpulab.cleanup.journal import RunJournalAdapter
-    from tpulab.config import run_inputs
-    from tpulab.config.spec import Timeouts
-    from tpulab.config.workload import WorkloadFlags
+    from tpulab.config import CapacityFlags, TargetFlags, WorkloadFlags, run_inputs
     from tpulab.errors import ConfigError, TpuLabError
 
     if spec is None:
@@ -131,19 +129,16 @@ def run_tpu(
             )
         # The command's own validation (project file, workload, zones, conflicts).
         spec = run_inputs(
-            accelerator=accelerator,
-            emulate=emulate,
-            api_endpoint=api_endpoint,
-            project=project,
-            zone=zone,
-            zones=zones,
-            name=name,
-            spot=spot,
-            recover=recover,
-            queued=queued,
-            teardown_timeout=Timeouts.teardown,
-            installer="uv",
-            ssh_backend="embedded",
+            target=TargetFlags(
+                accelerator=accelerator,
+                zones=zones,
+                zone=zone,
+                project=project,
+                name=name,
+                emulate=emulate,
+                api_endpoint=api_endpoint,
+            ),
+            capacity=CapacityFlags(spot=spot, recover=recover, queued=queued),
             adc_project=_adc_project,
             workload=WorkloadFlags(command=command, fetch=fetch, workdir=workdir, out=out),
         ).spec

@@ -23,7 +23,7 @@ import pytest
 
 from benchmarks.smoke import rounds
 from tpulab.cloud.google import GoogleTpuApi
-from tpulab.config import Timeouts, build_run_spec
+from tpulab.config import TargetFlags, Timeouts, build_run_spec
 from tpulab.emulator import Emulator, Timing
 from tpulab.emulator.backends import make_host_backend
 from tpulab.evidence.store import ReceiptStore
@@ -55,10 +55,12 @@ class Clocked(Recorder):
 
 def _one_run(emulator: Emulator, tmp_path: Path) -> dict[str, float]:
     spec = build_run_spec(
-        accelerator="v5litepod-4",
-        api_endpoint=emulator.url,
-        project="bench-project",
-        zone="us-central1-a",
+        target=TargetFlags(
+            accelerator="v5litepod-4",
+            api_endpoint=emulator.url,
+            project="bench-project",
+            zone="us-central1-a",
+        ),
         timeouts=Timeouts(teardown=30),
         env={},
     )

@@ -4,7 +4,10 @@
 is, how capacity is found, your command, the VM's Python, timeouts, the watchdog, the
 output) they read as a few short lists. The same table serves the three commands, so an
 option shared by them sits in the same panel everywhere, and the docs' CLI reference
-(tpulab/cli/_reference.py) groups by the same panels.
+(tpulab/cli/_reference.py) groups by the same panels. Each panel but Session and Output
+is one flag group of tpulab/config/groups.py (tests/test_flag_groups.py holds them
+equal); the names are spelled here, not imported, because importing tpulab.config
+(pydantic, through tpulab.models) would add a quarter second to every `--help`.
 """
 
 from __future__ import annotations

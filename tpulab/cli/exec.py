@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from tpulab.cleanup.sessions import SessionFiles, SessionStore
-    from tpulab.config import RunSpec, WorkloadFlags
+    from tpulab.config import RunSpec, TimeoutFlags, WorkloadFlags
     from tpulab.config.commands import Installer, RunInputs
     from tpulab.run.attach import AttachedRun
     from tpulab.run.outcome import RunOutcome
@@ -134,7 +134,7 @@ def _exec(
 def _exec_inputs(files: SessionFiles, flags: WorkloadFlags, installer: str) -> RunInputs:
     """The exec as a RunSpec on the session's node (a fresh id names its --out and
     TPULAB_RUN_ID); every check of input happens here, before anything is sent."""
-    from tpulab.config import run_inputs
+    from tpulab.config import CapacityFlags, PythonFlags, TargetFlags, run_inputs
 
     state = files.state
     if not flags.command:
@@ -155,24 +155,30 @@ def _exec_inputs(files: SessionFiles, flags: WorkloadFlags, installer: str) -> R
             hint=f"End it with `tpulab down {state.name}` and start a new one.",
         )
     return run_inputs(
-        accelerator=state.accelerator_type,
-        emulate=False,
-        api_endpoint=state.api_endpoint,
-        project=state.project,
-        zone=state.zone,
-        name=state.node_name,
-        spot=state.spot,
-        teardown_timeout=600.0,
-        # The node has been up since `up`: a minute for sshd to answer, not a boot's three.
-        boot_timeout=60.0,
-        installer=installer,
-        ssh_backend="embedded",
-        adc_project=None,  # the session names its project
+        target=TargetFlags(
+            accelerator=state.accelerator_type,
+            api_endpoint=state.api_endpoint,
+            project=state.project,
+            zone=state.zone,
+            name=state.node_name,
+            # The session's provider, never the type's default or a project file's: the
+            # exec asks about the node through the API it lives behind.
+            provider=state.provider,
+        ),
+        capacity=CapacityFlags(spot=state.spot),
+        timeouts=exec_timeouts(),
+        python=PythonFlags(installer=installer),
         workload=flags,
-        # The session's provider, never the type's default or a project file's: the exec
-        # asks about the node through the API it lives behind.
-        provider=state.provider,
+        adc_project=None,  # the session names its project
     )
+
+
+def exec_timeouts() -> TimeoutFlags:
+    """`run`'s timeouts but one: the node has been up since `up`, so a minute for sshd to
+    answer, not a boot's three."""
+    from tpulab.config import TimeoutFlags
+
+    return TimeoutFlags(boot=60.0)
 
 
 def _dry_run(spec: RunSpec, files: SessionFiles, installer: Installer, *, as_json: bool) -> None:

@@ -400,33 +400,40 @@ def run_command(
     """
 
     def action() -> None:
-        from tpulab.config import WorkloadFlags, run_inputs
+        from tpulab.config import groups, run_inputs
         from tpulab.config.watchdog import WatchdogRequest
+        from tpulab.config.workload import WorkloadFlags
 
         inputs = run_inputs(
-            accelerator=accelerator,
-            emulate=emulate,
-            api_endpoint=api_endpoint,
-            project=project,
-            zone=None,
-            zones=zones or [],
-            name=name,
-            spot=spot,
-            recover=recover,
-            retry_until_up=retry_until_up,
-            retry_for=retry_for,
-            payload_timeout=payload_timeout,
-            teardown_timeout=teardown_timeout,
-            boot_timeout=boot_timeout,
-            bootstrap_timeout=bootstrap_timeout,
-            internal_ip=internal_ip,
-            queued=queued,
-            valid_for=valid_for,
-            installer=installer,
-            ssh_backend=ssh_backend,
-            adc_project=None if dry_run else adc_project,
-            python=python,
-            jax_version=jax_version,
+            target=groups.TargetFlags(
+                accelerator=accelerator,
+                zones=tuple(zones or ()),
+                project=project,
+                name=name,
+                emulate=emulate,
+                api_endpoint=api_endpoint,
+                internal_ip=internal_ip,
+                network=network,
+                subnetwork=subnetwork,
+                provider=provider,
+                image=image,
+                service_account=service_account,
+            ),
+            capacity=groups.CapacityFlags(
+                spot=spot,
+                recover=recover,
+                retry_until_up=retry_until_up,
+                retry_for=retry_for,
+                queued=queued,
+                valid_for=valid_for,
+            ),
+            timeouts=groups.TimeoutFlags(
+                payload=payload_timeout,
+                teardown=teardown_timeout,
+                boot=boot_timeout,
+                bootstrap=bootstrap_timeout,
+            ),
+            python=groups.PythonFlags(python=python, jax_version=jax_version, installer=installer),
             workload=WorkloadFlags(
                 command=tuple(command or ()),
                 workdir=workdir,
@@ -449,11 +456,8 @@ def run_command(
                 boot_grace=boot_grace,
                 max_duration=max_duration,
             ),
-            service_account=service_account,
-            network=network,
-            subnetwork=subnetwork,
-            provider=provider,
-            image=image,
+            ssh_backend=ssh_backend,
+            adc_project=None if dry_run else adc_project,
         )
         spec = inputs.spec
         if no_watchdog:

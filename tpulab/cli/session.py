@@ -99,7 +99,7 @@ def up_command(
     """
 
     def action() -> None:
-        from tpulab.config import run_inputs
+        from tpulab.config import groups, run_inputs
         from tpulab.config.sessions import check_session_name, session_name_flag, session_times
 
         # Every check before any API call: the name and the bound on --ttl first.
@@ -111,29 +111,27 @@ def up_command(
                 hint="Serve one with `tpulab emulator serve` and pass its --api-endpoint.",
             )
         inputs = run_inputs(
-            accelerator=accelerator,
-            emulate=False,
-            api_endpoint=api_endpoint,
-            project=project,
-            zone=None,
-            zones=zones or [],
-            name=None,
-            spot=spot,
-            teardown_timeout=teardown_timeout,
-            boot_timeout=boot_timeout,
-            bootstrap_timeout=bootstrap_timeout,
-            payload_timeout=payload_timeout,
-            installer=installer,
-            ssh_backend="embedded",
-            adc_project=_adc_project,
-            python=python,
-            jax_version=jax_version,
+            target=groups.TargetFlags(
+                accelerator=accelerator,
+                zones=tuple(zones or ()),
+                project=project,
+                api_endpoint=api_endpoint,
+                network=network,
+                subnetwork=subnetwork,
+                provider=provider,
+                image=image,
+                service_account=service_account,
+            ),
+            capacity=groups.CapacityFlags(spot=spot),
+            timeouts=groups.TimeoutFlags(
+                payload=payload_timeout,
+                teardown=teardown_timeout,
+                boot=boot_timeout,
+                bootstrap=bootstrap_timeout,
+            ),
+            python=groups.PythonFlags(python=python, jax_version=jax_version, installer=installer),
             watchdog=times,
-            service_account=service_account,
-            network=network,
-            subnetwork=subnetwork,
-            provider=provider,
-            image=image,
+            adc_project=_adc_project,
         )
         from tpulab.contract import KIND_SESSION
 

@@ -2,9 +2,10 @@
 
 `endpoint` is the one rule for which API a command talks to (and whether credentials
 go there); `resolve` finds the project and zone; `project_file` reads a workspace's
-[tool.tpulab] defaults; `spec` validates a run's inputs into a `RunSpec` and `workload`
-its `-- CMD` part into a `WorkloadSpec`; `commands` has one function per command turning
-its raw flags into a validated spec. Nothing in this package contacts the cloud.
+[tool.tpulab] defaults; `groups` holds the flag groups `run`, `up` and `exec` share;
+`spec` validates a run's inputs into a `RunSpec` and `workload` its `-- CMD` part into a
+`WorkloadSpec`; `commands` has one function per command turning its raw flags into a
+validated spec. Nothing in this package contacts the cloud.
 """
 
 from tpulab.config.commands import (
@@ -20,6 +21,7 @@ from tpulab.config.commands import (
     teardown_inputs,
 )
 from tpulab.config.endpoint import Endpoint, Target, choose_target, classify_endpoint
+from tpulab.config.groups import CapacityFlags, PythonFlags, TargetFlags, TimeoutFlags
 from tpulab.config.project_file import ProjectDefaults, load_project_file
 from tpulab.config.resolve import (
     AdcProject,
@@ -60,17 +62,21 @@ __all__ = [
     "EMULATED_ZONE",
     "SSH_USER",
     "AdcProject",
+    "CapacityFlags",
     "CostsInputs",
     "Endpoint",
     "LocalVerifyInputs",
     "Mode",
     "ProjectDefaults",
+    "PythonFlags",
     "Resolved",
     "RunInputs",
     "RunSpec",
     "Scope",
     "Target",
+    "TargetFlags",
     "TeardownInputs",
+    "TimeoutFlags",
     "Timeouts",
     "WorkloadFlags",
     "WorkloadSpec",

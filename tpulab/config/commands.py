@@ -22,6 +22,15 @@ from typing import Literal
 
 from tpulab import catalog
 from tpulab.config.endpoint import Target, choose_target
+from tpulab.config.groups import (
+    CAPACITY_DEFAULTS,
+    PYTHON_DEFAULTS,
+    TIMEOUT_DEFAULTS,
+    CapacityFlags,
+    PythonFlags,
+    TargetFlags,
+    TimeoutFlags,
+)
 from tpulab.config.project_file import load_project_file
 from tpulab.config.resolve import (
     AdcProject,
@@ -34,13 +43,7 @@ from tpulab.config.resolve import (
     resolve_zones,
     zone_flags,
 )
-from tpulab.config.spec import (
-    EMULATED_PROJECT,
-    EMULATED_ZONE,
-    RunSpec,
-    Timeouts,
-    build_run_spec,
-)
+from tpulab.config.spec import EMULATED_PROJECT, EMULATED_ZONE, RunSpec, build_run_spec
 from tpulab.config.watchdog import WatchdogGroup
 from tpulab.config.workload import WorkloadFlags, build_workload, check_workdir
 from tpulab.errors import ConfigError
@@ -78,38 +81,16 @@ class RunInputs:
 
 def run_inputs(
     *,
-    accelerator: str | None,
-    emulate: bool,
-    api_endpoint: str | None,
-    project: str | None,
-    zone: str | None,
-    name: str | None,
-    spot: bool,
-    teardown_timeout: float,
-    installer: str,
-    ssh_backend: str,
-    zones: Sequence[str] = (),
-    recover: int = 0,
-    retry_until_up: bool = False,
-    retry_for: str | None = None,
+    target: TargetFlags,
+    capacity: CapacityFlags = CAPACITY_DEFAULTS,
+    timeouts: TimeoutFlags = TIMEOUT_DEFAULTS,
+    python: PythonFlags = PYTHON_DEFAULTS,
+    workload: WorkloadFlags | None = None,
+    watchdog: WatchdogGroup | None = None,
+    ssh_backend: str = "embedded",
     env: Mapping[str, str] | None = None,
     adc_project: AdcProject | None = None,
-    python: str | None = None,
-    jax_version: str | None = None,
-    boot_timeout: float = Timeouts.connect,
-    bootstrap_timeout: float = Timeouts.bootstrap,
-    payload_timeout: float = Timeouts.payload,
-    internal_ip: bool = False,
-    queued: bool = False,
-    valid_for: str | None = None,
-    workload: WorkloadFlags | None = None,
     cwd: Path | None = None,
-    watchdog: WatchdogGroup | None = None,
-    service_account: str | None = None,
-    network: str | None = None,
-    subnetwork: str | None = None,
-    provider: str | None = None,
-    image: str | None = None,
 ) -> RunInputs:
     """`tpulab run`'s flags, validated. `adc_project` None (a dry run) never asks ADC.
 
@@ -122,41 +103,16 @@ def run_inputs(
     cwd = Path.cwd() if cwd is None else cwd
     workdir = check_workdir(flags.workdir, cwd)
     defaults = load_project_file(workdir)
-    chosen_installer = installer_choice(installer)
+    chosen_installer = installer_choice(python.installer)
     chosen_backend = ssh_backend_choice(ssh_backend)
     spec = build_run_spec(
-        accelerator=accelerator,
-        emulate=emulate,
-        api_endpoint=api_endpoint,
-        project=project,
-        zone=zone,
-        zones=zones,
-        name=name,
-        spot=spot,
-        recover=recover,
-        retry_until_up=retry_until_up,
-        retry_for=None if retry_for is None else parse_duration("--retry-for", retry_for),
-        timeouts=Timeouts(
-            # After READY the VM boots its guest agent (host keys) and sshd: one budget.
-            host_key=check_seconds("--boot-timeout", boot_timeout),
-            connect=check_seconds("--boot-timeout", boot_timeout),
-            bootstrap=check_seconds("--bootstrap-timeout", bootstrap_timeout),
-            teardown=check_seconds("--teardown-timeout", teardown_timeout),
-        ),
-        payload_timeout=check_seconds("--payload-timeout", payload_timeout),
+        target=target,
+        capacity=capacity,
+        timeouts=timeouts,
+        python=python,
+        watchdog=watchdog,
         env=env,
         adc_project=adc_project,
-        python=python,
-        jax_version=jax_version,
-        internal_ip=internal_ip,
-        watchdog=watchdog,
-        service_account=service_account,
-        network=network,
-        subnetwork=subnetwork,
-        provider=provider,
-        image=image,
-        queued=queued,
-        valid_for=valid_for,
         defaults=defaults,
     )
     spec = dataclasses.replace(

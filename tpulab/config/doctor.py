@@ -18,6 +18,10 @@ from pathlib import Path
 
 from tpulab import catalog
 from tpulab.config.endpoint import Target, choose_target
+from tpulab.config.groups import from_file as _from_file
+from tpulab.config.groups import network_choice as _network
+from tpulab.config.groups import provider_choice as _provider
+from tpulab.config.groups import service_account_choice as _service_account
 from tpulab.config.network import check_network, check_subnetwork
 from tpulab.config.project_file import ProjectDefaults, load_project_file
 from tpulab.config.resolve import (
@@ -30,14 +34,7 @@ from tpulab.config.resolve import (
     resolve_project,
     zone_flags,
 )
-from tpulab.config.spec import (
-    EMULATED_PROJECT,
-    EMULATED_ZONE,
-    _from_file,
-    _network,
-    _provider,
-    _service_account,
-)
+from tpulab.config.spec import EMULATED_PROJECT, EMULATED_ZONE
 from tpulab.config.watchdog import check_service_account
 from tpulab.errors import ConfigError
 
