@@ -11,6 +11,9 @@ and the APIs where google-auth would look (docs/architecture.md §7, §8):
     TPULAB_EMULATED_CLOCK_SKIP = <a file: how far this VM's clock was moved forward>
     TPULAB_EMULATED_TMP = <this worker's own directory standing for its /tmp>
     TPULAB_EMULATED_DISK = <the sandbox: the directory standing in for this VM's disk>
+    JAX_HLO_SOURCE_FILE_CANONICALIZATION_REGEX = <drops the sandbox and /tmp prefixes
+        from the source paths jax compiles in, so every worker's are the same
+        (workers.py `same_paths_env`)>
 
 `Guest.stop()` is the power going off: the metadata server stops answering and every
 process the script started is killed.
@@ -41,7 +44,7 @@ from tpulab.emulator.iam import current_token
 from tpulab.emulator.metadata import MetadataServer
 from tpulab.emulator.startup import StartupScript
 from tpulab.emulator.state import CloudState
-from tpulab.emulator.workers import worker_key, writable_attributes
+from tpulab.emulator.workers import same_paths_env, worker_key, writable_attributes
 
 __all__ = ["Guest", "StateLink"]
 
@@ -144,6 +147,8 @@ class Guest:
             EMULATED_TMP_ENV: str(self.tmp_dir),
             # The worker's home is its disk: kept across reboots, removed with the node.
             EMULATED_DISK_ENV: str(self.sandbox),
+            # Its HOME and /tmp are its own directories here, one path on a real slice.
+            **same_paths_env(self.sandbox, self.tmp_dir),
         }
         if self.script.strip():
             self.startup = StartupScript(

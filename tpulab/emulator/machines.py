@@ -50,6 +50,7 @@ from tpulab.emulator.state import CloudState
 from tpulab.emulator.workers import (
     WORKERS_FIELD,
     loopback_address,
+    same_paths_env,
     set_worker_part,
     worker_count,
     worker_key,
@@ -161,8 +162,9 @@ class Machines:
             guest = self._boot_guest(key, node, worker, sandbox) if self._host.guests else None
             booted = guest.env if guest is not None else {}
             # Sessions see the worker's /tmp with or without a booted guest: a renewal
-            # lands where that worker's watchdog (if any) reads it.
-            own_tmp = {EMULATED_TMP_ENV: str(tmp)}
+            # lands where that worker's watchdog (if any) reads it. And with or without
+            # one, jax names source files alike on every worker (same_paths_env).
+            own_tmp = {EMULATED_TMP_ENV: str(tmp), **same_paths_env(sandbox, tmp)}
             envs.append({**booted, **own_tmp, **unreachable_index_env(self._host.faults)})
         if self._host.host_backend is None:
             self._record_boot(key, count, [], "")

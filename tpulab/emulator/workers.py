@@ -16,16 +16,24 @@ Emulated workers are SSH hosts on this machine: worker w listens on 127.0.0.(1+w
 routes all of 127/8 to the loopback device), all on one port when the backend can, so a
 client that can only give one port for every worker (`gcloud ... --worker=all
 --ssh-flag=-p<port>`) reaches each of them as it would reach port 22 online.
+
+Each emulated worker's HOME and /tmp are directories of its own, where a real slice's
+workers share one path for each; `same_paths_env` keeps that difference out of the
+programs jax compiles on them, which must be alike on every worker.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "SOURCE_PATH_REGEX_ENV",
     "WORKERS_FIELD",
     "loopback_address",
+    "same_paths_env",
     "set_worker_part",
     "worker_address",
     "worker_attributes",
@@ -136,3 +144,30 @@ def worker_network_endpoints(node: Record) -> str:
     the worker's IP (and the first entry as the coordinator's host)."""
     count = worker_count(str(node["accelerator_type"]))
     return ",".join(f"unknown:unknown:{worker_address(node, w)}" for w in range(count))
+
+
+# jax's own variable for its `jax_hlo_source_file_canonicalization_regex` option
+# (jax/_src/config.py): jax removes every match, `re.sub(value, "", path)`, from each
+# source file path it writes into a program's debug information.
+SOURCE_PATH_REGEX_ENV = "JAX_HLO_SOURCE_FILE_CANONICALIZATION_REGEX"
+
+
+def same_paths_env(home: Path, tmp: Path) -> dict[str, str]:
+    """What makes a worker's programs name their source files as every other worker's do.
+
+    On a real slice every worker VM has the same HOME (/home/<user>) and /tmp, so a
+    script staged under ~/jax-tpu-lab has one absolute path on all workers. Here worker
+    w's HOME is its own directory (`<node>.worker-w`) and so is its /tmp. jax writes the
+    path of the calling script into each compiled program, and jaxlib 0.12.1 stalls a
+    cross-process CPU (gloo) psum whose programs differ only in those paths: every rank
+    connects, the all-reduce never completes. So jax is told to drop this worker's HOME
+    and /tmp prefix from them (keeping the "/" after it): every worker's program is then
+    the same, as on a real slice. `tpulab exec --env` can still set the variable itself."""
+    prefixes: list[str] = []
+    for directory in (home, tmp):
+        for spelling in (str(directory), os.path.realpath(directory)):
+            if spelling not in prefixes:
+                prefixes.append(spelling)
+    # Longest first, so a prefix that is another's parent never cuts a path short.
+    alternatives = "|".join(re.escape(p) for p in sorted(prefixes, key=len, reverse=True))
+    return {SOURCE_PATH_REGEX_ENV: f"^(?:{alternatives})(?=/)"}

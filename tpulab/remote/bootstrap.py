@@ -59,7 +59,6 @@ from tpulab.contract import EMULATED_IMAGE_ENV
 from tpulab.errors import BootstrapError, CommandFailedError, RemoteError
 
 __all__ = [
-    "EMULATED_JAX_EXCLUDED",
     "EXTRAS_MARKER",
     "EXTRAS_STAMP",
     "EXTRA_VERSIONS_MARKER",
@@ -440,24 +439,10 @@ echo "TPULAB_EXTRAS installed"
 )
 
 
-# CPU jax releases an emulated node must not get. jax 0.12.1 (on the index 2026-12-06)
-# stalls an emulated slice's verifier: all 16 gloo ranks connect, then the slice-wide
-# psum never finishes (180 s). The same four processes run by hand on this machine pass
-# in 7 s, so something of the emulated VM (its metadata server, which jaxlib 0.12.1
-# reads natively, is the lead) meets something new in 0.12.1; until that is found, an
-# emulated node takes the newest other release. A real TPU's `jax[tpu]` is not limited.
-EMULATED_JAX_EXCLUDED = ("0.12.1",)
-
-
 def requirements_for(platform: str, jax_version: str | None = None) -> list[str]:
-    """What the venv must hold: jax[tpu] pulls libtpu from PyPI; CPU jax for emulation
-    (never an EMULATED_JAX_EXCLUDED release unless it is asked for by version)."""
+    """What the venv must hold: jax[tpu] pulls libtpu from PyPI; CPU jax for emulation."""
     jax = "jax[tpu]" if platform == "tpu" else "jax"
-    if jax_version:
-        return [f"{jax}=={jax_version}", "numpy"]
-    if platform == "tpu":
-        return [jax, "numpy"]
-    return [jax + ",".join(f"!={v}" for v in EMULATED_JAX_EXCLUDED), "numpy"]
+    return [f"{jax}=={jax_version}" if jax_version else jax, "numpy"]
 
 
 def needs_uv(python: str, installer: Installer) -> bool:
