@@ -386,7 +386,7 @@ def test_a_daemon_without_the_node_tag_dies_with_the_node(ssh_host: SshHost, esc
     environment (the node's tag lived there), left its session and its directory: it
     stays in the tree of the session's holder (a child subreaper), where stop finds it.
     It once survived `down` and node deletes."""
-    from tpulab.emulator.hostenv import NODE_TAG_VAR
+    from tpulab.emulator.processes import NODE_TAG_VAR
 
     pid_file = ssh_host.sandbox / "daemon.pid"
     inner = f"cd / && sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > {pid_file}"

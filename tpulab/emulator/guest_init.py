@@ -38,7 +38,7 @@ def _become_subreaper() -> None:
 
 def process_table() -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, state) for every process /proc shows ({} without /proc).
-    Also the emulator's own view of a node's processes (hostenv.kill_tagged imports it:
+    Also the emulator's own view of a node's processes (processes.kill_tagged imports it:
     this file stays stdlib only, as the script the VM's init runs)."""
     table: dict[int, tuple[int, str]] = {}
     try:

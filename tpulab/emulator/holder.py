@@ -6,7 +6,7 @@ host) or one above the node's sshd (OpenSSH host). Stdlib only, run as a script:
 It is a child subreaper (Linux prctl), so whatever ARGV leaves running -- daemonised
 with setsid, double forked, its environment wiped by `env -i`, its working directory
 changed -- is re-parented to the holder instead of the machine's init and stays in its
-process tree, where the node's cleanup (`hostenv.kill_tagged`) finds it by ancestry. The
+process tree, where the node's cleanup (`processes.kill_tagged`) finds it by ancestry. The
 environment tag alone (`NODE_TAG_VAR`) is lost to `env -i`; a process tree is not.
 
 ARGV runs as its child, in a session of its own (as sshd would start it), with the

@@ -7,75 +7,48 @@
   (kept for tests whose subject is not the install). `without_ensurepip` turns either
   into an Ubuntu image lacking python3-venv. Each image names itself to its sessions
   (`contract.EMULATED_IMAGE_ENV`), so a run's summary can say which one a node had.
-- `parse_ssh_keys`: the node's `metadata["ssh-keys"]` as the guest agent reads it.
-- `new_host_keys`: fresh ed25519, ECDSA P-256 and RSA host keys per node, the set the
-  guest agent generates at a VM's first boot (its `host_key_types = ecdsa,ed25519,rsa`).
-- `reserve_port`: a loopback port held (bound, not listening) so it can be published
-  before the server accepts connections.
-- `NODE_TAG_VAR` / `held` / `kill_tagged`: every session process carries the node's tag
-  in its environment and runs under a holder (`holder.py`, a child subreaper), so
-  deleting a node kills everything it started, the way deleting a VM does: daemonised
-  children included, even those that dropped the tag with `env -i` and left their
-  session with `setsid`, found by ancestry (Linux /proc; elsewhere only live sessions die).
+
+Its SSH keys are `tpulab.emulator.hostkeys`; its processes (tags, holders, ports),
+`tpulab.emulator.processes`.
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import errno
 import functools
 import glob
 import importlib.util
 import logging
 import os
 import re
-import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from tpulab.contract import EMULATED_IMAGE_ENV
 from tpulab.emulator.bytecode import start_warming
-from tpulab.emulator.guest_init import process_table, tagged
 
 __all__ = [
-    "HOLDER",
     "IMAGE_KINDS",
-    "NODE_TAG_VAR",
-    "AuthorizedKey",
     "BackendImage",
-    "HostKeyPair",
     "ImageEnv",
     "ImageKind",
     "bare_image_env",
-    "common_free_port",
     "default_cache_dir",
     "find_image_python",
     "find_interpreter",
-    "held",
     "image_env",
-    "kill_tagged",
     "local_pythons",
-    "new_host_keys",
-    "new_node_tag",
-    "parse_ssh_keys",
     "preloaded_image_env",
-    "reserve_port",
     "session_env",
     "without_ensurepip",
 ]
 
 log = logging.getLogger(__name__)
 
-NODE_TAG_VAR = "TPULAB_EMULATED_NODE"
 
 ImageKind = Literal["bare", "preloaded"]
 IMAGE_KINDS: tuple[ImageKind, ...] = ("bare", "preloaded")
@@ -411,182 +384,3 @@ def session_env(image: ImageEnv, home: Path, user: str) -> dict[str, str]:
     }
     env.update(image.as_env())
     return env
-
-
-@dataclass(frozen=True)
-class AuthorizedKey:
-    user: str
-    key_type: str
-    b64: str
-
-    @property
-    def openssh_line(self) -> str:
-        return f"{self.key_type} {self.b64} {self.user}"
-
-
-def parse_ssh_keys(metadata: str) -> list[AuthorizedKey]:
-    """Parse "user:keytype base64 [comment]" lines; malformed lines are skipped (and
-    logged) the way the guest agent ignores them, so one bad line locks nobody out."""
-    keys: list[AuthorizedKey] = []
-    for number, raw in enumerate(metadata.splitlines(), start=1):
-        line = raw.strip()
-        if not line:
-            continue
-        user, sep, rest = line.partition(":")
-        parts = rest.split()
-        if not sep or not user or len(parts) < 2:
-            log.warning("ssh-keys line %d is not 'user:keytype base64 comment'; ignored", number)
-            continue
-        try:
-            base64.b64decode(parts[1], validate=True)
-        except ValueError:
-            log.warning("ssh-keys line %d has a key body that is not base64; ignored", number)
-            continue
-        keys.append(AuthorizedKey(user=user, key_type=parts[0], b64=parts[1]))
-    return keys
-
-
-@dataclass(frozen=True)
-class HostKeyPair:
-    private_openssh: bytes  # OpenSSH PEM; never logged
-    key_type: str
-    b64: str
-
-    def __repr__(self) -> str:
-        return f"HostKeyPair({self.key_type} {self.b64[:16]}...)"
-
-
-# RSA size: ssh-keygen's default is 3072 bits, but generating one costs ~0.3 s per node
-# start here (2048: ~0.08 s) and no client's choice depends on the size.
-_RSA_BITS = 2048
-
-
-def new_host_keys() -> list[HostKeyPair]:
-    """One fresh key per type the guest agent publishes: ssh-ed25519 (tpulab pins this),
-    ecdsa-sha2-nistp256 (ssh-keygen's default ECDSA curve) and ssh-rsa."""
-    from cryptography.hazmat.primitives.asymmetric import ec, rsa
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    return [
-        _pair(Ed25519PrivateKey.generate()),
-        _pair(ec.generate_private_key(ec.SECP256R1())),
-        _pair(rsa.generate_private_key(public_exponent=65537, key_size=_RSA_BITS)),
-    ]
-
-
-def _pair(private: Any) -> HostKeyPair:
-    from cryptography.hazmat.primitives import serialization
-
-    pem = private.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.OpenSSH,
-        serialization.NoEncryption(),
-    )
-    public = private.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    )
-    key_type, b64 = public.decode("ascii").split()[:2]
-    return HostKeyPair(private_openssh=pem, key_type=key_type, b64=b64)
-
-
-def reserve_port(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """Bind (but do not listen on) a free port (or `port`; OSError when it is taken):
-    connections to it are refused, yet no other process can take it before our server
-    starts listening there."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    os.set_inheritable(sock.fileno(), False)
-    return sock
-
-
-def common_free_port(addresses: Sequence[str], attempts: int = 50) -> int:
-    """A port free on every one of `addresses` at once (a slice's workers listen on
-    127.0.0.(1+w), all on one port). Probed, then released: the caller binds it again,
-    and starts the whole set again on another port should it be taken meanwhile."""
-    for _ in range(attempts):
-        held_socks = [reserve_port(addresses[0])]
-        port = held_socks[0].getsockname()[1]
-        try:
-            for address in addresses[1:]:
-                held_socks.append(reserve_port(address, port))
-        except OSError as error:
-            if error.errno != errno.EADDRINUSE:
-                raise  # e.g. EADDRNOTAVAIL: no such loopback address on this machine
-            continue  # taken on some address: another port
-        else:
-            return int(port)
-        finally:
-            for sock in held_socks:
-                sock.close()
-    raise OSError(f"no port is free on all of {', '.join(addresses)}")
-
-
-def new_node_tag(node_key: str) -> str:
-    return f"{node_key}.{secrets.token_hex(8)}"
-
-
-HOLDER = Path(__file__).with_name("holder.py")
-
-
-def held(argv: Sequence[str], *, status_fd: int | None = None) -> list[str]:
-    """`argv` run under `holder.py`, the child subreaper that keeps whatever it leaves
-    running in a process tree `kill_tagged` can find (see holder.py)."""
-    status = ["--status-fd", str(status_fd)] if status_fd is not None else []
-    return [sys.executable, "-I", "-S", str(HOLDER), *status, "--", *argv]
-
-
-def _below(table: Mapping[int, tuple[int, str]], heads: set[int]) -> set[int]:
-    """The live descendants of `heads` (not the heads themselves)."""
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _) in table.items():
-        children.setdefault(parent, []).append(pid)
-    found: set[int] = set()
-    todo = list(heads)
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found and child not in heads:
-                found.add(child)
-                todo.append(child)
-    return {pid for pid in found if table[pid][1] not in ("Z", "X")}
-
-
-def _signal(pid: int, signum: int) -> None:
-    with contextlib.suppress(OSError):
-        os.kill(pid, signum)
-
-
-_KILL_ROUNDS = 200
-
-
-def kill_tagged(tag: str, *, roots: Iterable[int] = ()) -> int:
-    """SIGKILL everything a node runs, the way deleting a VM does: the processes whose
-    environment carries `NODE_TAG_VAR=tag`, the `roots` (its holders, see `held`), and
-    every descendant of either -- which is what `env -i`, `setsid` or a double fork
-    cannot leave, because the holders are child subreapers. The heads are stopped first
-    (a stopped process forks nothing), their descendants killed until none is left
-    (what one of them orphans meanwhile is adopted by a holder, and found next round),
-    then the heads. Linux /proc; elsewhere nothing is found. Returns how many died."""
-    me = os.getpid()
-    needle = f"{NODE_TAG_VAR}={tag}".encode()
-    table = process_table()
-    heads = {pid for pid in roots if pid in table and pid != me}
-    heads |= {pid for pid in table if pid != me and tagged(pid, needle)}
-    for pid in heads:
-        _signal(pid, signal.SIGSTOP)
-    killed: set[int] = set()
-    for _ in range(_KILL_ROUNDS):
-        victims = _below(process_table(), heads) - {me}
-        if not victims:
-            break
-        for pid in victims:
-            _signal(pid, signal.SIGKILL)
-        killed |= victims
-        time.sleep(0.01)  # let them turn into zombies before the next look
-    for pid in heads:
-        _signal(pid, signal.SIGKILL)
-    return len(killed | heads)

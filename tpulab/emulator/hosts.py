@@ -28,7 +28,7 @@ class HostEndpoint:
     """Every host key the server presents: type ("ssh-ed25519", "ecdsa-sha2-nistp256",
     "ssh-rsa") -> base64 body, as the guest agent publishes them (`hostkeys/<type>`)."""
     tag: str = ""
-    """The node tag (hostenv.NODE_TAG_VAR) its sessions' processes carry: recorded with
+    """The node tag (processes.NODE_TAG_VAR) its sessions' processes carry: recorded with
     the node, so whichever emulator deletes or reboots it can kill what they left running
     although the emulator that started them died (SIGKILLed `tpulab run --emulate`)."""
 

@@ -37,15 +37,10 @@ from tpulab.contract import (
 )
 from tpulab.emulator.faults import FaultPlan, unreachable_index_env
 from tpulab.emulator.guest import Guest, StateLink
-from tpulab.emulator.hostenv import (
-    BackendImage,
-    ImageEnv,
-    common_free_port,
-    kill_tagged,
-    reserve_port,
-)
+from tpulab.emulator.hostenv import BackendImage, ImageEnv
 from tpulab.emulator.hosts import AddressedHostBackend, HostBackend, HostEndpoint
 from tpulab.emulator.persist import StateFile
+from tpulab.emulator.processes import common_free_port, kill_tagged, reserve_port
 from tpulab.emulator.state import CloudState
 from tpulab.emulator.workers import (
     WORKERS_FIELD,

@@ -30,20 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpulab import errors as E
-from tpulab.emulator.hostenv import (
-    NODE_TAG_VAR,
-    BackendImage,
-    ImageEnv,
-    ImageKind,
-    held,
-    kill_tagged,
-    new_host_keys,
-    new_node_tag,
-    parse_ssh_keys,
-    reserve_port,
-    session_env,
-)
+from tpulab.emulator.hostenv import BackendImage, ImageEnv, ImageKind, session_env
+from tpulab.emulator.hostkeys import new_host_keys, parse_ssh_keys
 from tpulab.emulator.hosts import HostEndpoint
+from tpulab.emulator.processes import NODE_TAG_VAR, held, kill_tagged, new_node_tag, reserve_port
 
 __all__ = [
     "DEFAULT_SSHD",
@@ -232,7 +222,7 @@ class OpenSshHostBackend:
                 node.sock.close()
             # sshd's holder, everything below it (per-connection sshd processes call
             # setsid; what sessions leave running is adopted by the holder, env -i and
-            # setsid or not) and anything tagged: hostenv.kill_tagged.
+            # setsid or not) and anything tagged: processes.kill_tagged.
             roots = [node.process.pid] if node.process is not None else []
             kill_tagged(node.tag, roots=roots)
             if node.process is not None:
@@ -268,7 +258,7 @@ class OpenSshHostBackend:
             with log_file:
                 process = node.process = subprocess.Popen(
                     # Under a holder (a child subreaper): what sessions leave running
-                    # stays in its tree, where `stop` finds it (hostenv.held).
+                    # stays in its tree, where `stop` finds it (processes.held).
                     held([self.sshd, "-D", "-e", "-f", str(node.config)]),
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,

@@ -28,20 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tpulab.emulator.hostenv import (
-    NODE_TAG_VAR,
-    BackendImage,
-    ImageEnv,
-    ImageKind,
-    held,
-    kill_tagged,
-    new_host_keys,
-    new_node_tag,
-    parse_ssh_keys,
-    reserve_port,
-    session_env,
-)
+from tpulab.emulator.hostenv import BackendImage, ImageEnv, ImageKind, session_env
+from tpulab.emulator.hostkeys import new_host_keys, parse_ssh_keys
 from tpulab.emulator.hosts import HostEndpoint
+from tpulab.emulator.processes import NODE_TAG_VAR, held, kill_tagged, new_node_tag, reserve_port
 
 if TYPE_CHECKING:
     import asyncssh
@@ -291,7 +281,7 @@ class EmbeddedHostBackend:
         env.update(node.env)
         env.update(process.env)  # the client's env requests are honoured
         env[NODE_TAG_VAR] = node.tag
-        # Under a holder (hostenv.held): the command's own exit status comes back on a
+        # Under a holder (processes.held): the command's own exit status comes back on a
         # pipe, and what it leaves running stays below the holder for `stop` to find.
         status_read, status_write = os.pipe()
         try:
@@ -354,7 +344,7 @@ class EmbeddedHostBackend:
             conn.abort()
         processes = list(node.processes)
         # The holders' trees (whatever the commands left, env -i and setsid included)
-        # and anything else tagged, descendants first: hostenv.kill_tagged.
+        # and anything else tagged, descendants first: processes.kill_tagged.
         kill_tagged(node.tag, roots=[proc.pid for proc in processes])
         # Reap them here, on the loop, so no subprocess transport outlives it.
         await asyncio.gather(

@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from tpulab.emulator.hostenv import NODE_TAG_VAR, kill_tagged, new_node_tag
+from tpulab.emulator.processes import NODE_TAG_VAR, kill_tagged, new_node_tag
 
 __all__ = ["GUEST_DIR", "StartupScript", "startup_log"]
 
