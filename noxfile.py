@@ -49,7 +49,9 @@ def typecheck(session: nox.Session) -> None:
 # TPULAB_HOME and tmp dirs, servers on port 0), so they can share the cores. They mostly
 # wait (on SSH hosts, subprocesses, emulated operations), so more workers than cores
 # pay: on a 2-core machine shared with other jobs, whole suite, -n 4 took 291 s and
-# -n 2 took 713 s, 325 s of it two OpenSSH sessions hung until their timeouts (2026-12-01).
+# -n 2 took 713 s, 325 s of it two OpenSSH sessions hung until their timeouts (2026-12-01);
+# on 2026-12-06 -n 2 ran all 1,903 tests in 1,178 s with no hang, but the cores were
+# busy only 55 % of it (the sleep-bound tests then queue behind each other).
 # `nox -s tests -- -n 0` runs them in one process (the last -n wins). A fifth worker
 # does not pay: 11 end-to-end files took 223 s at -n 4 and 261 s at -n 5, the long
 # sleep-bound tests then ending last (2026-12-06).

@@ -20,6 +20,7 @@ from pathlib import Path
 from uv import find_uv_bin
 
 from tpulab.emulator.bytecode import marker_name, start_warming, unmarked_archives, warm
+from tpulab.emulator.hostenv import bare_image_env
 
 TAG = sys.implementation.cache_tag
 
@@ -119,3 +120,14 @@ def test_a_venv_installed_from_a_warmed_cache_gets_its_bytecode(tmp_path: Path) 
     pyc = _pyc(Path(site).parent, "__init__")
     assert pyc.is_file(), "uv no longer links an archive's __pycache__ into a venv"
     assert pyc.stat().st_nlink > 1  # the cache's own file, not one the import wrote
+
+
+def test_a_cache_that_cannot_hold_bytecode_still_boots_the_image(tmp_path: Path) -> None:
+    # A file where the markers go (or a read-only cache) only costs time: the image
+    # is made, and its nodes compile at import as a real VM does.
+    cache = tmp_path / "cache"
+    _archive(cache / "uv" / "archive-v0", "a1")
+    (cache / "bytecode").write_text("not a directory")
+    image = bare_image_env(tmp_path / "image", cache_dir=cache)
+    assert image.name.startswith("bare")
+    assert (cache / "bytecode").read_text() == "not a directory"

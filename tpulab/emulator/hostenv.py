@@ -300,7 +300,12 @@ def _warm_bytecode(cache: Path) -> None:
         return
     version = max(offered, key=lambda text: tuple(int(part) for part in text.split(".")))
     tag = "cpython-" + version.replace(".", "")
-    if start_warming(cache, offered[version], tag) is not None:
+    try:
+        started = start_warming(cache, offered[version], tag)
+    except OSError as error:  # only time is lost: never a reason to refuse a node
+        log.warning("cannot compile the shared uv cache's packages: %s", error)
+        return
+    if started is not None:
         log.info("compiling the shared uv cache's packages for python %s", version)
 
 
