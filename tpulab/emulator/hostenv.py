@@ -260,12 +260,13 @@ def bare_image_env(root: Path, *, cache_dir: Path | None = None) -> ImageEnv:
     _script(image_bin / "sudo", _SUDO)
     for stale in managed_bin.iterdir():
         stale.unlink()
-    for later, path in local_pythons().items():
+    offered = local_pythons()
+    for later, path in offered.items():
         _link(managed_bin, f"python{later}", path)
     cache = cache_dir if cache_dir is not None else default_cache_dir()
     (cache / "uv").mkdir(parents=True, exist_ok=True)
     (cache / "pip").mkdir(parents=True, exist_ok=True)
-    _warm_bytecode(cache)
+    _warm_bytecode(cache, offered)
     log.info("bare emulated image: python3 %s (%s), caches in %s", version, python, cache)
     return ImageEnv(
         # The stand-ins for uv's managed pythons come before /usr/bin, as uv prefers
@@ -292,10 +293,9 @@ def bare_image_env(root: Path, *, cache_dir: Path | None = None) -> ImageEnv:
     )
 
 
-def _warm_bytecode(cache: Path) -> None:
+def _warm_bytecode(cache: Path, offered: dict[str, Path]) -> None:
     """Bytecode for the venvs' Python in the shared uv cache (tpulab.emulator.bytecode):
-    the bootstrap's default venv takes the newest interpreter the image offers."""
-    offered = local_pythons()
+    the bootstrap's default venv takes the newest interpreter the image `offered`."""
     if not offered:
         return
     version = max(offered, key=lambda text: tuple(int(part) for part in text.split(".")))
