@@ -348,6 +348,19 @@ def test_update_node_refuses_what_it_cannot_update(
     assert words in answer["error"]["message"]
 
 
+def test_update_node_refuses_labels_google_refuses(emulator: Emulator) -> None:
+    wait_done(emulator, create(emulator, "u3", labels={"a": "b"}))
+    got, answer = call(
+        emulator, "PATCH", f"{BASE}/nodes/u3?updateMask=labels", {"labels": {"a": "B"}}
+    )
+    assert (got, answer["error"]["status"]) == (400, "INVALID_ARGUMENT")
+    assert answer["error"]["message"] == (
+        "resource labels are invalid: value \"B\" contains invalid character 'B' at index 0 "
+        'for key "a"'
+    )
+    assert call(emulator, "GET", f"{BASE}/nodes/u3")[1]["labels"] == {"a": "b"}
+
+
 def test_update_node_needs_a_ready_node(held_emulator: tuple[Emulator, FakeClock]) -> None:
     emulator, _ = held_emulator
     create(emulator, "u3")  # still CREATING: its clock stands still

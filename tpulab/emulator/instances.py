@@ -62,6 +62,7 @@ from tpulab.emulator.instance_wire import (
     quota_error,
     stockout_error,
 )
+from tpulab.emulator.labels import compute_label_problem
 from tpulab.emulator.state import CloudState
 from tpulab.emulator.workers import worker_attributes
 from tpulab.emulator.zones import ZONES
@@ -273,6 +274,13 @@ class InstanceApi:
                 "'(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'",
             )
         machine_type = _machine_type(zone, body, self._faults.absent_machine_types)
+        labels = body.get("labels") or {}
+        if isinstance(labels, dict):
+            problem = compute_label_problem({str(k): str(v) for k, v in labels.items()})
+        else:
+            problem = "Invalid value for field 'resource.labels': want a map."
+        if problem is not None:
+            raise ComputeError(400, "invalid", problem)
         now = self._clock()
         with self._transaction() as cloud:
             key = instance_key(project, zone, name)

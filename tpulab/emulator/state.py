@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tpulab.emulator.faults import FaultPlan
+from tpulab.emulator.labels import tpu_label_problem
 from tpulab.emulator.timing import Timing
 from tpulab.emulator.wire import (
     ACCELERATOR_CONFIG_TYPES,
@@ -230,7 +231,7 @@ class CloudState:
             "accelerator_type": accelerator,
             "runtime_version": runtime,
             "description": str(body.get("description", "")),
-            "labels": _string_map(body.get("labels"), "labels"),
+            "labels": _labels(body.get("labels")),
             "metadata": _string_map(body.get("metadata"), "metadata"),
             "spot": spot,
             "preemptible": bool(scheduling.get("preemptible")),
@@ -294,6 +295,7 @@ class CloudState:
                 f"Invalid runtime version {runtime!r} in zone {zone_info.name}. Available "
                 "versions: " + ", ".join(zone_info.runtime_versions()),
             )
+        _labels(body.get("labels"))
         return accelerator, runtime
 
     def get_node(self, project: str, zone: str, node_id: str) -> Record:
@@ -487,7 +489,9 @@ def _update_value(field: str, body: Record) -> Any:
     if field == "external_ips":
         network = body.get("networkConfig") or body.get("network_config") or {}
         return bool(network.get("enableExternalIps", network.get("enable_external_ips", False)))
-    if field in {"labels", "metadata"}:
+    if field == "labels":
+        return _labels(body.get(field))
+    if field == "metadata":
         return _string_map(body.get(field), field)
     if field == "tags":
         tags = body.get("tags") or []
@@ -495,6 +499,15 @@ def _update_value(field: str, body: Record) -> Any:
             raise ApiError(400, "INVALID_ARGUMENT", "Invalid value at 'node.tags': want strings.")
         return list(tags)
     return str(body.get(field) or "")
+
+
+def _labels(value: Any) -> dict[str, str]:
+    """The labels of a create or update, or the API's refusal of them (emulator/labels.py)."""
+    labels = _string_map(value, "labels")
+    problem = tpu_label_problem(labels)
+    if problem is not None:
+        raise ApiError(400, "INVALID_ARGUMENT", problem)
+    return labels
 
 
 def _string_map(value: Any, field: str) -> dict[str, str]:
