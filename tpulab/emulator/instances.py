@@ -62,7 +62,7 @@ from tpulab.emulator.instance_wire import (
     quota_error,
     stockout_error,
 )
-from tpulab.emulator.labels import compute_label_problem
+from tpulab.emulator.resource_rules import compute_label_problem, metadata_problem
 from tpulab.emulator.state import CloudState
 from tpulab.emulator.workers import worker_attributes
 from tpulab.emulator.zones import ZONES
@@ -274,11 +274,7 @@ class InstanceApi:
                 "'(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'",
             )
         machine_type = _machine_type(zone, body, self._faults.absent_machine_types)
-        labels = body.get("labels") or {}
-        if isinstance(labels, dict):
-            problem = compute_label_problem({str(k): str(v) for k, v in labels.items()})
-        else:
-            problem = "Invalid value for field 'resource.labels': want a map."
+        problem = _labels_or_metadata_problem(body)
         if problem is not None:
             raise ComputeError(400, "invalid", problem)
         now = self._clock()
@@ -654,6 +650,18 @@ def _new_record(
             "scopes": [str(s) for s in (accounts[0] or {}).get("scopes") or []],
         },
     }
+
+
+def _labels_or_metadata_problem(body: Record) -> str | None:
+    """Compute's refusal of an insert's labels or metadata (emulator/resource_rules.py)."""
+    labels = body.get("labels") or {}
+    if not isinstance(labels, dict):
+        return "Invalid value for field 'resource.labels': want a map."
+    problem = compute_label_problem({str(k): str(v) for k, v in labels.items()})
+    if problem is not None:
+        return problem
+    problem = metadata_problem(_metadata_items(body.get("metadata") or {}))
+    return None if problem is None else f"Invalid value for field 'resource.metadata': {problem}"
 
 
 def _metadata_items(metadata: Record) -> dict[str, str]:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tpulab.emulator.faults import FaultPlan
-from tpulab.emulator.labels import tpu_label_problem
+from tpulab.emulator.resource_rules import metadata_problem, tpu_label_problem
 from tpulab.emulator.timing import Timing
 from tpulab.emulator.wire import (
     ACCELERATOR_CONFIG_TYPES,
@@ -232,7 +232,7 @@ class CloudState:
             "runtime_version": runtime,
             "description": str(body.get("description", "")),
             "labels": _labels(body.get("labels")),
-            "metadata": _string_map(body.get("metadata"), "metadata"),
+            "metadata": _metadata(body.get("metadata")),
             "spot": spot,
             "preemptible": bool(scheduling.get("preemptible")),
             "external_ips": bool(
@@ -296,6 +296,7 @@ class CloudState:
                 "versions: " + ", ".join(zone_info.runtime_versions()),
             )
         _labels(body.get("labels"))
+        _metadata(body.get("metadata"))
         return accelerator, runtime
 
     def get_node(self, project: str, zone: str, node_id: str) -> Record:
@@ -492,7 +493,7 @@ def _update_value(field: str, body: Record) -> Any:
     if field == "labels":
         return _labels(body.get(field))
     if field == "metadata":
-        return _string_map(body.get(field), field)
+        return _metadata(body.get(field))
     if field == "tags":
         tags = body.get("tags") or []
         if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
@@ -502,12 +503,21 @@ def _update_value(field: str, body: Record) -> Any:
 
 
 def _labels(value: Any) -> dict[str, str]:
-    """The labels of a create or update, or the API's refusal of them (emulator/labels.py)."""
+    """The labels of a create or update, or the API's refusal (emulator/resource_rules.py)."""
     labels = _string_map(value, "labels")
     problem = tpu_label_problem(labels)
     if problem is not None:
         raise ApiError(400, "INVALID_ARGUMENT", problem)
     return labels
+
+
+def _metadata(value: Any) -> dict[str, str]:
+    """The metadata of a create or update, or the API's refusal of it."""
+    metadata = _string_map(value, "metadata")
+    problem = metadata_problem(metadata)
+    if problem is not None:
+        raise ApiError(400, "INVALID_ARGUMENT", problem)
+    return metadata
 
 
 def _string_map(value: Any, field: str) -> dict[str, str]:

@@ -1,4 +1,7 @@
-"""Google's rule for resource labels, as the Cloud TPU API and Compute Engine enforce it.
+"""Google's rules for a resource's labels and metadata, as the Cloud TPU API and Compute
+Engine enforce them at create (and UpdateNode).
+
+## Labels
 
 Both APIs refuse a create whose labels break it, each in its own words (the first
 found is named):
@@ -19,15 +22,35 @@ many labels) is said in the same style.
 tpulab checks its own labels before any call (`tpulab.models.check_label`, ASCII
 only, so stricter); the emulator checks them as Google does, so that a label Google
 would refuse cannot pass offline.
+
+## Metadata
+Compute's discovery document (`Metadata.items`): a key matches `[a-zA-Z0-9-_]+` and is
+less than 128 bytes; a value is at most 262144 bytes (256 KiB). gcloud's `--metadata`
+help adds that all entries together are at most 512 KB. A TPU VM's metadata is served
+by the same metadata server, so the emulator holds a node's to the same rule. The
+refusals' words here are the emulator's own: no source quotes Google's. What tpulab
+sends (its startup-script carries the watchdog, ~35 KB) must stay inside these, and
+every emulated run checks that it does.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
-__all__ = ["MAX_LABELS", "compute_label_problem", "tpu_label_problem"]
+__all__ = [
+    "MAX_LABELS",
+    "MAX_METADATA_TOTAL",
+    "MAX_METADATA_VALUE",
+    "compute_label_problem",
+    "metadata_problem",
+    "tpu_label_problem",
+]
 
 MAX_LABELS = 64
+MAX_METADATA_VALUE = 262_144
+MAX_METADATA_TOTAL = 512 * 1024
+_METADATA_KEY = re.compile(r"[a-zA-Z0-9_-]+")
 MAX_LENGTH = 63
 _ASCII_ALLOWED = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
 
@@ -95,4 +118,25 @@ def compute_label_problem(labels: Mapping[str, str]) -> str | None:
                 "The value can be at most 63 characters long. International characters are "
                 "allowed."
             )
+    return None
+
+
+def metadata_problem(metadata: Mapping[str, str]) -> str | None:
+    """Why Google would refuse `metadata` (key -> value), or None when it takes it."""
+    total = 0
+    for key, value in metadata.items():
+        if not _METADATA_KEY.fullmatch(key) or len(key.encode()) >= 128:
+            return (
+                f"Metadata key '{key}' is invalid: keys match [a-zA-Z0-9-_]+ and are less "
+                "than 128 bytes."
+            )
+        size = len(value.encode())
+        if size > MAX_METADATA_VALUE:
+            return (
+                f"Metadata value of key '{key}' is {size} bytes; at most "
+                f"{MAX_METADATA_VALUE} bytes (256 KiB) are allowed."
+            )
+        total += len(key.encode()) + size
+    if total > MAX_METADATA_TOTAL:
+        return f"Metadata totals {total} bytes; at most {MAX_METADATA_TOTAL} bytes are allowed."
     return None
