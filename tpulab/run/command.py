@@ -215,9 +215,9 @@ def _ended(
 ) -> CommandRun:
     """The command's end as `report` says it: no exit status after a timeout (the
     launcher killed it), but the launcher's own for a command that could not start."""
-    timed_out = report.timed_out and report.started
+    killed = report.timed_out and report.started
     return CommandRun(
-        exit_status=None if timed_out else report.exit_status,
+        exit_status=None if killed else report.exit_status,
         timed_out=report.timed_out,
         seconds=report.seconds if seconds is None else seconds,
         worker_exits=worker_exits,

@@ -10,8 +10,10 @@ them are subclasses that add only `run()`: `Lifecycle` (`tpulab run`) and `KeptR
 (`tpulab up`) in tpulab.run.lifecycle, `AttachedRun` (`tpulab exec`) in tpulab.run.attach.
 
 The public surface the phases use -- `phase`, `milestone`, `stage_file`, `on_line`,
-`connect_ssh`, `release`, `record_start`, `write_run_record`, `receipt_store` -- is the
-only way they touch the run: no phase reaches into another's private state.
+`connect_ssh`, `release`, `record_start`, `write_run_record`, `receipt_store`, the
+create's progress (`create_is_sent`, `create_is_accepted`) and the one attribute each
+phase sets to the frozen record it produced -- is the only way they touch the run: no
+phase reaches into another's private state.
 """
 
 from __future__ import annotations
@@ -169,6 +171,10 @@ class RunContext:
         self.journalled = False  # the journal has this run's row (written by create)
         self.record_started = False  # a start run.json was (tried to be) written
         self.started_at = clock()
+        self._start_records()
+
+    def _start_records(self) -> None:
+        """What the run's outcome is built from (`conclude`), none of it known yet."""
         self.started_wall = datetime.now(timezone.utc)
         # What the phases produced, each a frozen record its phase sets once it knows it.
         self.node: NodeInfo | None = None  # provision: wait_ready's, then pin_host_key's
