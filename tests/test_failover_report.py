@@ -25,9 +25,7 @@ def _outcome() -> RunOutcome:
         capacity=CapacityFlags(spot=True),
         run_id="r1-a3",
     )
-    outcome = RunOutcome(spec)
-    outcome.billed_seconds = 300.0
-    return outcome
+    return RunOutcome(spec, billed_seconds=300.0)
 
 
 def _text(lines: list[list[tuple[str, str]]]) -> str:

@@ -109,8 +109,7 @@ def test_the_dry_run_shows_the_python_and_the_pin() -> None:
 
 def _outcome(jax: str) -> RunOutcome:
     spec = build_run_spec(target=TargetFlags(accelerator="v5litepod-4", emulate=True), env={})
-    outcome = RunOutcome(spec)
-    outcome.bootstrap = BootstrapResult(
+    bootstrap = BootstrapResult(
         "uv venv --python >=3.11",
         "uv",
         {"python": "3.13.0", "jax": jax, "jaxlib": jax, "libtpu": None, "numpy": "2.5"},
@@ -119,7 +118,7 @@ def _outcome(jax: str) -> RunOutcome:
         image_kind="bare (python3 3.10.13, no jax, no uv)",
         notes=["uv unavailable: the image python3 3.10.13 instead of python 3.12"],
     )
-    return outcome
+    return RunOutcome(spec, bootstrap=bootstrap)
 
 
 def _text(outcome: RunOutcome, laptop: str | None) -> str:

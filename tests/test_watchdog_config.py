@@ -158,16 +158,17 @@ def test_run_inputs_pass_the_flags_through() -> None:
 
 def test_the_summary_says_armed_or_plainly_not_with_the_fix() -> None:
     spec = _spec(lease="15s")
-    outcome = RunOutcome(spec)
-    outcome.watchdog = parse_state("armed")
-    outcome.lease_renewals = 9
+    outcome = RunOutcome(spec, watchdog=parse_state("armed"), lease_renewals=9)
     armed = _text(summary_lines(outcome, laptop_jax=lambda: None))
     assert "watchdog  armed" in armed
     assert "lease 15s" in armed
     assert "9 renewals" in armed
 
-    outcome.watchdog = parse_state(
-        "no-permission: 123-compute@developer.gserviceaccount.com lacks tpu.nodes.delete"
+    outcome = replace(
+        outcome,
+        watchdog=parse_state(
+            "no-permission: 123-compute@developer.gserviceaccount.com lacks tpu.nodes.delete"
+        ),
     )
     refused = _text(summary_lines(outcome, laptop_jax=lambda: None))
     assert "watchdog not armed: 123-compute@developer.gserviceaccount.com lacks" in refused
@@ -175,8 +176,7 @@ def test_the_summary_says_armed_or_plainly_not_with_the_fix() -> None:
     assert "the project's default compute service account" in refused
 
     named = replace(spec, service_account="runner@p-123456.iam.gserviceaccount.com")
-    outcome = RunOutcome(named)
-    outcome.watchdog = parse_state(None)
+    outcome = RunOutcome(named, watchdog=parse_state(None))
     silent = _text(summary_lines(outcome, laptop_jax=lambda: None))
     assert "watchdog not armed: it published no state" in silent
     assert "runner@p-123456.iam.gserviceaccount.com" in silent

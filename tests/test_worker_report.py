@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from tpulab.config import TargetFlags, build_run_spec
 from tpulab.run.outcome import RunOutcome
@@ -12,11 +14,11 @@ from tpulab.run.report import run_envelope, summary_lines
 from tpulab.run.workload import WorkloadOutcome
 
 
-def _outcome() -> RunOutcome:
+def _outcome(**fields: Any) -> RunOutcome:
     spec = build_run_spec(
         target=TargetFlags(accelerator="v5litepod-4", emulate=True, zones=["us-west1-c"])
     )
-    return RunOutcome(spec)
+    return RunOutcome(spec, **fields)
 
 
 def _text(lines: list[list[tuple[str, str]]]) -> str:
@@ -24,8 +26,9 @@ def _text(lines: list[list[tuple[str, str]]]) -> str:
 
 
 def test_the_summary_names_the_slowest_worker_of_each_step() -> None:
-    outcome = _outcome()
-    outcome.worker_seconds = {"bootstrap": [38.0, 38.5, 41.25, 39.0], "execute": [9.0, 7.5]}
+    outcome = _outcome(
+        worker_seconds={"bootstrap": [38.0, 38.5, 41.25, 39.0], "execute": [9.0, 7.5]}
+    )
     text = _text(summary_lines(outcome, laptop_jax=lambda: None))
     assert "workers   4; slowest per step:" in text
     assert "bootstrap w2 41.2s (fastest 38.0s)" in text
@@ -37,14 +40,16 @@ def test_one_host_has_no_workers_line() -> None:
 
 
 def test_json_and_run_record_carry_every_workers_seconds_and_exits(tmp_path: Path) -> None:
-    outcome = _outcome()
-    outcome.worker_seconds = {"bootstrap": [1.5, 2.25]}
+    outcome = _outcome(worker_seconds={"bootstrap": [1.5, 2.25]})
     envelope = run_envelope(outcome, Recorder())
     assert envelope.worker_seconds == {"bootstrap": [1.5, 2.25]}
-    workload = WorkloadOutcome(command=("python", "job.py"), env_names=(), out=tmp_path)
-    workload.worker_exits = [0, 1]
-    workload.failed_worker = 1
-    outcome.workload = workload
-    record = run_record(outcome)
+    workload = WorkloadOutcome(
+        command=("python", "job.py"),
+        env_names=(),
+        out=tmp_path,
+        worker_exits=(0, 1),
+        failed_worker=1,
+    )
+    record = run_record(replace(outcome, workload=workload))
     assert record.worker_seconds == {"bootstrap": [1.5, 2.25]}
     assert (record.workload.worker_exits, record.workload.failed_worker) == ([0, 1], 1)

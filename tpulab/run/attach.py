@@ -276,8 +276,8 @@ class AttachedRun(RunContext):
         self.key, self.workers = attachment.key, attachment.workers()
         self.coordinator = attachment.coordinator
         self.watchdog = attachment.watchdog
-        self.outcome.session = attachment.session
-        self.outcome.gate_receipt_id = attachment.receipt_id
+        self.session_name = attachment.session
+        self.gate_receipt_id = attachment.receipt_id
         # A holder of the session's TPU may be the user's own work: the busy check
         # refuses instead (Attachment.check_not_busy), nothing is killed.
         self.frees_stale_tpu = False
@@ -293,9 +293,7 @@ class AttachedRun(RunContext):
             primary = error
         with self.shield(f"ending the exec on session {self.attachment.session}"):
             self.release()
-            self.outcome.error = primary
-            self.outcome.seconds = self.elapsed()
-            self.count_api_calls()
+            self.conclude(error=primary, seconds=self.elapsed())
             self.record_end()
         if isinstance(primary, KeyboardInterrupt):
             raise InterruptedRun("SIGINT") from None

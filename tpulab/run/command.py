@@ -10,6 +10,7 @@ killed (tpulab.remote.tpu_release). tpulab.run.workload runs the phases around i
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tpulab.errors import RemoteError
@@ -20,9 +21,8 @@ from tpulab.run.workers import Worker, fan_out
 if TYPE_CHECKING:
     from tpulab.config.workload import WorkloadSpec
     from tpulab.run.context import RunContext
-    from tpulab.run.workload import WorkloadOutcome
 
-__all__ = ["CommandStep", "launch", "stop_everywhere"]
+__all__ = ["CommandRun", "CommandStep", "launch", "stop_everywhere"]
 
 _STOP_TIMEOUT = wl.STOP_GRACE_SECONDS + wl.LAUNCHER_SETTLE_SECONDS + 20.0
 OUTPUT_TAIL_LINES = 40
@@ -47,23 +47,39 @@ def launch(
     return argv, env, workload.timeout + wl.LAUNCH_SLACK_SECONDS
 
 
-class CommandStep:
-    """Runs the command and fills `outcome` (started, exit status, per-worker exits, the
-    first failing worker, the output's tail)."""
+@dataclass(frozen=True)
+class CommandRun:
+    """How the command ended, once its launcher (worker 0's, or the first failing
+    worker's) reported -- or, with `exit_status` alone, could not."""
 
-    def __init__(self, life: RunContext, workload: WorkloadSpec, outcome: WorkloadOutcome) -> None:
+    exit_status: int | None = None
+    timed_out: bool = False
+    seconds: float | None = None
+    # A slice: each worker's exit status (None: timed out, stopped or never reported).
+    worker_exits: tuple[int | None, ...] = ()
+
+
+class CommandStep:
+    """Runs the command. Its progress is readable however the phase ends: `started`,
+    the output's `output_tail`, a slice's first `failed_worker`; its `result` once the
+    command ended."""
+
+    def __init__(self, life: RunContext, workload: WorkloadSpec) -> None:
         self.life = life
         self.workload = workload
-        self.outcome = outcome
+        self.started = False
+        self.output_tail: list[str] = []
+        self.failed_worker: int | None = None
+        self.result: CommandRun | None = None
 
     def run(self) -> str:
         """The phase's detail; RemoteError when a launcher could not report."""
         life = self.life
         workers = life.workers
-        self.outcome.started = True
+        self.started = True
         if len(workers) == 1:
-            report = self._run_on(workers[0], self.outcome.output_tail)
-            self._take(report)
+            report = self._run_on(workers[0], self.output_tail)
+            self.result = _ended(report)
             return self._said(report)
         tails: list[list[str]] = [[] for _ in workers]
         reports: list[wl.LaunchReport | None] = [None] * len(workers)
@@ -78,18 +94,17 @@ class CommandStep:
             done = life.on_workers(run, "workload")
         except _WorkerCommandFailed as failed:
             first = failed.worker
-            self.outcome.failed_worker = first
-            self.outcome.output_tail[:] = tails[first]
+            self.failed_worker = first
+            self.output_tail[:] = tails[first]
             stop_everywhere(life, others_than=first)
             failing = reports[first]
             assert failing is not None
-            self._take(failing)
-            self.outcome.worker_exits = [_exit_of(r) for r in reports]
+            # After the stop: the others' reports (their stopped commands) are in by now.
+            self.result = _ended(failing, tuple(_exit_of(r) for r in reports))
             return f"worker {first} of {len(workers)}: {self._said(failing)}; the others stopped"
-        self.outcome.output_tail[:] = tails[0]
-        self.outcome.worker_exits = [_exit_of(r) for r in done.results]
-        self._take(done.results[0])
-        self.outcome.seconds = max(r.seconds or 0.0 for r in done.results)
+        self.output_tail[:] = tails[0]
+        slowest = max(r.seconds or 0.0 for r in done.results)
+        self.result = _ended(done.results[0], tuple(_exit_of(r) for r in done.results), slowest)
         said = done.describe()
         detail = self._said(done.results[0])
         return f"{detail}; {said}" if said else detail
@@ -121,7 +136,7 @@ class CommandStep:
         report = wl.parse_launch_report(result.stderr)
         if report is None:
             # The launcher itself did not report (it could not start): say what it said.
-            self.outcome.exit_status = result.exit_status
+            self.result = replace(self.result or CommandRun(), exit_status=result.exit_status)
             raise RemoteError(
                 f"The workload launcher on the VM failed (exit {result.exit_status}) "
                 "without reporting on your command.",
@@ -154,13 +169,6 @@ class CommandStep:
             self.life.observer.note(
                 f"freed the TPU on {where} before your command: {release.describe()}"
             )
-
-    def _take(self, report: wl.LaunchReport) -> None:
-        self.outcome.exit_status = report.exit_status if not report.timed_out else None
-        self.outcome.timed_out = report.timed_out
-        self.outcome.seconds = report.seconds
-        if not report.started:
-            self.outcome.exit_status = report.exit_status
 
     def _said(self, report: wl.LaunchReport) -> str:
         if not report.started:
@@ -198,6 +206,22 @@ class _WorkerCommandFailed(Exception):
     def __init__(self, worker: int) -> None:
         super().__init__(f"worker {worker}'s command failed")
         self.worker = worker
+
+
+def _ended(
+    report: wl.LaunchReport,
+    worker_exits: tuple[int | None, ...] = (),
+    seconds: float | None = None,
+) -> CommandRun:
+    """The command's end as `report` says it: no exit status after a timeout (the
+    launcher killed it), but the launcher's own for a command that could not start."""
+    killed = report.timed_out and report.started
+    return CommandRun(
+        exit_status=None if killed else report.exit_status,
+        timed_out=report.timed_out,
+        seconds=report.seconds if seconds is None else seconds,
+        worker_exits=worker_exits,
+    )
 
 
 def _exit_of(report: wl.LaunchReport | None) -> int | None:

@@ -2,14 +2,18 @@
 
 `RunContext` holds the run's spec, its seams (the TPU API, SSH connect, journal,
 observer, shield, clock, secrets) and what the phases learn as they go (the key, the
-pinned target, the SSH session, the outcome). Phases are functions of a context
+pinned target, the SSH session, each phase's frozen record, the progress the ending
+reads), from which it builds the run's frozen `RunOutcome` once, when the run ends
+(`conclude`). Phases are functions of a context
 (tpulab.run.provision, tpulab.run.verifier, tpulab.run.workload); the drivers that order
 them are subclasses that add only `run()`: `Lifecycle` (`tpulab run`) and `KeptRun`
 (`tpulab up`) in tpulab.run.lifecycle, `AttachedRun` (`tpulab exec`) in tpulab.run.attach.
 
 The public surface the phases use -- `phase`, `milestone`, `stage_file`, `on_line`,
-`connect_ssh`, `release`, `record_start`, `write_run_record`, `receipt_store` -- is the
-only way they touch the run: no phase reaches into another's private state.
+`connect_ssh`, `release`, `record_start`, `write_run_record`, `receipt_store`, the
+create's progress (`create_is_sent`, `create_is_accepted`) and the one attribute each
+phase sets to the frozen record it produced -- is the only way they touch the run: no
+phase reaches into another's private state.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -40,8 +46,10 @@ if TYPE_CHECKING:
     from tpulab.evidence.judge import Judgement
     from tpulab.evidence.receipt import Expectation
     from tpulab.evidence.store import ReceiptStore
+    from tpulab.models import NodeInfo
     from tpulab.remote.keys import RunKey, SshTarget
-    from tpulab.remote.watchdog import WatchdogConfig
+    from tpulab.remote.watchdog import WatchdogConfig, WatchdogState
+    from tpulab.run.outcome import Judged, TeardownEnd
     from tpulab.run.record import RecordState, ReportError, RunRecord
 
 __all__ = ["Connect", "RemoteSession", "RunContext", "Shield"]
@@ -150,7 +158,6 @@ class RunContext:
         # --coordinator, the command's JAX_COORDINATOR_ADDRESS); set with the workers.
         self.coordinator: str | None = None
         # What the phases learn, in order.
-        self.outcome = RunOutcome(spec)
         self.nonce = ""
         self.payload_bytes = b""
         self.key: RunKey | None = None
@@ -164,6 +171,34 @@ class RunContext:
         self.journalled = False  # the journal has this run's row (written by create)
         self.record_started = False  # a start run.json was (tried to be) written
         self.started_at = clock()
+        self._start_records()
+
+    def _start_records(self) -> None:
+        """What the run's outcome is built from (`conclude`), none of it known yet."""
+        self.started_wall = datetime.now(timezone.utc)
+        # What the phases produced, each a frozen record its phase sets once it knows it.
+        self.node: NodeInfo | None = None  # provision: wait_ready's, then pin_host_key's
+        self.watchdog_state: WatchdogState | None = None  # verifier.arm_lease
+        self.bootstrapped: boot.BootstrapResult | None = None  # verifier.bootstrap (worker 0)
+        self.payload_exit: int | None = None  # verifier.execute (a slice's worst)
+        self.judged: Judged | None = None  # verifier.verify
+        self.teardown_end: TeardownEnd | None = None  # ending.teardown
+        # Progress the ending reads whenever an interrupt lands; each has one writer.
+        self.create_sent = False  # create_is_sent
+        self.create_accepted = False  # create_is_accepted
+        self.kept = False  # KeptRun._hand_over: handed over to a session, not deleted
+        # Accounting gathered as the run goes, copied into the outcome.
+        self.milestones: dict[str, float] = {}
+        self.phase_seconds: dict[str, float] = {}  # phase -> duration
+        self.worker_seconds: dict[str, list[float]] = {}  # step -> [worker 0, ...]
+        self.api_calls = 0
+        self.lease_renewals = 0
+        self.lease_failures = 0
+        self.run_record: Path | None = None  # <out>/run.json once written
+        # `tpulab exec` (run/attach.py): its session, and the receipt that gated it.
+        self.session_name: str | None = None
+        self.gate_receipt_id: str | None = None
+        self._outcome: RunOutcome | None = None  # built by `conclude`
 
     # -- worker 0: what `exec`, `up`'s hand-over and the workload use -----------------
 
@@ -193,14 +228,14 @@ class RunContext:
             self.workers, step, what=what, clock=self.clock, max_parallel=self.parallel_workers
         )
         if len(self.workers) > 1:
-            self.outcome.worker_seconds[what] = [round(s, 3) for s in done.seconds]
+            self.worker_seconds[what] = [round(s, 3) for s in done.seconds]
         return done
 
     # -- what every phase uses ----------------------------------------------------------
 
     def milestone(self, name: str, at: float | None = None) -> None:
         when = self.clock() if at is None else at
-        self.outcome.milestones.setdefault(name, when)
+        self.milestones.setdefault(name, when)
         self.observer.milestone(name, when)
 
     def phase(self, phase: Phase, action: Callable[[], str]) -> None:
@@ -212,14 +247,15 @@ class RunContext:
         try:
             detail = action()
         except BaseException as error:
-            self._took(phase, started)
+            self.took(phase, started)
             self.observer.phase_failed(phase, self.clock() - started, error)
             raise
-        self._took(phase, started)
+        self.took(phase, started)
         self.observer.phase_finished(phase, self.clock() - started, detail)
 
-    def _took(self, phase: Phase, started: float) -> None:
-        seconds = self.outcome.phase_seconds
+    def took(self, phase: Phase, started: float) -> None:
+        """Count the time since `started` to `phase` (phases the ending runs too)."""
+        seconds = self.phase_seconds
         seconds[phase.value] = seconds.get(phase.value, 0.0) + self.clock() - started
 
     def journal_phase(self, phase: Phase) -> None:
@@ -235,7 +271,21 @@ class RunContext:
 
     def count_api_calls(self) -> None:
         with contextlib.suppress(Exception):
-            self.outcome.api_calls = self.api.call_count
+            self.api_calls = self.api.call_count
+
+    # -- progress: what the ending must know, whenever an interrupt lands ---------------
+
+    def create_is_sent(self, sent: bool = True) -> None:
+        """True just before CreateNode (or the queued resource) leaves: from here on
+        something may exist. False once a refusal proves nothing was acted on."""
+        self.create_sent = sent
+        if sent:
+            self.milestone("create_sent")
+
+    def create_is_accepted(self, accepted: bool = True) -> None:
+        """True once the API took the create (a node with this run's labels exists);
+        False when the name turned out to be someone else's node."""
+        self.create_accepted = accepted
 
     def connect_ssh(self, target: SshTarget, key: RunKey) -> RemoteSession:
         """A connection over the `connect` seam, or paramiko's (imported only here)."""
@@ -286,8 +336,8 @@ class RunContext:
         for renewer in renewers:
             renewer.stop()
         if renewers:
-            self.outcome.lease_renewals = sum(r.renewals for r in renewers)
-            self.outcome.lease_failures = sum(len(r.failures) for r in renewers)
+            self.lease_renewals = sum(r.renewals for r in renewers)
+            self.lease_failures = sum(len(r.failures) for r in renewers)
         for worker in self.workers:
             if worker.session is not None:
                 session, worker.session = worker.session, None
@@ -322,7 +372,7 @@ class RunContext:
         record = None
         try:
             record = run_record(self.outcome, state=state, report_error=self.report_error)
-            self.outcome.run_record = write(record, self.spec.workload.out)
+            self._recorded(write(record, self.spec.workload.out))
         except Exception as error:  # a disk's refusal, or a value the record cannot hold
             said = f"{type(error).__name__}: {error}"
             self.observer.note(f"could not write run.json: {said}")
@@ -333,8 +383,67 @@ class RunContext:
             # truthfully how the run ended, rather than leaving the start's "running".
             reduced = record.model_copy(update={"upload": [], "fetch": [], "upload_sent": None})
             try:
-                self.outcome.run_record = write(reduced, self.spec.workload.out)
+                self._recorded(write(reduced, self.spec.workload.out))
             except Exception as again:
                 self.observer.note(f"could not write run.json without its file lists: {again}")
             else:
                 self.observer.note("run.json was written without its file lists")
+
+    def _recorded(self, path: Path) -> None:
+        # The end's run.json is written from the built outcome, which then names it.
+        self.run_record = path
+        if self._outcome is not None:
+            self._outcome = replace(self._outcome, run_record=path)
+
+    # -- the outcome ----------------------------------------------------------------------
+
+    @property
+    def outcome(self) -> RunOutcome:
+        """The outcome `conclude` built when the run ended; before that (a start run.json,
+        a reader of a run cut short), what the phases have produced so far."""
+        return self._outcome if self._outcome is not None else self._outcome_now()
+
+    def conclude(
+        self, *, error: BaseException | None, seconds: float, billed_seconds: float = 0.0
+    ) -> RunOutcome:
+        """Build the run's outcome, once, as the run ends (tpulab.run.ending, the drivers)."""
+        self.count_api_calls()
+        self._outcome = self._outcome_now(error, seconds, billed_seconds)
+        return self._outcome
+
+    def _outcome_now(
+        self, error: BaseException | None = None, seconds: float = 0.0, billed: float = 0.0
+    ) -> RunOutcome:
+        workload = self.workload.outcome() if self.workload is not None else None
+        bootstrap = self.bootstrapped
+        if bootstrap is not None and workload is not None and workload.extras is not None:
+            bootstrap = replace(bootstrap, extras=workload.extras)  # the venv as it ended
+        judged, ended = self.judged, self.teardown_end
+        return RunOutcome(
+            self.spec,
+            started=self.started_wall,
+            node=self.node,
+            create_sent=self.create_sent,
+            create_accepted=self.create_accepted,
+            bootstrap=bootstrap,
+            payload_exit=self.payload_exit,
+            receipt=judged.receipt if judged is not None else None,
+            judgement=judged.judgement if judged is not None else None,
+            teardown=ended.report if ended is not None else None,
+            teardown_status=ended.status if ended is not None else "not-created",
+            error=error,
+            api_calls=self.api_calls,
+            seconds=seconds,
+            billed_seconds=billed,
+            milestones=dict(self.milestones),
+            phase_seconds=dict(self.phase_seconds),
+            worker_seconds={step: list(took) for step, took in self.worker_seconds.items()},
+            workload=workload,
+            run_record=self.run_record,
+            watchdog=self.watchdog_state,
+            lease_renewals=self.lease_renewals,
+            lease_failures=self.lease_failures,
+            kept=self.kept,
+            session=self.session_name,
+            gate_receipt_id=self.gate_receipt_id,
+        )

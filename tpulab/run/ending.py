@@ -21,6 +21,7 @@ from tpulab.errors import (
     TpuLabError,
     VerificationError,
 )
+from tpulab.run.outcome import TeardownEnd
 from tpulab.run.progress import Phase
 from tpulab.run.signals import SignalInterrupt
 from tpulab.run.symptoms import describe_error
@@ -90,12 +91,12 @@ def teardown(ctx: RunContext, primary: BaseException | None) -> TeardownError | 
     Everything, closing the SSH session included, happens inside the shield, so a second
     Ctrl-C cannot cut it short.
     """
-    spec, outcome = ctx.spec, ctx.outcome
+    spec = ctx.spec
     zone, name = spec.zone.value, spec.node_name
     with ctx.shield(f"deleting node {name} in {zone}", manual=spec.leaked_node().what_to_do()):
         ctx.release()
-        if not outcome.create_sent:
-            outcome.teardown_status = "not-created"
+        if not ctx.create_sent:
+            ctx.teardown_end = TeardownEnd("not-created")
             return None
         ctx.observer.phase_started(Phase.TEARDOWN)
         ctx.journal_phase(Phase.TEARDOWN)
@@ -106,11 +107,11 @@ def teardown(ctx: RunContext, primary: BaseException | None) -> TeardownError | 
                 zone,
                 name,
                 run_id=spec.run_id,
-                known_ours=outcome.create_accepted,
+                known_ours=ctx.create_accepted,
                 # Sent but not known to be accepted (e.g. the reply was lost): the node
                 # may still appear, so an empty list is believed only later.
                 settle=0.0
-                if outcome.create_accepted
+                if ctx.create_accepted
                 else min(_CREATE_SETTLE_SECONDS, spec.timeouts.teardown / 4),
                 timeout=spec.timeouts.teardown,
                 poll=ctx.teardown_poll,
@@ -130,9 +131,8 @@ def teardown(ctx: RunContext, primary: BaseException | None) -> TeardownError | 
         except Exception as error:  # any failure here means "not confirmed"
             failure = _unconfirmed(ctx, primary, f"teardown failed unexpectedly: {error}")
         else:
-            outcome.teardown = report
-            outcome.teardown_status = "confirmed"
-            outcome.phase_seconds[Phase.TEARDOWN.value] = ctx.clock() - started
+            ctx.teardown_end = TeardownEnd("confirmed", report)
+            ctx.took(Phase.TEARDOWN, started)
             ctx.milestone("teardown_confirmed")
             how = "already gone" if report.already_gone else f"{report.delete_attempts} delete(s)"
             ctx.observer.phase_finished(
@@ -151,7 +151,7 @@ def _unconfirmed(
     *,
     delete_attempts: int = 0,
 ) -> TeardownError:
-    ctx.outcome.teardown_status = "unconfirmed"
+    ctx.teardown_end = TeardownEnd("unconfirmed")
     ours = ctx.spec.leaked_node()
     # The teardown knows which names it saw; the run knows their API and run id.
     nodes = [replace(ours, name=node.name) for node in leaked] or [ours]
@@ -163,13 +163,11 @@ def _unconfirmed(
 
 
 def _finish(ctx: RunContext, primary: BaseException | None, leaked: TeardownError | None) -> None:
-    outcome = ctx.outcome
-    outcome.error = leaked or primary
-    outcome.seconds = ctx.elapsed()
-    end = outcome.milestones.get("teardown_confirmed", ctx.clock())
-    begin = outcome.milestones.get("create_sent")
-    outcome.billed_seconds = max(0.0, end - begin) if begin is not None else 0.0
-    ctx.count_api_calls()
+    seconds = ctx.elapsed()
+    end = ctx.milestones.get("teardown_confirmed", ctx.clock())
+    begin = ctx.milestones.get("create_sent")
+    billed = max(0.0, end - begin) if begin is not None else 0.0
+    outcome = ctx.conclude(error=leaked or primary, seconds=seconds, billed_seconds=billed)
     try:
         ctx.record_end()
     finally:

@@ -113,8 +113,6 @@ class KeptRun(RunContext):
         """Keep the verified node: stop renewing (from now on the watchdog's idle lease
         and hard deadline guard it) and close SSH. The journal row stays open: the node
         is still billing until `tpulab down` confirms it gone."""
-        self.outcome.kept = True
+        self.kept = True  # first: `up` deletes a node handed over but not recorded
         self.release()
-        self.outcome.seconds = self.elapsed()
-        self.count_api_calls()
-        return self.outcome
+        return self.conclude(error=None, seconds=self.elapsed())

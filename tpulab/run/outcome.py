@@ -1,7 +1,9 @@
 """What one run produced: `RunOutcome`, read by the summary, the envelope and run.json.
 
-The run engine (tpulab.run.context and its phases) fills it in as the phases go; the
-readers (tpulab.run.report, tpulab.run.record, the CLI) only read it.
+The phases hand their results to the run's context (tpulab.run.context) as frozen
+records, each built once, when its phase knows it (`Judged`, `TeardownEnd`, ...); the
+context builds the frozen `RunOutcome` from them once, when the run ends. The readers
+(tpulab.run.report, tpulab.run.record, the CLI) only read it.
 """
 
 from __future__ import annotations
@@ -23,12 +25,29 @@ if TYPE_CHECKING:
     from tpulab.run.teardown import TeardownReport
     from tpulab.run.workload import WorkloadOutcome
 
-__all__ = ["RunOutcome"]
+__all__ = ["Judged", "RunOutcome", "TeardownEnd"]
 
 
-@dataclass
+@dataclass(frozen=True)
+class Judged:
+    """The verify phase's result: the run's judgement, and its receipt as kept (None: a
+    slice whose worker 0 wrote none, judged with the others all the same)."""
+
+    judgement: Judgement
+    receipt: KeptReceipt | None = None
+
+
+@dataclass(frozen=True)
+class TeardownEnd:
+    """How the teardown ended: its status, and the report of a confirmed one."""
+
+    status: TeardownStatus
+    report: TeardownReport | None = None
+
+
+@dataclass(frozen=True)
 class RunOutcome:
-    """Everything a report needs about one run, filled in as the run goes."""
+    """Everything a report needs about one run, built once when the run ends."""
 
     spec: RunSpec
     started: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
@@ -45,6 +64,7 @@ class RunOutcome:
     api_calls: int = 0
     seconds: float = 0.0
     billed_seconds: float = 0.0
+    # Copies of the context's accounting, taken when the outcome is built.
     milestones: dict[str, float] = field(default_factory=dict)
     phase_seconds: dict[str, float] = field(default_factory=dict)  # phase -> duration
     # A slice's per-worker time of each step run on every worker: step -> [worker 0, ...].

@@ -2,8 +2,9 @@
 for READY, pin its host key. Each is a function of the run's context (tpulab.run.context)
 and returns the line the progress display shows.
 
-`create` sets `create_sent` just before the request leaves and `create_accepted` once the
-API took it: the teardown (tpulab.run.ending) reads them to decide what may exist.
+`create` marks the create sent just before the request leaves and accepted once the API
+took it (`RunContext.create_is_sent`, `create_is_accepted`): the teardown
+(tpulab.run.ending) reads them to decide what may exist.
 """
 
 from __future__ import annotations
@@ -106,8 +107,7 @@ class _CreateNode:
         ctx = self.ctx
         name = ctx.spec.node_name
         deadline = ctx.clock() + ctx.spec.timeouts.create
-        ctx.outcome.create_sent = True
-        ctx.milestone("create_sent")
+        ctx.create_is_sent()
         try:
             operation = retry_call(
                 self._once,
@@ -121,9 +121,9 @@ class _CreateNode:
         except (*_REFUSED, UnreachableError):
             # Refused synchronously, or never sent (connection refused, DNS): every
             # earlier attempt was proven absent before resending, so nothing exists.
-            ctx.outcome.create_sent = False
+            ctx.create_is_sent(False)
             raise
-        ctx.outcome.create_accepted = True
+        ctx.create_is_accepted()
         if operation is None:
             ctx.observer.note(f"node {name} was created by an earlier attempt; using it")
             return f"node {name} (adopted after a refused create)"
@@ -132,7 +132,7 @@ class _CreateNode:
         except AlreadyExistsError:
             # The name belongs to a node someone else created: it is not ours, so the
             # teardown must only confirm that nothing with this run's label exists.
-            ctx.outcome.create_accepted = False
+            ctx.create_is_accepted(False)
             raise
         return f"node {name}" + (" (spot)" if ctx.spec.spot else "")
 
@@ -195,23 +195,13 @@ def _create_through_queue(ctx: RunContext, request: NodeRequest) -> str:
     """--queued: the same node request, through a QueuedResource (run/queued.py)."""
     from tpulab.run.queued import create_through_queue
 
-    def sent() -> None:
-        ctx.outcome.create_sent = True
-        ctx.milestone("create_sent")
-
-    def refused() -> None:
-        ctx.outcome.create_sent = False
-
-    def accepted() -> None:
-        ctx.outcome.create_accepted = True
-
     return create_through_queue(
         ctx.api,
         ctx.spec,
         request,
-        on_sent=sent,
-        on_refused=refused,
-        on_accepted=accepted,
+        on_sent=ctx.create_is_sent,
+        on_refused=lambda: ctx.create_is_sent(False),
+        on_accepted=ctx.create_is_accepted,
         note=ctx.observer.note,
         poll=ctx.poll,
         clock=ctx.clock,
@@ -246,7 +236,7 @@ def wait_ready(ctx: RunContext) -> str:
         sleep=ctx.sleep,
     )
     ctx.milestone("ready_seen")
-    ctx.outcome.node = node
+    ctx.node = node
     _check_reachable(ctx, node)
     return f"READY at {node.external_ip or node.ip_address or 'no address'}"
 
@@ -279,7 +269,7 @@ def pin_host_key(ctx: RunContext) -> str:
     ).results
     # The address may be assigned after READY (the emulator does so once the node's SSH
     # host runs); ask again now that the guest agents are up.
-    node = ctx.outcome.node = ctx.api.get_node(spec.zone.value, spec.node_name)
+    node = ctx.node = ctx.api.get_node(spec.zone.value, spec.node_name)
     addresses = _worker_addresses(ctx, node, hosts)
     workers: list[Worker] = []
     for index, (host_key, address) in enumerate(zip(keys, addresses, strict=True)):

@@ -56,9 +56,9 @@ def _phase_name(ctx: RunContext) -> str:
 def _vanished(ctx: RunContext, error: TpuLabError) -> TpuLabError | None:
     """A node its watchdog (or anyone) deleted under us: say so, not the symptom."""
     # Only a node that booted has a watchdog that could have fired.
-    if ctx.watchdog is None or "ready_seen" not in ctx.outcome.milestones:
+    if ctx.watchdog is None or "ready_seen" not in ctx.milestones:
         return None
-    created = ctx.outcome.milestones.get("create_sent", ctx.started_at)
+    created = ctx.milestones.get("create_sent", ctx.started_at)
     return vanished(
         ctx.api,
         ctx.spec.zone.value,
@@ -83,7 +83,7 @@ def preemption(ctx: RunContext, error: TpuLabError) -> PreemptedError | None:
     VM's own word (its watchdog's `tpulab/preempted` guest attribute, read once) and a
     node health that means reclaiming; either counts at once, even while READY."""
     spec = ctx.spec
-    if not spec.spot or isinstance(error, PreemptedError) or not ctx.outcome.create_accepted:
+    if not spec.spot or isinstance(error, PreemptedError) or not ctx.create_accepted:
         return None
     own_exit = isinstance(error, CommandFailedError) and error.exit_status >= 0
     wait = 0.0 if own_exit else ctx.preemption_wait
@@ -175,7 +175,7 @@ def _watchdog_fired(ctx: RunContext) -> bool:
     """Would this run's own watchdog have deleted the node by now?"""
     if ctx.watchdog is None:
         return False
-    created = ctx.outcome.milestones.get("create_sent", ctx.started_at)
+    created = ctx.milestones.get("create_sent", ctx.started_at)
     if ctx.clock() - created >= ctx.watchdog.max_duration_seconds:
         return True
     return ctx.renewer is not None and ctx.renewer.lapsed()

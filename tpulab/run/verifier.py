@@ -17,6 +17,7 @@ from tpulab import paths
 from tpulab.errors import ConfigError, RemoteError
 from tpulab.remote import bootstrap as boot
 from tpulab.run.lease import LeaseRenewer, read_state
+from tpulab.run.outcome import Judged
 from tpulab.run.workers import FanOut, Worker
 from tpulab.run.workload import WorkloadRunner
 
@@ -75,7 +76,6 @@ def validate_workload(ctx: RunContext) -> str:
     """The `-- CMD`'s runner and its checks (the upload's selection and caps)."""
     assert ctx.spec.workload is not None
     ctx.workload = WorkloadRunner(ctx, ctx.spec.workload)
-    ctx.outcome.workload = ctx.workload.outcome
     return ctx.workload.validate()
 
 
@@ -127,7 +127,7 @@ def arm_lease(ctx: RunContext) -> str:
         worker.renewer.start()
 
     ctx.on_workers(renew, "lease")
-    state = ctx.outcome.watchdog = read_state(
+    state = ctx.watchdog_state = read_state(
         ctx.api, ctx.spec.zone.value, ctx.spec.node_name, clock=ctx.clock, sleep=ctx.sleep
     )
     if not state.armed:
@@ -163,7 +163,7 @@ def bootstrap(ctx: RunContext) -> str:
         )
 
     done = ctx.on_workers(install, "bootstrap")
-    result = ctx.outcome.bootstrap = done.results[0]
+    result = ctx.bootstrapped = done.results[0]
     jax = result.versions.get("jax") or "?"
     python = result.versions.get("python") or "?"
     detail = f"{result.venv_path}; install {result.install}; python {python}, jax {jax}"
@@ -225,8 +225,8 @@ def execute(ctx: RunContext) -> str:
         return result.exit_status
 
     done = ctx.on_workers(run, "execute")
-    ctx.outcome.payload_exit = _worst(done.results)
-    return _with_workers(f"exit {ctx.outcome.payload_exit}", done)
+    ctx.payload_exit = _worst(done.results)
+    return _with_workers(f"exit {ctx.payload_exit}", done)
 
 
 def collect(ctx: RunContext) -> str:
@@ -313,7 +313,7 @@ def verify(ctx: RunContext) -> str:
     problem = failure_of(
         judgement,
         expectation,
-        payload_exit=ctx.outcome.payload_exit,
+        payload_exit=ctx.payload_exit,
         output=worker.payload_output,
         where="vm",
     )
@@ -338,7 +338,7 @@ def _verify_slice(ctx: RunContext, expectation: Expectation) -> str:
     if first is not None:
         _keep(ctx, first, judged.as_judgement(), expectation, worker=workers[0])
     else:
-        ctx.outcome.judgement = judged.as_judgement()
+        ctx.judged = Judged(judged.as_judgement())
     problem = slice_failure_of(
         judged,
         payload_exits=[w.payload_exit for w in workers],
@@ -372,12 +372,11 @@ def _keep(
         zone=spec.zone.value,
         accelerator_type=spec.accelerator.name,
         emulated=spec.emulated,
-        payload_exit_status=ctx.outcome.payload_exit if worker is None else worker.payload_exit,
+        payload_exit_status=ctx.payload_exit if worker is None else worker.payload_exit,
         worker=worker.index if worker is not None else None,
     )
     kept = ctx.receipt_store().keep(raw, expectation, judgement, provenance)
     if worker is not None and worker.index > 0:
         return
-    ctx.outcome.judgement = judgement
-    ctx.outcome.receipt = kept
+    ctx.judged = Judged(judgement, kept)
     ctx.milestone("receipt_saved")

@@ -23,7 +23,7 @@ tpulab.run.context), so journal and observer see these phases like any other, an
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,6 +36,7 @@ from tpulab.errors import (
 )
 from tpulab.remote import bootstrap as boot
 from tpulab.remote import workload as wl
+from tpulab.run.command import CommandRun, CommandStep, launch, stop_everywhere
 from tpulab.run.progress import Phase
 from tpulab.run.workers import FanOut, Worker
 
@@ -57,9 +58,10 @@ def _transfer_timeout(size: int) -> float:
     return 120.0 + size / 2**20
 
 
-@dataclass
+@dataclass(frozen=True)
 class WorkloadOutcome:
-    """What happened to the user's command, filled in as the phases go."""
+    """What happened to the user's command, built from what its phases produced
+    (`WorkloadRunner.outcome`)."""
 
     command: tuple[str, ...]
     env_names: tuple[str, ...]
@@ -75,10 +77,10 @@ class WorkloadOutcome:
     fetch: Manifest | None = None
     fetch_problem: str | None = None  # why nothing (or not everything) came back
     kept: Manifest | None = None  # what a fetch cut short kept (files that fully arrived)
-    output_tail: list[str] = field(default_factory=list)
+    output_tail: tuple[str, ...] = ()
     # A slice: each worker's exit status (None: timed out, stopped or never reported), and
     # the worker whose command failed first (the others were stopped then).
-    worker_exits: list[int | None] = field(default_factory=list)
+    worker_exits: tuple[int | None, ...] = ()
     failed_worker: int | None = None
 
     @property
@@ -94,15 +96,43 @@ class WorkloadOutcome:
 
 class WorkloadRunner:
     """The `-- CMD` phases of one run; `life` (the run's context) gives the session, the
-    seams and `phase`."""
+    seams and `phase`. Each phase sets what it produced once; `outcome` puts it together."""
 
     def __init__(self, life: RunContext, workload: WorkloadSpec) -> None:
         self.life = life
         self.workload = workload
         self.selection: UploadSelection | None = None
         self.launcher = b""
-        self.outcome = WorkloadOutcome(
-            command=tuple(workload.command), env_names=workload.env_names, out=workload.out
+        self.upload_description = ""  # validate
+        self.upload: UploadResult | None = None  # sync (worker 0's)
+        self.installed: boot.ExtrasResult | None = None  # install (worker 0's)
+        self.step = CommandStep(life, workload)  # the command: its progress and result
+        self.stopped: str | None = None  # _salvage: why tpulab stopped the command
+        self.fetched: Manifest | None = None  # fetch
+        self.kept: Manifest | None = None  # _kept: what a fetch cut short kept so far
+        self.fetch_problem: str | None = None  # _cut_short
+
+    def outcome(self) -> WorkloadOutcome:
+        """What happened to the command, so far, as one frozen record."""
+        step, ran = self.step, self.step.result or CommandRun()
+        return WorkloadOutcome(
+            command=tuple(self.workload.command),
+            env_names=self.workload.env_names,
+            out=self.workload.out,
+            upload=self.upload,
+            upload_description=self.upload_description,
+            extras=self.installed,
+            started=step.started,
+            exit_status=ran.exit_status,
+            timed_out=ran.timed_out,
+            stopped=self.stopped,
+            seconds=ran.seconds,
+            fetch=self.fetched,
+            fetch_problem=self.fetch_problem,
+            kept=self.kept,
+            output_tail=tuple(step.output_tail),
+            worker_exits=ran.worker_exits,
+            failed_worker=step.failed_worker,
         )
 
     @property
@@ -137,8 +167,8 @@ class WorkloadRunner:
                 f"Cannot read the workload launcher: {error}",
                 hint="Reinstall tpulab (the launcher ships inside it).",
             ) from None
-        self.outcome.upload_description = self.selection.describe()
-        return f"upload {self.outcome.upload_description}"
+        self.upload_description = self.selection.describe()
+        return f"upload {self.upload_description}"
 
     # -- the phases after the verifier ----------------------------------------------------
 
@@ -151,7 +181,7 @@ class WorkloadRunner:
         try:
             life.phase(Phase.WORKLOAD, self.command)
         except BaseException as error:
-            if not self.outcome.started:
+            if not self.step.started:
                 raise
             self._salvage(error)
             raise
@@ -181,18 +211,17 @@ class WorkloadRunner:
 
     def _cut_short(self, error: BaseException) -> None:
         """The fetch did not complete: say why, and what it kept."""
-        outcome = self.outcome
         problem = _describe(error)
         if _is_skip(error):
             by = getattr(error, "why", None) or "SIGINT"
             problem = f"skipped by {by} during the fetch"
-        kept = outcome.kept
+        kept = self.kept
         if kept is not None:
             problem += (
                 f"; kept the {kept.count} files ({kept.total_bytes / 2**20:.1f} MiB) that had "
                 "fully arrived, each checked against the VM's sha256 (see manifest.json)"
             )
-        outcome.fetch_problem = problem
+        self.fetch_problem = problem
         if _is_skip(error):
             self.life.observer.note(f"artifacts not all fetched: {problem}")
 
@@ -224,7 +253,7 @@ class WorkloadRunner:
             )
 
         done = life.on_workers(up, "sync")
-        uploaded = self.outcome.upload = done.results[0]
+        uploaded = self.upload = done.results[0]
         return _with_workers(f"{uploaded.describe()} into ~/{wl.WORKSPACE_DIR}", done)
 
     def install(self) -> str:
@@ -251,21 +280,15 @@ class WorkloadRunner:
             )
 
         done = life.on_workers(add, "install")
-        result = self.outcome.extras = done.results[0]
-        if life.outcome.bootstrap is not None:
-            life.outcome.bootstrap.extras = result
+        result = self.installed = done.results[0]
         versions = ", ".join(f"{k} {v}" for k, v in sorted(result.versions.items()))
         return _with_workers(f"{extras.describe()}: {result.install}; {versions}", done)
 
     def command(self) -> str:
         """The command on every worker (tpulab.run.command)."""
-        from tpulab.run.command import CommandStep
-
-        return CommandStep(self.life, self.workload, self.outcome).run()
+        return self.step.run()
 
     def _launch(self, worker: int = 0) -> tuple[list[str], dict[str, str], float]:
-        from tpulab.run.command import launch
-
         return launch(self.life, self.workload, worker)
 
     def fetch(self, timeout: float) -> str:
@@ -292,7 +315,7 @@ class WorkloadRunner:
             )
 
         done = self.life.on_workers(bring, "fetch")
-        manifest = self.outcome.fetch = done.results[0] if not slice_run else _merged(done.results)
+        manifest = self.fetched = done.results[0] if not slice_run else _merged(done.results)
         missing = f"; nothing matched {', '.join(manifest.missing)}" if manifest.missing else ""
         where = f"{workload.out}" + (f"/worker-0..{len(workers) - 1}" if slice_run else "")
         return (
@@ -300,7 +323,7 @@ class WorkloadRunner:
         )
 
     def _kept(self, manifest: Manifest) -> None:
-        self.outcome.kept = manifest
+        self.kept = manifest
 
     # -- failure paths --------------------------------------------------------------------
 
@@ -308,7 +331,7 @@ class WorkloadRunner:
         return _transfer_timeout(self.workload.max_fetch)
 
     def _failure(self) -> WorkloadFailedError | None:
-        outcome = self.outcome
+        outcome = self.outcome()
         tail = "\n".join(outcome.output_tail[-20:])
         if outcome.timed_out:
             return WorkloadFailedError(
@@ -343,7 +366,7 @@ class WorkloadRunner:
         signal guard is installed) and the teardown follows."""
         life = self.life
         why = _describe(error)
-        self.outcome.stopped = why
+        self.stopped = why
         with life.skippable(_FETCH_STEP):
             try:
                 self._stop()
@@ -357,12 +380,10 @@ class WorkloadRunner:
                 self._cut_short(failed)
                 if not _is_skip(failed):
                     life.observer.note(
-                        f"could not fetch the artifacts after {why}: {self.outcome.fetch_problem}"
+                        f"could not fetch the artifacts after {why}: {self.fetch_problem}"
                     )
 
     def _stop(self) -> None:
-        from tpulab.run.command import stop_everywhere
-
         stop_everywhere(self.life)
 
 
