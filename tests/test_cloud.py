@@ -4,6 +4,7 @@ pagination, retries and the request count."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -279,11 +280,21 @@ def test_hanging_delete_hits_the_deadline(emulator: Emulator, tpu_api: GoogleTpu
     assert tpu_api.get_node(ZONE, "node-h").state is NodeState.DELETING
 
 
-def test_deleting_a_creating_node_aborts_its_create_operation(tpu_api: GoogleTpuApi) -> None:
+def test_deleting_a_creating_node_aborts_its_create_operation(
+    start_emulator: EmulatorStarter, tmp_path: Path
+) -> None:
+    # A create that takes a minute: the delete lands while the node is CREATING however
+    # loaded the machine is (the fast timing's 0.2 s let a loaded run's create finish
+    # before its delete arrived, and nothing was aborted).
+    from tpulab.emulator import Timing
+
+    slow = dataclasses.replace(Timing.fast(), create_seconds=60.0)
+    tpu_api = _api(start_emulator(tmp_path / "slow-create", timing=slow))
     create = tpu_api.create_node(ZONE, "node-x", _request())
     delete = tpu_api.delete_node(ZONE, "node-x")
-    with pytest.raises(E.CloudError):
+    with pytest.raises(E.CloudError, match="deleted while it was being created") as aborted:
         tpu_api.wait_operation(create, timeout=10)
+    assert not isinstance(aborted.value, E.DeadlineError)
     tpu_api.wait_operation(delete, timeout=10)
     assert tpu_api.list_nodes(ZONE) == []
 
