@@ -267,11 +267,12 @@ EXEC_START_BOUND = 30.0
 def test_a_command_outliving_idle_keeps_its_node_and_ttl_ends_it_clearly(
     served: Emulator, tmp_path: Path
 ) -> None:
-    # The --idle covers the gap between the two execs, when nothing renews the lease
-    # (the first one's exit, the second one's start, GetNode and SSH login): at 15 s a
-    # machine at load 12 let the node idle out there, before the second exec's renewer
-    # took over (CI, 2026-12-01).
-    state = up(served, "short", "--ttl", "180s", "--idle", "30s")
+    # The --idle covers the gaps when nothing renews the lease (up's end to the first
+    # exec's renewer, and the first exec's exit to the second one's: process start,
+    # GetNode, SSH login): at 15 s a machine at load 12 let the node idle out there (CI,
+    # 2026-12-01), and at 30 s one at load 8 did, before the first exec took over
+    # (2026-12-06).
+    state = up(served, "short", "--ttl", "180s", "--idle", "45s")
     booted_by = time.time()  # the VM's watchdog started before `up` returned
     work = tmp_path / "work"
     work.mkdir()
@@ -284,7 +285,7 @@ def test_a_command_outliving_idle_keeps_its_node_and_ttl_ends_it_clearly(
     # Longer than --idle: the exec renews the lease in the background, so the VM stays.
     long = tpulab(
         "exec", "short", "--workdir", str(work), "--out", str(tmp_path / "long"), "--",
-        "python", "nap.py", "40", timeout=300,
+        "python", "nap.py", "55", timeout=300,
     )  # fmt: skip
     assert long.returncode == EXIT_OK, long.stderr + long.stdout
     assert node_state(served, str(state["node_name"])) == "READY"
