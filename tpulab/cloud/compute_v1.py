@@ -32,9 +32,8 @@ from typing import Any
 
 from tpulab.cloud.api import QueuedResourceInfo, QueuedResourceRequest
 from tpulab.cloud.classify import compute_error
-from tpulab.cloud.polling import wait_for_operation
 from tpulab.cloud.rest import Method, WireRequest
-from tpulab.cloud.transport import Answer, Transport
+from tpulab.cloud.transport import Answer, Transport, TransportApi, guest_values, items_of
 from tpulab.contract import (
     EMULATOR_SSH_PORT_ATTRIBUTE,
     HOST_KEY_NAMESPACE,
@@ -231,7 +230,7 @@ def _not_here(what: str) -> ConfigError:
     )
 
 
-class ComputeTpuApi:
+class ComputeTpuApi(TransportApi):
     """`TpuApi` for TPU VM instances over a `Transport`. `machine_type_of` names the
     machine type of an accelerator (tpulab.catalog), `image` the boot disk's
     sourceImage; `poll` makes the operation-polling schedule. `published` are the guest
@@ -254,19 +253,12 @@ class ComputeTpuApi:
         list_page_size: int = 0,
         published: tuple[str, ...] = (HOST_KEYS_QUERY,),
     ) -> None:
-        self.project = project
+        super().__init__(
+            project, transport, poll=poll, clock=clock, sleep=sleep, list_page_size=list_page_size
+        )
         self._published = published
-        self.transport = transport
         self._machine_type_of = machine_type_of
         self.image = image
-        self._poll = poll
-        self._clock = clock
-        self._sleep = sleep
-        self._list_page_size = list_page_size
-
-    @property
-    def call_count(self) -> int:
-        return self.transport.call_count
 
     @property
     def api_endpoint(self) -> str | None:
@@ -274,9 +266,6 @@ class ComputeTpuApi:
         preflight asks the same place (tpulab.app.doctor.preflight_for)."""
         endpoint = getattr(self.transport, "api_endpoint", None)
         return endpoint if isinstance(endpoint, str) else None
-
-    def _send(self, wire: WireRequest, what: str, *, idempotent: bool) -> Answer:
-        return self.transport.send(wire, what=what, idempotent=idempotent)
 
     def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
         body = instance_body(
@@ -298,18 +287,10 @@ class ComputeTpuApi:
 
     def wait_operation(self, operation_name: str, *, timeout: float) -> None:
         wire = _wire("compute.zoneOperations.get", "GET", operation_name)
-        operation = wait_for_operation(
-            lambda: self._send(wire, f"read operation {operation_name}", idempotent=True),
-            lambda answer: answer.get("status") == "DONE",
-            operation_name=operation_name,
-            timeout=timeout,
-            backoff=self._poll(),
-            clock=self._clock,
-            sleep=self._sleep,
+        operation = self._wait(
+            wire, operation_name, lambda answer: answer.get("status") == "DONE", timeout
         )
-        errors = [
-            e for e in (operation.get("error") or {}).get("errors") or [] if isinstance(e, dict)
-        ]
+        errors = items_of(operation.get("error") or {}, "errors")
         if errors:
             raise compute_error(
                 str(errors[0].get("code") or ""),
@@ -336,8 +317,7 @@ class ComputeTpuApi:
             path = f"{zone_path(self.project, zone)}/instances"
             wire = _wire("compute.instances.list", "GET", path, query=tuple(query))
             page = self._send(wire, f"list instances in {zone}", idempotent=True)
-            items = [i for i in page.get("items") or [] if isinstance(i, dict)]
-            found.extend(instance_from_json(item, self.project, zone) for item in items)
+            found.extend(instance_from_json(i, self.project, zone) for i in items_of(page, "items"))
             token = str(page.get("nextPageToken") or "")
             if not token:
                 return found
@@ -380,12 +360,7 @@ class ComputeTpuApi:
             if _NOTHING_PUBLISHED in (error.api_message or ""):
                 return {}
             raise
-        items = (answer.get("queryValue") or {}).get("items") or []
-        return {
-            f"{item.get('namespace', '')}/{item.get('key', '')}": str(item.get("value", ""))
-            for item in items
-            if isinstance(item, dict)
-        }
+        return guest_values(answer.get("queryValue") or {})
 
     # -- queued resources: a Cloud TPU API object -----------------------------------------
 
