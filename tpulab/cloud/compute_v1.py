@@ -25,13 +25,13 @@ slices (a MIG with a workload policy) are out of scope and refused before any ca
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from tpulab.cloud.api import QueuedResourceInfo, QueuedResourceRequest
 from tpulab.cloud.classify import compute_error
+from tpulab.cloud.client_errors import ClientSender
 from tpulab.cloud.rest import Method, WireRequest
 from tpulab.cloud.transport import Answer, Transport, TransportApi, guest_values, items_of
 from tpulab.contract import (
@@ -386,7 +386,7 @@ def _what(operation: Answer) -> str:
     return f"complete operation {operation.get('name', '')}"
 
 
-class ComputeTransport:
+class ComputeTransport(ClientSender):
     """The `Transport` of a real run on Compute: each wire request at the URL `apis`
     gives (tpulab.cloud.preflight.ProjectApis: the one way tpulab finds Compute's root,
     at Google or at an emulator) over `session` (tpulab.cloud.google.caller_session's,
@@ -408,56 +408,27 @@ class ComputeTransport:
         sleep: Callable[[float], None] = time.sleep,
         notify: Callable[[str], None] | None = None,
     ) -> None:
-        from tpulab.cloud.reach import reach_of
-
-        self._apis = apis
-        self._session = session
-        self._api_endpoint = api_endpoint
-        self._retry_for = retry_for
-        self._timeout = request_timeout
-        self._clock = clock
-        self._sleep = sleep
-        self._calls = 0
-        self._calls_lock = threading.Lock()  # `tpulab list` lists zones concurrently
-        self._endpoint_text = api_endpoint or "compute.googleapis.com"
-        self._reach = reach_of(
+        super().__init__(
             api_endpoint,
             "compute.googleapis.com",
             api="Compute Engine",
+            retry_for=retry_for,
+            request_timeout=request_timeout,
             clock=clock,
+            sleep=sleep,
             notify=notify,
         )
-
-    @property
-    def call_count(self) -> int:
-        return self._calls
+        self._apis = apis
+        self._session = session
+        self._api_endpoint = api_endpoint
 
     @property
     def api_endpoint(self) -> str | None:
         return self._api_endpoint
 
     def send(self, wire: WireRequest, *, what: str, idempotent: bool) -> Answer:
-        from tpulab.cloud.client_errors import network_words, translate_client_error, worth_retrying
-        from tpulab.cloud.reach import retry_backoff, send_through
-
-        def counted() -> None:
-            with self._calls_lock:
-                self._calls += 1
-
-        return send_through(
-            self._reach,
-            lambda timeout: self._once(wire, what, timeout),
-            what=what,
-            idempotent=idempotent,
-            translate=lambda raw: translate_client_error(raw, what, self._endpoint_text),
-            network_words=network_words,
-            worth_retrying=worth_retrying,
-            request_timeout=self._timeout,
-            retry_for=self._retry_for,
-            backoff=retry_backoff(self._api_endpoint),
-            clock=self._clock,
-            sleep=self._sleep,
-            counted=counted,
+        return self._send_through(
+            lambda timeout: self._once(wire, what, timeout), what, idempotent=idempotent
         )
 
     def _once(self, wire: WireRequest, what: str, timeout: float) -> Answer:
