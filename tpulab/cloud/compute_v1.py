@@ -306,21 +306,18 @@ class ComputeTpuApi(TransportApi):
 
     def list_nodes(self, zone: str) -> list[NodeInfo]:
         """tpulab's instances in the zone (by its managed-by label), all pages."""
-        found: list[NodeInfo] = []
-        token = ""
-        while True:  # one request per page, each counted and retried on its own
+        path = f"{zone_path(self.project, zone)}/instances"
+
+        def page(token: str) -> WireRequest:
             query = [("filter", label_filter())]
             if self._list_page_size:
                 query.append(("maxResults", str(self._list_page_size)))
             if token:
                 query.append(("pageToken", token))
-            path = f"{zone_path(self.project, zone)}/instances"
-            wire = _wire("compute.instances.list", "GET", path, query=tuple(query))
-            page = self._send(wire, f"list instances in {zone}", idempotent=True)
-            found.extend(instance_from_json(i, self.project, zone) for i in items_of(page, "items"))
-            token = str(page.get("nextPageToken") or "")
-            if not token:
-                return found
+            return _wire("compute.instances.list", "GET", path, query=tuple(query))
+
+        items = self._paged(page, f"list instances in {zone}", "items")
+        return [instance_from_json(item, self.project, zone) for item in items]
 
     def delete_node(self, zone: str, node_id: str) -> str:
         path = instance_path(self.project, zone, node_id)

@@ -101,19 +101,14 @@ class TpuV2Api(TransportApi):
         return node_from_json(answer, self.project, zone)
 
     def list_nodes(self, zone: str) -> list[NodeInfo]:
-        nodes: list[NodeInfo] = []
-        token = ""
-        while True:  # one request per page: each is counted and retried on its own
-            wire = rest.list_nodes(
+        nodes = self._paged(
+            lambda token: rest.list_nodes(
                 self.project, zone, page_size=self._list_page_size, page_token=token
-            )
-            page = self._send(wire, f"list nodes in {zone}", idempotent=True)
-            nodes.extend(
-                node_from_json(node, self.project, zone) for node in items_of(page, "nodes")
-            )
-            token = str(page.get("nextPageToken") or "")
-            if not token:
-                return nodes
+            ),
+            f"list nodes in {zone}",
+            "nodes",
+        )
+        return [node_from_json(node, self.project, zone) for node in nodes]
 
     def delete_node(self, zone: str, node_id: str) -> str:
         wire = rest.delete_node(self.project, zone, node_id)
@@ -145,20 +140,14 @@ class TpuV2Api(TransportApi):
         return queued_resource_from_json(answer, self.project, zone)
 
     def list_queued_resources(self, zone: str) -> list[QueuedResourceInfo]:
-        found: list[QueuedResourceInfo] = []
-        token = ""
-        while True:  # one request per page, as list_nodes
-            wire = rest.list_queued_resources(
+        resources = self._paged(
+            lambda token: rest.list_queued_resources(
                 self.project, zone, page_size=self._list_page_size, page_token=token
-            )
-            page = self._send(wire, f"list queued resources in {zone}", idempotent=True)
-            found.extend(
-                queued_resource_from_json(resource, self.project, zone)
-                for resource in items_of(page, "queuedResources")
-            )
-            token = str(page.get("nextPageToken") or "")
-            if not token:
-                return found
+            ),
+            f"list queued resources in {zone}",
+            "queuedResources",
+        )
+        return [queued_resource_from_json(r, self.project, zone) for r in resources]
 
     def delete_queued_resource(self, zone: str, qr_id: str, *, force: bool) -> str:
         wire = rest.delete_queued_resource(self.project, zone, qr_id, force=force)

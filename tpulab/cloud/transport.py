@@ -14,7 +14,7 @@ through a `Transport`, and reads each answer as the REST JSON object the API ret
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from tpulab.cloud.polling import wait_for_operation
@@ -67,6 +67,19 @@ class TransportApi:
 
     def _send(self, wire: WireRequest, what: str, *, idempotent: bool) -> Answer:
         return self.transport.send(wire, what=what, idempotent=idempotent)
+
+    def _paged(
+        self, wire_for: Callable[[str], WireRequest], what: str, field: str
+    ) -> Iterator[Answer]:
+        """Every item (`field`) of a list, page after page (`wire_for(page_token)`): one
+        request a page, each counted and retried on its own."""
+        token = ""
+        while True:
+            page = self._send(wire_for(token), what, idempotent=True)
+            yield from items_of(page, field)
+            token = str(page.get("nextPageToken") or "")
+            if not token:
+                return
 
     def _wait(
         self, wire: WireRequest, operation_name: str, done: Callable[[Answer], bool], timeout: float
