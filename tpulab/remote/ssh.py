@@ -415,9 +415,7 @@ class Connection:
         """Run a command with stdin closed, streaming output lines to `on_line(stream,
         line)` ("stdout"/"stderr"). Past `timeout` the remote process group is killed and
         RemoteTimeoutError raised."""
-        command = remote_command(argv, env=env, timeout=timeout)
-        shown = _shown(argv)
-        channel = self._open_session(shown)
+        channel, command, shown = self._open_session(argv, env=env, timeout=timeout)
         out, err = _LineSplitter("stdout", on_line), _LineSplitter("stderr", on_line)
         start = self._clock()
         give_up = start + timeout + self.kill_grace
@@ -463,10 +461,8 @@ class Connection:
         other waits, and nothing is held in memory whole. Past `timeout` the remote
         process group is killed and RemoteTimeoutError raised; the exit status is
         returned, not checked (the transfers read their own verdicts)."""
-        command = remote_command(argv, env=env, timeout=timeout)
-        shown = _shown(argv)
         chunks = _chunks_of(stdin)
-        channel = self._open_session(shown)
+        channel, command, shown = self._open_session(argv, env=env, timeout=timeout)
         err = _LineSplitter("stderr", None)
         start = self._clock()
         give_up = start + timeout + self.kill_grace
@@ -482,9 +478,15 @@ class Connection:
         self._check_ended(status, duration, timeout, shown, "transfer", err.text)
         return RunResult(status, "", err.text, duration)
 
-    def _open_session(self, shown: str) -> paramiko.Channel:
+    def _open_session(
+        self, argv: Sequence[str] | str, *, env: Mapping[str, str] | None = None, timeout: float
+    ) -> tuple[paramiko.Channel, str, str]:
+        """A new session for `argv`: its channel, the command line that runs `argv` under
+        the remote `timeout`, and `argv` as messages name it."""
+        command = remote_command(argv, env=env, timeout=timeout)
+        shown = _shown(argv)
         with self._mapped(f"opening a session for {shown!r}"):
-            return self._transport().open_session(timeout=self.banner_timeout)
+            return self._transport().open_session(timeout=self.banner_timeout), command, shown
 
     def _check_ended(
         self, status: int, duration: float, timeout: float, shown: str, work: str, tail: str
@@ -647,9 +649,7 @@ class Connection:
         loses power or its network closes nothing, so with `beat_every` a thread writes a
         newline to the command's stdin that often until `close`, and the command can take
         silence for the same end."""
-        command = remote_command(argv, timeout=timeout)
-        shown = _shown(argv)
-        channel = self._open_session(shown)
+        channel, command, shown = self._open_session(argv, timeout=timeout)
         out, err = _LineSplitter("stdout", None), _LineSplitter("stderr", None)
         give_up = self._clock() + answer_within
         log.debug("ssh %s (held): %s", self.target, shown)
