@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from typing import Any
 
 from tpulab.cloud import rest
@@ -102,7 +101,13 @@ class TpuV2Api(TransportApi):
         return node_from_json(answer, self.project, zone)
 
     def list_nodes(self, zone: str) -> list[NodeInfo]:
-        nodes = self._listed(rest.list_nodes, zone, "nodes", "nodes")
+        nodes = self._paged(
+            lambda token: rest.list_nodes(
+                self.project, zone, page_size=self._list_page_size, page_token=token
+            ),
+            f"list nodes in {zone}",
+            "nodes",
+        )
         return [node_from_json(node, self.project, zone) for node in nodes]
 
     def delete_node(self, zone: str, node_id: str) -> str:
@@ -135,22 +140,14 @@ class TpuV2Api(TransportApi):
         return queued_resource_from_json(answer, self.project, zone)
 
     def list_queued_resources(self, zone: str) -> list[QueuedResourceInfo]:
-        resources = self._listed(
-            rest.list_queued_resources, zone, "queued resources", "queuedResources"
-        )
-        return [queued_resource_from_json(r, self.project, zone) for r in resources]
-
-    def _listed(
-        self, wire_for: Callable[..., rest.WireRequest], zone: str, noun: str, field: str
-    ) -> Iterator[Answer]:
-        """A zone's `noun` (`field` of each page; `wire_for`: rest's list builder)."""
-        return self._paged(
-            lambda token: wire_for(
+        resources = self._paged(
+            lambda token: rest.list_queued_resources(
                 self.project, zone, page_size=self._list_page_size, page_token=token
             ),
-            f"list {noun} in {zone}",
-            field,
+            f"list queued resources in {zone}",
+            "queuedResources",
         )
+        return [queued_resource_from_json(r, self.project, zone) for r in resources]
 
     def delete_queued_resource(self, zone: str, qr_id: str, *, force: bool) -> str:
         wire = rest.delete_queued_resource(self.project, zone, qr_id, force=force)
