@@ -46,6 +46,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from typing import TypeVar
 
 from tpulab.cleanup.journal import Journal, RunRow, close_vanished, row_is_live, target_for
 from tpulab.cleanup.listing import queued_as_node
@@ -87,6 +88,8 @@ __all__ = [
     "sweep_command_for",
     "verify_clean",
 ]
+
+_Listed = TypeVar("_Listed")  # what one of a zone's listings holds
 
 
 @dataclass(frozen=True)
@@ -237,35 +240,22 @@ def _list_zone(
     list_for: float,
     clock: Callable[[], float],
     sleep: Callable[[float], None],
-) -> list[NodeInfo]:
-    """List a zone, riding out transient errors for `list_for` seconds."""
-    return retry_call(
-        lambda: api.list_nodes(zone),
-        retry_if=lambda error: isinstance(error, TransientError),
-        timeout=list_for,
-        clock=clock,
-        sleep=sleep,
-        backoff=Backoff(initial=0.5, cap=8.0, factor=2.0),
-    )
+) -> tuple[list[NodeInfo], list[QueuedResourceInfo]]:
+    """A zone's nodes and its queued resources, each list riding out transient errors
+    for `list_for` seconds."""
 
+    def riding_out(listing: Callable[[], list[_Listed]]) -> list[_Listed]:
+        return retry_call(
+            listing,
+            retry_if=lambda error: isinstance(error, TransientError),
+            timeout=list_for,
+            clock=clock,
+            sleep=sleep,
+            backoff=Backoff(initial=0.5, cap=8.0, factor=2.0),
+        )
 
-def _list_queued(
-    api: TpuApi,
-    zone: str,
-    *,
-    list_for: float,
-    clock: Callable[[], float],
-    sleep: Callable[[float], None],
-) -> list[QueuedResourceInfo]:
-    """A zone's queued resources, riding out transient errors as `_list_zone` does."""
-    return retry_call(
-        lambda: api.list_queued_resources(zone),
-        retry_if=lambda error: isinstance(error, TransientError),
-        timeout=list_for,
-        clock=clock,
-        sleep=sleep,
-        backoff=Backoff(initial=0.5, cap=8.0, factor=2.0),
-    )
+    nodes = riding_out(lambda: api.list_nodes(zone))
+    return nodes, riding_out(lambda: api.list_queued_resources(zone))
 
 
 def _age_and_cost(
@@ -362,8 +352,7 @@ def find_orphans(
         by_run = {row.run_id: row for row in rows if row.provider == provider}
         for zone in plan.zones:
             try:
-                listed = _list_zone(provider_api, zone, list_for=list_for, clock=clock, sleep=sleep)
-                queued = _list_queued(
+                listed, queued = _list_zone(
                     provider_api, zone, list_for=list_for, clock=clock, sleep=sleep
                 )
             except CloudError as error:
@@ -531,8 +520,7 @@ def _final_list(
             continue
         for zone in zones:
             try:
-                listed = _list_zone(api, zone, list_for=list_for, clock=clock, sleep=sleep)
-                queued = _list_queued(api, zone, list_for=list_for, clock=clock, sleep=sleep)
+                listed, queued = _list_zone(api, zone, list_for=list_for, clock=clock, sleep=sleep)
             except CloudError as error:
                 errors[where(zone, provider)] = error.message
                 continue

@@ -3,16 +3,21 @@
 google.api_core's HTTP errors, google.auth's refresh and transport failures and requests'
 network errors become the `tpulab.errors` tree (through `tpulab.cloud.classify`), keeping
 the API's own words in `api_message`. The TPU API's transport (`tpulab.cloud.google`) and
-Compute Engine's (`tpulab.cloud.compute_v1`) both hand their raw exceptions here, so a
-refused connection or an expired token reads the same whichever API was asked. google.*,
+Compute Engine's (`tpulab.cloud.compute_v1`) both send through `ClientSender`, which hands
+their raw exceptions here, so a refused connection or an expired token reads the same
+whichever API was asked. google.*,
 requests and urllib3 are imported inside the functions: `tpulab --help` never pays for them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from tpulab.cloud.classify import HTTP_STATUS, error_for_status, hint_for
+from tpulab.cloud.reach import ReachSchedule, reach_of, send_through
+from tpulab.cloud.reach import retry_backoff as retry_backoff_of
 from tpulab.errors import (
     OutcomeUnknownError,
     PermissionDeniedError,
@@ -20,7 +25,69 @@ from tpulab.errors import (
     UnreachableError,
 )
 
-__all__ = ["network_words", "translate_client_error", "worth_retrying"]
+__all__ = ["ClientSender", "network_words", "translate_client_error", "worth_retrying"]
+
+T = TypeVar("T")
+
+
+class ClientSender:
+    """What both providers' transports (GoogleTransport, ComputeTransport) keep: their
+    endpoint's `Reach`, the count of requests sent, and one way to send: through
+    `tpulab.cloud.reach.send_through`, what the client stack raised translated here.
+    `retry_backoff` makes the pauses of idempotent retries (None: the endpoint's own)."""
+
+    def __init__(
+        self,
+        api_endpoint: str | None,
+        google_host: str,
+        *,
+        api: str,
+        retry_for: float,
+        request_timeout: float,
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
+        notify: Callable[[str], None] | None,
+        retry_backoff: Callable[[], Iterable[float]] | None = None,
+        reach: ReachSchedule | None = None,
+    ) -> None:
+        self._retry_for = retry_for
+        self._request_timeout = request_timeout
+        self._clock = clock
+        self._sleep = sleep
+        self._retry_backoff = retry_backoff or (lambda: retry_backoff_of(api_endpoint))
+        self._calls = 0
+        self._calls_lock = threading.Lock()  # `tpulab list` lists zones concurrently
+        self._endpoint_text = api_endpoint or google_host
+        self._reach = reach_of(
+            api_endpoint, google_host, api=api, clock=clock, notify=notify, schedule=reach
+        )
+
+    @property
+    def call_count(self) -> int:
+        return self._calls
+
+    def _send_through(self, send: Callable[[float], T], what: str, *, idempotent: bool) -> T:
+        """One request, `send(timeout)`, with reach_of's and send_through's retries."""
+
+        def counted() -> None:
+            with self._calls_lock:
+                self._calls += 1
+
+        return send_through(
+            self._reach,
+            send,
+            what=what,
+            idempotent=idempotent,
+            translate=lambda raw: translate_client_error(raw, what, self._endpoint_text),
+            network_words=network_words,
+            worth_retrying=worth_retrying,
+            request_timeout=self._request_timeout,
+            retry_for=self._retry_for,
+            backoff=self._retry_backoff(),
+            clock=self._clock,
+            sleep=self._sleep,
+            counted=counted,
+        )
 
 
 def translate_client_error(error: Exception, what: str, endpoint: str) -> Exception:

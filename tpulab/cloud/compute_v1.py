@@ -25,16 +25,15 @@ slices (a MIG with a workload policy) are out of scope and refused before any ca
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from tpulab.cloud.api import QueuedResourceInfo, QueuedResourceRequest
 from tpulab.cloud.classify import compute_error
-from tpulab.cloud.polling import wait_for_operation
+from tpulab.cloud.client_errors import ClientSender
 from tpulab.cloud.rest import Method, WireRequest
-from tpulab.cloud.transport import Answer, Transport
+from tpulab.cloud.transport import Answer, Transport, TransportApi, guest_values, items_of
 from tpulab.contract import (
     EMULATOR_SSH_PORT_ATTRIBUTE,
     HOST_KEY_NAMESPACE,
@@ -231,7 +230,7 @@ def _not_here(what: str) -> ConfigError:
     )
 
 
-class ComputeTpuApi:
+class ComputeTpuApi(TransportApi):
     """`TpuApi` for TPU VM instances over a `Transport`. `machine_type_of` names the
     machine type of an accelerator (tpulab.catalog), `image` the boot disk's
     sourceImage; `poll` makes the operation-polling schedule. `published` are the guest
@@ -254,19 +253,12 @@ class ComputeTpuApi:
         list_page_size: int = 0,
         published: tuple[str, ...] = (HOST_KEYS_QUERY,),
     ) -> None:
-        self.project = project
+        super().__init__(
+            project, transport, poll=poll, clock=clock, sleep=sleep, list_page_size=list_page_size
+        )
         self._published = published
-        self.transport = transport
         self._machine_type_of = machine_type_of
         self.image = image
-        self._poll = poll
-        self._clock = clock
-        self._sleep = sleep
-        self._list_page_size = list_page_size
-
-    @property
-    def call_count(self) -> int:
-        return self.transport.call_count
 
     @property
     def api_endpoint(self) -> str | None:
@@ -274,9 +266,6 @@ class ComputeTpuApi:
         preflight asks the same place (tpulab.app.doctor.preflight_for)."""
         endpoint = getattr(self.transport, "api_endpoint", None)
         return endpoint if isinstance(endpoint, str) else None
-
-    def _send(self, wire: WireRequest, what: str, *, idempotent: bool) -> Answer:
-        return self.transport.send(wire, what=what, idempotent=idempotent)
 
     def create_node(self, zone: str, node_id: str, request: NodeRequest) -> str:
         body = instance_body(
@@ -298,18 +287,10 @@ class ComputeTpuApi:
 
     def wait_operation(self, operation_name: str, *, timeout: float) -> None:
         wire = _wire("compute.zoneOperations.get", "GET", operation_name)
-        operation = wait_for_operation(
-            lambda: self._send(wire, f"read operation {operation_name}", idempotent=True),
-            lambda answer: answer.get("status") == "DONE",
-            operation_name=operation_name,
-            timeout=timeout,
-            backoff=self._poll(),
-            clock=self._clock,
-            sleep=self._sleep,
+        operation = self._wait(
+            wire, operation_name, lambda answer: answer.get("status") == "DONE", timeout
         )
-        errors = [
-            e for e in (operation.get("error") or {}).get("errors") or [] if isinstance(e, dict)
-        ]
+        errors = items_of(operation.get("error") or {}, "errors")
         if errors:
             raise compute_error(
                 str(errors[0].get("code") or ""),
@@ -325,22 +306,18 @@ class ComputeTpuApi:
 
     def list_nodes(self, zone: str) -> list[NodeInfo]:
         """tpulab's instances in the zone (by its managed-by label), all pages."""
-        found: list[NodeInfo] = []
-        token = ""
-        while True:  # one request per page, each counted and retried on its own
+        path = f"{zone_path(self.project, zone)}/instances"
+
+        def page(token: str) -> WireRequest:
             query = [("filter", label_filter())]
             if self._list_page_size:
                 query.append(("maxResults", str(self._list_page_size)))
             if token:
                 query.append(("pageToken", token))
-            path = f"{zone_path(self.project, zone)}/instances"
-            wire = _wire("compute.instances.list", "GET", path, query=tuple(query))
-            page = self._send(wire, f"list instances in {zone}", idempotent=True)
-            items = [i for i in page.get("items") or [] if isinstance(i, dict)]
-            found.extend(instance_from_json(item, self.project, zone) for item in items)
-            token = str(page.get("nextPageToken") or "")
-            if not token:
-                return found
+            return _wire("compute.instances.list", "GET", path, query=tuple(query))
+
+        items = self._paged(page, f"list instances in {zone}", "items")
+        return [instance_from_json(item, self.project, zone) for item in items]
 
     def delete_node(self, zone: str, node_id: str) -> str:
         path = instance_path(self.project, zone, node_id)
@@ -380,12 +357,7 @@ class ComputeTpuApi:
             if _NOTHING_PUBLISHED in (error.api_message or ""):
                 return {}
             raise
-        items = (answer.get("queryValue") or {}).get("items") or []
-        return {
-            f"{item.get('namespace', '')}/{item.get('key', '')}": str(item.get("value", ""))
-            for item in items
-            if isinstance(item, dict)
-        }
+        return guest_values(answer.get("queryValue") or {})
 
     # -- queued resources: a Cloud TPU API object -----------------------------------------
 
@@ -411,7 +383,7 @@ def _what(operation: Answer) -> str:
     return f"complete operation {operation.get('name', '')}"
 
 
-class ComputeTransport:
+class ComputeTransport(ClientSender):
     """The `Transport` of a real run on Compute: each wire request at the URL `apis`
     gives (tpulab.cloud.preflight.ProjectApis: the one way tpulab finds Compute's root,
     at Google or at an emulator) over `session` (tpulab.cloud.google.caller_session's,
@@ -433,56 +405,27 @@ class ComputeTransport:
         sleep: Callable[[float], None] = time.sleep,
         notify: Callable[[str], None] | None = None,
     ) -> None:
-        from tpulab.cloud.reach import reach_of
-
-        self._apis = apis
-        self._session = session
-        self._api_endpoint = api_endpoint
-        self._retry_for = retry_for
-        self._timeout = request_timeout
-        self._clock = clock
-        self._sleep = sleep
-        self._calls = 0
-        self._calls_lock = threading.Lock()  # `tpulab list` lists zones concurrently
-        self._endpoint_text = api_endpoint or "compute.googleapis.com"
-        self._reach = reach_of(
+        super().__init__(
             api_endpoint,
             "compute.googleapis.com",
             api="Compute Engine",
+            retry_for=retry_for,
+            request_timeout=request_timeout,
             clock=clock,
+            sleep=sleep,
             notify=notify,
         )
-
-    @property
-    def call_count(self) -> int:
-        return self._calls
+        self._apis = apis
+        self._session = session
+        self._api_endpoint = api_endpoint
 
     @property
     def api_endpoint(self) -> str | None:
         return self._api_endpoint
 
     def send(self, wire: WireRequest, *, what: str, idempotent: bool) -> Answer:
-        from tpulab.cloud.client_errors import network_words, translate_client_error, worth_retrying
-        from tpulab.cloud.reach import retry_backoff, send_through
-
-        def counted() -> None:
-            with self._calls_lock:
-                self._calls += 1
-
-        return send_through(
-            self._reach,
-            lambda timeout: self._once(wire, what, timeout),
-            what=what,
-            idempotent=idempotent,
-            translate=lambda raw: translate_client_error(raw, what, self._endpoint_text),
-            network_words=network_words,
-            worth_retrying=worth_retrying,
-            request_timeout=self._timeout,
-            retry_for=self._retry_for,
-            backoff=retry_backoff(self._api_endpoint),
-            clock=self._clock,
-            sleep=self._sleep,
-            counted=counted,
+        return self._send_through(
+            lambda timeout: self._once(wire, what, timeout), what, idempotent=idempotent
         )
 
     def _once(self, wire: WireRequest, what: str, timeout: float) -> Answer:

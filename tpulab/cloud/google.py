@@ -15,17 +15,14 @@ those messages into the client's request types.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Iterable
-from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from tpulab.cloud import rest
-from tpulab.cloud.client_errors import network_words, translate_client_error, worth_retrying
+from tpulab.cloud.client_errors import ClientSender, translate_client_error
 from tpulab.cloud.polling import operation_schedule
-from tpulab.cloud.reach import ReachSchedule, reach_of, send_through
-from tpulab.cloud.reach import retry_backoff as retry_backoff_of
+from tpulab.cloud.reach import ReachSchedule
 from tpulab.cloud.tpu_v2 import TpuV2Api
 from tpulab.cloud.transport import Answer
 from tpulab.config.endpoint import classify_endpoint
@@ -40,8 +37,6 @@ __all__ = [
     "adc_project",
     "caller_session",
 ]
-
-T = TypeVar("T")
 
 
 def adc_project() -> str | None:
@@ -66,7 +61,7 @@ def _parse(message_type: Any, wire: rest.WireRequest) -> Any:
     return message_type.from_json(json.dumps(wire.message), ignore_unknown_fields=False)
 
 
-class GoogleTransport:
+class GoogleTransport(ClientSender):
     """The `Transport` of google-cloud-tpu's `TpuClient` (REST), to Google or an emulator.
 
     `api_endpoint` is None for Google, or a URL such as `http://127.0.0.1:8470` for a
@@ -102,24 +97,20 @@ class GoogleTransport:
         from google.api_core.client_options import ClientOptions
         from google.cloud import tpu_v2
 
-        self.api_endpoint = api_endpoint
-        self._sleep = sleep
-        self._clock = clock
-        self._retry_for = retry_for
-        self._request_timeout = request_timeout
-        self._calls = 0
-        self._calls_lock = threading.Lock()  # `tpulab list` lists zones concurrently
         endpoint = classify_endpoint(api_endpoint)  # the one rule; ConfigError if malformed
-        self._retry_backoff = retry_backoff or (lambda: retry_backoff_of(api_endpoint))
-        self._endpoint_text = api_endpoint or "tpu.googleapis.com"
-        self._reach = reach_of(
+        super().__init__(
             api_endpoint,
             "tpu.googleapis.com",
             api="the Cloud TPU API",
+            retry_for=retry_for,
+            request_timeout=request_timeout,
             clock=clock,
+            sleep=sleep,
             notify=notify,
-            schedule=reach,
+            retry_backoff=retry_backoff,
+            reach=reach,
         )
+        self.api_endpoint = api_endpoint
         if credentials is None:
             credentials = (
                 self._default_credentials() if endpoint.sends_credentials else self._anonymous()
@@ -153,10 +144,6 @@ class GoogleTransport:
         return credentials
 
     @property
-    def call_count(self) -> int:
-        return self._calls
-
-    @property
     def unreachable(self) -> str | None:
         """Why the endpoint was declared down (it never answered this instance), or None."""
         return self._reach.down
@@ -169,7 +156,7 @@ class GoogleTransport:
         if wire.rpc == "GetOperation":
             # The operations mixin takes its request as a plain dict of the message.
             return _operation_json(
-                self._call(
+                self._send_through(
                     lambda timeout: self._client.get_operation(
                         request=wire.message, retry=None, timeout=timeout
                     ),
@@ -181,8 +168,10 @@ class GoogleTransport:
 
         request = _parse(getattr(tpu_v2, f"{wire.rpc}Request"), wire)
         method = getattr(self._client, _snake(wire.rpc))
-        answer = self._call(
-            partial(method, request=request, retry=None), what, idempotent=idempotent
+        answer = self._send_through(
+            lambda timeout: method(request=request, retry=None, timeout=timeout),
+            what,
+            idempotent=idempotent,
         )
         if hasattr(answer, "operation"):  # a long-running call: its Operation
             return _operation_json(answer.operation)
@@ -197,30 +186,6 @@ class GoogleTransport:
         return _message_json(answer)
 
     # -- plumbing --------------------------------------------------------------------
-
-    def _call(self, send: Callable[..., T], what: str, *, idempotent: bool) -> T:
-        """Send one request (`send(timeout=...)`) through the endpoint's reach
-        (`tpulab.cloud.reach.send_through`: the class doc's retries)."""
-
-        def counted() -> None:
-            with self._calls_lock:
-                self._calls += 1
-
-        return send_through(
-            self._reach,
-            lambda timeout: send(timeout=timeout),
-            what=what,
-            idempotent=idempotent,
-            translate=lambda raw: translate_client_error(raw, what, self._endpoint_text),
-            network_words=network_words,
-            worth_retrying=worth_retrying,
-            request_timeout=self._request_timeout,
-            retry_for=self._retry_for,
-            backoff=self._retry_backoff(),
-            clock=self._clock,
-            sleep=self._sleep,
-            counted=counted,
-        )
 
 
 class GoogleTpuApi(TpuV2Api):

@@ -13,15 +13,12 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
 from typing import Any
 
 from tpulab.cloud import rest
 from tpulab.cloud.api import QueuedResourceInfo, QueuedResourceRequest
 from tpulab.cloud.classify import RPC_STATUS, error_for_status
-from tpulab.cloud.polling import wait_for_operation
-from tpulab.cloud.transport import Answer, Transport
+from tpulab.cloud.transport import Answer, TransportApi, guest_values, items_of
 from tpulab.config import RunSpec
 from tpulab.contract import (
     GUEST_ATTRIBUTES_METADATA,
@@ -75,35 +72,11 @@ def node_request(spec: RunSpec, *, ssh_keys: str, startup_script: str | None) ->
     )
 
 
-class TpuV2Api:
+class TpuV2Api(TransportApi):
     """`TpuApi` over a `Transport`. `poll` makes the operation-polling schedule;
     `list_page_size` 0 lets the API choose its pages."""
 
     provider = "tpu-api"
-
-    def __init__(
-        self,
-        project: str,
-        transport: Transport,
-        *,
-        poll: Callable[[], Iterable[float]],
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-        list_page_size: int = 0,
-    ) -> None:
-        self.project = project
-        self.transport = transport
-        self._poll = poll
-        self._clock = clock
-        self._sleep = sleep
-        self._list_page_size = list_page_size
-
-    @property
-    def call_count(self) -> int:
-        return self.transport.call_count
-
-    def _send(self, wire: rest.WireRequest, what: str, *, idempotent: bool) -> Answer:
-        return self.transport.send(wire, what=what, idempotent=idempotent)
 
     # -- nodes ----------------------------------------------------------------------
 
@@ -114,14 +87,8 @@ class TpuV2Api:
 
     def wait_operation(self, operation_name: str, *, timeout: float) -> None:
         wire = rest.get_operation(operation_name)
-        operation = wait_for_operation(
-            lambda: self._send(wire, f"read operation {operation_name}", idempotent=True),
-            lambda answer: bool(answer.get("done")),
-            operation_name=operation_name,
-            timeout=timeout,
-            backoff=self._poll(),
-            clock=self._clock,
-            sleep=self._sleep,
+        operation = self._wait(
+            wire, operation_name, lambda answer: bool(answer.get("done")), timeout
         )
         error = operation.get("error") or {}
         if int(error.get("code") or 0) != 0:
@@ -134,17 +101,14 @@ class TpuV2Api:
         return node_from_json(answer, self.project, zone)
 
     def list_nodes(self, zone: str) -> list[NodeInfo]:
-        nodes: list[NodeInfo] = []
-        token = ""
-        while True:  # one request per page: each is counted and retried on its own
-            wire = rest.list_nodes(
+        nodes = self._paged(
+            lambda token: rest.list_nodes(
                 self.project, zone, page_size=self._list_page_size, page_token=token
-            )
-            page = self._send(wire, f"list nodes in {zone}", idempotent=True)
-            nodes.extend(node_from_json(node, self.project, zone) for node in _items(page, "nodes"))
-            token = str(page.get("nextPageToken") or "")
-            if not token:
-                return nodes
+            ),
+            f"list nodes in {zone}",
+            "nodes",
+        )
+        return [node_from_json(node, self.project, zone) for node in nodes]
 
     def delete_node(self, zone: str, node_id: str) -> str:
         wire = rest.delete_node(self.project, zone, node_id)
@@ -158,14 +122,10 @@ class TpuV2Api:
         what = f"read guest attributes of {node_id} in {zone}"
         if worker:
             what += f" (worker {worker})"
-        workers = _items(self._send(wire, what, idempotent=True), "guestAttributes")
+        workers = items_of(self._send(wire, what, idempotent=True), "guestAttributes")
         if not workers:
             return {}
-        items = _items(workers[0].get("queryValue") or {}, "items")
-        return {
-            f"{item.get('namespace', '')}/{item.get('key', '')}": str(item.get("value", ""))
-            for item in items
-        }
+        return guest_values(workers[0].get("queryValue") or {})
 
     # -- queued resources -----------------------------------------------------------
 
@@ -180,20 +140,14 @@ class TpuV2Api:
         return queued_resource_from_json(answer, self.project, zone)
 
     def list_queued_resources(self, zone: str) -> list[QueuedResourceInfo]:
-        found: list[QueuedResourceInfo] = []
-        token = ""
-        while True:  # one request per page, as list_nodes
-            wire = rest.list_queued_resources(
+        resources = self._paged(
+            lambda token: rest.list_queued_resources(
                 self.project, zone, page_size=self._list_page_size, page_token=token
-            )
-            page = self._send(wire, f"list queued resources in {zone}", idempotent=True)
-            found.extend(
-                queued_resource_from_json(resource, self.project, zone)
-                for resource in _items(page, "queuedResources")
-            )
-            token = str(page.get("nextPageToken") or "")
-            if not token:
-                return found
+            ),
+            f"list queued resources in {zone}",
+            "queuedResources",
+        )
+        return [queued_resource_from_json(r, self.project, zone) for r in resources]
 
     def delete_queued_resource(self, zone: str, qr_id: str, *, force: bool) -> str:
         wire = rest.delete_queued_resource(self.project, zone, qr_id, force=force)
@@ -202,11 +156,6 @@ class TpuV2Api:
 
 
 # -- the API's JSON, read into tpulab's records ------------------------------------------
-
-
-def _items(answer: Answer, field: str) -> list[Answer]:
-    items = answer.get(field) or []
-    return [item for item in items if isinstance(item, dict)]
 
 
 def _zone_of(name: str, zone: str) -> str:
@@ -223,7 +172,7 @@ def _enum(value: Any, unspecified: str) -> str:
 def node_from_json(node: Answer, project: str, zone: str) -> NodeInfo:
     """A v2 `Node` (REST JSON) as tpulab's NodeInfo."""
     name = str(node.get("name", ""))
-    workers = tuple(_worker(endpoint) for endpoint in _items(node, "networkEndpoints"))
+    workers = tuple(_worker(endpoint) for endpoint in items_of(node, "networkEndpoints"))
     first = workers[0] if workers else WorkerEndpoint()
     scheduling = node.get("schedulingConfig") or {}
     return NodeInfo(
@@ -256,7 +205,7 @@ def queued_resource_from_json(resource: Answer, project: str, zone: str) -> Queu
     """A v2 `QueuedResource` (REST JSON) as tpulab's QueuedResourceInfo. It has no labels
     of its own: those of the node in its spec are how tpulab finds its own."""
     name = str(resource.get("name", ""))
-    specs = _items(resource.get("tpu") or {}, "nodeSpec")
+    specs = items_of(resource.get("tpu") or {}, "nodeSpec")
     node = (specs[0].get("node") or {}) if specs else {}
     state = resource.get("state") or {}
     failed = (state.get("failedData") or {}).get("error") or {}

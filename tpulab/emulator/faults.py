@@ -265,26 +265,22 @@ class FaultPlan:
                     return True
             return False
 
-    def take_create_lost_reply(self) -> bool:
+    def _take_one(self, counter: str) -> bool:
+        """True (and one fewer left) while the count of fault `counter` is not used up."""
         with self._lock:
-            if self.create_lost_replies > 0:
-                self.create_lost_replies -= 1
-                return True
-            return False
+            left: int = getattr(self, counter)
+            if left > 0:
+                setattr(self, counter, left - 1)
+            return left > 0
+
+    def take_create_lost_reply(self) -> bool:
+        return self._take_one("create_lost_replies")
 
     def take_garbled_delete(self) -> bool:
-        with self._lock:
-            if self.garbled_deletes > 0:
-                self.garbled_deletes -= 1
-                return True
-            return False
+        return self._take_one("garbled_deletes")
 
     def take_delete_failure(self) -> bool:
-        with self._lock:
-            if self.delete_failures > 0:
-                self.delete_failures -= 1
-                return True
-            return False
+        return self._take_one("delete_failures")
 
     def stockout_in(self, zone: str, now: float | None = None) -> bool:
         """Whether a create in `zone` meets a stockout (at `now`, for capacity_after)."""
@@ -324,11 +320,7 @@ class FaultPlan:
             return False
 
     def take_create_preempted(self) -> bool:
-        with self._lock:
-            if self.create_preempted > 0:
-                self.create_preempted -= 1
-                return True
-            return False
+        return self._take_one("create_preempted")
 
     def to_dict(self) -> dict[str, Any]:
         with self._lock:

@@ -93,3 +93,26 @@ class AddressedHostBackend(HostBackend, Protocol):
         """`start` on `address`:`port` (0: any free port). OSError (EADDRINUSE) when the
         port is taken there, before anything was started."""
         ...
+
+    def start(
+        self,
+        node_key: str,
+        sandbox: Path,
+        ssh_keys_metadata: str,
+        *,
+        refuse_for: float = 0.0,
+        ensurepip_missing: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> HostEndpoint:
+        # A backend that subclasses this protocol gets `start` for free: a lone node
+        # listens on any free port of 127.0.0.1.
+        return self.start_at(
+            node_key,
+            sandbox,
+            ssh_keys_metadata,
+            address="127.0.0.1",
+            port=0,
+            refuse_for=refuse_for,
+            ensurepip_missing=ensurepip_missing,
+            env=env,
+        )

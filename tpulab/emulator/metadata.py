@@ -298,22 +298,18 @@ def _make_handler(link: NodeLink, worker: int) -> type[BaseHTTPRequestHandler]:
             if self._refused():
                 return
             length = int(self.headers.get("Content-Length") or 0)
-            value = self.rfile.read(length).decode("utf-8", "replace") if length else ""
+            self._set_guest(self.rfile.read(length).decode("utf-8", "replace") if length else "")
+
+        def do_DELETE(self) -> None:
+            if not self._refused():
+                self._set_guest(None)
+
+        def _set_guest(self, value: str | None) -> None:
+            """PUT (a value) or DELETE (None) the guest attribute the path names."""
             path = self._guest_path()
             if path is None:
                 self._answer(405, "Only instance/guest-attributes/<namespace>/<key> is writable.\n")
             elif not link.set_guest_attribute(path, value):
-                self._answer(503, "The instance is shutting down.\n")
-            else:
-                self._answer(200, "")
-
-        def do_DELETE(self) -> None:
-            if self._refused():
-                return
-            path = self._guest_path()
-            if path is None:
-                self._answer(405, "Only instance/guest-attributes/<namespace>/<key> is writable.\n")
-            elif not link.set_guest_attribute(path, None):
                 self._answer(503, "The instance is shutting down.\n")
             else:
                 self._answer(200, "")

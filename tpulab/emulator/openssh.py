@@ -32,7 +32,7 @@ from pathlib import Path
 from tpulab import errors as E
 from tpulab.emulator.hostenv import BackendImage, ImageEnv, ImageKind, session_env
 from tpulab.emulator.hostkeys import new_host_keys, parse_ssh_keys
-from tpulab.emulator.hosts import HostEndpoint
+from tpulab.emulator.hosts import AddressedHostBackend, HostEndpoint
 from tpulab.emulator.processes import NODE_TAG_VAR, held, kill_tagged, new_node_tag, reserve_port
 
 __all__ = [
@@ -88,7 +88,7 @@ class _Sshd:
     stopped: bool = False
 
 
-class OpenSshHostBackend:
+class OpenSshHostBackend(AddressedHostBackend):
     """`HostBackend` running one system sshd per node (see the module docstring)."""
 
     def __init__(
@@ -120,27 +120,6 @@ class OpenSshHostBackend:
         self.login_user = pwd.getpwuid(os.getuid()).pw_name
         self._nodes: dict[str, _Sshd] = {}
         self._lock = threading.Lock()
-
-    def start(
-        self,
-        node_key: str,
-        sandbox: Path,
-        ssh_keys_metadata: str,
-        *,
-        refuse_for: float = 0.0,
-        ensurepip_missing: bool = False,
-        env: Mapping[str, str] | None = None,
-    ) -> HostEndpoint:
-        return self.start_at(
-            node_key,
-            sandbox,
-            ssh_keys_metadata,
-            address="127.0.0.1",
-            port=0,
-            refuse_for=refuse_for,
-            ensurepip_missing=ensurepip_missing,
-            env=env,
-        )
 
     def start_at(
         self,

@@ -66,7 +66,7 @@ from tpulab.emulator.workers import (
     worker_count,
     worker_suffix,
 )
-from tpulab.emulator.zones import ZONES
+from tpulab.emulator.zones import ZONES, Zone
 
 __all__ = ["Emulator"]
 
@@ -125,6 +125,13 @@ _ROUTES.append(
 )
 # Service Usage, getIamPolicy and Compute networks/firewalls, for `tpulab doctor`.
 _ROUTES.extend(PROJECT_ROUTES)
+
+# A zone's catalogs as the TPU API names them: collection -> (each entry's field, the
+# entry's noun in a NOT_FOUND, what the zone offers).
+_ZONE_CATALOGS: dict[str, tuple[str, str, Callable[[Zone], list[str]]]] = {
+    "acceleratorTypes": ("type", "Accelerator type", Zone.accelerator_types),
+    "runtimeVersions": ("version", "Runtime version", Zone.runtime_versions),
+}
 
 
 class _Request:
@@ -872,36 +879,31 @@ class Emulator:
         return 200, _location(request.project, request.zone)
 
     def _api_list_accelerator_types(self, request: _Request) -> tuple[int, Record]:
-        zone = zone_or_403(request.project, request.zone)
-        parent = f"projects/{request.project}/locations/{request.zone}"
-        types = [
-            {"name": f"{parent}/acceleratorTypes/{t}", "type": t} for t in zone.accelerator_types()
-        ]
-        return 200, self._page(request, types, "acceleratorTypes")
+        return self._zone_catalog(request, "acceleratorTypes")
 
     def _api_get_accelerator_type(self, request: _Request) -> tuple[int, Record]:
-        zone = zone_or_403(request.project, request.zone)
-        item = request.params["item"]
-        if item not in zone.accelerator_types():
-            raise ApiError(404, "NOT_FOUND", f"Accelerator type {item} not found in {zone.name}")
-        parent = f"projects/{request.project}/locations/{request.zone}"
-        return 200, {"name": f"{parent}/acceleratorTypes/{item}", "type": item}
+        return self._zone_catalog(request, "acceleratorTypes", request.params["item"])
 
     def _api_list_runtime_versions(self, request: _Request) -> tuple[int, Record]:
-        zone = zone_or_403(request.project, request.zone)
-        parent = f"projects/{request.project}/locations/{request.zone}"
-        versions = [
-            {"name": f"{parent}/runtimeVersions/{v}", "version": v} for v in zone.runtime_versions()
-        ]
-        return 200, self._page(request, versions, "runtimeVersions")
+        return self._zone_catalog(request, "runtimeVersions")
 
     def _api_get_runtime_version(self, request: _Request) -> tuple[int, Record]:
+        return self._zone_catalog(request, "runtimeVersions", request.params["item"])
+
+    def _zone_catalog(
+        self, request: _Request, collection: str, item: str | None = None
+    ) -> tuple[int, Record]:
+        """One of a zone's catalogs (`collection`, see _ZONE_CATALOGS): a page of it, or
+        with `item` that one entry (NOT_FOUND where the zone does not offer it)."""
         zone = zone_or_403(request.project, request.zone)
-        item = request.params["item"]
-        if item not in zone.runtime_versions():
-            raise ApiError(404, "NOT_FOUND", f"Runtime version {item} not found in {zone.name}")
-        parent = f"projects/{request.project}/locations/{request.zone}"
-        return 200, {"name": f"{parent}/runtimeVersions/{item}", "version": item}
+        field, noun, offered = _ZONE_CATALOGS[collection]
+        parent = f"projects/{request.project}/locations/{request.zone}/{collection}"
+        if item is None:
+            entries = [{"name": f"{parent}/{v}", field: v} for v in offered(zone)]
+            return 200, self._page(request, entries, collection)
+        if item not in offered(zone):
+            raise ApiError(404, "NOT_FOUND", f"{noun} {item} not found in {zone.name}")
+        return 200, {"name": f"{parent}/{item}", field: item}
 
     def _admin(self, method: str, path: str, body: Record) -> tuple[int, Record]:
         if path == "/_emulator/faults" and method == "GET":

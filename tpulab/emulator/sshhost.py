@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tpulab.emulator.hostenv import BackendImage, ImageEnv, ImageKind, session_env
 from tpulab.emulator.hostkeys import new_host_keys, parse_ssh_keys
-from tpulab.emulator.hosts import HostEndpoint
+from tpulab.emulator.hosts import AddressedHostBackend, HostEndpoint
 from tpulab.emulator.processes import NODE_TAG_VAR, held, kill_tagged, new_node_tag, reserve_port
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class _Node:
     env: dict[str, str] = field(default_factory=dict)  # the node's own, over the image's
 
 
-class EmbeddedHostBackend:
+class EmbeddedHostBackend(AddressedHostBackend):
     """`HostBackend` backed by asyncssh servers on 127.0.0.1, one per node.
 
     `image` is the environment every session starts with (see `ImageEnv`): by default
@@ -106,27 +106,6 @@ class EmbeddedHostBackend:
         self._thread.start()
 
     # -- HostBackend -------------------------------------------------------------------
-
-    def start(
-        self,
-        node_key: str,
-        sandbox: Path,
-        ssh_keys_metadata: str,
-        *,
-        refuse_for: float = 0.0,
-        ensurepip_missing: bool = False,
-        env: Mapping[str, str] | None = None,
-    ) -> HostEndpoint:
-        return self.start_at(
-            node_key,
-            sandbox,
-            ssh_keys_metadata,
-            address="127.0.0.1",
-            port=0,
-            refuse_for=refuse_for,
-            ensurepip_missing=ensurepip_missing,
-            env=env,
-        )
 
     def start_at(
         self,

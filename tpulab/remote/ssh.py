@@ -177,6 +177,12 @@ def _paramiko_host_key(host_key: HostKey) -> paramiko.PKey:
     return paramiko.PKey.from_type_string(host_key.key_type, host_key.blob)
 
 
+def _shown(argv: Sequence[str] | str) -> str:
+    """The command as error messages name it: never a whole script."""
+    shown = argv if isinstance(argv, str) else shlex.join(argv)
+    return shown if len(shown) <= 120 else shown[:117] + "..."
+
+
 def _chunks_of(source: BinaryIO | Iterable[bytes] | None) -> Iterator[bytes] | None:
     """A stream's chunks: a file is read `_CHUNK` at a time, an iterable passes through."""
     if source is None:
@@ -409,12 +415,7 @@ class Connection:
         """Run a command with stdin closed, streaming output lines to `on_line(stream,
         line)` ("stdout"/"stderr"). Past `timeout` the remote process group is killed and
         RemoteTimeoutError raised."""
-        command = remote_command(argv, env=env, timeout=timeout)
-        shown = argv if isinstance(argv, str) else shlex.join(argv)
-        if len(shown) > 120:  # error messages name the command, not a whole script
-            shown = shown[:117] + "..."
-        with self._mapped(f"opening a session for {shown!r}"):
-            channel = self._transport().open_session(timeout=self.banner_timeout)
+        channel, command, shown = self._open_session(argv, env=env, timeout=timeout)
         out, err = _LineSplitter("stdout", on_line), _LineSplitter("stderr", on_line)
         start = self._clock()
         give_up = start + timeout + self.kill_grace
@@ -430,18 +431,7 @@ class Connection:
         err.feed(b"", final=True)
         duration = self._clock() - start
         result = RunResult(status, out.text, err.text, duration)
-        if status in (-1, 124, 137) and duration >= timeout * 0.98:
-            raise RemoteTimeoutError(
-                f"{shown!r} on {self.target} ran past its {timeout:g}s timeout and was "
-                f"killed (remote exit status {status})",
-                hint="Raise the timeout if the work legitimately takes longer. Last output: "
-                + result.output_tail[-300:],
-            )
-        if status == -1 and not self._client_active():
-            raise ConnectError(
-                f"The SSH connection to {self.target} dropped while running {shown!r}",
-                hint="The VM may have been preempted or rebooted; check its state.",
-            )
+        self._check_ended(status, duration, timeout, shown, "work", result.output_tail)
         if check and status != 0:
             busy = TpuBusyError.evidence_in(result.output_tail)
             cls = TpuBusyError if busy else CommandFailedError
@@ -471,13 +461,8 @@ class Connection:
         other waits, and nothing is held in memory whole. Past `timeout` the remote
         process group is killed and RemoteTimeoutError raised; the exit status is
         returned, not checked (the transfers read their own verdicts)."""
-        command = remote_command(argv, env=env, timeout=timeout)
-        shown = shlex.join(argv)
-        if len(shown) > 120:
-            shown = shown[:117] + "..."
         chunks = _chunks_of(stdin)
-        with self._mapped(f"opening a session for {shown!r}"):
-            channel = self._transport().open_session(timeout=self.banner_timeout)
+        channel, command, shown = self._open_session(argv, env=env, timeout=timeout)
         err = _LineSplitter("stderr", None)
         start = self._clock()
         give_up = start + timeout + self.kill_grace
@@ -490,19 +475,45 @@ class Connection:
             channel.close()
         err.feed(b"", final=True)
         duration = self._clock() - start
+        self._check_ended(status, duration, timeout, shown, "transfer", err.text)
+        return RunResult(status, "", err.text, duration)
+
+    def _open_session(
+        self, argv: Sequence[str] | str, *, env: Mapping[str, str] | None = None, timeout: float
+    ) -> tuple[paramiko.Channel, str, str]:
+        """A new session for `argv`: its channel, the command line that runs `argv` under
+        the remote `timeout`, and `argv` as messages name it."""
+        command = remote_command(argv, env=env, timeout=timeout)
+        shown = _shown(argv)
+        with self._mapped(f"opening a session for {shown!r}"):
+            return self._transport().open_session(timeout=self.banner_timeout), command, shown
+
+    def _check_ended(
+        self, status: int, duration: float, timeout: float, shown: str, work: str, tail: str
+    ) -> None:
+        """Raise for a command the remote `timeout` killed, or whose connection dropped
+        (`work` names what took long, `tail` is its last output)."""
         if status in (-1, 124, 137) and duration >= timeout * 0.98:
             raise RemoteTimeoutError(
                 f"{shown!r} on {self.target} ran past its {timeout:g}s timeout and was "
                 f"killed (remote exit status {status})",
-                hint="Raise the timeout if the transfer legitimately takes longer. "
-                "Last output: " + err.text[-300:],
+                hint=f"Raise the timeout if the {work} legitimately takes longer. "
+                "Last output: " + tail[-300:],
             )
         if status == -1 and not self._client_active():
             raise ConnectError(
                 f"The SSH connection to {self.target} dropped while running {shown!r}",
                 hint="The VM may have been preempted or rebooted; check its state.",
             )
-        return RunResult(status, "", err.text, duration)
+
+    def _past_grace(self, shown: str, timeout: float) -> RemoteTimeoutError:
+        """The session outlived the remote `timeout` and its grace: it was closed."""
+        return RemoteTimeoutError(
+            f"{shown!r} on {self.target} did not end within {timeout:g}s "
+            f"(+{self.kill_grace:g}s grace); the session was closed",
+            hint="The remote `timeout` did not take effect; the process may "
+            "still be running on the VM.",
+        )
 
     def _pump_both(
         self,
@@ -562,12 +573,7 @@ class Connection:
                 if self._clock() - exited_at >= _EOF_GRACE:
                     break
             elif self._clock() >= give_up:
-                raise RemoteTimeoutError(
-                    f"{shown!r} on {self.target} did not end within {timeout:g}s "
-                    f"(+{self.kill_grace:g}s grace); the session was closed",
-                    hint="The remote `timeout` did not take effect; the process may "
-                    "still be running on the VM.",
-                )
+                raise self._past_grace(shown, timeout)
             if not progressed:
                 # Readable for output and EOF; a full send window has no fd event, so
                 # the nap stays short while there is something left to send.
@@ -595,12 +601,7 @@ class Connection:
                     break
                 continue
             if self._clock() >= give_up:
-                raise RemoteTimeoutError(
-                    f"{shown!r} on {self.target} did not end within {timeout:g}s "
-                    f"(+{self.kill_grace:g}s grace); the session was closed",
-                    hint="The remote `timeout` did not take effect; the process may "
-                    "still be running on the VM.",
-                )
+                raise self._past_grace(shown, timeout)
             # The channel's fd wakes us for output and EOF, not for exit-status (which
             # asyncssh sends before EOF), so keep the nap short.
             select.select([channel], [], [], 0.01)
@@ -648,12 +649,7 @@ class Connection:
         loses power or its network closes nothing, so with `beat_every` a thread writes a
         newline to the command's stdin that often until `close`, and the command can take
         silence for the same end."""
-        command = remote_command(argv, timeout=timeout)
-        shown = shlex.join(argv)
-        if len(shown) > 120:
-            shown = shown[:117] + "..."
-        with self._mapped(f"opening a session for {shown!r}"):
-            channel = self._transport().open_session(timeout=self.banner_timeout)
+        channel, command, shown = self._open_session(argv, timeout=timeout)
         out, err = _LineSplitter("stdout", None), _LineSplitter("stderr", None)
         give_up = self._clock() + answer_within
         log.debug("ssh %s (held): %s", self.target, shown)
