@@ -231,8 +231,8 @@ class CloudState:
             "accelerator_type": accelerator,
             "runtime_version": runtime,
             "description": str(body.get("description", "")),
-            "labels": _labels(body.get("labels")),
-            "metadata": _metadata(body.get("metadata")),
+            "labels": _checked_map(body, "labels"),
+            "metadata": _checked_map(body, "metadata"),
             "spot": spot,
             "preemptible": bool(scheduling.get("preemptible")),
             "external_ips": bool(
@@ -295,8 +295,8 @@ class CloudState:
                 f"Invalid runtime version {runtime!r} in zone {zone_info.name}. Available "
                 "versions: " + ", ".join(zone_info.runtime_versions()),
             )
-        _labels(body.get("labels"))
-        _metadata(body.get("metadata"))
+        _checked_map(body, "labels")
+        _checked_map(body, "metadata")
         return accelerator, runtime
 
     def get_node(self, project: str, zone: str, node_id: str) -> Record:
@@ -490,10 +490,8 @@ def _update_value(field: str, body: Record) -> Any:
     if field == "external_ips":
         network = body.get("networkConfig") or body.get("network_config") or {}
         return bool(network.get("enableExternalIps", network.get("enable_external_ips", False)))
-    if field == "labels":
-        return _labels(body.get(field))
-    if field == "metadata":
-        return _metadata(body.get(field))
+    if field in _RULES:
+        return _checked_map(body, field)
     if field == "tags":
         tags = body.get("tags") or []
         if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
@@ -502,22 +500,21 @@ def _update_value(field: str, body: Record) -> Any:
     return str(body.get(field) or "")
 
 
-def _labels(value: Any) -> dict[str, str]:
-    """The labels of a create or update, or the API's refusal (emulator/resource_rules.py)."""
-    labels = _string_map(value, "labels")
-    problem = tpu_label_problem(labels)
-    if problem is not None:
-        raise ApiError(400, "INVALID_ARGUMENT", problem)
-    return labels
+# What Google holds a node's string maps to, beyond being maps (emulator/resource_rules.py).
+_RULES: dict[str, Callable[[dict[str, str]], str | None]] = {
+    "labels": tpu_label_problem,
+    "metadata": metadata_problem,
+}
 
 
-def _metadata(value: Any) -> dict[str, str]:
-    """The metadata of a create or update, or the API's refusal of it."""
-    metadata = _string_map(value, "metadata")
-    problem = metadata_problem(metadata)
+def _checked_map(body: Record, field: str) -> dict[str, str]:
+    """`body[field]` (labels or metadata) as a create or update takes it, or the API's
+    refusal."""
+    value = _string_map(body.get(field), field)
+    problem = _RULES[field](value)
     if problem is not None:
         raise ApiError(400, "INVALID_ARGUMENT", problem)
-    return metadata
+    return value
 
 
 def _string_map(value: Any, field: str) -> dict[str, str]:
