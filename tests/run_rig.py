@@ -35,7 +35,7 @@ __all__ = [
     "embedded_rig",
     "payload_script",
     "rig",
-    "sleeps_once_then_verifies",
+    "sleeps_in_the_first_zone_then_verifies",
 ]
 
 # The rig's deadlines are bounds that only a hang reaches, never timings: a test that
@@ -58,20 +58,31 @@ def payload_script(directory: Path, body: str, name: str = "payload.py") -> Path
     return path
 
 
-def sleeps_once_then_verifies(directory: Path, seconds: float) -> Path:
-    """A payload whose first run sleeps `seconds` (so a fault lands while it runs) and
-    whose next runs the real verifier, found by path (emulated nodes share this file
-    system): what a recovered attempt must verify."""
-    from tpulab import paths
+def sleeps_in_the_first_zone_then_verifies(
+    directory: Path, seconds: float, first_zone: str
+) -> Path:
+    """A payload that sleeps `seconds` on the first attempt's node (so a fault lands while
+    it runs) and runs the real verifier, found by path (emulated nodes share this file
+    system), on any node in another zone: what a recovered attempt must verify.
 
-    marker = directory / "slept-once"
+    The node asks its metadata server which zone it is in, as a VM's process would. A
+    marker file written by the first run was a race: a fault that stopped the VM before
+    that payload began left no marker, and the recovered attempt slept instead (a 20 s
+    test took 72 s on a loaded machine, 2026-12-06)."""
+    from tpulab import paths
+    from tpulab.contract import METADATA_FLAVOR, METADATA_FLAVOR_HEADER, METADATA_HOST_ENV
+
     return payload_script(
         directory,
         f"""
-        import pathlib, runpy, time
-        marker = pathlib.Path({str(marker)!r})
-        if not marker.exists():
-            marker.write_text("1")
+        import os, runpy, time, urllib.request
+        asked = urllib.request.Request(
+            "http://" + os.environ[{METADATA_HOST_ENV!r}] + "/computeMetadata/v1/instance/zone",
+            headers={{{METADATA_FLAVOR_HEADER!r}: {METADATA_FLAVOR!r}}},
+        )
+        with urllib.request.urlopen(asked, timeout=30) as answer:
+            zone = answer.read().decode().rsplit("/", 1)[-1]
+        if zone == {first_zone!r}:
             time.sleep({seconds!r})
         runpy.run_path({str(paths.payload_path())!r}, run_name="__main__")
         """,

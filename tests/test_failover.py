@@ -200,10 +200,10 @@ class _PreemptAtPayload(NullObserver):
 def test_spot_preempted_during_the_payload_recovers_on_a_new_node(
     embedded_rig: Rig, tmp_path: Path
 ) -> None:
-    from run_rig import sleeps_once_then_verifies
+    from run_rig import sleeps_in_the_first_zone_then_verifies
 
     # The first node's payload sleeps, so the preemption lands while it runs.
-    wrapper = sleeps_once_then_verifies(tmp_path, 30)
+    wrapper = sleeps_in_the_first_zone_then_verifies(tmp_path, 30, "us-central1-a")
     spec = _spec(
         embedded_rig, ["us-central1-a", "us-west1-c"], spot=True, recover=1, payload=wrapper
     )

@@ -92,9 +92,9 @@ class _ReclaimAtPayload(NullObserver):
 
 
 def _recovering_run(rig: Rig, tmp_path: Path, observer: NullObserver) -> Attempts:
-    from run_rig import sleeps_once_then_verifies
+    from run_rig import sleeps_in_the_first_zone_then_verifies
 
-    wrapper = sleeps_once_then_verifies(tmp_path, 60)
+    wrapper = sleeps_in_the_first_zone_then_verifies(tmp_path, 60, ZONES[0])
     spec = _spec(rig, ZONES, spot=True, recover=1, payload=wrapper)
     recorder = Recorder()
 

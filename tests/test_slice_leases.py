@@ -174,9 +174,14 @@ def test_a_worker_the_renewals_miss_deletes_the_node_when_its_lease_lapses(
     # others were renewed half a lease ago and keep still.
     served.skip_vm_clock(PROJECT, ZONE, node, IDLE_SECONDS / 2 + 30)
     wait_until(lambda: _watchdog_deletes(served, node), "worker 2's watchdog to DELETE the node")
-    fired = _watchdog_log(served, state, 2).read_text()
+    # The emulator records the DELETE before its answer reaches the watchdog, which logs
+    # "accepted" only then: the log is waited for, not read at once (a loaded run read it
+    # between the two, 2026-12-06).
+    accepted = f"DELETE v2/projects/{PROJECT}/locations/{ZONE}/nodes/{node} accepted"
+    log = _watchdog_log(served, state, 2)
+    wait_until(lambda: accepted in log.read_text(), "worker 2's watchdog to log its DELETE")
+    fired = log.read_text()
     assert "firing: lease expired" in fired, fired
-    assert f"DELETE v2/projects/{PROJECT}/locations/{ZONE}/nodes/{node} accepted" in fired
     for worker in (0, 1, 3):
         assert "firing" not in _watchdog_log(served, state, worker).read_text(), worker
 

@@ -54,9 +54,9 @@ class _TerminateAtPayload(NullObserver):
 def test_a_spot_node_terminated_with_a_lagging_state_is_recovered(
     embedded_rig: Rig, tmp_path: Path
 ) -> None:
-    from run_rig import sleeps_once_then_verifies
+    from run_rig import sleeps_in_the_first_zone_then_verifies
 
-    wrapper = sleeps_once_then_verifies(tmp_path, 60)
+    wrapper = sleeps_in_the_first_zone_then_verifies(tmp_path, 60, "us-central1-a")
     spec = _spec(
         embedded_rig, ["us-central1-a", "us-west1-c"], spot=True, recover=1, payload=wrapper
     )
@@ -98,9 +98,9 @@ def test_the_emulator_refuses_an_unknown_preempted_state(emulator: Emulator) -> 
 def test_a_preempted_spot_slice_is_recovered_whole(embedded_rig: Rig, tmp_path: Path) -> None:
     """A slice is one node: its preemption takes every worker at once (the fault stops all
     four VMs), and `--recover 1` brings up a new slice whose four workers verify."""
-    from run_rig import sleeps_once_then_verifies
+    from run_rig import sleeps_in_the_first_zone_then_verifies
 
-    wrapper = sleeps_once_then_verifies(tmp_path, 60)
+    wrapper = sleeps_in_the_first_zone_then_verifies(tmp_path, 60, "us-central1-a")
     spec = _spec(
         embedded_rig,
         ["us-central1-a", "us-west1-c"],
