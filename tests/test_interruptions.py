@@ -250,7 +250,10 @@ class Matrix:
                 # so the signal provably meets a node that the cloud holds.
                 assert want != "create" or cell.node in self.emulator.node_names(PROJECT)
                 return row
-            time.sleep(0.02)
+            # Each look opens the journal (SQLite): at 50 a second, the cells of a group
+            # waiting at once spent ~1.5 CPU-s of a matrix test on it. The hold keeps the
+            # run in its phase, so a slower look only delays the signal, never misses it.
+            time.sleep(0.1)
         raise AssertionError(f"{cell.node} never reached phase {want}")
 
     def run(self, cell: Cell, *, extra: tuple[str, ...] = (), sweep: bool = True) -> Outcome:
