@@ -84,6 +84,13 @@ class FakeCloud:
         with self.lock:
             return [r for r in self.requests if r.method == "DELETE"]
 
+    def reads(self, key: str) -> int:
+        """How many times the watchdog GET metadata `key` (e.g. instance/preempted, which
+        it reads at every poll until it says TRUE): its polls, counted as they happen."""
+        path = "/computeMetadata/v1/" + key
+        with self.lock:
+            return sum(1 for r in self.requests if r.method == "GET" and r.path == path)
+
     def attribute(self, key: str) -> list[str]:
         """Every value PUT to guest attribute `key` (namespace/key), in order."""
         with self.lock:

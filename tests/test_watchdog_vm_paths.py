@@ -8,6 +8,7 @@ real daemon against test_watchdog_script's FakeCloud (a real HTTP server).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 import time
@@ -52,7 +53,15 @@ def test_preemption_is_published_once_and_deletes_nothing(
     state, address = cloud
     dog = _boot(armed, Armed(_config("9e1a01", boot_grace_seconds=60.0), address))
     wait_until(lambda: state.states() == ["armed"], "the watchdog armed")
-    time.sleep(1.5)  # more than a poll: a spot VM not preempted says nothing
+    # Two polls that read FALSE (counted as the server answers them, not slept for): a
+    # spot VM not preempted says nothing.
+    looked = state.reads("instance/preempted")
+    wait_until(
+        lambda: (
+            state.reads("instance/preempted") >= looked + 2 or state.attribute(PREEMPTED_ATTRIBUTE)
+        ),
+        "two more polls",
+    )
     assert state.attribute(PREEMPTED_ATTRIBUTE) == []
     state.preempted = "TRUE"
     wait_until(lambda: state.attribute(PREEMPTED_ATTRIBUTE), "tpulab/preempted")
@@ -194,13 +203,14 @@ def test_a_delete_refused_for_good_is_published_and_retried_with_backoff_not_a_s
     state, address = cloud
     state.delete_statuses = [403] * 1000
     dog = _boot(armed, Armed(_config("403403", boot_grace_seconds=1.0), address))
-    wait_until(lambda: state.deletes(), "the first DELETE")
-    time.sleep(9.0)
-    # At 0, 1, 3 and 7 s after the first (then 15 s): four, give or take a slow poll.
-    tries = len(state.deletes())
-    assert 3 <= tries <= 5, tries
-    gaps = [b.at - a.at for a, b in zip(state.deletes(), state.deletes()[1:], strict=False)]
+    # Tries at 0, 1, 3 and 7 s (then 15 s): the fourth is waited for, then the gaps
+    # between them are what shows a backoff rather than a spin (a spin would have sent
+    # its fourth within a fraction of a second, and with gaps that do not grow).
+    wait_until(lambda: len(state.deletes()) >= 4, "four DELETEs", timeout=60)
+    tries = state.deletes()[:4]
+    gaps = [b.at - a.at for a, b in itertools.pairwise(tries)]
     assert gaps == sorted(gaps), gaps  # the waits grow
+    assert gaps[0] >= 1.0 - 0.2, gaps
     assert gaps[-1] >= 3.0, gaps
     refused = parse_state(state.states()[-1])
     assert state.states()[:2] == ["armed", "firing: lease expired"]
@@ -246,7 +256,11 @@ def test_a_metadata_server_down_past_the_grace_is_published_and_nothing_deleted(
     parsed = parse_state(state.states()[0])
     assert parsed.kind == "error"
     assert "cannot learn this VM's identity" in parsed.detail
-    time.sleep(2.0)
+    # Two more rounds of asking who it is, past its grace, counted as they happen.
+    asked = state.reads("instance/attributes/tpu-env")
+    wait_until(
+        lambda: state.reads("instance/attributes/tpu-env") >= asked + 2, "two more identity reads"
+    )
     assert state.deletes() == [], "it cannot know what to delete"
     assert dog.alive(), "it keeps asking"
     # It recovers: identity known, and since the grace is long gone, it fires at once.
