@@ -424,12 +424,14 @@ def test_a_vm_that_is_not_the_configured_node_is_never_deleted(
     state.node_id = "someone-elses-node"
     dog = _start(armed, _config("fe56dc", boot_grace_seconds=1.0), address)
     wait_until(lambda: state.states(), "a published state")
-    time.sleep(2.5)  # past the boot grace
+    # Gone first, then checked: a watchdog that has exited can delete nothing more, so
+    # "never deleted" is proven, not inferred from a quiet 2.5 s.
+    wait_until(lambda: not dog.alive() or state.deletes(), "the watchdog to stand down")
     assert state.deletes() == []
+    assert not dog.alive()
     parsed = parse_state(state.states()[0])
     assert parsed.kind == "error"
     assert "someone-elses-node" in parsed.detail
-    wait_until(lambda: not dog.alive(), "the watchdog to stand down")
 
 
 def test_a_queued_node_deletes_its_queued_resource_with_force_then_itself(
@@ -455,8 +457,9 @@ def test_a_delete_path_naming_another_resource_is_refused(
     config = dataclasses.replace(_config("6d5e4f", boot_grace_seconds=1.0), queued_resource="x")
     dog = _start(armed, config, address)
     wait_until(lambda: state.states(), "a published state")
-    wait_until(lambda: not dog.alive(), "the watchdog to stand down")
+    wait_until(lambda: not dog.alive() or state.deletes(), "the watchdog to stand down")
     assert state.deletes() == []
+    assert not dog.alive()
     parsed = parse_state(state.states()[0])
     assert parsed.kind == "error"
     assert "queuedResources/x" in parsed.detail
