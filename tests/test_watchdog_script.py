@@ -41,12 +41,17 @@ NODE_PATH = f"/v2/projects/{PROJECT}/locations/{ZONE}/nodes/{NODE}"
 # environment's TPU API base), so the test tells the two apart.
 COMPUTE_ROOT = "compute-root/"
 INSTANCE_PATH = f"/{COMPUTE_ROOT}compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/{NODE}"
-# How late after its grace, lease or deadline the watchdog may fire: one poll (1 s
-# here) plus its publish and DELETE round trips on a loaded 2-CPU runner. Counted from
+# How often these tests' watchdogs poll (FastPolling). A real run's poll is a fifth of its
+# lease, 1 to 5 s (WatchdogConfig.poll_seconds, pinned below); the payload polls at
+# whatever its config says, so a check here waits for the same number of polls in a
+# fraction of the time. Leases, graces and deadlines stay what each test says.
+POLL = 0.2
+# How late after its grace, lease or deadline the watchdog may fire: one poll plus its
+# publish and DELETE round trips on a loaded 2-CPU runner. Counted from
 # when the daemon provably ran (its "armed" PUT), never from before `sh` started it:
 # the start-up of sh and python3 is not lateness of the watchdog (at load 12 it once
 # added 4 s to a bound counted from the startup-script's start).
-LATE = 1.0 + 4.0
+LATE = POLL + 4.0
 
 
 @dataclass
@@ -256,6 +261,16 @@ class Armed:
         return Path(self.config.log_path).read_text()
 
 
+@dataclass(frozen=True)
+class FastPolling(WatchdogConfig):
+    """A run's watchdog config, except that its daemon polls every POLL seconds. The
+    config's JSON (startup_script embeds it) carries the poll like any other field."""
+
+    @property
+    def poll_seconds(self) -> float:
+        return POLL
+
+
 def _config(tmp: str, **overrides: float) -> WatchdogConfig:
     values: dict[str, float] = {
         "lease_seconds": 2.0,
@@ -263,7 +278,7 @@ def _config(tmp: str, **overrides: float) -> WatchdogConfig:
         "max_duration_seconds": 600.0,
     }
     values.update(overrides)
-    return WatchdogConfig(
+    return FastPolling(
         run_id=f"20261201t120000-{tmp}",
         node_name=NODE,
         zone=ZONE,
@@ -549,6 +564,19 @@ def test_a_compute_instance_checks_its_own_permission_and_deletes_at_its_configs
     assert json.loads(iam[0].body) == {"permissions": ["compute.instances.delete"]}
     # It learnt its name from instance/name: it never asked for tpu-env.
     assert not [r for r in state.requests if r.path.endswith("/tpu-env")]
+
+
+def test_a_runs_poll_is_a_fifth_of_its_lease_between_one_and_five_seconds() -> None:
+    """What a real run's daemon is told (these tests' FastPolling aside): a poll often
+    enough that it fires at most a fifth of a lease late, never more than every second."""
+
+    def real(lease: float) -> WatchdogConfig:
+        return WatchdogConfig("20261201t120000-po11ed", NODE, ZONE, PROJECT, lease, 60.0, 600.0)
+
+    polls = {lease: real(lease).poll_seconds for lease in (2.0, 10.0, 20.0, 600.0)}
+    assert polls == {2.0: 1.0, 10.0: 2.0, 20.0: 4.0, 600.0: 5.0}
+    assert json.loads(real(10.0).as_json())["poll_seconds"] == 2.0
+    assert json.loads(_config("f0a5t1").as_json())["poll_seconds"] == POLL
 
 
 def test_a_tpu_nodes_config_is_what_it_always_was() -> None:
