@@ -52,7 +52,7 @@ def tpulab_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with its tiers (tests/tiers.py): `e2e`, `network`, and `smoke` for
     the end-to-end tests `nox -s quick` keeps."""
-    from tiers import SMOKE_TESTS, sources_of, tiers_of_source
+    from tiers import SMOKE_TESTS, tiers_of
 
     root = Path(str(config.rootpath))
     for item in items:
@@ -61,7 +61,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if _node_id(item, root) in SMOKE_TESTS:
             item.add_marker(pytest.mark.smoke)
         explicit = {mark.name for mark in item.iter_markers()}
-        found = tiers_of_source(sources_of(_roots(item)))
+        found = tiers_of(_roots(item))
         for marker in ("slow", "gcloud"):
             if marker in explicit:
                 found.setdefault("e2e", f"marked {marker}")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiers import SMOKE_TESTS, sources_of, tiers_of_source
+from tiers import SMOKE_TESTS, sources_of, tiers_of, tiers_of_source
 
 END_TO_END = [
     'backend = make_host_backend("embedded", tmp / "hosts", image="preloaded")',
@@ -76,6 +76,33 @@ def _uses_the_helper() -> object:
 def test_the_source_followed_reaches_helpers_of_the_tests_directory() -> None:
     assert tiers_of_source(inspect.getsource(_uses_the_helper)) == {}
     assert tiers_of_source(sources_of([_uses_the_helper])) == {"e2e": "real SSH hosts"}
+    assert tiers_of([_uses_the_helper]) == {"e2e": "real SSH hosts"}
+
+
+def _a_bare_node() -> object:
+    from tpulab.emulator.backends import make_host_backend
+
+    return make_host_backend("embedded", Path("/nonexistent"))
+
+
+def _an_install(connection: object) -> object:
+    from tpulab.remote import bootstrap as module
+
+    return module.bootstrap(connection, platform="cpu")  # type: ignore[arg-type]
+
+
+def _both() -> object:
+    return _a_bare_node(), _an_install(None)
+
+
+def test_rules_met_in_different_helpers_add_up_as_in_their_joined_source() -> None:
+    """conftest tiers a test from each reached source's rules (tiers_of), not from one
+    text of them all: a bare node in one helper and an install in another still need
+    the package index, exactly as the joined source says."""
+    both = {"e2e": "real SSH hosts", "network": "a bootstrap on a bare-image node"}
+    assert tiers_of([_both]) == tiers_of_source(sources_of([_both])) == both
+    assert tiers_of([_a_bare_node]) == {"e2e": "real SSH hosts"}
+    assert tiers_of([_an_install]) == {}
 
 
 # Collects FILES as `pytest` would and prints each test's tier markers, one JSON line.

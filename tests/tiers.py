@@ -22,6 +22,7 @@ everything.
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import re
@@ -30,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["E2E_PATTERNS", "SMOKE_TESTS", "sources_of", "tiers_of_source"]
+__all__ = ["E2E_PATTERNS", "SMOKE_TESTS", "sources_of", "tiers_of", "tiers_of_source"]
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -70,23 +71,41 @@ SMOKE_TESTS = (
 
 def tiers_of_source(text: str) -> dict[str, str]:
     """{tier: the reason} for source text (see E2E_PATTERNS and the network rules)."""
-    return dict(_tiers_of_source(text))
+    return _tiers_of_hits(_hits(text))
 
 
-# Parametrized tests and tests sharing their fixtures reach the same sources: each
-# xdist worker tiers ~1,800 items, so the same text is matched again and again.
+def tiers_of(roots: Iterable[object]) -> dict[str, str]:
+    """`tiers_of_source(sources_of(roots))`, from each reached source's rules matched
+    once: tests share their helpers and fixtures, so each worker would otherwise match
+    the same text again in ~1,000 different joins of it."""
+    hits: set[str] = set()
+    for obj in _reached(roots):
+        hits |= _hits(_source(obj))
+    return _tiers_of_hits(hits)
+
+
+_NETWORK_RULES = {"run --emulate": _RUN_EMULATE, "a bare node": _BARE_NODE, "install": _INSTALLS}
+
+
 @functools.cache
-def _tiers_of_source(text: str) -> tuple[tuple[str, str], ...]:
+def _hits(text: str) -> frozenset[str]:
+    """The rules `text` matches: E2E_PATTERNS' reasons and _NETWORK_RULES' names."""
+    rules = {**E2E_PATTERNS, **_NETWORK_RULES}
+    return frozenset(name for name, pattern in rules.items() if pattern.search(text))
+
+
+def _tiers_of_hits(hits: Iterable[str]) -> dict[str, str]:
+    matched = set(hits)
     found: dict[str, str] = {}
-    for reason, pattern in E2E_PATTERNS.items():
-        if pattern.search(text):
+    for reason in E2E_PATTERNS:
+        if reason in matched:
             found["e2e"] = reason
             break
-    if _RUN_EMULATE.search(text):
+    if "run --emulate" in matched:
         found["network"] = "`tpulab run --emulate` (the bare image)"
-    elif _BARE_NODE.search(text) and _INSTALLS.search(text):
+    elif "a bare node" in matched and "install" in matched:
         found["network"] = "a bootstrap on a bare-image node"
-    return tuple(found.items())
+    return found
 
 
 def _in_tests(obj: object) -> bool:
@@ -158,22 +177,82 @@ class _Constant(str):
 def _source(obj: object) -> str:
     if isinstance(obj, _Constant):
         return str(obj)
+    found = _indexed_source(obj)
+    if found is not None:
+        return found
     try:
         return inspect.getsource(obj)  # type: ignore[arg-type]
     except (OSError, TypeError):
         return ""
 
 
+def _indexed_source(obj: object) -> str | None:
+    """`inspect.getsource(obj)` for a function or class of a test file, from the file's
+    syntax tree, parsed once: getsource tokenizes each function's file anew (and walks
+    a class's whole module), ~2 s of every xdist worker's collection. None: not one."""
+    try:
+        filename = inspect.getsourcefile(obj)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    if filename is None or not filename.endswith(".py"):
+        return None
+    lines, by_first_line, by_qualname = _definitions(filename)
+    function = getattr(obj, "__func__", obj)
+    code = getattr(function, "__code__", None)
+    if code is not None:
+        end = by_first_line.get(code.co_firstlineno)
+        first = code.co_firstlineno
+    else:
+        span = by_qualname.get(str(getattr(obj, "__qualname__", "")))
+        if span is None:
+            return None
+        first, end = span
+    if end is None:
+        return None
+    return "".join(lines[first - 1 : end])
+
+
+_Spans = tuple[list[str], dict[int, int], dict[str, tuple[int, int]]]
+
+
+@functools.cache
+def _definitions(filename: str) -> _Spans:
+    """A file's lines; each function's last line by its first (its first decorator's,
+    as in `co_firstlineno`); each class's (first, last) line by qualified name."""
+    text = Path(filename).read_text(encoding="utf-8")
+    by_first_line: dict[int, int] = {}
+    by_qualname: dict[str, tuple[int, int]] = {}
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            last = node.end_lineno or node.lineno
+            if isinstance(node, ast.ClassDef):
+                by_qualname[prefix + node.name] = (first, last)
+                visit(node.body, f"{prefix}{node.name}.")
+            else:
+                by_first_line[first] = last
+                visit(node.body, f"{prefix}{node.name}.<locals>.")
+
+    visit(ast.parse(text, filename).body, "")
+    return text.splitlines(keepends=True), by_first_line, by_qualname
+
+
 def sources_of(roots: Iterable[object]) -> str:
     """The source of `roots` and of everything of the tests directory they reach."""
+    return "\n".join(_source(obj) for obj in _reached(roots))
+
+
+def _reached(roots: Iterable[object]) -> Iterator[object]:
+    """`roots` and everything of the tests directory they name, each once."""
     seen: set[int] = set()
     stack = [getattr(root, "__wrapped__", root) for root in roots]
-    texts: list[str] = []
     while stack:
         obj = stack.pop()
         if id(obj) in seen:
             continue
         seen.add(id(obj))
-        texts.append(_source(obj))
+        yield obj
         stack.extend(_referenced(obj))
-    return "\n".join(texts)
