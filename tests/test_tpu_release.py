@@ -31,7 +31,10 @@ def _holder(path: Path) -> subprocess.Popen[str]:
 
 
 def _release(tmp_path: Path, *globs: str) -> TpuRelease:
-    argv = release_command(device_globs=globs, lockfile=str(tmp_path / "libtpu_lockfile"))
+    # Its wait for the killed to go is longer than this test waits for it: a script that
+    # took a killed child of this test (a zombie until reaped) for alive would time out.
+    lockfile = str(tmp_path / "libtpu_lockfile")
+    argv = release_command(device_globs=globs, lockfile=lockfile, wait_seconds=600)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
     return parse_release_report(done.stdout)
 
@@ -51,7 +54,8 @@ def test_the_holders_are_killed_and_the_lock_file_removed(tmp_path: Path) -> Non
         assert release.refused == ()
         assert release.removed_lockfile
         assert not (tmp_path / "libtpu_lockfile").exists()
-        for holder in holders:  # gone by the time the report is printed
+        for holder in holders:  # dead by the time the report is printed (unreaped)
+            assert _state(holder.pid) == "Z"
             assert holder.wait(timeout=5) == -9
         assert bystander.poll() is None  # a process holding another file is left alone
         assert "killed pid" in release.describe()
@@ -59,6 +63,11 @@ def test_the_holders_are_killed_and_the_lock_file_removed(tmp_path: Path) -> Non
         for process in (*holders, bystander):
             process.kill()
             process.wait()
+
+
+def _state(pid: int) -> str:
+    """The process's state letter in /proc (Z: a zombie, dead and not yet reaped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2][:1]
 
 
 def test_a_free_tpu_is_left_as_it_is(tmp_path: Path) -> None:

@@ -48,9 +48,15 @@ killed=""; refused=""
 for pid in $(printf '%s\n' $holders | sort -un); do
   if kill -9 "$pid" 2>/dev/null; then killed="$killed,$pid"; else refused="$refused,$pid"; fi
 done
+# Gone: no process, or a zombie (dead, its files closed) that its parent has not
+# reaped yet -- which a parent that does not reap leaves standing for good.
+gone() {
+  state=$(sed -n 's/^.*) \(.\).*$/\1/p' "/proc/$1/stat" 2>/dev/null) || return 0
+  [ -z "$state" ] || [ "$state" = Z ] || [ "$state" = X ]
+}
 waited=0
 for pid in $(printf '%s' "$killed" | tr ',' ' '); do
-  while [ -d "/proc/$pid" ] && [ "$waited" -lt "$((wait_for * 10))" ]; do
+  while ! gone "$pid" && [ "$waited" -lt "$((wait_for * 10))" ]; do
     sleep 0.1; waited=$((waited + 1))
   done
 done
