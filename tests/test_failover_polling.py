@@ -3,18 +3,9 @@ inside it: an attempt's teardown keeps its own deadline however little budget is
 
 from __future__ import annotations
 
+from helpers import FakeClock
+
 from tpulab.polling import poll_until, time_left
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def _inner_budget(*, enclose: bool) -> float:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from delegating_api import DelegatingTpuApi
+from helpers import FakeClock
 
 from tpulab.emulator import Emulator, Timing
 from tpulab.emulator.backends import make_host_backend
@@ -23,7 +24,6 @@ from tpulab.run.teardown import delete_and_confirm
 
 if TYPE_CHECKING:
     from emulator_fixtures import EmulatorStarter
-    from helpers import FakeClock
     from run_rig import Rig
 
     from tpulab.cloud.google import GoogleTpuApi
@@ -85,9 +85,15 @@ def test_a_failed_delete_operation_shows_the_apis_internal_error(
     assert "temporarily unavailable" not in error.message
     assert EMULATOR_INTERNAL.rstrip(".") in error.message
 
-    # The teardown that meets it for ever reports the API's words, not an outage.
+    # The teardown that meets it for ever reports the API's words, not an outage. Its
+    # deadline is on its own clock, which its sleeps between rounds move on: the rounds
+    # it would make in 5 s, without waiting the 5 s.
+    stepped = FakeClock()
     with pytest.raises(TeardownError) as failed:
-        delete_and_confirm(tpu_api, ZONE, "sticky", run_id="run-1", timeout=5, poll=0.05)
+        delete_and_confirm(
+            tpu_api, ZONE, "sticky", run_id="run-1", timeout=5, poll=0.05,
+            clock=stepped, sleep=stepped.sleep,
+        )  # fmt: skip
     assert "temporarily unavailable" not in failed.value.message
     assert "INTERNAL" in failed.value.message
     assert EMULATOR_INTERNAL.rstrip(".") in failed.value.message
@@ -151,8 +157,12 @@ def test_a_later_round_that_only_ran_out_of_time_does_not_hide_the_apis_error(
                 self.api.wait_operation(operation_name, timeout=0.0)
 
     api = NoTimeAfterTheFirst(tpu_api)
+    stepped = FakeClock()  # the teardown's own deadline, as above
     with pytest.raises(TeardownError) as failed:
-        delete_and_confirm(api, ZONE, "late", run_id="run-1", timeout=4, poll=0.05)
+        delete_and_confirm(
+            api, ZONE, "late", run_id="run-1", timeout=4, poll=0.05,
+            clock=stepped, sleep=stepped.sleep,
+        )  # fmt: skip
     assert api.waits > 1
     message = failed.value.message
     assert "did not finish" in message  # the last problem, as it happened
