@@ -84,11 +84,11 @@ def tests(session: nox.Session) -> None:
 # real SSH hosts, whole lifecycles, CLI runs or package-index installs, but the two
 # `smoke` tests (one emulated run end to end, one Ctrl-C teardown).
 QUICK_TIER = "smoke or not (e2e or network)"
-# The quick tier waits more than it computes (its 1,241 tests used ~51 CPU-s; the
-# watchdog's VM-path and script tests alone are ~100 s of real leases and polls at ~4
+# The quick tier waits more than it computes (its 1,246 tests use ~51 CPU-s; the
+# watchdog's VM-path and script tests alone are ~50 s of real leases and polls at ~4
 # CPU-s), so more workers than cores overlap the waits; the full suite is CPU-bound and
-# stays at TEST_WORKERS. Same machine, 2 cores, 2026-12-06: -n 4 71 s, -n 6 62 s and
-# 63 s, -n 8 66 s (eight workers' collection costs more than it overlaps).
+# stays at TEST_WORKERS. Same machine, 2 cores, 2026-12-06: -n 4 60 s, -n 6 53-58 s,
+# -n 8 61 s (each worker's collection is ~3 CPU-s: eight cost more than they overlap).
 QUICK_WORKERS = "6"
 
 
