@@ -12,13 +12,13 @@ import itertools
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from helpers import wait_until
 from test_watchdog_script import (
     LATE,
     NODE,
-    POLL,
     PROJECT,
     SERVICE_ACCOUNT,
     Armed,
@@ -66,13 +66,25 @@ def test_preemption_is_published_once_and_deletes_nothing(
     assert state.attribute(PREEMPTED_ATTRIBUTE) == []
     state.preempted = "TRUE"
     wait_until(lambda: state.attribute(PREEMPTED_ATTRIBUTE), "tpulab/preempted")
-    # Five more polls, each seeing TRUE again. Slept for: once it has published, the
-    # watchdog stops reading instance/preempted, so no request marks a poll.
-    time.sleep(5 * POLL)
+    # Three more polls, each seeing TRUE again, marked by renewals: a poll looks at
+    # instance/preempted first and publishes a renewal it sees last.
+    for renewal in (1, 2, 3):
+        dog.renew()
+        wait_until(_renewal_published(state, renewal), f"renewal {renewal} published")
     assert state.attribute(PREEMPTED_ATTRIBUTE) == ["TRUE"], "published once"
     assert state.deletes() == [], "the VM is going anyway: the laptop recovers"
     assert state.states() == ["armed"]
     assert dog.alive()
+
+
+def _renewal_published(state: FakeCloud, renewal: int) -> Callable[[], bool]:
+    """Has the watchdog published its lease (tpulab/lease) with `renewal` renewals?"""
+
+    def published() -> bool:
+        leases = [parse_lease(value) for value in state.attribute("tpulab/lease")]
+        return any(lease is not None and lease.renewals >= renewal for lease in leases)
+
+    return published
 
 
 # -- the first boot, remembered ------------------------------------------------------------
