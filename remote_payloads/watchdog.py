@@ -136,6 +136,9 @@ LEASE_EXPIRED = "lease expired"
 DEADLINE = "deadline"
 
 HTTP_TIMEOUT = 10.0
+# Once every DELETE is accepted (or its target already gone), how long before they are
+# sent again: only a node whose delete operation failed is still here to receive them.
+DELETE_AGAIN_SECONDS = 30.0
 # Guest attribute values are small; keep every published text well inside them.
 MAX_STATE_CHARS = 500
 
@@ -642,7 +645,8 @@ class Watchdog:
             if self.delete_node(identity):
                 # Accepted: the node is being deleted. Should it survive (a failed delete
                 # operation), send it again later.
-                self.sleep(30.0)
+                self.log(f"deleting: under way, or done; sent again in {DELETE_AGAIN_SECONDS:g}s")
+                self.sleep(DELETE_AGAIN_SECONDS)
                 continue
             self.sleep(delay)
             delay = min(delay * 2, 30.0)

@@ -397,7 +397,9 @@ def test_transient_delete_failures_are_retried_and_404_means_done(
     dog = _start(armed, _config("c0ffee", boot_grace_seconds=1.0), address)
     wait_until(lambda: len(state.deletes()) >= 3, "three DELETEs")
     wait_until(lambda: "already gone" in dog.log(), "the watchdog to see 404")
-    time.sleep(1.5)
+    # 404 is done: it says it waits the long while of a delete under way, not a retry's
+    # backoff (which would send a fourth DELETE 4 s after the 404).
+    wait_until(lambda: "deleting: under way, or done" in dog.log(), "the watchdog to stand by")
     assert len(state.deletes()) == 3, "404 is done: no DELETE after it"
 
 
