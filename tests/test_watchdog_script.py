@@ -96,6 +96,14 @@ class FakeCloud:
         with self.lock:
             return sum(1 for r in self.requests if r.method == "GET" and r.path == path)
 
+    def leases(self) -> list[PublishedLease]:
+        """Every lease the watchdog published (guest attribute tpulab/lease), in order;
+        each must parse."""
+        values = self.attribute("tpulab/lease")
+        parsed = [parse_lease(value) for value in values]
+        assert None not in parsed, values
+        return [lease for lease in parsed if lease is not None]
+
     def attribute(self, key: str) -> list[str]:
         """Every value PUT to guest attribute `key` (namespace/key), in order."""
         with self.lock:
@@ -486,14 +494,7 @@ def test_the_lease_is_published_at_start_and_at_every_renewal_for_other_machines
     cloud: tuple[FakeCloud, str], armed: list[Armed]
 ) -> None:
     state, address = cloud
-
-    def leases() -> list[PublishedLease]:
-        with state.lock:
-            values = list(state.attributes.get("tpulab/lease", []))
-        parsed = [parse_lease(value) for value in values]
-        assert None not in parsed, values
-        return [lease for lease in parsed if lease is not None]
-
+    leases = state.leases
     before_start = time.time()
     dog = _start(armed, _config("1ea5e0", lease_seconds=30.0, boot_grace_seconds=45.0), address)
     wait_until(leases, "the lease published at the watchdog's start")

@@ -29,7 +29,7 @@ from test_watchdog_script import (
 )
 
 from tpulab.contract import DELETE_QUEUED_RESOURCE_PERMISSION, PREEMPTED_ATTRIBUTE
-from tpulab.remote.watchdog import parse_lease, parse_state
+from tpulab.remote.watchdog import parse_state
 
 __all__ = ["armed", "cloud"]  # the fixtures, shared with test_watchdog_script
 
@@ -81,8 +81,7 @@ def _renewal_published(state: FakeCloud, renewal: int) -> Callable[[], bool]:
     """Has the watchdog published its lease (tpulab/lease) with `renewal` renewals?"""
 
     def published() -> bool:
-        leases = [parse_lease(value) for value in state.attribute("tpulab/lease")]
-        return any(lease is not None and lease.renewals >= renewal for lease in leases)
+        return any(lease.renewals >= renewal for lease in state.leases())
 
     return published
 
@@ -147,9 +146,7 @@ def test_a_reboot_after_the_grace_gives_the_controller_one_lease_not_a_new_grace
     assert fired - rearmed[1] < 2.0 + LATE, fired - rearmed[1]
     assert state.states()[-1] == "firing: lease expired"
     # What the second boot published: one lease from its start, for other machines.
-    leases = [parse_lease(v) for v in state.attribute("tpulab/lease")]
-    assert leases[-1] is not None
-    assert 1.0 < leases[-1].lease_seconds <= 2.0
+    assert 1.0 < state.leases()[-1].lease_seconds <= 2.0
 
 
 def test_a_first_boot_that_cannot_be_remembered_still_guards(
