@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from helpers import FakeClock
+from helpers import FakeClock, wait_until
 
-from tpulab.emulator import FaultPlan
+from tpulab.emulator import FaultPlan, Timing
 from tpulab.emulator.wire import ACCELERATOR_CONFIG_TYPES, API_VERSIONS, HEALTHS, STATES
 
 if TYPE_CHECKING:
@@ -267,6 +267,29 @@ def test_two_emulators_on_one_state_agree(start_emulator: EmulatorStarter, tmp_p
     while served.node_names():
         assert time.monotonic() < deadline
         time.sleep(0.02)
+
+
+def test_the_ticker_sleeps_until_a_transition_is_due_and_applies_it_then(
+    start_emulator: EmulatorStarter, tmp_path: Path
+) -> None:
+    """No request after the create: only the ticker can make the node READY. It is woken
+    by the create's write and then sleeps until `ready_at`, not polling every tick (it
+    would tick ~40 times in the 0.8 s) nor sleeping out its idle 30 s."""
+    timing = Timing(create_seconds=0.8, tick_seconds=0.02, idle_tick_seconds=30.0)
+    emulator = start_emulator(tmp_path / "state", timing=timing)
+    state_file = tmp_path / "state" / "state.json"
+
+    def on_disk() -> dict[str, Any]:  # read without a transaction: it would advance
+        node = json.loads(state_file.read_text())["nodes"]
+        return next(iter(node.values()), {})
+
+    ticks = emulator.ticks
+    create(emulator, "n1")
+    wait_until(lambda: on_disk().get("state") == "READY", "the ticker made the node READY", 10)
+    late = time.time() - on_disk()["ready_at"]
+    assert late < 5.0, late
+    # Woken by the create's write, once at ready_at, once by its own write then.
+    assert emulator.ticks - ticks <= 4, emulator.ticks - ticks
 
 
 def test_clearing_delete_hangs_lets_the_hung_delete_finish(emulator: Emulator) -> None:

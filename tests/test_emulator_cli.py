@@ -118,7 +118,13 @@ def test_non_finite_or_negative_timings_are_refused(tmp_path: Path, flag: str, v
 
 
 def test_timing_itself_rejects_non_finite_values() -> None:
-    for field in ("create_seconds", "delete_seconds", "stockout_seconds", "tick_seconds"):
+    for field in (
+        "create_seconds",
+        "delete_seconds",
+        "stockout_seconds",
+        "tick_seconds",
+        "idle_tick_seconds",
+    ):
         for bad in (float("nan"), float("inf")):
             with pytest.raises(ValueError, match=field):
                 Timing(**{field: bad})  # type: ignore[arg-type]

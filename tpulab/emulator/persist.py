@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -41,8 +41,11 @@ class EmulatorStateError(E.ConfigError):
 
 
 class StateFile:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, *, on_change: Callable[[], None] | None = None) -> None:
         self.state_dir = state_dir
+        # Told after each write this process makes (the emulator wakes its ticker: a
+        # changed state may mean SSH hosts to start or stop).
+        self._on_change = on_change
         self.path = state_dir / "state.json"
         self._lock_path = state_dir / "state.lock"
         # flock excludes other processes; this excludes our own request threads.
@@ -64,6 +67,7 @@ class StateFile:
             raise self._unusable(error, "lock") from None
         with self._thread_lock, lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            changed = False
             try:
                 text = self._read_text()
                 state = self._parse(text) if text else _empty()
@@ -71,12 +75,15 @@ class StateFile:
                 before = known[1] if known and known[0] == text else _compact(state)
                 yield state
                 after = _compact(state)
-                if after != before:
+                changed = after != before
+                if changed:
                     text = json.dumps(state, sort_keys=True, indent=1)
                     self._write_text(text)
                 self._known = (text, after)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+        if changed and self._on_change is not None:
+            self._on_change()
 
     def ensure_dir(self) -> None:
         """Create the state directory, or say plainly why it cannot be one."""

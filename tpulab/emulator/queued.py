@@ -223,13 +223,14 @@ def advance_queued(cloud: CloudState, now: float) -> None:
         state = record["state"]
         node = cloud.nodes.get(node_key(record["project"], record["zone"], record["node_id"]))
         ours = node if node is not None and node.get("queued_resource") == record["name"] else None
-        if state == "ACCEPTED" and now >= record["create_time"] + cloud.timing.queue_seconds:
+        accepted_for = cloud.timing.queue_seconds
+        if state == "ACCEPTED" and cloud.due(record["create_time"] + accepted_for, now):
             state = record["state"] = "WAITING_FOR_RESOURCES"
         if state == "WAITING_FOR_RESOURCES":
             until = record["valid_until"]
             # Read live, so a test (or the admin endpoint) can make capacity arrive.
             capacity_at = record["create_time"] + cloud.faults.capacity_delay(record["zone"])
-            if until is not None and until <= capacity_at and now >= until:
+            if until is not None and until <= capacity_at and cloud.due(until, now):
                 record["state"] = "FAILED"
                 record["failed_at"] = until
                 # The discovery document's words for this failure (QueuedResourceState
@@ -246,7 +247,7 @@ def advance_queued(cloud: CloudState, now: float) -> None:
                         reason="STOCKOUT",
                     )
                 )
-            elif now >= capacity_at and cloud.faults.queued_invalid:
+            elif cloud.due(capacity_at, now) and cloud.faults.queued_invalid:
                 record["state"] = "FAILED"
                 record["failed_at"] = now
                 # What the service says when it finds, at provisioning, a request it had

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -216,12 +217,17 @@ class Emulator:
         self._requests_lock = threading.Lock()
         self._bind = (host, port)
         self._clock = clock
-        self._file = StateFile(self.state_dir)
+        self._file = StateFile(self.state_dir, on_change=self._wake_ticker)
         self._owner = f"{os.getpid()}:{uuid.uuid4().hex}"
         self._server: ApiServer | None = None
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._wake = threading.Event()
+        # When the ticker's last transaction found the next timed transition due
+        # (CloudState.next_due, in this emulator's clock).
+        self._next_due = math.inf
+        self.ticks = 0
+        """How many times `tick` ran (tests tell a sleeping ticker from a polling one)."""
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
         self.url = ""
@@ -433,12 +439,26 @@ class Emulator:
                 shutil.rmtree(self.machine_tmp(node, worker), True)
             _forget_tmp_files(node)
 
+    def _wake_ticker(self) -> None:
+        self._wake.set()
+
     def _tick_loop(self) -> None:
+        """Tick when woken (a write to the state: a request, or the last tick itself),
+        when the next timed transition is due, and at least every idle_tick_seconds (a
+        write by another process on the same state, an owner that died): an idle
+        emulator no longer reads its state 20 times a second, and a transition still
+        starts or stops its hosts within a tick of when it is due."""
+        tick, idle = self.timing.tick_seconds, self.timing.idle_tick_seconds
+        last = -math.inf
         while not self._stopping.is_set():
-            self._wake.wait(self.timing.tick_seconds)
+            until_due = self._next_due - self._clock()
+            self._wake.wait(min(idle, max(tick, until_due)))
             self._wake.clear()
+            # However often writes wake it, no more than one tick per tick_seconds.
+            self._stopping.wait(max(0.0, last + tick - time.monotonic()))
             if self._stopping.is_set():
                 return
+            last = time.monotonic()
             try:
                 self.tick()
             except EmulatorStateError as error:
@@ -454,7 +474,9 @@ class Emulator:
         to_start: list[Record] = []
         to_stop: list[str] = []
         to_rekey: list[tuple[str, str, int]] = []
+        self.ticks += 1
         with self._transaction() as cloud:
+            self._next_due = cloud.next_due
             for key, node in cloud.nodes.items():
                 host = node.get("host") or {}
                 mine = host.get("owner") == self._owner
@@ -913,6 +935,7 @@ class Emulator:
                 self.faults.update(body)
             except ValueError as error:
                 return 400, error_body(ApiError(400, "INVALID_ARGUMENT", str(error)))
+            self._wake.set()  # a new fault may time a transition (a preemption) sooner
             return 200, self.faults.to_dict()
         if path == "/_emulator/state" and method == "GET":
             return 200, {**self.snapshot(), "calls": dict(self.calls)}

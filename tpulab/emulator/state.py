@@ -9,6 +9,7 @@ knows nothing about HTTP or SSH: `server.py` feeds it requests and starts hosts.
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 from collections.abc import Callable
@@ -89,6 +90,9 @@ class CloudState:
         self.data = data
         self.timing = timing
         self.faults = faults
+        self.next_due = math.inf
+        """The earliest transition `advance` found not yet due: the ticker sleeps until
+        then (server.py) rather than polling the state 20 times a second."""
 
     @property
     def nodes(self) -> dict[str, Record]:
@@ -100,12 +104,21 @@ class CloudState:
 
     # -- time --------------------------------------------------------------------
 
+    def due(self, at: float, now: float) -> bool:
+        """Is a transition timed `at` due by `now`? One not yet due is noted in
+        `next_due`: every timed transition asks here, so the ticker's wake-up time is
+        derived from the same comparisons that apply them."""
+        if now >= at:
+            return True
+        self.next_due = min(self.next_due, at)
+        return False
+
     def advance(self, now: float) -> list[Record]:
         """Apply every transition due by `now`; return the node records that vanished."""
         gone: list[Record] = []
         for key, node in list(self.nodes.items()):
             state = node["state"]
-            if state == "CREATING" and now >= node["ready_at"]:
+            if state == "CREATING" and self.due(node["ready_at"], now):
                 if node["fate"] == "stockout":
                     del self.nodes[key]
                     gone.append(node)
@@ -120,7 +133,7 @@ class CloudState:
                 and node.get("vm_stopped_at") is None
                 and node.get("preempt_notice_at") is None
                 and preempt is not None
-                and now >= node["ready_time"] + preempt
+                and self.due(node["ready_time"] + preempt, now)
                 and self.faults.take_preemption()
             ):
                 # Told first (metadata `instance/preempted` TRUE, metadata.py), stopped
@@ -134,14 +147,14 @@ class CloudState:
                 state == "READY"
                 and stops_at is not None
                 and node.get("vm_stopped_at") is None
-                and now >= stops_at
+                and self.due(stops_at, now)
             ):
                 # The VM stops now (server.py stops its host); the API says so only
                 # `preempt_state_lag` later, and then as PREEMPTED or TERMINATED.
                 node["vm_stopped_at"] = now
                 node["reported_at"] = now + self.faults.preempt_state_lag
             stopped = node.get("vm_stopped_at") is not None
-            if state == "READY" and stopped and now >= node["reported_at"]:
+            if state == "READY" and stopped and self.due(node["reported_at"], now):
                 if node.get("termination_action") == "DELETE":
                     # A Compute spot VM told to be deleted when preempted (instances.py).
                     del self.nodes[key]
@@ -157,7 +170,7 @@ class CloudState:
                     # The hang was cleared: the delete now runs its normal course.
                     operation["done_at"] = now + self.timing.delete_seconds
                 done_at = operation["done_at"] if operation else now
-                if now >= done_at:
+                if self.due(done_at, now):
                     if operation is not None and operation["error"]:
                         node["state"] = node.pop("state_before_delete", "READY")
                         if node["ready_time"] is None:  # deleted while still CREATING
@@ -167,7 +180,11 @@ class CloudState:
                         gone.append(node)
         for name, operation in list(self.operations.items()):
             done_at = operation["done_at"]
-            if operation.get("changes") is not None and done_at is not None and now >= done_at:
+            if (
+                operation.get("changes") is not None
+                and done_at is not None
+                and self.due(done_at, now)
+            ):
                 target = self.nodes.get(
                     node_key(operation["project"], operation["zone"], operation["node"])
                 )

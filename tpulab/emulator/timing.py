@@ -22,7 +22,12 @@ class Timing:
     """How long a queued resource waits (WAITING_FOR_RESOURCES) at least, capacity or not,
     before it is provisioned."""
     tick_seconds: float = 0.05
-    """How often the background ticker advances state and starts SSH hosts."""
+    """The ticker's granularity: it advances state and starts or stops SSH hosts when a
+    write wakes it or a timed transition is due, at most once per tick_seconds."""
+    idle_tick_seconds: float = 0.5
+    """The longest the ticker sleeps with nothing due: what it cannot be told of
+    (another process's write to the same state, a dead emulator's hosts, a fault
+    changed in-process) is noticed within this."""
     page_size: int = 50
     """Default and maximum list page size (the client may ask for less)."""
 
@@ -34,6 +39,7 @@ class Timing:
             "stockout_seconds",
             "queue_seconds",
             "tick_seconds",
+            "idle_tick_seconds",
         ):
             value = getattr(self, name)
             # NaN compares false with everything, so `< 0` alone would let it through.
