@@ -280,8 +280,8 @@ def test_the_ticker_sleeps_until_a_transition_is_due_and_applies_it_then(
     state_file = tmp_path / "state" / "state.json"
 
     def on_disk() -> dict[str, Any]:  # read without a transaction: it would advance
-        node = json.loads(state_file.read_text())["nodes"]
-        return next(iter(node.values()), {})
+        nodes = json.loads(state_file.read_text())["nodes"]
+        return next(iter(nodes.values()), {})
 
     ticks = emulator.ticks
     create(emulator, "n1")

@@ -217,12 +217,12 @@ class Emulator:
         self._requests_lock = threading.Lock()
         self._bind = (host, port)
         self._clock = clock
-        self._file = StateFile(self.state_dir, on_change=self._wake_ticker)
+        self._wake = threading.Event()
+        self._file = StateFile(self.state_dir, on_change=self._wake.set)
         self._owner = f"{os.getpid()}:{uuid.uuid4().hex}"
         self._server: ApiServer | None = None
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
-        self._wake = threading.Event()
         # When the ticker's last transaction found the next timed transition due
         # (CloudState.next_due, in this emulator's clock).
         self._next_due = math.inf
@@ -438,9 +438,6 @@ class Emulator:
                 self.machine_clock_file(node, worker).unlink(missing_ok=True)
                 shutil.rmtree(self.machine_tmp(node, worker), True)
             _forget_tmp_files(node)
-
-    def _wake_ticker(self) -> None:
-        self._wake.set()
 
     def _tick_loop(self) -> None:
         """Tick when woken (a write to the state: a request, or the last tick itself),
