@@ -91,3 +91,40 @@ def test_the_probe_would_notice_a_heavy_import() -> None:
     # The check above must be able to fail: an import of pydantic shows in the probe.
     _, loaded, _ = _help_of(("run",), preamble="import pydantic")
     assert "pydantic" in loaded
+
+
+def _tpulab_models() -> list[type]:
+    import importlib
+    import pkgutil
+
+    from pydantic import BaseModel
+
+    import tpulab
+
+    for module in pkgutil.walk_packages(tpulab.__path__, "tpulab."):
+        importlib.import_module(module.name)
+    found: list[type] = []
+    pending: list[type] = [BaseModel]
+    while pending:
+        subclasses: list[type] = pending.pop().__subclasses__()
+        for sub in subclasses:
+            pending.append(sub)
+            if sub.__module__.startswith("tpulab."):
+                found.append(sub)
+    return found
+
+
+def test_every_model_builds_its_validator_when_first_used() -> None:
+    """pydantic builds a model's validator when the class is made, unless the model defers
+    it: about 1-5 ms a model, paid by every command that imports one, though most
+    commands validate few (a dry run imports the receipt's models to plan a run and
+    validates none of them). tpulab's models defer, so each is built on first use; a
+    new model that does not would put its cost back on every start."""
+    models = _tpulab_models()
+    assert len(models) > 30  # the walk found them
+    eager = [
+        f"{model.__module__}.{model.__qualname__}"
+        for model in models
+        if not getattr(model, "model_config", {}).get("defer_build")
+    ]
+    assert eager == []

@@ -74,7 +74,7 @@ class NodeState(str, Enum):
 class NodeRequest(BaseModel):
     """What `create_node` sends: everything but the project, zone and node id."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
 
     accelerator_type: str
     runtime_version: str
@@ -96,7 +96,7 @@ class WorkerEndpoint(BaseModel):
     """One worker VM of a node: `Node.networkEndpoints[i]` is worker i (gcloud's
     `tpu-vm ssh --worker` indexes them so); a single-host node has one."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
 
     ip_address: str | None = None
     external_ip: str | None = None
@@ -106,7 +106,7 @@ class NodeInfo(BaseModel):
     """A node as the API reports it, independent of the client library's types.
     `ip_address` / `external_ip` are worker 0's; `workers` lists every worker's."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
 
     project: str
     zone: str

@@ -61,7 +61,7 @@ _CONFIG_CHECKS = ("credentials", "project")
 class CheckReport(BaseModel):
     """One check as `--json` reports it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     name: str
     status: Literal["ok", "problem", "unknown"]

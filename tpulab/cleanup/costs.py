@@ -334,7 +334,7 @@ def ledger(
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
 
 class LedgerEntryReport(_Part):

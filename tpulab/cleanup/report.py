@@ -41,7 +41,7 @@ __all__ = [
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
 
 def _age(seconds: float | None) -> float | None:

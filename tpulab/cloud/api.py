@@ -26,7 +26,7 @@ class QueuedResourceRequest(BaseModel):
     """What `create_queued_resource` sends: one node spec (as for CreateNode) and the
     queueing policy. The spot tier is the node request's `spot`."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
 
     node_id: str
     node: NodeRequest
@@ -37,7 +37,7 @@ class QueuedResourceInfo(BaseModel):
     """A queued resource as the API reports it. The v2 QueuedResource has no labels of
     its own, so `labels` are those of the node in its spec: how tpulab finds its own."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
 
     project: str
     zone: str

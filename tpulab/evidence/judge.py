@@ -68,7 +68,7 @@ class Judgement(BaseModel):
     expected total the closed form for the EXPECTED device count.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     verdict: Verdict
     requirements: list[RequirementResult]

@@ -71,7 +71,9 @@ _MAX_SCHEMA_PROBLEMS = 20
 class _Strict(BaseModel):
     # strict: no "4" -> 4 coercion; forbid: an unknown field is a different schema;
     # no NaN/inf: a non-finite number is never evidence.
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        defer_build=True, strict=True, extra="forbid", frozen=True, allow_inf_nan=False
+    )
 
 
 class PayloadError(_Strict):
@@ -355,7 +357,7 @@ def expected_predictions(bias: Fraction = Fraction(1, 8)) -> list[float]:
 class RequirementResult(BaseModel):
     """One named requirement, passed or not, with both sides as text for the report."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     name: str
     passed: bool

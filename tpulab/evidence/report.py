@@ -320,7 +320,7 @@ def receipt_document(raw: bytes) -> dict[str, Any] | None:
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
 
 class ReceiptEntry(_Part):

@@ -59,7 +59,7 @@ class Source(str, Enum):
 class Provenance(BaseModel):
     """Where the receipt came from: the run and node, or the local verify."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     source: Source
     run_id: str | None = None
@@ -78,7 +78,7 @@ class Provenance(BaseModel):
 class ReceiptRecord(BaseModel):
     """The sidecar beside each kept receipt (`<id>.meta.json`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     record_version: Literal[1] = 1
     id: str

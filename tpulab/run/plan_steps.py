@@ -68,7 +68,7 @@ Kind = Literal["api", "ssh", "local"]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
 
 class PollCadence(_Model):

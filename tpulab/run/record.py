@@ -58,7 +58,7 @@ RecordState = Literal["running", "finished"]
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
 
 class FileEntry(_Part):

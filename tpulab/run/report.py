@@ -43,7 +43,7 @@ Line = list[tuple[str, str]]  # (text, rich style) segments, as tpulab.evidence.
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
 
 class PhaseSummary(_Part):
