@@ -1,4 +1,5 @@
-"""`--help` that teaches: flags read as flags, options name their value."""
+"""`--help` that teaches: flags read as flags, options name their value, and the many
+options of `run`, `up` and `exec` sit in panels by what they are about."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+
+from tpulab.cli._panels import PANELLED_COMMANDS, PANELS
 
 COMMANDS = [
     ["run"],
@@ -31,7 +34,7 @@ def test_help_names_values_and_shows_flags_bare(command: list[str]) -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    options = [line for line in done.stdout.splitlines() if re.match(r"│\s+(\*\s+)?--", line)]
+    options = [line for line in done.stdout.splitlines() if re.match(r"\s+(-\w, )?--\w", line)]
     assert options, done.stdout
     for line in options:
         # typer's own rendering shows the Python type of every option, flags included.
@@ -40,14 +43,41 @@ def test_help_names_values_and_shows_flags_bare(command: list[str]) -> None:
             assert re.search(r"--help\s+Show this message", line), line
 
 
-def test_run_help_names_the_zone_value() -> None:
+def _help(*command: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "tpulab", "run", "--help"],
+        [sys.executable, "-m", "tpulab", *command, "--help"],
         capture_output=True,
         text=True,
         env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
         check=False,
         timeout=60,
     )
-    assert re.search(r"--zone\s+ZONE\b", done.stdout), done.stdout
-    assert re.search(r"--spot\s+Use a spot VM", done.stdout), done.stdout
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_run_help_names_the_zone_value() -> None:
+    shown = _help("run")
+    assert re.search(r"--zone\s+ZONE\b", shown), shown
+    assert re.search(r"--spot\s+Use a spot VM", shown), shown
+
+
+@pytest.mark.parametrize("command", PANELLED_COMMANDS)
+def test_help_lists_each_option_under_its_panel(command: str) -> None:
+    """Drawn, not just declared: under each panel's heading come its options (of those
+    the command has), up to the next heading."""
+    shown = _help(command)
+    under: dict[str, str] = {}
+    heading = ""
+    for line in shown.splitlines():
+        if re.fullmatch(r"\S.*:", line):
+            heading = line[:-1]
+        found = re.match(r"\s+(?:-\w, )?(--[\w-]+)", line)
+        if heading and found:
+            under[found.group(1)] = heading
+    for panel, options in PANELS.items():
+        for option in options:
+            if option in under:
+                assert under[option] == panel, (option, shown)
+    assert len(set(under.values())) >= 4, shown  # drawn in panels, not one list
+    assert under["--help"] == "Options", shown

@@ -35,7 +35,7 @@ from tpulab.cli import (
 )
 from tpulab.cli._console import print_stderr
 from tpulab.cli._exit import guarded, json_or_guarded, report_error
-from tpulab.cli._panels import panel_the_options
+from tpulab.cli._panels import HelpInPanels, panel_the_options
 from tpulab.exits import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK
 
 try:  # recent typer vendors click; older releases use the click package
@@ -50,7 +50,7 @@ __all__ = [
     "report_error",
 ]
 
-app = typer.Typer(
+app = HelpInPanels(
     name="tpulab",
     help=(
         "Run a JAX experiment on a Cloud TPU VM, prove it really ran there, and never "

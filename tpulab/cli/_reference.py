@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from tpulab.cli._panels import panel_of
+
 __all__ = ["Entry", "cli_reference", "missing_help", "walk"]
 
 
@@ -96,17 +98,14 @@ def _command_block(entry: Entry) -> str:
     lines = [f"{'#' * depth} `{entry.path}`", ""]
     text = (entry.command.help or entry.command.short_help or "").strip()
     if text:
-        lines += [_plain(text), ""]
+        lines += [text, ""]
     pieces = entry.command.collect_usage_pieces(entry.context)
     lines += ["```text", f"{entry.path} {' '.join(pieces)}".rstrip(), "```", ""]
     panels: dict[str, list[str]] = {}
     for param in entry.command.params:
         if _is_help_option(param) or getattr(param, "hidden", False):
             continue
-        panel = getattr(param, "rich_help_panel", None) or (
-            "Arguments" if param.param_type_name == "argument" else "Options"
-        )
-        panels.setdefault(panel, []).append(_param_row(param))
+        panels.setdefault(panel_of(param), []).append(_param_row(param))
     for panel, rows in panels.items():
         lines += [f"**{panel}**", "", "| option | meaning |", "|---|---|", *rows, ""]
     return "\n".join(lines)
@@ -119,16 +118,9 @@ def _param_row(param: Any) -> str:
         names = [*param.opts, *getattr(param, "secondary_opts", [])]
         metavar = "" if param.is_flag else f" {param.metavar or param.name.upper()}"
         name = ", ".join(f"`{n}{metavar}`" for n in names)
-    help_text = _plain(getattr(param, "help", None) or "").replace("\n", " ")
+    help_text = (getattr(param, "help", None) or "").replace("\n", " ")
     default = getattr(param, "default", None)
     show = getattr(param, "show_default", None)
     if show and default not in (None, False, (), []) and not callable(default):
         help_text += f" (default: `{default}`)"
     return f"| {name} | {help_text.replace('|', '&#124;')} |"
-
-
-def _plain(text: str) -> str:
-    # typer's help may carry rich markup ([bold]...[/bold]); the page is Markdown.
-    for tag in ("[bold]", "[/bold]", "[b]", "[/b]", "[i]", "[/i]"):
-        text = text.replace(tag, "")
-    return text.replace("\\[", "[")

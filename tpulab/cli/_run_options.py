@@ -32,7 +32,7 @@ Zones = Annotated[
     typer.Option(
         "--zone",
         metavar="ZONE",
-        help="Zone, e.g. us-central1-a (else TPULAB_ZONE, \\[tool.tpulab], gcloud). "
+        help="Zone, e.g. us-central1-a (else TPULAB_ZONE, [tool.tpulab], gcloud). "
         "Repeatable or a comma list: tried in order, the next after a stockout or "
         "quota; `auto` = every zone known to offer the accelerator, cheapest region "
         "first.",
@@ -40,7 +40,7 @@ Zones = Annotated[
 ]
 Project = Annotated[
     str | None,
-    typer.Option("--project", help="Project (else TPULAB_PROJECT, \\[tool.tpulab], gcloud, ADC)."),
+    typer.Option("--project", help="Project (else TPULAB_PROJECT, [tool.tpulab], gcloud, ADC)."),
 ]
 ApiEndpoint = Annotated[
     str | None,

@@ -27,7 +27,7 @@ Workdir = Annotated[
     str | None,
     typer.Option(
         "--workdir",
-        help="The workspace sent to the VM for your command, and where \\[tool.tpulab] "
+        help="The workspace sent to the VM for your command, and where [tool.tpulab] "
         "is read (default: the current directory).",
     ),
 ]
@@ -55,7 +55,7 @@ Exclude = Annotated[
         "--exclude",
         metavar="PATTERN",
         help="Do not upload what PATTERN (gitignore syntax, workspace-relative) matches, "
-        "after \\[tool.tpulab] exclude (repeatable), e.g. --exclude 'data/*.bin' "
+        "after [tool.tpulab] exclude (repeatable), e.g. --exclude 'data/*.bin' "
         "--exclude checkpoints/.",
     ),
 ]

@@ -14,10 +14,11 @@ import typer
 from tpulab import errors as E
 from tpulab.cli._console import print_stderr
 from tpulab.cli._exit import guarded
+from tpulab.cli._panels import HelpInPanels
 
 __all__ = ["emulator_app"]
 
-emulator_app = typer.Typer(
+emulator_app = HelpInPanels(
     help="The offline Cloud TPU API emulator (also usable with gcloud).",
     no_args_is_help=True,
 )

@@ -16,13 +16,14 @@ import typer
 from tpulab import errors as E
 from tpulab.cli._console import print_lines
 from tpulab.cli._exit import error_report, guarded, print_envelope
+from tpulab.cli._panels import HelpInPanels
 
 if TYPE_CHECKING:
     from tpulab.envelope import Envelope, ErrorReport
 
 __all__ = ["emit_envelope", "receipts_app"]
 
-receipts_app = typer.Typer(
+receipts_app = HelpInPanels(
     help="Receipts kept on this machine (every verify and run keeps one).",
     no_args_is_help=False,
 )

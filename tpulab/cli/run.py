@@ -251,7 +251,7 @@ def run_command(
         str | None,
         typer.Option(
             "--accelerator",
-            help="TPU type, e.g. v5litepod-4, v6e-1, v4-8 (else \\[tool.tpulab] accelerator).",
+            help="TPU type, e.g. v5litepod-4, v6e-1, v4-8 (else [tool.tpulab] accelerator).",
         ),
     ] = None,
     zones: ro.Zones = None,
@@ -392,7 +392,7 @@ def run_command(
 
     tpulab run --accelerator v5litepod-4 --fetch ckpt/ -- python train.py --steps 8
 
-    Defaults may live in the workspace's pyproject.toml \\[tool.tpulab] (or tpulab.toml):
+    Defaults may live in the workspace's pyproject.toml [tool.tpulab] (or tpulab.toml):
     accelerator, zone, project, python, with, requirements, fetch, env, exclude. Flags
     override them (--env and --exclude add to them); --dry-run shows where each value
     came from. Succeeds (exit 0) only when the receipt verified AND the deletion was

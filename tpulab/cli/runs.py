@@ -22,6 +22,7 @@ import typer
 from tpulab import errors as E
 from tpulab.cli._console import print_lines
 from tpulab.cli._exit import guarded
+from tpulab.cli._panels import HelpInPanels
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RunsListEnvelope", "runs_app"]
 
-runs_app = typer.Typer(
+runs_app = HelpInPanels(
     help="Records of your experiments (`tpulab run ... -- CMD`, `tpulab exec`): <out>/run.json.",
     no_args_is_help=False,
 )

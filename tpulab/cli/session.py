@@ -21,6 +21,7 @@ from tpulab import errors as E
 from tpulab.cli import _run_options as ro
 from tpulab.cli._console import print_stderr
 from tpulab.cli._exit import guarded, json_or_guarded
+from tpulab.cli._panels import PanelledCommand
 from tpulab.cli._session_reach import session_store
 from tpulab.exits import EXIT_TEARDOWN
 
@@ -65,7 +66,7 @@ def up_command(
             "--zone",
             metavar="ZONE",
             # up keeps one node: it does not fail over (run does), so the first zone is used.
-            help="Zone, e.g. us-central1-a (else TPULAB_ZONE, \\[tool.tpulab], gcloud); `up` "
+            help="Zone, e.g. us-central1-a (else TPULAB_ZONE, [tool.tpulab], gcloud); `up` "
             "uses the first zone given (no failover).",
         ),
     ] = None,
@@ -360,7 +361,7 @@ def _exec_lock_held(files: SessionFiles) -> Iterator[None]:
         yield
 
 
-class DashDashCommand(typer.core.TyperCommand):
+class DashDashCommand(PanelledCommand):
     """Keeps what follows `--` apart from the positional arguments, so that in
     `tpulab ssh [S] -- CMD` the session name is never mistaken for the command's first
     word (click alone would merge them); `ctx.meta[AFTER_DASHES]` holds the command."""
