@@ -4,8 +4,6 @@ tpulab.cleanup.costs reads the journal and prices it; this module prints the led
 contacts no API: the figures are the journal's times at catalog list prices.
 """
 
-from __future__ import annotations
-
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -32,7 +30,7 @@ _STATE_TEXT = {
 }
 
 
-def _state_text(entry: LedgerEntry) -> str:
+def _state_text(entry: "LedgerEntry") -> str:
     """The STATE cell: a session's row says so (up, or how it ended)."""
     text = _STATE_TEXT[entry.state]
     if entry.kind != "session":
@@ -46,7 +44,7 @@ def _money(usd: float | None) -> str:
     return "?" if usd is None else f"${usd:.2f}"
 
 
-def _entry_cells(entry: LedgerEntry, *, attempt_of: bool = False) -> list[str]:
+def _entry_cells(entry: "LedgerEntry", *, attempt_of: bool = False) -> list[str]:
     row = entry.row
     kind = row.accelerator + (" (spot)" if row.spot else "")
     if row.queued_resource:
@@ -69,7 +67,7 @@ def _entry_cells(entry: LedgerEntry, *, attempt_of: bool = False) -> list[str]:
     ]
 
 
-def _run_rows(run: RunCost) -> list[list[str]]:
+def _run_rows(run: "RunCost") -> list[list[str]]:
     """A run's line (its attempts summed), then one line per attempt; a run of one
     attempt is just that attempt's line."""
     if run.attempts == 1:
@@ -93,7 +91,7 @@ def _run_rows(run: RunCost) -> list[list[str]]:
     return [summary] + [_entry_cells(e, attempt_of=True) for e in run.entries]
 
 
-def _totals_table(title: str, totals: list[LedgerTotal]) -> Table:
+def _totals_table(title: str, totals: "list[LedgerTotal]") -> "Table":
     from rich.table import Table
 
     table = Table(title=title, title_justify="left", box=None, pad_edge=False)
@@ -113,7 +111,7 @@ def _totals_table(title: str, totals: list[LedgerTotal]) -> Table:
     return table
 
 
-def _costs_table(found: Ledger) -> None:
+def _costs_table(found: "Ledger") -> None:
     from rich.table import Table
 
     from tpulab.catalog import PRICE_DATE

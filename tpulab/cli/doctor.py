@@ -6,8 +6,6 @@ only when nothing is a problem; 2 when the credentials or the project are; 3 for
 other (the cloud project's). The core is imported inside the function so --help stays light.
 """
 
-from __future__ import annotations
-
 from typing import Annotated
 
 import typer

@@ -4,8 +4,6 @@ It runs tpulab.emulator until Ctrl-C or SIGTERM; gcloud and `tpulab run
 --api-endpoint` can both talk to it.
 """
 
-from __future__ import annotations
-
 import sys
 from typing import Annotated
 

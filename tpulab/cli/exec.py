@@ -7,8 +7,6 @@ happens. Its flags are `run`'s workload flags, validated by the same config (and
 workspace's [tool.tpulab]); every check happens before anything is sent.
 """
 
-from __future__ import annotations
-
 import time
 from typing import TYPE_CHECKING, Annotated
 
@@ -113,7 +111,7 @@ def exec_command(
 
 def _exec(
     name: str | None,
-    flags: WorkloadFlags,
+    flags: "WorkloadFlags",
     installer: str,
     *,
     dry_run: bool,
@@ -131,7 +129,7 @@ def _exec(
     _run(store, files, inputs.spec, inputs.installer, as_json=as_json, verbose=verbose)
 
 
-def _exec_inputs(files: SessionFiles, flags: WorkloadFlags, installer: str) -> RunInputs:
+def _exec_inputs(files: "SessionFiles", flags: "WorkloadFlags", installer: str) -> "RunInputs":
     """The exec as a RunSpec on the session's node (a fresh id names its --out and
     TPULAB_RUN_ID); every check of input happens here, before anything is sent."""
     from tpulab.config import CapacityFlags, PythonFlags, TargetFlags, run_inputs
@@ -173,7 +171,7 @@ def _exec_inputs(files: SessionFiles, flags: WorkloadFlags, installer: str) -> R
     )
 
 
-def exec_timeouts() -> TimeoutFlags:
+def exec_timeouts() -> "TimeoutFlags":
     """`run`'s timeouts but one: the node has been up since `up`, so a minute for sshd to
     answer, not a boot's three."""
     from tpulab.config import TimeoutFlags
@@ -181,7 +179,9 @@ def exec_timeouts() -> TimeoutFlags:
     return TimeoutFlags(boot=60.0)
 
 
-def _dry_run(spec: RunSpec, files: SessionFiles, installer: Installer, *, as_json: bool) -> None:
+def _dry_run(
+    spec: "RunSpec", files: "SessionFiles", installer: "Installer", *, as_json: bool
+) -> None:
     from rich.markup import escape
 
     from tpulab.cli.run import print_plan_steps
@@ -208,10 +208,10 @@ def _dry_run(spec: RunSpec, files: SessionFiles, installer: Installer, *, as_jso
 
 
 def _run(
-    store: SessionStore,
-    files: SessionFiles,
-    spec: RunSpec,
-    installer: Installer,
+    store: "SessionStore",
+    files: "SessionFiles",
+    spec: "RunSpec",
+    installer: "Installer",
     *,
     as_json: bool,
     verbose: bool,
@@ -260,7 +260,7 @@ def _run(
     _report(life.outcome, failure, as_json=as_json)
 
 
-def _save_session(store: SessionStore, state: SessionState, life: AttachedRun) -> None:
+def _save_session(store: "SessionStore", state: "SessionState", life: "AttachedRun") -> None:
     """What the exec learnt of its session: the last lease renewal, and its workers'
     addresses if the API said they moved (Attachment.follow_address)."""
     updated = state
@@ -273,13 +273,13 @@ def _save_session(store: SessionStore, state: SessionState, life: AttachedRun) -
         store.save(updated)
 
 
-def _record_writer(session_run_id: str) -> Callable[[RunRecord, Path], Path]:
+def _record_writer(session_run_id: str) -> "Callable[[RunRecord, Path], Path]":
     """run.json through run.record's one writer; the start record is also pointed at from
     the journal then, so that an exec killed mid-command is listed by `tpulab runs` (an
     exec opens no journal row, whose start points a run's record)."""
     from tpulab.run.record import write_run_record
 
-    def write(record: RunRecord, out: Path) -> Path:
+    def write(record: "RunRecord", out: "Path") -> "Path":
         path = write_run_record(record, out)
         if record.state == "running":
             _remember_record(record.run_id, path, session_run_id)
@@ -288,7 +288,7 @@ def _record_writer(session_run_id: str) -> Callable[[RunRecord, Path], Path]:
     return write
 
 
-def _remember_record(run_id: str, path: Path, session_run_id: str) -> None:
+def _remember_record(run_id: str, path: "Path", session_run_id: str) -> None:
     """Let `tpulab runs` find the exec's run.json, as it finds a run's."""
     from tpulab.cleanup.journal import Journal
 
@@ -299,8 +299,8 @@ def _remember_record(run_id: str, path: Path, session_run_id: str) -> None:
 
 
 def _conclude_gone(
-    store: SessionStore,
-    files: SessionFiles,
+    store: "SessionStore",
+    files: "SessionFiles",
     gone: E.NodeVanishedError,
     *,
     renewed_at: float | None,
@@ -326,7 +326,7 @@ def _conclude_gone(
     return E.NodeVanishedError(f"{gone.message} Its key and state are removed.", hint=gone.hint)
 
 
-def _report(outcome: RunOutcome, failure: E.TpuLabError | None, *, as_json: bool) -> None:
+def _report(outcome: "RunOutcome", failure: E.TpuLabError | None, *, as_json: bool) -> None:
     from tpulab.run.record import run_record
 
     if as_json:
@@ -348,7 +348,7 @@ def _report(outcome: RunOutcome, failure: E.TpuLabError | None, *, as_json: bool
         raise failure
 
 
-def exec_summary_lines(outcome: RunOutcome, *, session_ended: bool = False) -> list[Line]:
+def exec_summary_lines(outcome: "RunOutcome", *, session_ended: bool = False) -> "list[Line]":
     """The end of an exec: where it ran, each phase's time (no create, bootstrap or
     verifier: the session's node had them), what was uploaded, the command, what came back."""
     from tpulab.run.report import _workload_lines as workload_lines
@@ -385,7 +385,7 @@ def exec_summary_lines(outcome: RunOutcome, *, session_ended: bool = False) -> l
     return lines
 
 
-def _upload_text(outcome: RunOutcome) -> str:
+def _upload_text(outcome: "RunOutcome") -> str:
     workload = outcome.workload
     assert workload is not None
     upload = workload.upload

@@ -3,8 +3,6 @@ browser and editor, through the system OpenSSH client with the session's pins
 (tpulab.remote.system_ssh; the forward and its lease in tpulab.run.forward, the SSH
 config entries in tpulab.cleanup.ssh_config)."""
 
-from __future__ import annotations
-
 import contextlib
 import signal
 from collections.abc import Iterator, Sequence
@@ -43,8 +41,8 @@ def interrupt_on_term() -> Iterator[None]:
 
 
 def connect_renewed(
-    store: SessionStore, files: SessionFiles, *, background: bool, worker: int = 0
-) -> tuple[SystemSsh, LeaseRenewer, SessionState]:
+    store: "SessionStore", files: "SessionFiles", *, background: bool, worker: int = 0
+) -> "tuple[SystemSsh, LeaseRenewer, SessionState]":
     """Worker `worker`'s OpenSSH client (0: the only one of a single host), the
     session's lease renewed once on EVERY worker (each worker's watchdog reads its own
     lease; a slice's renewal that misses one fails, naming it), and, with `background`,
@@ -83,7 +81,7 @@ def connect_renewed(
     return shells[worker], renewer, state
 
 
-def _worker_shells(state: SessionState, files: SessionFiles) -> list[SystemSsh]:
+def _worker_shells(state: "SessionState", files: "SessionFiles") -> "list[SystemSsh]":
     """Each worker's OpenSSH client, worker 0 first, each with its own pinned known_hosts
     beside the session's key (worker 0's is the one `tpulab ssh-config` names)."""
     from tpulab.cleanup.ssh_config import known_hosts_path
@@ -106,7 +104,9 @@ def _worker_shells(state: SessionState, files: SessionFiles) -> list[SystemSsh]:
     return shells
 
 
-def _renewing(state: SessionState, shells: list[SystemSsh], *, background: bool) -> LeaseRenewer:
+def _renewing(
+    state: "SessionState", shells: "list[SystemSsh]", *, background: bool
+) -> "LeaseRenewer":
     """The session's renewer over every worker at once (tpulab.run.workers.EveryWorker;
     a single host's one client as is), started: renewed once now."""
     from tpulab.run.forward import session_renewer
@@ -119,10 +119,10 @@ def _renewing(state: SessionState, shells: list[SystemSsh], *, background: bool)
 
 
 def ssh_session(
-    store: SessionStore,
-    files: SessionFiles,
+    store: "SessionStore",
+    files: "SessionFiles",
     command: list[str],
-    forwards: Sequence[Forward] = (),
+    forwards: "Sequence[Forward]" = (),
     *,
     forward_only: bool = False,
     worker: int = 0,
@@ -178,7 +178,7 @@ def ssh_session(
     return status
 
 
-def _say_forwarding(name: str, forwards: Sequence[Forward]) -> None:
+def _say_forwarding(name: str, forwards: "Sequence[Forward]") -> None:
     for forward in forwards:
         where = f"{forward.host}:{forward.remote_port}"
         typer.echo(f"Forwarding {forward.local_url()} -> {where} on session {name}'s VM.")
@@ -227,7 +227,7 @@ def ssh_config_command(
     guarded(action)
 
 
-def _ssh_config(store: SessionStore, chosen: list[SessionFiles], *, write: bool) -> None:
+def _ssh_config(store: "SessionStore", chosen: "list[SessionFiles]", *, write: bool) -> None:
     from tpulab.cleanup.ssh_config import (
         ensure_include,
         host_alias,

@@ -5,8 +5,6 @@ tpulab.cleanup.listing reads the nodes and prices them; this module prints them,
 journal's view of each node next to it.
 """
 
-from __future__ import annotations
-
 import dataclasses
 from typing import TYPE_CHECKING, Annotated
 
@@ -23,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["list_command"]
 
 
-def _list_table(listing: Listing, journal_states: dict[tuple[str, str, str], str]) -> None:
+def _list_table(listing: "Listing", journal_states: dict[tuple[str, str, str], str]) -> None:
     from rich.table import Table
 
     from tpulab.catalog import PRICE_DATE
@@ -68,7 +66,7 @@ def _list_table(listing: Listing, journal_states: dict[tuple[str, str, str], str
     )
 
 
-def _sessions_table(sessions: list[SessionFiles]) -> None:
+def _sessions_table(sessions: "list[SessionFiles]") -> None:
     """The sessions kept by `tpulab up` that are still up: time left to the hard
     deadline and to the idle expiry (from the local state, no API call of their own)."""
     import time

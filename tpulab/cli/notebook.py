@@ -2,8 +2,6 @@
 opened in this laptop's browser through an SSH forward (tpulab.remote.notebook for the
 VM's half, tpulab.run.forward for the forward and the lease)."""
 
-from __future__ import annotations
-
 import contextlib
 import signal
 from collections.abc import Iterator
@@ -85,7 +83,7 @@ def _finishing(what: str) -> Iterator[None]:
 
 
 def _notebook(
-    store: SessionStore, files: SessionFiles, port: int, installer: Installer, worker: int
+    store: "SessionStore", files: "SessionFiles", port: int, installer: "Installer", worker: int
 ) -> int:
     from tpulab.cli.forward import connect_renewed, interrupt_on_term
     from tpulab.config.forward import Forward
@@ -110,7 +108,7 @@ def _notebook(
     return 0 if stopped else 4
 
 
-def _install(ssh: SystemSsh, installer: Installer) -> None:
+def _install(ssh: "SystemSsh", installer: "Installer") -> None:
     from tpulab.remote.bootstrap import install_extras
     from tpulab.remote.notebook import JUPYTER_PACKAGE, notebook_extras
 
@@ -124,7 +122,11 @@ def _install(ssh: SystemSsh, installer: Installer) -> None:
 
 
 def _serve(
-    store: SessionStore, files: SessionFiles, ssh: SystemSsh, renewer: LeaseRenewer, port: int
+    store: "SessionStore",
+    files: "SessionFiles",
+    ssh: "SystemSsh",
+    renewer: "LeaseRenewer",
+    port: int,
 ) -> None:
     """Start Jupyter, forward it, print the URL, hold until Ctrl-C (KeyboardInterrupt);
     RemoteError if Jupyter does not start or the forward ends by itself."""
@@ -164,7 +166,7 @@ def _serve(
     raise E.RemoteError(f"The forward to the notebook ended by itself (ssh exit {status}).")
 
 
-def _stop(ssh: SystemSsh, name: str) -> bool:
+def _stop(ssh: "SystemSsh", name: str) -> bool:
     """Stop Jupyter on the VM and say so once it is confirmed gone; False if not."""
     from tpulab.remote.notebook import parse_stopped, stop_command
 

@@ -6,8 +6,6 @@ again and exits 0 only when they are intact AND verify (else 5). A damaged recor
 one damaged entry; an unreadable store is exit 8.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
@@ -30,8 +28,8 @@ receipts_app = HelpInPanels(
 
 
 def emit_envelope(
-    build: Callable[[], tuple[Envelope, E.TpuLabError | None]],
-    failed: Callable[[ErrorReport], Envelope],
+    build: "Callable[[], tuple[Envelope, E.TpuLabError | None]]",
+    failed: "Callable[[ErrorReport], Envelope]",
 ) -> None:
     """Print the Envelope `build` returns, or the `failed` one when it raises; exit with
     the failure's status (from the table in cli._exit) when there is one."""
@@ -48,7 +46,7 @@ def _receipts_list(as_json: bool) -> None:
 
     if as_json:
 
-        def build() -> tuple[Envelope, E.TpuLabError | None]:
+        def build() -> "tuple[Envelope, E.TpuLabError | None]":
             entries = [render.ReceiptEntry.of(r) for r in ReceiptStore().list()]
             return render.ReceiptsListEnvelope(ok=True, receipts=entries), None
 
@@ -78,7 +76,7 @@ def _receipts_show(receipt_id: str, as_json: bool) -> None:
 
     if as_json:
 
-        def build() -> tuple[Envelope, E.TpuLabError | None]:
+        def build() -> "tuple[Envelope, E.TpuLabError | None]":
             checked = recheck(ReceiptStore().get(receipt_id))
             document = render.ReceiptsShowEnvelope(
                 ok=checked.ok,

@@ -5,8 +5,6 @@ this module wires the progress display, the signals, the journal and the target
 (Google, the embedded emulator or an --api-endpoint), and prints the outcome.
 """
 
-from __future__ import annotations
-
 import json
 import textwrap
 from contextlib import contextmanager
@@ -39,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["print_plan_steps", "run_command"]
 
 
-def _run_dry(spec: RunSpec, installer: Installer, as_json: bool) -> None:
+def _run_dry(spec: "RunSpec", installer: "Installer", as_json: bool) -> None:
     from rich.markup import escape
 
     from tpulab.run.plan import build_plan, plan_envelope
@@ -82,13 +80,13 @@ def _run_dry(spec: RunSpec, installer: Installer, as_json: bool) -> None:
     print_plan_steps(plan)
 
 
-def _rate(plan: PlanEnvelope) -> str:
+def _rate(plan: "PlanEnvelope") -> str:
     if plan.estimated_cost_per_hour_usd is None:
         return f"no list price is cited for {plan.accelerator_type} (cost unknown)"
     return f"est. ${plan.estimated_cost_per_hour_usd:.2f}/h (list prices of {plan.price_date})"
 
 
-def print_plan_steps(plan: PlanEnvelope) -> None:
+def print_plan_steps(plan: "PlanEnvelope") -> None:
     """The plan's numbered steps and its placeholders (`tpulab exec --dry-run` too)."""
     from rich.markup import escape
 
@@ -154,9 +152,9 @@ def _for(seconds: float | None) -> str:
 
 def _run(
     *,
-    spec: RunSpec,
-    ssh_backend: SshBackend,
-    installer: Installer,
+    spec: "RunSpec",
+    ssh_backend: "SshBackend",
+    installer: "Installer",
     as_json: bool,
     verbose: bool,
 ) -> None:
@@ -196,9 +194,9 @@ def _run(
 
 
 def _report(
-    spec: RunSpec,
-    run: RunTpu,
-    recorder: Recorder,
+    spec: "RunSpec",
+    run: "RunTpu",
+    recorder: "Recorder",
     warnings: list[str],
     failure: E.TpuLabError | None,
     *,
@@ -224,7 +222,7 @@ def _report(
 
 
 @contextmanager
-def _signals_ignored() -> Iterator[None]:
+def _signals_ignored() -> "Iterator[None]":
     import signal
 
     names = [name for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)]

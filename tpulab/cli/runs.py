@@ -12,8 +12,6 @@ with its out dir. The pointer, not the file, carries the writer: an exec has no 
 row to ask, and an out dir copied to another machine must not look alive there.
 """
 
-from __future__ import annotations
-
 import shlex
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -48,7 +46,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _read(path: Path) -> RunRecord:
+def _read(path: "Path") -> "RunRecord":
     from pydantic import ValidationError
 
     from tpulab.run.record import read_run_record
@@ -67,7 +65,7 @@ def _read(path: Path) -> RunRecord:
         ) from None
 
 
-def _collect(limit: int) -> tuple[list[RunRecord], dict[str, str], list[str]]:
+def _collect(limit: int) -> "tuple[list[RunRecord], dict[str, str], list[str]]":
     from tpulab.cleanup.journal import Journal
 
     records: list[RunRecord] = []
@@ -85,12 +83,12 @@ def _collect(limit: int) -> tuple[list[RunRecord], dict[str, str], list[str]]:
     return records, unreadable, interrupted
 
 
-def _interrupted(record: RunRecord, pointer: RecordPointer) -> bool:
+def _interrupted(record: "RunRecord", pointer: "RecordPointer") -> bool:
     """A start record whose writer is gone: the end never came to replace it."""
     return record.state == "running" and not pointer.writer_alive
 
 
-def _status(record: RunRecord, *, interrupted: bool) -> tuple[str, str]:
+def _status(record: "RunRecord", *, interrupted: bool) -> tuple[str, str]:
     workload = record.workload
     if interrupted:
         return "interrupted", "bold red"
@@ -235,7 +233,7 @@ def runs_show(
 
 
 def _unfinished_line(
-    record: RunRecord, pointer: RecordPointer, *, interrupted: bool
+    record: "RunRecord", pointer: "RecordPointer", *, interrupted: bool
 ) -> list[tuple[str, str]]:
     """What a record that never finished means, and what to do about it."""
     writer = f"process {pointer.pid} on {pointer.host}" if pointer.pid else "its process"

@@ -6,8 +6,6 @@ failure still goes through the run's teardown; only a verified node is kept, gua
 pinned host key and renews the lease first; `down` is the run's delete-and-confirm.
 """
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import time
@@ -151,7 +149,7 @@ def _adc_project() -> str | None:
 
 
 def _up(
-    spec: object, session_name: str, installer: Installer, *, verbose: bool, as_json: bool
+    spec: object, session_name: str, installer: "Installer", *, verbose: bool, as_json: bool
 ) -> None:
     from tpulab.cleanup.journal import RunJournalAdapter
     from tpulab.cleanup.sessions import SESSION_PHASE, SessionStore
@@ -232,7 +230,7 @@ def _up(
 
 
 def _up_envelope(
-    life: KeptRun, recorder: Recorder, files: SessionFiles | None, error: E.TpuLabError | None
+    life: "KeptRun", recorder: "Recorder", files: "SessionFiles | None", error: E.TpuLabError | None
 ) -> None:
     """`up --json`'s envelope: the session, and the run as `run --json` reports it (on
     failure exactly that run's envelope, with the same error and exit status)."""
@@ -279,7 +277,7 @@ def down_command(
     guarded(action)
 
 
-def _down(store: SessionStore, files: SessionFiles, *, force: bool) -> None:
+def _down(store: "SessionStore", files: "SessionFiles", *, force: bool) -> None:
     from tpulab.cleanup.journal import Journal
     from tpulab.cleanup.sessions import conclude_gone, why_gone
     from tpulab.cli._session_reach import session_api
@@ -329,7 +327,7 @@ def _down(store: SessionStore, files: SessionFiles, *, force: bool) -> None:
 
 
 @contextlib.contextmanager
-def _exec_lock_held(files: SessionFiles) -> Iterator[None]:
+def _exec_lock_held(files: "SessionFiles") -> Iterator[None]:
     """Hold the session's exec lock for the delete; RemoteError (exit 4, nothing
     deleted) while an exec holds it. A lock that cannot be checked is said, not fatal:
     a node `down` cannot reach is no node an exec is using either."""

@@ -12,8 +12,6 @@ at its own question.
 is gone, after seeing it refuse the connection and asking.
 """
 
-from __future__ import annotations
-
 import sys
 from typing import TYPE_CHECKING, Annotated
 
@@ -33,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["teardown_command"]
 
 
-def _print_plan(plan: SweepPlan) -> None:
+def _print_plan(plan: "SweepPlan") -> None:
     from rich.markup import escape
     from rich.table import Table
 
@@ -214,14 +212,14 @@ def _teardown_verify(
     _teardown_report(plan, result, declined, dry_run, as_json)
 
 
-def _unreachable(api: TpuApi) -> str | None:
+def _unreachable(api: "TpuApi") -> str | None:
     from tpulab.cloud.google import GoogleTpuApi
 
     return api.unreachable if isinstance(api, GoogleTpuApi) else None
 
 
 def _say_unreachable(
-    journal: Journal, plan: SweepPlan, result: SweepResult | None, why: str
+    journal: "Journal", plan: "SweepPlan", result: "SweepResult | None", why: str
 ) -> None:
     """After a sweep whose endpoint never answered: what that means for the user's nodes
     (the exit status is already EXIT_TEARDOWN's, set by the report above)."""
@@ -319,7 +317,7 @@ def _teardown_forget(
 
 
 def _teardown_report(
-    plan: SweepPlan, result: SweepResult | None, declined: str, dry_run: bool, as_json: bool
+    plan: "SweepPlan", result: "SweepResult | None", declined: str, dry_run: bool, as_json: bool
 ) -> None:
     from tpulab.cleanup.report import teardown_envelope, teardown_error
 

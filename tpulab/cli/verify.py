@@ -4,8 +4,6 @@ The core builds report lines (tpulab.evidence.report) and raises; this module on
 and picks the exit status. Imports stay inside the functions so --help stays light.
 """
 
-from __future__ import annotations
-
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -26,7 +24,7 @@ __all__ = ["verify_command"]
 _DEFAULT_LOCAL_DEVICES = 4
 
 
-def _local_expectation(inputs: LocalVerifyInputs) -> Expectation:
+def _local_expectation(inputs: "LocalVerifyInputs") -> "Expectation":
     """The expectation of validated inputs (tpulab.config.local_verify_inputs)."""
     from tpulab.evidence.localrun import new_nonce
     from tpulab.evidence.receipt import Expectation, expectation_for
@@ -42,7 +40,7 @@ def _local_expectation(inputs: LocalVerifyInputs) -> Expectation:
     return Expectation(platform=platform, local_devices=count, nonce=nonce)
 
 
-def _print_report(done: LocalVerification) -> None:
+def _print_report(done: "LocalVerification") -> None:
     from tpulab.evidence import report as render
 
     expectation, judgement = done.expectation, done.judgement
@@ -59,7 +57,7 @@ def _print_report(done: LocalVerification) -> None:
         raise done.error
 
 
-def _envelope(done: LocalVerification) -> VerifyEnvelope:
+def _envelope(done: "LocalVerification") -> "VerifyEnvelope":
     from tpulab.evidence import report as render
 
     return render.VerifyEnvelope(
@@ -110,7 +108,7 @@ def verify_command(
 ) -> None:
     """Run the verifier payload locally and check its receipt (the CPU reference run)."""
 
-    def verified() -> LocalVerification:
+    def verified() -> "LocalVerification":
         from tpulab.config import local_verify_inputs
         from tpulab.evidence.localrun import verify_local
 
@@ -129,7 +127,7 @@ def verify_command(
     from tpulab.cli.receipts import emit_envelope
     from tpulab.evidence.report import VerifyEnvelope
 
-    def build() -> tuple[Envelope, E.TpuLabError | None]:
+    def build() -> "tuple[Envelope, E.TpuLabError | None]":
         done = verified()
         return _envelope(done), done.error
 
