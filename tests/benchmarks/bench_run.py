@@ -4,7 +4,8 @@ Runs the whole lifecycle ROUNDS times against an in-process emulator (its usual 
 schedule, embedded SSH hosts, the packaged payload) and prints medians of:
 
 - controller overhead: wall time minus the emulated create and delete latencies and the
-  bootstrap and payload phases (remote work the controller only waits for). Goal < 1 s.
+  bootstrap and payload phases (remote work the controller only waits for). Goal < 0.5 s
+  (the run engine's issue; this benchmark's first goal was 1 s).
 - receipt saved -> first DeleteNode sent. Goal < 0.2 s.
 - READY-detection lag: the emulator's READY moment -> the controller's "ready" milestone,
   next to the poll interval in force. Goal: within one poll interval.
@@ -104,7 +105,7 @@ def test_controller_overhead_of_an_emulated_run(tmp_path: Path) -> None:
     print(f"  payload (remote)          {median['payload']:7.3f} s")
     print(
         f"  controller overhead       {median['overhead']:7.3f} s / {worst['overhead']:.3f}"
-        "  (goal < 1 s)"
+        "  (goal < 0.5 s)"
     )
     print(
         f"  receipt saved -> delete   {median['receipt_to_delete'] * 1000:7.1f} ms / "
@@ -120,7 +121,7 @@ def test_controller_overhead_of_an_emulated_run(tmp_path: Path) -> None:
     goals = {
         "receipt -> delete < 200 ms (worst)": worst["receipt_to_delete"] < 0.2,
         "READY noticed within one poll interval (worst)": worst["ready_lag"] < POLL_CAP_S + 0.1,
-        "controller overhead < 1 s (median)": median["overhead"] < 1.0,
+        "controller overhead < 0.5 s (median)": median["overhead"] < 0.5,
     }
     for goal, met in goals.items():
         print(f"  {'MET   ' if met else 'MISSED'} {goal}")
