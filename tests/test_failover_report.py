@@ -8,7 +8,8 @@ from tpulab.config import CapacityFlags, TargetFlags, build_run_spec
 from tpulab.run.attempts import Attempt
 from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import Recorder
-from tpulab.run.report import run_envelope, summary_lines
+from tpulab.run.report import run_envelope
+from tpulab.run.summary import summary_lines
 
 ATTEMPTS = [
     Attempt(1, "r1", "us-central1-a", True, "stockout", "Could not create: capacity", 0.9,

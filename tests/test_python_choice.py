@@ -19,7 +19,7 @@ from tpulab.exits import EXIT_CONFIG, EXIT_OK
 from tpulab.remote import bootstrap as boot
 from tpulab.remote.bootstrap import BootstrapResult
 from tpulab.run.outcome import RunOutcome
-from tpulab.run.report import summary_lines
+from tpulab.run.summary import summary_lines
 
 if TYPE_CHECKING:
     from emulator_fixtures import EmulatorStarter

@@ -20,7 +20,7 @@ from tpulab.remote.watchdog import parse_state, renew_command, startup_script
 from tpulab.run.lease import watchdog_config
 from tpulab.run.outcome import RunOutcome
 from tpulab.run.plan import build_plan
-from tpulab.run.report import summary_lines
+from tpulab.run.summary import summary_lines
 
 BASE = TargetFlags(accelerator="v5litepod-4", project="p-123456", zone="us-central1-a")
 

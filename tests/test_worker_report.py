@@ -10,7 +10,8 @@ from tpulab.config import TargetFlags, build_run_spec
 from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import Recorder
 from tpulab.run.record import run_record
-from tpulab.run.report import run_envelope, summary_lines
+from tpulab.run.report import run_envelope
+from tpulab.run.summary import summary_lines
 from tpulab.run.workload import WorkloadOutcome
 
 

@@ -338,7 +338,7 @@ def test_a_receipt_that_does_not_verify_never_starts_the_command(rig: Rig, tmp_p
 
 def test_a_refused_fetch_says_why_in_the_summary_and_the_record(rig: Rig, tmp_path: Path) -> None:
     from tpulab.errors import RemoteError
-    from tpulab.run.report import summary_lines
+    from tpulab.run.summary import summary_lines
 
     work = workspace(
         tmp_path,

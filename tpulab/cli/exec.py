@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from tpulab.run.attach import AttachedRun
     from tpulab.run.outcome import RunOutcome
     from tpulab.run.record import RunRecord
-    from tpulab.run.report import Line
     from tpulab.run.session import SessionState
+    from tpulab.run.summary import Line
 
 __all__ = ["exec_command"]
 
@@ -351,7 +351,7 @@ def _report(outcome: "RunOutcome", failure: E.TpuLabError | None, *, as_json: bo
 def exec_summary_lines(outcome: "RunOutcome", *, session_ended: bool = False) -> "list[Line]":
     """The end of an exec: where it ran, each phase's time (no create, bootstrap or
     verifier: the session's node had them), what was uploaded, the command, what came back."""
-    from tpulab.run.report import _workload_lines as workload_lines
+    from tpulab.run.summary import workload_lines
 
     spec = outcome.spec
     tag = " EMULATED" if spec.emulated else ""

@@ -1,8 +1,9 @@
 """`tpulab run`: create a TPU VM, run the JAX verifier on it, check the receipt, delete it.
 
-tpulab.run.lifecycle drives the run and tpulab.run.report builds the summary and envelope;
-this module wires the progress display, the signals, the journal and the target
-(Google, the embedded emulator or an --api-endpoint), and prints the outcome.
+tpulab.run.lifecycle drives the run; tpulab.run.summary builds the summary lines and
+tpulab.run.report the envelope. This module wires the progress display, the signals,
+the journal and the target (Google, the embedded emulator or an --api-endpoint), and
+prints the outcome.
 """
 
 import json
@@ -203,7 +204,8 @@ def _report(
     as_json: bool,
 ) -> None:
     from tpulab.run.outcome import RunOutcome
-    from tpulab.run.report import run_envelope, summary_lines
+    from tpulab.run.report import run_envelope
+    from tpulab.run.summary import summary_lines
 
     for warning in warnings:
         print_stderr(f"[yellow]warning:[/] {warning}")

@@ -3,7 +3,7 @@
 The phases hand their results to the run's context (tpulab.run.context) as frozen
 records, each built once, when its phase knows it (`Judged`, `TeardownEnd`, ...); the
 context builds the frozen `RunOutcome` from them once, when the run ends. The readers
-(tpulab.run.report, tpulab.run.record, the CLI) only read it.
+(tpulab.run.summary, tpulab.run.report, tpulab.run.record, the CLI) only read it.
 """
 
 from __future__ import annotations
