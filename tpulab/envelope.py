@@ -31,6 +31,7 @@ from pydantic_core import PydanticSerializationError
 
 from tpulab.errors import TpuLabError, VerificationError
 from tpulab.exits import exit_status_for
+from tpulab.models import DEFER_BUILD
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -47,7 +48,7 @@ SCHEMA_VERSION = 1
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=DEFER_BUILD, extra="forbid", frozen=True)
 
 
 class FailedRequirement(_Strict):

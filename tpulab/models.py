@@ -11,6 +11,7 @@ import re
 from datetime import datetime
 from enum import Enum
 
+import pydantic.main
 from pydantic import BaseModel, ConfigDict, Field
 
 from tpulab.contract import (
@@ -23,6 +24,7 @@ from tpulab.contract import (
 from tpulab.errors import ConfigError
 
 __all__ = [
+    "DEFER_BUILD",
     "MANAGED_BY_LABEL",
     "MANAGED_BY_VALUE",
     "PLATFORMS",
@@ -37,6 +39,18 @@ __all__ = [
     "check_zone",
     "tpulab_labels",
 ]
+
+
+# Each model defers building its validator to its first use (`defer_build`), so that a
+# command pays only for the models it validates (a dry run imports some 50 and validates
+# few; tests/test_startup.py). Before pydantic 2.14 that first build is not thread-safe
+# (pydantic issue 13419: a second thread validating meanwhile may use a half-built
+# model), and tpulab validates on threads: `list` reads its zones on one thread each
+# (each makes NodeInfos), a slice's steps run per worker, the emulator answers on many.
+# So it defers only where pydantic builds under its lock (added in 2.14, pydantic PR
+# 13438); looking for the lock rather than at the version can only err towards building
+# at import.
+DEFER_BUILD = hasattr(pydantic.main, "_rebuild_lock")
 
 # The JAX platforms a payload can be required to run on (`jax.devices(platform)`).
 PLATFORMS: tuple[str, ...] = ("cpu", "tpu", "gpu")
@@ -74,7 +88,7 @@ class NodeState(str, Enum):
 class NodeRequest(BaseModel):
     """What `create_node` sends: everything but the project, zone and node id."""
 
-    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
+    model_config = ConfigDict(defer_build=DEFER_BUILD, frozen=True, extra="forbid")
 
     accelerator_type: str
     runtime_version: str
@@ -96,7 +110,7 @@ class WorkerEndpoint(BaseModel):
     """One worker VM of a node: `Node.networkEndpoints[i]` is worker i (gcloud's
     `tpu-vm ssh --worker` indexes them so); a single-host node has one."""
 
-    model_config = ConfigDict(defer_build=True, frozen=True)
+    model_config = ConfigDict(defer_build=DEFER_BUILD, frozen=True)
 
     ip_address: str | None = None
     external_ip: str | None = None
@@ -106,7 +120,7 @@ class NodeInfo(BaseModel):
     """A node as the API reports it, independent of the client library's types.
     `ip_address` / `external_ip` are worker 0's; `workers` lists every worker's."""
 
-    model_config = ConfigDict(defer_build=True, frozen=True)
+    model_config = ConfigDict(defer_build=DEFER_BUILD, frozen=True)
 
     project: str
     zone: str

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict
 from tpulab.envelope import Envelope
 from tpulab.errors import ConfigError, TpuLabError
 from tpulab.exits import EXIT_CLOUD, EXIT_CONFIG, EXIT_OK
+from tpulab.models import DEFER_BUILD
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -61,7 +62,7 @@ _CONFIG_CHECKS = ("credentials", "project")
 class CheckReport(BaseModel):
     """One check as `--json` reports it."""
 
-    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=DEFER_BUILD, extra="forbid", frozen=True)
 
     name: str
     status: Literal["ok", "problem", "unknown"]

@@ -51,6 +51,7 @@ from tpulab.cleanup.sessions import SESSION_PHASE, SessionStore
 from tpulab.config.capacity import split_attempt
 from tpulab.envelope import Envelope
 from tpulab.errors import UnknownAcceleratorError
+from tpulab.models import DEFER_BUILD
 from tpulab.run.session import SessionState
 
 __all__ = [
@@ -334,7 +335,7 @@ def ledger(
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=DEFER_BUILD, extra="forbid", frozen=True)
 
 
 class LedgerEntryReport(_Part):

@@ -21,7 +21,7 @@ from tpulab.cleanup.sessions import GoneCause, SessionConcluded, SessionFiles, e
 from tpulab.cleanup.sweep import Candidate, SweepPlan, SweepResult, sweep_command_for
 from tpulab.envelope import Envelope, ErrorReport, NodeReport
 from tpulab.errors import TeardownError
-from tpulab.models import NodeInfo
+from tpulab.models import DEFER_BUILD, NodeInfo
 from tpulab.run.report import RunEnvelope
 
 __all__ = [
@@ -41,7 +41,7 @@ __all__ = [
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=DEFER_BUILD, extra="forbid", frozen=True)
 
 
 def _age(seconds: float | None) -> float | None:

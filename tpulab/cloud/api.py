@@ -13,7 +13,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from tpulab.contract import MANAGED_BY_LABEL, MANAGED_BY_VALUE, RUN_ID_LABEL
-from tpulab.models import NodeInfo, NodeRequest
+from tpulab.models import DEFER_BUILD, NodeInfo, NodeRequest
 
 __all__ = ["QUEUED_FINAL_STATES", "QueuedResourceInfo", "QueuedResourceRequest", "TpuApi"]
 
@@ -26,7 +26,7 @@ class QueuedResourceRequest(BaseModel):
     """What `create_queued_resource` sends: one node spec (as for CreateNode) and the
     queueing policy. The spot tier is the node request's `spot`."""
 
-    model_config = ConfigDict(defer_build=True, frozen=True, extra="forbid")
+    model_config = ConfigDict(defer_build=DEFER_BUILD, frozen=True, extra="forbid")
 
     node_id: str
     node: NodeRequest
@@ -37,7 +37,7 @@ class QueuedResourceInfo(BaseModel):
     """A queued resource as the API reports it. The v2 QueuedResource has no labels of
     its own, so `labels` are those of the node in its spec: how tpulab finds its own."""
 
-    model_config = ConfigDict(defer_build=True, frozen=True)
+    model_config = ConfigDict(defer_build=DEFER_BUILD, frozen=True)
 
     project: str
     zone: str

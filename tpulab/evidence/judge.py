@@ -41,6 +41,7 @@ from tpulab.evidence.receipt import (
     parse_receipt,
     rejection,
 )
+from tpulab.models import DEFER_BUILD
 
 __all__ = ["Judgement", "Place", "Verdict", "failure_of", "judge", "payload_failure"]
 
@@ -68,7 +69,7 @@ class Judgement(BaseModel):
     expected total the closed form for the EXPECTED device count.
     """
 
-    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=DEFER_BUILD, extra="forbid", frozen=True)
 
     verdict: Verdict
     requirements: list[RequirementResult]

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tpulab import catalog
 from tpulab.errors import ConfigError, RequirementFailure, VerificationError
-from tpulab.models import PLATFORMS
+from tpulab.models import DEFER_BUILD, PLATFORMS
 
 __all__ = [
     "MAX_RECEIPT_BYTES",
@@ -72,7 +72,7 @@ class _Strict(BaseModel):
     # strict: no "4" -> 4 coercion; forbid: an unknown field is a different schema;
     # no NaN/inf: a non-finite number is never evidence.
     model_config = ConfigDict(
-        defer_build=True, strict=True, extra="forbid", frozen=True, allow_inf_nan=False
+        defer_build=DEFER_BUILD, strict=True, extra="forbid", frozen=True, allow_inf_nan=False
     )
 
 
@@ -357,7 +357,7 @@ def expected_predictions(bias: Fraction = Fraction(1, 8)) -> list[float]:
 class RequirementResult(BaseModel):
     """One named requirement, passed or not, with both sides as text for the report."""
 
-    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=DEFER_BUILD, extra="forbid", frozen=True)
 
     name: str
     passed: bool

@@ -25,6 +25,7 @@ from tpulab.evidence.receipt import (
     expected_per_device_sums,
 )
 from tpulab.evidence.store import Integrity, KeptReceipt, Provenance, Recheck, Source
+from tpulab.models import DEFER_BUILD
 
 __all__ = [
     "Line",
@@ -320,7 +321,7 @@ def receipt_document(raw: bytes) -> dict[str, Any] | None:
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=DEFER_BUILD, extra="forbid", frozen=True)
 
 
 class ReceiptEntry(_Part):

@@ -30,6 +30,7 @@ from tpulab import paths
 from tpulab.errors import ConfigError, ReceiptStoreError, RequirementFailure, VerificationError
 from tpulab.evidence.judge import Judgement, judge
 from tpulab.evidence.receipt import MAX_RECEIPT_BYTES, Expectation
+from tpulab.models import DEFER_BUILD
 
 __all__ = [
     "Integrity",
@@ -59,7 +60,7 @@ class Source(str, Enum):
 class Provenance(BaseModel):
     """Where the receipt came from: the run and node, or the local verify."""
 
-    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=DEFER_BUILD, extra="forbid", frozen=True)
 
     source: Source
     run_id: str | None = None
@@ -78,7 +79,7 @@ class Provenance(BaseModel):
 class ReceiptRecord(BaseModel):
     """The sidecar beside each kept receipt (`<id>.meta.json`)."""
 
-    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=DEFER_BUILD, extra="forbid", frozen=True)
 
     record_version: Literal[1] = 1
     id: str

@@ -10,6 +10,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from tpulab.config import RunSpec
+from tpulab.models import DEFER_BUILD
 
 __all__ = [
     "PLACEHOLDERS",
@@ -68,7 +69,7 @@ Kind = Literal["api", "ssh", "local"]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=DEFER_BUILD, extra="forbid", frozen=True)
 
 
 class PollCadence(_Model):

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tpulab.catalog import PRICE_DATE
 from tpulab.envelope import Envelope, ErrorReport
 from tpulab.evidence.judge import Verdict
+from tpulab.models import DEFER_BUILD
 from tpulab.run.progress import TeardownStatus
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ RecordState = Literal["running", "finished"]
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=DEFER_BUILD, extra="forbid", frozen=True)
 
 
 class FileEntry(_Part):

@@ -19,6 +19,7 @@ from tpulab.config import Mode
 from tpulab.envelope import Envelope, ErrorReport
 from tpulab.errors import TeardownError
 from tpulab.evidence.judge import Verdict
+from tpulab.models import DEFER_BUILD
 from tpulab.run.attempts import Attempt, AttemptOutcome
 from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import Recorder, TeardownStatus
@@ -37,7 +38,7 @@ __all__ = [
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=DEFER_BUILD, extra="forbid", frozen=True)
 
 
 class PhaseSummary(_Part):
