@@ -36,15 +36,11 @@ from tpulab.cli import (
     teardown,
     verify,
 )
+from tpulab.cli._click import UsageError
 from tpulab.cli._console import print_stderr
 from tpulab.cli._exit import guarded, json_or_guarded, report_error
 from tpulab.cli._panels import HelpInPanels, panel_the_options
 from tpulab.exits import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK
-
-try:  # recent typer vendors click; older releases use the click package
-    from typer._click.exceptions import UsageError
-except ImportError:  # pragma: no cover - depends on the installed typer
-    from click.exceptions import UsageError  # type: ignore[assignment]
 
 __all__ = [
     "app",

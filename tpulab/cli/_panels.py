@@ -25,10 +25,7 @@ from typing import Any
 import typer
 import typer.core
 
-try:  # recent typer vendors click; older releases use the click package
-    from typer._click import Context, HelpFormatter
-except ImportError:  # pragma: no cover - depends on the installed typer
-    from click import Context, HelpFormatter  # type: ignore[assignment]
+from tpulab.cli._click import Context, HelpFormatter
 
 __all__ = [
     "PANELLED_COMMANDS",
