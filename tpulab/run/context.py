@@ -38,8 +38,9 @@ from tpulab.remote.workspace import StreamShell
 from tpulab.run.lease import LeaseRenewer, watchdog_config
 from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import NullObserver, Phase, RunJournal, RunObserver
+from tpulab.run.signals import Skippable, no_skip
 from tpulab.run.workers import MAX_PARALLEL, FanOut, Worker, fan_out
-from tpulab.run.workload import Skippable, WorkloadRunner, no_skip
+from tpulab.run.workload import WorkloadRunner
 
 if TYPE_CHECKING:
     from tpulab.cloud.project_apis import Check

@@ -42,17 +42,21 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from types import FrameType
+from typing import Protocol
 
 from tpulab.errors import InterruptedRun
 
 __all__ = [
     "DEFAULT_SIGNALS",
     "SignalInterrupt",
+    "Skippable",
     "StepSkipped",
     "interrupted",
+    "is_skip",
+    "no_skip",
     "shield",
     "signals_to_teardown",
     "skippable",
@@ -298,3 +302,24 @@ def interrupted() -> str | None:
     if guard is None or guard.interrupt is None:
         return None
     return guard.interrupt.signal_name
+
+
+class Skippable(Protocol):
+    """`skippable`'s shape, as the run's context holds it (a seam): a step a second
+    signal may skip (and, with `finish_within`, one a first signal lets finish, bounded)."""
+
+    def __call__(
+        self, describe: str, *, finish_within: float | None = None
+    ) -> AbstractContextManager[object]: ...
+
+
+def no_skip(describe: str, *, finish_within: float | None = None) -> AbstractContextManager[object]:
+    """The context's default seam: no signal guard, nothing to skip with."""
+    del describe, finish_within
+    return nullcontext()
+
+
+def is_skip(error: BaseException) -> bool:
+    """A second signal (or the bound after the first) skipping a step; or, with no
+    signal guard installed, the KeyboardInterrupt that does the same."""
+    return isinstance(error, StepSkipped | KeyboardInterrupt)

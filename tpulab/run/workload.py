@@ -22,10 +22,9 @@ tpulab.run.context), so journal and observer see these phases like any other, an
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from tpulab import paths
 from tpulab.errors import (
@@ -38,6 +37,7 @@ from tpulab.remote import bootstrap as boot
 from tpulab.remote import workload as wl
 from tpulab.run.command import CommandRun, CommandStep, launch, stop_everywhere
 from tpulab.run.progress import Phase
+from tpulab.run.signals import StepSkipped, interrupted, is_skip
 from tpulab.run.workers import FanOut, Worker
 
 if TYPE_CHECKING:
@@ -201,8 +201,6 @@ class WorkloadRunner:
             raise self._interruption(error) from None
         if failure is not None:
             raise failure
-        from tpulab.run.signals import interrupted
-
         signal_name = interrupted()
         if signal_name is not None:
             # A first signal let the fetch finish; the run ends as interrupted (which,
@@ -212,7 +210,7 @@ class WorkloadRunner:
     def _cut_short(self, error: BaseException) -> None:
         """The fetch did not complete: say why, and what it kept."""
         problem = _describe(error)
-        if _is_skip(error):
+        if is_skip(error):
             by = getattr(error, "why", None) or "SIGINT"
             problem = f"skipped by {by} during the fetch"
         kept = self.kept
@@ -222,13 +220,11 @@ class WorkloadRunner:
                 "fully arrived, each checked against the VM's sha256 (see manifest.json)"
             )
         self.fetch_problem = problem
-        if _is_skip(error):
+        if is_skip(error):
             self.life.observer.note(f"artifacts not all fetched: {problem}")
 
     def _interruption(self, error: BaseException) -> BaseException:
         """What ends the run after a signal cut the fetch short: the run's interrupt."""
-        from tpulab.run.signals import StepSkipped, interrupted
-
         if isinstance(error, StepSkipped):
             return InterruptedRun(interrupted() or error.signal_name)
         return error
@@ -375,10 +371,10 @@ class WorkloadRunner:
                     lambda: self.fetch(min(INTERRUPTED_FETCH_SECONDS, self._fetch_timeout())),
                 )
             except BaseException as failed:  # the teardown must follow whatever happens here
-                if not isinstance(failed, Exception) and not _is_skip(failed):
+                if not isinstance(failed, Exception) and not is_skip(failed):
                     raise
                 self._cut_short(failed)
-                if not _is_skip(failed):
+                if not is_skip(failed):
                     life.observer.note(
                         f"could not fetch the artifacts after {why}: {self.fetch_problem}"
                     )
@@ -456,14 +452,6 @@ def _check_uploaded(reqs: RequirementsFile, selection: UploadSelection) -> None:
             )
 
 
-def _is_skip(error: BaseException) -> bool:
-    """A second signal (or the bound after the first) skipping the fetch; or, with no
-    signal guard installed, the KeyboardInterrupt that does the same."""
-    from tpulab.run.signals import StepSkipped
-
-    return isinstance(error, StepSkipped | KeyboardInterrupt)
-
-
 def _describe(error: BaseException) -> str:
     name = getattr(error, "signal_name", None)
     if name:
@@ -473,20 +461,3 @@ def _describe(error: BaseException) -> str:
     if isinstance(error, TpuLabError):
         return error.message
     return str(error) or type(error).__name__
-
-
-class Skippable(Protocol):
-    """`tpulab.run.signals.skippable`: a step a second signal may skip (and, with
-    `finish_within`, one a first signal lets finish, bounded)."""
-
-    def __call__(
-        self, describe: str, *, finish_within: float | None = None
-    ) -> contextlib.AbstractContextManager[object]: ...
-
-
-# Used by the lifecycle's default seam: no signal guard, nothing to skip with.
-def no_skip(
-    describe: str, *, finish_within: float | None = None
-) -> contextlib.AbstractContextManager[object]:
-    del describe, finish_within
-    return contextlib.nullcontext()
