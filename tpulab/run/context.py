@@ -23,7 +23,6 @@ import hashlib
 import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,7 +37,7 @@ from tpulab.remote.workspace import StreamShell
 from tpulab.run.lease import LeaseRenewer, watchdog_config
 from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import NullObserver, Phase, RunJournal, RunObserver
-from tpulab.run.signals import Skippable, no_skip
+from tpulab.run.signals import Shield, Skippable, no_shield, no_skip
 from tpulab.run.workers import MAX_PARALLEL, FanOut, Worker, fan_out
 from tpulab.run.workload import WorkloadRunner
 
@@ -78,19 +77,6 @@ class RemoteSession(boot.RemoteShell, StreamShell, wl.HoldingShell, Protocol):
 Connect = Callable[["SshTarget", "RunKey"], RemoteSession]
 
 
-class Shield(Protocol):
-    """`tpulab.signals.shield`: refuse interrupts while the body (the teardown) runs."""
-
-    def __call__(
-        self, describe: str, *, manual: str | None = None
-    ) -> AbstractContextManager[object]: ...
-
-
-def _no_shield(describe: str, *, manual: str | None = None) -> AbstractContextManager[object]:
-    del describe, manual
-    return contextlib.nullcontext()
-
-
 class RunContext:
     """One RunSpec's seams and state; `outcome` is readable even after a failure."""
 
@@ -125,7 +111,7 @@ class RunContext:
         self.connect = connect
         self.journal = journal
         self.observer: RunObserver = observer or NullObserver()
-        self.shield: Shield = shield or _no_shield
+        self.shield: Shield = shield or no_shield
         # `tpulab.run.signals.skippable`: lets a second Ctrl-C skip the artifact fetch.
         self.skippable: Skippable = skippable or no_skip
         self.store = store

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 from tpulab.errors import CloudError, RemoteError
 from tpulab.run import provision, verifier
-from tpulab.run.context import Connect, RemoteSession, RunContext, Shield
+from tpulab.run.context import Connect, RemoteSession, RunContext
 from tpulab.run.ending import end_run
 from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import Phase
+from tpulab.run.signals import Shield
 from tpulab.run.symptoms import explain
 
 __all__ = [

@@ -51,11 +51,13 @@ from tpulab.errors import InterruptedRun
 
 __all__ = [
     "DEFAULT_SIGNALS",
+    "Shield",
     "SignalInterrupt",
     "Skippable",
     "StepSkipped",
     "interrupted",
     "is_skip",
+    "no_shield",
     "no_skip",
     "shield",
     "signals_to_teardown",
@@ -302,6 +304,21 @@ def interrupted() -> str | None:
     if guard is None or guard.interrupt is None:
         return None
     return guard.interrupt.signal_name
+
+
+class Shield(Protocol):
+    """`shield`'s shape, as the run's context holds it (a seam): refuse interrupts while
+    the body (the teardown) runs."""
+
+    def __call__(
+        self, describe: str, *, manual: str | None = None
+    ) -> AbstractContextManager[object]: ...
+
+
+def no_shield(describe: str, *, manual: str | None = None) -> AbstractContextManager[object]:
+    """The context's default seam: no signal guard, nothing to refuse."""
+    del describe, manual
+    return nullcontext()
 
 
 class Skippable(Protocol):
