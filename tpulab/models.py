@@ -45,11 +45,11 @@ __all__ = [
 # command pays only for the models it validates (a dry run imports some 50 and validates
 # few; tests/test_startup.py). Before pydantic 2.14 that first build is not thread-safe
 # (pydantic issue 13419: a second thread validating meanwhile may use a half-built
-# model), and tpulab validates on threads: `list` reads its zones on one thread each
-# (each makes NodeInfos), a slice's steps run per worker, the emulator answers on many.
-# So it defers only where pydantic builds under its lock (added in 2.14, pydantic PR
-# 13438); looking for the lock rather than at the version can only err towards building
-# at import.
+# model), and tpulab validates on threads: `list` reads its zones on one thread each and
+# `teardown` deletes its nodes on several, each thread making NodeInfos; a library caller
+# may run tpulab on threads of its own. So it defers only where pydantic builds under its
+# lock (added in 2.14, pydantic PR 13438); looking for the lock rather than at the
+# version can only err towards building at import.
 DEFER_BUILD = hasattr(pydantic.main, "_rebuild_lock")
 
 # The JAX platforms a payload can be required to run on (`jax.devices(platform)`).
