@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-import typer.core
 
 from tpulab import errors as E
 from tpulab.cli import _run_options as ro
