@@ -23,26 +23,6 @@ COMMANDS = [
 ]
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
-def test_help_names_values_and_shows_flags_bare(command: list[str]) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "tpulab", *command, "--help"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
-        check=False,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    options = [line for line in done.stdout.splitlines() if re.match(r"\s+(-\w, )?--\w", line)]
-    assert options, done.stdout
-    for line in options:
-        # typer's own rendering shows the Python type of every option, flags included.
-        assert not re.search(r"<(bool|str|float|int|list\[str\])>", line), line
-        if "--help" in line:
-            assert re.search(r"--help\s+Show this message", line), line
-
-
 def _help(*command: str) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "tpulab", *command, "--help"],
@@ -54,6 +34,18 @@ def _help(*command: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_help_names_values_and_shows_flags_bare(command: list[str]) -> None:
+    shown = _help(*command)
+    options = [line for line in shown.splitlines() if re.match(r"\s+(-\w, )?--\w", line)]
+    assert options, shown
+    for line in options:
+        # typer's own rendering shows the Python type of every option, flags included.
+        assert not re.search(r"<(bool|str|float|int|list\[str\])>", line), line
+        if "--help" in line:
+            assert re.search(r"--help\s+Show this message", line), line
 
 
 def test_run_help_names_the_zone_value() -> None:
