@@ -1,0 +1,60 @@
+"""The preloaded image's warm jax (tpulab/emulator/hostenv.py `_warm_jax`).
+
+The preloaded image shares one jax compilation cache among its nodes, so the verifier's
+programs compile on the first emulated run only; the bare image stays like a real VM,
+with no cache. These tests run the real verifier payload in the image's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tpulab.emulator.hostenv import bare_image_env, preloaded_image_env, session_env
+
+PAYLOAD = Path(__file__).resolve().parents[1] / "remote_payloads" / "verify_tpu.py"
+
+
+def _verify_in(env: dict[str, str], out: Path) -> dict[str, object]:
+    command = [sys.executable, str(PAYLOAD), "--platform", "cpu", "--nonce", "n" * 32]
+    done = subprocess.run(
+        [*command, "--out", str(out)],
+        env={**env, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    # A half-written entry read by another node would warn here; none is written twice.
+    assert "persistent compilation cache" not in done.stderr, done.stderr
+    receipt = json.loads(out.read_text())
+    assert isinstance(receipt, dict)
+    return receipt
+
+
+def test_preloaded_nodes_share_compiled_programs_and_the_bare_image_has_none(
+    tmp_path: Path,
+) -> None:
+    cache = tmp_path / "shared"
+    preloaded = preloaded_image_env(cache_dir=cache)
+    env = session_env(preloaded, tmp_path / "vm-home", "tpu")
+    (tmp_path / "vm-home").mkdir()
+    assert env["JAX_COMPILATION_CACHE_DIR"] == str(cache / "jax-compilation-cache")
+
+    first = _verify_in(env, tmp_path / "first.json")
+    entries = sorted(p.name for p in (cache / "jax-compilation-cache").iterdir())
+    # Every program the verifier compiles, however quickly, is kept for the next node.
+    assert len([name for name in entries if name.endswith("-cache")]) >= 4, entries
+    second = _verify_in(env, tmp_path / "second.json")
+    # The same receipt figures either way: the cache changes when programs compile,
+    # never what they compute.
+    for part in ("pmap", "placement", "reversal", "changed_bias"):
+        assert first[part] == second[part], part
+    assert sorted(p.name for p in (cache / "jax-compilation-cache").iterdir()) == entries
+
+    bare = session_env(bare_image_env(tmp_path / "bare", cache_dir=tmp_path / "bare-cache"),
+                       tmp_path / "vm-home", "tpu")  # fmt: skip
+    assert not any(name.startswith("JAX_") for name in bare), sorted(bare)
