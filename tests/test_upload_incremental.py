@@ -22,8 +22,8 @@ from tpulab.errors import RemoteError
 from tpulab.remote.bootstrap import CommandResult
 from tpulab.remote.ssh import Connection
 from tpulab.remote.workspace import UploadResult, select_workspace, upload_workspace
+from tpulab.run.outcome import WorkloadOutcome
 from tpulab.run.record import workload_summary
-from tpulab.run.workload import WorkloadOutcome
 
 if TYPE_CHECKING:
     from ssh_fixtures import SshHost

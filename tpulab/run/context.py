@@ -26,19 +26,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from tpulab.cloud.api import TpuApi
 from tpulab.config import RunSpec
 from tpulab.errors import RemoteError
 from tpulab.remote import bootstrap as boot
-from tpulab.remote import workload as wl
-from tpulab.remote.workspace import StreamShell
 from tpulab.run.lease import LeaseRenewer, watchdog_config
 from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import NullObserver, Phase, RunJournal, RunObserver
 from tpulab.run.signals import Shield, Skippable, no_shield, no_skip
-from tpulab.run.workers import MAX_PARALLEL, FanOut, Worker, fan_out
+from tpulab.run.workers import MAX_PARALLEL, Connect, FanOut, RemoteSession, Worker, fan_out
 from tpulab.run.workload import WorkloadRunner
 
 if TYPE_CHECKING:
@@ -52,29 +50,13 @@ if TYPE_CHECKING:
     from tpulab.run.outcome import Judged, TeardownEnd
     from tpulab.run.record import RecordState, ReportError, RunRecord
 
-__all__ = ["Connect", "RemoteSession", "RunContext", "Shield"]
+__all__ = ["RunContext", "Shield"]
 
 T = TypeVar("T")
 
 # How long a failed spot run asks the API whether its node was preempted: the state can
 # lag the VM stopping by about a minute (SkyPilot #849); twice that, bounded.
 PREEMPTION_WAIT_SECONDS = 120.0
-
-
-class RemoteSession(boot.RemoteShell, StreamShell, wl.HoldingShell, Protocol):
-    """What the run needs from `tpulab.remote.ssh.Connection`: the bootstrap's `run`,
-    plus opening, closing, file transfer and `hold` (an exec's lock)."""
-
-    def open(self) -> None: ...
-
-    def close(self) -> None: ...
-
-    def put(self, local: Path | bytes, remote: str) -> str: ...
-
-    def get(self, remote: str, local: Path, *, max_bytes: int) -> str: ...
-
-
-Connect = Callable[["SshTarget", "RunKey"], RemoteSession]
 
 
 class RunContext:
@@ -144,6 +126,12 @@ class RunContext:
         # A slice: worker 0's "address:port" where JAX's processes meet (the payload's
         # --coordinator, the command's JAX_COORDINATOR_ADDRESS); set with the workers.
         self.coordinator: str | None = None
+        self.started_at = clock()
+        self._start_records(spec)
+
+    def _start_records(self, spec: RunSpec) -> None:
+        """What the phases learn and what the run's outcome is built from
+        (`conclude`), none of it known yet."""
         # What the phases learn, in order.
         self.nonce = ""
         self.payload_bytes = b""
@@ -157,11 +145,6 @@ class RunContext:
         self.current_phase: Phase | None = None
         self.journalled = False  # the journal has this run's row (written by create)
         self.record_started = False  # a start run.json was (tried to be) written
-        self.started_at = clock()
-        self._start_records()
-
-    def _start_records(self) -> None:
-        """What the run's outcome is built from (`conclude`), none of it known yet."""
         self.started_wall = datetime.now(timezone.utc)
         # What the phases produced, each a frozen record its phase sets once it knows it.
         self.node: NodeInfo | None = None  # provision: wait_ready's, then pin_host_key's
@@ -350,31 +333,20 @@ class RunContext:
             self.write_run_record()
 
     def write_run_record(self, *, state: RecordState = "finished") -> None:
-        """<out>/run.json: the run's record (tpulab.run.record), beside its artifacts.
-        A disk that refuses it is a note, never a reason to misreport the run."""
-        from tpulab.run.record import run_record, write_run_record
+        """<out>/run.json: the run's record (tpulab.run.record), beside its artifacts; a
+        disk that refuses it is a note (`write_or_reduce`)."""
+        from tpulab.run.record import run_record, write_or_reduce, write_run_record
 
         assert self.spec.workload is not None
-        write = self.write_record or write_run_record
-        record = None
         try:
             record = run_record(self.outcome, state=state, report_error=self.report_error)
-            self._recorded(write(record, self.spec.workload.out))
-        except Exception as error:  # a disk's refusal, or a value the record cannot hold
-            said = f"{type(error).__name__}: {error}"
-            self.observer.note(f"could not write run.json: {said}")
-            if record is None or isinstance(error, OSError):
-                return  # nothing to fall back to, or a disk that will refuse that too
-            # The file lists (every name the upload and the fetch saw) are what a record
-            # can fail on; without them (their counts stay in `workload`) it still says
-            # truthfully how the run ended, rather than leaving the start's "running".
-            reduced = record.model_copy(update={"upload": [], "fetch": [], "upload_sent": None})
-            try:
-                self._recorded(write(reduced, self.spec.workload.out))
-            except Exception as again:
-                self.observer.note(f"could not write run.json without its file lists: {again}")
-            else:
-                self.observer.note("run.json was written without its file lists")
+        except Exception as error:  # a value the record cannot hold: nothing to write
+            self.observer.note(f"could not write run.json: {type(error).__name__}: {error}")
+            return
+        write = self.write_record or write_run_record
+        path = write_or_reduce(record, self.spec.workload.out, write=write, note=self.observer.note)
+        if path is not None:
+            self._recorded(path)
 
     def _recorded(self, path: Path) -> None:
         # The end's run.json is written from the built outcome, which then names it.

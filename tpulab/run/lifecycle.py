@@ -29,12 +29,13 @@ from __future__ import annotations
 
 from tpulab.errors import CloudError, RemoteError
 from tpulab.run import provision, verifier
-from tpulab.run.context import Connect, RemoteSession, RunContext
+from tpulab.run.context import RunContext
 from tpulab.run.ending import end_run
 from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import Phase
 from tpulab.run.signals import Shield
 from tpulab.run.symptoms import explain
+from tpulab.run.workers import Connect, RemoteSession
 
 __all__ = [
     "Connect",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpulab.config import RunSpec
+from tpulab.errors import WorkloadFailedError
 from tpulab.models import NodeInfo
 from tpulab.run.progress import TeardownStatus
 
@@ -22,10 +23,10 @@ if TYPE_CHECKING:
     from tpulab.evidence.store import KeptReceipt
     from tpulab.remote import bootstrap as boot
     from tpulab.remote.watchdog import WatchdogState
+    from tpulab.remote.workspace import Manifest, UploadResult
     from tpulab.run.teardown import TeardownReport
-    from tpulab.run.workload import WorkloadOutcome
 
-__all__ = ["Judged", "RunOutcome", "TeardownEnd"]
+__all__ = ["Judged", "RunOutcome", "TeardownEnd", "WorkloadOutcome"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,72 @@ class TeardownEnd:
 
     status: TeardownStatus
     report: TeardownReport | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadOutcome:
+    """What happened to the user's command, built from what its phases produced
+    (`WorkloadRunner.outcome`)."""
+
+    command: tuple[str, ...]
+    env_names: tuple[str, ...]
+    out: Path
+    upload: UploadResult | None = None  # the workspace on the VM and what was sent
+    upload_description: str = ""
+    extras: boot.ExtrasResult | None = None
+    started: bool = False
+    exit_status: int | None = None
+    timed_out: bool = False
+    stopped: str | None = None  # why tpulab stopped it ("interrupted by SIGINT", ...)
+    seconds: float | None = None
+    fetch: Manifest | None = None
+    fetch_problem: str | None = None  # why nothing (or not everything) came back
+    kept: Manifest | None = None  # what a fetch cut short kept (files that fully arrived)
+    output_tail: tuple[str, ...] = ()
+    # A slice: each worker's exit status (None: timed out, stopped or never reported), and
+    # the worker whose command failed first (the others were stopped then).
+    worker_exits: tuple[int | None, ...] = ()
+    failed_worker: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.started
+            and self.exit_status == 0
+            and not self.timed_out
+            and self.stopped is None
+            and self.fetch is not None
+        )
+
+    def failure(self, timeout: float) -> WorkloadFailedError | None:
+        """What the user must hear when the command failed (ran past `timeout`, the
+        run's --timeout, or exited non-zero); None when it did not."""
+        tail = "\n".join(self.output_tail[-20:])
+        if self.timed_out:
+            return WorkloadFailedError(
+                f"Your command ran past its {timeout:g} s --timeout and was "
+                "killed on the VM (its whole process group). Its artifacts were fetched.",
+                exit_status=None,
+                timed_out=True,
+                output_tail=tail,
+                hint="Give it longer with --timeout, or make it checkpoint and resume.",
+            )
+        if self.exit_status not in (0, None):
+            where = "the verified VM"
+            if self.failed_worker is not None:
+                count = len(self.worker_exits)
+                where = (
+                    f"worker {self.failed_worker} of {count} (the first to fail; the "
+                    "others were stopped)"
+                )
+            return WorkloadFailedError(
+                f"Your command exited with status {self.exit_status} on {where}. "
+                f"Its log and run directory were fetched into {self.out}.",
+                exit_status=self.exit_status,
+                output_tail=tail,
+                hint="See the command's output above and output.log in the --out directory.",
+            )
+        return None
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,7 @@ from tpulab.run.progress import TeardownStatus
 if TYPE_CHECKING:
     from tpulab.errors import TpuLabError
     from tpulab.remote.workspace import Manifest
-    from tpulab.run.outcome import RunOutcome
-    from tpulab.run.workload import WorkloadOutcome
+    from tpulab.run.outcome import RunOutcome, WorkloadOutcome
 
 __all__ = [
     "RUN_RECORD_NAME",
@@ -257,6 +256,34 @@ def write_run_record(record: RunRecord, out: Path) -> Path:
         Path(temporary).unlink(missing_ok=True)
         raise
     return target
+
+
+def write_or_reduce(
+    record: RunRecord,
+    out: Path,
+    *,
+    write: Callable[[RunRecord, Path], Path] = write_run_record,
+    note: Callable[[str], None],
+) -> Path | None:
+    """`record` written by `write` into `out`; its path, or None when the disk refused.
+    A refusal is a `note`, never a reason to misreport the run. The file lists (every
+    name the upload and the fetch saw) are what a record can fail on: without them
+    (their counts stay in `workload`) it still says truthfully how the run ended,
+    rather than leaving the start's "running"."""
+    try:
+        return write(record, out)
+    except Exception as error:  # a disk's refusal, or a value the record cannot hold
+        note(f"could not write run.json: {type(error).__name__}: {error}")
+        if isinstance(error, OSError):
+            return None  # a disk that will refuse the reduced record too
+    reduced = record.model_copy(update={"upload": [], "fetch": [], "upload_sent": None})
+    try:
+        path = write(reduced, out)
+    except Exception as again:
+        note(f"could not write run.json without its file lists: {again}")
+        return None
+    note("run.json was written without its file lists")
+    return path
 
 
 def read_run_record(path: Path) -> RunRecord:

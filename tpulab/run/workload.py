@@ -22,20 +22,15 @@ tpulab.run.context), so journal and observer see these phases like any other, an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from tpulab import paths
-from tpulab.errors import (
-    ConfigError,
-    InterruptedRun,
-    TpuLabError,
-    WorkloadFailedError,
-)
+from tpulab.errors import ConfigError, InterruptedRun, TpuLabError
 from tpulab.remote import bootstrap as boot
 from tpulab.remote import workload as wl
 from tpulab.run.command import CommandRun, CommandStep, launch, stop_everywhere
+from tpulab.run.outcome import WorkloadOutcome
 from tpulab.run.progress import Phase
 from tpulab.run.signals import StepSkipped, interrupted, is_skip
 from tpulab.run.workers import FanOut, Worker
@@ -56,42 +51,6 @@ _FETCH_STEP = "the fetch"  # as the signal messages name it: "press Ctrl-C again
 def _transfer_timeout(size: int) -> float:
     """Generous for a slow uplink (1 MiB/s) plus a fixed allowance for the VM's side."""
     return 120.0 + size / 2**20
-
-
-@dataclass(frozen=True)
-class WorkloadOutcome:
-    """What happened to the user's command, built from what its phases produced
-    (`WorkloadRunner.outcome`)."""
-
-    command: tuple[str, ...]
-    env_names: tuple[str, ...]
-    out: Path
-    upload: UploadResult | None = None  # the workspace on the VM and what was sent
-    upload_description: str = ""
-    extras: boot.ExtrasResult | None = None
-    started: bool = False
-    exit_status: int | None = None
-    timed_out: bool = False
-    stopped: str | None = None  # why tpulab stopped it ("interrupted by SIGINT", ...)
-    seconds: float | None = None
-    fetch: Manifest | None = None
-    fetch_problem: str | None = None  # why nothing (or not everything) came back
-    kept: Manifest | None = None  # what a fetch cut short kept (files that fully arrived)
-    output_tail: tuple[str, ...] = ()
-    # A slice: each worker's exit status (None: timed out, stopped or never reported), and
-    # the worker whose command failed first (the others were stopped then).
-    worker_exits: tuple[int | None, ...] = ()
-    failed_worker: int | None = None
-
-    @property
-    def ok(self) -> bool:
-        return (
-            self.started
-            and self.exit_status == 0
-            and not self.timed_out
-            and self.stopped is None
-            and self.fetch is not None
-        )
 
 
 class WorkloadRunner:
@@ -185,7 +144,7 @@ class WorkloadRunner:
                 raise
             self._salvage(error)
             raise
-        failure = self._failure()
+        failure = self.outcome().failure(self.workload.timeout)
         try:
             # The command has ended: a first signal now must not drop what is on its way.
             with life.skippable(_FETCH_STEP, finish_within=INTERRUPTED_FETCH_SECONDS):
@@ -325,35 +284,6 @@ class WorkloadRunner:
 
     def _fetch_timeout(self) -> float:
         return _transfer_timeout(self.workload.max_fetch)
-
-    def _failure(self) -> WorkloadFailedError | None:
-        outcome = self.outcome()
-        tail = "\n".join(outcome.output_tail[-20:])
-        if outcome.timed_out:
-            return WorkloadFailedError(
-                f"Your command ran past its {self.workload.timeout:g} s --timeout and was "
-                "killed on the VM (its whole process group). Its artifacts were fetched.",
-                exit_status=None,
-                timed_out=True,
-                output_tail=tail,
-                hint="Give it longer with --timeout, or make it checkpoint and resume.",
-            )
-        if outcome.exit_status not in (0, None):
-            where = "the verified VM"
-            if outcome.failed_worker is not None:
-                count = len(outcome.worker_exits)
-                where = (
-                    f"worker {outcome.failed_worker} of {count} (the first to fail; the "
-                    "others were stopped)"
-                )
-            return WorkloadFailedError(
-                f"Your command exited with status {outcome.exit_status} on {where}. "
-                f"Its log and run directory were fetched into {self.workload.out}.",
-                exit_status=outcome.exit_status,
-                output_tail=tail,
-                hint="See the command's output above and output.log in the --out directory.",
-            )
-        return None
 
     def _salvage(self, error: BaseException) -> None:
         """The command was started and the phase did not end normally (Ctrl-C, SIGTERM,
