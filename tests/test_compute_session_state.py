@@ -14,7 +14,7 @@ import pytest
 from tpulab.cleanup.journal import Journal, target_for
 from tpulab.cleanup.sessions import SessionStore, reconcile_listed
 from tpulab.errors import StateFileError
-from tpulab.run.session import SessionState
+from tpulab.run.session_state import SessionState
 
 ZONE = "us-central1-c"
 PROJECT = "state-proj"

@@ -28,7 +28,7 @@ from tpulab.config import costs_inputs
 from tpulab.envelope import ErrorEnvelope
 from tpulab.errors import ConfigError, UnreachableError
 from tpulab.exits import EXIT_CONFIG, EXIT_LOCAL_STATE
-from tpulab.run.session import SessionState
+from tpulab.run.session_state import SessionState
 
 if TYPE_CHECKING:
     from run_rig import Rig

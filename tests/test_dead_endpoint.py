@@ -37,7 +37,7 @@ from tpulab.errors import (
 )
 from tpulab.run.lifecycle import Lifecycle
 from tpulab.run.progress import NullObserver, Phase
-from tpulab.run.session import SessionState
+from tpulab.run.session_state import SessionState
 from tpulab.run.teardown import delete_and_confirm
 
 if TYPE_CHECKING:

@@ -438,7 +438,7 @@ def test_exec_help_and_dry_run_stay_light(tmp_path: Path) -> None:
 
     from tpulab.cleanup.sessions import SessionStore
     from tpulab.remote.keys import RunKey
-    from tpulab.run.session import SessionState
+    from tpulab.run.session_state import SessionState
 
     # A session as `up` leaves it on disk (the dry run reads its state, never its key).
     key = RunKey()
@@ -502,7 +502,7 @@ def test_the_launcher_starts_each_command_with_an_empty_run_dir(tmp_path: Path) 
 
 
 def test_a_session_file_from_before_receipt_ids_still_loads() -> None:
-    from tpulab.run.session import SessionState
+    from tpulab.run.session_state import SessionState
 
     older: dict[str, object] = {
         "name": "old", "run_id": "20261201t000000-abcdef", "node_name": "tpulab-old",

@@ -16,7 +16,7 @@ from tpulab.config.forward import Forward, parse_forward, parse_forwards
 from tpulab.errors import ConfigError
 from tpulab.remote.watchdog import WatchdogConfig
 from tpulab.run.lease import LeaseRenewer
-from tpulab.run.session import SessionState
+from tpulab.run.session_state import SessionState
 
 EXIT_CONFIG = 2
 

@@ -19,7 +19,7 @@ from helpers import invoke, served_emulator, tpulab
 from tpulab.cleanup.sessions import DAMAGED_DIR, SessionStore
 from tpulab.emulator import Emulator
 from tpulab.errors import StateFileError
-from tpulab.run.session import SessionState
+from tpulab.run.session_state import SessionState
 
 PROJECT = "state-proj"
 ZONE = "us-central1-a"

@@ -28,7 +28,7 @@ from tpulab.cleanup.sweep import SweepPlan, SweepResult, find_orphans, sweep
 from tpulab.cloud.google import GoogleTpuApi
 from tpulab.emulator.server import Emulator
 from tpulab.emulator.timing import Timing
-from tpulab.run.session import SessionState
+from tpulab.run.session_state import SessionState
 
 PROJECT = "gone-proj"
 T0 = 1_800_000_000.0  # an epoch second in 2027: the session's times, fixed

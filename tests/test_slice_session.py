@@ -254,7 +254,7 @@ def _worker(n: int) -> dict[str, object]:
 
 
 def test_a_session_file_from_before_slices_loads_as_one_worker() -> None:
-    from tpulab.run.session import SessionState
+    from tpulab.run.session_state import SessionState
 
     state = SessionState.from_json(json.dumps(_SINGLE))
     assert state.worker_count == 1
@@ -266,7 +266,7 @@ def test_a_session_file_from_before_slices_loads_as_one_worker() -> None:
 
 
 def test_a_slice_session_keeps_every_worker_in_order_and_strictly() -> None:
-    from tpulab.run.session import SessionState
+    from tpulab.run.session_state import SessionState
 
     written = dict(
         _SINGLE,

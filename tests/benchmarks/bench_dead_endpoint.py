@@ -26,7 +26,7 @@ from tpulab.cleanup.sessions import SessionStore
 from tpulab.cloud.google import GoogleTpuApi
 from tpulab.emulator import Emulator, Timing
 from tpulab.models import tpulab_labels
-from tpulab.run.session import SessionState
+from tpulab.run.session_state import SessionState
 
 PROJECT = "bench-project"
 ZONE = "us-central1-a"

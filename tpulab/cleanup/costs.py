@@ -52,7 +52,7 @@ from tpulab.config.capacity import split_attempt
 from tpulab.envelope import Envelope
 from tpulab.errors import UnknownAcceleratorError
 from tpulab.models import DEFER_BUILD
-from tpulab.run.session import SessionState
+from tpulab.run.session_state import SessionState
 
 __all__ = [
     "CostsEnvelope",

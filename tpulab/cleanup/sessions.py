@@ -45,7 +45,7 @@ from tpulab.errors import (
     target_for,
 )
 from tpulab.run.lease import node_gone
-from tpulab.run.session import SessionState
+from tpulab.run.session_state import SessionState
 
 if TYPE_CHECKING:
     from tpulab.cloud.api import TpuApi

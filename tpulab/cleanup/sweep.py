@@ -75,7 +75,7 @@ from tpulab.errors import (
 )
 from tpulab.models import NodeInfo
 from tpulab.polling import Backoff, retry_call
-from tpulab.run.session import SessionState
+from tpulab.run.session_state import SessionState
 from tpulab.run.teardown import delete_and_confirm
 
 __all__ = [

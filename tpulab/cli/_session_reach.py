@@ -15,7 +15,7 @@ from tpulab.cli._console import print_stderr
 if TYPE_CHECKING:
     from tpulab.cleanup.sessions import SessionStore
     from tpulab.cloud.api import TpuApi
-    from tpulab.run.session import SessionState
+    from tpulab.run.session_state import SessionState
 
 __all__ = [
     "raise_if_gone",

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from tpulab.run.attach import AttachedRun
     from tpulab.run.outcome import RunOutcome
     from tpulab.run.record import RunRecord
-    from tpulab.run.session import SessionState
+    from tpulab.run.session_state import SessionState
     from tpulab.run.summary import Line
 
 __all__ = ["exec_command"]

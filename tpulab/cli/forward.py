@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from tpulab.config.forward import Forward
     from tpulab.remote.system_ssh import SystemSsh
     from tpulab.run.lease import LeaseRenewer
-    from tpulab.run.session import SessionState
+    from tpulab.run.session_state import SessionState
 
 __all__ = ["connect_renewed", "interrupt_on_term", "ssh_config_command", "ssh_session"]
 

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from tpulab.remote import workload as wl
     from tpulab.remote.keys import RunKey, SshTarget
     from tpulab.remote.watchdog import WatchdogConfig
-    from tpulab.run.session import SessionState
+    from tpulab.run.session_state import SessionState
 
 __all__ = [
     "AttachedRun",

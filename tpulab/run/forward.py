@@ -29,7 +29,7 @@ from tpulab.run.lease import LeaseRenewer
 
 if TYPE_CHECKING:
     from tpulab.config.forward import Forward
-    from tpulab.run.session import SessionState
+    from tpulab.run.session_state import SessionState
     from tpulab.run.workers import EveryWorker
 
 __all__ = [
