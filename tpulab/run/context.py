@@ -35,8 +35,9 @@ from tpulab.remote import bootstrap as boot
 from tpulab.run.lease import LeaseRenewer, watchdog_config
 from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import NullObserver, Phase, RunJournal, RunObserver
+from tpulab.run.remote_session import Connect, RemoteSession
 from tpulab.run.signals import Shield, Skippable, no_shield, no_skip
-from tpulab.run.workers import MAX_PARALLEL, Connect, FanOut, RemoteSession, Worker, fan_out
+from tpulab.run.workers import MAX_PARALLEL, FanOut, Worker, fan_out
 from tpulab.run.workload import WorkloadRunner
 
 if TYPE_CHECKING:

@@ -33,9 +33,9 @@ from tpulab.run.context import RunContext
 from tpulab.run.ending import end_run
 from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import Phase
+from tpulab.run.remote_session import Connect, RemoteSession
 from tpulab.run.signals import Shield
 from tpulab.run.symptoms import explain
-from tpulab.run.workers import Connect, RemoteSession
 
 __all__ = [
     "Connect",

@@ -24,22 +24,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
 from tpulab.errors import TpuLabError
-from tpulab.remote import bootstrap as boot
-from tpulab.remote import workload as wl
-from tpulab.remote.workspace import StreamShell
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
-    from tpulab.remote.keys import RunKey, SshTarget
+    from tpulab.remote.keys import SshTarget
     from tpulab.run.lease import LeaseRenewer
+    from tpulab.run.remote_session import RemoteSession
 
 __all__ = [
     "MAX_PARALLEL",
-    "Connect",
     "EveryWorker",
     "FanOut",
-    "RemoteSession",
     "RunsCommands",
     "Worker",
     "fan_out",
@@ -52,22 +46,6 @@ MAX_PARALLEL = 16
 
 T = TypeVar("T")
 Item = TypeVar("Item")
-
-
-class RemoteSession(boot.RemoteShell, StreamShell, wl.HoldingShell, Protocol):
-    """What the run needs from `tpulab.remote.ssh.Connection`: the bootstrap's `run`,
-    plus opening, closing, file transfer and `hold` (an exec's lock)."""
-
-    def open(self) -> None: ...
-
-    def close(self) -> None: ...
-
-    def put(self, local: Path | bytes, remote: str) -> str: ...
-
-    def get(self, remote: str, local: Path, *, max_bytes: int) -> str: ...
-
-
-Connect = Callable[["SshTarget", "RunKey"], RemoteSession]
 
 
 @dataclass
