@@ -11,8 +11,10 @@ plain text (tpulab/cli/_panels.py), and typer's rich help alone cost ~90 ms.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import typer.main
@@ -164,3 +166,51 @@ def test_commands_annotations_are_evaluated_once_at_import() -> None:
         if isinstance(annotation, str)
     ]
     assert strings == []
+
+
+# What `tpulab list` must not load: the run engine and its remote side (bootstrap,
+# workspace transfer, SSH). Listing reads nodes, leases and the journal; it once loaded
+# the workspace code through a Protocol in run.workers, ~14 ms of its start.
+NOT_FOR_LIST = (
+    "tpulab.run.lifecycle",
+    "tpulab.run.context",
+    "tpulab.remote.bootstrap",
+    "tpulab.remote.workspace",
+    "tpulab.remote.ssh",
+    "paramiko",
+    "asyncssh",
+    "jax",
+)
+
+_LIST_PROBE = """
+import json, sys
+sys.argv = ["tpulab", "list", "--emulate", "--project", "p", "--zone", "us-central1-a"]
+from tpulab.cli import main
+try:
+    main()
+except SystemExit as done:
+    code = done.code
+else:
+    code = 0
+print("\\nPROBE " + json.dumps({"code": code, "loaded": sorted(sys.modules)}))
+"""
+
+
+def test_list_loads_no_run_engine(tmp_path: Path) -> None:
+    env = {**os.environ, "TPULAB_HOME": str(tmp_path / "home")}
+    done = subprocess.run(
+        [sys.executable, "-c", _LIST_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    assert "\nPROBE " in done.stdout, done.stderr + done.stdout
+    shown, _, probe = done.stdout.rpartition("\nPROBE ")
+    found = json.loads(probe)
+    assert found["code"] in (0, None), done.stderr + shown
+    assert "No tpulab-managed nodes" in shown, shown  # it listed, and found none
+    loaded = set(found["loaded"])
+    assert "tpulab.cleanup.listing" in loaded  # the probe sees what list imports
+    assert sorted(loaded & set(NOT_FOR_LIST)) == []
