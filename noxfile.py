@@ -46,16 +46,17 @@ def typecheck(session: nox.Session) -> None:
 
 
 # pytest-xdist workers for `nox -s tests`. The tests are independent (each has its own
-# TPULAB_HOME and tmp dirs, servers on port 0), so they can share the cores. They mostly
-# wait (on SSH hosts, subprocesses, emulated operations), so more workers than cores
-# pay: on a 2-core machine shared with other jobs, whole suite, -n 4 took 291 s and
-# -n 2 took 713 s, 325 s of it two OpenSSH sessions hung until their timeouts (2026-12-01);
-# on 2026-12-06 -n 2 ran all 1,903 tests in 1,178 s with no hang, but the cores were
-# busy only 55 % of it (the sleep-bound tests then queue behind each other).
-# `nox -s tests -- -n 0` runs them in one process (the last -n wins). A fifth worker
-# does not pay: 11 end-to-end files took 223 s at -n 4 and 261 s at -n 5, the long
-# sleep-bound tests then ending last (2026-12-06).
-TEST_WORKERS = "4"
+# TPULAB_HOME and tmp dirs, servers on port 0), so they can share the cores. They wait
+# as well as compute (SSH hosts, subprocesses, emulated operations, real leases and
+# idle periods), so more workers than cores pay: a worker asleep in a lease test leaves
+# its core to another's CPU. The whole suite on this 2-core machine, same tip, one
+# after another (2026-12-06; process accounting, `accton`, for the CPU of every
+# process): -n 4 669 s (990 CPU-s: the cores 74 % busy), -n 6 578 s (980 CPU-s, 85 %),
+# -n 8 603 s (1,064 CPU-s: each worker's collection and the contention cost more than
+# the extra overlap). Earlier: -n 2 took 713 s with two OpenSSH sessions hung until
+# their timeouts (2026-12-01), and 1,178 s with no hang (2026-12-06), the cores busy
+# only 55 % of it. `nox -s tests -- -n 0` runs them in one process (the last -n wins).
+TEST_WORKERS = "6"
 # How xdist hands out the tests: "worksteal" gives each worker a contiguous share and
 # lets an idle one take half of a busy one's queue, so the long end-to-end tests near
 # the end of the collection do not pile onto whichever workers "load" had sent them.
@@ -86,9 +87,9 @@ def tests(session: nox.Session) -> None:
 QUICK_TIER = "smoke or not (e2e or network)"
 # The quick tier waits more than it computes (its 1,246 tests use ~51 CPU-s; the
 # watchdog's VM-path and script tests alone are ~50 s of real leases and polls at ~4
-# CPU-s), so more workers than cores overlap the waits; the full suite is CPU-bound and
-# stays at TEST_WORKERS. Same machine, 2 cores, 2026-12-06: -n 4 60 s, -n 6 53-58 s,
-# -n 8 61 s (each worker's collection is ~3 CPU-s: eight cost more than they overlap).
+# CPU-s), so more workers than cores overlap the waits, as for the full suite. Same
+# machine, 2 cores, 2026-12-06: -n 4 60 s, -n 6 53-58 s, -n 8 61 s (each worker's
+# collection is ~3 CPU-s: eight cost more than they overlap).
 QUICK_WORKERS = "6"
 
 
