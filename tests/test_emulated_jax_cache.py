@@ -58,3 +58,13 @@ def test_preloaded_nodes_share_compiled_programs_and_the_bare_image_has_none(
     bare = session_env(bare_image_env(tmp_path / "bare", cache_dir=tmp_path / "bare-cache"),
                        tmp_path / "vm-home", "tpu")  # fmt: skip
     assert not any(name.startswith("JAX_") for name in bare), sorted(bare)
+
+
+def test_a_cache_directory_that_cannot_be_made_leaves_the_image_cold(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    preloaded = preloaded_image_env(cache_dir=blocker / "cache")
+    assert not any(name.startswith("JAX_") for name in preloaded.extra)
+    (tmp_path / "vm-home").mkdir()
+    receipt = _verify_in(session_env(preloaded, tmp_path / "vm-home", "tpu"), tmp_path / "r.json")
+    assert receipt["ok"] is True

@@ -118,7 +118,14 @@ def _warm_jax(directory: Path) -> dict[str, str]:
     jax keeps only those that took a second or more to compile (the verifier's take
     ~0.05 s each). Entries are keyed by the program, jax version and backend, so
     interpreters with different jax (the image's Python 3.10 venv) share it safely;
-    a reader that meets a half-written entry warns and compiles (jax's own fallback)."""
+    a reader that meets a half-written entry warns and compiles (jax's own fallback).
+    A directory that cannot be made leaves the image cold (jax would warn on every
+    program of every run): only time is lost."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        log.warning("no jax compilation cache for the preloaded image: %s", error)
+        return {}
     return {
         "JAX_COMPILATION_CACHE_DIR": str(directory),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
