@@ -36,8 +36,7 @@ except SystemExit as done:
     code = done.code
 else:
     code = 0
-loaded = sorted({{name.split(".")[0] for name in sys.modules}})
-print("\\nPROBE " + json.dumps({{"code": code, "loaded": loaded}}))
+print("\\nPROBE " + json.dumps({{"code": code, "loaded": sorted(sys.modules)}}))
 """
 
 
@@ -57,20 +56,29 @@ def _command_paths() -> list[tuple[str, ...]]:
 COMMANDS = _command_paths()
 
 
-def _help_of(path: tuple[str, ...], preamble: str = "") -> tuple[object, list[str], str]:
-    """Run `tpulab PATH --help` fresh: its exit code, the top-level packages it loaded,
-    its stdout."""
+def _probe(
+    argv: list[str], preamble: str = "", env: dict[str, str] | None = None
+) -> tuple[object, list[str], str]:
+    """Run `tpulab ARGV` fresh: its exit code, every module it loaded, its stdout."""
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE.format(preamble=preamble), json.dumps([*path, "--help"])],
+        [sys.executable, "-c", _PROBE.format(preamble=preamble), json.dumps(argv)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         check=False,
+        env=env,
     )
     assert "\nPROBE " in done.stdout, done.stderr + done.stdout
     shown, _, probe = done.stdout.rpartition("\nPROBE ")
     found = json.loads(probe)
     return found["code"], found["loaded"], shown
+
+
+def _help_of(path: tuple[str, ...], preamble: str = "") -> tuple[object, list[str], str]:
+    """Run `tpulab PATH --help` fresh: its exit code, the top-level packages it loaded,
+    its stdout."""
+    code, loaded, shown = _probe([*path, "--help"], preamble)
+    return code, sorted({name.split(".")[0] for name in loaded}), shown
 
 
 def test_every_command_is_enumerated() -> None:
@@ -182,35 +190,12 @@ NOT_FOR_LIST = (
     "jax",
 )
 
-_LIST_PROBE = """
-import json, sys
-sys.argv = ["tpulab", "list", "--emulate", "--project", "p", "--zone", "us-central1-a"]
-from tpulab.cli import main
-try:
-    main()
-except SystemExit as done:
-    code = done.code
-else:
-    code = 0
-print("\\nPROBE " + json.dumps({"code": code, "loaded": sorted(sys.modules)}))
-"""
-
 
 def test_list_loads_no_run_engine(tmp_path: Path) -> None:
     env = {**os.environ, "TPULAB_HOME": str(tmp_path / "home")}
-    done = subprocess.run(
-        [sys.executable, "-c", _LIST_PROBE],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=env,
-    )
-    assert "\nPROBE " in done.stdout, done.stderr + done.stdout
-    shown, _, probe = done.stdout.rpartition("\nPROBE ")
-    found = json.loads(probe)
-    assert found["code"] in (0, None), done.stderr + shown
+    argv = ["list", "--emulate", "--project", "p", "--zone", "us-central1-a"]
+    code, loaded, shown = _probe(argv, env=env)
+    assert code in (0, None), shown
     assert "No tpulab-managed nodes" in shown, shown  # it listed, and found none
-    loaded = set(found["loaded"])
     assert "tpulab.cleanup.listing" in loaded  # the probe sees what list imports
-    assert sorted(loaded & set(NOT_FOR_LIST)) == []
+    assert sorted(set(loaded) & set(NOT_FOR_LIST)) == []
