@@ -28,7 +28,7 @@ def _verify_in(env: dict[str, str], out: Path) -> dict[str, object]:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    # A half-written entry read by another node would warn here; none is written twice.
+    # jax warns here when it cannot use its cache (a directory it cannot make or read).
     assert "persistent compilation cache" not in done.stderr, done.stderr
     receipt = json.loads(out.read_text())
     assert isinstance(receipt, dict)
