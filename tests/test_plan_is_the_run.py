@@ -320,6 +320,10 @@ def test_the_plan_runs_the_lifecycle_and_shows_its_teardown_once(tpulab_home: Pa
     assert operation.poll is not None
     assert operation.poll.schedule.startswith("Backoff(initial=1.0, cap=10.0")
     assert operation.poll.timeout_seconds == spec.timeouts.create
+    # The host key is looked for on the guest agent's cloud cadence.
+    host_key = next(s for s in steps if s.phase == "host-key" and s.poll is not None)
+    assert host_key.poll is not None
+    assert host_key.poll.schedule.startswith("Backoff(initial=0.5, cap=5.0, factor=2.0")
     # Teardown lists until nothing of the run remains, on teardown.py's own schedule.
     listing = next(s for s in steps if s.action == "ListNodes")
     assert listing.poll is not None

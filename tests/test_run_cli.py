@@ -297,7 +297,10 @@ def test_dry_run_json_is_a_versioned_plan() -> None:
     assert "--nonce PLACEHOLDER-NONCE-made-per-run" in execute["command"]
     # The emulator's quick operation schedule, as GoogleTpuApi would poll it.
     operation = next(step for step in plan["steps"] if step["action"] == "GetOperation")
-    assert operation["poll"]["schedule"].startswith("Backoff(initial=0.05, cap=0.5")
+    assert operation["poll"]["schedule"].startswith("Backoff(initial=0.05, cap=0.1")
+    # ... and so is the emulator's host key: it is published within milliseconds of READY.
+    host_key = next(step for step in plan["steps"] if step["phase"] == "host-key" and step["poll"])
+    assert host_key["poll"]["schedule"].startswith("Backoff(initial=0.05, cap=0.1")
     # Every placeholder shown is explained.
     shown = json.dumps(plan["steps"])
     assert "<PER-RUN-PUBLIC-KEY>" in plan["placeholders"]

@@ -24,6 +24,7 @@ import pytest
 
 from benchmarks.smoke import rounds
 from tpulab.cloud.google import GoogleTpuApi
+from tpulab.cloud.polling import operation_schedule
 from tpulab.config import TargetFlags, Timeouts, build_run_spec
 from tpulab.emulator import Emulator, Timing
 from tpulab.emulator.backends import make_host_backend
@@ -34,7 +35,8 @@ from tpulab.run.progress import Phase, Recorder
 ROUNDS = rounds(5)
 CREATE_S = 1.0
 DELETE_S = 0.5
-POLL_CAP_S = 0.5  # GoogleTpuApi's schedule for a local endpoint: 0.05 s growing to 0.5 s
+# GoogleTpuApi's schedule for a local endpoint (0.05 s growing to its cap).
+POLL_CAP_S = operation_schedule(local=True).cap
 
 
 class Clocked(Recorder):

@@ -244,6 +244,7 @@ def wait_ready(ctx: RunContext) -> str:
 def pin_host_key(ctx: RunContext) -> str:
     """Wait for each worker's host key guest attribute and pin it (every worker VM's
     guest agent publishes its own); nothing is sent over SSH."""
+    from tpulab.cloud.polling import operation_schedule
     from tpulab.remote.keys import SshTarget, ssh_port_from, wait_for_host_key
 
     spec = ctx.spec
@@ -259,7 +260,14 @@ def pin_host_key(ctx: RunContext) -> str:
             return dict(seen)
 
         return wait_for_host_key(
-            fetch, timeout=spec.timeouts.host_key, sleep=ctx.sleep, clock=ctx.clock
+            fetch,
+            timeout=spec.timeouts.host_key,
+            sleep=ctx.sleep,
+            clock=ctx.clock,
+            # A local emulator's host publishes its key within milliseconds of READY:
+            # look again at the quick local cadence, not the cloud's first half second
+            # (which was most of an emulated run's controller overhead when it missed).
+            backoff=operation_schedule(local=True) if spec.emulated else None,
         )
 
     # Each worker's wait is its own (the fan-out runs them at once); worker 0's alone
