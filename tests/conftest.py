@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -13,6 +14,13 @@ from typing import TypeVar
 import pytest
 
 _T = TypeVar("_T")
+
+# Keep the assertion-rewritten test modules in __pycache__, as the noxfile compiles
+# tpulab's bytecode at install: pytest honours PYTHONDONTWRITEBYTECODE (set on this
+# machine kind), and then every xdist worker rewrote and compiled all the test modules
+# again at each run, about 4 CPU-s a worker. Only this process: its children keep the
+# environment they were given.
+sys.dont_write_bytecode = False
 
 # google-auth probes the GCE metadata server (a link-local address) when looking for
 # credentials; tests must only ever talk to loopback, and subprocesses inherit this.
