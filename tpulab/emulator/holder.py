@@ -17,28 +17,40 @@ while anything it adopted lives, reaping, and exits with the child's status. The
 boot-time counterpart for the startup-script is `guest_init.py`.
 """
 
-from __future__ import annotations
-
-import contextlib
 import ctypes
 import os
-import signal
 import sys
 
 _PR_SET_CHILD_SUBREAPER = 36
+# Python starts with these two ignored, and an ignored signal stays ignored across exec:
+# the command gets them at their defaults, as sshd would give them. Linux's numbers (the
+# holder is Linux-only: prctl), so that the holder need not import `signal`, which with
+# `contextlib` was most of the holder's start-up (the emulator starts one per command).
+_RESET_SIGNALS = (13, 25)  # SIGPIPE, SIGXFSZ
+# For the same reason, try/except rather than contextlib.suppress (noqa: SIM105 below).
 
 
-def _child(argv: list[str]) -> None:
-    """In the forked child: become ARGV, as a session leader (never returns)."""
+def _spawn(argv: list[str]) -> int | None:
+    """ARGV as a child in a session of its own, or None (and why, on stderr) when it
+    cannot be run."""
     try:
-        os.setsid()
-        for name in ("SIGPIPE", "SIGXFSZ"):  # Python ignores these; a command must not
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
-        os.execvp(argv[0], argv)  # noqa: S606 -- the argv the emulator was asked to run
+        return os.posix_spawnp(argv[0], argv, os.environ, setsid=True, setsigdef=_RESET_SIGNALS)
     except OSError as error:
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105
             os.write(2, f"{argv[0]}: {error.strerror}\n".encode())
-    os._exit(127)
+        except OSError:
+            pass
+        return None
+
+
+def _report(status_fd: int | None, code: int) -> None:
+    if status_fd is None:
+        return
+    try:
+        os.write(status_fd, str(code).encode())
+        os.close(status_fd)
+    except OSError:
+        pass
 
 
 def main(argv: list[str]) -> int:
@@ -49,11 +61,14 @@ def main(argv: list[str]) -> int:
         os.set_inheritable(status_fd, False)
     if args[:1] == ["--"]:
         args = args[1:]
-    with contextlib.suppress(OSError, AttributeError):
+    try:  # noqa: SIM105
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    pid = os.fork()
-    if pid == 0:
-        _child(args)
+    except (OSError, AttributeError):
+        pass
+    pid = _spawn(args)
+    if pid is None:
+        _report(status_fd, 127)  # as a shell says a command it cannot run
+        return 127
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
@@ -66,10 +81,7 @@ def main(argv: list[str]) -> int:
             break  # nothing left: the command and all it adopted are gone
         if done == pid:
             code = os.waitstatus_to_exitcode(status)
-            if status_fd is not None:
-                with contextlib.suppress(OSError):
-                    os.write(status_fd, str(code).encode())
-                    os.close(status_fd)
+            _report(status_fd, code)
     return code if code >= 0 else 128 - code
 
 
