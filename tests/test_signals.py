@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
@@ -71,6 +72,45 @@ def test_a_signal_unwinds_through_finally_and_becomes_interrupted_run(
     assert caught.value.signal_name == signum.name
     assert caught.value.message == f"Interrupted by {signum.name}"
     assert notes == []
+
+
+class _SignalsWhenCollected:
+    """Raises `signum` in its finaliser: the handler runs there, where Python ignores
+    whatever it raises, as in the import system's lock cleanup (a weakref callback)
+    that once swallowed a SIGTERM sent during "connect"."""
+
+    def __init__(self, signum: signal.Signals) -> None:
+        self.signum = signum
+
+    def __del__(self) -> None:
+        signal.raise_signal(self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_first_signal_that_lands_where_python_ignores_exceptions_is_not_lost(
+    signum: signal.Signals,
+) -> None:
+    notes: list[str] = []
+    events: list[str] = []
+
+    def body() -> None:
+        try:
+            _SignalsWhenCollected(signum)  # collected at once: the handler runs in __del__
+            events.append("past the finaliser")
+            # The run goes on meanwhile, as the connect loop did; the signal must reach it.
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+            events.append("never interrupted")
+        finally:
+            with shield("deleting node n1"):
+                events.append("teardown")
+
+    with pytest.raises(InterruptedRun) as caught:
+        _guarded(body, notes)
+    assert caught.value.signal_name == signum.name
+    assert events == ["past the finaliser", "teardown"]
+    assert notes == []  # not refused as "already tearing down": it had not begun
 
 
 def test_signals_during_teardown_are_refused_with_what_is_being_deleted() -> None:

@@ -29,6 +29,11 @@ for at most S seconds and that another Ctrl-C skips it, and from then on the ste
 skippable; past S seconds a SIGALRM skips it as a second Ctrl-C would. The body then
 ends normally and its caller decides (`interrupted()` names the signal).
 
+A first signal that lands where Python ignores exceptions (a weakref callback or a
+`__del__`, e.g. the import system's lock cleanup) would be lost: the guard hears of it
+through `sys.unraisablehook`, forgets it and sends the signal again, so it lands in the
+run.
+
 A signal the process inherited as ignored (e.g. SIGHUP under `nohup`) stays ignored.
 Outside the main thread both context managers do nothing (Python delivers signals only
 to the main thread), so library callers and threaded tests are unaffected.
@@ -94,6 +99,8 @@ class StepSkipped(BaseException):
 
 # The Ctrl-C that may force a quit: never the 2nd, so a second Ctrl-C cannot abort teardown.
 _FORCING_PRESS = 3
+# How long after an ignored interrupt it is sent again (any callback has returned).
+_REDELIVER_AFTER = 0.01
 
 
 @dataclass
@@ -158,6 +165,29 @@ class _Guard:
             else ""
         )
         self.say(f"{name} ignored: {what}; tpulab will exit when it is done.{more}")
+
+    def redeliver(self, error: BaseException | None) -> bool:
+        """Whether `error` is this guard's first interrupt, raised where Python ignores
+        exceptions (a weakref callback or `__del__` the signal happened to land in: the
+        run then went on as if never signalled, and refused every later signal as
+        "already tearing down"). If so, the guard forgets it and the signal is sent
+        again a moment later, to land in the run itself."""
+        if not isinstance(error, SignalInterrupt) or error is not self.interrupt:
+            return False
+        self.interrupt = None
+        if error.signum == signal.SIGINT:
+            self.ctrl_c_presses -= 1  # the same press, counted again when it lands
+
+        def again() -> None:
+            if _active is self and self.interrupt is None:  # still running, still unsent
+                os.kill(os.getpid(), error.signum)
+
+        # From another thread, after this hook and the callback it reports have
+        # returned: a signal raised here would land in the same ignoring context.
+        resend = threading.Timer(_REDELIVER_AFTER, again)
+        resend.daemon = True
+        resend.start()
+        return True
 
     def _defer(self, signum: int, step: str, bound: float) -> None:
         """A first signal inside `skippable(step, finish_within=bound)`: the step goes
@@ -230,6 +260,13 @@ def signals_to_teardown(
     guard = _Guard(notify, force_exit_status, window, clock, keeps_node=keeps_node)
     previous_guard, _active = _active, guard
     installed: dict[signal.Signals, object] = {}
+    previous_hook = sys.unraisablehook
+
+    def unraisable(report: sys.UnraisableHookArgs) -> None:
+        if not guard.redeliver(report.exc_value):
+            previous_hook(report)
+
+    sys.unraisablehook = unraisable
     try:
         for signum in signals:
             if signal.getsignal(signum) is signal.SIG_IGN:
@@ -241,6 +278,7 @@ def signals_to_teardown(
     finally:
         for signum, handler in installed.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
+        sys.unraisablehook = previous_hook
         _active = previous_guard
 
 
