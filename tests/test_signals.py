@@ -113,6 +113,33 @@ def test_a_first_signal_that_lands_where_python_ignores_exceptions_is_not_lost(
     assert notes == []  # not refused as "already tearing down": it had not begun
 
 
+def test_a_second_ctrl_c_that_lands_where_python_ignores_exceptions_still_skips() -> None:
+    notes: list[str] = []
+    events: list[str] = []
+
+    def body() -> None:
+        try:
+            signal.raise_signal(signal.SIGINT)
+        finally:
+            try:
+                with skippable("fetching artifacts"):
+                    _SignalsWhenCollected(signal.SIGINT)  # the second Ctrl-C, in __del__
+                    deadline = time.monotonic() + 10
+                    while time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    events.append("fetched to the end")
+            except StepSkipped as skipped:
+                events.append(f"skipped {skipped.step}")
+            with shield("deleting node n1"):
+                events.append("teardown")
+
+    with pytest.raises(InterruptedRun):
+        _guarded(body, notes)
+    assert events == ["skipped fetching artifacts", "teardown"]
+    # Said when it was raised, and again when it landed; never refused.
+    assert notes == ["SIGINT: skipping fetching artifacts; tearing down next."] * 2
+
+
 def test_signals_during_teardown_are_refused_with_what_is_being_deleted() -> None:
     notes: list[str] = []
     clock = FakeClock(now=100.0)

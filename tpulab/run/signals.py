@@ -29,10 +29,10 @@ for at most S seconds and that another Ctrl-C skips it, and from then on the ste
 skippable; past S seconds a SIGALRM skips it as a second Ctrl-C would. The body then
 ends normally and its caller decides (`interrupted()` names the signal).
 
-A first signal that lands where Python ignores exceptions (a weakref callback or a
-`__del__`, e.g. the import system's lock cleanup) would be lost: the guard hears of it
-through `sys.unraisablehook`, forgets it and sends the signal again, so it lands in the
-run.
+A signal whose exception lands where Python ignores exceptions (a weakref callback or
+a `__del__`, e.g. the import system's lock cleanup) would be lost: the guard hears of it
+through `sys.unraisablehook`, undoes what raising it recorded and sends the signal
+again, so it lands in the run.
 
 A signal the process inherited as ignored (e.g. SIGHUP under `nohup`) stays ignored.
 Outside the main thread both context managers do nothing (Python delivers signals only
@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from tpulab.errors import InterruptedRun
 
@@ -123,6 +123,9 @@ class _Guard:
     last_refusal: float | None = None
     ctrl_c_presses: int = 0  # every SIGINT of the run, including one that began teardown
     refused: list[str] = field(default_factory=list)
+    # What the guard raised last: the exception, how to undo what raising it recorded,
+    # and the signal that raises it again (see `redeliver`).
+    raised: tuple[BaseException, Callable[[], None], int] | None = None
 
     def say(self, text: str) -> None:
         # A closed terminal (SIGHUP) must not turn a message into a failed teardown.
@@ -138,7 +141,7 @@ class _Guard:
             if self.deferring is not None:
                 self._defer(signum, *self.deferring)
                 return
-            raise self.interrupt
+            self._raise(self.interrupt, self._unpress(signum, self._forget_interrupt), signum)
         if self.skippable is not None and self.shield_depth == 0:
             step, self.skippable = self.skippable, None  # one skip per step
             then = (
@@ -147,7 +150,11 @@ class _Guard:
                 else "tearing down next"
             )
             self.say(f"{signal.Signals(signum).name}: skipping {step}; {then}.")
-            raise StepSkipped(signum, step)
+            self._raise(
+                StepSkipped(signum, step),
+                self._unpress(signum, lambda: setattr(self, "skippable", step)),
+                signum,
+            )
         name = signal.Signals(signum).name
         self.refused.append(name)
         now = self.clock()
@@ -166,21 +173,42 @@ class _Guard:
         )
         self.say(f"{name} ignored: {what}; tpulab will exit when it is done.{more}")
 
-    def redeliver(self, error: BaseException | None) -> bool:
-        """Whether `error` is this guard's first interrupt, raised where Python ignores
-        exceptions (a weakref callback or `__del__` the signal happened to land in: the
-        run then went on as if never signalled, and refused every later signal as
-        "already tearing down"). If so, the guard forgets it and the signal is sent
-        again a moment later, to land in the run itself."""
-        if not isinstance(error, SignalInterrupt) or error is not self.interrupt:
-            return False
+    def _raise(self, error: BaseException, undo: Callable[[], None], signum: int) -> NoReturn:
+        self.raised = (error, undo, signum)
+        raise error
+
+    def _unpress(self, signum: int, undo: Callable[[], None]) -> Callable[[], None]:
+        """`undo`, and for a Ctrl-C also its press: it is counted again when it lands."""
+
+        def both() -> None:
+            undo()
+            if signum == signal.SIGINT:
+                self.ctrl_c_presses -= 1
+
+        return both
+
+    def _forget_interrupt(self) -> None:
         self.interrupt = None
-        if error.signum == signal.SIGINT:
-            self.ctrl_c_presses -= 1  # the same press, counted again when it lands
+
+    def redeliver(self, error: BaseException | None) -> bool:
+        """Whether `error` is what this guard raised last, raised where Python ignores
+        exceptions (a weakref callback or `__del__` the signal happened to land in).
+        Lost, a first interrupt left the run going as if never signalled, refusing every
+        later signal as "already tearing down"; a lost skip left its step unskippable.
+        If so, the guard undoes what raising it recorded and the same signal is sent
+        again a moment later, to land in the run itself."""
+        if self.raised is None or error is not self.raised[0]:
+            return False
+        _, undo, signum = self.raised
+        self.raised = None
+        undo()
+        before = (self.interrupt, self.skippable, self.bounded)
 
         def again() -> None:
-            if _active is self and self.interrupt is None:  # still running, still unsent
-                os.kill(os.getpid(), error.signum)
+            # Only into the same state: not once the guard has ended, nor after another
+            # signal (or the end of the step) has changed what a signal would do.
+            if _active is self and (self.interrupt, self.skippable, self.bounded) == before:
+                os.kill(os.getpid(), signum)
 
         # From another thread, after this hook and the callback it reports have
         # returned: a signal raised here would land in the same ignoring context.
@@ -213,7 +241,11 @@ class _Guard:
         assert self.interrupt is not None
         why = f"its {bound:g} s bound after {self.interrupt.signal_name}"
         self.say(f"{step[:1].upper() + step[1:]} ran past {why}: skipping it.")
-        raise StepSkipped(self.interrupt.signum, step, why=why)
+
+        def undo() -> None:
+            self.skippable, self.bounded = step, bounded
+
+        self._raise(StepSkipped(self.interrupt.signum, step, why=why), undo, signal.SIGALRM)
 
     def _force_exit(self) -> None:
         lines = [f"Forced quit while {self.describe}: the node may still exist and bill."]
