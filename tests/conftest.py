@@ -15,6 +15,12 @@ import pytest
 
 _T = TypeVar("_T")
 
+# The fixture modules test files name in `pytest_plugins`: rewritten (their asserts say
+# what differed) whichever test file imports them first. Registered only by
+# `pytest_plugins`, a module a test file had already imported was left plain, with a
+# PytestAssertRewriteWarning per worker, depending on the random test order.
+pytest.register_assert_rewrite("emulator_fixtures", "ssh_fixtures", "run_rig")
+
 # Keep the assertion-rewritten test modules in __pycache__, as the noxfile compiles
 # tpulab's bytecode at install: pytest honours PYTHONDONTWRITEBYTECODE (set on this
 # machine kind), and then every xdist worker rewrote and compiled all the test modules
