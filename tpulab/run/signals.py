@@ -99,7 +99,8 @@ class StepSkipped(BaseException):
 
 # The Ctrl-C that may force a quit: never the 2nd, so a second Ctrl-C cannot abort teardown.
 _FORCING_PRESS = 3
-# How long after an ignored interrupt it is sent again (any callback has returned).
+# How long after Python ignored what the guard raised its signal is sent again (time
+# for the callback it landed in to return).
 _REDELIVER_AFTER = 0.01
 
 
@@ -150,11 +151,11 @@ class _Guard:
                 else "tearing down next"
             )
             self.say(f"{signal.Signals(signum).name}: skipping {step}; {then}.")
-            self._raise(
-                StepSkipped(signum, step),
-                self._unpress(signum, lambda: setattr(self, "skippable", step)),
-                signum,
-            )
+
+            def skippable_again() -> None:
+                self.skippable = step
+
+            self._raise(StepSkipped(signum, step), self._unpress(signum, skippable_again), signum)
         name = signal.Signals(signum).name
         self.refused.append(name)
         now = self.clock()
