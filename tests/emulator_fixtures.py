@@ -17,6 +17,8 @@ Use from a test module with `pytest_plugins = ["emulator_fixtures"]`, then ask f
 - `fast_embedded_emulator`: the state directory of `--emulate`'s embedded emulator in
   the test's TPULAB_HOME, with fast timing, for tests that run `tpulab ... --emulate` as
   a subprocess; `embedded_nodes_left()` lists what that emulator still holds.
+- `preloaded_embedded_emulator`: the same, its nodes on the preloaded image (the
+  controller's jax), for `--emulate` tests whose subject is not the bare image's install.
 
 Helpers: `api_for(emulator, project=PROJECT, **kwargs)`, `node_request(...)`.
 Import names from here only under `TYPE_CHECKING` (pytest rewrites plugin asserts).
@@ -135,6 +137,18 @@ def fast_embedded_emulator() -> Path:
     state.mkdir(parents=True, exist_ok=True)
     (state / "timing.json").write_text(json.dumps(FAST_EMBEDDED_TIMING))
     return state
+
+
+@pytest.fixture
+def preloaded_embedded_emulator(fast_embedded_emulator: Path) -> Path:
+    """`fast_embedded_emulator` whose nodes boot the preloaded image (image.json, read by
+    tpulab.app.embedded.load_image_kind): each node skips the bare image's `pip install
+    uv` and venv, ~1.5 CPU-s, four times over on a slice. The bare image's own install
+    is the subject of test_bootstrap.py, test_bare_image_e2e.py and test_run_cli.py."""
+    import json
+
+    (fast_embedded_emulator / "image.json").write_text(json.dumps({"kind": "preloaded"}))
+    return fast_embedded_emulator
 
 
 def embedded_nodes_left() -> list[str]:

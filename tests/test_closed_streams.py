@@ -28,7 +28,7 @@ def test_a_run_whose_stdout_reader_leaves_still_succeeds_and_deletes(
 ) -> None:
     from tpulab.emulator.backends import make_host_backend
 
-    backend = make_host_backend("embedded", tmp_path / "hosts")
+    backend = make_host_backend("embedded", tmp_path / "hosts", image="preloaded")
     try:
         _run_and_close_stdout_early(start_emulator, backend, tmp_path)
     finally:

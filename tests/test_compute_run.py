@@ -86,7 +86,7 @@ def _emulator_instances(state: Path) -> list[str]:
     ],
 )
 def test_an_emulated_compute_run_verifies_the_catalogs_devices_and_deletes(
-    fast_embedded_emulator: Path, args: tuple[str, ...], devices: int
+    preloaded_embedded_emulator: Path, args: tuple[str, ...], devices: int
 ) -> None:
     result = tpulab("run", *args, "--emulate", timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -98,7 +98,7 @@ def test_an_emulated_compute_run_verifies_the_catalogs_devices_and_deletes(
     # Said as Compute says it: an instance, whose watchdog may delete it.
     assert re.search(rf"^  instance  tpulab-\S+ \({accelerator}\)$", result.stdout, re.M)
     assert "watchdog  armed (its identity may delete its VM)" in result.stdout
-    assert _emulator_instances(fast_embedded_emulator) == []
+    assert _emulator_instances(preloaded_embedded_emulator) == []
 
 
 def test_an_emulated_compute_plan_names_the_emulators_image() -> None:
@@ -466,7 +466,7 @@ def test_a_spot_instance_reclaimed_mid_run_is_a_preemption_and_recover_recreates
 
 
 def test_an_emulated_compute_run_killed_is_listed_and_swept_by_the_emulate_commands(
-    fast_embedded_emulator: Path, tmp_path: Path
+    preloaded_embedded_emulator: Path, tmp_path: Path
 ) -> None:
     """`tpulab run --accelerator tpu7x-8 --emulate` SIGKILLed: `list --emulate` shows its
     instance (provider compute, orphaned), `teardown --verify --emulate` deletes it, and
@@ -498,4 +498,4 @@ def test_an_emulated_compute_run_killed_is_listed_and_swept_by_the_emulate_comma
     assert swept.returncode == 0, swept.stdout + swept.stderr
     assert f"Deleted and confirmed gone: {node['name']}" in swept.stdout
     assert embedded_nodes_left() == []
-    assert _emulator_instances(fast_embedded_emulator) == []
+    assert _emulator_instances(preloaded_embedded_emulator) == []

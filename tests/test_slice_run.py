@@ -66,7 +66,7 @@ def test_a_worker_whose_ssh_is_dead_is_named_and_nothing_is_left(embedded_rig: R
 
 @pytest.mark.longest
 def test_one_jax_program_across_the_slice_comes_back_per_worker(
-    fast_embedded_emulator: Path, tmp_path: Path
+    preloaded_embedded_emulator: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
     done = tpulab(
@@ -92,7 +92,7 @@ def test_one_jax_program_across_the_slice_comes_back_per_worker(
 
 @pytest.mark.longest
 def test_the_first_failing_worker_stops_the_others_and_is_named(
-    fast_embedded_emulator: Path, tmp_path: Path
+    preloaded_embedded_emulator: Path, tmp_path: Path
 ) -> None:
     work = tmp_path / "work"
     work.mkdir()
@@ -126,7 +126,7 @@ def test_the_first_failing_worker_stops_the_others_and_is_named(
 
 @pytest.mark.longest
 def test_ctrl_c_while_every_worker_runs_leaves_nothing(
-    fast_embedded_emulator: Path, tmp_path: Path
+    preloaded_embedded_emulator: Path, tmp_path: Path
 ) -> None:
     marker_dir = tmp_path / "markers"
     marker_dir.mkdir()

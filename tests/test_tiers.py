@@ -52,6 +52,16 @@ def test_what_installs_from_the_package_index_is_network(text: str) -> None:
     assert "e2e" in found
 
 
+def test_run_emulate_on_the_preloaded_image_is_not_network() -> None:
+    text = (
+        "def test_x(preloaded_embedded_emulator: Path) -> None:\n"
+        '    done = tpulab("run", "--accelerator", "v5litepod-16", "--emulate")'
+    )
+    assert tiers_of_source(text) == {"e2e": "a CLI run against the emulator"}
+    bare = text.replace("preloaded_embedded_emulator", "fast_embedded_emulator")
+    assert "network" in tiers_of_source(bare)
+
+
 def test_a_bare_image_node_that_installs_nothing_is_not_network() -> None:
     text = 'backend = make_host_backend("embedded", tmp)\nbackend.start("n", sandbox, keys)'
     assert tiers_of_source(text) == {"e2e": "real SSH hosts"}

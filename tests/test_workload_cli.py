@@ -37,7 +37,9 @@ def tpulab(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[s
     )
 
 
-def test_the_readme_course_lab_comes_back(fast_embedded_emulator: Path, tmp_path: Path) -> None:
+def test_the_readme_course_lab_comes_back(
+    preloaded_embedded_emulator: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "lab-out"
     done = tpulab(
         "run", "--accelerator", "v5litepod-4", "--emulate", "--workdir", str(LAB),
@@ -46,6 +48,7 @@ def test_the_readme_course_lab_comes_back(fast_embedded_emulator: Path, tmp_path
     )  # fmt: skip
     assert done.returncode == EXIT_OK, done.stderr + done.stdout
     assert "cmd ┃ training on 4 cpu device(s) for 20 steps" in done.stdout
+    assert "image     preloaded (" in done.stdout  # the fixture's image.json reached the node
     # Shown as it could be pasted (shlex.join): the VM substitutes the quoted variable.
     assert "command   python train.py --run-dir '$TPULAB_RUN_DIR' --steps 20  exit 0" in done.stdout
     assert (out / "run" / "checkpoints" / "step_00020.npz").is_file()
@@ -57,7 +60,7 @@ def test_the_readme_course_lab_comes_back(fast_embedded_emulator: Path, tmp_path
 
 
 def test_a_failing_command_is_exit_9_with_its_own_status(
-    fast_embedded_emulator: Path, tmp_path: Path
+    preloaded_embedded_emulator: Path, tmp_path: Path
 ) -> None:
     work = tmp_path / "work"
     work.mkdir()
@@ -80,7 +83,7 @@ def test_a_failing_command_is_exit_9_with_its_own_status(
 
 
 def test_sigkill_during_the_command_leaves_a_node_that_teardown_verify_deletes(
-    fast_embedded_emulator: Path, tmp_path: Path
+    preloaded_embedded_emulator: Path, tmp_path: Path
 ) -> None:
     from tpulab.cleanup.journal import Journal
 

@@ -60,6 +60,8 @@ E2E_PATTERNS: dict[str, re.Pattern[str]] = {
 _BARE_NODE = re.compile(_BARE_OR_NOT + r"(?![^()]*preloaded)")
 _INSTALLS = re.compile(r"\bLifecycle\(|\bbootstrap\(|" + _CLI_RUN)
 _RUN_EMULATE = re.compile(r"[\"']run[\"'][^)]*[\"']--emulate[\"'](?![^)]*--dry-run)")
+# ... unless its `--emulate` nodes boot the preloaded image (emulator_fixtures.py).
+_PRELOADED_EMULATE = re.compile(r"\bpreloaded_embedded_emulator\b")
 
 # The two end-to-end tests `nox -s quick` keeps: one emulated run from create to the
 # confirmed delete, through the CLI, and one Ctrl-C that tears a run down.
@@ -84,7 +86,12 @@ def tiers_of(roots: Iterable[object]) -> dict[str, str]:
     return _tiers_of_hits(hits)
 
 
-_NETWORK_RULES = {"run --emulate": _RUN_EMULATE, "a bare node": _BARE_NODE, "install": _INSTALLS}
+_NETWORK_RULES = {
+    "run --emulate": _RUN_EMULATE,
+    "a preloaded --emulate": _PRELOADED_EMULATE,
+    "a bare node": _BARE_NODE,
+    "install": _INSTALLS,
+}
 
 
 @functools.cache
@@ -101,7 +108,7 @@ def _tiers_of_hits(hits: Iterable[str]) -> dict[str, str]:
         if reason in matched:
             found["e2e"] = reason
             break
-    if "run --emulate" in matched:
+    if "run --emulate" in matched and "a preloaded --emulate" not in matched:
         found["network"] = "`tpulab run --emulate` (the bare image)"
     elif "a bare node" in matched and "install" in matched:
         found["network"] = "a bootstrap on a bare-image node"

@@ -22,6 +22,7 @@ from tpulab.emulator.timing import Timing
 if TYPE_CHECKING:
     from tpulab.cloud.api import TpuApi
     from tpulab.cloud.google import GoogleTpuApi
+    from tpulab.emulator.hostenv import ImageKind
     from tpulab.emulator.hosts import HostBackend
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "EmulatedTarget",
     "emulated_api",
     "emulated_target",
+    "load_image_kind",
     "load_timing",
 ]
 
@@ -59,6 +61,27 @@ def load_timing(state_dir: Path, default: Timing = EMBEDDED_TIMING) -> Timing:
     return Timing(**{**default.__dict__, **values})
 
 
+def load_image_kind(state_dir: Path) -> ImageKind:
+    """`<state_dir>/image.json`'s `{"kind": ...}` if present, else "bare".
+
+    "bare" is what a user's `--emulate` gets: a node like a real TPU VM, whose bootstrap
+    installs uv and jax. A test whose subject is not that install writes "preloaded"
+    (the controller's own jax, hostenv.preloaded_image_env) to spare each node of a
+    `--emulate` subprocess its ~1.5 CPU-s of `pip install uv`, as timing.json spares it
+    the emulator's waits.
+    """
+    from tpulab.emulator.hostenv import IMAGE_KINDS
+
+    path = state_dir / "image.json"
+    if not path.is_file():
+        return "bare"
+    kind = json.loads(path.read_text(encoding="utf-8")).get("kind")
+    for known in IMAGE_KINDS:
+        if kind == known:
+            return known
+    raise ValueError(f"{path}: unknown emulated image {kind!r}; choose one of {IMAGE_KINDS}")
+
+
 @contextmanager
 def emulated_target(
     project: str = EMULATED_PROJECT,
@@ -81,7 +104,7 @@ def emulated_target(
     if ssh is not None:
         from tpulab.emulator.backends import make_host_backend
 
-        backend = make_host_backend(ssh, directory)
+        backend = make_host_backend(ssh, directory, image=load_image_kind(directory))
     try:
         emulator = Emulator(
             directory,
