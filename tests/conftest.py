@@ -89,7 +89,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 class _LongestAtTheHeads:
     """Start each xdist worker's share of the suite with its part of the longest tests:
     the benchmark smoke runs (one took 209 s, another 167 s, CI load) and the tests
-    marked `longest` (about a minute each under CI load).
+    marked `longest` (tens of seconds to a minute each under CI load, or a dozen runs
+    at once: the interruption matrix's groups, which ended the suite's run on one
+    worker while the others idled, 2026-12-07).
 
     `--dist worksteal` (noxfile.py) hands each worker a contiguous share of the
     collection and lets an idle one take the *tail* half of a busy one's queue; the

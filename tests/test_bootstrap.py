@@ -168,6 +168,7 @@ def test_bare_bootstrap_installs_jax_on_a_newer_python_then_is_a_no_op(
     assert system_python.stdout.strip() == image_version
 
 
+@pytest.mark.longest
 @pytest.mark.timeout(INSTALL_BOUND + 240)  # the install's bound and the probes' around it
 def test_missing_ensurepip_with_the_system_python_falls_back_and_names_it(
     embedded_bare: HostBackend, tmp_path: Path

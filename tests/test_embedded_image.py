@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tpulab.app.embedded import load_image_kind
+from tpulab.errors import ConfigError
 
 
 def test_without_image_json_the_nodes_boot_the_bare_image(tmp_path: Path) -> None:
@@ -21,13 +22,33 @@ def test_image_json_names_the_image(tmp_path: Path, kind: str) -> None:
     assert load_image_kind(tmp_path) == kind
 
 
-@pytest.mark.parametrize("content", ['{"kind": "ubuntu"}', "{}", '{"kind": ["preloaded"]}'])
+@pytest.mark.parametrize(
+    "content", ['{"kind": "ubuntu"}', "{}", '{"kind": ["preloaded"]}', "[]", "preloaded", ""]
+)
 def test_an_unknown_image_is_refused_naming_the_file_and_the_choices(
     tmp_path: Path, content: str
 ) -> None:
     path = tmp_path / "image.json"
     path.write_text(content)
-    with pytest.raises(ValueError, match="unknown emulated image") as refused:
+    with pytest.raises(ConfigError) as refused:
         load_image_kind(tmp_path)
-    assert str(path) in str(refused.value)
-    assert "'bare', 'preloaded'" in str(refused.value)
+    assert refused.value.message.startswith(f"{path} does not name an emulated image")
+    assert refused.value.hint == (
+        'Write {"kind": "bare"} or {"kind": "preloaded"} there, or delete it for the bare image.'
+    )
+
+
+def test_run_emulate_with_a_damaged_image_json_is_refused_before_anything_starts() -> None:
+    from helpers import invoke
+
+    from tpulab import paths
+    from tpulab.exits import EXIT_CONFIG
+
+    state = paths.emulator_state_dir()
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "image.json").write_text('{"kind": "ubuntu"}')
+    code, _out, err = invoke("run", "--accelerator", "v5litepod-4", "--emulate")
+    assert code == EXIT_CONFIG, err
+    assert "does not name an emulated image (kind 'ubuntu')" in " ".join(err.split())
+    assert not (state / "state.json").exists()  # no emulator ever wrote its state
+    assert not list(state.glob("sandboxes/**/*"))

@@ -65,6 +65,17 @@ def test_a_corrupt_state_file_is_refused_at_start_naming_the_file(tmp_path: Path
     assert "Traceback" not in done.stderr
 
 
+def test_an_image_json_naming_no_image_is_refused_at_start(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "image.json").write_text('{"kind": "ubuntu-22.04"}')
+    done = refused("--state", str(state), "--ssh", "embedded")  # the last --ssh wins
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert f"{state / 'image.json'} does not name an emulated image" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (state / "state.json").exists()  # refused before it served anything
+
+
 def test_state_corrupted_while_serving_stops_the_server_once(tmp_path: Path) -> None:
     state = tmp_path / "state"
     served = Served("--state", str(state))

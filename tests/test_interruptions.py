@@ -527,6 +527,7 @@ def test_the_groups_cover_every_phase_once() -> None:
     assert sorted(grouped) == sorted(PHASES)
 
 
+@pytest.mark.longest
 @pytest.mark.parametrize("group", list(PHASE_GROUPS))
 def test_interruption_matrix(
     group: str, matrix: Matrix, capsys: pytest.CaptureFixture[str]
@@ -686,6 +687,7 @@ def test_ctrl_c_during_teardown_is_refused_and_a_quick_third_forces_quit(quick: 
     assert served.journal.open_runs() == []
 
 
+@pytest.mark.longest
 @pytest.mark.parametrize("group", list(PHASE_GROUPS))
 def test_sigkill_in_every_phase_leaves_nothing_even_without_teardown_verify(
     group: str, matrix: Matrix, capsys: pytest.CaptureFixture[str]
@@ -773,6 +775,7 @@ def _fetched_artifact(served: Matrix, cell: Cell) -> str | None:
     return found[0].read_text() if found else None
 
 
+@pytest.mark.longest
 @pytest.mark.parametrize("phase", list(WORKLOAD_PHASES))
 def test_interrupted_in_a_workload_phase_leaves_nothing(
     phase: str, with_index: Matrix, capsys: pytest.CaptureFixture[str]

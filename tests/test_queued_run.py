@@ -112,6 +112,7 @@ def test_window_passes_failed_reported_and_nothing_left(embedded_rig: Rig) -> No
     assert queued_resources(rig) == []
 
 
+@pytest.mark.longest
 def test_suspended_spot_node_ends_the_run_and_nothing_left(embedded_rig: Rig) -> None:
     """A spot node preempted before the run could use it: the service suspends the
     queued resource, the run ends with that reason, and nothing is left."""

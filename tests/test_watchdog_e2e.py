@@ -191,6 +191,7 @@ def test_sigkill_during_the_payload_the_vm_deletes_itself_within_one_lease(
     assert VANISHED in closed.detail
 
 
+@pytest.mark.longest
 def test_a_payload_three_leases_long_completes_and_the_controller_deletes_its_node(
     served: Matrix,
 ) -> None:

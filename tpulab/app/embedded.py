@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Literal
 from tpulab.config import EMULATED_IMAGE, EMULATED_PROJECT, EMULATED_ZONE
 from tpulab.emulator.server import Emulator
 from tpulab.emulator.timing import Timing
+from tpulab.errors import ConfigError
 
 if TYPE_CHECKING:
     from tpulab.cloud.api import TpuApi
@@ -75,11 +76,18 @@ def load_image_kind(state_dir: Path) -> ImageKind:
     path = state_dir / "image.json"
     if not path.is_file():
         return "bare"
-    kind = json.loads(path.read_text(encoding="utf-8")).get("kind")
+    try:
+        kind = json.loads(path.read_text(encoding="utf-8")).get("kind")
+    except (ValueError, AttributeError, OSError):
+        kind = None  # not JSON, not an object, unreadable: named below like a bad kind
     for known in IMAGE_KINDS:
         if kind == known:
             return known
-    raise ValueError(f"{path}: unknown emulated image {kind!r}; choose one of {IMAGE_KINDS}")
+    choices = " or ".join(f'{{"kind": "{known}"}}' for known in IMAGE_KINDS)
+    raise ConfigError(
+        f"{path} does not name an emulated image (kind {kind!r}).",
+        hint=f"Write {choices} there, or delete it for the bare image.",
+    )
 
 
 @contextmanager

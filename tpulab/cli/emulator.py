@@ -82,10 +82,16 @@ def _serve(
     emulator = Emulator(state_dir, timing=timing, host=host, port=port)
     backend = None
     if ssh != "none":
+        from tpulab.app.embedded import load_image_kind
         from tpulab.emulator.backends import make_host_backend
 
-        # Built before anything listens: a missing sshd is refused here, at start.
-        backend = make_host_backend("openssh" if ssh == "openssh" else "embedded", state_dir)
+        # Built before anything listens: a missing sshd is refused here, at start; so is
+        # an image.json naming no image.
+        backend = make_host_backend(
+            "openssh" if ssh == "openssh" else "embedded",
+            state_dir,
+            image=load_image_kind(state_dir),
+        )
         emulator.host_backend = backend
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
