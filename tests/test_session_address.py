@@ -15,14 +15,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import refused_port, tpulab
+from helpers import refused_port, require_tool, tpulab
 
 from tpulab.emulator import Emulator
 from tpulab.emulator.hostenv import preloaded_image_env
 from tpulab.emulator.sshhost import EmbeddedHostBackend
 from tpulab.emulator.timing import Timing
 
-pytestmark = pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
+
+@pytest.fixture(autouse=True)
+def _ssh_client() -> None:
+    """`tpulab ssh` runs the OpenSSH client: skipped without it here, failed in CI."""
+    require_tool(shutil.which("ssh") is not None, "OpenSSH client (ssh)")
+
 
 PROJECT = "moved-proj"
 ZONE = "us-central1-a"

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import invoke, served_emulator, tpulab
+from helpers import invoke, require_tool, served_emulator, tpulab
 
 from tpulab.cleanup.sessions import DAMAGED_DIR, SessionStore
 from tpulab.emulator import Emulator
@@ -166,10 +166,10 @@ def _said(stderr: str, form: str) -> str:
     return said
 
 
-@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
 def test_every_command_survives_each_damaged_form_and_the_other_session_works(
     served: Emulator, tmp_path: Path
 ) -> None:
+    require_tool(shutil.which("ssh") is not None, "OpenSSH client (ssh)")  # `tpulab ssh`
     with ThreadPoolExecutor(max_workers=2) as pool:
         list(pool.map(lambda name: _up(served, name), ["c1", "c2"]))
     saved = tmp_path / "c1-saved"
