@@ -231,3 +231,64 @@ def test_a_dead_endpoint_is_reported_once_not_every_round(emulator: Emulator) ->
     assert len(notes) == 2  # ...but said "get failed" and "list failed" once each
     assert all("cannot reach" in note for note in notes)
     assert [node.name for node in caught.value.leaked] == ["gone"]
+
+
+# A create whose reply never came: its node may still appear, so an empty list counts
+# only after `settle` seconds (run/ending.py passes 30). The clock is the test's: the
+# settle passes in the teardown's own sleeps, never in real time.
+SETTLE = 30.0
+
+
+def test_a_create_never_seen_is_waited_for_the_whole_settle(tpu_api: GoogleTpuApi) -> None:
+    from helpers import FakeClock
+
+    clock = FakeClock(1000.0)
+    report = delete_and_confirm(
+        tpu_api, ZONE, "never-listed", run_id="run-s", known_ours=False, timeout=120,
+        poll=0.5, max_poll=2.0, clock=clock, sleep=clock.sleep, settle=SETTLE,
+    )  # fmt: skip
+    assert report.confirmed
+    assert report.seconds >= SETTLE  # every list was empty, and each was believed only late
+    assert report.list_calls > 1
+
+
+def test_a_node_the_list_shows_ends_the_settle_once_it_is_gone(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    from helpers import FakeClock
+
+    create(tpu_api, "lost-reply", "run-t")  # created, its reply lost: found by its label
+    clock = FakeClock(1000.0)
+    report = delete_and_confirm(
+        tpu_api, ZONE, "lost-reply", run_id="run-t", known_ours=False, timeout=120,
+        poll=0.5, max_poll=2.0, clock=clock, sleep=clock.sleep, settle=SETTLE,
+    )  # fmt: skip
+    assert report.confirmed
+    assert report.delete_attempts == 1
+    assert report.seconds < SETTLE, clock.sleeps  # the create acted: nothing more can appear
+    assert emulator.node_names() == []
+
+
+def test_a_queued_resource_the_list_shows_ends_the_settle_once_it_is_gone(
+    emulator: Emulator, tpu_api: GoogleTpuApi
+) -> None:
+    """What a Ctrl-C between `run --queued`'s CreateQueuedResource and its reply leaves:
+    the run waited the whole 30 s for a queued resource it had already deleted."""
+    from emulator_fixtures import node_request
+    from helpers import FakeClock
+
+    from tpulab.cloud.api import QueuedResourceRequest
+
+    emulator.faults.capacity_after = {ZONE: 3600.0}  # it waits for capacity, as in the issue
+    request = QueuedResourceRequest(node_id="lost-qr", node=node_request(run_id="run-q"))
+    tpu_api.wait_operation(tpu_api.create_queued_resource(ZONE, "lost-qr", request), timeout=20)
+    clock = FakeClock(1000.0)
+    report = delete_and_confirm(
+        tpu_api, ZONE, "lost-qr", run_id="run-q", known_ours=False, timeout=120,
+        poll=0.5, max_poll=2.0, clock=clock, sleep=clock.sleep, settle=SETTLE,
+        queued_resource="lost-qr",
+    )  # fmt: skip
+    assert report.confirmed
+    assert report.seconds < SETTLE, clock.sleeps
+    assert emulator.snapshot().get("queued_resources", {}) == {}
+    assert emulator.node_names() == []

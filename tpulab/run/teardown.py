@@ -12,8 +12,9 @@ Contract of `delete_and_confirm`:
    for; one that is not (a failed or lost delete) gets DeleteNode again.
 4. Only then return a `TeardownReport` with `confirmed=True`. When the create's outcome
    is unknown (its reply was lost), absence counts only after `settle` seconds of empty
-   lists, since the API may still be materialising the node. Past the deadline raise
-   `TeardownError`, which names the node and carries the exact gcloud command.
+   lists, since the API may still be materialising the node; a list that shows the
+   run's node or queued resource ends that doubt (the create acted). Past the deadline
+   raise `TeardownError`, which names the node and carries the exact gcloud command.
 
 With `queued_resource` (a run that asked for its node through a QueuedResource), step 1
 deletes the queued resource with force=true instead (the API then deletes its node), and
@@ -266,6 +267,12 @@ class _Teardown:
             if self.queued_resource is not None:
                 self.queued_left = self.queued_leftovers()
             nodes = self.leftovers()
+        if nodes or self.queued_left:
+            # The create's outcome is known once its node (or queued resource) is seen:
+            # it acted, and one create makes one resource, so nothing of it can appear
+            # after this one is gone. A Ctrl-C between a queued create's request and its
+            # reply waited the whole settle (30 s) for a resource already deleted.
+            self.settled_at = min(self.settled_at, self.clock())
         if self.clock() >= self.deadline:
             return nodes
         for found in self.queued_left or ():
