@@ -103,6 +103,14 @@ def _guest(emulator: Emulator, name: str) -> dict[str, Any]:
     return dict(node.get("guest") or {})
 
 
+def _recorded(emulator: Emulator, name: str, field: str) -> Any:
+    """The guest's `field` once the emulator has recorded it: it starts the guest, then
+    records it, and by then the startup-script may already have written what a test
+    waits for (a loaded run read the state in between: KeyError 'init_pid', 2026-12-07)."""
+    wait_until(lambda: field in _guest(emulator, name), f"the guest's {field} recorded")
+    return _guest(emulator, name)[field]
+
+
 @pytest.fixture
 def guest_emulator(start_emulator: EmulatorStarter, tmp_path: Path) -> Emulator:
     return start_emulator(tmp_path / "state", guests=True)
@@ -133,7 +141,7 @@ def test_startup_script_runs_at_boot(guest_emulator: Emulator, script: str, expe
     _create(guest_emulator, "n1", {"startup-script": script})
     sandbox = guest_emulator.sandbox(PROJECT, ZONE, "n1")
     booted = written_text(sandbox / "booted", "the startup-script's file")
-    address = _guest(guest_emulator, "n1")["metadata"]
+    address = _recorded(guest_emulator, "n1", "metadata")
     assert booted.strip() == f"{expected}{address}"
     log = guest_emulator.startup_log(PROJECT, ZONE, "n1")
     wait_until(lambda: "exit status 0" in log.read_text(), "the exit status in the log")
@@ -252,7 +260,7 @@ def test_daemonised_children_die_when_the_controller_deletes_the_node(
     _create(guest_emulator, "n1", {"startup-script": _DAEMONS})
     sandbox = guest_emulator.sandbox(PROJECT, ZONE, "n1")
     pids = _pids(sandbox)
-    init_pid = _guest(guest_emulator, "n1")["init_pid"]
+    init_pid = _recorded(guest_emulator, "n1", "init_pid")
     assert _alive(init_pid)
 
     # The script's environment: the image's plus the node's own addresses, HOME = cwd.
@@ -453,4 +461,4 @@ def test_ssh_sessions_get_the_same_node_environment(
     boot = _env(sandbox / "env.txt")
     for name in (METADATA_HOST_ENV, TPU_API_BASE_ENV, RESOURCE_MANAGER_BASE_ENV, "PATH"):
         assert seen[name] == boot[name], name
-    assert seen[METADATA_HOST_ENV] == _guest(emulator, "n1")["metadata"]
+    assert seen[METADATA_HOST_ENV] == _recorded(emulator, "n1", "metadata")
