@@ -11,7 +11,7 @@ from delegating_api import DelegatingTpuApi
 
 from tpulab.errors import CloudError, DeadlineError, InvalidArgumentError, TeardownError
 from tpulab.models import NodeState
-from tpulab.run.teardown import delete_and_confirm
+from tpulab.run.teardown import TeardownReport, delete_and_confirm
 
 if TYPE_CHECKING:
     from tpulab.cloud.google import GoogleTpuApi
@@ -239,14 +239,22 @@ def test_a_dead_endpoint_is_reported_once_not_every_round(emulator: Emulator) ->
 SETTLE = 30.0
 
 
-def test_a_create_never_seen_is_waited_for_the_whole_settle(tpu_api: GoogleTpuApi) -> None:
+def _after_a_lost_reply(
+    api: GoogleTpuApi, name: str, run_id: str, queued_resource: str | None = None
+) -> TeardownReport:
+    """The teardown `run` does for a create sent but not known accepted."""
     from helpers import FakeClock
 
     clock = FakeClock(1000.0)
-    report = delete_and_confirm(
-        tpu_api, ZONE, "never-listed", run_id="run-s", known_ours=False, timeout=120,
-        poll=0.5, max_poll=2.0, clock=clock, sleep=clock.sleep, settle=SETTLE,
+    return delete_and_confirm(
+        api, ZONE, name, run_id=run_id, known_ours=False, timeout=120, poll=0.5,
+        max_poll=2.0, clock=clock, sleep=clock.sleep, settle=SETTLE,
+        queued_resource=queued_resource,
     )  # fmt: skip
+
+
+def test_a_create_never_seen_is_waited_for_the_whole_settle(tpu_api: GoogleTpuApi) -> None:
+    report = _after_a_lost_reply(tpu_api, "never-listed", "run-s")
     assert report.confirmed
     assert report.seconds >= SETTLE  # every list was empty, and each was believed only late
     assert report.list_calls > 1
@@ -255,17 +263,11 @@ def test_a_create_never_seen_is_waited_for_the_whole_settle(tpu_api: GoogleTpuAp
 def test_a_node_the_list_shows_ends_the_settle_once_it_is_gone(
     emulator: Emulator, tpu_api: GoogleTpuApi
 ) -> None:
-    from helpers import FakeClock
-
     create(tpu_api, "lost-reply", "run-t")  # created, its reply lost: found by its label
-    clock = FakeClock(1000.0)
-    report = delete_and_confirm(
-        tpu_api, ZONE, "lost-reply", run_id="run-t", known_ours=False, timeout=120,
-        poll=0.5, max_poll=2.0, clock=clock, sleep=clock.sleep, settle=SETTLE,
-    )  # fmt: skip
+    report = _after_a_lost_reply(tpu_api, "lost-reply", "run-t")
     assert report.confirmed
     assert report.delete_attempts == 1
-    assert report.seconds < SETTLE, clock.sleeps  # the create acted: nothing more can appear
+    assert report.seconds < SETTLE  # the create acted: nothing more of it can appear
     assert emulator.node_names() == []
 
 
@@ -275,20 +277,14 @@ def test_a_queued_resource_the_list_shows_ends_the_settle_once_it_is_gone(
     """What a Ctrl-C between `run --queued`'s CreateQueuedResource and its reply leaves:
     the run waited the whole 30 s for a queued resource it had already deleted."""
     from emulator_fixtures import node_request
-    from helpers import FakeClock
 
     from tpulab.cloud.api import QueuedResourceRequest
 
-    emulator.faults.capacity_after = {ZONE: 3600.0}  # it waits for capacity, as in the issue
+    emulator.faults.capacity_after = {ZONE: 3600.0}  # it waits for capacity
     request = QueuedResourceRequest(node_id="lost-qr", node=node_request(run_id="run-q"))
     tpu_api.wait_operation(tpu_api.create_queued_resource(ZONE, "lost-qr", request), timeout=20)
-    clock = FakeClock(1000.0)
-    report = delete_and_confirm(
-        tpu_api, ZONE, "lost-qr", run_id="run-q", known_ours=False, timeout=120,
-        poll=0.5, max_poll=2.0, clock=clock, sleep=clock.sleep, settle=SETTLE,
-        queued_resource="lost-qr",
-    )  # fmt: skip
+    report = _after_a_lost_reply(tpu_api, "lost-qr", "run-q", queued_resource="lost-qr")
     assert report.confirmed
-    assert report.seconds < SETTLE, clock.sleeps
+    assert report.seconds < SETTLE
     assert emulator.snapshot().get("queued_resources", {}) == {}
     assert emulator.node_names() == []
