@@ -4,6 +4,7 @@ prints is usable (a wildcard bind is advertised on loopback)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -80,7 +81,13 @@ def test_state_corrupted_while_serving_stops_the_server_once(tmp_path: Path) -> 
     state = tmp_path / "state"
     served = Served("--state", str(state))
     try:
-        (state / "state.json").write_text("[1, 2")
+        # Under the emulator's own lock, as its writers do. write_text truncates, then
+        # writes: a tick that read in between saw an empty file, took it for a fresh
+        # state and wrote one over the damage, then served on (CI, 2026-12-07; 3 of 18
+        # runs under load, 0 of 42 with the lock).
+        with (state / "state.lock").open("a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            (state / "state.json").write_text("[1, 2")
         started = time.monotonic()
         code, _, err = served.finish(timeout=15)
     except subprocess.TimeoutExpired:
