@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tpulab.emulator.persist import StateFile
+from tpulab.emulator.persist import EmulatorStateError, StateFile
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -62,3 +62,32 @@ def test_a_body_that_fails_writes_nothing_and_the_next_sees_the_file(tmp_path: P
         assert state["nodes"]["a"] == {"state": "READY"}
         state["nodes"]["a"]["state"] = "DELETING"  # the same edit, now completed
     assert StateFile(tmp_path).read()["nodes"]["a"] == {"state": "DELETING"}
+
+
+def test_no_state_file_is_a_fresh_cloud_and_reading_it_creates_none(tmp_path: Path) -> None:
+    state = StateFile(tmp_path)
+    assert state.read()["nodes"] == {}
+    assert not state.path.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        pytest.param(b"", "is empty.", id="empty"),
+        pytest.param(b"\n  \n", "is empty.", id="blank"),
+        pytest.param(b'{"nodes": {"\xff": {}}}', "is not valid JSON ('utf-8' codec", id="not-utf8"),
+    ],
+)
+def test_an_empty_or_undecodable_state_file_is_damage_not_a_fresh_cloud(
+    tmp_path: Path, content: bytes, problem: str
+) -> None:
+    """Every write replaces state.json whole, so an empty one is damage (a crash before
+    its blocks reached the disk): starting afresh would forget its nodes silently."""
+    state = StateFile(tmp_path)
+    state.path.write_bytes(content)
+    with pytest.raises(EmulatorStateError) as refused:
+        state.read()
+    assert refused.value.message.startswith(f"The emulator state file {state.path} {problem}")
+    assert refused.value.hint is not None
+    assert refused.value.hint.startswith(f"Move {state.path}")
+    assert state.path.read_bytes() == content  # the damage is left for the user to see

@@ -8,14 +8,14 @@ client is the real `GoogleTpuApi` over HTTP: `--emulate` exercises the productio
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from tpulab.config import EMULATED_IMAGE, EMULATED_PROJECT, EMULATED_ZONE
+from tpulab.emulator.persist import EmulatorStateError, read_settings_file
 from tpulab.emulator.server import Emulator
 from tpulab.emulator.timing import Timing
 from tpulab.errors import ConfigError
@@ -51,15 +51,30 @@ class EmulatedTarget:
 
 
 def load_timing(state_dir: Path, default: Timing = EMBEDDED_TIMING) -> Timing:
-    """`<state_dir>/timing.json` (Timing's field names) if present, else `default`.
+    """`<state_dir>/timing.json` (Timing's field names) over `default`, or `default`.
 
-    This is how a test makes a `--emulate` subprocess fast without a hidden flag.
+    This is how a test makes a `--emulate` subprocess fast without a hidden flag. A
+    damaged file is refused naming it (EmulatorStateError), before anything starts.
     """
     path = state_dir / "timing.json"
-    if not path.is_file():
+    names = [field.name for field in fields(Timing)]
+    seconds = ", ".join(name for name in names if name.endswith("_seconds"))
+    hint = (
+        f"Fix it (an object of any of {seconds}, in seconds, and page_size, a count), "
+        "or delete it for the default timing."
+    )
+    values = read_settings_file(path, "timing file", hint=hint)
+    if values is None:
         return default
-    values = json.loads(path.read_text(encoding="utf-8"))
-    return Timing(**{**default.__dict__, **values})
+    unknown = sorted(set(values) - set(names))
+    try:
+        if unknown:
+            raise ValueError(f"unknown field(s) {unknown}")
+        return replace(default, **values)
+    except ValueError as error:
+        raise EmulatorStateError(
+            f"The emulator timing file {path} is not a valid timing ({error}).", hint=hint
+        ) from None
 
 
 def load_image_kind(state_dir: Path) -> ImageKind:
@@ -74,20 +89,16 @@ def load_image_kind(state_dir: Path) -> ImageKind:
     from tpulab.emulator.hostenv import IMAGE_KINDS
 
     path = state_dir / "image.json"
-    if not path.is_file():
+    choices = " or ".join(f'{{"kind": "{known}"}}' for known in IMAGE_KINDS)
+    hint = f"Write {choices} there, or delete it for the bare image."
+    values = read_settings_file(path, "image file", hint=hint)
+    if values is None:
         return "bare"
-    try:
-        kind = json.loads(path.read_text(encoding="utf-8")).get("kind")
-    except (ValueError, AttributeError, OSError):
-        kind = None  # not JSON, not an object, unreadable: named below like a bad kind
+    kind = values.get("kind")
     for known in IMAGE_KINDS:
         if kind == known:
             return known
-    choices = " or ".join(f'{{"kind": "{known}"}}' for known in IMAGE_KINDS)
-    raise ConfigError(
-        f"{path} does not name an emulated image (kind {kind!r}).",
-        hint=f"Write {choices} there, or delete it for the bare image.",
-    )
+    raise ConfigError(f"{path} does not name an emulated image (kind {kind!r}).", hint=hint)
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from typing import Any
 
 from tpulab import errors as E
 
-__all__ = ["EmulatorStateError", "StateFile"]
+__all__ = ["EmulatorStateError", "StateFile", "read_settings_file"]
 
 _VERSION = 1
 
@@ -40,6 +40,34 @@ class EmulatorStateError(E.ConfigError):
     meets it stops and shows the message, which names the file and what to do."""
 
 
+_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+_JSON_KINDS[type(None)] = "null"
+
+
+def read_settings_file(path: Path, what: str, *, hint: str) -> dict[str, Any] | None:
+    """A JSON object a user or a test put in the state directory beside state.json
+    (faults.json, timing.json, image.json), or None when there is none. Anything else
+    there (not a file, unreadable, not JSON, not an object) is an EmulatorStateError
+    that names the file, says what is wrong, and gives `hint`: each such file changes
+    how the emulated cloud behaves, so a damaged one must stop the emulator rather than
+    be ignored or end in a traceback."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+        values = json.loads(text)
+    except OSError as error:
+        problem = f"cannot be read ({error.strerror or error})"
+    except ValueError as error:  # not UTF-8, or not JSON
+        problem = f"is not valid JSON ({error})"
+    else:
+        if isinstance(values, dict):
+            return values
+        kind = _JSON_KINDS.get(type(values), type(values).__name__)
+        problem = f"holds a JSON {kind}, not an object of names and values"
+    raise EmulatorStateError(f"The emulator {what} {path} {problem}.", hint=hint)
+
+
 class StateFile:
     def __init__(self, state_dir: Path, *, on_change: Callable[[], None] | None = None) -> None:
         self.state_dir = state_dir
@@ -55,7 +83,7 @@ class StateFile:
         # compact JSON (C-encoded, ~1 ms at 120 nodes) rather than the indented form the
         # file keeps for people (the pure-Python encoder, ~3.4 ms); the pair saves
         # encoding the state before the body runs while the file is as we left it.
-        self._known: tuple[str, str] | None = None
+        self._known: tuple[str | None, str] | None = None
 
     @contextmanager
     def transaction(self) -> Iterator[dict[str, Any]]:
@@ -70,7 +98,7 @@ class StateFile:
             changed = False
             try:
                 text = self._read_text()
-                state = self._parse(text) if text else _empty()
+                state = _empty() if text is None else self._parse(text)
                 known = self._known
                 before = known[1] if known and known[0] == text else _compact(state)
                 yield state
@@ -101,11 +129,19 @@ class StateFile:
                 hint="Pass --state a directory you can write to.",
             ) from None
 
-    def _parse(self, text: str) -> dict[str, Any]:
-        afresh = (
+    def _afresh(self) -> str:
+        return (
             f"Move {self.path} aside (or delete it) to start with an empty emulated cloud; "
             "the nodes it recorded are then forgotten."
         )
+
+    def _parse(self, text: str) -> dict[str, Any]:
+        afresh = self._afresh()
+        if not text.strip():
+            # Never written so by us (every write replaces the file whole): damage, such
+            # as a crash before the file's blocks reached the disk. Not a fresh cloud:
+            # starting afresh would forget, silently, every node it recorded.
+            raise EmulatorStateError(f"The emulator state file {self.path} is empty.", hint=afresh)
         try:
             state = json.loads(text)
         except ValueError as error:
@@ -141,13 +177,21 @@ class StateFile:
             hint="Pass --state a directory you can read and write.",
         )
 
-    def _read_text(self) -> str:
+    def _read_text(self) -> str | None:
+        """The file's text, or None when there is no state file yet (a fresh cloud)."""
         try:
-            return self.path.read_text(encoding="utf-8")
+            data = self.path.read_bytes()
         except FileNotFoundError:
-            return ""
+            return None
         except OSError as error:  # e.g. state.json is a directory
             raise self._unusable(error, "read") from None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise EmulatorStateError(
+                f"The emulator state file {self.path} is not valid JSON ({error}).",
+                hint=self._afresh(),
+            ) from None
 
     def _write_text(self, text: str) -> None:
         try:

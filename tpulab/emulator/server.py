@@ -50,7 +50,7 @@ from tpulab.emulator.iam import (
 )
 from tpulab.emulator.instances import INSTANCE_ROUTES, InstanceApi, instance_key, is_instance
 from tpulab.emulator.machines import Machines, clear_boot, kill_boot, owner_alive, set_live
-from tpulab.emulator.persist import EmulatorStateError, StateFile
+from tpulab.emulator.persist import EmulatorStateError, StateFile, read_settings_file
 from tpulab.emulator.project_apis import PROJECT_ROUTES
 from tpulab.emulator.startup import startup_log
 from tpulab.emulator.state import (
@@ -255,14 +255,16 @@ class Emulator:
         return self._guests_choice
 
     def _seed_faults(self, faults_file: Path) -> None:
-        if not faults_file.is_file():
+        hint = "Fix it (field names as GET /_emulator/faults shows) or delete it."
+        values = read_settings_file(faults_file, "faults file", hint=hint)
+        if values is None:
             return
         try:
-            self.faults.update(json.loads(faults_file.read_text(encoding="utf-8")))
+            self.faults.update(values)
         except ValueError as error:
             raise EmulatorStateError(
                 f"The emulator faults file {faults_file} is not a valid fault plan ({error}).",
-                hint="Fix it (field names as GET /_emulator/faults shows) or delete it.",
+                hint=hint,
             ) from None
 
     # -- lifecycle -------------------------------------------------------------------

@@ -42,11 +42,15 @@ class Timing:
             "idle_tick_seconds",
         ):
             value = getattr(self, name)
-            # NaN compares false with everything, so `< 0` alone would let it through.
-            if not math.isfinite(value) or value < 0:
+            # NaN compares false with everything, so `< 0` alone would let it through;
+            # a string or a boolean (timing.json's) is no number of seconds at all.
+            if not _is_number(value) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value!r}")
-        if self.tick_seconds <= 0 or self.page_size < 1:
-            raise ValueError("Timing.tick_seconds must be > 0 and page_size >= 1")
+        if self.tick_seconds <= 0:
+            raise ValueError("tick_seconds must be > 0")
+        size = self.page_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"page_size must be a whole number >= 1, not {size!r}")
 
     @classmethod
     def fast(cls) -> Timing:
@@ -59,3 +63,7 @@ class Timing:
             queue_seconds=0.05,
             tick_seconds=0.02,
         )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
