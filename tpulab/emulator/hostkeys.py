@@ -2,8 +2,8 @@
 node's `metadata["ssh-keys"]`, and the host keys it generates at first boot.
 
 - `parse_ssh_keys`: "user:keytype base64 [comment]" lines, as the guest agent reads them.
-- `new_host_keys`: fresh ed25519, ECDSA P-256 and RSA host keys per node, the set the
-  guest agent generates at a VM's first boot (its `host_key_types = ecdsa,ed25519,rsa`).
+- `new_host_keys`: ed25519, ECDSA P-256 and RSA host keys per node, the set the guest
+  agent generates at a VM's first boot (its `host_key_types = ecdsa,ed25519,rsa`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ from __future__ import annotations
 import base64
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tpulab.emulator.rsa_pool import RsaKeyPool
 
 __all__ = ["AuthorizedKey", "HostKeyPair", "new_host_keys", "parse_ssh_keys"]
 
@@ -61,21 +64,18 @@ class HostKeyPair:
         return f"HostKeyPair({self.key_type} {self.b64[:16]}...)"
 
 
-# RSA size: ssh-keygen's default is 3072 bits, but generating one costs ~0.3 s per node
-# start here (2048: ~0.08 s) and no client's choice depends on the size.
-_RSA_BITS = 2048
-
-
-def new_host_keys() -> list[HostKeyPair]:
-    """One fresh key per type the guest agent publishes: ssh-ed25519 (tpulab pins this),
-    ecdsa-sha2-nistp256 (ssh-keygen's default ECDSA curve) and ssh-rsa."""
-    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+def new_host_keys(rsa_keys: RsaKeyPool) -> list[HostKeyPair]:
+    """One key per type the guest agent publishes, none of them held by another boot of
+    this cloud: ssh-ed25519 (tpulab pins this) and ecdsa-sha2-nistp256 (ssh-keygen's
+    default ECDSA curve), fresh; ssh-rsa, the next of `rsa_keys` (rsa_pool.py: making
+    one costs ~400 times the other two)."""
+    from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     return [
         _pair(Ed25519PrivateKey.generate()),
         _pair(ec.generate_private_key(ec.SECP256R1())),
-        _pair(rsa.generate_private_key(public_exponent=65537, key_size=_RSA_BITS)),
+        _pair(rsa_keys.take()),
     ]
 
 

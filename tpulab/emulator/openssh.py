@@ -34,6 +34,7 @@ from tpulab.emulator.hostenv import BackendImage, ImageEnv, ImageKind, session_e
 from tpulab.emulator.hostkeys import new_host_keys, parse_ssh_keys
 from tpulab.emulator.hosts import AddressedHostBackend, HostEndpoint
 from tpulab.emulator.processes import NODE_TAG_VAR, held, kill_tagged, new_node_tag, reserve_port
+from tpulab.emulator.rsa_pool import RsaKeyPool
 
 __all__ = [
     "DEFAULT_SSHD",
@@ -116,6 +117,7 @@ class OpenSshHostBackend(AddressedHostBackend):
             )
         self.sftp_server = found
         self.images = BackendImage(image, state_dir / "image", cache_dir=cache_dir)
+        self._rsa_keys = RsaKeyPool(state_dir)  # host keys: rsa_pool.py
         self.image = self.images.base
         self.login_user = pwd.getpwuid(os.getuid()).pw_name
         self._nodes: dict[str, _Sshd] = {}
@@ -144,7 +146,7 @@ class OpenSshHostBackend(AddressedHostBackend):
         shutil.rmtree(node_dir, ignore_errors=True)
         node_dir.mkdir(parents=True, mode=0o700)
 
-        pairs = new_host_keys()
+        pairs = new_host_keys(self._rsa_keys)
         host_key_files = []
         for pair in pairs:
             # sshd's own naming: ssh_host_<ed25519|ecdsa|rsa>_key

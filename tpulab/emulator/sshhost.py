@@ -32,6 +32,7 @@ from tpulab.emulator.hostenv import BackendImage, ImageEnv, ImageKind, session_e
 from tpulab.emulator.hostkeys import new_host_keys, parse_ssh_keys
 from tpulab.emulator.hosts import AddressedHostBackend, HostEndpoint
 from tpulab.emulator.processes import NODE_TAG_VAR, held, kill_tagged, new_node_tag, reserve_port
+from tpulab.emulator.rsa_pool import RsaKeyPool
 
 if TYPE_CHECKING:
     import asyncssh
@@ -92,6 +93,7 @@ class EmbeddedHostBackend(AddressedHostBackend):
     ) -> None:
         self.state_dir = state_dir
         self.images = BackendImage(image, state_dir / "image", cache_dir=cache_dir)
+        self._rsa_keys = RsaKeyPool(state_dir)  # host keys: rsa_pool.py
         self.image = self.images.base
         self._nodes: dict[str, _Node] = {}
         self._lock = threading.Lock()
@@ -126,9 +128,9 @@ class EmbeddedHostBackend(AddressedHostBackend):
         sock = reserve_port(address, port)  # first: a taken port starts nothing
         sandbox.mkdir(parents=True, exist_ok=True)
         authorized = _authorized(ssh_keys_metadata)
-        pairs = new_host_keys()
-        # Generated a line above: asyncssh's check of the RSA key's consistency (~30 ms
-        # a node start, more than generating all three) would only re-prove that.
+        pairs = new_host_keys(self._rsa_keys)
+        # Generated a line above, or (RSA) from the pool, checksum-proven: asyncssh's
+        # check of the RSA key's consistency (~30 ms a node start) would only re-prove it.
         host_keys = [
             asyncssh.import_private_key(pair.private_openssh, unsafe_skip_rsa_key_validation=True)
             for pair in pairs
