@@ -9,7 +9,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 
 from tpulab.emulator.hostkeys import new_host_keys
-from tpulab.emulator.rsa_pool import RSA_BITS, RsaKeyPool
+from tpulab.emulator.rsa_pool import POOL_SIZE, RSA_BITS, RsaKeyPool
 
 
 def _public(key: object) -> bytes:
@@ -87,3 +87,13 @@ def test_boots_at_once_in_one_cloud_get_different_keys(tmp_path: Path) -> None:
     # A cloud that starts later (a fresh state directory) makes no new keys for these.
     made = sorted(p.name for p in (tmp_path / "pool").iterdir())
     assert made == [f"{i:06d}.pem" for i in range(6)]
+
+
+def test_a_cloud_that_has_booted_the_whole_pool_goes_round_it(tmp_path: Path) -> None:
+    """The pool stays bounded however long a user's default cloud lives."""
+    cloud = tmp_path / "cloud"
+    pool = RsaKeyPool(cloud, tmp_path / "pool")
+    first = _public(pool.take())
+    (cloud / "host-keys.next").write_text(f"{POOL_SIZE}\n")  # POOL_SIZE boots later
+    assert _public(pool.take()) == first
+    assert len(list((tmp_path / "pool").iterdir())) == 1

@@ -8,12 +8,13 @@ every `--emulate` run and every test.
 
 So RSA keys come from a pool kept beside the emulated image's package caches: key N of
 the pool is the same for every emulated cloud, and each cloud (a state directory) takes
-keys in order, counting in its own `host-keys.next`, so no two boots in one cloud ever
-share a key and a node booted again gets a new one, as in the real cloud. Two clouds
-may hold the same key at once; nothing can tell, since each cloud's clients learn host
-keys from that cloud's guest attributes alone. A missing key is generated and added
-(concurrent makers agree: the first one written wins); a damaged one (its checksum line
-does not match) is made anew, so the pool is a cache that repairs itself.
+keys in order, counting in its own `host-keys.next`, so no two boots in one cloud share
+a key (until POOL_SIZE more boots) and a node booted again gets a new one, as in the
+real cloud. Two clouds may hold the same key at once; nothing can tell, since each
+cloud's clients learn host keys from that cloud's guest attributes alone. A missing key
+is generated and added (concurrent makers agree: the first one written wins); a damaged
+one (its checksum line does not match) is made anew, so the pool is a cache that
+repairs itself.
 """
 
 from __future__ import annotations
@@ -29,13 +30,17 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
 
-__all__ = ["RSA_BITS", "RsaKeyPool", "default_pool_dir"]
+__all__ = ["POOL_SIZE", "RSA_BITS", "RsaKeyPool", "default_pool_dir"]
 
 log = logging.getLogger(__name__)
 
 # ssh-keygen's default is 3072 bits; no client's choice depends on the size, and 2048
 # is what the emulator has always served.
 RSA_BITS = 2048
+# The pool's bound (~0.4 MB): a cloud's count goes round it, so a key comes back only
+# after this many more boots in that cloud, long after the node that held it is gone
+# (an emulated node lives minutes; a user's default cloud boots one or two a run).
+POOL_SIZE = 256
 _CHECKSUM = b"# sha256 "
 
 
@@ -89,7 +94,7 @@ class RsaKeyPool:
             handle.truncate()
             handle.write(f"{index + 1}\n")
             handle.flush()
-        return index
+        return index % POOL_SIZE
 
     def _make(self, path: Path, *, replace: bool) -> RSAPrivateKey:
         from cryptography.hazmat.primitives import serialization
