@@ -66,6 +66,9 @@ def test_an_unwritable_pool_still_gives_a_fresh_key(tmp_path: Path) -> None:
     blocked.write_text("a file where the pool's directory should be")
     pool = RsaKeyPool(tmp_path / "cloud", blocked)
     assert _public(pool.take()) != _public(pool.take())
+    (tmp_path / "jammed" / "host-keys.next").mkdir(parents=True)  # a counter it cannot keep
+    jammed = RsaKeyPool(tmp_path / "jammed", tmp_path / "pool")
+    assert _public(jammed.take()) != _public(jammed.take())
 
 
 def test_boots_at_once_in_one_cloud_get_different_keys(tmp_path: Path) -> None:

@@ -59,12 +59,12 @@ class RsaKeyPool:
 
     def take(self) -> RSAPrivateKey:
         """The next key this cloud has not handed out."""
-        index = self._next_index()
         try:
-            return self.key(index)
+            return self.key(self._next_index())
         except OSError as error:
             # The pool only saves time: a cache directory that cannot be written (a
-            # read-only HOME) costs a fresh key, never a node's boot.
+            # read-only HOME) or a counter that cannot be kept costs a fresh key, never
+            # a node's boot.
             log.warning("the RSA host key pool %s is unusable (%s)", self.pool_dir, error)
             return _generate()
 
