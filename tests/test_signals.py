@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 import pytest
 from helpers import FakeClock
@@ -365,10 +366,27 @@ class Child:
 
     def wait_for(self, prefix: str) -> str:
         while True:
-            line = self.lines.get(timeout=60)  # a bound: the child starts Python first
+            try:
+                line = self.lines.get(timeout=60)  # a bound: the child starts Python first
+            except queue.Empty:
+                raise AssertionError(self._stuck(prefix)) from None
             self.seen.append(line)
             if line.startswith(prefix):
                 return line
+
+    def _stuck(self, prefix: str) -> str:
+        """What a wait that ran out knows: the child's lines so far, and whether it
+        still runs (its /proc state: "T" is stopped) or how it ended."""
+        status = self.process.poll()
+        if status is None:
+            try:
+                stat = Path(f"/proc/{self.process.pid}/stat").read_text()
+                state = "running, /proc state " + stat.rsplit(")", 1)[1].split()[0]
+            except OSError:
+                state = "running"
+        else:
+            state = f"ended with status {status}"
+        return f"no {prefix!r} line in 60 s; the child is {state}; it printed {self.seen}"
 
     def send(self, signum: signal.Signals) -> None:
         self.process.send_signal(signum)
