@@ -100,3 +100,28 @@ def test_a_cloud_that_has_booted_the_whole_pool_goes_round_it(tmp_path: Path) ->
     (cloud / "host-keys.next").write_text(f"{POOL_SIZE}\n")  # POOL_SIZE boots later
     assert _public(pool.take()) == first
     assert len(list((tmp_path / "pool").iterdir())) == 1
+
+
+def test_clouds_making_the_same_missing_key_at_once_agree_on_it(tmp_path: Path) -> None:
+    """Two clouds (two processes, in the suite: two xdist workers) that both find key 0
+    missing both make one; the first written is the key, and the other cloud gets it."""
+    pool_dir = tmp_path / "pool"
+    start = threading.Barrier(4)
+    found: list[bytes] = []
+    lock = threading.Lock()
+
+    def first_boot(cloud: str) -> None:
+        pool = RsaKeyPool(tmp_path / cloud, pool_dir)
+        start.wait()
+        key = _public(pool.take())
+        with lock:
+            found.append(key)
+
+    threads = [threading.Thread(target=first_boot, args=(f"c{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    kept = _public(RsaKeyPool(tmp_path / "later", pool_dir).take())
+    assert found == [kept] * 4
+    assert [p.name for p in pool_dir.iterdir()] == ["000000.pem"]  # no temporary left
