@@ -71,6 +71,15 @@ def test_an_unwritable_pool_still_gives_a_fresh_key(tmp_path: Path) -> None:
     assert _public(jammed.take()) != _public(jammed.take())
 
 
+def test_a_damaged_counter_starts_the_cloud_again_from_the_first_key(tmp_path: Path) -> None:
+    pool = RsaKeyPool(tmp_path / "cloud", tmp_path / "pool")
+    first = _public(pool.take())
+    for damage in (b"\xff\xfe7\n", b"seven\n", b""):
+        pool.counter.write_bytes(damage)
+        assert _public(pool.take()) == first
+        assert pool.counter.read_bytes() == b"1\n"
+
+
 def test_boots_at_once_in_one_cloud_get_different_keys(tmp_path: Path) -> None:
     pool = RsaKeyPool(tmp_path / "cloud", tmp_path / "pool")
     found: list[bytes] = []

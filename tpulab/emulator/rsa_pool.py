@@ -83,16 +83,16 @@ class RsaKeyPool:
 
     def _next_index(self) -> int:
         self.counter.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.counter, "a+", encoding="ascii") as handle:
+        with open(self.counter, "a+b") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             handle.seek(0)
             text = handle.read().strip()
             # Unreadable counts restart at 0: keys would repeat only against nodes this
             # damaged file's cloud booted earlier, a cloud already hand-edited.
-            index = int(text) if text.isdigit() else 0
+            index = int(text) if text.isascii() and text.isdigit() else 0
             handle.seek(0)
             handle.truncate()
-            handle.write(f"{index + 1}\n")
+            handle.write(b"%d\n" % (index + 1))
             handle.flush()
         return index % POOL_SIZE
 
@@ -120,6 +120,8 @@ class RsaKeyPool:
                 theirs = _load(path.read_bytes())
                 if theirs is not None:
                     return theirs
+                os.replace(tmp, path)
+            except OSError:  # a filesystem without hard links: the last one written wins
                 os.replace(tmp, path)
             return key
         finally:
