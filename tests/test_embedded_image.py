@@ -38,17 +38,5 @@ def test_an_unknown_image_is_refused_naming_the_file_and_the_choices(
     )
 
 
-def test_run_emulate_with_a_damaged_image_json_is_refused_before_anything_starts() -> None:
-    from helpers import invoke
-
-    from tpulab import paths
-    from tpulab.exits import EXIT_CONFIG
-
-    state = paths.emulator_state_dir()
-    state.mkdir(parents=True, exist_ok=True)
-    (state / "image.json").write_text('{"kind": "ubuntu"}')
-    code, _out, err = invoke("run", "--accelerator", "v5litepod-4", "--emulate")
-    assert code == EXIT_CONFIG, err
-    assert "does not name an emulated image (kind 'ubuntu')" in " ".join(err.split())
-    assert not (state / "state.json").exists()  # no emulator ever wrote its state
-    assert not list(state.glob("sandboxes/**/*"))
+# `run --emulate` refusing a damaged image.json before anything starts is tested with the
+# other settings files: tests/test_emulator_settings_files.py.

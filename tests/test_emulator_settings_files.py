@@ -101,14 +101,38 @@ def test_a_timing_file_overrides_only_the_fields_it_names(tmp_path: Path) -> Non
     assert isinstance(loaded, Timing)
 
 
-def test_run_emulate_with_a_damaged_timing_json_exits_2_before_anything_starts() -> None:
+@pytest.mark.parametrize(
+    ("name", "content", "said"),
+    [
+        pytest.param(
+            "timing.json",
+            '{"create_seconds": "fast"}',
+            "The emulator timing file {path} is not a valid timing",
+            id="timing",
+        ),
+        pytest.param(
+            "image.json",
+            '{"kind": "ubuntu"}',
+            "{path} does not name an emulated image (kind 'ubuntu')",
+            id="image",
+        ),
+        pytest.param(
+            "faults.json",
+            '{"stockot": true}',
+            "The emulator faults file {path} is not a valid fault plan",
+            id="faults",
+        ),
+    ],
+)
+def test_run_emulate_with_a_damaged_settings_file_exits_2_before_anything_starts(
+    name: str, content: str, said: str
+) -> None:
     state = paths.emulator_state_dir()
     state.mkdir(parents=True, exist_ok=True)
-    (state / "timing.json").write_text('{"create_seconds": "fast"}')
+    (state / name).write_text(content)
     code, _out, err = invoke("run", "--accelerator", "v5litepod-4", "--emulate")
     assert code == EXIT_CONFIG, err
-    said = " ".join(err.split())
-    assert f"The emulator timing file {state / 'timing.json'} is not a valid timing" in said
+    assert said.format(path=state / name) in " ".join(err.split())
     assert "Traceback" not in err
     assert not (state / "state.json").exists()  # no emulator ever wrote its state
     assert not list(state.glob("sandboxes/**/*"))
