@@ -46,8 +46,9 @@ _CHECKSUM = b"# sha256 "
 
 def default_pool_dir() -> Path:
     """Beside the emulated image's package caches (hostenv.default_cache_dir)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tpulab" / "emulated-host-keys" / f"rsa-{RSA_BITS}"
+    from tpulab.emulator.hostenv import default_cache_dir
+
+    return default_cache_dir().parent / "emulated-host-keys" / f"rsa-{RSA_BITS}"
 
 
 class RsaKeyPool:
