@@ -513,7 +513,9 @@ class Watchdog:
         value = json.dumps(
             {
                 "renewed_at": round(self.renewed_at, 3),
-                "lease_seconds": self.lease_for,
+                # A difference of two monotonic readings: (now + 45) - now may be
+                # 45.0000000000009; the millisecond is as precise as the time above.
+                "lease_seconds": round(self.lease_for, 3),
                 "renewals": self.renewals,
             },
             sort_keys=True,

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import wait_until, written_text
@@ -519,12 +520,9 @@ def test_the_lease_is_published_at_start_and_at_every_renewal_for_other_machines
     assert state.deletes() == []
 
 
-def test_the_emulators_clock_skip_moves_the_watchdogs_clock_forward_never_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The emulator's seam (TPULAB_EMULATED_CLOCK_SKIP, Emulator.skip_vm_clock): a skip
-    file adds to the watchdog's monotonic clock; a missing, half-written or smaller value
-    never moves it back (a deadline once passed stays passed). Unset: time.monotonic."""
+def _watchdog_module(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """remote_payloads/watchdog.py imported in this process, for what needs a clock of
+    the test's choosing rather than the daemon's."""
     import importlib.util
 
     path = Path(__file__).resolve().parent.parent / "remote_payloads" / "watchdog.py"
@@ -534,6 +532,44 @@ def test_the_emulators_clock_skip_moves_the_watchdogs_clock_forward_never_back(
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look it up
     spec.loader.exec_module(module)
+    return module
+
+
+def test_the_published_lease_length_is_the_configured_one_at_any_clock_reading(
+    cloud: tuple[FakeCloud, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease is published as a length measured on the VM's monotonic clock (its end
+    minus now). At 8160.425853 s of uptime (one reading of many) (now + 45) - now is
+    45.00000000000091 in floating point: the published length is rounded to the
+    millisecond, as its time is, so another machine reads the 45 s it was given (a
+    full-suite run met such a reading, 2026-12-07)."""
+    state, address = cloud
+    module = _watchdog_module(monkeypatch)
+    uptime = 8160.425853
+    assert (uptime + 45.0) - uptime != 45.0  # the reading still shows the rounding
+    config = module.Config.from_json(
+        _config("5ec0de", lease_seconds=30.0, boot_grace_seconds=45.0).as_json()
+    )
+    dog = module.Watchdog(
+        config,
+        module.Metadata(address),
+        api_base=f"http://{address}/",
+        resource_manager_base=f"http://{address}/",
+        clock=lambda: uptime,
+        log=lambda line: None,
+    )
+    dog.publish_lease()
+    (lease,) = state.leases()
+    assert (lease.renewals, lease.lease_seconds) == (0, 45.0)
+
+
+def test_the_emulators_clock_skip_moves_the_watchdogs_clock_forward_never_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The emulator's seam (TPULAB_EMULATED_CLOCK_SKIP, Emulator.skip_vm_clock): a skip
+    file adds to the watchdog's monotonic clock; a missing, half-written or smaller value
+    never moves it back (a deadline once passed stays passed). Unset: time.monotonic."""
+    module = _watchdog_module(monkeypatch)
     assert module.vm_clock(None) is time.monotonic
     skip = tmp_path / "clock-skip"
     clock = module.vm_clock(str(skip))
