@@ -292,15 +292,26 @@ def test_the_ticker_sleeps_until_a_transition_is_due_and_applies_it_then(
     assert emulator.ticks - ticks <= 4, emulator.ticks - ticks
 
 
-def test_clearing_delete_hangs_lets_the_hung_delete_finish(emulator: Emulator) -> None:
-    wait_done(emulator, create(emulator, "hung"))
+def test_clearing_delete_hangs_lets_the_hung_delete_finish(
+    held_emulator: tuple[Emulator, FakeClock],
+) -> None:
+    emulator, clock = held_emulator
+    created = create(emulator, "hung")
+    clock.now += 1  # past create_seconds
+    wait_done(emulator, created)
     emulator.faults.delete_hangs = True
     status, operation = call(emulator, "DELETE", f"{BASE}/nodes/hung")
     assert status == 200
-    time.sleep(0.5)  # several delete_seconds of Timing.fast()
+    # The emulator's clock, not a sleep: a minute of delete_seconds (0.1 s) has passed
+    # when the GET's transaction advances the node, however late this machine runs it.
+    clock.now += 60
     _, node = call(emulator, "GET", f"{BASE}/nodes/hung")
     assert node["state"] == "DELETING"
+    assert call(emulator, "GET", "/v2/" + operation["name"])[1]["done"] is False
     emulator.faults.delete_hangs = False
+    # The next look at the node starts the delete's normal course, delete_seconds long.
+    assert call(emulator, "GET", f"{BASE}/nodes/hung")[1]["state"] == "DELETING"
+    clock.now += 1
     done = wait_done(emulator, operation)
     assert "error" not in done
     assert call(emulator, "GET", f"{BASE}/nodes/hung")[0] == 404
