@@ -42,6 +42,8 @@
     ├── TeardownError                deletion could not be confirmed (.leaked)
     ├── JournalError                 the local run journal is unreadable
     ├── ReceiptStoreError            the local receipt store cannot be read or written
+    ├── ArtifactWriteError           the fetched artifacts cannot be written into --out
+    │                                    here (a full disk)
     └── InterruptedRun               a signal stopped the run (teardown still ran)
 
 Only `tpulab.cli` turns these into exit statuses and text on the terminal; the core raises.
@@ -58,6 +60,7 @@ __all__ = [
     "TARGET_EMULATE",
     "TARGET_GOOGLE",
     "AlreadyExistsError",
+    "ArtifactWriteError",
     "AuthError",
     "BootstrapError",
     "CloudError",
@@ -463,6 +466,11 @@ class StateFileError(TpuLabError):
 
 class ReceiptStoreError(TpuLabError):
     """The receipts directory (or one receipt in it) cannot be read or written."""
+
+
+class ArtifactWriteError(TpuLabError):
+    """What the VM sent back cannot be written on this machine (a full disk, a write
+    error): this machine's failure, not the VM's or the SSH connection's."""
 
 
 class LocalRunError(TpuLabError):

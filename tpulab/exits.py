@@ -48,7 +48,8 @@ EXIT_CODES: dict[int, str] = {
     EXIT_VERIFY: "the receipt did not verify (wrong platform, devices, totals, nonce...)",
     EXIT_TEARDOWN: "teardown NOT confirmed: resources may still be billing",
     EXIT_PREEMPTED: "the spot node was preempted during the run",
-    EXIT_LOCAL_STATE: "the local journal, receipt store or a session's state is unreadable",
+    EXIT_LOCAL_STATE: "the local journal, receipt store or a session's state is unreadable, "
+    "or the fetched artifacts could not be written into --out (a full disk)",
     EXIT_WORKLOAD: "your command (`-- CMD`) failed or timed out on the verified VM; "
     "its artifacts were fetched and its own status is in the summary",
     EXIT_INTERRUPTED: "interrupted by a signal; teardown ran and was confirmed",
@@ -67,6 +68,7 @@ _EXIT_FOR_ERROR: tuple[tuple[type[E.TpuLabError], int], ...] = (
     (E.JournalError, EXIT_LOCAL_STATE),
     (E.ReceiptStoreError, EXIT_LOCAL_STATE),
     (E.StateFileError, EXIT_LOCAL_STATE),
+    (E.ArtifactWriteError, EXIT_LOCAL_STATE),
 )
 
 

@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
 
 from tpulab import paths
-from tpulab.errors import RemoteError, WorkspaceError
+from tpulab.errors import ArtifactWriteError, RemoteError, WorkspaceError
 from tpulab.remote.bootstrap import CommandResult
 from tpulab.remote.selection import (
     ALWAYS_EXCLUDED,
@@ -556,11 +556,14 @@ def _differences(expected: Manifest, observed: Manifest) -> str:
 
 
 class _CappedSpool:
-    """The fetched stream on disk; refuses to grow past `limit` bytes."""
+    """The fetched stream on disk; refuses to grow past `limit` bytes. A write this disk
+    refuses is ArtifactWriteError: raised inside the SSH stream, a bare OSError would be
+    taken there for the connection's (ssh.Connection._mapped lets tpulab's own pass)."""
 
-    def __init__(self, handle: BinaryIO, limit: int) -> None:
+    def __init__(self, handle: BinaryIO, limit: int, out: Path) -> None:
         self.handle = handle
         self.limit = limit
+        self.out = out
         self.size = 0
 
     def write(self, data: bytes) -> int:
@@ -570,7 +573,21 @@ class _CappedSpool:
                 f"The VM sent more than {self.limit} bytes of artifacts, past the fetch cap",
                 hint="The VM's packer did not honour --max-fetch; nothing was kept.",
             )
-        return self.handle.write(data)
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            raise _unwritable(self.out, error) from None
+
+
+def _unwritable(out: Path, error: OSError) -> ArtifactWriteError:
+    """This machine could not write what arrived (staged beside `out`, then moved in)."""
+    return ArtifactWriteError(
+        f"The artifacts could not be written into {out} on this machine: "
+        f"{error.strerror or error}.",
+        hint="Free space on that disk, or pass --out on another one. A session's VM (tpulab "
+        "up) keeps them until the next exec replaces its workspace (`tpulab ssh` reaches "
+        "them); a run's VM was deleted with them.",
+    )
 
 
 def _ensure_dir(directory: Path, made: set[Path]) -> None:
@@ -651,7 +668,16 @@ def _place(files: Path, out: Path, manifest: Manifest, *, complete: bool) -> Non
 
 def _keep_arrived(spool: BinaryIO, files: Path, out: Path, gzip: bool) -> Manifest:
     """A fetch cut short: extract what the spool holds, and keep in `out` every file that
-    fully arrived with the sha256 the VM vouched for; the cut file is left out."""
+    fully arrived with the sha256 the VM vouched for; the cut file is left out. Best
+    effort: a disk that refuses (the cut may be its doing) keeps nothing more, and the
+    error that cut the fetch is the one the caller raises, never this one."""
+    try:
+        return _extract_arrived(spool, files, out, gzip)
+    except OSError:
+        return Manifest(())
+
+
+def _extract_arrived(spool: BinaryIO, files: Path, out: Path, gzip: bool) -> Manifest:
     done = _Unpacked([], {})
     files.mkdir(exist_ok=True)
     spool.seek(0)
@@ -706,57 +732,83 @@ def fetch_artifacts(
     # Staged beside `out` (same filesystem, so files move with os.replace) and `out` made
     # only once something verified arrived: a dry run, whose plan ends at this stream,
     # and a refused fetch leave no empty --out directory behind.
-    staging = Path(tempfile.mkdtemp(prefix=".tpulab-fetch-", dir=_existing_ancestor(out)))
+    # Every OSError below is this machine's own (the SSH layer maps its own): a full disk
+    # is ArtifactWriteError, not a traceback or a "connection failed".
     try:
-        with (staging / "archive.tar").open("w+b") as handle:
-            spool = _CappedSpool(handle, max_bytes + _FETCH_OVERHEAD)
-            try:
-                result = shell.run_streaming(
-                    argv,
-                    stdin=None,
-                    stdout=cast(BinaryIO, spool),  # write() is all a StreamShell uses
-                    timeout=timeout,
-                )
-            except BaseException:
-                if spool.size <= spool.limit:  # cut short, not a VM past the cap
-                    _report_kept(kept, _keep_arrived(handle, staging / "files", out, gzip))
-                raise
-            if result.exit_status != 0:
-                _report_kept(kept, _keep_arrived(handle, staging / "files", out, gzip))
-                raise RemoteError(
-                    f"The VM did not send the artifacts: {_refusal(result)}",
-                    hint="Over the cap: raise --max-fetch or narrow --fetch."
-                    if result.exit_status == _REFUSED
-                    else "Retry; check the VM's disk and its python3.",
-                )
-            handle.seek(0)
-            files = staging / "files"
-            files.mkdir()
-            done = _Unpacked([], {})
-            try:
-                _unpack_local(handle, files, gzip, done)
-            except (tarfile.TarError, EOFError, ValueError, KeyError, TypeError) as exc:
-                raise RemoteError(
-                    f"The fetched archive is damaged ({type(exc).__name__}: {exc}); "
-                    "nothing was kept"
-                ) from exc
-        claimed = done.claimed
-        if claimed is None:
-            raise RemoteError("The fetched archive has no manifest (cut short?); nothing was kept")
-        written = Manifest.from_json_obj(Manifest(tuple(done.written)).to_json_obj())
-        if claimed.entries != written.entries:
-            raise RemoteError(
-                "The fetched artifacts differ from the VM's manifest: "
-                + _differences(claimed, written)
-                + "; nothing was kept",
-                hint="Retry the fetch; a file still being written on the VM changes "
-                "under the packer.",
-            )
-        manifest = Manifest(written.entries, claimed.missing)
-        _place(files, out, manifest, complete=True)
-        return manifest
+        staging = Path(tempfile.mkdtemp(prefix=".tpulab-fetch-", dir=_existing_ancestor(out)))
+    except OSError as error:
+        raise _unwritable(out, error) from None
+    try:
+        return _fetch_into(shell, argv, staging, out, max_bytes, timeout, gzip, kept)
+    except OSError as error:
+        raise _unwritable(out, error) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _fetch_into(
+    shell: StreamShell,
+    argv: list[str],
+    staging: Path,
+    out: Path,
+    max_bytes: int,
+    timeout: float,
+    gzip: bool,
+    kept: Callable[[Manifest], None] | None,
+) -> Manifest:
+    """fetch_artifacts' stream, spooled and checked in `staging`, then placed in `out`."""
+    handle = (staging / "archive.tar").open("w+b")
+    try:
+        spool = _CappedSpool(handle, max_bytes + _FETCH_OVERHEAD, out)
+        try:
+            result = shell.run_streaming(
+                argv,
+                stdin=None,
+                stdout=cast(BinaryIO, spool),  # write() is all a StreamShell uses
+                timeout=timeout,
+            )
+        except BaseException:
+            if spool.size <= spool.limit:  # cut short, not a VM past the cap
+                _report_kept(kept, _keep_arrived(handle, staging / "files", out, gzip))
+            raise
+        if result.exit_status != 0:
+            _report_kept(kept, _keep_arrived(handle, staging / "files", out, gzip))
+            raise RemoteError(
+                f"The VM did not send the artifacts: {_refusal(result)}",
+                hint="Over the cap: raise --max-fetch or narrow --fetch."
+                if result.exit_status == _REFUSED
+                else "Retry; check the VM's disk and its python3.",
+            )
+        handle.seek(0)
+        files = staging / "files"
+        files.mkdir()
+        done = _Unpacked([], {})
+        try:
+            _unpack_local(handle, files, gzip, done)
+        except (tarfile.TarError, EOFError, ValueError, KeyError, TypeError) as exc:
+            raise RemoteError(
+                f"The fetched archive is damaged ({type(exc).__name__}: {exc}); nothing was kept"
+            ) from exc
+    finally:
+        # Closing flushes what the buffer still holds: on a full disk that raises, and it
+        # must not replace the error (or the Ctrl-C) already on its way out. On success
+        # nothing is pending: the unpack read the spool back from its start.
+        with contextlib.suppress(OSError):
+            handle.close()
+    claimed = done.claimed
+    if claimed is None:
+        raise RemoteError("The fetched archive has no manifest (cut short?); nothing was kept")
+    written = Manifest.from_json_obj(Manifest(tuple(done.written)).to_json_obj())
+    if claimed.entries != written.entries:
+        raise RemoteError(
+            "The fetched artifacts differ from the VM's manifest: "
+            + _differences(claimed, written)
+            + "; nothing was kept",
+            hint="Retry the fetch; a file still being written on the VM changes under the packer.",
+        )
+    manifest = Manifest(written.entries, claimed.missing)
+    _place(files, out, manifest, complete=True)
+    return manifest
 
 
 def _report_kept(kept: Callable[[Manifest], None] | None, manifest: Manifest) -> None:
