@@ -296,6 +296,11 @@ def _pointer(values: Sequence[object]) -> RecordPointer:
     )
 
 
+# SQLite's words for a disk that refuses a write (SQLITE_FULL, SQLITE_IOERR,
+# SQLITE_READONLY), as sqlite3 raises them on every Python tpulab supports.
+_CANNOT_WRITE = ("database or disk is full", "disk I/O error", "readonly database")
+
+
 class Journal:
     """The SQLite journal at `path` (default: `paths.journal_path()`).
 
@@ -448,6 +453,17 @@ class Journal:
                 f"The run journal {self.path} cannot be opened: {text}.",
                 hint=f"Check that {self.path.parent} exists and is writable "
                 "(or set TPULAB_HOME to a writable directory).",
+            )
+        if isinstance(error, sqlite3.OperationalError) and any(
+            words in text for words in _CANNOT_WRITE
+        ):
+            # The disk's refusal, not damage: moving the journal aside would lose its
+            # open rows and fail the same way on the same disk.
+            return JournalError(
+                f"The run journal {self.path} cannot be written ({text}).",
+                hint=f"Free space on the disk of {self.path.parent} (or make it writable, "
+                "or set TPULAB_HOME to another directory) and retry. The journal is not "
+                "damaged: keep it.",
             )
         return JournalError(
             f"The run journal {self.path} is unreadable ({text}).",

@@ -1,11 +1,12 @@
-"""A fetch this machine cannot write: `tpulab run -- CMD` whose artifacts do not fit.
+"""What this machine's disk refuses, said as such: a run whose journal cannot be written,
+and a `tpulab run -- CMD` whose artifacts do not fit.
 
-The controller process runs with RLIMIT_FSIZE at 1 MiB (its files may not grow past it:
-a write past it fails with EFBIG, "File too large", as a full disk's fails with ENOSPC),
-and the command on the VM writes 3 MiB. The emulator and its node run in this test's
-process, without the limit, so only the laptop's side of the fetch fails. It used to end
-in a traceback (exit 1), or read as "the SSH connection failed ... the VM may have been
-preempted" (exit 4), depending on when the refusal surfaced.
+The controller runs with RLIMIT_FSIZE (util-linux's prlimit sets it and execs the
+command): its files may not grow past the limit, and a write past it fails with EFBIG,
+"File too large", as a full disk's fails with ENOSPC (both were tried by hand on a
+tmpfs of 1-2 MiB). The emulator and its nodes run in this test's process, without the
+limit, so only the laptop's side fails. Python starts with SIGXFSZ ignored, so the write
+raises rather than killing the process.
 """
 
 from __future__ import annotations
@@ -47,9 +48,48 @@ def served(start_emulator: EmulatorStarter, tmp_path: Path) -> Iterator[Emulator
         backend.close()
 
 
+def _capped(limit: int, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`python -m tpulab ARGV` whose files may not grow past `limit` bytes (a preexec_fn
+    would run in a fork of this threaded process; prlimit is a process of its own)."""
+    require_tool(shutil.which("prlimit") is not None, "prlimit (util-linux)")
+    return subprocess.run(
+        ["prlimit", f"--fsize={limit}:unlimited", sys.executable, "-m", "tpulab", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "250"},
+        check=False,
+    )
+
+
+def test_a_journal_the_disk_refuses_is_exit_8_not_damage_and_creates_nothing(
+    served: Emulator,
+) -> None:
+    """A disk that refuses the journal's growth is not a damaged journal: the message
+    says so, and does not send the user to move a sound journal (and its open rows)
+    aside, which a full disk would refuse again. It used to say "is unreadable ... Move
+    it aside (mv ... .corrupt)". The run stops before its create."""
+    journal = Journal()
+    done = _capped(
+        4096,  # an SQLite page: the new journal's first write past it is refused
+        "run", "--accelerator", "v5litepod-4", "--api-endpoint", served.url,
+        "--project", PROJECT, "--zone", ZONE,
+    )  # fmt: skip
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == EXIT_LOCAL_STATE, said
+    assert "Traceback" not in said
+    assert f"The run journal {journal.path} cannot be written (disk I/O error)." in said
+    assert "The journal is not damaged: keep it." in said
+    assert "Move it aside" not in said
+    assert served.calls["create_node"] == 0
+    assert served.node_names(PROJECT) == []
+
+
 def test_artifacts_this_machine_cannot_write_are_exit_8_named_and_nothing_is_left(
     served: Emulator, tmp_path: Path
 ) -> None:
+    """It used to end in a traceback (exit 1), or read as "the SSH connection failed ...
+    the VM may have been preempted" (exit 4), depending on when the refusal surfaced."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "big.py").write_text(
@@ -58,25 +98,12 @@ def test_artifacts_this_machine_cannot_write_are_exit_8_named_and_nothing_is_lef
         "open('results/big.bin', 'wb').write(os.urandom(3 * 2**20))\n"
     )
     out = tmp_path / "out"
-    # util-linux's prlimit sets the limit and execs the controller (a preexec_fn would
-    # run in a fork of this threaded process). Python starts with SIGXFSZ ignored, so a
-    # write past the limit raises OSError(EFBIG) rather than killing the process.
-    require_tool(shutil.which("prlimit") is not None, "prlimit (util-linux)")
-    argv = [
-        "prlimit", f"--fsize={LIMIT}:unlimited",
-        sys.executable, "-m", "tpulab", "run", "--accelerator", "v5litepod-4",
-        "--api-endpoint", served.url, "--project", PROJECT, "--zone", ZONE,
-        "--workdir", str(work), "--out", str(out), "--fetch", "results/",
-        "--", "python", "big.py",
-    ]  # fmt: skip
-    done = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "250"},
-        check=False,
-    )
+    done = _capped(
+        LIMIT,
+        "run", "--accelerator", "v5litepod-4", "--api-endpoint", served.url,
+        "--project", PROJECT, "--zone", ZONE, "--workdir", str(work), "--out", str(out),
+        "--fetch", "results/", "--", "python", "big.py",
+    )  # fmt: skip
     said = done.stdout + done.stderr
     assert done.returncode == EXIT_LOCAL_STATE, said
     assert "Traceback" not in said
@@ -91,7 +118,7 @@ def test_artifacts_this_machine_cannot_write_are_exit_8_named_and_nothing_is_lef
     # is kept, checked against the VM's sha256; the file past the limit is not.
     assert "artifacts PARTLY fetched: 1 files" in done.stdout
     assert "deleted, confirmed by list" in done.stdout
-    # The record (a small file) still says how the run ended, and why nothing came back.
+    # The record (a small file) still says how the run ended, and why not all came back.
     record = json.loads((out / "run.json").read_text())
     assert record["error"]["type"] == "ArtifactWriteError"
     assert record["error"]["exit_status"] == EXIT_LOCAL_STATE
