@@ -161,7 +161,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
 def _unwritable(root: Path, error: OSError) -> ReceiptStoreError:
     return ReceiptStoreError(
         f"Cannot keep receipts under {root}: {error.strerror or error}.",
-        hint="Make that directory writable, or point TPULAB_HOME somewhere writable.",
+        hint="Free space on its disk or make it writable, or point TPULAB_HOME somewhere writable.",
     )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpulab import paths
-from tpulab.errors import ConfigError, RemoteError
+from tpulab.errors import ConfigError, ReceiptStoreError, RemoteError
 from tpulab.remote import bootstrap as boot
 from tpulab.run.lease import LeaseRenewer, read_state
 from tpulab.run.outcome import Judged
@@ -375,7 +375,14 @@ def _keep(
         payload_exit_status=ctx.payload_exit if worker is None else worker.payload_exit,
         worker=worker.index if worker is not None else None,
     )
-    kept = ctx.receipt_store().keep(raw, expectation, judgement, provenance)
+    try:
+        kept = ctx.receipt_store().keep(raw, expectation, judgement, provenance)
+    except ReceiptStoreError:
+        if worker is None or worker.index == 0:
+            # Judged, though not kept (a disk that filled up since the store's probe):
+            # the summary shows the verdict, not "NOT COLLECTED", beside the error.
+            ctx.judged = Judged(judgement)
+        raise
     if worker is not None and worker.index > 0:
         return
     ctx.judged = Judged(judgement, kept)
