@@ -28,6 +28,8 @@ from tpulab.cleanup.sweep import SweepPlan, SweepResult, find_orphans, sweep
 from tpulab.cloud.google import GoogleTpuApi
 from tpulab.emulator.server import Emulator
 from tpulab.emulator.timing import Timing
+from tpulab.errors import StateFileError
+from tpulab.exits import EXIT_LOCAL_STATE, exit_status_for
 from tpulab.run.session_state import SessionState
 
 PROJECT = "gone-proj"
@@ -100,6 +102,26 @@ def _kept(store: SessionStore, state: SessionState) -> Path:
     key = store.reserve(state.name, b"private key")
     store.save(state)
     return key
+
+
+def test_a_state_the_disk_refuses_is_a_state_file_error_and_leaves_no_half_file(
+    tmp_path: Path,
+) -> None:
+    """A disk that refuses session.json (here: its name taken by a directory, so the
+    rename fails as a full disk's write would) is StateFileError, exit 8, naming the
+    file; `up` deletes the node it cannot record (cli/session.py). It was a bare OSError:
+    a traceback, after that deletion."""
+    store = SessionStore(tmp_path / "sessions")
+    state = _state("s", "r1", ttl=7200.0, idle=1800.0)
+    store.reserve(state.name, b"private key")
+    blocked = store.root / "s" / "session.json"
+    blocked.mkdir()
+    with pytest.raises(StateFileError) as caught:
+        store.save(state)
+    assert f"Cannot write session s's state {blocked}: Is a directory." == caught.value.message
+    assert "TPULAB_HOME" in (caught.value.hint or "")
+    assert exit_status_for(caught.value) == EXIT_LOCAL_STATE
+    assert sorted(p.name for p in (store.root / "s").iterdir()) == ["key", "session.json"]
 
 
 def test_why_gone_tells_ttl_idle_and_someone_else_apart() -> None:

@@ -460,8 +460,8 @@ class JournalError(TpuLabError):
 
 
 class StateFileError(TpuLabError):
-    """One of tpulab's own state files (a session's state) is damaged: it was set
-    aside, and the other files are unaffected."""
+    """One of tpulab's own state files (a session's state) is damaged (it was set
+    aside, and the other files are unaffected), or could not be written."""
 
 
 class ReceiptStoreError(TpuLabError):

@@ -144,15 +144,26 @@ class SessionStore:
         except OSError as error:
             raise JournalError(
                 f"Cannot write the session's key under {directory}: {error}",
-                hint="Check that the tpulab state directory is writable (TPULAB_HOME).",
+                hint="Free space on its disk, or check that the tpulab state directory is "
+                "writable (TPULAB_HOME).",
             ) from None
         return key
 
     def save(self, state: SessionState) -> None:
+        """Write the session's state (atomically); StateFileError (exit 8) when the disk
+        refuses it, which `up` answers by deleting the node it could not record."""
         path = self._dir(state.name) / "session.json"
         temporary = path.with_suffix(".tmp")
-        temporary.write_text(state.to_json(), encoding="utf-8")
-        temporary.replace(path)
+        try:
+            temporary.write_text(state.to_json(), encoding="utf-8")
+            temporary.replace(path)
+        except OSError as error:
+            temporary.unlink(missing_ok=True)
+            raise StateFileError(
+                f"Cannot write session {state.name}'s state {path}: {error.strerror or error}.",
+                hint="Free space on that disk, or make the tpulab state directory "
+                "writable (TPULAB_HOME), then run `tpulab up` again.",
+            ) from None
 
     def load(self, name: str) -> SessionFiles:
         """The named session; StateFileError (exit 8) if its state is damaged (then set
