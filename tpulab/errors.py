@@ -40,7 +40,8 @@
     ├── VerificationError            the receipt does not prove the run (.failures)
     ├── WorkloadFailedError          the user's `-- CMD` exited non-zero or timed out
     ├── TeardownError                deletion could not be confirmed (.leaked)
-    ├── JournalError                 the local run journal is unreadable
+    ├── JournalError                 the local run journal is unreadable, or its disk
+    │                                    refuses its writes
     ├── ReceiptStoreError            the local receipt store cannot be read or written
     ├── ArtifactWriteError           the fetched artifacts cannot be written into --out
     │                                    here (a full disk)
