@@ -49,7 +49,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_TEARDOWN: "teardown NOT confirmed: resources may still be billing",
     EXIT_PREEMPTED: "the spot node was preempted during the run",
     EXIT_LOCAL_STATE: "the local journal, receipt store or a session's state is unreadable, "
-    "or the fetched artifacts could not be written into --out (a full disk)",
+    "or the disk refuses to write it or the fetched artifacts into --out (a full disk)",
     EXIT_WORKLOAD: "your command (`-- CMD`) failed or timed out on the verified VM; "
     "its artifacts were fetched and its own status is in the summary",
     EXIT_INTERRUPTED: "interrupted by a signal; teardown ran and was confirmed",
