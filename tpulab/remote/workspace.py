@@ -680,11 +680,16 @@ def _keep_arrived(spool: BinaryIO, files: Path, out: Path, gzip: bool) -> Manife
 def _extract_arrived(spool: BinaryIO, files: Path, out: Path, gzip: bool) -> Manifest:
     done = _Unpacked([], {})
     files.mkdir(exist_ok=True)
-    spool.seek(0)
+    # What arrived is what reached the spool's file: its buffer's tail goes there first,
+    # unless the disk refuses it (then that tail is part of the cut), and the file is
+    # read through a handle of its own, since the writer's seek would flush (and fail)
+    # again.
+    with contextlib.suppress(OSError):
+        spool.flush()
     # The cut shows up as whatever the truncated stream raises: stop there.
     cut = (tarfile.TarError, EOFError, OSError, ValueError, KeyError, TypeError, RemoteError)
-    with contextlib.suppress(*cut):
-        _unpack_local(spool, files, gzip, done)
+    with open(spool.name, "rb") as arrived, contextlib.suppress(*cut):
+        _unpack_local(arrived, files, gzip, done)
     kept = tuple(entry for entry in done.written if done.vouched.get(entry.path) == entry.sha256)
     manifest = Manifest.from_json_obj(Manifest(kept).to_json_obj())
     if manifest.entries:
