@@ -133,7 +133,12 @@ WRITER = textwrap.dedent(
     from pathlib import Path
     from tpulab.cleanup.journal import Journal, RunRow
 
-    journal = Journal(Path(sys.argv[1]))
+    # SQLite's lock waits are not fair: a writer that has waited a while polls every
+    # 100 ms while the others' fresh attempts win, so on a loaded CI machine one of four
+    # back-to-back writers waited out the default 10 s. This file is about losing
+    # nothing, not about latency: the wait here outlasts all the other writers' work, so
+    # it can only end in the lock.
+    journal = Journal(Path(sys.argv[1]), busy_timeout=300.0)
     prefix = sys.argv[2]
     for i in range(int(sys.argv[3])):
         run_id = f"{prefix}-{i}"
