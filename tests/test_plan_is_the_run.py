@@ -105,9 +105,9 @@ class TracingConnection(Connection):
         self.events.append((self.phase(), "put", self.remote_path(remote)))
         return super().put(local, remote)
 
-    def get(self, remote: str, local: Path, *, max_bytes: int) -> str:
+    def read(self, remote: str, *, max_bytes: int) -> bytes:
         self.events.append((self.phase(), "get", self.remote_path(remote)))
-        return super().get(remote, local, max_bytes=max_bytes)
+        return super().read(remote, max_bytes=max_bytes)
 
 
 def _fold_transfers(events: list[Event]) -> list[Event]:

@@ -132,26 +132,22 @@ def test_timeout_kills_the_remote_process_group(ssh_host: SshHost) -> None:
     assert not marker.exists()
 
 
-def test_put_and_get_10_mb_with_matching_sha256(ssh_host: SshHost, tmp_path: Path) -> None:
+def test_put_and_read_10_mb_with_matching_sha256(ssh_host: SshHost, tmp_path: Path) -> None:
     data = os.urandom(10 * 1024 * 1024)
     expected = hashlib.sha256(data).hexdigest()
     local = tmp_path / "up.bin"
     local.write_bytes(data)
-    back = tmp_path / "down.bin"
     with ssh_host.connect() as conn:
         assert conn.put(local, "~/jax-tpu-lab/data/blob.bin") == expected
         on_host = ssh_host.sandbox / "jax-tpu-lab" / "data" / "blob.bin"
         assert hashlib.sha256(on_host.read_bytes()).hexdigest() == expected
         assert conn.put(b"small", "rel.txt") == hashlib.sha256(b"small").hexdigest()
         assert (ssh_host.sandbox / "rel.txt").read_bytes() == b"small"
-        assert conn.get("~/jax-tpu-lab/data/blob.bin", back, max_bytes=len(data)) == expected
-        assert back.read_bytes() == data
-        refused = tmp_path / "refused.bin"
+        assert conn.read("~/jax-tpu-lab/data/blob.bin", max_bytes=len(data)) == data
         with pytest.raises(RemoteError, match="over the"):
-            conn.get("~/jax-tpu-lab/data/blob.bin", refused, max_bytes=len(data) - 1)
-        assert not refused.exists()
+            conn.read("~/jax-tpu-lab/data/blob.bin", max_bytes=len(data) - 1)
         with pytest.raises(RemoteError, match="Cannot read"):
-            conn.get("~/missing.json", refused, max_bytes=100)
+            conn.read("~/missing.json", max_bytes=100)
 
 
 @pytest.mark.parametrize("nasty", NASTY)

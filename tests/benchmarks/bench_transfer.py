@@ -128,7 +128,7 @@ def test_streamed_archive_vs_file_by_file_sftp(ssh_host: SshHost, tmp_path: Path
         for rel in timed:
             local = back / rel
             local.parent.mkdir(parents=True, exist_ok=True)
-            conn.get(f"~/run/{rel}", local, max_bytes=TOTAL)
+            local.write_bytes(conn.read(f"~/run/{rel}", max_bytes=TOTAL))
         figures["down sftp"] = (time.perf_counter() - started) * len(run_names) / len(timed)
 
     kind = type(ssh_host.backend).__name__

@@ -34,7 +34,6 @@ import contextlib
 import hashlib
 import io
 import logging
-import os
 import re
 import select
 import shlex
@@ -781,11 +780,13 @@ class Connection:
         with self._mapped(f"uploading to {remote!r}"):
             return self._put(local, remote)
 
-    def get(self, remote: str, local: Path, *, max_bytes: int) -> str:
-        """Download a file (at most `max_bytes`) to `local`, atomically; returns the
-        sha256, verified against `sha256sum` on the remote side."""
-        with self._mapped(f"downloading {remote!r}"):
-            return self._get(remote, local, max_bytes=max_bytes)
+    def read(self, remote: str, *, max_bytes: int) -> bytes:
+        """A remote file's bytes (at most `max_bytes`), checked against `sha256sum` on the
+        remote side. Held in memory, never written here: only the VM and the connection
+        can fail it, so its errors speak of them (a full local disk cannot pass for a
+        missing remote file)."""
+        with self._mapped(f"reading {remote!r}"):
+            return self._read(remote, max_bytes=max_bytes)
 
     def _put(self, local: Path | bytes, remote: str) -> str:
         sftp = self._sftp_client()
@@ -818,7 +819,7 @@ class Connection:
         log.debug("put %s (%s)", path, expected)
         return expected
 
-    def _get(self, remote: str, local: Path, *, max_bytes: int) -> str:
+    def _read(self, remote: str, *, max_bytes: int) -> bytes:
         sftp = self._sftp_client()
         path = self.remote_path(remote)
         try:
@@ -831,11 +832,10 @@ class Connection:
                 hint="The remote file is not what tpulab expects; inspect it on the VM.",
             )
         expected = self._remote_sha256(path)
-        digest = hashlib.sha256()
-        partial = local.with_name(f".{local.name}.part")
+        chunks: list[bytes] = []
         received = 0
         try:
-            with sftp.open(path, "rb") as remote_file, partial.open("wb") as out:
+            with sftp.open(path, "rb") as remote_file:
                 remote_file.prefetch(size)
                 for chunk in iter(lambda: remote_file.read(1 << 20), b""):
                     received += len(chunk)
@@ -843,19 +843,16 @@ class Connection:
                         raise RemoteError(
                             f"{self.target}:{path} grew past the {max_bytes}-byte limit"
                         )
-                    digest.update(chunk)
-                    out.write(chunk)
-            observed = digest.hexdigest()
-            if observed != expected:
-                raise RemoteError(
-                    f"Download of {self.target}:{path} is corrupt: sha256 {observed}, "
-                    f"remote {expected}",
-                    hint="Retry; if the file is still being written, wait for its writer.",
-                )
-            os.replace(partial, local)
+                    chunks.append(chunk)
         except OSError as exc:
             raise RemoteError(f"Download of {self.target}:{path} failed: {exc}") from exc
-        finally:
-            partial.unlink(missing_ok=True)
-        log.debug("got %s (%s)", path, expected)
-        return expected
+        data = b"".join(chunks)
+        observed = hashlib.sha256(data).hexdigest()
+        if observed != expected:
+            raise RemoteError(
+                f"Download of {self.target}:{path} is corrupt: sha256 {observed}, "
+                f"remote {expected}",
+                hint="Retry; if the file is still being written, wait for its writer.",
+            )
+        log.debug("read %s (%s)", path, expected)
+        return data

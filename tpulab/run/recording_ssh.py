@@ -20,7 +20,6 @@ from tpulab.run.plan_steps import (
     PLACEHOLDER_FROM_VM,
     PLACEHOLDER_NONCE,
     PLACEHOLDER_PUBLIC_KEY,
-    PLACEHOLDER_RECEIPT_ID,
     PLACEHOLDER_REMOTE_HOME,
     PLACEHOLDER_SSH_PORT,
     PlanEnds,
@@ -230,7 +229,7 @@ class RecordingSession:
         self._transfer("put", remote)
         return hashlib.sha256(data).hexdigest()  # what the check would find
 
-    def get(self, remote: str, local: Path, *, max_bytes: int) -> str:
+    def read(self, remote: str, *, max_bytes: int) -> bytes:
         from tpulab.evidence.receipt import expectation_for
 
         self._transfer("get", remote)
@@ -246,10 +245,8 @@ class RecordingSession:
         )
         if spec.workload is None:
             raise PlanEnds("the receipt exists only after a real run")
-        # With a command the plan goes on (to the recorder's judge). The lifecycle reads
-        # the download back from its scratch directory, so there must be a file there.
-        local.write_bytes(b"")
-        return PLACEHOLDER_RECEIPT_ID
+        # With a command the plan goes on (to the recorder's judge), which reads no bytes.
+        return b""
 
 
 class _ChunkReader:

@@ -8,9 +8,7 @@ driver, whose teardown runs whatever happened (tpulab.run.ending).
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpulab import paths
@@ -240,23 +238,21 @@ def collect(ctx: RunContext) -> str:
 
     def fetch(worker: Worker) -> int:
         assert worker.session is not None
-        # The bytes go to memory and then to the receipt store; the download is scratch.
-        with tempfile.TemporaryDirectory(prefix="tpulab-receipt-") as scratch:
-            local = Path(scratch) / "receipt.json"
-            try:
-                worker.session.get(boot.RECEIPT_PATH, local, max_bytes=MAX_RECEIPT_BYTES)
-            except RemoteError as error:
-                if slice_run:
-                    worker.payload_output.append(f"fetching {boot.RECEIPT_PATH}: {error.message}")
-                    return 0
-                raise payload_failure(
-                    "wrote no receipt",
-                    f"fetching {boot.RECEIPT_PATH} failed: {error.message}",
-                    exit_status=worker.payload_exit,
-                    output=worker.payload_output,
-                    where="vm",
-                ) from None
-            worker.raw_receipt = local.read_bytes()
+        # Into memory, and from there to the receipt store (`verify`): nothing on this
+        # machine's disk can fail the download and read as the VM's fault.
+        try:
+            worker.raw_receipt = worker.session.read(boot.RECEIPT_PATH, max_bytes=MAX_RECEIPT_BYTES)
+        except RemoteError as error:
+            if slice_run:
+                worker.payload_output.append(f"fetching {boot.RECEIPT_PATH}: {error.message}")
+                return 0
+            raise payload_failure(
+                "wrote no receipt",
+                f"fetching {boot.RECEIPT_PATH} failed: {error.message}",
+                exit_status=worker.payload_exit,
+                output=worker.payload_output,
+                where="vm",
+            ) from None
         return len(worker.raw_receipt)
 
     done = ctx.on_workers(fetch, "collect")
