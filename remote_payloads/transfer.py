@@ -23,11 +23,13 @@ unpack  reads a tar from stdin followed by a trailer `TPULAB-ARCHIVE-SHA256:<64 
         running), which could change the kept bytes after they were checked. The printed
         manifest covers both the extracted and the kept files.
 pack    globs the patterns inside --workspace (never outside it: a match whose real path
-        leaves the workspace is skipped), adds everything under --run-dir as `run/...` and
-        --log as its basename, matches as `workspace/<path>`; over --max-bytes it refuses
-        BEFORE writing anything, naming the largest entries; else streams a tar on stdout
-        whose last member, `.tpulab-manifest.json`, lists each file's bytes and sha256 as
-        read, and the patterns that matched nothing. Each member's PAX header also
+        leaves the workspace is skipped, and the link it leaves through is named), adds
+        everything under --run-dir as `run/...` and --log as its basename, matches as
+        `workspace/<path>`; over --max-bytes it refuses BEFORE writing anything, naming
+        the largest entries; else streams a tar on stdout whose last member,
+        `.tpulab-manifest.json`, lists each file's bytes and sha256 as read, the patterns
+        that matched nothing (`missing`) and the links skipped for leaving the workspace
+        (`skipped`, "link -> where it leads"). Each member's PAX header also
         carries the sha256 of the file before it (`TPULAB.prev.sha256`), so a stream cut
         short still vouches for every file that fully arrived before the cut. The log is
         never read through a link (a command that replaced it with one gets it listed as
@@ -347,10 +349,26 @@ def _inside(path: str, root: str) -> bool:
     return real == real_root or real.startswith(real_root.rstrip("/") + "/")
 
 
-def _files_under(directory: str, root: str) -> list[str]:
-    """Regular files under `directory` (links followed only while they stay in `root`)."""
+def _leaving_link(path: str, root: str, area: str) -> str:
+    """How `path` (under `root` by name, outside it for real) leaves `root`: the first
+    link on its way that leads out, as "AREA/link -> where it leads" (AREA/ being where
+    `root`'s files land under --out)."""
+    parts = os.path.relpath(path, root).split(os.sep)
+    for depth in range(1, len(parts) + 1):
+        step = os.path.join(root, *parts[:depth])
+        if not _inside(step, root):
+            return f"{area}/{'/'.join(parts[:depth])} -> {os.path.realpath(step)}"
+    return f"{area}/{'/'.join(parts)}"  # not reached while `path` is outside
+
+
+def _files_under(directory: str, root: str, area: str, skipped: set[str]) -> list[str]:
+    """Regular files under `directory` (links followed only while they stay in `root`;
+    those that leave it are added to `skipped`)."""
     found: list[str] = []
     for top, dirs, files in os.walk(directory):
+        for name in [*dirs, *files]:
+            if not _inside(os.path.join(top, name), root):
+                skipped.add(_leaving_link(os.path.join(top, name), root, area))
         dirs[:] = sorted(d for d in dirs if _inside(os.path.join(top, d), root))
         for name in sorted(files):
             path = os.path.join(top, name)
@@ -361,19 +379,28 @@ def _files_under(directory: str, root: str) -> list[str]:
 
 def _select(
     workspace: str, patterns: list[str], run_dir: str, log: str
-) -> tuple[dict[str, str], list[str]]:
-    """archive name -> local path, and what was asked for but not found."""
+) -> tuple[dict[str, str], list[str], list[str]]:
+    """archive name -> local path, what was asked for but not found, and the links
+    skipped because they lead out of the workspace."""
     chosen: dict[str, str] = {}
     missing: list[str] = []
+    skipped: set[str] = set()
     for pattern in patterns:
         matches = sorted(glob.glob(pattern, root_dir=workspace, recursive=True))
         paths: list[str] = []
         for match in matches:
             full = os.path.join(workspace, match)
             # glob answers "absent/**" with "absent/" even when there is no such dir.
-            if not os.path.lexists(full) or not _inside(full, workspace):
+            if not os.path.lexists(full):
                 continue
-            paths.extend(_files_under(full, workspace) if os.path.isdir(full) else [full])
+            if not _inside(full, workspace):
+                skipped.add(_leaving_link(full, workspace, "workspace"))
+                continue
+            paths.extend(
+                _files_under(full, workspace, "workspace", skipped)
+                if os.path.isdir(full)
+                else [full]
+            )
         for path in paths:
             if os.path.isfile(path):
                 rel = os.path.relpath(path, workspace).replace(os.sep, "/")
@@ -381,7 +408,7 @@ def _select(
         if not paths:
             missing.append(pattern)
     if os.path.isdir(run_dir):
-        for path in _files_under(run_dir, run_dir):
+        for path in _files_under(run_dir, run_dir, "run", skipped):
             chosen["run/" + os.path.relpath(path, run_dir).replace(os.sep, "/")] = path
     else:
         missing.append(run_dir)
@@ -389,7 +416,7 @@ def _select(
         chosen[os.path.basename(log)] = log
     else:
         missing.append(log)
-    return chosen, missing
+    return chosen, missing, sorted(skipped)
 
 
 def _human(size: int) -> str:
@@ -406,7 +433,7 @@ def pack(workspace: str, patterns: list[str], run_dir: str, log: str, cap: int, 
     for pattern in patterns:  # the controller checked; a hand-made call gets the same rule
         if pattern.startswith(("/", "~")) or ".." in pattern.split("/"):
             raise Refused(f"fetch pattern {pattern!r} is not inside the workspace")
-    chosen, missing = _select(workspace, patterns, run_dir, log)
+    chosen, missing, skipped = _select(workspace, patterns, run_dir, log)
     sizes = {name: os.path.getsize(path) for name, path in chosen.items()}
     total = sum(sizes.values())
     if total > cap:
@@ -442,7 +469,7 @@ def pack(workspace: str, patterns: list[str], run_dir: str, log: str, cap: int, 
                 tar.addfile(info, hashing)
             vouch = {PREV_SHA256: hashing.hexdigest()}
             entries.append({"path": name, "bytes": info.size, "sha256": hashing.hexdigest()})
-        body = json.dumps({"manifest": entries, "missing": missing}).encode()
+        body = json.dumps({"manifest": entries, "missing": missing, "skipped": skipped}).encode()
         info = tarfile.TarInfo(MANIFEST_MEMBER)
         info.size = len(body)
         info.mode = 0o644

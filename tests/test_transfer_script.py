@@ -409,27 +409,49 @@ def test_pack_refuses_over_the_cap_before_sending_anything(tmp_path: Path) -> No
     assert not [p for p in out.iterdir()] if out.exists() else True
 
 
-def test_pack_never_leaves_the_workspace_through_a_symlink(tmp_path: Path) -> None:
+def test_pack_never_leaves_the_workspace_through_a_symlink_and_names_the_link(
+    tmp_path: Path,
+) -> None:
     python = python310()
     home = tmp_path / "home"
-    write_tree(home / "ws", {"inside.txt": b"in"})
+    write_tree(home / "ws", {"inside.txt": b"in", "sub/kept.txt": b"k"})
     write_tree(tmp_path / "outside", {"secret.txt": b"laptop-only"})
-    os.symlink(tmp_path / "outside", home / "ws" / "escape")
-    (home / "run").mkdir()
+    outside = os.path.realpath(tmp_path / "outside")
+    os.symlink(tmp_path / "outside", home / "ws" / "escape")  # a directory, at the top
+    os.symlink(tmp_path / "outside" / "secret.txt", home / "ws" / "sub" / "peek.txt")
+    os.symlink(home / "ws" / "inside.txt", home / "ws" / "sub" / "near.txt")  # stays in
+    write_tree(home / "run", {"metrics.jsonl": b"{}"})
+    os.symlink(tmp_path / "outside", home / "run" / "data")  # out of the run directory
     out = tmp_path / "out"
     got = fetch_artifacts(
         LocalShell(home),
         workspace="ws",
-        patterns=["**", "escape/*"],
+        patterns=["**", "escape/*", "sub"],
         run_dir="run",
         log_path="nolog",
         out=out,
         timeout=60,
         python=python,
     )
-    assert [entry.path for entry in got.entries] == ["workspace/inside.txt"]
+    assert [entry.path for entry in got.entries] == [
+        "run/metrics.jsonl",
+        "workspace/inside.txt",
+        "workspace/sub/kept.txt",
+        "workspace/sub/near.txt",
+    ]
     assert "escape/*" in got.missing
     assert str(home / "nolog") in got.missing
+    # Each link that leads out is named once, however many patterns and files met it.
+    assert got.skipped == (
+        f"run/data -> {outside}",
+        f"workspace/escape -> {outside}",
+        f"workspace/sub/peek.txt -> {outside}/secret.txt",
+    )
+    assert json.loads((out / "manifest.json").read_text())["skipped"] == list(got.skipped)
+    assert got.describe_skipped() == (
+        "; skipped 3 links leading out of the workspace: " + ", ".join(got.skipped)
+    )
+    assert not list(out.rglob("secret.txt"))
 
 
 class HostileShell:
@@ -466,6 +488,7 @@ def test_fetch_refuses_an_archive_with_unsafe_paths(tmp_path: Path, name: str) -
     manifest = {
         "manifest": [{"path": name, "bytes": 4, "sha256": hashlib.sha256(data).hexdigest()}],
         "missing": [],
+        "skipped": [],
     }
     out = tmp_path / "deep" / "out"
     with pytest.raises(RemoteError, match="unsafe path"):
@@ -487,6 +510,7 @@ def test_fetch_refuses_files_that_differ_from_the_vms_manifest(tmp_path: Path) -
     manifest = {
         "manifest": [{"path": "run/a", "bytes": 4, "sha256": hashlib.sha256(b"good").hexdigest()}],
         "missing": [],
+        "skipped": [],
     }
     out = tmp_path / "out"
     with pytest.raises(RemoteError, match="differ from the VM's manifest: run/a"):

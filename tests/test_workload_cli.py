@@ -1,6 +1,7 @@
 """`tpulab run --emulate ... -- CMD` as a user types it (a real subprocess, the bare image):
 the README's course lab comes back with its checkpoints; a failing command is exit 9 with
-its own status in --json and in the summary; --quiet keeps its lines out of the terminal
+its own status in --json and in the summary, its artifacts fetched (a link leading out
+of the workspace named, not followed); --quiet keeps its lines out of the terminal
 (they stay in the fetched log); the emulator is left with no node either way."""
 
 from __future__ import annotations
@@ -64,10 +65,15 @@ def test_a_failing_command_is_exit_9_with_its_own_status(
 ) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    (work / "fail.py").write_text("print('about to fail', flush=True)\nraise SystemExit(6)\n")
+    (work / "fail.py").write_text(
+        "import os\n"
+        "os.symlink('/etc', 'etc-link')  # a link out of the workspace, for the fetch\n"
+        "print('about to fail', flush=True)\nraise SystemExit(6)\n"
+    )
     done = tpulab(
         "run", "--accelerator", "v5litepod-1", "--emulate", "--json", "--quiet",
-        "--workdir", str(work), "--out", str(tmp_path / "out"), "--", "python", "fail.py",
+        "--workdir", str(work), "--out", str(tmp_path / "out"), "--fetch", "**",
+        "--", "python", "fail.py",
     )  # fmt: skip
     # The command's own 6 must not read as tpulab's 6 ("teardown NOT confirmed").
     assert done.returncode == EXIT_WORKLOAD, done.stderr + done.stdout
@@ -79,6 +85,10 @@ def test_a_failing_command_is_exit_9_with_its_own_status(
     assert result["teardown"]["confirmed"] is True
     assert "about to fail" not in done.stderr  # --quiet: only logged ...
     assert "about to fail" in (tmp_path / "out" / "output.log").read_text()  # ... and fetched
+    # A failed command's artifacts come back all the same, never through a link out.
+    assert (tmp_path / "out" / "workspace" / "fail.py").is_file()
+    assert result["workload"]["fetch_skipped"] == ["workspace/etc-link -> /etc"]
+    assert not (tmp_path / "out" / "workspace" / "etc-link").exists()
     assert embedded_nodes_left() == []
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "IGNORE_FILE",
     "UploadSelection",
     "check_fetch_patterns",
+    "first_few",
     "human_size",
     "over_cap",
     "select_workspace",
@@ -101,13 +102,17 @@ class UploadSelection:
             text += " (skipped: " + ", ".join(f"{n} {why}" for why, n in self.skipped.items())
             named = [*self.loops, *self.skipped_links]
             if named:
-                shown = ", ".join(named[:_NAMED]) + (", ..." if len(named) > _NAMED else "")
-                text += f": {shown}"
+                text += f": {first_few(named)}"
             text += ")"
         return text
 
 
-_NAMED = 5  # skipped links named in the summary
+_NAMED = 5  # skipped links named in a summary
+
+
+def first_few(named: Sequence[str]) -> str:
+    """A summary's list of skipped links: the first few, then "..." if there are more."""
+    return ", ".join(named[:_NAMED]) + (", ..." if len(named) > _NAMED else "")
 
 
 # File names that hold credentials by convention, whatever their content.

@@ -73,6 +73,7 @@ from tpulab.remote.selection import (
     IGNORE_FILE,
     UploadSelection,
     check_fetch_patterns,
+    first_few,
     human_size,
     select_workspace,
 )
@@ -148,6 +149,9 @@ class ManifestEntry:
 class Manifest:
     entries: tuple[ManifestEntry, ...]
     missing: tuple[str, ...] = ()  # what a fetch asked for and did not find
+    # Links a fetch left out because they lead out of the workspace (or the run
+    # directory): "workspace/link -> where it leads", as the VM saw them.
+    skipped: tuple[str, ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -157,6 +161,15 @@ class Manifest:
     def count(self) -> int:
         return len(self.entries)
 
+    def describe_skipped(self) -> str:
+        """The fetch summary's words for `skipped`, as the upload's name what it skipped."""
+        if not self.skipped:
+            return ""
+        noun = "link" if len(self.skipped) == 1 else "links"
+        return f"; skipped {len(self.skipped)} {noun} leading out of the workspace: " + first_few(
+            self.skipped
+        )
+
     def to_json_obj(self) -> list[dict[str, Any]]:
         return [
             {"path": entry.path, "bytes": entry.bytes, "sha256": entry.sha256}
@@ -164,7 +177,9 @@ class Manifest:
         ]
 
     @classmethod
-    def from_json_obj(cls, obj: object, *, missing: Sequence[str] = ()) -> Manifest:
+    def from_json_obj(
+        cls, obj: object, *, missing: Sequence[str] = (), skipped: Sequence[str] = ()
+    ) -> Manifest:
         """The inverse of `to_json_obj`, sorted by path; ValueError when malformed."""
         if not isinstance(obj, list):
             raise ValueError(f"a manifest is a list of entries, got {type(obj).__name__}")
@@ -179,7 +194,12 @@ class Manifest:
                 raise ValueError(f"malformed sha256 in manifest entry for {path!r}")
             entries.append(ManifestEntry(path, size, digest))
         entries.sort(key=lambda entry: entry.path)
-        return cls(tuple(entries), tuple(missing))
+        for named in (missing, skipped):
+            if isinstance(named, str) or not all(isinstance(item, str) for item in named):
+                raise ValueError(
+                    f"a manifest's missing and skipped are lists of text: {named!r:.100}"
+                )
+        return cls(tuple(entries), tuple(missing), tuple(skipped))
 
 
 @dataclass(frozen=True)
@@ -262,7 +282,7 @@ def planned_answer(argv: Sequence[str]) -> bytes | None:
         return b'{"manifest": []}\n'
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w|gz" if "--gzip" in argv else "w|") as tar:
-        body = json.dumps({"manifest": [], "missing": []}).encode()
+        body = json.dumps({"manifest": [], "missing": [], "skipped": []}).encode()
         info = tarfile.TarInfo(_MANIFEST_MEMBER)
         info.size = len(body)
         tar.addfile(info, io.BytesIO(body))
@@ -636,7 +656,9 @@ def _unpack_local(spool: BinaryIO, staging: Path, gzip: bool, done: _Unpacked) -
             assert source is not None  # a regular member always has data
             if name == _MANIFEST_MEMBER:
                 body = json.loads(source.read(64 * 2**20))
-                done.claimed = Manifest.from_json_obj(body["manifest"], missing=body["missing"])
+                done.claimed = Manifest.from_json_obj(
+                    body["manifest"], missing=body["missing"], skipped=body["skipped"]
+                )
                 done.vouched.update((e.path, e.sha256) for e in done.claimed.entries)
                 continue
             target = staging / name
@@ -660,7 +682,11 @@ def _place(files: Path, out: Path, manifest: Manifest, *, complete: bool) -> Non
         target = out / entry.path
         _ensure_dir(target.parent, made)
         os.replace(files / entry.path, target)
-    record: dict[str, Any] = {"files": manifest.to_json_obj(), "missing": list(manifest.missing)}
+    record: dict[str, Any] = {
+        "files": manifest.to_json_obj(),
+        "missing": list(manifest.missing),
+        "skipped": list(manifest.skipped),
+    }
     if not complete:
         record["complete"] = False
     (out / MANIFEST_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -811,7 +837,7 @@ def _fetch_into(
             + "; nothing was kept",
             hint="Retry the fetch; a file still being written on the VM changes under the packer.",
         )
-    manifest = Manifest(written.entries, claimed.missing)
+    manifest = Manifest(written.entries, claimed.missing, claimed.skipped)
     _place(files, out, manifest, complete=True)
     return manifest
 

@@ -91,6 +91,9 @@ class WorkloadSummary(_Part):
     fetched_files: int | None  # None: nothing was fetched (see fetch_problem)
     fetched_bytes: int | None
     fetch_missing: list[str]  # --fetch patterns that matched nothing
+    # Links the fetch left out because they lead out of the workspace or the run
+    # directory ("workspace/link -> where it leads"); empty in records before this field.
+    fetch_skipped: list[str] = Field(default_factory=list)
     fetch_problem: str | None
     extras_install: str | None
     extras: dict[str, str | None]
@@ -165,6 +168,7 @@ def workload_summary(workload: WorkloadOutcome) -> WorkloadSummary:
         fetched_files=fetch.count if fetch else None,
         fetched_bytes=fetch.total_bytes if fetch else None,
         fetch_missing=list(fetch.missing) if fetch else [],
+        fetch_skipped=list(fetch.skipped) if fetch else [],
         fetch_problem=workload.fetch_problem,
         extras_install=workload.extras.install if workload.extras else None,
         extras=dict(workload.extras.versions) if workload.extras else {},

@@ -274,7 +274,8 @@ class WorkloadRunner:
         missing = f"; nothing matched {', '.join(manifest.missing)}" if manifest.missing else ""
         where = f"{workload.out}" + (f"/worker-0..{len(workers) - 1}" if slice_run else "")
         return (
-            f"{manifest.count} files, {manifest.total_bytes / 2**20:.1f} MiB into {where}{missing}"
+            f"{manifest.count} files, {manifest.total_bytes / 2**20:.1f} MiB into {where}"
+            f"{missing}{manifest.describe_skipped()}"
         )
 
     def _kept(self, manifest: Manifest) -> None:
@@ -330,7 +331,10 @@ def _merged(manifests: list[Manifest]) -> Manifest:
     missing = tuple(
         f"{worker_dir(w)}: {m}" for w, manifest in enumerate(manifests) for m in manifest.missing
     )
-    return Manifest(entries, missing)
+    skipped = tuple(
+        f"{worker_dir(w)}: {s}" for w, manifest in enumerate(manifests) for s in manifest.skipped
+    )
+    return Manifest(entries, missing, skipped)
 
 
 def _with_workers(detail: str, done: FanOut[Any]) -> str:
