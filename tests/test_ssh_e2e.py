@@ -83,6 +83,27 @@ def test_run_streams_lines_and_returns_exit_status(ssh_host: SshHost) -> None:
         assert ok.exit_status == 0
 
 
+def test_a_redrawn_progress_bar_is_streamed_as_a_terminal_shows_it(ssh_host: SshHost) -> None:
+    # A tqdm-style bar on stderr, its states arriving in separate reads (the sleeps),
+    # then a line ended Windows-style: each line as a terminal shows it, not its states
+    # run together; the raw text is kept whole.
+    script = (
+        "echo start; for i in 1 2 3 4 5; do printf '\\r%s0%%|bar' $i >&2; sleep 0.05; done; "
+        "printf '\\n' >&2; printf 'dos line\\r\\nend\\n'"
+    )
+    lines: list[tuple[str, str]] = []
+    with ssh_host.connect() as conn:
+        result = conn.run(
+            ["sh", "-c", script],
+            timeout=20,
+            on_line=lambda stream, line: lines.append((stream, line)),
+        )
+    assert [line for stream, line in lines if stream == "stdout"] == ["start", "dos line", "end"]
+    assert [line for stream, line in lines if stream == "stderr"] == ["50%|bar"]
+    assert result.stderr == "".join(f"\r{i}0%|bar" for i in range(1, 6)) + "\n"
+    assert result.stdout == "start\ndos line\r\nend\n"
+
+
 def test_stdin_is_closed_and_home_is_the_sandbox(ssh_host: SshHost) -> None:
     with ssh_host.connect() as conn:
         # `cat` would wait forever on an open stdin; `read` fails on EOF.

@@ -267,25 +267,3 @@ def test_a_host_offering_only_another_key_type_is_refused(tmp_path: Path) -> Non
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
-
-
-@settings(max_examples=200, deadline=None)
-@given(text=st.text(st.sampled_from("ab\n€ü")), cuts=st.lists(st.integers(0, 200)))
-def test_streamed_output_is_split_into_the_same_lines_however_it_arrives(
-    text: str, cuts: list[int]
-) -> None:
-    from tpulab.remote.ssh import _LineSplitter
-
-    data = text.encode()  # "€" is 3 bytes: cuts land inside characters too
-    lines: list[str] = []
-    splitter = _LineSplitter("stdout", lambda _stream, line: lines.append(line))
-    previous = 0
-    for cut in [*sorted(c for c in cuts if c <= len(data)), len(data)]:
-        splitter.feed(data[previous:cut])
-        previous = cut
-    splitter.feed(b"", final=True)
-    expected = text.split("\n")
-    if expected[-1] == "":
-        expected.pop()
-    assert lines == expected
-    assert splitter.text == text

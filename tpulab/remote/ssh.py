@@ -29,7 +29,6 @@ seconds later in case the remote `timeout` itself is wedged.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import hashlib
 import io
@@ -70,6 +69,7 @@ from tpulab.remote.keys import (
     ssh_port_from,
     wait_for_host_key,
 )
+from tpulab.remote.lines import LineSplitter
 
 if TYPE_CHECKING:
     import paramiko
@@ -130,37 +130,6 @@ class HeldCommand:
     exit_status: int | None
     stdout: str
     stderr: str
-
-
-class _LineSplitter:
-    def __init__(self, stream: str, on_line: Callable[[str, str], None] | None) -> None:
-        self._stream = stream
-        self._on_line = on_line
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._pending: list[str] = []  # pieces of an unfinished line (a list: no O(n^2))
-        self._parts: list[str] = []
-
-    def feed(self, data: bytes, final: bool = False) -> None:
-        text = self._decoder.decode(data, final)
-        self._parts.append(text)
-        if self._on_line is None:
-            return
-        *complete, rest = text.split("\n")
-        if complete:
-            complete[0] = "".join(self._pending) + complete[0]
-            self._pending = []
-        self._pending.append(rest)
-        if final:
-            tail = "".join(self._pending)
-            self._pending = []
-            if tail:
-                complete.append(tail)
-        for line in complete:
-            self._on_line(self._stream, line)
-
-    @property
-    def text(self) -> str:
-        return "".join(self._parts)
 
 
 def _paramiko_key(key: RunKey) -> paramiko.PKey:
@@ -415,7 +384,7 @@ class Connection:
         line)` ("stdout"/"stderr"). Past `timeout` the remote process group is killed and
         RemoteTimeoutError raised."""
         channel, command, shown = self._open_session(argv, env=env, timeout=timeout)
-        out, err = _LineSplitter("stdout", on_line), _LineSplitter("stderr", on_line)
+        out, err = LineSplitter("stdout", on_line), LineSplitter("stderr", on_line)
         start = self._clock()
         give_up = start + timeout + self.kill_grace
         log.debug("ssh %s: %s", self.target, shown)
@@ -462,7 +431,7 @@ class Connection:
         returned, not checked (the transfers read their own verdicts)."""
         chunks = _chunks_of(stdin)
         channel, command, shown = self._open_session(argv, env=env, timeout=timeout)
-        err = _LineSplitter("stderr", None)
+        err = LineSplitter("stderr", None)
         start = self._clock()
         give_up = start + timeout + self.kill_grace
         log.debug("ssh %s (streaming): %s", self.target, shown)
@@ -519,7 +488,7 @@ class Connection:
         channel: paramiko.Channel,
         chunks: Iterator[bytes] | None,
         stdout: BinaryIO | None,
-        err: _LineSplitter,
+        err: LineSplitter,
         give_up: float,
         shown: str,
         timeout: float,
@@ -582,8 +551,8 @@ class Connection:
     def _pump(
         self,
         channel: paramiko.Channel,
-        out: _LineSplitter,
-        err: _LineSplitter,
+        out: LineSplitter,
+        err: LineSplitter,
         give_up: float,
         shown: str,
         timeout: float,
@@ -649,7 +618,7 @@ class Connection:
         newline to the command's stdin that often until `close`, and the command can take
         silence for the same end."""
         channel, command, shown = self._open_session(argv, timeout=timeout)
-        out, err = _LineSplitter("stdout", None), _LineSplitter("stderr", None)
+        out, err = LineSplitter("stdout", None), LineSplitter("stderr", None)
         give_up = self._clock() + answer_within
         log.debug("ssh %s (held): %s", self.target, shown)
         try:
@@ -673,8 +642,8 @@ class Connection:
     def _first_line(
         self,
         channel: paramiko.Channel,
-        out: _LineSplitter,
-        err: _LineSplitter,
+        out: LineSplitter,
+        err: LineSplitter,
         give_up: float,
         shown: str,
         answer_within: float,

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tpulab.errors import CommandFailedError, RemoteError
 from tpulab.remote.keys import HostKey, SshTarget
+from tpulab.remote.lines import LineSplitter
 
 __all__ = ["SshResult", "SystemSsh", "known_hosts_line", "write_known_hosts"]
 
@@ -123,10 +124,9 @@ class SystemSsh:
                 f"ssh {self.target}: {shlex.join(remote)[:80]} did not finish in {timeout:g} s."
             ) from None
         result = SshResult(done.returncode, done.stdout, done.stderr)
-        if on_line is not None:
+        if on_line is not None:  # as a streamed run passes them, lines as a terminal shows
             for stream, text in (("stdout", done.stdout), ("stderr", done.stderr)):
-                for line in text.splitlines():
-                    on_line(stream, line)
+                LineSplitter(stream, on_line).feed(text.encode(), final=True)
         if check and done.returncode != 0:
             tail = (done.stderr.strip() or done.stdout.strip())[-400:]
             # 255 is ssh's own failure (unreachable, refused key), not the command's.
