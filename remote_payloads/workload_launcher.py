@@ -158,7 +158,9 @@ def _notice(lines: int) -> bytes:
 
 
 def _copy(source: int, log, stream: _Stream) -> None:  # type: ignore[no-untyped-def]
-    """Copy the command's output to the log, and its whole lines to the stream."""
+    """Copy the command's output to the log, and to the stream its whole lines, and a
+    line being redrawn (a progress bar) as it comes: it must reach the laptop while it
+    runs, not once its newline comes."""
     carry = b""
     while True:
         try:
@@ -171,9 +173,12 @@ def _copy(source: int, log, stream: _Stream) -> None:  # type: ignore[no-untyped
         log.flush()
         carry += chunk
         end = carry.rfind(b"\n") + 1
-        if end == 0 and len(carry) < _LONGEST_LINE:
-            continue
-        end = end or len(carry)
+        if b"\r" in carry[end:]:
+            end = len(carry)  # a line being redrawn: its states as they come
+        elif end == 0:
+            if len(carry) < _LONGEST_LINE:
+                continue
+            end = len(carry)
         block, carry = carry[:end], carry[end:]
         stream.put(block)
     if carry:

@@ -10,6 +10,8 @@ and the stream must say how many lines it dropped and where they are.
 from __future__ import annotations
 
 import json
+import os
+import select
 import subprocess
 import sys
 import time
@@ -97,3 +99,39 @@ def test_a_reader_that_keeps_up_gets_every_line(tmp_path: Path) -> None:
     report = parse_launch_report(stderr.decode())
     assert report is not None
     assert report.unstreamed_lines == 0
+
+
+# A progress bar: states redrawn with carriage returns, no newline until the end, which
+# waits for the test to say so (the file it names appears).
+BAR = """
+import os, sys, time
+for i in range(4):
+    sys.stderr.write(f"\\r{i * 25:3d}%|bar")
+    sys.stderr.flush()
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+sys.stderr.write("\\r100%|bar\\n")
+"""
+
+
+def test_a_progress_bar_reaches_the_stream_while_it_runs(tmp_path: Path) -> None:
+    go_on = tmp_path / "go-on"
+    process, _layout = _launch(tmp_path, sys.executable, "-c", BAR, str(go_on))
+    try:
+        assert process.stdout is not None
+        seen = b""
+        deadline = time.monotonic() + 60
+        # The bar's states, while the command cannot end: the stream must carry them.
+        while b" 75%|bar" not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([process.stdout], [], [], 0.5)
+            if ready:
+                seen += os.read(process.stdout.fileno(), 4096)
+        assert seen == b"\r  0%|bar\r 25%|bar\r 50%|bar\r 75%|bar", seen
+        go_on.touch()
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert (seen + rest).startswith(b"\r  0%|bar\r 25%|bar\r 50%|bar\r 75%|bar\r100%|bar")
+    assert process.returncode == 0

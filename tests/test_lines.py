@@ -43,9 +43,9 @@ def test_a_bar_that_runs_long_is_passed_on_every_interval_and_ends_once() -> Non
         splitter.feed(f"\r{step:3d}%|bar".encode())
     splitter.feed(b"\n")
     splitter.feed(b"", final=True)
-    # Every 10 s the latest finished state: the one before the state being drawn, which
-    # may be cut mid-write (here at 10 s, 9 %), then the end.
-    states = [f"{step:3d}%|bar" for step in range(9, 100, 10)]
+    # Every 10 s the latest state (the one being drawn: as wide as the last), then the
+    # end, not repeated.
+    states = [f"{step:3d}%|bar" for step in range(10, 100, 10)]
     assert lines == ["epoch 1", *states, "100%|bar"]
     # A bar that ends on the state last passed on says it once.
     splitter.feed(b"\r1/2")
@@ -53,6 +53,16 @@ def test_a_bar_that_runs_long_is_passed_on_every_interval_and_ends_once() -> Non
     splitter.feed(b"\r2/2\r")
     splitter.feed(b"\n")
     assert lines[-2:] == ["100%|bar", "2/2"]
+
+
+def test_a_state_cut_mid_write_is_not_shown_the_last_whole_one_is() -> None:
+    clock = Clock()
+    splitter, lines = _splitter(clock)
+    splitter.feed(b"\r 10%|#    | 1/10")
+    clock.now += 10
+    splitter.feed(b"\r 20%|##   | 2")  # the rest of this state is still on its way
+    splitter.feed(b"/10\n")
+    assert lines == [" 10%|#    | 1/10", " 20%|##   | 2/10"]
 
 
 def test_a_bar_quicker_than_the_interval_shows_only_its_end() -> None:

@@ -4,8 +4,8 @@ The VM's output reaches us as chunks; `LineSplitter` keeps the text whole (raw, 
 results and error tails) and passes each line to `on_line` as it ends. A line its writer
 redraws with carriage returns (a progress bar: tqdm, a download) is shown as a terminal
 shows it, its last state, not every state run together; and while it is being redrawn,
-its latest finished state is passed on as a line of its own every `REDRAW_EVERY`
-seconds, so a bar that runs for an hour without a newline still says how far it got.
+its latest state is passed on as a line of its own every `REDRAW_EVERY` seconds, so a
+bar that runs for an hour without a newline still says how far it got.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def as_shown(line: str) -> str:
 class LineSplitter:
     """One stream's bytes -> its text (kept whole, raw) and its lines as a terminal
     shows them (`as_shown`), each passed to `on_line` as it ends; a line being redrawn
-    passes its latest finished state every `redraw_every` seconds meanwhile."""
+    passes its latest state every `redraw_every` seconds meanwhile."""
 
     def __init__(
         self,
@@ -73,9 +73,13 @@ class LineSplitter:
             # A bar redrawn for an hour without a newline: only its last state drawn
             # (and the one being drawn) can still be shown, so only they are held.
             *drawn, drawing = ("".join(self._pending) + rest).split("\r")
-            state = next((each for each in reversed(drawn) if each), "")
-            rest = f"{state}\r{drawing}"
+            last = next((each for each in reversed(drawn) if each), "")
+            rest = f"{last}\r{drawing}"
             self._pending = []
+            # The state being drawn may be cut mid-write; bars keep their width, so one
+            # as long as the last state is whole (a bar redrawn each minute is shown
+            # as it is, not a minute late).
+            state = drawing if len(drawing) >= len(last) else last
         self._pending.append(rest)
         if final:
             tail = "".join(self._pending)
