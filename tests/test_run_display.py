@@ -56,3 +56,30 @@ def test_all_output_names_each_workers_lines_and_quiet_hides_them() -> None:
     display.command_quiet = True
     display.remote_output(worker_command_stream(3), "hidden")
     assert "hidden" not in out.getvalue()
+
+
+def test_a_commands_escape_codes_are_styles_on_a_terminal_and_gone_off_one() -> None:
+    from tpulab.run.progress import COMMAND_STREAM
+
+    lines = ["\x1b[31mred\x1b[0m normal", "\x1b[2K\x1b[1Aafter cursor codes"]
+    display, out = _display()
+    display.verbose = True
+    for line in lines:
+        display.remote_output(COMMAND_STREAM, line)
+        display.remote_output("stderr", line)  # tpulab's own commands, under -v
+    assert out.getvalue().splitlines() == [
+        "  cmd ┃ red normal",
+        "  │ red normal",
+        "  cmd ┃ after cursor codes",
+        "  │ after cursor codes",
+    ]
+    terminal = io.StringIO()
+    display.console = Console(
+        file=terminal, force_terminal=True, color_system="standard", highlight=False, width=200
+    )
+    for line in lines:
+        display.remote_output(COMMAND_STREAM, line)
+    shown = terminal.getvalue()
+    assert "\x1b[31mred\x1b[0m normal" in shown  # the colour kept
+    assert "\x1b[1A" not in shown  # the cursor left where tpulab's lines need it
+    assert "\x1b[2K" not in shown

@@ -14,6 +14,7 @@ from tpulab.cli._console import console, print_stderr
 if TYPE_CHECKING:
     from rich.console import RenderableType
     from rich.live import Live
+    from rich.text import Text
 
     from tpulab.run.progress import Phase
 
@@ -102,11 +103,11 @@ class RunDisplay:
             # --all-output the gutter names the slice worker that printed it.
             gutter = "  cmd ┃ " if worker is None else f"{f'w{worker}':>5} ┃ "
             if not self.command_quiet:
-                self._print(Text.assemble((gutter, "bold blue"), (line, "")))
+                self._print(Text.assemble((gutter, "bold blue"), _as_text(line)))
             return
         if self.verbose:
             style = "dim" if stream == "stdout" else "dim yellow"
-            self._print(Text(f"  │ {line}", style=style))
+            self._print(Text.assemble("  │ ", _as_text(line), style=style))
 
     def note(self, message: str) -> None:
         from rich.text import Text
@@ -135,6 +136,15 @@ class RunDisplay:
         live, self._live = self._live, None
         if live is not None:
             live.stop()
+
+
+def _as_text(line: str) -> Text:
+    """A line the VM printed, for rich: its colour codes as styles (shown on a terminal,
+    dropped off one, as rich does for tpulab's own), every other escape sequence left
+    out, so a command's cursor movement ("\\x1b[1A") cannot redraw tpulab's lines."""
+    from rich.text import Text
+
+    return Text.from_ansi(line) if "\x1b" in line else Text(line)
 
 
 def _why(error: BaseException) -> str:
