@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpulab.remote.lines import LineSplitter, as_shown
+from tpulab.remote.lines import LONGEST_SHOWN, LineSplitter, as_shown
 
 
 def test_a_redrawn_line_shows_its_last_state_drawn() -> None:
@@ -119,3 +119,20 @@ def test_streamed_output_is_split_into_the_same_lines_however_it_arrives(
         expected.pop()
     assert lines == [as_shown(line) for line in expected]
     assert splitter.text == text
+
+
+def test_a_line_longer_than_a_screen_is_cut_saying_how_much_more_it_had() -> None:
+    clock = Clock()
+    splitter, lines = _splitter(clock)
+    blob = b'{"losses": [' + b"0.125, " * 100_000 + b"0.1]}"  # one 700 KB line
+    for at in range(0, len(blob), 32768):
+        splitter.feed(blob[at : at + 32768])
+    assert sum(map(len, splitter._pending)) <= LONGEST_SHOWN  # held: the head, no more
+    splitter.feed(b"\nnext\n" + b"y" * (LONGEST_SHOWN + 5), final=True)
+    more = len(blob) - LONGEST_SHOWN
+    assert lines == [
+        blob[:LONGEST_SHOWN].decode() + f" ... ({more:,} more characters not shown)",
+        "next",
+        "y" * LONGEST_SHOWN + " ... (5 more characters not shown)",
+    ]
+    assert splitter.text.encode() == blob + b"\nnext\n" + b"y" * (LONGEST_SHOWN + 5)

@@ -5,7 +5,8 @@ results and error tails) and passes each line to `on_line` as it ends. A line it
 redraws with carriage returns (a progress bar: tqdm, a download) is shown as a terminal
 shows it, its last state, not every state run together; and while it is being redrawn,
 its latest state is passed on as a line of its own every `REDRAW_EVERY` seconds, so a
-bar that runs for an hour without a newline still says how far it got.
+bar that runs for an hour without a newline still says how far it got. A line longer
+than `LONGEST_SHOWN` is passed on cut, saying how much more it had.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ import codecs
 import time
 from collections.abc import Callable
 
-__all__ = ["REDRAW_EVERY", "LineSplitter", "as_shown"]
+__all__ = ["LONGEST_SHOWN", "REDRAW_EVERY", "LineSplitter", "as_shown"]
+
+# The most of one line that is passed on: about 140 rows of a 120-column terminal. A
+# longer one is cut there, saying how much more it had.
+LONGEST_SHOWN = 16 * 1024
 
 # How often a line being redrawn is passed on in the meantime (as allennlp's tqdm does
 # off a terminal): often enough to see progress, seldom enough not to flood a log.
@@ -43,6 +48,7 @@ class LineSplitter:
         on_line: Callable[[str, str], None] | None,
         *,
         redraw_every: float = REDRAW_EVERY,
+        longest: int = LONGEST_SHOWN,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._stream = stream
@@ -51,6 +57,9 @@ class LineSplitter:
         self._clock = clock
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending: list[str] = []  # pieces of an unfinished line (a list: no O(n^2))
+        self._held = 0  # characters in _pending
+        self._cut = 0  # characters of the unfinished line past `longest`, not held
+        self._longest = longest
         self._parts: list[str] = []
         self._passed_at = clock()  # when a line or a state was last passed on
         self._state_passed: str | None = None  # the unfinished line's state passed on
@@ -65,31 +74,48 @@ class LineSplitter:
         if self._on_line is None:
             return
         *complete, rest = text.split("\n")
-        if complete:
-            complete[0] = "".join(self._pending) + complete[0]
-            self._pending = []
+        lines = [self._finish(piece) for piece in complete]
+        state = self._hold(rest)
+        if final and (self._pending or self._cut):
+            lines.append(self._finish(""))
+        for line in lines:
+            self._pass(line, finished=True)
+        if state and not final and self._clock() - self._passed_at >= self._redraw_every:
+            self._pass(state, finished=False)
+
+    def _hold(self, piece: str) -> str | None:
+        """Add `piece` to the unfinished line; the state to show of it if it is being
+        redrawn (None: it is not)."""
         state = None
-        if "\r" in rest:
+        if "\r" in piece:
             # A bar redrawn for an hour without a newline: only its last state drawn
             # (and the one being drawn) can still be shown, so only they are held.
-            *drawn, drawing = ("".join(self._pending) + rest).split("\r")
+            *drawn, drawing = ("".join(self._pending) + piece).split("\r")
             last = next((each for each in reversed(drawn) if each), "")
-            rest = f"{last}\r{drawing}"
-            self._pending = []
+            self._pending, self._held = [f"{last}\r{drawing}"], len(last) + 1 + len(drawing)
             # The state being drawn may be cut mid-write; bars keep their width, so one
             # as long as the last state is whole (a bar redrawn each minute is shown
             # as it is, not a minute late).
             state = drawing if len(drawing) >= len(last) else last
-        self._pending.append(rest)
-        if final:
-            tail = "".join(self._pending)
-            self._pending = []
-            if tail:
-                complete.append(tail)
-        for line in complete:
-            self._pass(as_shown(line), finished=True)
-        if state and not final and self._clock() - self._passed_at >= self._redraw_every:
-            self._pass(state, finished=False)
+        elif piece:
+            self._pending.append(piece)
+            self._held += len(piece)
+        if self._held > self._longest:
+            # A line longer than a screen can show (a JSON blob printed whole): its head
+            # is shown, and how much more there was; the log has all of it.
+            held = "".join(self._pending)
+            self._cut += len(held) - self._longest
+            self._pending, self._held = [held[: self._longest]], self._longest
+        return state[: self._longest] if state else None
+
+    def _finish(self, piece: str) -> str:
+        """The unfinished line ended by `piece` (the text before its newline)."""
+        self._hold(piece)
+        line = as_shown("".join(self._pending))
+        if self._cut:
+            line += f" ... ({self._cut:,} more characters not shown)"
+        self._pending, self._held, self._cut = [], 0, 0
+        return line
 
     def _pass(self, line: str, *, finished: bool) -> None:
         assert self._on_line is not None
