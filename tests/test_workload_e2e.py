@@ -15,11 +15,13 @@ import json
 import os
 import shutil
 import signal
+import socket
 import textwrap
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -28,12 +30,17 @@ from tpulab.config import RunSpec
 from tpulab.config.workload import WorkloadSpec
 from tpulab.errors import InterruptedRun, VerificationError, WorkloadFailedError
 from tpulab.exits import EXIT_INTERRUPTED, EXIT_WORKLOAD, exit_status_for
+from tpulab.remote import workload as wl
+from tpulab.remote.keys import RunKey, SshTarget
+from tpulab.remote.ssh import Connection, RunResult
 from tpulab.run.progress import COMMAND_STREAM, NullObserver, Phase
 from tpulab.run.record import read_run_record
 from tpulab.run.signals import shield, signals_to_teardown, skippable
 
 if TYPE_CHECKING:
     from run_rig import Rig
+
+    from tpulab.run.remote_session import Connect
 
 pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
 pytestmark = pytest.mark.slow
@@ -249,8 +256,22 @@ class _SignalWhen(NullObserver):
                 os.kill(os.getpid(), self.signum)
 
 
+class _Notes(NullObserver):
+    def __init__(self, notes: list[str]) -> None:
+        self.notes = notes
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+
 def _interrupted_run(
-    rig: Rig, tmp_path: Path, *, again_at_fetch: bool, signum: int = signal.SIGINT
+    rig: Rig,
+    tmp_path: Path,
+    *,
+    again_at_fetch: bool,
+    signum: int = signal.SIGINT,
+    connect: Connect | None = None,
+    notes: list[str] | None = None,
 ) -> tuple[object, Path, BaseException | None]:
     marker = tmp_path / "command-started"
     work = workspace(
@@ -271,7 +292,10 @@ def _interrupted_run(
     spec = with_workload(rig.spec(), work, out, "python", "long.py")
     observer = _SignalWhen(marker, again_at_fetch=again_at_fetch, signum=signum)
     error: BaseException | None = None
-    life, _ = rig.lifecycle(spec, observer, shield=shield, skippable=skippable)
+    heard = _Notes(notes if notes is not None else [])
+    life, _ = rig.lifecycle(
+        spec, observer, heard, shield=shield, skippable=skippable, connect=connect
+    )
     try:
         with signals_to_teardown(lambda _text: None, force_exit_status=6):
             life.run()
@@ -293,6 +317,60 @@ def test_ctrl_c_during_the_command_fetches_then_deletes(
     assert outcome.workload.stopped == f"interrupted by {signal.Signals(signum).name}"
     assert outcome.teardown_status == "confirmed"
     assert read_run_record(out / "run.json").workload.fetched_files
+    assert rig.leftovers() == []
+
+
+class _DropsBeforeTheStop(Connection):
+    """A real connection whose TCP stream is cut (its socket shut down under paramiko)
+    just before it runs the stop request, `drops` times: a Ctrl-C that left the SSH
+    stream unusable, or a network blip at the worst moment."""
+
+    def __init__(self, target: SshTarget, key: RunKey, drops: int) -> None:
+        super().__init__(target, key, connect_timeout=15)
+        self.drops = drops
+        self.connects = 0
+
+    def open(self) -> None:
+        if self._client is None:
+            self.connects += 1
+        super().open()
+
+    def run(self, argv: Sequence[str] | str, **kwargs: Any) -> RunResult:
+        if self.drops and list(argv) == list(wl.stop_command()):
+            self.drops -= 1
+            self.open()  # a retry's fresh connection is cut as well
+            transport = self._client.get_transport() if self._client is not None else None
+            assert transport is not None
+            transport.sock.shutdown(socket.SHUT_RDWR)
+        return super().run(argv, **kwargs)
+
+
+@pytest.mark.parametrize("drops", [1, 2], ids=["once", "twice"])
+def test_a_dropped_connection_at_the_stop_still_fetches_and_deletes(
+    rig: Rig, tmp_path: Path, drops: int
+) -> None:
+    made: list[_DropsBeforeTheStop] = []
+
+    def connect(target: SshTarget, key: RunKey) -> _DropsBeforeTheStop:
+        made.append(_DropsBeforeTheStop(target, key, drops))
+        return made[-1]
+
+    notes: list[str] = []
+    life, out, error = _interrupted_run(
+        rig, tmp_path, again_at_fetch=False, connect=connect, notes=notes
+    )
+    assert isinstance(error, InterruptedRun), error
+    (connection,) = made
+    assert connection.drops == 0
+    if drops == 1:  # stopped over a fresh connection
+        assert any(n.startswith("your command was stopped on the VM") for n in notes), notes
+    else:  # not stopped, said so; the fetch still reconnects
+        assert any(n.startswith("could not stop your command on the VM") for n in notes), notes
+    assert connection.connects == 1 + drops
+    assert (out / "run" / "progress.txt").read_text() == "1"
+    outcome = life.outcome  # type: ignore[attr-defined]
+    assert outcome.workload.fetch_problem is None
+    assert outcome.teardown_status == "confirmed"
     assert rig.leftovers() == []
 
 

@@ -212,13 +212,18 @@ class Connection:
         self.close()
 
     def close(self) -> None:
+        """Let go of the connection; never raises. Closing one that has died is what
+        this is for (it runs as a failure is reported): paramiko's polite close of the
+        SFTP channel raises EOFError over a dead socket, which replaced the failure's
+        ConnectError and left this connection holding the dead transport, so the next
+        command could not reconnect."""
         self._let_go()
-        if self._sftp is not None:
-            self._sftp.close()
-            self._sftp = None
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        sftp, self._sftp = self._sftp, None
+        client, self._client = self._client, None
+        for part in (sftp, client):
+            if part is not None:
+                with contextlib.suppress(Exception):  # EOFError, OSError, SSHException
+                    part.close()
 
     # -- opening -------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from tpulab import paths
-from tpulab.errors import ConfigError, InterruptedRun, TpuLabError
+from tpulab.errors import ConfigError, ConnectError, InterruptedRun, TpuLabError
 from tpulab.remote import bootstrap as boot
 from tpulab.remote import workload as wl
 from tpulab.run.command import CommandRun, CommandStep, launch, stop_everywhere
@@ -311,7 +311,20 @@ class WorkloadRunner:
                     )
 
     def _stop(self) -> None:
-        stop_everywhere(self.life)
+        """Stop the command everywhere, best effort: what exists is fetched either way.
+        A dropped connection (a Ctrl-C can land while the SSH stream is mid-message)
+        gets one fresh connection to stop it over; a stop that still fails is said, and
+        the teardown ends the command with its VM."""
+        try:
+            try:
+                stop_everywhere(self.life)
+            except ConnectError:
+                stop_everywhere(self.life)  # the failed one closed it: this one reconnects
+        except TpuLabError as error:
+            self.life.observer.note(
+                f"could not stop your command on the VM ({error.message}); fetching what "
+                "exists, and the teardown ends it"
+            )
 
 
 def worker_dir(worker: int) -> str:
