@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from helpers import group_ended, wait_until
+from helpers import FakeClock, group_ended, wait_until
 
 from tpulab.errors import (
     AuthError,
@@ -25,7 +25,7 @@ from tpulab.errors import (
     RemoteTimeoutError,
     TpuBusyError,
 )
-from tpulab.remote.ssh import Connection, HostKey, RunKey, SshTarget
+from tpulab.remote.ssh import RECONNECT_TIMEOUT, Connection, HostKey, RunKey, SshTarget
 
 if TYPE_CHECKING:
     from ssh_fixtures import HostStarter, SshHost
@@ -323,6 +323,21 @@ def test_losing_the_host_mid_command_is_a_connect_error(
             conn.run(["sleep", "20"], timeout=30)
         assert time.monotonic() - started < 10
         reclaim.join()
+
+
+def test_a_host_gone_after_it_worked_is_given_the_reconnect_bound_not_the_boot_one(
+    start_ssh_host: HostStarter, tmp_path: Path
+) -> None:
+    host = start_ssh_host(tmp_path / "sandbox", node_key="reclaimed")
+    clock = FakeClock(now=1000.0)
+    with host.connect(connect_timeout=600, clock=clock, sleep=clock.sleep) as conn:
+        conn.run(["true"], timeout=10, check=True)
+        host.backend.stop("reclaimed")  # a spot VM reclaimed between two commands
+        with pytest.raises(ConnectError, match="was lost and could not be opened again"):
+            conn.run(["true"], timeout=10)
+    # Refused at once on every try: the held clock moves only by the retries' naps.
+    assert clock.now - 1000.0 <= RECONNECT_TIMEOUT + 5  # the last nap may overrun
+    assert sum(clock.sleeps) < 600
 
 
 def test_sessions_see_the_image_environment_only(

@@ -76,6 +76,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HOST_KEY_ATTRIBUTE",
+    "RECONNECT_TIMEOUT",
     "Connection",
     "HeldCommand",
     "HostKey",
@@ -163,14 +164,21 @@ def _chunks_of(source: BinaryIO | Iterable[bytes] | None) -> Iterator[bytes] | N
 
 # -- the connection --------------------------------------------------------------------
 
+# How long a connection lost after it worked is given to come back (see Connection).
+RECONNECT_TIMEOUT = 20.0
+
 
 class Connection:
     """An SSH session to one pinned host; opened on first use, closed on exit.
 
     `connect_timeout` bounds the wait for the server to come up; `auth_retry_for` keeps
     retrying a refused key for that long (0 = fail at once, right for the emulator; a
-    real VM may need ~60 s while its guest agent installs the metadata keys). Not
-    thread-safe: one Connection per thread.
+    real VM may need ~60 s while its guest agent installs the metadata keys). A
+    connection lost after it worked is opened again on next use, within
+    RECONNECT_TIMEOUT: a network blip comes back in seconds, and a VM that went away
+    is not waited for as a booting one is. Commands may run from more than one thread
+    (the lease renewer shares the run's connection; paramiko multiplexes the channels),
+    and opening is serialised.
     """
 
     def __init__(
@@ -196,6 +204,8 @@ class Connection:
         self._sleep = sleep
         self._clock = clock
         self._client: paramiko.SSHClient | None = None
+        self._was_open = False  # once it has worked, an open is a reconnect
+        self._opening = threading.Lock()
         self._sftp: paramiko.SFTPClient | None = None
         self._home: str | None = None
         self._held: list[paramiko.Channel] = []
@@ -229,16 +239,24 @@ class Connection:
 
     def open(self) -> None:
         """Connect, waiting for the server within `connect_timeout`: sshd often starts
-        listening some seconds after the node is READY."""
-        if self._client is not None:
-            return
+        listening some seconds after the node is READY. A reconnect waits at most
+        RECONNECT_TIMEOUT."""
+        # The lease renewer's thread shares this connection: after a drop both may
+        # reconnect at once, and only one client may be kept (the other would leak).
+        with self._opening:
+            if self._client is None:
+                self._connect()
+
+    def _connect(self) -> None:
         t = self.target
         refused_at: list[float] = []  # when the key was first refused, if it was
+        reconnect = self._was_open
+        budget = min(self.connect_timeout, RECONNECT_TIMEOUT) if reconnect else self.connect_timeout
 
         def attempt() -> paramiko.SSHClient:
             import paramiko
 
-            remaining = max(time_left(self.connect_timeout), 0.1)
+            remaining = max(time_left(budget), 0.1)
             try:
                 self._probe(min(remaining, self.banner_timeout))
                 return self._handshake(remaining)
@@ -273,6 +291,13 @@ class Connection:
             if isinstance(tries.error, _KeyNotInstalledYet):
                 return self._refused()
             last = _said(tries.error) if tries.error is not None else "no attempt was made"
+            if reconnect:
+                return ConnectError(
+                    f"The SSH connection to {t} was lost and could not be opened again "
+                    f"within {tries.timeout:g}s ({tries.attempts} attempts; last error: "
+                    f"{last})",
+                    hint="The VM may have been preempted, stopped or deleted; check its state.",
+                )
             return ConnectError(
                 f"Could not open an SSH session to {t} within "
                 f"{tries.timeout:g}s ({tries.attempts} attempts; last error: {last})",
@@ -284,7 +309,7 @@ class Connection:
         self._client = poll_until(
             attempt,
             lambda _client: True,
-            timeout=self.connect_timeout,
+            timeout=budget,
             clock=self._clock,
             sleep=self._sleep,
             backoff=Backoff(initial=0.25, cap=5.0, factor=2.0, jitter=0.1),
@@ -292,7 +317,8 @@ class Connection:
             on_retry=on_retry,
             expired=gave_up,
         )
-        log.debug("ssh connected to %s", t)
+        self._was_open = True
+        log.debug("ssh %s to %s", "reconnected" if reconnect else "connected", t)
 
     def _refused(self) -> AuthError:
         t = self.target
@@ -363,15 +389,16 @@ class Connection:
         return client
 
     def _transport(self) -> paramiko.Transport:
+        """The live transport; a lost one is opened again (see the class)."""
         self.open()
         assert self._client is not None
         transport = self._client.get_transport()
         if transport is None or not transport.is_active():
             self.close()
-            raise ConnectError(
-                f"The SSH connection to {self.target} was lost",
-                hint="The VM may have been preempted or rebooted; check its state.",
-            )
+            self.open()
+            assert self._client is not None
+            transport = self._client.get_transport()
+            assert transport is not None  # a client just connected has its transport
         return transport
 
     # -- run -----------------------------------------------------------------------------
@@ -458,8 +485,18 @@ class Connection:
         the remote `timeout`, and `argv` as messages name it."""
         command = remote_command(argv, env=env, timeout=timeout)
         shown = _shown(argv)
-        with self._mapped(f"opening a session for {shown!r}"):
-            return self._transport().open_session(timeout=self.banner_timeout), command, shown
+        for last_try in (False, True):
+            transport = self._transport()
+            try:
+                with self._mapped(f"opening a session for {shown!r}"):
+                    return transport.open_session(timeout=self.banner_timeout), command, shown
+            except ConnectError:
+                # A connection that looked alive and was not (dropped, not yet noticed:
+                # a Ctrl-C can land while its stream is mid-message). Nothing was sent
+                # on this session, so one fresh connection is tried.
+                if last_try:
+                    raise
+        raise AssertionError("unreachable")
 
     def _check_ended(
         self, status: int, duration: float, timeout: float, shown: str, work: str, tail: str

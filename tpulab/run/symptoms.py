@@ -27,10 +27,10 @@ from tpulab.run.lease import vanished
 if TYPE_CHECKING:
     from tpulab.run.context import RunContext
 
-__all__ = ["describe_error", "explain"]
+__all__ = ["RECLAIMED", "describe_error", "explain"]
 
 # The states in which Google reports a reclaimed spot TPU VM (see `preemption`).
-_RECLAIMED = frozenset(
+RECLAIMED = frozenset(
     {NodeState.PREEMPTED.value, NodeState.TERMINATED.value, NodeState.STOPPED.value}
 )
 # The node healths that, on a spot node, mean it is being reclaimed while its state may
@@ -141,7 +141,7 @@ def _reclaimed_state(ctx: RunContext, wait: float) -> str | None:
             last.append(state)
         return state
 
-    settled = {*_RECLAIMED, NodeState.DELETING.value, "gone"}
+    settled = {*RECLAIMED, NodeState.DELETING.value, "gone"}
     try:
         state = poll_until(
             look,

@@ -27,12 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 from tpulab import paths
 from tpulab.errors import ConfigError, ConnectError, InterruptedRun, TpuLabError
+from tpulab.models import NodeState
 from tpulab.remote import bootstrap as boot
 from tpulab.remote import workload as wl
 from tpulab.run.command import CommandRun, CommandStep, launch, stop_everywhere
+from tpulab.run.lease import look_up
 from tpulab.run.outcome import WorkloadOutcome
 from tpulab.run.progress import Phase
 from tpulab.run.signals import StepSkipped, interrupted, is_skip
+from tpulab.run.symptoms import RECLAIMED
 from tpulab.run.workers import FanOut, Worker
 
 if TYPE_CHECKING:
@@ -294,6 +297,12 @@ class WorkloadRunner:
         life = self.life
         why = _describe(error)
         self.stopped = why
+        gone = self._vm_gone() if isinstance(error, ConnectError) else None
+        if gone is not None:
+            # A reconnect would wait out its bound for a VM that is not coming back.
+            self._cut_short(error)
+            life.observer.note(f"not fetching the artifacts: the node is {gone} (GetNode)")
+            return
         with life.skippable(_FETCH_STEP):
             try:
                 self._stop()
@@ -311,20 +320,19 @@ class WorkloadRunner:
                     )
 
     def _stop(self) -> None:
-        """Stop the command everywhere, best effort: what exists is fetched either way.
-        A dropped connection (a Ctrl-C can land while the SSH stream is mid-message)
-        gets one fresh connection to stop it over; a stop that still fails is said, and
-        the teardown ends the command with its VM."""
-        try:
-            try:
-                stop_everywhere(self.life)
-            except ConnectError:
-                stop_everywhere(self.life)  # the failed one closed it: this one reconnects
-        except TpuLabError as error:
-            self.life.observer.note(
-                f"could not stop your command on the VM ({error.message}); fetching what "
-                "exists, and the teardown ends it"
-            )
+        stop_everywhere(self.life)
+
+    def _vm_gone(self) -> str | None:
+        """The node's state when GetNode shows it cannot be reached any more (gone,
+        DELETING, or stopped: preempted, terminated); None when it is READY, when it is
+        booting again, or when the API cannot say -- then a reconnect is tried."""
+        life = self.life
+        state, node = look_up(life.api, life.spec.zone.value, life.spec.node_name)
+        if state is not None:
+            return state
+        if node is not None and node.state.value in {*RECLAIMED, NodeState.STOPPING.value}:
+            return node.state.value
+        return None
 
 
 def worker_dir(worker: int) -> str:
