@@ -117,6 +117,7 @@ class _Stream:
 
     def _send(self) -> None:
         alive = True
+        mid_line = False  # the stream's last byte sent was not a newline
         while True:
             with self.cond:
                 while not self.items and not self.closing:
@@ -126,7 +127,11 @@ class _Stream:
                 item = self.items.pop(0)
                 if isinstance(item, bytes):
                     self.buffered -= len(item)
-            data = item if isinstance(item, bytes) else _notice(item)
+            if isinstance(item, bytes):
+                data = item
+            else:  # on a line of its own, even where a line was cut (a long one's tail)
+                data = (b"\n" if mid_line else b"") + _notice(item)
+            mid_line = not data.endswith(b"\n") if data else mid_line
             if alive:
                 try:
                     self.sink.write(data)

@@ -135,3 +135,23 @@ def test_a_progress_bar_reaches_the_stream_while_it_runs(tmp_path: Path) -> None
             process.wait()
     assert (seen + rest).startswith(b"\r  0%|bar\r 25%|bar\r 50%|bar\r 75%|bar\r100%|bar")
     assert process.returncode == 0
+
+
+def test_a_drop_notice_is_on_a_line_of_its_own_even_inside_a_long_line(tmp_path: Path) -> None:
+    # One 10 MB line, no newline until its end, and nobody reading until the command
+    # ended: the stream drops what its 4 MiB buffer cannot hold, in the middle of that
+    # line. The notice must still start a line, or it is lost in the line's tail.
+    long_line = "import sys; sys.stdout.write('x' * 10_000_000 + '\\n'); sys.stdout.flush()"
+    process, layout = _launch(tmp_path, sys.executable, "-c", long_line)
+    try:
+        assert _ended(layout["status"], process, within=60)["exit_status"] == 0
+        stdout, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    lines = stdout.split(b"\n")
+    noticed = [line for line in lines if b"lines not streamed" in line]
+    assert noticed, "the stream dropped nothing: the test did not test"
+    assert all(line.startswith(b"tpulab: ") for line in noticed), [n[:40] for n in noticed]
+    assert layout["output.log"].read_bytes() == b"x" * 10_000_000 + b"\n"
