@@ -127,10 +127,7 @@ class _Stream:
                 item = self.items.pop(0)
                 if isinstance(item, bytes):
                     self.buffered -= len(item)
-            if isinstance(item, bytes):
-                data = item
-            else:  # on a line of its own, even where a line was cut (a long one's tail)
-                data = (b"\n" if mid_line else b"") + _notice(item)
+            data = item if isinstance(item, bytes) else _notice(item, mid_line)
             mid_line = not data.endswith(b"\n") if data else mid_line
             if alive:
                 try:
@@ -158,8 +155,12 @@ class _Stream:
         return self.dropped
 
 
-def _notice(lines: int) -> bytes:
-    return f"tpulab: {lines} lines not streamed: see output.log\n".encode()
+def _notice(lines: int, mid_line: bool = False) -> bytes:
+    """The stream's word for lines it dropped: on a line of its own, even where the
+    drop cut a line (its tail went unsent), or it would be lost in that line."""
+    return (
+        b"\n" if mid_line else b""
+    ) + f"tpulab: {lines} lines not streamed: see output.log\n".encode()
 
 
 def _copy(source: int, log, stream: _Stream) -> None:  # type: ignore[no-untyped-def]
