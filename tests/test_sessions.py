@@ -9,8 +9,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -325,3 +328,58 @@ def test_two_sessions_down_one_touches_only_it(served: Emulator, tpulab_home: Pa
     assert done.returncode == EXIT_OK, done.stderr
     assert served.node_names(PROJECT) == []
     assert list(_sessions_dir(tpulab_home).iterdir()) == []
+
+
+def test_ctrl_c_during_down_is_refused_and_down_finishes_what_it_sent(
+    served: Emulator, tpulab_home: Path, tmp_path: Path
+) -> None:
+    up = tpulab(*_up(served, "--name", "brief"), timeout=300)
+    assert up.returncode == EXIT_OK, up.stderr + up.stdout
+    (node,) = served.node_names(PROJECT)
+    served.faults.update({"delete_hangs": True})  # the node stays DELETING until cleared
+    stdout = tmp_path / "down.out"
+    with stdout.open("w") as sink:  # the child has its own copy of the descriptor
+        down = subprocess.Popen(
+            [sys.executable, "-m", "tpulab", "down", "brief"],
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.PIPE,  # read line by line below, by one reader only
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+    said: list[str] = []
+    assert down.stderr is not None
+    reader = threading.Thread(target=lambda: said.extend(down.stderr or ()), daemon=True)
+    reader.start()
+    try:
+        wait_until(
+            lambda: (
+                any("waiting until a list confirms" in line for line in said)
+                or down.poll() is not None
+            ),
+            "down to be waiting for its delete",
+            timeout=120,
+        )
+        assert down.poll() is None, said
+        down.send_signal(signal.SIGINT)  # refused, as a run's teardown refuses it
+        wait_until(
+            lambda: any("SIGINT ignored" in line for line in said) or down.poll() is not None,
+            "down to answer the Ctrl-C",
+        )
+        assert down.poll() is None, said  # the delete still hangs: down cannot be done
+        served.faults.update({"delete_hangs": False})
+        down.wait(timeout=120)
+    finally:
+        if down.poll() is None:
+            down.kill()
+            down.wait()
+        reader.join(timeout=10)
+        down.stderr.close()
+    err = " ".join(" ".join(said).split())
+    out = stdout.read_text()
+    assert down.returncode == EXIT_OK, out + err
+    assert f"Deleting node {node} of session brief; waiting until a list confirms" in err
+    assert f"SIGINT ignored: deleting node {node} (session brief); tpulab will exit" in err
+    assert "Session brief is down" in out
+    assert served.node_names(PROJECT) == []
+    assert not (_sessions_dir(tpulab_home) / "brief").exists()

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from tpulab.config.commands import Installer
     from tpulab.run.lifecycle import KeptRun
     from tpulab.run.progress import Recorder
+    from tpulab.run.session_state import SessionState
+    from tpulab.run.teardown import TeardownReport
 
 __all__ = [
     "DashDashCommand",
@@ -277,31 +279,60 @@ def down_command(
 
 
 def _down(store: "SessionStore", files: "SessionFiles", *, force: bool) -> None:
-    from tpulab.cleanup.journal import Journal
-    from tpulab.cleanup.sessions import conclude_gone, why_gone
     from tpulab.cli._session_reach import session_api
     from tpulab.run.lease import node_gone
     from tpulab.run.session import take_down
+    from tpulab.run.signals import shield, signals_to_teardown
 
     state = files.state
     api = session_api(state)
-    try:
-        with contextlib.ExitStack() as held:
-            # A node still there may have an exec running on it: `down` holds the exec
-            # lock for the delete, or refuses (unless --force). A gone node has none.
-            if not force and node_gone(api, state.zone, state.node_name) is None:
-                held.enter_context(_exec_lock_held(files))
-            report = take_down(api, state, notify=lambda message: print_stderr(message))
-    except E.TeardownError as error:
-        # The session stays (its key, its state): `down` is what finishes it, for the
-        # API the node lives behind.
-        target = E.target_for(state.api_endpoint)
-        raise E.TeardownError(
-            f"{error.message} Session {state.name} is kept: run `tpulab down {state.name}` "
-            "again once the API answers.",
-            [dataclasses.replace(n, target=target, run_id=state.run_id) for n in error.leaked],
-            delete_attempts=error.delete_attempts,
-        ) from None
+    target = E.target_for(state.api_endpoint)
+    node = E.LeakedNode(
+        state.project, state.zone, state.node_name, target, state.run_id, provider=state.provider
+    )
+    # As a run's teardown: a Ctrl-C before the delete ends `down` (nothing deleted); from
+    # the delete on, signals are refused and `down` finishes, unless forced (the third
+    # quick Ctrl-C prints how to finish by hand). Without the guard a Ctrl-C ended it
+    # silently, the delete sent and the session's state left as it was.
+    with signals_to_teardown(print_stderr, force_exit_status=EXIT_TEARDOWN):
+        try:
+            with contextlib.ExitStack() as held:
+                # A node still there may have an exec running on it: `down` holds the
+                # exec lock for the delete, or refuses (unless --force). A gone node has
+                # none.
+                if not force and node_gone(api, state.zone, state.node_name) is None:
+                    held.enter_context(_exec_lock_held(files))
+                held.enter_context(
+                    shield(
+                        f"deleting {state.vm_kind} {state.node_name} (session {state.name})",
+                        manual=f"tpulab down {state.name}\n  or: {node.what_to_do()}",
+                    )
+                )
+                # Google takes a minute or more to delete a TPU VM: say what the wait is.
+                print_stderr(
+                    f"Deleting {state.vm_kind} {state.node_name} of session {state.name}; "
+                    "waiting until a list confirms it gone..."
+                )
+                report = take_down(api, state, notify=lambda message: print_stderr(message))
+        except E.TeardownError as error:
+            # The session stays (its key, its state): `down` is what finishes it, for
+            # the API the node lives behind.
+            raise E.TeardownError(
+                f"{error.message} Session {state.name} is kept: run "
+                f"`tpulab down {state.name}` again once the API answers.",
+                [dataclasses.replace(n, target=target, run_id=state.run_id) for n in error.leaked],
+                delete_attempts=error.delete_attempts,
+            ) from None
+        with shield(f"removing session {state.name}'s key and state"):
+            _forget(store, state, report)
+
+
+def _forget(store: "SessionStore", state: "SessionState", report: "TeardownReport") -> None:
+    """A session whose node `down` deleted (or found gone): close its journal row,
+    remove its key and state, and say so."""
+    from tpulab.cleanup.journal import Journal
+    from tpulab.cleanup.sessions import conclude_gone, why_gone
+
     if report.already_gone:
         # Nothing for `down` to delete: it went on its own (or someone deleted it).
         concluded = conclude_gone(
