@@ -383,3 +383,36 @@ def test_ctrl_c_during_down_is_refused_and_down_finishes_what_it_sent(
     assert "Session brief is down" in out
     assert served.node_names(PROJECT) == []
     assert not (_sessions_dir(tpulab_home) / "brief").exists()
+
+
+def test_a_down_holding_the_lock_is_named_as_a_down_to_a_second_down_and_an_exec(
+    served: Emulator, tpulab_home: Path, tmp_path: Path
+) -> None:
+    from tpulab.cleanup.sessions import SessionStore
+    from tpulab.remote.keys import RunKey
+    from tpulab.run.session import exec_lock_for_down
+
+    up = tpulab(*_up(served, "--name", "twice"), timeout=300)
+    assert up.returncode == EXIT_OK, up.stderr + up.stdout
+    files = SessionStore().resolve("twice")
+    key = RunKey.from_openssh_private(files.key_path.read_bytes())
+    work = tmp_path / "work"
+    work.mkdir()
+    # The first `down` between taking the exec lock and its delete: its own lock, taken
+    # by its own function over a real connection, held here while the others try.
+    with exec_lock_for_down(files.state, key) as first:
+        assert first.holder is None
+        assert first.unchecked is None
+        again = tpulab("down", "twice", timeout=120)
+        late = tpulab("exec", "twice", "--workdir", str(work), "--", "true", timeout=120)
+    said = " ".join(again.stderr.split())
+    assert again.returncode == EXIT_REMOTE, said
+    assert "Session twice is being taken down already: another `tpulab down` holds" in said
+    assert "an exec holds" not in said  # it was never an exec's
+    said = " ".join(late.stderr.split())
+    assert late.returncode == EXIT_REMOTE, said
+    assert "Session twice is being taken down: `tpulab down` holds its lock" in said
+    assert served.node_names(PROJECT) != []  # neither deleted anything
+    done = tpulab("down", "twice", timeout=120)
+    assert done.returncode == EXIT_OK, done.stderr
+    assert served.node_names(PROJECT) == []

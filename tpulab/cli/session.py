@@ -373,6 +373,14 @@ def _exec_lock_held(files: "SessionFiles") -> Iterator[None]:
         yield
         return
     with exec_lock_for_down(state, key) as lock:
+        if lock.holder is not None and lock.holder.is_down:
+            raise E.RemoteError(
+                f"Session {state.name} is being taken down already: another `tpulab down` "
+                f"holds its lock ({describe_holder(lock.holder)}) and deletes its "
+                f"{state.vm_kind}. Nothing was done here.",
+                hint=f"Let that one finish; `tpulab list` shows when session {state.name} "
+                f"is gone (if that `down` was killed, `tpulab down {state.name}` again).",
+            )
         if lock.holder is not None:
             raise E.RemoteError(
                 f"Session {state.name} is in use: an exec holds its lock "

@@ -379,12 +379,22 @@ def lock_command(
 @dataclass(frozen=True)
 class LockHolder:
     """Who holds the exec lock, as its holder wrote it (None: not written, or unreadable):
-    the exec's run id, the laptop's hostname and pid, when it took it (VM wall clock)."""
+    the exec's run id, the laptop's hostname and pid, when it took it (VM wall clock).
+    `tpulab down` takes the lock too, as `down-<the session's run id>`."""
 
     run_id: str | None
     host: str | None
     pid: int | None
     since: float | None
+
+    @property
+    def is_down(self) -> bool:
+        """Held by a `tpulab down` deleting the node, not by an exec."""
+        return (self.run_id or "").startswith(DOWN_LOCK_PREFIX)
+
+
+# The run id a `tpulab down` writes into the exec lock it holds for the delete.
+DOWN_LOCK_PREFIX = "down-"
 
 
 def parse_lock_report(stdout: str) -> LockHolder | None:

@@ -170,6 +170,14 @@ class Attachment:
                 f"(exit status {answer.exit_status}). Nothing was synced or started.",
                 hint="Check the node with `tpulab ssh " + self.session + " -- python3 -V`.",
             )
+        if holder.is_down:
+            raise RemoteError(
+                f"Session {self.session} is being taken down: `tpulab down` holds its "
+                f"lock ({describe_holder(holder)}) to delete its node. Nothing was synced "
+                "or started.",
+                hint=f"`tpulab up` a new session to run more; `tpulab list` shows when "
+                f"{self.session} is gone.",
+            )
         raise RemoteError(
             f"Session {self.session} is busy: another exec holds its lock "
             f"({describe_holder(holder)}). Nothing was synced or started.",

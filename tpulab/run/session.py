@@ -217,7 +217,9 @@ def exec_lock_for_down(
 
     with Connection(state.ssh_target(), key, connect_timeout=connect_timeout) as connection:
         argv = wl.lock_command(
-            run_id=f"down-{state.run_id}", host=socket.gethostname(), pid=os.getpid()
+            run_id=f"{wl.DOWN_LOCK_PREFIX}{state.run_id}",
+            host=socket.gethostname(),
+            pid=os.getpid(),
         )
         try:
             answer = connection.hold(
