@@ -10,6 +10,7 @@ import shlex
 import socket
 import stat
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -267,3 +268,19 @@ def test_a_host_offering_only_another_key_type_is_refused(tmp_path: Path) -> Non
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
+
+
+def test_paramikos_own_error_logs_never_reach_the_terminal() -> None:
+    # paramiko's transport thread logs a connection reset at ERROR; with no handler of
+    # the program's own, Python's last-resort handler printed it to stderr.
+    script = (
+        "import logging, tpulab.remote.ssh\n"
+        "logging.getLogger('paramiko.transport').error('Socket exception: reset (104)')\n"
+        "logging.getLogger('tpulab.other').error('tpulab keeps its own')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Socket exception" not in done.stderr
+    assert "tpulab keeps its own" in done.stderr  # last resort still works for others

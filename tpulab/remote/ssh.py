@@ -91,6 +91,13 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+# paramiko logs what it sees of a dying connection at ERROR ("Socket exception:
+# Connection reset by peer (104)", from its transport thread). With no handler of the
+# program's own, Python's last-resort handler printed that to the user's terminal,
+# beside tpulab's own words for the same event (or none needed: a VM `down` just
+# deleted). A handler on paramiko's logger keeps it out; a logging setup of the
+# program's (`-v`) still receives the records, which propagate as before.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class _KeyNotInstalledYet(Exception):
