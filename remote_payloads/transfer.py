@@ -7,12 +7,19 @@ absolute, `~/x` or relative to the login directory.
 manifest prints `{"manifest": [{"path", "bytes", "sha256"}, ...]}` of the regular files
         under DEST as they are NOW, hashed from their bytes (never remembered: the user's
         command may have changed them); links and other non-regular files are left out
-        (they are never kept, so they go with the old copy); an absent DEST is `[]`.
+        (they are never kept, so they are sent); an absent DEST is `[]`. Only the files
+        the last unpack placed (its record beside DEST, `.<DEST>.tpulab-synced.json`)
+        are listed when there is a record: what commands wrote is not the laptop's.
 unpack  reads a tar from stdin followed by a trailer `TPULAB-ARCHIVE-SHA256:<64 hex>`
         (the sha256 of every byte before it); extracts it into a staging directory next to
         DEST, refusing absolute names, `..`, links, devices and duplicates; checks the
-        trailer; then swaps the staging directory in for DEST (the previous content goes)
-        and prints `{"manifest": [{"path", "bytes", "sha256"}, ...]}` on stdout.
+        trailer; hard-links into the staging directory what commands wrote in DEST
+        (every entry the last unpack's record does not name and the archive does not
+        hold: a session's checkpoints survive its next sync); then swaps the staging
+        directory in for DEST (what the last sync placed and the laptop no longer has
+        goes), records what this one placed, and prints `{"manifest": [{"path", "bytes",
+        "sha256"}, ...], "carried": {"files", "bytes"}}` on stdout. Without a record (a
+        first sync, or a DEST an older tpulab wrote) nothing is carried.
         With --keep the first member is `.tpulab-keep.json`, `{"keep": [{"path", "bytes",
         "sha256", "mode", "mtime"}, ...]}`: files to take from the current DEST instead of
         the archive. Each is COPIED into the staging directory and hashed as it is read;
@@ -34,12 +41,20 @@ pack    globs the patterns inside --workspace (never outside it: a match whose r
         short still vouches for every file that fully arrived before the cut. The log is
         never read through a link (a command that replaced it with one gets it listed as
         missing), as nothing under the run directory is read outside it.
+        With `--status S --exclude RULES` (the launcher's status file, and the upload's
+        always-excluded rules as a JSON list) the manifest's `left` says what the command
+        wrote in the workspace that the fetch does not bring: `{"files", "bytes",
+        "first": [the first few paths], "complete"}` (files whose ctime is not before the
+        status's `launched_at`; excluded directories and virtualenvs are not walked;
+        `complete` is false when the walk stopped at LEFT_LOOKED_MAX files); null when
+        the command never started.
 
 Exit status: 0 done, 2 bad arguments, 3 refused (the reason on stderr, one line).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import hashlib
 import io
@@ -275,19 +290,93 @@ def _copy_kept(dest: str, real_dest: str, kept: Kept, target: str) -> dict[str, 
     return {"path": kept.path, "bytes": size, "sha256": digest}
 
 
-def _manifest_of(dest: str) -> list[dict[str, object]]:
-    """The regular files under `dest` (links not followed), hashed from their bytes."""
+# -- what the syncs put in DEST, and what the commands wrote there --------------------
+
+
+def _synced_record(dest: str) -> str:
+    """Beside DEST, never in it: the paths the last sync placed in DEST."""
+    return os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.tpulab-synced.json")
+
+
+def _synced(dest: str) -> set[str] | None:
+    """The paths the last sync placed in DEST; None when there is no record (a first
+    sync, or a DEST an older tpulab synced): then DEST is taken as all synced."""
+    try:
+        with open(_synced_record(dest), encoding="utf-8") as handle:
+            paths = json.load(handle).get("synced")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        return None
+    return set(paths)
+
+
+def _entries_of(dest: str) -> list[str]:
+    """Every non-directory under `dest` (files, links, FIFOs; a link to a directory is
+    one entry, never walked into), by relative path, in walk order."""
+    found: list[str] = []
+    for top, dirs, files in os.walk(dest):  # os.walk never descends into a linked dir
+        dirs.sort()
+        links = [d for d in dirs if os.path.islink(os.path.join(top, d))]
+        for name in sorted([*files, *links]):
+            found.append(os.path.relpath(os.path.join(top, name), dest).replace(os.sep, "/"))
+    return found
+
+
+def _carry(dest: str, synced: set[str], staging: str) -> dict[str, int]:
+    """Hard-link into `staging` what the commands wrote in DEST (anything the last sync
+    did not place there) unless the new archive has that path: a session's next sync
+    keeps a command's checkpoints and results, and still removes what the laptop
+    deleted. Links, not copies: no bytes are read or doubled, and DEST stays whole until
+    the swap, so a failure before it loses nothing. A path the archive took over (its
+    parent now a file, say) is dropped with the old copy."""
+    files = size = 0
+    for rel in _entries_of(dest):
+        target = os.path.join(staging, rel)
+        if rel in synced or os.path.lexists(target):
+            continue
+        parent = os.path.dirname(target)
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            continue  # the archive has a file where this needs a directory: it wins
+        source = os.path.join(dest, rel)
+        try:
+            os.link(source, target, follow_symlinks=False)
+        except OSError:  # a filesystem without hard links: copy (a link as a link)
+            shutil.copy2(source, target, follow_symlinks=False)
+        files += 1
+        size += os.lstat(target).st_size
+    return {"files": files, "bytes": size}
+
+
+def _write_synced(dest: str, paths: list[str]) -> str:
+    """The record of this sync, written beside DEST as a temporary file; renamed into
+    place once DEST is swapped in (a crash between leaves the previous record: a file the
+    laptop deleted may then stay, but nothing a command wrote is lost)."""
+    partial = _synced_record(dest) + f".{os.getpid()}"
+    with open(partial, "w", encoding="utf-8") as handle:
+        json.dump({"synced": sorted(paths)}, handle)
+    return partial
+
+
+def _manifest_of(dest: str, only: set[str] | None = None) -> list[dict[str, object]]:
+    """The regular files under `dest` (links not followed), hashed from their bytes;
+    with `only`, just those paths (what the last sync placed: the laptop diffs its
+    selection against them, and a command's own gigabytes are never hashed for it)."""
     entries: list[dict[str, object]] = []
     for top, dirs, files in os.walk(dest):  # os.walk never descends into a linked dir
         dirs.sort()
         for name in sorted(files):
             path = os.path.join(top, name)
+            rel = os.path.relpath(path, dest).replace(os.sep, "/")
+            if only is not None and rel not in only:
+                continue
             handle = _open_regular(path)
             if handle is None:
                 continue  # a link, a FIFO, unreadable: not listed, so sent rather than kept
             with handle:
                 size, digest = _hash_copy(handle, None)
-            rel = os.path.relpath(path, dest).replace(os.sep, "/")
             entries.append({"path": rel, "bytes": size, "sha256": digest})
     entries.sort(key=lambda entry: str(entry["path"]))
     return entries
@@ -306,7 +395,7 @@ def _checked_dest(dest: str) -> str:
 
 def manifest(dest: str) -> None:
     dest = _checked_dest(dest)
-    entries = _manifest_of(dest) if os.path.isdir(dest) else []
+    entries = _manifest_of(dest, _synced(dest)) if os.path.isdir(dest) else []
     sys.stdout.write(json.dumps({"manifest": entries}) + "\n")
 
 
@@ -318,6 +407,7 @@ def unpack(dest: str, gzip: bool, keep: bool) -> None:
     staging = os.path.join(parent, f".{base}.tpulab-new-{os.getpid()}")
     old = os.path.join(parent, f".{base}.tpulab-old-{os.getpid()}")
     os.mkdir(staging, 0o755)
+    record: str | None = None
     try:
         reader = TrailerReader(sys.stdin.buffer)
         try:
@@ -331,14 +421,22 @@ def unpack(dest: str, gzip: bool, keep: bool) -> None:
         received = reader.digest.hexdigest()
         if sent != received:
             raise Refused(f"the archive is corrupt: sha256 {received}, sent {sent}")
+        synced = _synced(dest) if os.path.isdir(dest) else None
+        carried = {"files": 0, "bytes": 0}
+        if synced is not None:
+            carried = _carry(dest, synced, staging)
+        record = _write_synced(dest, [str(entry["path"]) for entry in written])
         if os.path.isdir(dest):
             os.rename(dest, old)
         os.rename(staging, dest)
+        os.replace(record, _synced_record(dest))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
+        if record is not None and os.path.exists(record):
+            os.remove(record)  # refused before the swap: the previous record stands
     written.sort(key=lambda entry: str(entry["path"]))
-    sys.stdout.write(json.dumps({"manifest": written}) + "\n")
+    sys.stdout.write(json.dumps({"manifest": written, "carried": carried}) + "\n")
 
 
 # -- pack -----------------------------------------------------------------------------
@@ -419,6 +517,64 @@ def _select(
     return chosen, missing, sorted(skipped)
 
 
+LEFT_NAMED = 5  # files the command wrote and the fetch left, named in its manifest
+LEFT_LOOKED_MAX = 200_000  # workspace files looked at for them before the count says "at least"
+
+
+def _since(status: str) -> float | None:
+    """The `launched_at` the launcher left in its status file (the log's ctime just before
+    the command started), or None: no status (the command never started), or no stamp."""
+    try:
+        with open(status, encoding="utf-8") as handle:
+            stamp = json.load(handle).get("launched_at")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(stamp) if isinstance(stamp, (int, float)) else None
+
+
+def _excluded(name: str, top: str, excludes: list[str], is_dir: bool) -> bool:
+    """`excludes` are the upload's always-excluded rules (`name/` a directory, else a
+    file name pattern); a directory holding a pyvenv.cfg is a virtualenv, also left out."""
+    if is_dir:
+        return name + "/" in excludes or os.path.exists(os.path.join(top, name, "pyvenv.cfg"))
+    return any(not rule.endswith("/") and fnmatch.fnmatch(name, rule) for rule in excludes)
+
+
+def _left_behind(
+    workspace: str, since: float, chosen: dict[str, str], excludes: list[str]
+) -> dict[str, object]:
+    """The workspace's regular files the command wrote (ctime not before `since`) that
+    the fetch does not bring: how many, their bytes, the first few (a directory's files
+    before its subdirectories', each by name), and whether
+    every file was looked at (a huge workspace stops at LEFT_LOOKED_MAX)."""
+    fetched = {os.path.realpath(path) for path in chosen.values()}
+    count = size = looked = 0
+    first: list[str] = []
+    for top, dirs, files in os.walk(workspace):
+        dirs[:] = sorted(d for d in dirs if not _excluded(d, top, excludes, True))
+        for name in sorted(files):
+            looked += 1
+            if looked > LEFT_LOOKED_MAX:
+                return {"files": count, "bytes": size, "first": first, "complete": False}
+            path = os.path.join(top, name)
+            try:
+                info = os.lstat(path)
+            except OSError:  # gone meanwhile
+                continue
+            if (
+                not stat.S_ISREG(info.st_mode)
+                or info.st_ctime < since
+                or _excluded(name, top, excludes, False)
+                or os.path.realpath(path) in fetched
+            ):
+                continue
+            count += 1
+            size += info.st_size
+            if len(first) < LEFT_NAMED:
+                first.append(os.path.relpath(path, workspace).replace(os.sep, "/"))
+    return {"files": count, "bytes": size, "first": first, "complete": True}
+
+
 def _human(size: int) -> str:
     value = float(size)
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -428,12 +584,24 @@ def _human(size: int) -> str:
     return f"{size} B"
 
 
-def pack(workspace: str, patterns: list[str], run_dir: str, log: str, cap: int, gzip: bool) -> None:
+def pack(
+    workspace: str,
+    patterns: list[str],
+    run_dir: str,
+    log: str,
+    cap: int,
+    gzip: bool,
+    left: tuple[str, list[str]] | None = None,
+) -> None:
     workspace, run_dir, log = _resolve(workspace), _resolve(run_dir), _resolve(log)
     for pattern in patterns:  # the controller checked; a hand-made call gets the same rule
         if pattern.startswith(("/", "~")) or ".." in pattern.split("/"):
             raise Refused(f"fetch pattern {pattern!r} is not inside the workspace")
     chosen, missing, skipped = _select(workspace, patterns, run_dir, log)
+    since = None if left is None else _since(_resolve(left[0]))
+    behind = None
+    if left is not None and since is not None and os.path.isdir(workspace):
+        behind = _left_behind(workspace, since, chosen, left[1])
     sizes = {name: os.path.getsize(path) for name, path in chosen.items()}
     total = sum(sizes.values())
     if total > cap:
@@ -469,7 +637,9 @@ def pack(workspace: str, patterns: list[str], run_dir: str, log: str, cap: int, 
                 tar.addfile(info, hashing)
             vouch = {PREV_SHA256: hashing.hexdigest()}
             entries.append({"path": name, "bytes": info.size, "sha256": hashing.hexdigest()})
-        body = json.dumps({"manifest": entries, "missing": missing, "skipped": skipped}).encode()
+        body = json.dumps(
+            {"manifest": entries, "missing": missing, "skipped": skipped, "left": behind}
+        ).encode()
         info = tarfile.TarInfo(MANIFEST_MEMBER)
         info.size = len(body)
         info.mode = 0o644
@@ -526,8 +696,27 @@ def main(argv: list[str]) -> None:
             _fail(2, f"bad pack options {options!r}")
         values = dict(zip(options[::2], options[1::2], strict=True))
         needed = {"--workspace", "--run-dir", "--log", "--max-bytes"}
-        if set(values) != needed or not values["--max-bytes"].isdigit():
-            _fail(2, f"pack needs exactly {sorted(needed)}, got {sorted(values)}")
+        optional = {"--status", "--exclude"}  # both or neither
+        given = set(values) - needed
+        if (
+            not needed <= set(values)
+            or given not in (set(), optional)
+            or not values["--max-bytes"].isdigit()
+        ):
+            _fail(
+                2,
+                f"pack needs exactly {sorted(needed)}, and {sorted(optional)} together, "
+                f"got {sorted(values)}",
+            )
+        left = None
+        if given:
+            try:
+                excludes = json.loads(values["--exclude"])
+            except ValueError:
+                excludes = None
+            if not isinstance(excludes, list) or not all(isinstance(r, str) for r in excludes):
+                _fail(2, f"--exclude is a JSON list of rules, got {values['--exclude']!r}")
+            left = (values["--status"], excludes)
         pack(
             values["--workspace"],
             patterns,
@@ -535,6 +724,7 @@ def main(argv: list[str]) -> None:
             values["--log"],
             int(values["--max-bytes"]),
             gzip,
+            left,
         )
         return
     _fail(

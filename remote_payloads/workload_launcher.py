@@ -24,7 +24,8 @@ when the SSH session that started it is gone. So:
 - after T seconds the group gets SIGTERM, after G more SIGKILL (a timeout); SIGTERM,
   SIGINT or SIGHUP to this launcher do the same (a stop);
 - while the command runs S holds its argv, process group and start time (wall clock),
-  with "running": true, for tpulab's busy check before a later exec;
+  with "running": true, for tpulab's busy check before a later exec; `launched_at` (the
+  log's ctime, stamped just before the command starts) stays in S for the fetch;
 - the result goes to S and, as one `TPULAB_WORKLOAD {json}` line, to stderr; the
   launcher exits with the command's status (128+N for a signal N).
 """
@@ -243,6 +244,11 @@ def main(argv: list[str]) -> int:
     result: dict[str, object] = {"command": command}
     stream: _Stream | None = None
     with open(args.log, "ab") as log:
+        # The new log's ctime, just before the command starts, by the clock the kernel
+        # stamps files with (coarser than time.time(), which may run a tick ahead): a file
+        # in the workspace whose ctime is not earlier was written by the command (the
+        # upload's are older). The fetch names those that nobody asked to bring back.
+        result["launched_at"] = os.fstat(log.fileno()).st_ctime
         try:
             process = subprocess.Popen(
                 command,

@@ -119,6 +119,14 @@ def test_up_two_execs_ssh_down_costs(served: Emulator, tmp_path: Path) -> None:
     renewed = json.loads(session_dir("lesson").joinpath("session.json").read_text())
     assert renewed["renewed_at"] > state["renewed_at"]
 
+    # Something written in the session's workspace between execs (a checkpoint to
+    # resume from) is still there after the next exec's sync.
+    wrote = tpulab(
+        "ssh", "lesson", "--", "mkdir -p jax-tpu-lab/workspace/ckpt && "
+        "echo 5 > jax-tpu-lab/workspace/ckpt/step", timeout=60,
+    )  # fmt: skip
+    assert wrote.returncode == EXIT_OK, wrote.stderr
+
     # The second exec lands in its own --out; the node is the same one, never recreated.
     second = tpulab(
         "exec", "--workdir", str(LAB), "--out", str(tmp_path / "two"), "--json", "--", *TRAIN,
@@ -132,6 +140,7 @@ def test_up_two_execs_ssh_down_costs(served: Emulator, tmp_path: Path) -> None:
     assert again["workload"]["upload_sent_files"] == 0
     assert again["workload"]["upload_sent_bytes"] == 0
     assert again["workload"]["upload_unchanged"] == again["workload"]["upload_files"] > 0
+    assert (again["workload"]["upload_removed"], again["workload"]["upload_carried"]) == (0, 1)
     assert (tmp_path / "two" / "run" / "metrics.jsonl").is_file()
     assert creates_sent(served) == creates
     assert deletes(served) == []
@@ -144,9 +153,9 @@ def test_up_two_execs_ssh_down_costs(served: Emulator, tmp_path: Path) -> None:
         (record["run_id"], "exec", "lesson"),
     ]
 
-    shell = tpulab("ssh", "lesson", "--", "echo", "ok", timeout=60)
+    shell = tpulab("ssh", "lesson", "--", "cat", "jax-tpu-lab/workspace/ckpt/step", timeout=60)
     assert shell.returncode == EXIT_OK, shell.stderr
-    assert shell.stdout.strip() == "ok"
+    assert shell.stdout.strip() == "5"
 
     down = tpulab("down", "lesson", timeout=120)
     assert down.returncode == EXIT_OK, down.stderr + down.stdout

@@ -9,9 +9,11 @@ import hashlib
 import io
 import json
 import os
+import stat
 import subprocess
 import tarfile
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +23,12 @@ import pytest
 from helpers import require_python, snapshot, write_tree
 
 from tpulab.errors import RemoteError, WorkspaceError
+from tpulab.remote.manifest import LeftBehind
 from tpulab.remote.workspace import (
     UploadResult,
     fetch_artifacts,
     manifest_command,
+    remote_manifest,
     select_workspace,
     transfer_source,
     unpack_command,
@@ -173,7 +177,68 @@ def test_a_second_upload_replaces_the_previous_content(tmp_path: Path) -> None:
     second = write_tree(tmp_path / "v2", {"keep.py": b"v2", "new.py": b"2"})
     upload_workspace(shell, select_workspace(second), "ws", timeout=60, python=python)
     assert snapshot(home / "ws") == {"keep.py": b"v2", "new.py": b"2"}
-    assert sorted(p.name for p in home.iterdir()) == ["ws"]  # no staging or old copy left
+    # No staging or old copy left; the record of what the sync placed, beside it.
+    assert sorted(p.name for p in home.iterdir()) == [".ws.tpulab-synced.json", "ws"]
+
+
+def test_a_sync_keeps_what_commands_wrote_and_removes_what_the_laptop_deleted(
+    tmp_path: Path,
+) -> None:
+    """A session's exec writes checkpoints into its workspace and the next exec resumes
+    from them: its sync must not remove them, while a file the laptop deleted goes."""
+    python = python310()
+    home = tmp_path / "home"
+    home.mkdir()
+    shell = LocalShell(home)
+    laptop = write_tree(tmp_path / "laptop", {"train.py": b"v1", "old.py": b"o", "lib/u.py": b"u"})
+    upload_workspace(shell, select_workspace(laptop), "ws", timeout=60, python=python)
+    # The command: a checkpoint, a link to it, a FIFO, a file where the laptop will
+    # put a directory, and train.py rewritten (the laptop's copy still wins).
+    ws = home / "ws"
+    write_tree(ws, {"ckpt/step_5.npz": b"c" * 5000, "clash": b"mine", "train.py": b"edited"})
+    os.symlink("ckpt/step_5.npz", ws / "latest")
+    os.mkfifo(ws / "pipe")
+    ckpt_inode = (ws / "ckpt/step_5.npz").stat().st_ino
+    # The VM lists only what the sync placed: a command's gigabytes are never hashed.
+    listed = remote_manifest(shell, "ws", timeout=60, python=python)
+    assert [entry.path for entry in listed.entries] == ["lib/u.py", "old.py", "train.py"]
+    (laptop / "old.py").unlink()
+    write_tree(laptop, {"clash/x.py": b"x"})
+    result = upload_workspace(shell, select_workspace(laptop), "ws", timeout=60, python=python)
+    assert snapshot(ws) == {
+        "train.py": b"v1",
+        "lib/u.py": b"u",
+        "clash/x.py": b"x",
+        "ckpt/step_5.npz": b"c" * 5000,
+        "latest": b"c" * 5000,  # read through the link
+    }
+    assert os.readlink(ws / "latest") == "ckpt/step_5.npz"
+    assert stat.S_ISFIFO(os.lstat(ws / "pipe").st_mode)
+    assert (ws / "ckpt/step_5.npz").stat().st_ino == ckpt_inode  # linked, never copied
+    assert (result.removed, result.carried) == (1, 3)  # old.py; ckpt, latest, pipe
+    assert result.carried_bytes == 5000 + len("ckpt/step_5.npz")
+    assert "; 1 removed; 3 written by earlier commands kept (" in result.describe()
+    # What the command wrote stays the command's: the next sync keeps it again.
+    again = upload_workspace(shell, select_workspace(laptop), "ws", timeout=60, python=python)
+    assert (again.sent.count, again.removed, again.carried) == (0, 0, 3)
+    assert (ws / "ckpt/step_5.npz").read_bytes() == b"c" * 5000
+
+
+def test_a_workspace_synced_before_records_is_mirrored_once(tmp_path: Path) -> None:
+    """A session an older tpulab synced has no record: everything in it is taken as
+    synced (as that tpulab did), and from the next sync on commands' files are kept."""
+    python = python310()
+    home = tmp_path / "home"
+    write_tree(home / "ws", {"a.py": b"a", "stray.txt": b"s"})  # no record beside it
+    laptop = write_tree(tmp_path / "laptop", {"a.py": b"a"})
+    result = upload_workspace(shell := LocalShell(home), select_workspace(laptop), "ws",
+                              timeout=60, python=python)  # fmt: skip
+    assert (result.removed, result.carried) == (1, 0)
+    assert snapshot(home / "ws") == {"a.py": b"a"}
+    write_tree(home / "ws", {"out.txt": b"o"})
+    result = upload_workspace(shell, select_workspace(laptop), "ws", timeout=60, python=python)
+    assert (result.removed, result.carried) == (0, 1)
+    assert snapshot(home / "ws") == {"a.py": b"a", "out.txt": b"o"}
 
 
 def _archive(members: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
@@ -237,7 +302,7 @@ def test_a_second_upload_sends_only_what_changed_under_python310(
         ["manifest", "work/ws"],
         ["unpack", "work/ws", *flags, "--keep"],
     ]
-    assert sorted(p.name for p in (home / "work").iterdir()) == ["ws"]
+    assert sorted(p.name for p in (home / "work").iterdir()) == [".ws.tpulab-synced.json", "ws"]
 
 
 def _manifest(python: str, home: Path, dest: str) -> subprocess.CompletedProcess[bytes]:
@@ -596,6 +661,101 @@ def test_pack_never_reads_the_log_through_a_link(tmp_path: Path) -> None:
     assert [entry.path for entry in got.entries] == ["run/r.txt"]
     assert str(home / "output.log") in got.missing
     assert not (out / "output.log").exists()
+
+
+LAUNCHER = Path(__file__).resolve().parent.parent / "remote_payloads" / "workload_launcher.py"
+# The command of the test below: it writes results where no pattern asks for them,
+# rewrites an uploaded file, and leaves what nobody wants named (bytecode, a venv).
+WRITES = """
+import os, pathlib
+for rel, text in [("out/metrics.json", "{}"), ("out/ckpt/step_1.npz", "x" * 1000),
+                  ("wanted.txt", "w"), ("train.py", "print('changed')\\n"),
+                  ("pkg/__pycache__/m.cpython-310.pyc", "b"), ("loose.pyc", "b"),
+                  (".venv/lib/site.py", "v"), ("myenv/pyvenv.cfg", "home = /usr"),
+                  ("myenv/lib/x.py", "v")]:
+    path = pathlib.Path(rel)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+os.symlink("out/metrics.json", "latest")  # not a regular file: not counted
+"""
+
+
+def test_pack_names_what_the_command_wrote_and_no_pattern_fetched(tmp_path: Path) -> None:
+    """A run's VM is deleted after the fetch: files the command wrote into the workspace
+    that no --fetch pattern matched go with it, so the fetch counts and names them. Told
+    apart from the upload's files by ctime, against the launcher's stamp: the upload sets
+    each file's mtime to the laptop's (here a day ahead, a laptop whose clock runs
+    fast), which an mtime test would take for the command's."""
+    python = python310()
+    laptop = write_tree(tmp_path / "laptop", {"train.py": "print('hi')\n", "data/old.bin": "o"})
+    ahead = time.time() + 86_400
+    for path in ("train.py", "data/old.bin"):
+        os.utime(laptop / path, (ahead, ahead))
+    home = tmp_path / "home"
+    home.mkdir()
+    shell = LocalShell(home)
+    upload_workspace(shell, select_workspace(laptop), "ws", timeout=60, python=python)
+    run = home / "run"
+    launched = subprocess.run(
+        [
+            python, str(LAUNCHER), "--workspace", str(home / "ws"), "--run-dir", str(run / "out"),
+            "--log", str(run / "output.log"), "--pid-file", str(run / "pid"),
+            "--status", str(run / "status.json"), "--venv", str(home / "venv"),
+            "--timeout", "60", "--", python, "-c", WRITES,
+        ],
+        capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+    assert launched.returncode == 0, launched.stderr
+    got = fetch_artifacts(
+        shell,
+        workspace="ws",
+        patterns=["wanted.txt"],
+        run_dir="run/out",
+        log_path="run/output.log",
+        status_path="run/status.json",
+        out=tmp_path / "out",
+        timeout=60,
+        python=python,
+    )
+    assert [e.path for e in got.entries] == ["output.log", "workspace/wanted.txt"]
+    # Not the upload's untouched data/old.bin, the fetched wanted.txt, bytecode, the
+    # venvs (by name, and by their pyvenv.cfg) or the link; the rewritten train.py is.
+    assert got.left == LeftBehind(
+        files=3,
+        bytes=2 + 1000 + len("print('changed')\n"),
+        first=("train.py", "out/metrics.json", "out/ckpt/step_1.npz"),
+    )
+    assert got.left.patterns() == ["'train.py'", "'out/**'"]
+    assert got.describe_left() == (
+        "; 3 files (1019 B) your command wrote in the workspace were not fetched "
+        "(they stay in the workspace on the VM): "
+        "train.py, out/metrics.json, out/ckpt/step_1.npz; "
+        "--fetch 'train.py' --fetch 'out/**' brings them"
+    )
+    recorded = json.loads((tmp_path / "out" / "manifest.json").read_text())["left"]
+    assert recorded == got.left.to_json_obj()
+
+
+def test_pack_says_nothing_of_what_was_left_when_the_command_never_started(
+    tmp_path: Path,
+) -> None:
+    python = python310()
+    home = tmp_path / "home"
+    write_tree(home / "ws", {"new.txt": b"n"})
+    got = fetch_artifacts(
+        LocalShell(home),
+        workspace="ws",
+        patterns=[],
+        run_dir="run",
+        log_path="log",
+        status_path="run/status.json",  # no status: no launcher ran
+        out=tmp_path / "out",
+        timeout=60,
+        python=python,
+    )
+    assert got.left is None
+    assert got.describe_left() == ""
 
 
 class _CutAt:

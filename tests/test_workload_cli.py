@@ -56,7 +56,11 @@ def test_the_readme_course_lab_comes_back(
     metrics = (out / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == 20
     assert json.loads((out / "run" / "device_receipt.json").read_text())["device_count"] == 4
-    assert json.loads((out / "run.json").read_text())["workload"]["exit_status"] == 0
+    workload = json.loads((out / "run.json").read_text())["workload"]
+    assert workload["exit_status"] == 0
+    # It writes only into TPULAB_RUN_DIR (and bytecode, never named): nothing is left.
+    assert workload["fetch_left"] == {"files": 0, "bytes": 0, "first": [], "complete": True}
+    assert "  left  " not in done.stdout
     assert embedded_nodes_left() == []
 
 

@@ -36,6 +36,7 @@ from tpulab.remote.ssh import Connection, RunResult
 from tpulab.run.progress import COMMAND_STREAM, NullObserver, Phase
 from tpulab.run.record import read_run_record
 from tpulab.run.signals import shield, signals_to_teardown, skippable
+from tpulab.run.summary import summary_lines
 
 if TYPE_CHECKING:
     from run_rig import Rig
@@ -163,6 +164,8 @@ def test_failing_command_gets_its_status_and_its_artifacts_back(rig: Rig, tmp_pa
             "fail.py": """
             import os, sys
             open(os.path.join(os.environ["TPULAB_RUN_DIR"], "partial.txt"), "w").write("x")
+            os.makedirs("results")  # in the workspace, which no --fetch asks for
+            open("results/scores.csv", "w").write("step,loss\\n")
             print("platform", os.environ["JAX_PLATFORMS"], os.environ["COURSE_EXPECT_PLATFORM"])
             print("boom: the experiment failed", flush=True)
             sys.exit(3)
@@ -180,7 +183,19 @@ def test_failing_command_gets_its_status_and_its_artifacts_back(rig: Rig, tmp_pa
     assert "boom: the experiment failed" in log
     assert "platform cpu cpu" in log
     assert life.outcome.teardown_status == "confirmed"
-    assert read_run_record(out / "run.json").workload.exit_status == 3
+    record = read_run_record(out / "run.json").workload
+    assert record.exit_status == 3
+    # What it wrote where nothing fetches it is named, as gone with the VM.
+    assert record.fetch_left is not None
+    assert (record.fetch_left.files, record.fetch_left.first) == (1, ["results/scores.csv"])
+    text = "\n".join(
+        "".join(part for part, _ in line)
+        for line in summary_lines(life.outcome, laptop_jax=lambda: None)
+    )
+    assert (
+        "  left      1 file (10 B) your command wrote in the workspace was not fetched and "
+        "went with the VM: results/scores.csv; --fetch 'results/**' brings them"
+    ) in text
     assert rig.leftovers() == []
 
 
@@ -411,7 +426,6 @@ def test_a_receipt_that_does_not_verify_never_starts_the_command(rig: Rig, tmp_p
 
 def test_a_refused_fetch_says_why_in_the_summary_and_the_record(rig: Rig, tmp_path: Path) -> None:
     from tpulab.errors import RemoteError
-    from tpulab.run.summary import summary_lines
 
     work = workspace(
         tmp_path,

@@ -11,6 +11,7 @@ import pytest
 from helpers import write_tree
 
 from tpulab.errors import ConfigError, WorkspaceError
+from tpulab.remote.manifest import LeftBehind
 from tpulab.remote.workspace import (
     Manifest,
     ManifestEntry,
@@ -192,6 +193,30 @@ def test_manifest_json_round_trip_and_refusals() -> None:
             Manifest.from_json_obj(bad)
     with pytest.raises(ValueError, match="sha256"):
         Manifest.from_json_obj([{"path": "a", "bytes": 1, "sha256": "zz"}])
+
+
+def test_what_a_fetch_left_reads_back_and_a_malformed_one_is_refused() -> None:
+    first = ("a\nb.txt", "out/x", "out/y")
+    left = LeftBehind(files=7, bytes=3 * 2**20, first=first, complete=False)
+    assert Manifest.from_json_obj([], left=left.to_json_obj()) == Manifest((), left=left)
+    # At least 7 (the VM stopped looking); a name with a newline cannot break the line.
+    assert left.describe(gone=True) == (
+        "at least 7 files (3.0 MiB) your command wrote in the workspace were not fetched "
+        "and went with the VM: 'a\\nb.txt', out/x, out/y; --fetch 'out/**' brings them"
+    )
+    good = left.to_json_obj()
+    bad: object
+    for bad in (
+        [],
+        {**good, "files": -1},
+        {**good, "files": True},
+        {**good, "first": "out/x"},
+        {**good, "first": [1]},
+        {**good, "complete": "yes"},
+        {**good, "extra": 1},
+    ):
+        with pytest.raises(ValueError, match="malformed 'left'"):
+            Manifest.from_json_obj([], left=bad)
 
 
 def test_a_link_to_an_ignored_secret_is_skipped_like_its_target(tmp_path: Path) -> None:

@@ -111,8 +111,10 @@ _NAMED = 5  # skipped links named in a summary
 
 
 def first_few(named: Sequence[str]) -> str:
-    """A summary's list of skipped links: the first few, then "..." if there are more."""
-    return ", ".join(named[:_NAMED]) + (", ..." if len(named) > _NAMED else "")
+    """A summary's list of paths: the first few, then "..." if there are more; a path
+    with a newline or another control character quoted, so it cannot break the line."""
+    shown = [name if name.isprintable() else repr(name) for name in named[:_NAMED]]
+    return ", ".join(shown) + (", ..." if len(named) > _NAMED else "")
 
 
 # File names that hold credentials by convention, whatever their content.

@@ -7,9 +7,10 @@ so that nothing has to be staged first. Which files go up is decided before anyt
 created, by `tpulab.remote.selection` (re-exported here, so callers import one module).
 
 Upload, `upload_workspace` (the same mechanism for a fresh VM and a kept one):
-    VM:     `transfer.py manifest`: the content manifest (path, bytes, sha256) of what
-            `remote_dir` holds now, hashed from the files (the user's command may have
-            changed them; nothing is remembered); none for an absent directory.
+    VM:     `transfer.py manifest`: the content manifest (path, bytes, sha256) of the
+            files the last sync placed in `remote_dir` (its record beside it), hashed
+            from the files as they are now (the user's command may have changed them);
+            none for an absent directory.
     laptop: diffs the selection against it (a file is hashed here only when its path and
             size match), then a tar stream of ONLY the new or changed files, built file
             by file (each hashed as it is archived, read once), led by a keep list (path,
@@ -19,9 +20,10 @@ Upload, `upload_workspace` (the same mechanism for a fresh VM and a kept one):
             into a staging directory next to `remote_dir`, re-hashing each (one that no
             longer matches is refused: stale bytes are never kept), extracts the archive
             there (no absolute names, no `..`, no links, no devices), checks the trailer,
-            swaps the staging directory in for `remote_dir` (what is no longer selected
-            goes with the old one) and prints the manifest of the whole new directory;
-            the laptop's full manifest must equal it.
+            hard-links in what earlier commands wrote (nothing a sync placed), swaps the
+            staging directory in for `remote_dir` (what a sync placed and is no longer
+            selected goes with the old one), records what this sync placed and prints
+            its manifest; the laptop's full manifest must equal it.
 
 Fetch, `fetch_artifacts`:
     VM:     `transfer.py pack`: globs the patterns inside the workspace, adds the run
@@ -53,7 +55,6 @@ import io
 import json
 import os
 import posixpath
-import re
 import shutil
 import stat
 import tarfile
@@ -67,13 +68,13 @@ from typing import Any, BinaryIO, Protocol, cast
 from tpulab import paths
 from tpulab.errors import ArtifactWriteError, RemoteError, WorkspaceError
 from tpulab.remote.bootstrap import CommandResult
+from tpulab.remote.manifest import LeftBehind, Manifest, ManifestEntry
 from tpulab.remote.selection import (
     ALWAYS_EXCLUDED,
     DEFAULT_MAX_UPLOAD,
     IGNORE_FILE,
     UploadSelection,
     check_fetch_patterns,
-    first_few,
     human_size,
     select_workspace,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "DEFAULT_MAX_UPLOAD",
     "IGNORE_FILE",
     "MANIFEST_FILE",
+    "LeftBehind",
     "Manifest",
     "ManifestEntry",
     "StreamShell",
@@ -139,86 +141,33 @@ class StreamShell(Protocol):
 
 
 @dataclass(frozen=True)
-class ManifestEntry:
-    path: str  # posix, relative to the archive's root
-    bytes: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class Manifest:
-    entries: tuple[ManifestEntry, ...]
-    missing: tuple[str, ...] = ()  # what a fetch asked for and did not find
-    # Links a fetch left out because they lead out of the workspace (or the run
-    # directory): "workspace/link -> where it leads", as the VM saw them.
-    skipped: tuple[str, ...] = ()
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(entry.bytes for entry in self.entries)
-
-    @property
-    def count(self) -> int:
-        return len(self.entries)
-
-    def describe_skipped(self) -> str:
-        """The fetch summary's words for `skipped`, as the upload's name what it skipped."""
-        if not self.skipped:
-            return ""
-        noun = "link" if len(self.skipped) == 1 else "links"
-        return f"; skipped {len(self.skipped)} {noun} leading out of the workspace: " + first_few(
-            self.skipped
-        )
-
-    def to_json_obj(self) -> list[dict[str, Any]]:
-        return [
-            {"path": entry.path, "bytes": entry.bytes, "sha256": entry.sha256}
-            for entry in self.entries
-        ]
-
-    @classmethod
-    def from_json_obj(
-        cls, obj: object, *, missing: Sequence[str] = (), skipped: Sequence[str] = ()
-    ) -> Manifest:
-        """The inverse of `to_json_obj`, sorted by path; ValueError when malformed."""
-        if not isinstance(obj, list):
-            raise ValueError(f"a manifest is a list of entries, got {type(obj).__name__}")
-        entries: list[ManifestEntry] = []
-        for item in obj:
-            if not isinstance(item, dict) or set(item) != {"path", "bytes", "sha256"}:
-                raise ValueError(f"malformed manifest entry {str(item)[:100]}")
-            path, size, digest = item["path"], item["bytes"], item["sha256"]
-            if not isinstance(path, str) or not isinstance(size, int) or size < 0:
-                raise ValueError(f"malformed manifest entry {str(item)[:100]}")
-            if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
-                raise ValueError(f"malformed sha256 in manifest entry for {path!r}")
-            entries.append(ManifestEntry(path, size, digest))
-        entries.sort(key=lambda entry: entry.path)
-        for named in (missing, skipped):
-            if isinstance(named, str) or not all(isinstance(item, str) for item in named):
-                raise ValueError(
-                    f"a manifest's missing and skipped are lists of text: {named!r:.100}"
-                )
-        return cls(tuple(entries), tuple(missing), tuple(skipped))
-
-
-@dataclass(frozen=True)
 class UploadResult:
     """What an upload did: the workspace now on the VM and what it took to get it there."""
 
     manifest: Manifest  # the whole workspace now on the VM (== the laptop's selection)
     sent: Manifest  # what went over the wire (new or changed files)
     unchanged: int  # files kept from the VM's previous copy
-    removed: int  # files on the VM that are no longer in the selection
+    removed: int  # files an earlier sync placed that are no longer in the selection
     wire_bytes: int  # bytes of the archive actually streamed (headers and trailer too)
+    # What earlier commands wrote in the workspace (no sync placed it), kept there: a
+    # session's checkpoints and results survive its next exec's sync.
+    carried: int = 0
+    carried_bytes: int = 0
 
     def describe(self) -> str:
-        """E.g. "2 of 120 files sent (12.0 KiB); 118 unchanged; 1 removed"."""
+        """E.g. "2 of 120 files sent (12.0 KiB); 118 unchanged; 1 removed; 3 written by
+        earlier commands kept (1.5 GiB)"."""
         text = (
             f"{self.sent.count} of {self.manifest.count} files sent "
             f"({human_size(self.sent.total_bytes)}); {self.unchanged} unchanged"
         )
-        return text + (f"; {self.removed} removed" if self.removed else "")
+        text += f"; {self.removed} removed" if self.removed else ""
+        if self.carried:
+            text += (
+                f"; {self.carried} written by earlier commands kept "
+                f"({human_size(self.carried_bytes)})"
+            )
+        return text
 
 
 # -- the remote script ----------------------------------------------------------------
@@ -248,9 +197,18 @@ def fetch_command(
     run_dir: str,
     log_path: str,
     max_bytes: int,
+    status_path: str | None = None,
     python: str = "python3",
     gzip: bool = False,
 ) -> list[str]:
+    """The packer's argv; with `status_path` (the launcher's status file) it also counts
+    what the command wrote in the workspace and nobody asked for (the manifest's `left`),
+    not walking what the upload always excludes."""
+    left = (
+        []
+        if status_path is None
+        else ["--status", status_path, "--exclude", json.dumps(list(ALWAYS_EXCLUDED))]
+    )
     return [
         python,
         "-c",
@@ -264,6 +222,7 @@ def fetch_command(
         log_path,
         "--max-bytes",
         str(max_bytes),
+        *left,
         *(["--gzip"] if gzip else []),
         "--",
         *check_fetch_patterns(patterns),
@@ -282,7 +241,7 @@ def planned_answer(argv: Sequence[str]) -> bytes | None:
         return b'{"manifest": []}\n'
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w|gz" if "--gzip" in argv else "w|") as tar:
-        body = json.dumps({"manifest": [], "missing": [], "skipped": []}).encode()
+        body = json.dumps({"manifest": [], "missing": [], "skipped": [], "left": None}).encode()
         info = tarfile.TarInfo(_MANIFEST_MEMBER)
         info.size = len(body)
         tar.addfile(info, io.BytesIO(body))
@@ -510,10 +469,11 @@ def upload_workspace(
     python: str = "python3",
     gzip: bool = False,
 ) -> UploadResult:
-    """Make `remote_dir` on the VM hold exactly the selected files, sending only those
-    it does not hold already (by path, bytes and sha256 against its manifest, computed
-    there first); the rest it keeps from its previous copy, re-checked, and whatever is
-    no longer selected goes with that copy.
+    """Make `remote_dir` on the VM hold the selected files, sending only those it does
+    not hold already (by path, bytes and sha256 against its manifest, computed there
+    first); the rest it keeps from its previous copy, re-checked. What an earlier sync
+    placed and is no longer selected goes with that copy; what earlier commands wrote
+    there (no sync placed it) stays, unless a selected file takes its path.
 
     RemoteError if the VM refused the archive (corrupt, cut short, unsafe, a kept file
     that changed on the VM in between) or holds anything other than the selection
@@ -536,8 +496,11 @@ def upload_workspace(
             "disk space and its python3.",
         )
     try:
-        remote = Manifest.from_json_obj(json.loads(answer.getvalue())["manifest"])
-    except (ValueError, KeyError, TypeError) as exc:
+        said = json.loads(answer.getvalue())
+        remote = Manifest.from_json_obj(said["manifest"])
+        carried = said.get("carried") or {"files": 0, "bytes": 0}  # a dry run's: none
+        carried_files, carried_bytes = int(carried["files"]), int(carried["bytes"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise RemoteError(f"The VM's answer to the upload is not a manifest: {exc}") from exc
     sent = Manifest.from_json_obj(Manifest(tuple(writer.entries)).to_json_obj())
     kept = tuple(kept.entry for kept in delta.keep)
@@ -554,6 +517,8 @@ def upload_workspace(
         unchanged=len(kept),
         removed=delta.removed,
         wire_bytes=writer.wire_bytes,
+        carried=carried_files,
+        carried_bytes=carried_bytes,
     )
 
 
@@ -657,7 +622,10 @@ def _unpack_local(spool: BinaryIO, staging: Path, gzip: bool, done: _Unpacked) -
             if name == _MANIFEST_MEMBER:
                 body = json.loads(source.read(64 * 2**20))
                 done.claimed = Manifest.from_json_obj(
-                    body["manifest"], missing=body["missing"], skipped=body["skipped"]
+                    body["manifest"],
+                    missing=body["missing"],
+                    skipped=body["skipped"],
+                    left=body.get("left"),  # absent: the packer said nothing of it
                 )
                 done.vouched.update((e.path, e.sha256) for e in done.claimed.entries)
                 continue
@@ -686,6 +654,7 @@ def _place(files: Path, out: Path, manifest: Manifest, *, complete: bool) -> Non
         "files": manifest.to_json_obj(),
         "missing": list(manifest.missing),
         "skipped": list(manifest.skipped),
+        "left": None if manifest.left is None else manifest.left.to_json_obj(),
     }
     if not complete:
         record["complete"] = False
@@ -732,6 +701,7 @@ def fetch_artifacts(
     log_path: str,
     out: Path,
     max_bytes: int = DEFAULT_MAX_FETCH,
+    status_path: str | None = None,
     timeout: float,
     python: str = "python3",
     gzip: bool = False,
@@ -739,7 +709,9 @@ def fetch_artifacts(
 ) -> Manifest:
     """Bring the patterns, the run directory and the log back into `out`; the checked
     manifest (also written to `out/manifest.json`). Patterns, a run directory or a log
-    that are not there are listed in `missing`, not fatal.
+    that are not there are listed in `missing`, not fatal. With `status_path` (the
+    launcher's status file) the manifest's `left` counts what the command wrote in the
+    workspace that the fetch does not bring.
 
     RemoteError when the VM refuses (over `max_bytes`: its message lists the largest
     entries) or what arrived differs from the VM's manifest; nothing lands in `out` then.
@@ -757,6 +729,7 @@ def fetch_artifacts(
         run_dir=run_dir,
         log_path=log_path,
         max_bytes=max_bytes,
+        status_path=status_path,
         python=python,
         gzip=gzip,
     )
@@ -837,7 +810,7 @@ def _fetch_into(
             + "; nothing was kept",
             hint="Retry the fetch; a file still being written on the VM changes under the packer.",
         )
-    manifest = Manifest(written.entries, claimed.missing, claimed.skipped)
+    manifest = Manifest(written.entries, claimed.missing, claimed.skipped, claimed.left)
     _place(files, out, manifest, complete=True)
     return manifest
 

@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from tpulab.evidence.judge import Judgement, Verdict
     from tpulab.evidence.store import KeptReceipt
     from tpulab.remote import bootstrap as boot
+    from tpulab.remote.manifest import Manifest
     from tpulab.remote.watchdog import WatchdogState
-    from tpulab.remote.workspace import Manifest, UploadResult
+    from tpulab.remote.workspace import UploadResult
     from tpulab.run.teardown import TeardownReport
 
 __all__ = ["Judged", "RunOutcome", "TeardownEnd", "WorkloadOutcome"]

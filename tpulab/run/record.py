@@ -36,11 +36,12 @@ from tpulab.run.progress import TeardownStatus
 
 if TYPE_CHECKING:
     from tpulab.errors import TpuLabError
-    from tpulab.remote.workspace import Manifest
+    from tpulab.remote.manifest import Manifest
     from tpulab.run.outcome import RunOutcome, WorkloadOutcome
 
 __all__ = [
     "RUN_RECORD_NAME",
+    "FetchLeft",
     "FileEntry",
     "RecordState",
     "ReportError",
@@ -59,6 +60,13 @@ RecordState = Literal["running", "finished"]
 
 class _Part(BaseModel):
     model_config = ConfigDict(defer_build=DEFER_BUILD, extra="forbid", frozen=True)
+
+
+class FetchLeft(_Part):
+    files: int
+    bytes: int
+    first: list[str]
+    complete: bool  # False: the VM stopped looking (a huge workspace); "at least" files
 
 
 class FileEntry(_Part):
@@ -88,12 +96,19 @@ class WorkloadSummary(_Part):
     upload_unchanged: int | None = None
     upload_removed: int | None = None
     upload_wire_bytes: int | None = None
+    # Files earlier commands wrote in a session's workspace that its sync kept (None: no
+    # sync, or a record written before syncs kept them).
+    upload_carried: int | None = None
     fetched_files: int | None  # None: nothing was fetched (see fetch_problem)
     fetched_bytes: int | None
     fetch_missing: list[str]  # --fetch patterns that matched nothing
     # Links the fetch left out because they lead out of the workspace or the run
     # directory ("workspace/link -> where it leads"); empty in records before this field.
     fetch_skipped: list[str] = Field(default_factory=list)
+    # Files the command wrote in the workspace that no --fetch pattern brought (on a run,
+    # deleted with the VM): how many, their bytes, the first few paths. None: nothing
+    # fetched, the command never started, or a record written before this field.
+    fetch_left: FetchLeft | None = None
     fetch_problem: str | None
     extras_install: str | None
     extras: dict[str, str | None]
@@ -165,10 +180,12 @@ def workload_summary(workload: WorkloadOutcome) -> WorkloadSummary:
         upload_unchanged=uploaded.unchanged if uploaded else None,
         upload_removed=uploaded.removed if uploaded else None,
         upload_wire_bytes=uploaded.wire_bytes if uploaded else None,
+        upload_carried=uploaded.carried if uploaded else None,
         fetched_files=fetch.count if fetch else None,
         fetched_bytes=fetch.total_bytes if fetch else None,
         fetch_missing=list(fetch.missing) if fetch else [],
         fetch_skipped=list(fetch.skipped) if fetch else [],
+        fetch_left=FetchLeft(**fetch.left.to_json_obj()) if fetch and fetch.left else None,
         fetch_problem=workload.fetch_problem,
         extras_install=workload.extras.install if workload.extras else None,
         extras=dict(workload.extras.versions) if workload.extras else {},

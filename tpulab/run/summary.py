@@ -264,6 +264,11 @@ def workload_lines(outcome: RunOutcome) -> list[Line]:
                 (f" in {workload.out}", "dim"),
             ]
         )
+        if fetched.left is not None and fetched.left.files:
+            # On a run the VM is deleted: what the command wrote and no pattern asked for
+            # is gone, which the user learns here rather than when looking for it.
+            gone = outcome.teardown_status == "confirmed"
+            lines.append([("  left      ", "dim"), (fetched.left.describe(gone=gone), "yellow")])
     elif workload.kept is not None:
         kept = workload.kept
         lines.append(

@@ -41,7 +41,8 @@ from tpulab.run.workers import FanOut, Worker
 if TYPE_CHECKING:
     from tpulab.config.requirements import RequirementsFile
     from tpulab.config.workload import WorkloadSpec
-    from tpulab.remote.workspace import Manifest, UploadResult, UploadSelection
+    from tpulab.remote.manifest import LeftBehind, Manifest
+    from tpulab.remote.workspace import UploadResult, UploadSelection
     from tpulab.run.context import RunContext
 
 __all__ = ["WorkloadOutcome", "WorkloadRunner", "extras_for"]
@@ -268,6 +269,7 @@ class WorkloadRunner:
                 log_path=wl.LOG_PATH,
                 out=workload.out / worker_dir(worker.index) if slice_run else workload.out,
                 max_bytes=workload.max_fetch,
+                status_path=wl.STATUS_PATH,
                 timeout=timeout,
                 kept=None if slice_run else self._kept,
             )
@@ -278,7 +280,7 @@ class WorkloadRunner:
         where = f"{workload.out}" + (f"/worker-0..{len(workers) - 1}" if slice_run else "")
         return (
             f"{manifest.count} files, {manifest.total_bytes / 2**20:.1f} MiB into {where}"
-            f"{missing}{manifest.describe_skipped()}"
+            f"{missing}{manifest.describe_skipped()}{manifest.describe_left()}"
         )
 
     def _kept(self, manifest: Manifest) -> None:
@@ -342,7 +344,7 @@ def worker_dir(worker: int) -> str:
 
 def _merged(manifests: list[Manifest]) -> Manifest:
     """A slice's fetch as one manifest: each worker's entries under worker-N/."""
-    from tpulab.remote.workspace import Manifest, ManifestEntry
+    from tpulab.remote.manifest import Manifest, ManifestEntry
 
     entries = tuple(
         ManifestEntry(f"{worker_dir(w)}/{e.path}", e.bytes, e.sha256)
@@ -355,7 +357,24 @@ def _merged(manifests: list[Manifest]) -> Manifest:
     skipped = tuple(
         f"{worker_dir(w)}: {s}" for w, manifest in enumerate(manifests) for s in manifest.skipped
     )
-    return Manifest(entries, missing, skipped)
+    return Manifest(entries, missing, skipped, _merged_left(manifests))
+
+
+def _merged_left(manifests: list[Manifest]) -> LeftBehind | None:
+    """What the workers' commands left, summed; paths as each worker's workspace names
+    them (a --fetch pattern applies to every worker alike), each once."""
+    from tpulab.remote.manifest import LeftBehind
+
+    lefts = [manifest.left for manifest in manifests if manifest.left is not None]
+    if not lefts:
+        return None
+    first = tuple(dict.fromkeys(path for left in lefts for path in left.first))
+    return LeftBehind(
+        files=sum(left.files for left in lefts),
+        bytes=sum(left.bytes for left in lefts),
+        first=first,
+        complete=all(left.complete for left in lefts),
+    )
 
 
 def _with_workers(detail: str, done: FanOut[Any]) -> str:
