@@ -17,9 +17,16 @@ unpack  reads a tar from stdin followed by a trailer `TPULAB-ARCHIVE-SHA256:<64 
         (every entry the last unpack's record does not name and the archive does not
         hold: a session's checkpoints survive its next sync); then swaps the staging
         directory in for DEST (what the last sync placed and the laptop no longer has
-        goes), records what this one placed, and prints `{"manifest": [{"path", "bytes",
-        "sha256"}, ...], "carried": {"files", "bytes"}}` on stdout. Without a record (a
-        first sync, or a DEST an older tpulab wrote) nothing is carried.
+        goes), records what this one placed (path -> [sha256, bytes]), and prints
+        `{"manifest": [{"path", "bytes", "sha256"}, ...], "removed": N, "carried":
+        {"files", "bytes"}, "replaced": {"files", "dir", "first"}}` on stdout. A synced
+        file that changed on the VM since (a command, an editor, Jupyter) and that this
+        sync replaces or
+        removes is first hard-linked into `replaced/<UTC time>/` beside DEST: the
+        laptop's copy wins, the VM's is never lost. Without a record (a first sync, or a
+        DEST an older tpulab wrote) everything the archive does not replace is
+        carried: what the laptop deleted stays that once, rather than guessing wrong
+        about a command's files.
         With --keep the first member is `.tpulab-keep.json`, `{"keep": [{"path", "bytes",
         "sha256", "mode", "mtime"}, ...]}`: files to take from the current DEST instead of
         the archive. Each is COPIED into the staging directory and hashed as it is read;
@@ -64,6 +71,7 @@ import shutil
 import stat
 import sys
 import tarfile
+import time
 from typing import BinaryIO, NamedTuple
 
 TRAILER_PREFIX = b"TPULAB-ARCHIVE-SHA256:"
@@ -155,10 +163,11 @@ def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> d
 
 
 def _extract(
-    stream: io.RawIOBase, staging: str, gzip: bool, kept_from: str | None
+    stream: io.RawIOBase, staging: str, gzip: bool, kept_from: str | None, kept: set[str]
 ) -> list[dict[str, object]]:
     """Write the archive's files (and, with `kept_from`, the kept ones its first member
-    lists, copied from there) into `staging`; the manifest of what was written."""
+    lists, copied from there, their paths added to `kept`) into `staging`; the manifest
+    of what was written."""
     manifest: list[dict[str, object]] = []
     seen: set[str] = set()
     made: set[str] = {staging}  # makedirs per file costs a failing mkdir syscall each
@@ -169,13 +178,14 @@ def _extract(
             if first is None or first.name != KEEP_MEMBER or not first.isreg():
                 raise Refused(f"--keep was given but the archive does not start with {KEEP_MEMBER}")
             real_dest = os.path.realpath(kept_from)
-            for kept in _keep_list(tar, first):
-                if kept.path in seen:
-                    raise Refused(f"kept file {kept.path!r} is listed twice")
-                seen.add(kept.path)
-                target = os.path.join(staging, kept.path)
+            for entry in _keep_list(tar, first):
+                if entry.path in seen:
+                    raise Refused(f"kept file {entry.path!r} is listed twice")
+                seen.add(entry.path)
+                kept.add(entry.path)
+                target = os.path.join(staging, entry.path)
                 _make_parent(target, made)
-                manifest.append(_copy_kept(kept_from, real_dest, kept, target))
+                manifest.append(_copy_kept(kept_from, real_dest, entry, target))
         for member in members:
             name = _safe_name(member.name)
             if name in seen:
@@ -298,17 +308,26 @@ def _synced_record(dest: str) -> str:
     return os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.tpulab-synced.json")
 
 
-def _synced(dest: str) -> set[str] | None:
-    """The paths the last sync placed in DEST; None when there is no record (a first
-    sync, or a DEST an older tpulab synced): then DEST is taken as all synced."""
+def _synced(dest: str) -> dict[str, tuple[str, int]] | None:
+    """What the last sync placed in DEST: path -> (sha256, bytes) as placed; None when
+    there is no record (a first sync, or a DEST an older tpulab synced): then DEST is
+    taken as all synced."""
     try:
         with open(_synced_record(dest), encoding="utf-8") as handle:
-            paths = json.load(handle).get("synced")
+            placed = json.load(handle).get("synced")
     except (OSError, ValueError, AttributeError):
         return None
-    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+    if not isinstance(placed, dict):
         return None
-    return set(paths)
+    record: dict[str, tuple[str, int]] = {}
+    for path, value in placed.items():
+        if not (isinstance(value, list) and len(value) == 2):
+            return None
+        digest, size = value
+        if not isinstance(digest, str) or not isinstance(size, int):
+            return None
+        record[path] = (digest, size)
+    return record
 
 
 def _entries_of(dest: str) -> list[str]:
@@ -323,7 +342,7 @@ def _entries_of(dest: str) -> list[str]:
     return found
 
 
-def _carry(dest: str, synced: set[str], staging: str) -> dict[str, int]:
+def _carry(dest: str, synced: dict[str, tuple[str, int]], staging: str) -> dict[str, int]:
     """Hard-link into `staging` what the commands wrote in DEST (anything the last sync
     did not place there) unless the new archive has that path: a session's next sync
     keeps a command's checkpoints and results, and still removes what the laptop
@@ -341,26 +360,76 @@ def _carry(dest: str, synced: set[str], staging: str) -> dict[str, int]:
         except (FileExistsError, NotADirectoryError):
             continue  # the archive has a file where this needs a directory: it wins
         source = os.path.join(dest, rel)
-        try:
-            os.link(source, target, follow_symlinks=False)
-        except OSError:  # a filesystem without hard links: copy (a link as a link)
-            shutil.copy2(source, target, follow_symlinks=False)
+        _link_or_copy(source, target)
         files += 1
         size += os.lstat(target).st_size
     return {"files": files, "bytes": size}
 
 
-def _write_synced(dest: str, paths: list[str]) -> str:
+def _lexists(dest: str, rel: str) -> bool:
+    return os.path.lexists(os.path.join(dest, rel))
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError:  # a filesystem without hard links: copy (a link as a link)
+        shutil.copy2(source, target, follow_symlinks=False)
+
+
+def _changed_since_synced(
+    dest: str, synced: dict[str, tuple[str, int]], kept: set[str], written: dict[str, str]
+) -> list[str]:
+    """The synced files this unpack replaces or removes that changed on the VM since
+    the sync placed them (a command, an editor, Jupyter saving a notebook), unless they
+    already hold what replaces them. Kept files are taken as they are: never at risk."""
+    changed: list[str] = []
+    for rel, (digest, _size) in sorted(synced.items()):
+        if rel in kept:
+            continue
+        handle = _open_regular(os.path.join(dest, rel))
+        if handle is None:
+            continue  # gone, or no longer a regular file: no bytes to lose
+        with handle:
+            now = _hash_copy(handle, None)[1]
+        if now != digest and now != written.get(rel):
+            changed.append(rel)
+    return changed
+
+
+def _set_aside(dest: str, changed: list[str]) -> dict[str, object]:
+    """Hard-link each changed file into `replaced/<UTC time>/` beside DEST (outside the
+    workspace, so no later sync touches it) before the swap drops it."""
+    if not changed:
+        return {"files": 0, "dir": None, "first": []}
+    parent = os.path.dirname(dest)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = os.path.join(parent, "replaced", stamp)
+    if os.path.lexists(aside):
+        aside += f"-{os.getpid()}"
+    for rel in changed:
+        target = os.path.join(aside, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        _link_or_copy(os.path.join(dest, rel), target)
+    home = os.path.expanduser("~").rstrip("/") + "/"
+    shown = "~/" + aside[len(home) :] if aside.startswith(home) else aside
+    return {"files": len(changed), "dir": shown, "first": changed[:LEFT_NAMED]}
+
+
+def _write_synced(dest: str, written: list[dict[str, object]]) -> str:
     """The record of this sync, written beside DEST as a temporary file; renamed into
     place once DEST is swapped in (a crash between leaves the previous record: a file the
     laptop deleted may then stay, but nothing a command wrote is lost)."""
     partial = _synced_record(dest) + f".{os.getpid()}"
+    placed = {str(entry["path"]): [entry["sha256"], entry["bytes"]] for entry in written}
     with open(partial, "w", encoding="utf-8") as handle:
-        json.dump({"synced": sorted(paths)}, handle)
+        json.dump({"synced": placed}, handle, sort_keys=True)
     return partial
 
 
-def _manifest_of(dest: str, only: set[str] | None = None) -> list[dict[str, object]]:
+def _manifest_of(
+    dest: str, only: dict[str, tuple[str, int]] | None = None
+) -> list[dict[str, object]]:
     """The regular files under `dest` (links not followed), hashed from their bytes;
     with `only`, just those paths (what the last sync placed: the laptop diffs its
     selection against them, and a command's own gigabytes are never hashed for it)."""
@@ -410,8 +479,9 @@ def unpack(dest: str, gzip: bool, keep: bool) -> None:
     record: str | None = None
     try:
         reader = TrailerReader(sys.stdin.buffer)
+        kept: set[str] = set()
         try:
-            written = _extract(reader, staging, gzip, dest if keep else None)
+            written = _extract(reader, staging, gzip, dest if keep else None, kept)
         except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
             raise Refused(f"the archive is damaged: {type(exc).__name__}: {exc}") from exc
         trailer = reader.trailer()
@@ -421,11 +491,18 @@ def unpack(dest: str, gzip: bool, keep: bool) -> None:
         received = reader.digest.hexdigest()
         if sent != received:
             raise Refused(f"the archive is corrupt: sha256 {received}, sent {sent}")
-        synced = _synced(dest) if os.path.isdir(dest) else None
         carried = {"files": 0, "bytes": 0}
-        if synced is not None:
+        replaced = _set_aside(dest, [])
+        removed = 0
+        if os.path.isdir(dest):
+            # No record (an older tpulab synced DEST): whatever the archive does not
+            # replace is kept, as the safe guess; a file the laptop deleted may stay.
+            synced = _synced(dest) or {}
             carried = _carry(dest, synced, staging)
-        record = _write_synced(dest, [str(entry["path"]) for entry in written])
+            new = {str(entry["path"]): str(entry["sha256"]) for entry in written}
+            replaced = _set_aside(dest, _changed_since_synced(dest, synced, kept, new))
+            removed = sum(1 for path in synced if path not in new and _lexists(dest, path))
+        record = _write_synced(dest, written)
         if os.path.isdir(dest):
             os.rename(dest, old)
         os.rename(staging, dest)
@@ -436,7 +513,8 @@ def unpack(dest: str, gzip: bool, keep: bool) -> None:
         if record is not None and os.path.exists(record):
             os.remove(record)  # refused before the swap: the previous record stands
     written.sort(key=lambda entry: str(entry["path"]))
-    sys.stdout.write(json.dumps({"manifest": written, "carried": carried}) + "\n")
+    answer = {"manifest": written, "removed": removed, "carried": carried, "replaced": replaced}
+    sys.stdout.write(json.dumps(answer) + "\n")
 
 
 # -- pack -----------------------------------------------------------------------------

@@ -224,21 +224,66 @@ def test_a_sync_keeps_what_commands_wrote_and_removes_what_the_laptop_deleted(
     assert (ws / "ckpt/step_5.npz").read_bytes() == b"c" * 5000
 
 
-def test_a_workspace_synced_before_records_is_mirrored_once(tmp_path: Path) -> None:
-    """A session an older tpulab synced has no record: everything in it is taken as
-    synced (as that tpulab did), and from the next sync on commands' files are kept."""
+def test_a_synced_file_edited_on_the_vm_is_set_aside_before_the_laptops_replaces_it(
+    tmp_path: Path,
+) -> None:
+    """A notebook saved by Jupyter on the VM (or a file edited over VS Code's SSH) and
+    then synced over from the laptop: the laptop's copy wins, as it always has, but the
+    VM's hour of work is kept where no sync reaches, and the sync says where."""
+    python = python310()
+    home = tmp_path / "home"
+    home.mkdir()
+    shell = LocalShell(home)
+    files = {"lab.ipynb": b"{laptop 1}", "notes.md": b"n", "same.py": b"s", "gone.py": b"g"}
+    laptop = write_tree(tmp_path / "laptop", files)
+    upload_workspace(shell, select_workspace(laptop), "ws", timeout=60, python=python)
+    ws = home / "ws"
+    # On the VM: the notebook and gone.py edited; notes.md rewritten with its own bytes.
+    write_tree(ws, {"lab.ipynb": b"{an hour of work}", "gone.py": b"g2", "notes.md": b"n"})
+    # On the laptop: the notebook edited too, gone.py deleted, same.py as it was.
+    write_tree(laptop, {"lab.ipynb": b"{laptop 2}"})
+    (laptop / "gone.py").unlink()
+    result = upload_workspace(shell, select_workspace(laptop), "ws", timeout=60, python=python)
+    assert snapshot(ws) == {"lab.ipynb": b"{laptop 2}", "notes.md": b"n", "same.py": b"s"}
+    assert (result.replaced_count, result.replaced) == (2, ("gone.py", "lab.ipynb"))
+    # Beside the workspace, not in it; named from the login's home, as the user types it.
+    assert result.replaced_dir is not None
+    assert result.replaced_dir.startswith("~/replaced/")
+    aside = home / result.replaced_dir.removeprefix("~/")
+    assert snapshot(aside) == {"lab.ipynb": b"{an hour of work}", "gone.py": b"g2"}
+    assert result.describe_replaced() == (
+        "2 files changed on the VM since the last sync were replaced by the laptop's; the "
+        f"VM's copies are in {result.replaced_dir} on the VM: gone.py, lab.ipynb"
+    )
+    assert "replaced" not in result.describe()  # said apart, as a warning
+    # Nothing changed on the VM since: the next sync sets nothing aside.
+    write_tree(laptop, {"lab.ipynb": b"{laptop 3}"})
+    again = upload_workspace(shell, select_workspace(laptop), "ws", timeout=60, python=python)
+    assert (again.replaced_count, again.replaced_dir, again.describe_replaced()) == (0, None, "")
+    assert (ws / "lab.ipynb").read_bytes() == b"{laptop 3}"
+
+
+def test_a_workspace_synced_before_records_keeps_everything_once(tmp_path: Path) -> None:
+    """A session an older tpulab synced has no record, so no telling the laptop's files
+    from the commands': the first sync keeps whatever it does not replace (a file the
+    laptop deleted stays, once), and records; from then on the laptop's deletions go."""
     python = python310()
     home = tmp_path / "home"
     write_tree(home / "ws", {"a.py": b"a", "stray.txt": b"s"})  # no record beside it
     laptop = write_tree(tmp_path / "laptop", {"a.py": b"a"})
     result = upload_workspace(shell := LocalShell(home), select_workspace(laptop), "ws",
                               timeout=60, python=python)  # fmt: skip
-    assert (result.removed, result.carried) == (1, 0)
-    assert snapshot(home / "ws") == {"a.py": b"a"}
-    write_tree(home / "ws", {"out.txt": b"o"})
-    result = upload_workspace(shell, select_workspace(laptop), "ws", timeout=60, python=python)
     assert (result.removed, result.carried) == (0, 1)
-    assert snapshot(home / "ws") == {"a.py": b"a", "out.txt": b"o"}
+    assert snapshot(home / "ws") == {"a.py": b"a", "stray.txt": b"s"}
+    write_tree(home / "ws", {"out.txt": b"o"})
+    write_tree(laptop, {"b.py": b"b"})
+    result = upload_workspace(shell, select_workspace(laptop), "ws", timeout=60, python=python)
+    assert (result.removed, result.carried) == (0, 2)
+    assert snapshot(home / "ws") == {"a.py": b"a", "b.py": b"b", "stray.txt": b"s", "out.txt": b"o"}
+    (laptop / "b.py").unlink()
+    result = upload_workspace(shell, select_workspace(laptop), "ws", timeout=60, python=python)
+    assert (result.removed, result.carried) == (1, 2)
+    assert snapshot(home / "ws") == {"a.py": b"a", "stray.txt": b"s", "out.txt": b"o"}
 
 
 def _archive(members: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
@@ -357,10 +402,21 @@ def _kept(path: str, data: bytes, **changes: object) -> dict[str, object]:
     return entry | changes
 
 
+def _as_synced(dest: Path) -> None:
+    """Record every file in `dest` as a sync's (the record unpack keeps beside DEST), so
+    what the next unpack drops is gone, as after a sync, not kept as a command's."""
+    placed = {
+        rel: [hashlib.sha256(data).hexdigest(), len(data)] for rel, data in snapshot(dest).items()
+    }
+    record = dest.parent / f".{dest.name}.tpulab-synced.json"
+    record.write_text(json.dumps({"synced": placed}))
+
+
 def test_a_hand_made_keep_list_is_honoured(tmp_path: Path) -> None:
     python = python310()
     home = tmp_path / "home"
     write_tree(home / "ws", {"kept.py": b"kept", "dropped.py": b"gone"})
+    _as_synced(home / "ws")
     stream = _archive([_keep(_kept("kept.py", b"kept", mode=0o755)), (_member("new"), b"n")])
     result = _unpack(python, home, stream, "--keep")
     assert result.returncode == 0, result.stderr
@@ -434,6 +490,7 @@ def test_a_corrupt_or_truncated_stream_is_refused(tmp_path: Path) -> None:
     python = python310()
     home = tmp_path / "home"
     write_tree(home / "ws", {"previous.py": b"old"})
+    _as_synced(home / "ws")
     good = _archive([(_member("a.txt"), b"A" * 5000)])
     flipped = bytearray(good)
     flipped[600] ^= 0x01  # a byte of a.txt's data: the tar still parses

@@ -75,6 +75,7 @@ from tpulab.remote.selection import (
     IGNORE_FILE,
     UploadSelection,
     check_fetch_patterns,
+    first_few,
     human_size,
     select_workspace,
 )
@@ -153,6 +154,12 @@ class UploadResult:
     # session's checkpoints and results survive its next exec's sync.
     carried: int = 0
     carried_bytes: int = 0
+    # Synced files that changed on the VM since their sync (a command, an editor,
+    # Jupyter) which this sync replaced or removed: their VM copies were set aside in
+    # `replaced_dir` on the VM, never lost. The first few paths.
+    replaced: tuple[str, ...] = ()
+    replaced_count: int = 0
+    replaced_dir: str | None = None
 
     def describe(self) -> str:
         """E.g. "2 of 120 files sent (12.0 KiB); 118 unchanged; 1 removed; 3 written by
@@ -168,6 +175,21 @@ class UploadResult:
                 f"({human_size(self.carried_bytes)})"
             )
         return text
+
+    def describe_replaced(self) -> str:
+        """ "1 file changed on the VM since the last sync was replaced by the laptop's;
+        the VM's copy is in DIR on the VM: lab.ipynb", or "" (said apart from `describe`,
+        as a warning: an edit made on the VM is where the user does not look for it)."""
+        if not self.replaced_count:
+            return ""
+        noun = "file" if self.replaced_count == 1 else "files"
+        verb = "was" if self.replaced_count == 1 else "were"
+        copies = "copy is" if self.replaced_count == 1 else "copies are"
+        return (
+            f"{self.replaced_count} {noun} changed on the VM since the last sync {verb} "
+            f"replaced by the laptop's; the VM's {copies} in {self.replaced_dir} on the VM: "
+            f"{first_few(self.replaced)}"
+        )
 
 
 # -- the remote script ----------------------------------------------------------------
@@ -287,11 +309,11 @@ class _Kept:
 
 @dataclass(frozen=True)
 class _Delta:
-    """What goes up, what the VM keeps, and how many of its files go away."""
+    """What goes up and what the VM keeps (what it removes, the VM says: only it knows
+    which of its files a sync placed)."""
 
     send: tuple[tuple[str, int], ...]  # (path, size), in selection order
     keep: tuple[_Kept, ...]
-    removed: int
 
 
 def _open_selected(path: Path, size: int) -> tuple[BinaryIO, os.stat_result]:
@@ -340,8 +362,7 @@ def _delta(selection: UploadSelection, on_vm: Manifest) -> _Delta:
             keep.append(_Kept(old, _mode_of(status), int(status.st_mtime)))
         else:
             send.append((rel, size))
-    chosen = {rel for rel, _size in selection.files}
-    return _Delta(tuple(send), tuple(keep), sum(path not in chosen for path in there))
+    return _Delta(tuple(send), tuple(keep))
 
 
 class _ArchiveWriter:
@@ -498,8 +519,14 @@ def upload_workspace(
     try:
         said = json.loads(answer.getvalue())
         remote = Manifest.from_json_obj(said["manifest"])
-        carried = said.get("carried") or {"files": 0, "bytes": 0}  # a dry run's: none
+        removed = int(said.get("removed", 0))  # a dry run's answer has none of these
+        carried = said.get("carried") or {"files": 0, "bytes": 0}
         carried_files, carried_bytes = int(carried["files"]), int(carried["bytes"])
+        replaced = said.get("replaced") or {"files": 0, "dir": None, "first": []}
+        replaced_count, replaced_dir = int(replaced["files"]), replaced["dir"]
+        replaced_first = tuple(str(path) for path in replaced["first"])
+        if replaced_count and not isinstance(replaced_dir, str):
+            raise ValueError(f"files were set aside but no directory is named: {replaced!r}")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise RemoteError(f"The VM's answer to the upload is not a manifest: {exc}") from exc
     sent = Manifest.from_json_obj(Manifest(tuple(writer.entries)).to_json_obj())
@@ -515,10 +542,13 @@ def upload_workspace(
         manifest=local,
         sent=sent,
         unchanged=len(kept),
-        removed=delta.removed,
+        removed=removed,
         wire_bytes=writer.wire_bytes,
         carried=carried_files,
         carried_bytes=carried_bytes,
+        replaced=replaced_first,
+        replaced_count=replaced_count,
+        replaced_dir=replaced_dir if replaced_count else None,
     )
 
 

@@ -99,6 +99,10 @@ class WorkloadSummary(_Part):
     # Files earlier commands wrote in a session's workspace that its sync kept (None: no
     # sync, or a record written before syncs kept them).
     upload_carried: int | None = None
+    # Synced files changed on the VM since their sync that the sync replaced or removed:
+    # how many, and where on the VM their copies were set aside (None: none).
+    upload_replaced: int | None = None
+    upload_replaced_dir: str | None = None
     fetched_files: int | None  # None: nothing was fetched (see fetch_problem)
     fetched_bytes: int | None
     fetch_missing: list[str]  # --fetch patterns that matched nothing
@@ -181,6 +185,8 @@ def workload_summary(workload: WorkloadOutcome) -> WorkloadSummary:
         upload_removed=uploaded.removed if uploaded else None,
         upload_wire_bytes=uploaded.wire_bytes if uploaded else None,
         upload_carried=uploaded.carried if uploaded else None,
+        upload_replaced=uploaded.replaced_count if uploaded else None,
+        upload_replaced_dir=uploaded.replaced_dir if uploaded else None,
         fetched_files=fetch.count if fetch else None,
         fetched_bytes=fetch.total_bytes if fetch else None,
         fetch_missing=list(fetch.missing) if fetch else [],

@@ -255,6 +255,11 @@ def workload_lines(outcome: RunOutcome) -> list[Line]:
     else:
         state, style = f"exit {workload.exit_status}", "bold red"
     lines: list[Line] = [[("  command   ", "dim"), (command, ""), ("  ", ""), (state, style)]]
+    upload = workload.upload
+    if upload is not None and upload.replaced_count:
+        # The laptop's copy won over an edit made on the VM (Jupyter, an editor): where
+        # that edit is kept must not be lost in the upload's long step line.
+        lines.append([("  replaced  ", "dim"), (upload.describe_replaced(), "yellow")])
     if workload.fetch is not None:
         fetched = workload.fetch
         lines.append(

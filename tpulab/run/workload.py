@@ -213,7 +213,11 @@ class WorkloadRunner:
 
         done = life.on_workers(up, "sync")
         uploaded = self.upload = done.results[0]
-        return _with_workers(f"{uploaded.describe()} into ~/{wl.WORKSPACE_DIR}", done)
+        replaced = uploaded.describe_replaced()
+        detail = f"{uploaded.describe()} into ~/{wl.WORKSPACE_DIR}" + (
+            f"; {replaced}" if replaced else ""
+        )
+        return _with_workers(detail, done)
 
     def install(self) -> str:
         """The user's extras into the venv, after jax, on every worker at once; a no-op
