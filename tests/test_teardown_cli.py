@@ -104,6 +104,10 @@ def test_verify_deletes_orphans_closes_rows_and_spares_foreign_nodes(emulator: E
     assert found.estimated_cost_usd is not None
     assert emulator.node_names(PROJECT) == ["tpulab-not-ours"]
     assert Journal().open_runs() == []
+    # The delete's wait is said (on stderr: --json keeps stdout for the envelope).
+    assert (
+        f"Deleting 1 node(s) ({orphan}); waiting until a list confirms each gone..."
+    ) in done.stderr
     again = tpulab("teardown", "--verify", "--api-endpoint", emulator.url, "--project", PROJECT)
     assert again.returncode == 0, again.stderr
     assert "Verified: no tpulab node remains in us-central1-a" in again.stdout

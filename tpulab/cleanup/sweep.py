@@ -589,6 +589,14 @@ def sweep(
             return TeardownError(message, [candidate.leaked()])
         return node.name in report.spared
 
+    if plan.candidates:
+        # The delete's wait is a minute or more on Google: say what it waits for, as a
+        # run's teardown and `tpulab down` do, rather than sit silent after the table.
+        names = ", ".join(c.node.name for c in plan.candidates)
+        say(
+            f"Deleting {len(plan.candidates)} node(s) ({names}); waiting until a list "
+            "confirms each gone..."
+        )
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(plan.candidates)))) as pool:
         outcomes = list(pool.map(one, plan.candidates))
     for candidate, outcome in zip(plan.candidates, outcomes, strict=True):
