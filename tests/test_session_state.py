@@ -25,6 +25,7 @@ PROJECT = "state-proj"
 ZONE = "us-central1-a"
 EXIT_OK = 0
 EXIT_LOCAL_STATE = 8
+EXIT_CONFIG = 2
 
 GOOD: dict[str, object] = {
     "name": "c1", "run_id": "20261201t000000-abcdef", "node_name": "tpulab-c1", "zone": ZONE,
@@ -226,6 +227,18 @@ def test_every_command_survives_each_damaged_form_and_the_other_session_works(
     assert "Session c2 is down" in down_all.stdout
     _said(down_all.stderr, "null")
     assert served.node_names(PROJECT) == [c1_node]
+    # Set aside, c1 is no session `down` can end: list and down say what deletes it.
+    status, out, err = invoke("list", "--json", *where)
+    assert status == EXIT_OK, err
+    (listed,) = [n for n in json.loads(out)["nodes"] if n["name"] == c1_node]
+    assert listed["journal"] == (
+        "session whose state is gone: `tpulab teardown --verify` deletes it"
+    )
+    status, _, err = invoke("down", "c1")
+    assert status == EXIT_CONFIG, err
+    assert "There is no session named 'c1'." in err
+    assert "Its state was damaged and set aside as " in err
+    assert "its node, if it still exists, is deleted by `tpulab teardown --verify`" in err
     swept = tpulab("teardown", "--verify", "--yes", *where, timeout=120)
     assert swept.returncode == EXIT_OK, swept.stderr + swept.stdout
     assert served.node_names(PROJECT) == []

@@ -612,8 +612,12 @@ SESSION_PHASE = "session"
 NOT_IN_JOURNAL = "not in this machine's journal"
 
 
-def _state_text(row: RunRow) -> str:
+def _state_text(row: RunRow, sessions: Collection[str] | None = None) -> str:
     if row.teardown is None:
+        if row.phase == SESSION_PHASE and sessions is not None and row.run_id not in sessions:
+            # Its state file was damaged and set aside (or removed by hand): `down` no
+            # longer knows it, so say what does delete it.
+            return "session whose state is gone: `tpulab teardown --verify` deletes it"
         if row.phase == SESSION_PHASE:
             return "session (kept by `tpulab up`; `tpulab down` ends it)"
         if row_is_live(row):
@@ -632,8 +636,11 @@ def journal_view(
     target: str | None = None,
     journal: Journal | None = None,
     providers: Collection[str] | None = None,
+    sessions: Collection[str] | None = None,
 ) -> JournalView:
     """Journal state next to the cloud's, for `tpulab list`. Never raises JournalError.
+    `sessions` (None: not known) are the run ids of the sessions whose state this home
+    can read: a session row outside them is one `tpulab down` cannot end.
 
     `project` and `target` (see `target_for`) say which API was listed, and `providers`
     (None: any) which of its providers answered, so that `missing` only holds rows the
@@ -649,7 +656,7 @@ def journal_view(
             rows = journal.runs_for_node(*key)
             by_label = [r for r in rows if node.run_id is not None and r.run_id == node.run_id]
             if by_label:
-                states[key] = _state_text(by_label[0])
+                states[key] = _state_text(by_label[0], sessions)
             elif node.managed_by_tpulab:
                 states[key] = NOT_IN_JOURNAL
         listed = {(n.project, n.zone, n.name) for n in nodes}

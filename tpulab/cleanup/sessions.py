@@ -172,7 +172,7 @@ class SessionStore:
         if not (directory / "session.json").is_file():
             raise ConfigError(
                 f"There is no session named {name!r}.",
-                hint=self._known_hint(),
+                hint=self._known_hint(name),
             )
         found = self._read(name)
         if isinstance(found, DamagedSession):
@@ -266,7 +266,15 @@ class SessionStore:
         """Forget the session: its state and its private key."""
         shutil.rmtree(self._dir(name), ignore_errors=True)
 
-    def _known_hint(self) -> str:
+    def _known_hint(self, name: str | None = None) -> str:
+        set_aside = sorted((self.root / DAMAGED_DIR).glob(f"{name}-*")) if name else []
+        if set_aside:
+            # `list` or another command found its state damaged and moved it: its node
+            # is not ended by `down` any more, but by the sweep that finds it by label.
+            return (
+                f"Its state was damaged and set aside as {set_aside[-1]}; its node, if it "
+                "still exists, is deleted by `tpulab teardown --verify`."
+            )
         names = self.names()
         if names:
             return f"Sessions up: {', '.join(names)} (see `tpulab list`)."

@@ -131,6 +131,8 @@ def _list(
         adc_project=adc_project,
     )
     journal = Journal()
+    with session_store() as store:
+        readable = store.by_run_id()  # sets nothing aside: reconcile_listed does, below
     with provider_apis(
         scope.project, emulate=scope.emulate, api_endpoint=scope.api_endpoint, notify=reach_notice
     ) as apis:
@@ -144,6 +146,7 @@ def _list(
             journal=journal,
             # A row of a provider that was not asked is not "missing": nothing looked.
             providers=[name for name in apis if name not in listing.unasked],
+            sessions=readable,
         )
         # A node this journal does not know: its lease says whether it is someone's
         # live work (another machine's or home's) or a leftover.
