@@ -55,12 +55,23 @@ def test_always_excluded_whatever_the_ignore_files_say(tmp_path: Path) -> None:
             "pkg/m.py": "x",
             "tpulab-runs/r1/run.json": "{}",
             ".nox/s/x": "x",
-            ".gitignore": "!.venv/\n!tpulab-runs/\n",  # cannot re-include them
+            ".gitignore": "!.venv/\n!tpulab-runs/\n!results/\n",  # cannot re-include them
+            # An earlier run's --out inside the workdir, by tpulab's record in it...
+            "results/r1/run.json": json.dumps({"schema_version": 1, "command": "run",
+                                              "run_id": "20261207t111738-39c396"}),
+            "results/r1/run/ckpt.npz": b"\0" * 1000,
+            # ... not a directory with a run.json of the user's own.
+            "conf/run.json": json.dumps({"steps": 10}),
         },
-    )
+    )  # fmt: skip
     selection = select_workspace(root)
-    assert {path for path, _ in selection.files} == {".gitignore", "pkg/m.py", "train.py"}
-    assert selection.skipped["always excluded"] == 7
+    assert {path for path, _ in selection.files} == {
+        ".gitignore",
+        "conf/run.json",
+        "pkg/m.py",
+        "train.py",
+    }
+    assert selection.skipped["always excluded"] == 8
 
 
 @pytest.mark.parametrize(

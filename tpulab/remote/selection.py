@@ -38,7 +38,8 @@ DEFAULT_MAX_UPLOAD = 256 * 2**20
 IGNORE_FILE = ".tpulabignore"
 
 # Never uploaded, whatever the ignore files say (gitignore syntax; a directory holding a
-# `pyvenv.cfg` is a virtualenv whatever its name and is excluded too).
+# `pyvenv.cfg` is a virtualenv whatever its name, and one holding tpulab's `run.json` an
+# earlier run's --out: both are excluded too).
 ALWAYS_EXCLUDED: tuple[str, ...] = (
     ".git/",
     ".hg/",
@@ -232,6 +233,28 @@ def _normalised_relative(path: str, option: str) -> str:
         raise WorkspaceError(error.message, hint=error.hint) from error
 
 
+def _is_virtualenv(directory: Path) -> bool:
+    return (directory / "pyvenv.cfg").is_file()
+
+
+def _is_run_output(directory: Path) -> bool:
+    """An earlier run's --out (tpulab's run.json in it), wherever it is: one inside the
+    workdir (`--out results/r1`) would otherwise go up with the next run, checkpoints
+    and all. A user's own run.json is not one unless it is tpulab's record."""
+    record = directory / "run.json"
+    if not record.is_file():
+        return False
+    try:
+        with record.open("rb") as handle:
+            head = json.loads(handle.read(_RECORD_MAX))
+    except (OSError, ValueError):
+        return False
+    return isinstance(head, dict) and {"schema_version", "run_id", "command"} <= head.keys()
+
+
+_RECORD_MAX = 4 * 2**20  # a run.json is a few KiB; past this it is not tpulab's
+
+
 class _Verdicts:
     """What the exclusions say about any path of the workspace: the walk asks about each
     entry it meets, and a symlink about its target, which may live anywhere in the tree
@@ -255,7 +278,7 @@ class _Verdicts:
     def of_entry(self, path: str, *, is_dir: bool) -> str | None:
         """ "always excluded", "ignored" or None for `path`, its directory being walked."""
         if self.always.ignored(path, is_dir=is_dir) or (
-            is_dir and (self.root / path / "pyvenv.cfg").is_file()
+            is_dir and (_is_virtualenv(self.root / path) or _is_run_output(self.root / path))
         ):
             return "always excluded"
         if self.user.ignored(path, is_dir=is_dir) or self.rules_in(posixpath.dirname(path)).ignored(
