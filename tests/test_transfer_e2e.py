@@ -55,15 +55,20 @@ def test_upload_sends_only_the_selected_files_byte_identical(
     os.symlink(".env", root / "config.txt")
     os.symlink("../keys/id_ed25519", root / "deploy" / "key")
     selection = select_workspace(root, allow_secrets=["deploy/cert.pem"])
-    write_tree(ssh_host.sandbox / "work", {"stale.py": b"from an earlier run"})
+    earlier = write_tree(tmp_path / "earlier", {"stale.py": b"from an earlier sync"})
     with ssh_host.connect() as conn:
+        # A file an earlier sync put there and the laptop no longer has: it goes.
+        upload_workspace(conn, select_workspace(earlier), "~/work", timeout=60)
         manifest = upload_workspace(conn, selection, "~/work", timeout=60).manifest
     assert snapshot(ssh_host.sandbox / "work") == SELECTED  # the host's own disk
     assert manifest.count == len(SELECTED)
     assert {e.path: e.sha256 for e in manifest.entries} == {
         rel: hashlib.sha256(data).hexdigest() for rel, data in SELECTED.items()
     }
-    assert not [p.name for p in ssh_host.sandbox.iterdir() if ".tpulab-" in p.name]
+    # No staging or old copy left; the record of what the sync placed stays beside it.
+    assert sorted(p.name for p in ssh_host.sandbox.iterdir() if ".tpulab-" in p.name) == [
+        ".work.tpulab-synced.json"
+    ]
 
 
 def test_fetch_brings_back_the_run_dir_globs_and_log_byte_identical(
@@ -150,8 +155,9 @@ def test_a_corrupted_upload_is_refused_and_the_old_workspace_stays(
     ssh_host: SshHost, tmp_path: Path
 ) -> None:
     root = write_tree(tmp_path / "ws", {"a.bin": os.urandom(100_000), "b.py": b"print()"})
-    write_tree(ssh_host.sandbox / "work", {"previous.py": b"kept"})
+    earlier = write_tree(tmp_path / "earlier", {"previous.py": b"kept"})
     with ssh_host.connect() as conn:
+        upload_workspace(conn, select_workspace(earlier), "work", timeout=60)
         with pytest.raises(RemoteError, match=r"refused the workspace upload.*corrupt"):
             upload_workspace(
                 Tampering(conn, stdin_at=5000), select_workspace(root), "work", timeout=60

@@ -77,7 +77,7 @@ def test_an_unchanged_second_upload_sends_no_file_bytes_and_keeps_the_tree(
     assert snapshot(on_vm) == tree == TREE  # byte-identical, on the host's own disk
     assert _modes(on_vm) == modes  # the exec bit and mtimes too, as a full upload sets them
     assert modes["train.py"][0] == 0o755
-    assert not [p.name for p in ssh_host.sandbox.iterdir() if ".tpulab-" in p.name]
+    assert _staging_left(ssh_host.sandbox) == []
 
 
 def test_one_changed_one_added_one_deleted_send_and_remove_exactly_those(
@@ -127,9 +127,22 @@ def test_a_file_changed_on_the_vm_between_uploads_is_sent_again(
         os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
         (on_vm / "scratch.txt").write_bytes(b"left by the command")
         result = _upload(conn, root)
+        aside = snapshot(ssh_host.sandbox / "replaced")
     assert [entry.path for entry in result.sent.entries] == ["lab/data.bin"]
-    assert (result.unchanged, result.removed) == (len(TREE) - 1, 1)
-    assert snapshot(on_vm) == TREE
+    # What the command wrote stays (a session's next exec finds it); the file a sync put
+    # there is the laptop's again, the VM's bytes kept aside rather than lost.
+    assert (result.unchanged, result.removed, result.carried) == (len(TREE) - 1, 0, 1)
+    assert snapshot(on_vm) == {**TREE, "scratch.txt": b"left by the command"}
+    assert result.replaced == ("lab/data.bin",)
+    ((name, data),) = aside.items()
+    assert name.endswith("/lab/data.bin")
+    assert data[:64] == b"\0" * 64
+
+
+def _staging_left(home: Path) -> list[str]:
+    """The unpack's staging and old copies (`.work.tpulab-new-PID`, `-old-PID`) still in
+    `home`; its record of what it placed (`.work.tpulab-synced.json`) is meant to stay."""
+    return [p.name for p in home.iterdir() if ".tpulab-new-" in p.name or ".tpulab-old-" in p.name]
 
 
 class ChangesKeptFileBeforeUnpack:
@@ -176,7 +189,7 @@ def test_a_kept_file_that_changes_before_the_unpack_is_refused(
         # included), and no staging directory is left behind.
         assert snapshot(on_vm)["train.py"] == TREE["train.py"]
         assert snapshot(on_vm)["lab/model.py"] != TREE["lab/model.py"]
-        assert not [p.name for p in ssh_host.sandbox.iterdir() if ".tpulab-" in p.name]
+        assert _staging_left(ssh_host.sandbox) == []
         # The next upload asks again, sees the change, and sends that file too.
         result = _upload(conn, root)
     assert sorted(e.path for e in result.sent.entries) == ["lab/model.py", "train.py"]
