@@ -213,11 +213,15 @@ class WorkloadRunner:
 
         done = life.on_workers(up, "sync")
         uploaded = self.upload = done.results[0]
-        replaced = uploaded.describe_replaced()
-        detail = f"{uploaded.describe()} into ~/{wl.WORKSPACE_DIR}" + (
-            f"; {replaced}" if replaced else ""
-        )
-        return _with_workers(detail, done)
+        # What each worker set aside (a slice's workers have a workspace each).
+        named = len(done.results) > 1
+        replaced = [
+            (f"worker {index}: " if named else "") + result.describe_replaced()
+            for index, result in enumerate(done.results)
+            if result.replaced_count
+        ]
+        detail = f"{uploaded.describe()} into ~/{wl.WORKSPACE_DIR}"
+        return _with_workers("; ".join([detail, *replaced]), done)
 
     def install(self) -> str:
         """The user's extras into the venv, after jax, on every worker at once; a no-op
