@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -259,3 +261,19 @@ def test_up_with_an_empty_or_bad_name_creates_nothing(
         "up", "--accelerator", "v5litepod-4", "--api-endpoint", emulator.url, "--name", name
     )
     refused(emulator, code, err, words)
+
+
+def test_up_with_its_name_as_an_argument_says_where_the_name_goes() -> None:
+    # As typed after `tpulab down lesson-3`: click's own words say only that it was extra.
+    done = subprocess.run(
+        [sys.executable, "-m", "tpulab", "up", "lesson-3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == EXIT_CONFIG
+    assert "Got unexpected extra argument" in done.stderr
+    assert "hint: `tpulab up` takes the session's name as a flag: `tpulab up --name NAME" in (
+        done.stderr
+    )

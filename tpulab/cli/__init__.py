@@ -142,10 +142,22 @@ def main() -> None:
     raise SystemExit(status if isinstance(status, int) else EXIT_OK)
 
 
+def _extra_argument_hint(error: UsageError) -> str | None:
+    """`tpulab up lesson-3`: every other session command takes the name first, so `up`
+    is typed that way; say where its name goes instead of only that it was extra."""
+    path = error.ctx.command_path if error.ctx is not None else ""
+    if path != "tpulab up" or "unexpected extra argument" not in error.format_message():
+        return None
+    return "`tpulab up` takes the session's name as a flag: `tpulab up --name NAME ...`."
+
+
 def _usage_error(error: UsageError) -> int:
     """Bad flags exit 2 as any ConfigError does; with --json, as an error envelope."""
     if "--json" not in sys.argv[1:]:
         error.show()  # typer's own box (or the help, for a bare `tpulab`)
+        hint = _extra_argument_hint(error)
+        if hint:
+            print_stderr(f"hint: {hint}")
         return int(error.exit_code)
     path = error.ctx.command_path if error.ctx is not None else "tpulab"
     name = path.removeprefix("tpulab").strip() or "tpulab"
