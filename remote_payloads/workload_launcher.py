@@ -27,7 +27,19 @@ when the SSH session that started it is gone. So:
   with "running": true, for tpulab's busy check before a later exec; `launched_at` (the
   log's ctime, stamped just before the command starts) stays in S for the fetch;
 - the result goes to S and, as one `TPULAB_WORKLOAD {json}` line, to stderr; the
-  launcher exits with the command's status (128+N for a signal N).
+  launcher exits with the command's status (128+N for a signal N). S also names the run
+  (`run_id`, from TPULAB_RUN_ID) and the launcher's own pid (`launcher_pid`).
+
+    python workload_launcher.py --follow --status S --log L --run-id R [--wait W]
+
+follows a launch whose SSH session was lost (the laptop's network dropped; the launcher
+and the command run on, the log has every byte): once S names run R (within W seconds,
+else exit 3, "TPULAB_FOLLOW not-started" on stderr: that launch never began), it copies
+what L gains from its current end ("TPULAB_FOLLOW from N" on stderr: N bytes were
+there) to stdout until S holds R's result, then prints that
+result as the launcher would (`TPULAB_WORKLOAD {json}` on stderr) and exits 0. A
+launcher that died without a result (SIGKILL, the VM's OOM killer) is exit 4,
+"TPULAB_FOLLOW launcher-died".
 """
 
 from __future__ import annotations
@@ -202,7 +214,85 @@ def _write_status(path: str, status: dict[str, object]) -> str:
     return text
 
 
+FOLLOWED = "TPULAB_FOLLOW "
+FOLLOW_POLL_SECONDS = 0.5
+
+
+def _status_of(path: str) -> dict[str, object] | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            status = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return status if isinstance(status, dict) else None
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is not running: its parent (sshd) has not reaped it yet.
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+        return stat.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    return True
+
+
+def follow(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="workload_launcher --follow")
+    for name in ("--status", "--log", "--run-id"):
+        parser.add_argument(name, required=True)
+    parser.add_argument("--wait", type=float, default=10.0)
+    args = parser.parse_args(argv)
+
+    def ours() -> dict[str, object] | None:
+        status = _status_of(args.status)
+        return status if status is not None and status.get("run_id") == args.run_id else None
+
+    deadline = time.monotonic() + args.wait
+    status = ours()
+    while status is None:
+        if time.monotonic() >= deadline:
+            sys.stderr.write(FOLLOWED + "not-started\n")
+            return 3
+        time.sleep(0.1)
+        status = ours()
+    try:
+        position = os.path.getsize(args.log)  # what was written meanwhile stays in L
+    except OSError:
+        position = 0
+    sys.stderr.write(f"{FOLLOWED}from {position}\n")  # where it took up the log
+    sys.stderr.flush()
+    out = sys.stdout.buffer
+    while True:
+        status = ours() or status
+        ended = "exit_status" in status
+        with contextlib.suppress(OSError), open(args.log, "rb") as log:
+            log.seek(position)
+            while chunk := log.read(65536):
+                out.write(chunk)
+                position += len(chunk)
+            out.flush()
+        if ended:
+            sys.stderr.write(MARKER + json.dumps(status, sort_keys=True) + "\n")
+            return 0
+        if not _alive(status.get("launcher_pid")):
+            # Its result is written before it exits: read once more, then say so.
+            status = ours() or status
+            if "exit_status" not in status:
+                sys.stderr.write(FOLLOWED + "launcher-died\n")
+                return 4
+            continue
+        time.sleep(FOLLOW_POLL_SECONDS)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--follow"]:
+        return follow(argv[1:])
     parser = argparse.ArgumentParser(prog="workload_launcher")
     for name in ("--workspace", "--run-dir", "--log", "--pid-file", "--status", "--venv"):
         parser.add_argument(name, required=True)
@@ -241,7 +331,11 @@ def main(argv: list[str]) -> int:
         signal.signal(signum, lambda s, _f: stopper.stop(f"stopped by {signal.Signals(s).name}"))
 
     started = time.monotonic()
-    result: dict[str, object] = {"command": command}
+    result: dict[str, object] = {
+        "command": command,
+        "run_id": os.environ.get("TPULAB_RUN_ID"),
+        "launcher_pid": os.getpid(),
+    }
     stream: _Stream | None = None
     with open(args.log, "ab") as log:
         # The new log's ctime, just before the command starts, by the clock the kernel

@@ -384,6 +384,92 @@ def test_a_connection_dropped_before_the_stop_is_opened_again_and_the_fetch_foll
     assert rig.leftovers() == []
 
 
+class _DropsDuringTheCommand(Connection):
+    """A real connection whose TCP stream is cut while the user's command runs, once this
+    end has received the command's first line: the laptop's network dropping under a
+    long training run. The command waits for the cut (a file) before it goes on."""
+
+    def __init__(self, target: SshTarget, key: RunKey, cut: Path) -> None:
+        super().__init__(target, key, connect_timeout=15)
+        self.cut = cut
+        self.connects = 0
+
+    def open(self) -> None:
+        if self._client is None:
+            self.connects += 1
+        super().open()
+
+    def run(self, argv: Sequence[str] | str, **kwargs: Any) -> RunResult:
+        shown = kwargs.get("on_line")
+        if isinstance(argv, str) or wl.STAGED_LAUNCHER not in argv or shown is None:
+            return super().run(argv, **kwargs)
+
+        def on_line(stream: str, line: str) -> None:
+            shown(stream, line)
+            if line.startswith("step 1") and not self.cut.exists():
+                transport = self._client.get_transport() if self._client else None
+                assert transport is not None
+                transport.sock.shutdown(socket.SHUT_RDWR)
+                self.cut.write_text("cut")
+
+        return super().run(argv, **{**kwargs, "on_line": on_line})
+
+
+def test_a_connection_dropped_during_the_command_is_reconnected_and_the_command_runs_on(
+    rig: Rig, tmp_path: Path
+) -> None:
+    cut = tmp_path / "cut"
+    work = workspace(
+        tmp_path,
+        {
+            "train.py": f"""
+            import os, pathlib, time
+            print("step 1, before the drop", flush=True)
+            while not pathlib.Path({str(cut)!r}).exists():  # the network drops here
+                time.sleep(0.02)
+            time.sleep(1)
+            print("step 2, while it was down", flush=True)
+            time.sleep(2)  # the laptop is back by now
+            print("step 3, after the reconnect", flush=True)
+            pathlib.Path(os.environ["TPULAB_RUN_DIR"], "done.txt").write_text("yes")
+            """
+        },
+    )
+    made: list[_DropsDuringTheCommand] = []
+
+    def connect(target: SshTarget, key: RunKey) -> _DropsDuringTheCommand:
+        made.append(_DropsDuringTheCommand(target, key, cut))
+        return made[-1]
+
+    notes: list[str] = []
+    out = tmp_path / "out"
+    spec = with_workload(rig.spec(), work, out, "python", "train.py")
+    life, recorder, error = rig.run(spec, _Notes(notes), connect=connect)
+    assert error is None, error
+    (connection,) = made
+    assert cut.exists()
+    assert connection.connects == 2  # the run's, and one after the drop
+    assert any("dropped while your command ran" in n for n in notes), notes
+    assert any(n.startswith("reconnected to the VM; following your command") for n in notes)
+    # It ran to its end, unstopped; what it printed after the reconnect was shown, and
+    # the log (fetched) has every line.
+    shown = command_lines(recorder)
+    assert "step 1, before the drop" in shown
+    assert "step 3, after the reconnect" in shown
+    log = (out / "output.log").read_text()
+    assert [line for line in log.splitlines() if line.startswith("step")] == [
+        "step 1, before the drop",
+        "step 2, while it was down",
+        "step 3, after the reconnect",
+    ]
+    assert (out / "run" / "done.txt").read_text() == "yes"
+    outcome = life.outcome
+    assert outcome.workload is not None
+    assert (outcome.workload.exit_status, outcome.workload.stopped) == (0, None)
+    assert outcome.teardown_status == "confirmed"
+    assert rig.leftovers() == []
+
+
 def test_second_ctrl_c_during_the_fetch_skips_it_not_the_teardown(rig: Rig, tmp_path: Path) -> None:
     life, out, error = _interrupted_run(rig, tmp_path, again_at_fetch=True)
     assert isinstance(error, InterruptedRun), error

@@ -56,6 +56,8 @@ __all__ = [
     "LockHolder",
     "busy_command",
     "checked_launch_line",
+    "follow_command",
+    "follow_failure",
     "launch_command",
     "lock_command",
     "parse_busy_report",
@@ -183,6 +185,42 @@ def launch_command(command: Sequence[str], *, timeout: float) -> list[str]:
         "--",
         *command,
     ]
+
+
+# How long a follow waits for the launcher's status to name the run: the launcher
+# writes it within a second of starting, so a launch not named by then never began.
+FOLLOW_WAIT_SECONDS = 10.0
+FOLLOW_MARKER = "TPULAB_FOLLOW "
+
+
+def follow_command(run_id: str) -> list[str]:
+    """argv that follows run `run_id`'s launch after its SSH session was lost: the log's
+    new bytes on stdout until the launcher's result, reported as the launch would."""
+    return [
+        VENV_PYTHON,
+        STAGED_LAUNCHER,
+        "--follow",
+        "--status",
+        STATUS_PATH,
+        "--log",
+        LOG_PATH,
+        "--run-id",
+        run_id,
+        "--wait",
+        f"{FOLLOW_WAIT_SECONDS:g}",
+    ]
+
+
+FOLLOW_FAILURES = ("not-started", "launcher-died")
+
+
+def follow_failure(stderr: str) -> str | None:
+    """Why a follow could not follow (one of FOLLOW_FAILURES), or None."""
+    for line in stderr.splitlines():
+        said = line.removeprefix(FOLLOW_MARKER).strip()
+        if line.startswith(FOLLOW_MARKER) and said in FOLLOW_FAILURES:
+            return said
+    return None
 
 
 # The most bytes the launch's remote command line may have (`remote_command` of the

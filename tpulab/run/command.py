@@ -10,22 +10,31 @@ killed (tpulab.remote.tpu_release). tpulab.run.workload runs the phases around i
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from tpulab.errors import RemoteError
+from tpulab.errors import ConnectError, RemoteError
 from tpulab.remote import workload as wl
 from tpulab.run.progress import COMMAND_STREAM, worker_command_stream
 from tpulab.run.workers import Worker, fan_out
 
 if TYPE_CHECKING:
     from tpulab.config.workload import WorkloadSpec
+    from tpulab.remote.bootstrap import CommandResult
     from tpulab.run.context import RunContext
 
 __all__ = ["CommandRun", "CommandStep", "launch", "stop_everywhere"]
 
 _STOP_TIMEOUT = wl.STOP_GRACE_SECONDS + wl.LAUNCHER_SETTLE_SECONDS + 20.0
 OUTPUT_TAIL_LINES = 40
+# After the SSH connection drops under a running command (the command runs on: its
+# launcher is on the VM), how long to keep reconnecting to follow it, counted from when
+# the link was last seen up; each try waits the connection's own reconnect bound. A
+# laptop away longer gets what it got before: the stop, the fetch, the delete (or, if
+# it never comes back, the watchdog, whose lease outlasts this).
+FOLLOW_RECONNECT_SECONDS = 120.0
 
 
 def launch(
@@ -132,7 +141,12 @@ class CommandStep:
             if shown:
                 life.observer.remote_output(command if stream == "stdout" else stream, line)
 
-        result = session.run(argv, env=env, timeout=ssh_timeout, on_line=on_line)
+        launched = time.monotonic()
+        try:
+            result = session.run(argv, env=env, timeout=ssh_timeout, on_line=on_line)
+        except ConnectError as dropped:
+            limit = ssh_timeout - (time.monotonic() - launched)
+            result = self._follow(worker, dropped, on_line, limit)
         report = wl.parse_launch_report(result.stderr)
         if report is None:
             # The launcher itself did not report (it could not start): say what it said.
@@ -148,6 +162,62 @@ class CommandStep:
                 "fell behind; the command was not slowed): see output.log"
             )
         return report
+
+    def _follow(
+        self,
+        worker: Worker,
+        dropped: ConnectError,
+        on_line: Callable[[str, str], None],
+        limit: float,
+    ) -> CommandResult:
+        """The connection dropped while the command ran, which runs on, on the VM:
+        reconnect and follow it to its end (the launcher's --follow: the log's new bytes,
+        then its result). `dropped` is raised again when the launch never began or no
+        connection comes back within FOLLOW_RECONNECT_SECONDS of the link last up."""
+        life = self.life
+        session = worker.session
+        assert session is not None
+        where = "the VM" if len(life.workers) == 1 else f"worker {worker.index}"
+        life.observer.note(
+            f"the SSH connection to {where} dropped while your command ran ({dropped.message}); "
+            "it runs on there: reconnecting to follow it"
+        )
+        up_at = time.monotonic()
+        heard: list[str] = []
+
+        def follow_line(stream: str, line: str) -> None:
+            heard.append(line)
+            on_line(stream, line)
+
+        while True:
+            try:
+                session.run(["true"], timeout=60)  # a new connection, or ConnectError
+                life.observer.note(
+                    f"reconnected to {where}; following your command (what it wrote while "
+                    "the connection was down is in its output.log)"
+                )
+                result = session.run(
+                    wl.follow_command(life.spec.run_id),
+                    timeout=max(limit - (time.monotonic() - up_at), 60.0),
+                    on_line=follow_line,
+                )
+            except ConnectError as again:
+                if heard:  # the link was up while the follow streamed: count from now
+                    up_at, heard[:] = time.monotonic(), []
+                if time.monotonic() - up_at > FOLLOW_RECONNECT_SECONDS:
+                    raise again from dropped
+                continue
+            failure = wl.follow_failure(result.stderr)
+            if failure == "not-started":
+                raise dropped  # nothing of this launch runs: the phase ends as before
+            if failure is not None:
+                raise RemoteError(
+                    f"The connection to {where} dropped while your command ran, and its "
+                    f"launcher then ended without a result ({failure}).",
+                    hint="Its output.log is fetched with the artifacts; the VM may have "
+                    "run out of memory (dmesg on a session: `tpulab ssh S -- dmesg`).",
+                )
+            return result
 
     def _free_tpu(self, worker: Worker) -> None:
         """Kill what still holds the TPU and remove libtpu's lock file, as MaxText does
