@@ -177,6 +177,20 @@ def test_runs_list_and_show_read_back_the_record(embedded_rig: Rig, tmp_path: Pa
     as_json = tpulab("runs", "show", spec.run_id, "--json")
     assert json.loads(as_json.stdout)["workload"]["exit_status"] == 0
 
+    # An earlier run whose --out a later run was given (once emptied): its pointer now
+    # leads to the later run's record, which is not shown as the earlier run's.
+    Journal().set_run_record("20261207t000000-earlier", out / "run.json")
+    listed = tpulab("runs", "list", "--json")
+    envelope = RunsListEnvelope.model_validate_json(listed.stdout)
+    assert [r.run_id for r in envelope.runs] == [spec.run_id]  # once, as itself
+    assert envelope.unreadable["20261207t000000-earlier"] == (
+        f"The run record {out / 'run.json'} is run {spec.run_id}'s now: a later run was "
+        "given the same --out once this run's was emptied or deleted."
+    )
+    earlier = tpulab("runs", "show", "20261207t000000-earlier")
+    assert earlier.returncode == EXIT_CONFIG
+    assert f"is run {spec.run_id}'s now" in earlier.stderr
+
     # A record that was moved away is said plainly, not a traceback.
     (out / "run.json").rename(out / "moved.json")
     table = tpulab("runs", "list")

@@ -46,13 +46,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _read(path: "Path") -> "RunRecord":
+def _read(path: "Path", run_id: str) -> "RunRecord":
+    """Run `run_id`'s record at `path`; ConfigError when it cannot be read, or when a
+    later run given the same --out wrote its own record there."""
     from pydantic import ValidationError
 
     from tpulab.run.record import read_run_record
 
     try:
-        return read_run_record(path)
+        record = read_run_record(path)
     except OSError as error:
         raise E.ConfigError(
             f"The run record {path} cannot be read: {error.strerror or error}.",
@@ -63,6 +65,14 @@ def _read(path: "Path") -> "RunRecord":
             f"The run record {path} is not a tpulab run.json ({error.error_count()} errors).",
             hint="It was edited or written by another tool; the artifacts beside it are intact.",
         ) from None
+    if record.run_id != run_id:
+        raise E.ConfigError(
+            f"The run record {path} is run {record.run_id}'s now: a later run was given "
+            "the same --out once this run's was emptied or deleted.",
+            hint=f"See `tpulab runs show {record.run_id}`; give each run its own --out "
+            "(the default, ./tpulab-runs/<run id>/, is).",
+        )
+    return record
 
 
 def _collect(limit: int) -> "tuple[list[RunRecord], dict[str, str], list[str]]":
@@ -73,7 +83,7 @@ def _collect(limit: int) -> "tuple[list[RunRecord], dict[str, str], list[str]]":
     interrupted: list[str] = []
     for pointer in Journal().run_records(limit):
         try:
-            record = _read(pointer.path)
+            record = _read(pointer.path, pointer.run_id)
         except E.ConfigError as error:
             unreadable[pointer.run_id] = error.message
             continue
@@ -171,7 +181,7 @@ def runs_show(
                 f"No run {run_id!r} with a command is in this machine's journal.",
                 hint="See `tpulab runs list` for the ids.",
             )
-        record = _read(pointer.path)
+        record = _read(pointer.path, run_id)
         if as_json:
             typer.echo(record.to_json())
             return
