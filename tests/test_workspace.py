@@ -146,6 +146,24 @@ def test_over_the_cap_lists_the_largest_entries(tmp_path: Path) -> None:
     assert selection.largest(2) == [("data/big.bin", 5000), ("data/medium.bin", 3000)]
 
 
+def test_a_workspace_over_the_cap_is_refused_on_its_sizes_before_any_content_is_read(
+    tmp_path: Path,
+) -> None:
+    """`--workdir ~` (140,000 files here under /usr): every file's content was sniffed
+    for secrets (15 s) before the cap refused it, and the refusal named the secrets, not
+    the size."""
+    root = write_tree(
+        tmp_path / "ws", {"data/big.bin": b"\0" * 5000, "notes/innocent.txt": "x\n" + PEM}
+    )
+    with pytest.raises(WorkspaceError) as refused:
+        select_workspace(root, max_bytes=4000)
+    assert "over the 3.9 KiB cap" in refused.value.message
+    assert "secret" not in refused.value.message
+    # Under the cap, the secret is found as before.
+    with pytest.raises(WorkspaceError, match="look like secrets"):
+        select_workspace(root)
+
+
 def test_describe_counts_files_and_bytes(tmp_path: Path) -> None:
     root = write_tree(tmp_path / "ws", {f"f{i:04}": b"\0" * 512 for i in range(2000)})
     (root / ".git").mkdir()

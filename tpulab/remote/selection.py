@@ -332,7 +332,9 @@ def select_workspace(
     files: list[tuple[str, int]] = []
     skipped: dict[str, int] = {}
     skipped_links: list[str] = []
-    secrets: list[tuple[str, str]] = []
+    # Each selected file as shown, its path here, and why it looks like a secret by its
+    # name (None: its content is sniffed, once the upload is known to be under the cap).
+    judged: list[tuple[str, str, Path, str | None]] = []
     loops: list[str] = []
 
     def skip(reason: str) -> None:
@@ -376,9 +378,7 @@ def select_workspace(
             elif not child.is_file(follow_symlinks=False):
                 skip("not regular files")
                 continue
-            reason = reason or _secret_reason(full, child.name)
-            if reason and path not in allowed:
-                secrets.append((shown, reason))
+            judged.append((path, shown, full, reason))
             files.append((path, full.stat().st_size))
 
     walk(root, "")
@@ -390,20 +390,13 @@ def select_workspace(
             f"upload from {root}",
             hint="Name the file by its path relative to the workspace, as the refusal listed it.",
         )
-    if secrets:
-        listing = "\n".join(f"  {path}: {reason}" for path, reason in secrets[:20])
-        more = f"\n  ... and {len(secrets) - 20} more" if len(secrets) > 20 else ""
-        raise WorkspaceError(
-            f"The workspace {root} holds {len(secrets)} file(s) that look like secrets; "
-            f"nothing was sent:\n{listing}{more}",
-            hint="Add them to .tpulabignore (or .gitignore) to keep them here, or pass "
-            "--allow-secret PATH for each one the VM really needs.",
-        )
     total = sum(size for _path, size in files)
     selection = UploadSelection(
         root, tuple(files), total, skipped, tuple(loops), tuple(skipped_links)
     )
     if total > max_bytes:
+        # Before any file's content is read: a workspace that cannot go up anyway (a
+        # home directory, say) is refused on its sizes, not after sniffing every file.
         listing = "\n".join(
             f"  {human_size(size):>10}  {path}" for path, size in selection.largest()
         )
@@ -412,6 +405,20 @@ def select_workspace(
             f"{over_cap(total, max_bytes)}; the largest entries:\n{listing}",
             hint=f"Exclude what the VM does not need in {IGNORE_FILE} (gitignore syntax), "
             "or raise the cap with --max-upload.",
+        )
+    secrets = [
+        (shown, reason)
+        for path, shown, full, by_name in judged
+        if path not in allowed and (reason := by_name or _secret_reason(full, full.name))
+    ]
+    if secrets:
+        listing = "\n".join(f"  {path}: {reason}" for path, reason in secrets[:20])
+        more = f"\n  ... and {len(secrets) - 20} more" if len(secrets) > 20 else ""
+        raise WorkspaceError(
+            f"The workspace {root} holds {len(secrets)} file(s) that look like secrets; "
+            f"nothing was sent:\n{listing}{more}",
+            hint="Add them to .tpulabignore (or .gitignore) to keep them here, or pass "
+            "--allow-secret PATH for each one the VM really needs.",
         )
     return selection
 
