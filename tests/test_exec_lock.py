@@ -21,9 +21,19 @@ from typing import TYPE_CHECKING
 
 import pytest
 from helpers import advances, group_ended, served_emulator, tpulab, wait_until
-from test_exec import EXIT_OK, EXIT_REMOTE, PROJECT, _exec_in_background, _wait_for, deletes, up
+from test_exec import (
+    EXIT_OK,
+    EXIT_REMOTE,
+    PROJECT,
+    ZONE,
+    _exec_in_background,
+    _wait_for,
+    deletes,
+    up,
+)
 
 from tpulab.emulator import Emulator
+from tpulab.emulator.sshhost import EmbeddedHostBackend
 from tpulab.remote import workload as wl
 from tpulab.remote.ssh import Connection
 
@@ -435,3 +445,57 @@ def test_the_lock_report_is_read_strictly(stdout: str, holder: wl.LockHolder | N
 def test_an_unreadable_lock_report_is_an_error(stdout: str) -> None:
     with pytest.raises(ValueError, match=r"TPULAB_LOCK|lock script"):
         wl.parse_lock_report(stdout)
+
+
+def test_an_exec_whose_connection_drops_follows_its_command_and_holds_the_lock_again(
+    served: Emulator, tmp_path: Path
+) -> None:
+    """A network blip under an exec (the VM resets every SSH connection): the command
+    runs on, the exec reconnects and follows it to its end, and takes the session's exec
+    lock again -- which went with the old connection -- so a `down` or another exec meets
+    it meanwhile."""
+    from tpulab.emulator.state import node_key
+    from tpulab.emulator.workers import worker_key
+
+    node = str(up(served, "blip", "--ttl", "1h", "--idle", "10m")["node_name"])
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "waiter.py").write_text(_WAITER)
+    (work / "message.txt").write_text("after the blip")
+    started, go, out = tmp_path / "started", tmp_path / "go", tmp_path / "out"
+    execution = _exec_in_background(
+        "blip", "--workdir", str(work), "--out", str(out), "--",
+        "python", "waiter.py", str(started), str(go),
+    )  # fmt: skip
+    try:
+        _wait_for(started, execution)
+        lock_file = Path(started.read_text()).parent / "exec.lock"
+        before = json.loads(lock_file.read_text())
+        assert not _lock_is_free(lock_file)
+        hosts = served.host_backend
+        assert isinstance(hosts, EmbeddedHostBackend)
+        assert hosts.drop_connections(worker_key(node_key(PROJECT, ZONE, node), 0)) >= 1
+
+        # The exec's new connection holds the lock again: a new holder, since the drop.
+        def held_again() -> bool:
+            try:
+                now = json.loads(lock_file.read_text())
+            except ValueError:  # being rewritten
+                return False
+            return now["since"] > before["since"] and not _lock_is_free(lock_file)
+
+        _until(held_again, "the exec never took its lock again", seconds=120)
+        assert execution.poll() is None  # still following its command
+    finally:
+        go.write_text("go")
+    stdout, stderr = execution.communicate(timeout=240)
+    assert execution.returncode == EXIT_OK, stderr + stdout
+    said = " ".join((stdout + stderr).split())
+    assert "dropped while your command ran" in said
+    assert "reconnected to the VM; following your command" in said
+    assert (out / "run" / "result.txt").read_text() == "after the blip"
+    assert _lock_is_free(lock_file)  # the exec's end let it go
+    assert deletes(served) == []
+    down = tpulab("down", "blip", timeout=120)
+    assert down.returncode == EXIT_OK, down.stderr
+    assert served.node_names(PROJECT) == []

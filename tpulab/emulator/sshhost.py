@@ -160,6 +160,17 @@ class EmbeddedHostBackend(AddressedHostBackend):
             if node is not None:
                 node.authorized = authorized  # one assignment: auth sees old or new, whole
 
+    def drop_connections(self, node_key: str) -> int:
+        """A network blip as the VM sees it: every SSH connection to the node is reset at
+        once, and what their commands started keeps running (as under sshd when its
+        client's network goes); the node still listens, so a client can connect again.
+        How many connections were dropped (0: no such node)."""
+        with self._lock:
+            node = self._nodes.get(node_key)
+        if node is None:
+            return 0
+        return self._call(_drop(node))
+
     def stop(self, node_key: str) -> None:
         with self._lock:
             node = self._nodes.pop(node_key, None)
@@ -369,6 +380,13 @@ async def _status(fd: int) -> int | None:
         return int(said)
     except ValueError:
         return None
+
+
+async def _drop(node: _Node) -> int:
+    connections = list(node.connections)
+    for conn in connections:
+        conn.abort()
+    return len(connections)
 
 
 async def _retire(node: _Node, proc: asyncio.subprocess.Process) -> None:

@@ -361,6 +361,18 @@ class AttachedRun(RunContext):
         # Every worker's lease (each worker's watchdog reads its own): verifier.arm_lease.
         return f"{where}; {verifier.arm_lease(self)}"
 
+    def reattached(self, worker: Worker) -> None:
+        """The exec lock lived on the lost connection and let go with it: take it again,
+        so a `down` or another exec meets it while this exec follows its command. Taken
+        meanwhile (a `down`, which then deletes the node): said, and the follow goes on
+        until the node goes."""
+        if worker.index != 0 or worker.session is None:
+            return  # the lock is held on worker 0's connection only
+        try:
+            self.attachment.take_lock(worker.session, self.spec.run_id)
+        except RemoteError as error:
+            self.observer.note(f"could not take the session's exec lock again: {error.message}")
+
     def last_renewal_at(self) -> float | None:
         """When (wall clock) the exec last renewed the session's lease; None if never."""
         renewer = self.renewer

@@ -192,6 +192,7 @@ class CommandStep:
         while True:
             try:
                 session.run(["true"], timeout=60)  # a new connection, or ConnectError
+                life.reattached(worker)
                 life.observer.note(
                     f"reconnected to {where}; following your command (what it wrote while "
                     "the connection was down is in its output.log)"

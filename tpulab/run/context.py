@@ -298,6 +298,12 @@ class RunContext:
             self.store = ReceiptStore()
         return self.store
 
+    def reattached(self, worker: Worker) -> None:
+        """`worker`'s connection was lost under the running command and opened again
+        (tpulab.run.command follows the command over it). Whatever lived on the old
+        connection is gone with it: a driver that held something there takes it again
+        (an exec, its session's exec lock). A run holds nothing there."""
+
     def release(self) -> None:
         """Stop renewing the lease, then close SSH: the first thing every end of a run
         does (teardown, `up`'s hand-over, the end of an exec). The renewer stops first,
