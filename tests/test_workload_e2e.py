@@ -29,7 +29,7 @@ from tpulab import paths
 from tpulab.config import RunSpec
 from tpulab.config.workload import WorkloadSpec
 from tpulab.errors import InterruptedRun, VerificationError, WorkloadFailedError
-from tpulab.exits import EXIT_INTERRUPTED, EXIT_WORKLOAD, exit_status_for
+from tpulab.exits import EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_WORKLOAD, exit_status_for
 from tpulab.remote import workload as wl
 from tpulab.remote.keys import RunKey, SshTarget
 from tpulab.remote.ssh import Connection, RunResult
@@ -468,6 +468,39 @@ def test_a_connection_dropped_during_the_command_is_reconnected_and_the_command_
     assert (outcome.workload.exit_status, outcome.workload.stopped) == (0, None)
     assert outcome.teardown_status == "confirmed"
     assert rig.leftovers() == []
+
+
+class _ReclaimWhenSaid(_Notes):
+    """Reclaims the spot node (the emulator's preemption fault) once the command's first
+    line has reached this end: a preemption under the user's command."""
+
+    def __init__(self, notes: list[str], faults: Any) -> None:
+        super().__init__(notes)
+        self.faults = faults
+
+    def remote_output(self, stream: str, line: str) -> None:
+        if line.startswith("training") and not self.faults.preempt_nodes:
+            self.faults.preempt_nodes = 1
+            self.faults.preempt_after = 0.0
+
+
+def test_a_spot_node_reclaimed_under_the_command_is_not_followed(
+    embedded_rig: Rig, tmp_path: Path
+) -> None:
+    """The connection drops because the node is gone: GetNode says so, and the run
+    does not spend the follow's two minutes reconnecting to it."""
+    work = workspace(
+        tmp_path, {"train.py": "import time\nprint('training', flush=True)\ntime.sleep(120)\n"}
+    )
+    notes: list[str] = []
+    spec = with_workload(embedded_rig.spec(spot=True), work, tmp_path / "out", "python", "train.py")
+    observer = _ReclaimWhenSaid(notes, embedded_rig.emulator.faults)
+    life, _, error = embedded_rig.run(spec, observer)
+    assert error is not None
+    assert exit_status_for(error) == EXIT_PREEMPTED, error
+    assert not any("dropped while your command ran" in note for note in notes), notes
+    assert life.outcome.teardown_status == "confirmed"
+    assert embedded_rig.leftovers() == []
 
 
 def test_second_ctrl_c_during_the_fetch_skips_it_not_the_teardown(rig: Rig, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from tpulab.errors import ConnectError, RemoteError
 from tpulab.remote import workload as wl
 from tpulab.run.progress import COMMAND_STREAM, worker_command_stream
+from tpulab.run.symptoms import unreachable
 from tpulab.run.workers import Worker, fan_out
 
 if TYPE_CHECKING:
@@ -178,6 +179,8 @@ class CommandStep:
         session = worker.session
         assert session is not None
         where = "the VM" if len(life.workers) == 1 else f"worker {worker.index}"
+        if self._gone():
+            raise dropped  # preempted or deleted: no reconnect can follow it
         life.observer.note(
             f"the SSH connection to {where} dropped while your command ran ({dropped.message}); "
             "it runs on there: reconnecting to follow it"
@@ -205,7 +208,7 @@ class CommandStep:
             except ConnectError as again:
                 if heard:  # the link was up while the follow streamed: count from now
                     up_at, heard[:] = time.monotonic(), []
-                if time.monotonic() - up_at > FOLLOW_RECONNECT_SECONDS:
+                if time.monotonic() - up_at > FOLLOW_RECONNECT_SECONDS or self._gone():
                     raise again from dropped
                 continue
             failure = wl.follow_failure(result.stderr)
@@ -219,6 +222,12 @@ class CommandStep:
                     "run out of memory (dmesg on a session: `tpulab ssh S -- dmesg`).",
                 )
             return result
+
+    def _gone(self) -> str | None:
+        """GetNode's word that the node cannot be reached any more (a spot VM reclaimed
+        under its command, a node deleted): then reconnecting only waits out its bound."""
+        life = self.life
+        return unreachable(life.api, life.spec.zone.value, life.spec.node_name)
 
     def _free_tpu(self, worker: Worker) -> None:
         """Kill what still holds the TPU and remove libtpu's lock file, as MaxText does

@@ -22,12 +22,13 @@ from tpulab.errors import (
 )
 from tpulab.models import NodeState
 from tpulab.polling import poll_until
-from tpulab.run.lease import vanished
+from tpulab.run.lease import look_up, vanished
 
 if TYPE_CHECKING:
+    from tpulab.cloud.api import TpuApi
     from tpulab.run.context import RunContext
 
-__all__ = ["RECLAIMED", "describe_error", "explain"]
+__all__ = ["RECLAIMED", "describe_error", "explain", "unreachable"]
 
 # The states in which Google reports a reclaimed spot TPU VM (see `preemption`).
 RECLAIMED = frozenset(
@@ -185,3 +186,15 @@ def describe_error(error: BaseException) -> str:
     if isinstance(error, TpuLabError):
         return f"{type(error).__name__}: {error.message}"
     return f"{type(error).__name__}: {error}"
+
+
+def unreachable(api: TpuApi, zone: str, node_name: str) -> str | None:
+    """The node's state when GetNode shows it cannot be reached any more (gone, DELETING,
+    or stopped: preempted, terminated); None when it is READY, when it is booting again,
+    or when the API cannot say -- then reconnecting is worth a try."""
+    state, node = look_up(api, zone, node_name)
+    if state is not None:
+        return state
+    if node is not None and node.state.value in {*RECLAIMED, NodeState.STOPPING.value}:
+        return node.state.value
+    return None

@@ -27,15 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from tpulab import paths
 from tpulab.errors import ConfigError, ConnectError, InterruptedRun, TpuLabError
-from tpulab.models import NodeState
 from tpulab.remote import bootstrap as boot
 from tpulab.remote import workload as wl
 from tpulab.run.command import CommandRun, CommandStep, launch, stop_everywhere
-from tpulab.run.lease import look_up
 from tpulab.run.outcome import WorkloadOutcome
 from tpulab.run.progress import Phase
 from tpulab.run.signals import StepSkipped, interrupted, is_skip
-from tpulab.run.symptoms import RECLAIMED
+from tpulab.run.symptoms import unreachable
 from tpulab.run.workers import FanOut, Worker
 
 if TYPE_CHECKING:
@@ -333,16 +331,9 @@ class WorkloadRunner:
         stop_everywhere(self.life)
 
     def _vm_gone(self) -> str | None:
-        """The node's state when GetNode shows it cannot be reached any more (gone,
-        DELETING, or stopped: preempted, terminated); None when it is READY, when it is
-        booting again, or when the API cannot say -- then a reconnect is tried."""
+        """The node's state when it cannot be reached any more (symptoms.unreachable)."""
         life = self.life
-        state, node = look_up(life.api, life.spec.zone.value, life.spec.node_name)
-        if state is not None:
-            return state
-        if node is not None and node.state.value in {*RECLAIMED, NodeState.STOPPING.value}:
-            return node.state.value
-        return None
+        return unreachable(life.api, life.spec.zone.value, life.spec.node_name)
 
 
 def worker_dir(worker: int) -> str:
