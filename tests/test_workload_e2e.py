@@ -28,7 +28,7 @@ import pytest
 from tpulab import paths
 from tpulab.config import RunSpec
 from tpulab.config.workload import WorkloadSpec
-from tpulab.errors import InterruptedRun, VerificationError, WorkloadFailedError
+from tpulab.errors import InterruptedRun, TpuLabError, VerificationError, WorkloadFailedError
 from tpulab.exits import EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_WORKLOAD, exit_status_for
 from tpulab.remote import workload as wl
 from tpulab.remote.keys import RunKey, SshTarget
@@ -496,7 +496,7 @@ def test_a_spot_node_reclaimed_under_the_command_is_not_followed(
     spec = with_workload(embedded_rig.spec(spot=True), work, tmp_path / "out", "python", "train.py")
     observer = _ReclaimWhenSaid(notes, embedded_rig.emulator.faults)
     life, _, error = embedded_rig.run(spec, observer)
-    assert error is not None
+    assert isinstance(error, TpuLabError), error
     assert exit_status_for(error) == EXIT_PREEMPTED, error
     assert not any("dropped while your command ran" in note for note in notes), notes
     assert life.outcome.teardown_status == "confirmed"
