@@ -99,14 +99,18 @@ def test_state_corrupted_while_serving_stops_the_server_once(tmp_path: Path) -> 
     assert len(err) < 4000  # said once, not 20 times a second
 
 
-def test_a_state_path_naming_a_file_is_reported_as_such(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ssh", ["none", "embedded"])
+def test_a_state_path_naming_a_file_is_reported_as_such(tmp_path: Path, ssh: str) -> None:
+    # With SSH hosts, their image directory under the state was made first: a traceback.
     a_file = tmp_path / "not-a-dir"
     a_file.write_text("")
-    done = refused("--state", str(a_file))
+    done = refused("--state", str(a_file), "--ssh", ssh)
+    assert "Traceback" not in done.stderr
     assert done.returncode == EXIT_CONFIG
     assert f"{a_file} is a file, not a directory" in done.stderr
     assert "Cannot listen" not in done.stderr  # the port was never the problem
-    below = refused("--state", str(a_file / "below"))
+    below = refused("--state", str(a_file / "below"), "--ssh", ssh)
+    assert "Traceback" not in below.stderr
     assert below.returncode == EXIT_CONFIG
     assert f"Cannot create the emulator state directory {a_file / 'below'}" in below.stderr
 

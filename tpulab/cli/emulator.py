@@ -80,6 +80,10 @@ def _serve(
         ) from None
     state_dir = Path(state).expanduser() if state else paths.emulator_state_dir()
     emulator = Emulator(state_dir, timing=timing, host=host, port=port)
+    # The state directory and file, read once before anything is built in them (the SSH
+    # hosts' image directory first): `--state FILE` or a damaged state.json is a clear
+    # EmulatorStateError here, not a traceback from wherever they were first touched.
+    emulator.snapshot()
     backend = None
     if ssh != "none":
         from tpulab.app.embedded import load_image_kind
