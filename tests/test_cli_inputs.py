@@ -277,3 +277,28 @@ def test_up_with_its_name_as_an_argument_says_where_the_name_goes() -> None:
     assert "hint: `tpulab up` takes the session's name as a flag: `tpulab up --name NAME" in (
         done.stderr
     )
+
+
+@pytest.mark.parametrize("below", ["", "sub"], ids=["a-file", "under-a-file"])
+def test_emulate_with_a_tpulab_home_that_is_a_file_is_a_clear_error(
+    tmp_path: Path, below: str
+) -> None:
+    # Was a NotADirectoryError traceback: the SSH hosts' image directory was made under
+    # the emulator's state before the state was first read.
+    a_file = tmp_path / "home-file"
+    a_file.write_text("")
+    home = a_file / below if below else a_file
+    done = subprocess.run(
+        [sys.executable, "-m", "tpulab", "run", "--accelerator", "v5litepod-4", "--emulate"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "TPULAB_HOME": str(home), "COLUMNS": "300"},
+    )
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"Cannot create the emulator state directory {home / 'state' / 'emulator'}" in (
+        done.stderr
+    )
+    assert "point TPULAB_HOME at a directory you can write to" in done.stderr

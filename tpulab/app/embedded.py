@@ -119,17 +119,26 @@ def emulated_target(
     from tpulab.cloud.google import GoogleTpuApi
 
     directory = state_dir if state_dir is not None else paths.emulator_state_dir()
+    emulator = Emulator(directory, timing=timing if timing is not None else load_timing(directory))
+    try:
+        # Read once before anything is built in it (the SSH hosts' image directory): a
+        # TPULAB_HOME that is a file is then this error, not a traceback from the image.
+        emulator.snapshot()
+    except EmulatorStateError as error:
+        if state_dir is not None:
+            raise
+        raise EmulatorStateError(
+            error.message,
+            hint="The embedded emulator keeps its state under TPULAB_HOME (else your user "
+            "state directory): point TPULAB_HOME at a directory you can write to.",
+        ) from None
     backend: HostBackend | None = None
     if ssh is not None:
         from tpulab.emulator.backends import make_host_backend
 
         backend = make_host_backend(ssh, directory, image=load_image_kind(directory))
+        emulator.host_backend = backend
     try:
-        emulator = Emulator(
-            directory,
-            host_backend=backend,
-            timing=timing if timing is not None else load_timing(directory),
-        )
         with emulator:
             api = GoogleTpuApi(project, api_endpoint=emulator.url)
             yield EmulatedTarget(emulator=emulator, api=api, project=project, zone=zone)
