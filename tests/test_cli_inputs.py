@@ -302,3 +302,21 @@ def test_emulate_with_a_tpulab_home_that_is_a_file_is_a_clear_error(
         done.stderr
     )
     assert "point TPULAB_HOME at a directory you can write to" in done.stderr
+
+
+def test_a_relative_tpulab_home_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    # Relative, it was another home in each directory: `up` in one, `down` unknown in
+    # another, a teardown reading a journal the run never wrote.
+    done = subprocess.run(
+        [sys.executable, "-m", "tpulab", "run", "--accelerator", "v5litepod-4", "--emulate"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+        env={**os.environ, "TPULAB_HOME": "rel/home", "COLUMNS": "300"},
+    )
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert "TPULAB_HOME is a relative path ('rel/home')" in done.stderr
+    assert "TPULAB_HOME=$PWD/rel/home" in done.stderr
+    assert list(tmp_path.iterdir()) == []  # no home was made here

@@ -27,7 +27,21 @@ __all__ = [
 
 def _home_override() -> Path | None:
     value = os.environ.get("TPULAB_HOME")
-    return Path(value).expanduser() if value else None
+    if not value:
+        return None
+    home = Path(value).expanduser()
+    if not home.is_absolute():
+        # Relative, it would be another home in each directory tpulab runs from: a
+        # session `up` made in one would be unknown to `down` in another, and the
+        # journal a teardown reads would not be the one the run wrote.
+        from tpulab.errors import ConfigError
+
+        raise ConfigError(
+            f"TPULAB_HOME is a relative path ({value!r}): tpulab would keep a different "
+            "journal, receipts and sessions in each directory it runs from.",
+            hint=f"Give an absolute path, e.g. TPULAB_HOME=$PWD/{value} (or ~/{value}).",
+        )
+    return home
 
 
 def data_dir() -> Path:
