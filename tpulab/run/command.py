@@ -182,8 +182,8 @@ class CommandStep:
         if self._gone():
             raise dropped  # preempted or deleted: no reconnect can follow it
         life.observer.note(
-            f"the SSH connection to {where} dropped while your command ran ({dropped.message}); "
-            "it runs on there: reconnecting to follow it"
+            f"the SSH connection to {where} dropped while your command ran; it runs on "
+            "there: reconnecting to follow it"
         )
         up_at = time.monotonic()
         heard: list[str] = []
