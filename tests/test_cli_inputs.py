@@ -279,6 +279,19 @@ def test_up_with_its_name_as_an_argument_says_where_the_name_goes() -> None:
     )
 
 
+def _emulated_run_with_home(home: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`tpulab run --accelerator v5litepod-4 --emulate`, as typed, with TPULAB_HOME=home."""
+    return subprocess.run(
+        [sys.executable, "-m", "tpulab", "run", "--accelerator", "v5litepod-4", "--emulate"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=cwd,
+        env={**os.environ, "TPULAB_HOME": home, "COLUMNS": "300"},
+    )
+
+
 @pytest.mark.parametrize("below", ["", "sub"], ids=["a-file", "under-a-file"])
 def test_emulate_with_a_tpulab_home_that_is_a_file_is_a_clear_error(
     tmp_path: Path, below: str
@@ -288,14 +301,7 @@ def test_emulate_with_a_tpulab_home_that_is_a_file_is_a_clear_error(
     a_file = tmp_path / "home-file"
     a_file.write_text("")
     home = a_file / below if below else a_file
-    done = subprocess.run(
-        [sys.executable, "-m", "tpulab", "run", "--accelerator", "v5litepod-4", "--emulate"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "TPULAB_HOME": str(home), "COLUMNS": "300"},
-    )
+    done = _emulated_run_with_home(str(home), tmp_path)
     assert done.returncode == EXIT_CONFIG, done.stderr
     assert "Traceback" not in done.stderr
     assert f"Cannot create the emulator state directory {home / 'state' / 'emulator'}" in (
@@ -307,15 +313,7 @@ def test_emulate_with_a_tpulab_home_that_is_a_file_is_a_clear_error(
 def test_a_relative_tpulab_home_is_refused_before_anything_is_made(tmp_path: Path) -> None:
     # Relative, it was another home in each directory: `up` in one, `down` unknown in
     # another, a teardown reading a journal the run never wrote.
-    done = subprocess.run(
-        [sys.executable, "-m", "tpulab", "run", "--accelerator", "v5litepod-4", "--emulate"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=tmp_path,
-        env={**os.environ, "TPULAB_HOME": "rel/home", "COLUMNS": "300"},
-    )
+    done = _emulated_run_with_home("rel/home", tmp_path)
     assert done.returncode == EXIT_CONFIG, done.stderr
     assert "TPULAB_HOME is a relative path ('rel/home')" in done.stderr
     assert "TPULAB_HOME=$PWD/rel/home" in done.stderr

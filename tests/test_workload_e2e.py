@@ -335,14 +335,12 @@ def test_ctrl_c_during_the_command_fetches_then_deletes(
     assert rig.leftovers() == []
 
 
-class _DropsBeforeTheStop(Connection):
-    """A real connection whose TCP stream is cut (its socket shut down under paramiko)
-    just before it runs the stop request: a Ctrl-C that left the SSH stream unusable, or
-    a network blip at the worst moment."""
+class _CutConnection(Connection):
+    """A real connection that counts its connects and can have its TCP stream cut (its
+    socket shut down under paramiko), as a network that drops does."""
 
     def __init__(self, target: SshTarget, key: RunKey) -> None:
         super().__init__(target, key, connect_timeout=15)
-        self.dropped = False
         self.connects = 0
 
     def open(self) -> None:
@@ -350,12 +348,24 @@ class _DropsBeforeTheStop(Connection):
             self.connects += 1
         super().open()
 
+    def cut_now(self) -> None:
+        transport = self._client.get_transport() if self._client is not None else None
+        assert transport is not None
+        transport.sock.shutdown(socket.SHUT_RDWR)
+
+
+class _DropsBeforeTheStop(_CutConnection):
+    """Cut just before it runs the stop request: a Ctrl-C that left the SSH stream
+    unusable, or a network blip at the worst moment."""
+
+    def __init__(self, target: SshTarget, key: RunKey) -> None:
+        super().__init__(target, key)
+        self.dropped = False
+
     def run(self, argv: Sequence[str] | str, **kwargs: Any) -> RunResult:
         if not self.dropped and list(argv) == list(wl.stop_command()):
             self.dropped = True
-            transport = self._client.get_transport() if self._client is not None else None
-            assert transport is not None
-            transport.sock.shutdown(socket.SHUT_RDWR)
+            self.cut_now()
         return super().run(argv, **kwargs)
 
 
@@ -384,20 +394,14 @@ def test_a_connection_dropped_before_the_stop_is_opened_again_and_the_fetch_foll
     assert rig.leftovers() == []
 
 
-class _DropsDuringTheCommand(Connection):
-    """A real connection whose TCP stream is cut while the user's command runs, once this
-    end has received the command's first line: the laptop's network dropping under a
-    long training run. The command waits for the cut (a file) before it goes on."""
+class _DropsDuringTheCommand(_CutConnection):
+    """Cut while the user's command runs, once this end has received the command's first
+    line: the laptop's network dropping under a long training run. The command waits
+    for the cut (a file) before it goes on."""
 
     def __init__(self, target: SshTarget, key: RunKey, cut: Path) -> None:
-        super().__init__(target, key, connect_timeout=15)
+        super().__init__(target, key)
         self.cut = cut
-        self.connects = 0
-
-    def open(self) -> None:
-        if self._client is None:
-            self.connects += 1
-        super().open()
 
     def run(self, argv: Sequence[str] | str, **kwargs: Any) -> RunResult:
         shown = kwargs.get("on_line")
@@ -407,9 +411,7 @@ class _DropsDuringTheCommand(Connection):
         def on_line(stream: str, line: str) -> None:
             shown(stream, line)
             if line.startswith("step 1") and not self.cut.exists():
-                transport = self._client.get_transport() if self._client else None
-                assert transport is not None
-                transport.sock.shutdown(socket.SHUT_RDWR)
+                self.cut_now()
                 self.cut.write_text("cut")
 
         return super().run(argv, **{**kwargs, "on_line": on_line})
