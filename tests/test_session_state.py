@@ -18,7 +18,7 @@ from helpers import invoke, require_tool, served_emulator, tpulab
 
 from tpulab.cleanup.sessions import DAMAGED_DIR, SessionStore
 from tpulab.emulator import Emulator
-from tpulab.errors import StateFileError
+from tpulab.errors import ConfigError, StateFileError
 from tpulab.run.session_state import SessionState
 
 PROJECT = "state-proj"
@@ -120,6 +120,23 @@ def test_loading_a_damaged_session_by_name_is_a_state_file_error(tmp_path: Path,
         store.load("c1")
     # With it set aside, the one session left is the one `ssh`/`exec` without a name use.
     assert store.resolve(None).state.name == "c2"
+
+
+def test_a_missing_session_is_told_where_its_own_damaged_state_went(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    (root / DAMAGED_DIR / "lab-2-20261207T111548Z").mkdir(parents=True)
+    (root / DAMAGED_DIR / "lab-notes").mkdir()  # not a set-aside name: never matched
+    store = SessionStore(root)
+    # "lab" is not "lab-2": its hint is the plain one, not lab-2's set-aside state.
+    with pytest.raises(ConfigError) as lab:
+        store.load("lab")
+    assert "set aside" not in (lab.value.hint or "")
+    with pytest.raises(ConfigError) as lab2:
+        store.load("lab-2")
+    assert f"set aside as {root / DAMAGED_DIR / 'lab-2-20261207T111548Z'}" in (
+        lab2.value.hint or ""
+    )
+    assert "`tpulab teardown --verify`" in (lab2.value.hint or "")
 
 
 def test_a_good_state_still_loads_as_before() -> None:

@@ -25,6 +25,7 @@ which API its node lives behind.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Collection
@@ -267,7 +268,14 @@ class SessionStore:
         shutil.rmtree(self._dir(name), ignore_errors=True)
 
     def _known_hint(self, name: str | None = None) -> str:
-        set_aside = sorted((self.root / DAMAGED_DIR).glob(f"{name}-*")) if name else []
+        # `_set_aside` names them NAME-<UTC time>: "lab-*" would also match "lab-2"'s.
+        stamped = re.compile(re.escape(name or "") + r"-\d{8}T\d{6}Z")
+        damaged = self.root / DAMAGED_DIR
+        set_aside = (
+            sorted(p for p in damaged.glob(f"{name}-*") if stamped.fullmatch(p.name))
+            if name
+            else []
+        )
         if set_aside:
             # `list` or another command found its state damaged and moved it: its node
             # is not ended by `down` any more, but by the sweep that finds it by label.
