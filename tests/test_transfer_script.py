@@ -785,8 +785,7 @@ def test_pack_names_what_the_command_wrote_and_no_pattern_fetched(tmp_path: Path
     )
     assert got.left.patterns() == ["'train.py'", "'out/**'"]
     assert got.describe_left() == (
-        "; 3 files (1019 B) your command wrote in the workspace were not fetched "
-        "(they stay in the workspace on the VM): "
+        "; 3 files (1019 B) your command wrote in the workspace were not fetched: "
         "train.py, out/metrics.json, out/ckpt/step_1.npz; "
         "--fetch 'train.py' --fetch 'out/**' brings them"
     )

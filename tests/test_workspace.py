@@ -233,6 +233,9 @@ def test_what_a_fetch_left_reads_back_and_a_malformed_one_is_refused() -> None:
         "at least 7 files (3.0 MiB) your command wrote in the workspace were not fetched "
         "and went with the VM: 'a\\nb.txt', out/x, out/y; --fetch 'out/**' brings them"
     )
+    # A session's exec: they stay. The fetch's own line, before the teardown: neither.
+    assert " not fetched (they stay in the workspace on the VM): " in left.describe(gone=False)
+    assert " not fetched: 'a\\nb.txt'" in left.describe()
     good = left.to_json_obj()
     bad: object
     for bad in (

@@ -38,19 +38,21 @@ class LeftBehind:
     first: tuple[str, ...]
     complete: bool = True
 
-    def describe(self, *, gone: bool = False) -> str:
+    def describe(self, *, gone: bool | None = None) -> str:
         """ "3 files (1.2 KiB) your command wrote in the workspace were not fetched: out/a,
-        out/b, out/c; --fetch 'out/**' brings them" ("... not fetched and went with the
-        VM: ..." when `gone`; else they stay, and a session's next sync keeps them)."""
+        out/b, out/c; --fetch 'out/**' brings them"; with `gone`, whether they went with
+        the VM ("... not fetched and went with the VM: ...") or stay there (and a
+        session's next sync keeps them); None says neither (not known yet)."""
         count = f"{self.files}" if self.complete else f"at least {self.files}"
         noun = "file" if self.files == 1 else "files"
         verb = "was" if self.files == 1 and self.complete else "were"
         patterns = self.patterns()
         fetch = " ".join(f"--fetch {pattern}" for pattern in patterns)
-        went = " and went with the VM" if gone else " (they stay in the workspace on the VM)"
+        went = {True: " and went with the VM", False: " (they stay in the workspace on the VM)"}
+        where = "" if gone is None else went[gone]
         return (
             f"{count} {noun} ({human_size(self.bytes)}) your command wrote in the workspace "
-            f"{verb} not fetched{went}: {first_few(self.first)}"
+            f"{verb} not fetched{where}: {first_few(self.first)}"
             + (f"; {fetch} brings them" if patterns else "")
         )
 
