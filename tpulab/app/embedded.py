@@ -123,7 +123,7 @@ def emulated_target(
     try:
         # Read once before anything is built in it (the SSH hosts' image directory): a
         # TPULAB_HOME that is a file is then this error, not a traceback from the image.
-        emulator.snapshot()
+        emulator.check_state()
     except EmulatorStateError as error:
         if state_dir is not None:
             raise

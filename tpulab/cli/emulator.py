@@ -83,7 +83,7 @@ def _serve(
     # The state directory and file, read once before anything is built in them (the SSH
     # hosts' image directory first): `--state FILE` or a damaged state.json is a clear
     # EmulatorStateError here, not a traceback from wherever they were first touched.
-    emulator.snapshot()
+    emulator.check_state()
     backend = None
     if ssh != "none":
         from tpulab.app.embedded import load_image_kind

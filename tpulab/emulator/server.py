@@ -333,6 +333,12 @@ class Emulator:
     ) -> None:
         self.stop()
 
+    def check_state(self) -> None:
+        """The state directory usable and its state file, if any, readable: the
+        EmulatorStateError that says why not, before anything is built in them. Writes
+        nothing (a fresh directory is made, no state file)."""
+        self._file.read()
+
     # -- inspection (tests, admin endpoint) -------------------------------------------
 
     def snapshot(self) -> Record:
