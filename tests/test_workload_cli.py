@@ -60,6 +60,7 @@ def test_the_readme_course_lab_comes_back(
     assert workload["exit_status"] == 0
     # It writes only into TPULAB_RUN_DIR (and bytecode, never named): nothing is left.
     assert workload["fetch_left"] == {"files": 0, "bytes": 0, "first": [], "complete": True}
+    assert workload["reconnects"] == 0
     assert "  left  " not in done.stdout
     assert embedded_nodes_left() == []
 

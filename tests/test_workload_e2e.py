@@ -469,6 +469,11 @@ def test_a_connection_dropped_during_the_command_is_reconnected_and_the_command_
     assert outcome.workload is not None
     assert (outcome.workload.exit_status, outcome.workload.stopped) == (0, None)
     assert outcome.teardown_status == "confirmed"
+    # Said after the run too: in its record (for --json and later) and its summary.
+    assert read_run_record(out / "run.json").workload.reconnects == 1
+    lines = summary_lines(outcome, laptop_jax=lambda: None)
+    text = "\n".join("".join(part for part, _ in line) for line in lines)
+    assert "  link      the SSH connection dropped once while it ran; it ran on, followed" in text
     assert rig.leftovers() == []
 
 

@@ -81,6 +81,9 @@ class CommandStep:
         self.output_tail: list[str] = []
         self.failed_worker: int | None = None
         self.result: CommandRun | None = None
+        # Connections opened again to follow the command, by worker (each worker's
+        # follow runs in its own thread and counts only its own).
+        self._reconnects: dict[int, int] = {}
 
     def run(self) -> str:
         """The phase's detail; RemoteError when a launcher could not report."""
@@ -164,6 +167,11 @@ class CommandStep:
             )
         return report
 
+    @property
+    def reconnects(self) -> int:
+        """How often a dropped connection was opened again to follow the command."""
+        return sum(self._reconnects.values())
+
     def _follow(
         self,
         worker: Worker,
@@ -195,6 +203,7 @@ class CommandStep:
         while True:
             try:
                 session.run(["true"], timeout=60)  # a new connection, or ConnectError
+                self._reconnects[worker.index] = self._reconnects.get(worker.index, 0) + 1
                 life.reattached(worker)
                 life.observer.note(
                     f"reconnected to {where}; following your command (what it wrote while "

@@ -71,6 +71,9 @@ class WorkloadOutcome:
     # the worker whose command failed first (the others were stopped then).
     worker_exits: tuple[int | None, ...] = ()
     failed_worker: int | None = None
+    # How often the SSH connection dropped under the running command and was opened
+    # again to follow it (tpulab.run.command): the command ran on each time.
+    reconnects: int = 0
 
     @property
     def ok(self) -> bool:

@@ -121,6 +121,9 @@ class WorkloadSummary(_Part):
     # others. A single host: [its status] and None.
     worker_exits: list[int | None] = Field(default_factory=list)
     failed_worker: int | None = None
+    # How often the SSH connection dropped under the command and was opened again to
+    # follow it (the command ran on); 0 in records before this field.
+    reconnects: int = 0
 
 
 class RunRecord(Envelope):
@@ -197,6 +200,7 @@ def workload_summary(workload: WorkloadOutcome) -> WorkloadSummary:
         extras=dict(workload.extras.versions) if workload.extras else {},
         worker_exits=list(workload.worker_exits),
         failed_worker=workload.failed_worker,
+        reconnects=workload.reconnects,
     )
 
 

@@ -255,6 +255,15 @@ def workload_lines(outcome: RunOutcome) -> list[Line]:
     else:
         state, style = f"exit {workload.exit_status}", "bold red"
     lines: list[Line] = [[("  command   ", "dim"), (command, ""), ("  ", ""), (state, style)]]
+    if workload.reconnects:
+        times = "once" if workload.reconnects == 1 else f"{workload.reconnects} times"
+        lines.append(
+            [
+                ("  link      ", "dim"),
+                (f"the SSH connection dropped {times} while it ran; it ran on, followed", ""),
+                (" (what it wrote while the link was down is in output.log)", "dim"),
+            ]
+        )
     upload = workload.upload
     if upload is not None and upload.replaced_count:
         # The laptop's copy won over an edit made on the VM (Jupyter, an editor): where

@@ -94,6 +94,7 @@ class WorkloadRunner:
             output_tail=tuple(step.output_tail),
             worker_exits=ran.worker_exits,
             failed_worker=step.failed_worker,
+            reconnects=step.reconnects,
         )
 
     @property
