@@ -28,7 +28,13 @@ import pytest
 from tpulab import paths
 from tpulab.config import RunSpec
 from tpulab.config.workload import WorkloadSpec
-from tpulab.errors import InterruptedRun, TpuLabError, VerificationError, WorkloadFailedError
+from tpulab.errors import (
+    ConnectError,
+    InterruptedRun,
+    TpuLabError,
+    VerificationError,
+    WorkloadFailedError,
+)
 from tpulab.exits import EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_WORKLOAD, exit_status_for
 from tpulab.remote import workload as wl
 from tpulab.remote.keys import RunKey, SshTarget
@@ -474,6 +480,109 @@ def test_a_connection_dropped_during_the_command_is_reconnected_and_the_command_
     lines = summary_lines(outcome, laptop_jax=lambda: None)
     text = "\n".join("".join(part for part, _ in line) for line in lines)
     assert "  link      the SSH connection dropped once while it ran; it ran on, followed" in text
+    assert rig.leftovers() == []
+
+
+class _SteppedClock:
+    """The run's clock (RunContext's `clock` seam): this machine's, plus what an outage
+    skipped, so a long outage costs the test no real minutes."""
+
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.skipped
+
+
+class _StaysDown(_DropsDuringTheCommand):
+    """Cut under the command like `_DropsDuringTheCommand`, and then down: each of the
+    first `tries` connects after the cut is refused, and moves the run's clock `step`
+    seconds on (a reconnect that waited for nothing)."""
+
+    def __init__(
+        self, target: SshTarget, key: RunKey, cut: Path, clock: _SteppedClock, tries: int,
+        step: float,
+    ) -> None:  # fmt: skip
+        super().__init__(target, key, cut)
+        self.clock, self.tries, self.step = clock, tries, step
+        self.refused = 0
+
+    def open(self) -> None:
+        if self._client is None and self.cut.exists() and self.refused < self.tries:
+            self.refused += 1
+            self.clock.skipped += self.step
+            raise ConnectError("[Errno 113] No route to host (the test's outage)")
+        super().open()
+
+
+def _outage_run(
+    rig: Rig, tmp_path: Path, *, tries: int, step: float
+) -> tuple[Any, BaseException | None, list[str], _StaysDown]:
+    cut = tmp_path / "cut"
+    work = workspace(
+        tmp_path,
+        {
+            "train.py": f"""
+            import pathlib, time
+            print("step 1, before the drop", flush=True)
+            while not pathlib.Path({str(cut)!r}).exists():
+                time.sleep(0.02)
+            time.sleep(1)
+            print("step 2, after the outage", flush=True)
+            """
+        },
+    )
+    clock = _SteppedClock()
+    made: list[_StaysDown] = []
+
+    def connect(target: SshTarget, key: RunKey) -> _StaysDown:
+        made.append(_StaysDown(target, key, cut, clock, tries, step))
+        return made[-1]
+
+    notes: list[str] = []
+    spec = with_workload(rig.spec(), work, tmp_path / "out", "python", "train.py")
+    life, _, error = rig.run(spec, _Notes(notes), connect=connect, clock=clock)
+    (connection,) = made
+    return life, error, notes, connection
+
+
+def test_a_link_down_longer_than_two_minutes_is_followed_while_the_lease_holds(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """Three refused reconnects a minute apart by the run's clock: longer than the
+    follow's bound without a watchdog (120 s), inside the 10-minute lease, so the VM
+    still has the command and the run follows it to its end."""
+    life, error, notes, connection = _outage_run(rig, tmp_path, tries=3, step=60.0)
+    assert error is None, error
+    assert connection.refused == 3
+    assert connection.connects == 2  # the run's, and one once the link was back
+    still = [n for n in notes if n.startswith("still reconnecting to the VM")]
+    assert still, notes
+    assert "until its lease may have lapsed and it deletes itself" in still[0]
+    assert any(n.startswith("reconnected to the VM; following your command") for n in notes)
+    log = (tmp_path / "out" / "output.log").read_text()
+    assert "step 2, after the outage" in log
+    assert (life.outcome.workload.exit_status, life.outcome.workload.stopped) == (0, None)
+    assert life.outcome.teardown_status == "confirmed"
+    assert rig.leftovers() == []
+
+
+def test_a_link_down_past_the_lease_is_given_up_and_the_node_deleted(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """Reconnects refused 250 s apart by the run's clock: after the third, the lease
+    (600 s) may have lapsed and the VM deleted itself; the follow stops there and the
+    run ends as a dropped connection always did, its node deleted by the teardown.
+    The link would come back at the 20th try: a follow that did not stop would reach
+    it and end the run well."""
+    life, error, notes, connection = _outage_run(rig, tmp_path, tries=20, step=250.0)
+    assert isinstance(error, ConnectError), error
+    assert "dropped while your command ran and was not back after" in error.message
+    assert "the VM's lease may have lapsed (it deletes itself)" in error.message
+    assert connection.refused < 20, "the follow kept reconnecting past the lease"
+    assert any("dropped while your command ran" in n for n in notes), notes
+    assert not any(n.startswith("reconnected to the VM") for n in notes), notes
+    assert life.outcome.teardown_status == "confirmed"
     assert rig.leftovers() == []
 
 

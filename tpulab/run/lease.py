@@ -163,11 +163,18 @@ class LeaseRenewer:
         """Has the lease possibly run out on the VM: no renewal for a whole lease, now or
         at any time since the first (a suspended laptop may renew again on waking, into
         a session that has not noticed yet that its VM is gone)?"""
+        left = self.lapses_in()
+        return left is None or left <= 0
+
+    def lapses_in(self) -> float | None:
+        """Seconds until the lease may lapse on the VM if no renewal succeeds meanwhile
+        (0: it may have already); None before the first renewal."""
         last = self.last_renewed
         if last is None:
-            return True
-        gap = max(self.longest_gap, self.clock() - last)
-        return gap >= self.config.lease_seconds
+            return None
+        if self.longest_gap >= self.config.lease_seconds:
+            return 0.0
+        return max(0.0, self.config.lease_seconds - (self.clock() - last))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.config.renew_seconds):
