@@ -222,7 +222,8 @@ class CommandStep:
                 )
             except ConnectError as again:
                 if heard:  # the link was up while the follow streamed: count from now
-                    up_at, heard[:] = life.clock(), []
+                    up_at = said_at = life.clock()
+                    heard[:] = []
                 if self._gone():
                     raise again from dropped
                 left = self._follow_left(worker, up_at)
