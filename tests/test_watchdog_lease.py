@@ -171,3 +171,53 @@ def test_renewers_writing_at_once_all_succeed_and_leave_no_temporary_file(
     assert 1 <= _seq(config) <= 32
     lease = Path(config.lease_path)
     assert list(lease.parent.glob(lease.name + ".tmp*")) == []
+
+
+def test_stopping_renewers_stuck_on_a_dead_link_waits_once_for_them_all(
+    config: WatchdogConfig,
+) -> None:
+    """The teardown's first step stops every worker's renewer. A renewal stuck
+    reconnecting to a link that is down (each try may take 20 s) is not waited out,
+    once per worker: the node's delete, which needs no SSH, waited 10 s per worker
+    behind them (a Ctrl-C during an outage, by hand). All are told to stop first and
+    waited for within one bound."""
+    from tpulab.run.lease import stop_renewers
+
+    link_back = threading.Event()
+    entered = threading.Semaphore(0)
+
+    class DeadLink:
+        """A session whose command waits for a link that is down."""
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def run(self, argv: object, **_: object) -> object:
+            self.calls += 1
+            if self.calls > 1:  # the first renewal (start()) went through
+                entered.release()
+                link_back.wait(60)
+            return None
+
+    sessions = [DeadLink() for _ in range(4)]
+    renewers = [LeaseRenewer(s, config) for s in sessions]
+    try:
+        for renewer in renewers:
+            renewer.start()
+        for _ in renewers:  # every renewer's background renewal is in flight, stuck
+            assert entered.acquire(timeout=30)
+        started = time.monotonic()
+        stop_renewers(renewers, wait=2.0)
+        took = time.monotonic() - started
+        # Four stuck renewers, one 2 s bound for them all (each in turn: 8 s; the old
+        # stop waited 2 x 5 s for each, 40 s).
+        assert took < 5, took
+        assert not link_back.is_set()  # they were left stuck, not waited out
+    finally:
+        link_back.set()
+    # The link back, each stuck renewal ends and its thread with it: none renews again.
+    for thread in threading.enumerate():
+        if thread.name.startswith("tpulab-lease-"):
+            thread.join(timeout=30)
+    assert [s.calls for s in sessions] == [2, 2, 2, 2]
+    assert all(r.renew() is False for r in renewers)

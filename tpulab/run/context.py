@@ -32,7 +32,7 @@ from tpulab.cloud.api import TpuApi
 from tpulab.config import RunSpec
 from tpulab.errors import RemoteError
 from tpulab.remote import bootstrap as boot
-from tpulab.run.lease import LeaseRenewer, watchdog_config
+from tpulab.run.lease import LeaseRenewer, stop_renewers, watchdog_config
 from tpulab.run.outcome import RunOutcome
 from tpulab.run.progress import NullObserver, Phase, RunJournal, RunObserver
 from tpulab.run.remote_session import Connect, RemoteSession
@@ -310,8 +310,7 @@ class RunContext:
         so it cannot race to reopen the session; a dead connection must not delay what
         follows (the delete), so closing never raises."""
         renewers = [w.renewer for w in self.workers if w.renewer is not None]
-        for renewer in renewers:
-            renewer.stop()
+        stop_renewers(renewers)
         if renewers:
             self.lease_renewals = sum(r.renewals for r in renewers)
             self.lease_failures = sum(len(r.failures) for r in renewers)

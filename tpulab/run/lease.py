@@ -51,6 +51,7 @@ __all__ = [
     "look_up",
     "node_gone",
     "read_state",
+    "stop_renewers",
     "vanished",
     "watchdog_config",
 ]
@@ -90,6 +91,11 @@ def _compute_base(spec: RunSpec) -> str:
     if spec.api_endpoint is None:
         return "https://compute.googleapis.com/"
     return spec.api_endpoint.rstrip("/") + "/"
+
+
+# How long stopping the renewers (the first step of every teardown) waits for a renewal
+# in flight: a live link's renewal takes well under a second.
+STOP_WAIT_SECONDS = 3.0
 
 
 @dataclass
@@ -176,19 +182,38 @@ class LeaseRenewer:
             return 0.0
         return max(0.0, self.config.lease_seconds - (self.clock() - last))
 
+    def halt(self) -> None:
+        """No renewal starts after this (one in flight ends as it will); `stop` waits."""
+        self._stop.set()
+
     def _loop(self) -> None:
         while not self._stop.wait(self.config.renew_seconds):
             self.renew()
 
-    def stop(self, wait: float = 5.0) -> None:
-        """No renewal starts after this returns (one in flight may take `wait` to end):
-        the session can then be closed without the renewer racing to reopen it."""
+    def stop(self, wait: float = STOP_WAIT_SECONDS) -> None:
+        """No renewal starts after this returns, and one in flight is waited for, `wait`
+        seconds at most in all: the session can then be closed without the renewer
+        racing to reopen it. A renewal over a live link ends in well under a second; one
+        still reconnecting to a link that is down (each try may take 20 s) is not waited
+        out: it fails on its own, or reopens a connection nothing uses after."""
         self._stop.set()
+        deadline = time.monotonic() + wait
         if self._lock.acquire(timeout=wait):
             self._lock.release()
         thread, self._thread = self._thread, None
         if thread is not None:
-            thread.join(timeout=wait)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def stop_renewers(renewers: list[LeaseRenewer], wait: float = STOP_WAIT_SECONDS) -> None:
+    """Stop every renewer (a slice's, one a worker), `wait` seconds at most for them all:
+    none starts a renewal once this returns. Every one is told first, so a renewal stuck
+    on a dead link delays the teardown once, not once per worker."""
+    for renewer in renewers:
+        renewer.halt()
+    deadline = time.monotonic() + wait
+    for renewer in renewers:
+        renewer.stop(wait=max(0.0, deadline - time.monotonic()))
 
 
 def read_state(
