@@ -6,6 +6,7 @@ HOME is a temporary directory: the user's own ~/.ssh is never touched."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -103,14 +104,17 @@ def background(*args: str) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-def read_until(process: subprocess.Popen[str], marker: str, timeout: float = 600) -> list[str]:
-    """stdout's lines up to the first containing `marker` (fails if the process ends)."""
-    assert process.stdout is not None
+def read_until(
+    process: subprocess.Popen[str], marker: str, timeout: float = 600, stream: str = "stdout"
+) -> list[str]:
+    """`stream`'s lines up to the first containing `marker` (fails if the process ends)."""
+    pipe = process.stdout if stream == "stdout" else process.stderr
+    assert pipe is not None
     lines: list[str] = []
     result: dict[str, bool] = {}
 
     def more() -> bool:
-        line = process.stdout.readline()  # type: ignore[union-attr]
+        line = pipe.readline()
         if not line:
             result["ended"] = True
             return True
@@ -123,6 +127,32 @@ def read_until(process: subprocess.Popen[str], marker: str, timeout: float = 600
         err = process.stderr.read() if process.stderr else ""
         pytest.fail(f"ended (exit {process.returncode}) before {marker!r}: {lines} {err}")
     return lines
+
+
+def kill_ssh_connections(node: str) -> int:
+    """End every SSH connection to the node's sshd at once, as a network gone does to a
+    client (their per-connection sshd processes killed; the listener stays): how many."""
+    procs = [p for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+    def read(path: Path) -> str:
+        try:
+            return path.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return ""
+
+    listeners = {
+        p.name
+        for p in procs
+        if f"_{node}/sshd_config" in read(p / "cmdline") and "holder.py" not in read(p / "cmdline")
+    }
+    killed = 0
+    for p in procs:
+        fields = read(p / "stat").rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and fields[1] in listeners:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(p.name), signal.SIGKILL)
+                killed += 1
+    return killed
 
 
 def interrupt(process: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str, str]:
@@ -178,6 +208,14 @@ def test_forward_a_page_renew_the_lease_end_with_ctrl_c_then_ssh_config_and_down
             "the session's renewal time to move",
             timeout=60,
         )
+
+        # The network goes under the forward (its sshd connection killed: ssh exits 255):
+        # the forward is opened again, the same local port, and the page is there.
+        assert kill_ssh_connections(str(state["node_name"])) >= 1
+        said_err = read_until(forward, "the forward is open again", timeout=120, stream="stderr")
+        assert any("connection was lost (ssh exit 255); reopening it" in line for line in said_err)
+        with urllib.request.urlopen(f"http://127.0.0.1:{local}/index.html", timeout=30) as page:
+            assert page.read().decode().strip() == "hello through the tunnel"
     finally:
         status, out, err = interrupt(forward)
     assert status == EXIT_OK, err + out

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from tpulab.run.session_state import SessionState
 
 __all__ = [
+    "ForwardReopening",
     "raise_if_gone",
     "readdressed_session",
     "refuse_unreachable",
@@ -59,6 +60,25 @@ def session_store() -> Iterator[SessionStore]:
         for damaged in store.damaged:
             if damaged.error().message != said:
                 print_stderr(f"[yellow]warning:[/] {damaged.message}")
+
+
+class ForwardReopening:
+    """How a session's forward (`tpulab ssh S -L ... -N`, `tpulab notebook`) that lost
+    its connection says so, and asks whether the node is still there to reopen it to:
+    the session's state is still here, and the API does not say it is gone."""
+
+    def __init__(self, store: SessionStore, state: SessionState) -> None:
+        self.store, self.state = store, state
+
+    def note(self, message: str) -> None:
+        print_stderr(f"[yellow]forward:[/] {message}")
+
+    def gone(self) -> bool:
+        from tpulab.cleanup.sessions import ask_gone
+
+        if not self.store.exists(self.state.name):  # `tpulab down` from elsewhere
+            return True
+        return ask_gone(session_api(self.state), self.state) is not None
 
 
 def raise_if_gone(store: SessionStore, state: SessionState) -> None:

@@ -132,6 +132,7 @@ def ssh_session(
     forwards only (`-N`)."""
     import subprocess
 
+    from tpulab.cli._session_reach import ForwardReopening
     from tpulab.run.forward import (
         Forwarding,
         check_local_ports_free,
@@ -157,7 +158,11 @@ def ssh_session(
             if forward_only:
                 forwarding.wait_listening()
                 _say_forwarding(state.name, forwards)
-            status = forwarding.hold(renewer, on_renewed=save_renewal)
+            status = forwarding.hold(
+                renewer,
+                on_renewed=save_renewal,
+                reopen=ForwardReopening(store, state) if forward_only else None,
+            )
     except KeyboardInterrupt:
         if not forward_only:
             raise

@@ -132,7 +132,7 @@ def _serve(
     RemoteError if Jupyter does not start or the forward ends by itself."""
     import secrets  # here, not at the top: hashlib and random cost `tpulab --help` ~10 ms
 
-    from tpulab.cli._session_reach import raise_if_gone
+    from tpulab.cli._session_reach import ForwardReopening, raise_if_gone
     from tpulab.config.forward import Forward
     from tpulab.remote.notebook import parse_started, start_command
     from tpulab.run.forward import Forwarding, forward_argv, wall_time_of
@@ -159,7 +159,9 @@ def _serve(
         url = forward.local_url(f"/lab?token={token}")
         typer.echo(f"JupyterLab on session {state.name} (in the synced workspace): {url}")
         typer.echo("The idle lease is renewed while it runs; Ctrl-C stops it on the VM.")
-        status = forwarding.hold(renewer, on_renewed=save_renewal)
+        status = forwarding.hold(
+            renewer, on_renewed=save_renewal, reopen=ForwardReopening(store, state)
+        )
     finally:
         forwarding.end()
     raise_if_gone(store, state)

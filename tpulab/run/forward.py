@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from tpulab.errors import ConfigError, RemoteError
 from tpulab.remote.keys import HostKey, SshTarget
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Forwarding",
+    "Reopening",
     "check_local_ports_free",
     "forward_argv",
     "session_renewer",
@@ -46,6 +47,14 @@ __all__ = [
 LISTEN_WAIT_SECONDS = 60.0
 # How long an `ssh -N` asked to end (SIGTERM) may take before it is killed.
 END_WAIT_SECONDS = 10.0
+# ssh(1) exits 255 when the connection failed or was lost (ServerAliveInterval, a
+# network gone); any other status is the remote side's.
+SSH_CONNECTION_LOST = 255
+# A lost forward is started again this often, while the session's lease may hold...
+REOPEN_PAUSE_SECONDS = 5.0
+# ...unless it keeps failing while renewals go through (the link is up: a port taken
+# meanwhile, a key refused), which no retry mends.
+REOPEN_TRIES_ON_A_LIVE_LINK = 3
 
 
 def session_target(state: SessionState) -> SshTarget:
@@ -115,6 +124,16 @@ def check_local_ports_free(forwards: Sequence[Forward]) -> None:
             )
 
 
+class Reopening(Protocol):
+    """What a forward that lost its connection asks before it starts ssh again."""
+
+    def note(self, message: str) -> None:
+        """Say what happens (the forward's line on the terminal)."""
+
+    def gone(self) -> bool:
+        """Is the session's node gone (deleted, its --ttl passed)? Then nothing is reopened."""
+
+
 @dataclass
 class Forwarding:
     """The `ssh -N -L ...` child; `hold` renews the lease until it ends or Ctrl-C."""
@@ -155,21 +174,66 @@ class Forwarding:
             if pending:
                 time.sleep(0.1)
 
-    def hold(self, renewer: LeaseRenewer, *, on_renewed: Callable[[], None] = lambda: None) -> int:
+    def hold(
+        self,
+        renewer: LeaseRenewer,
+        *,
+        on_renewed: Callable[[], None] = lambda: None,
+        reopen: Reopening | None = None,
+    ) -> int:
         """Wait for ssh to end, calling `on_renewed` after each renewal the renewer made
-        meanwhile; KeyboardInterrupt (Ctrl-C) ends ssh first and propagates."""
-        assert self.process is not None
+        meanwhile; KeyboardInterrupt (Ctrl-C) ends ssh first and propagates. With
+        `reopen` (forwards alone, `-N`), an ssh that lost its connection is started
+        again for as long as the session's lease may hold and its node is there,
+        `reopen` hearing what happens: a Wi-Fi blip does not end a notebook (whose
+        end stops Jupyter, and its kernels' state with it)."""
         try:
             while True:
-                try:
-                    return self.process.wait(timeout=renewer.config.renew_seconds)
-                except subprocess.TimeoutExpired:
-                    pass
-                if renewer.renewals != self._renewals_saved:
-                    self._renewals_saved = renewer.renewals
-                    on_renewed()
+                status = self._wait(renewer, on_renewed)
+                if reopen is None or status != SSH_CONNECTION_LOST:
+                    return status
+                if not self._reopen(renewer, reopen):
+                    return status
         finally:
             self.end()
+
+    def _wait(self, renewer: LeaseRenewer, on_renewed: Callable[[], None]) -> int:
+        assert self.process is not None
+        while True:
+            try:
+                return self.process.wait(timeout=renewer.config.renew_seconds)
+            except subprocess.TimeoutExpired:
+                pass
+            if renewer.renewals != self._renewals_saved:
+                self._renewals_saved = renewer.renewals
+                on_renewed()
+
+    def _reopen(self, renewer: LeaseRenewer, reopening: Reopening) -> bool:
+        """Start ssh again until its forwards listen (True). False once the lease may
+        have lapsed (the VM deletes itself) or the node is gone, or after
+        REOPEN_TRIES_ON_A_LIVE_LINK failures while renewals went through."""
+        note = reopening.note
+        note("the forward's SSH connection was lost (ssh exit 255); reopening it")
+        failed_on_a_live_link = 0
+        while failed_on_a_live_link < REOPEN_TRIES_ON_A_LIVE_LINK:
+            if not renewer.lapses_in():
+                note("not reopened: the session's lease may have lapsed (its VM deletes itself)")
+                return False
+            if reopening.gone():
+                return False  # the caller asks the API why, and says so
+            time.sleep(REOPEN_PAUSE_SECONDS)
+            renewed = renewer.renewals
+            self.start(own_group=True)
+            try:
+                self.wait_listening()
+            except RemoteError:
+                if renewer.renewals > renewed or renewer.renewing:
+                    failed_on_a_live_link += 1
+                continue
+            note("the forward is open again")
+            return True
+        note("not reopened: ssh keeps failing while the VM answers (its message is above)")
+        return False
 
     def end(self) -> int | None:
         """End ssh if it still runs (SIGTERM, then SIGKILL): its exit status."""

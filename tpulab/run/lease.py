@@ -182,6 +182,11 @@ class LeaseRenewer:
             return 0.0
         return max(0.0, self.config.lease_seconds - (self.clock() - last))
 
+    @property
+    def renewing(self) -> bool:
+        """Did the last renewal go through (the link to the VM is up)?"""
+        return self.last_renewed is not None and self._failing_since is None
+
     def halt(self) -> None:
         """No renewal starts after this (one in flight ends as it will); `stop` waits."""
         self._stop.set()
