@@ -251,8 +251,18 @@ def test_forward_a_page_renew_the_lease_end_with_ctrl_c_then_ssh_config_and_down
     assert "host key" in refused.stderr.lower()
     pinned.write_text(good)
 
+    # A forward open while the session is ended from another terminal: it is not
+    # reopened to a node that is gone, and says the session ended here, not that
+    # someone else deleted its node.
+    forward = background("ssh", "fwd", "-L", f"{local}:localhost:{remote}", "-N")
+    read_until(forward, "Ctrl-C ends it", timeout=120)
     down = tpulab("down", "fwd", timeout=300)
     assert down.returncode == EXIT_OK, down.stderr + down.stdout
+    ended_out, ended_err = forward.communicate(timeout=120)
+    assert forward.returncode == EXIT_REMOTE, ended_err + ended_out
+    ended = " ".join(ended_err.split())
+    assert "Session fwd ended meanwhile: its state was removed on this machine" in ended
+    assert "deleted by someone else" not in ended
     assert not entry.exists()
     gone = subprocess.run([*plain, "true"], capture_output=True, text=True, timeout=60)
     assert gone.returncode == 255

@@ -86,6 +86,14 @@ def raise_if_gone(store: SessionStore, state: SessionState) -> None:
     EXIT_REMOTE (NodeVanishedError); if it is still there, return (a plain SSH failure)."""
     from tpulab.cleanup.sessions import ask_gone, conclude_gone
 
+    if not store.exists(state.name):
+        # Ended meanwhile from here: not "deleted by someone else", which the API's
+        # answer alone would conclude.
+        raise E.NodeVanishedError(
+            f"Session {state.name} ended meanwhile: its state was removed on this machine "
+            "(`tpulab down`, or a `tpulab list` that found its node gone).",
+            hint="Start a new one with `tpulab up`.",
+        )
     vanish = ask_gone(session_api(state), state)
     if vanish is None:
         return
