@@ -143,6 +143,7 @@ class Forwarding:
     process: subprocess.Popen[bytes] | None = None
     ended_by_us: bool = False
     clock: Callable[[], float] = time.monotonic
+    reopen_pause: float = REOPEN_PAUSE_SECONDS
     _renewals_saved: int = field(default=0, repr=False)
 
     def start(self, *, own_group: bool = True) -> None:
@@ -221,7 +222,15 @@ class Forwarding:
                 return False
             if reopening.gone():
                 return False  # the caller asks the API why, and says so
-            time.sleep(REOPEN_PAUSE_SECONDS)
+            time.sleep(self.reopen_pause)
+            # This ssh is gone: whatever listens on a forward's port now is another
+            # program's (which `wait_listening` would take for the forward).
+            taken = [f.port for f in self.forwards if _listening(f)]
+            if taken:
+                note(
+                    f"not reopened: port {taken[0]} on this laptop is in use by another program now"
+                )
+                return False
             renewed = renewer.renewals
             self.start(own_group=True)
             try:
