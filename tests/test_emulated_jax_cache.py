@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tpulab.emulator.hostenv import bare_image_env, preloaded_image_env, session_env
 
 PAYLOAD = Path(__file__).resolve().parents[1] / "remote_payloads" / "verify_tpu.py"
@@ -68,3 +70,23 @@ def test_a_cache_directory_that_cannot_be_made_leaves_the_image_cold(tmp_path: P
     (tmp_path / "vm-home").mkdir()
     receipt = _verify_in(session_env(preloaded, tmp_path / "vm-home", "tpu"), tmp_path / "r.json")
     assert receipt["ok"] is True
+
+
+def test_both_images_keep_the_machines_certificates_and_proxies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real VM has its network configured: a session's `--with` (or `tpulab notebook`'s
+    jupyterlab) installs from the index on either image. The preloaded one lacked the
+    machine's CA bundle, so behind a TLS-inspecting proxy uv failed 'invalid peer
+    certificate: UnknownIssuer' (by hand, `tpulab notebook` on a preloaded session)."""
+    monkeypatch.setenv("SSL_CERT_FILE", "/etc/the-machines-ca.pem")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    (tmp_path / "vm-home").mkdir()
+    images = {
+        "preloaded": preloaded_image_env(cache_dir=tmp_path / "cache"),
+        "bare": bare_image_env(tmp_path / "bare", cache_dir=tmp_path / "bare-cache"),
+    }
+    for name, image in images.items():
+        env = session_env(image, tmp_path / "vm-home", "tpu")
+        assert env.get("SSL_CERT_FILE") == "/etc/the-machines-ca.pem", name
+        assert env.get("HTTPS_PROXY") == "http://proxy.example:3128", name

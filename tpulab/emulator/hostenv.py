@@ -108,7 +108,9 @@ def preloaded_image_env(*, cache_dir: Path | None = None) -> ImageEnv:
     return ImageEnv(
         path=(bin_dir, "/usr/bin", "/bin"),
         pythonpath=tuple(site_dirs),
-        extra=_warm_jax(cache / "jax-compilation-cache"),
+        # The machine's trust and proxies, as the bare image keeps them: a session's
+        # `--with` or `tpulab notebook` installs from the index here too.
+        extra={**_network_env(), **_warm_jax(cache / "jax-compilation-cache")},
         name="preloaded (the controller's jax on PYTHONPATH)",
     )
 
@@ -274,6 +276,10 @@ _NETWORK_VARS = (
 )
 
 
+def _network_env() -> dict[str, str]:
+    return {name: os.environ[name] for name in _NETWORK_VARS if name in os.environ}
+
+
 def bare_image_env(root: Path, *, cache_dir: Path | None = None) -> ImageEnv:
     """Like a real TPU VM image: `python3` of the image's version first on PATH, newer
     interpreters only under their versioned names (uv's managed pythons, offline), the
@@ -304,7 +310,7 @@ def bare_image_env(root: Path, *, cache_dir: Path | None = None) -> ImageEnv:
         # python3.X, findable by that name like a distribution package).
         path=(str(image_bin), str(managed_bin), "/usr/bin", "/bin"),
         extra={
-            **{name: os.environ[name] for name in _NETWORK_VARS if name in os.environ},
+            **_network_env(),
             "UV_CACHE_DIR": str(cache / "uv"),
             "PIP_CACHE_DIR": str(cache / "pip"),
             # A managed-Python download cannot succeed offline: fail at once, not after
