@@ -27,10 +27,11 @@ __all__ = [
 ]
 
 
-def session_api(state: SessionState) -> TpuApi:
+def session_api(state: SessionState, *, quiet: bool = False) -> TpuApi:
     """The API the session's node lives behind, by the provider its state names (a TPU
     node through the Cloud TPU API, an instance through Compute Engine): every command
-    that finds, follows or deletes a session's node asks it through this."""
+    that finds, follows or deletes a session's node asks it through this. `quiet`: an
+    endpoint not answering yet is retried without a line for each try."""
     from tpulab.app.target import provider_api
     from tpulab.cli._target import reach_notice
 
@@ -38,7 +39,7 @@ def session_api(state: SessionState) -> TpuApi:
         state.project,
         provider=state.provider,
         api_endpoint=state.api_endpoint,
-        notify=reach_notice,
+        notify=None if quiet else reach_notice,
     )
 
 
@@ -78,7 +79,9 @@ class ForwardReopening:
 
         if not self.store.exists(self.state.name):  # `tpulab down` from elsewhere
             return True
-        return ask_gone(session_api(self.state), self.state) is not None
+        # Asked before each reopen: offline, the API does not answer either, and a line
+        # per retry of each ask would bury the forward's own.
+        return ask_gone(session_api(self.state, quiet=True), self.state) is not None
 
 
 def raise_if_gone(store: SessionStore, state: SessionState) -> None:
