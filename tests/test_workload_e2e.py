@@ -483,6 +483,62 @@ def test_a_connection_dropped_during_the_command_is_reconnected_and_the_command_
     assert rig.leftovers() == []
 
 
+class _DropsDuringTheUpload(_CutConnection):
+    """Cut once the workspace upload's first chunk is on its way: the laptop's network
+    dropping while a large workspace goes up."""
+
+    def __init__(self, target: SshTarget, key: RunKey) -> None:
+        super().__init__(target, key)
+        self.dropped = False
+
+    def run_streaming(self, argv: Sequence[str], **kwargs: Any) -> RunResult:
+        chunks = kwargs.get("stdin")
+        if self.dropped or "unpack" not in argv or chunks is None:
+            return super().run_streaming(argv, **kwargs)
+
+        def cut_after_the_first(source: Any) -> Any:
+            for index, chunk in enumerate(source):
+                if index == 1:
+                    self.dropped = True
+                    self.cut_now()
+                yield chunk
+
+        return super().run_streaming(argv, **{**kwargs, "stdin": cut_after_the_first(chunks)})
+
+
+def test_a_connection_dropped_during_the_upload_sends_it_again(rig: Rig, tmp_path: Path) -> None:
+    # Big enough for the archive to go in several chunks, random so it is not a run of
+    # one byte that any stream would get right by luck.
+    data = os.urandom(300_000)
+    work = workspace(
+        tmp_path,
+        {
+            "check.py": """
+            import hashlib, pathlib
+            print("data", hashlib.sha256(pathlib.Path("data.bin").read_bytes()).hexdigest())
+            """
+        },
+    )
+    (work / "data.bin").write_bytes(data)
+    made: list[_DropsDuringTheUpload] = []
+
+    def connect(target: SshTarget, key: RunKey) -> _DropsDuringTheUpload:
+        made.append(_DropsDuringTheUpload(target, key))
+        return made[-1]
+
+    notes: list[str] = []
+    spec = with_workload(rig.spec(), work, tmp_path / "out", "python", "check.py")
+    life, recorder, error = rig.run(spec, _Notes(notes), connect=connect)
+    assert error is None, error
+    (connection,) = made
+    assert connection.dropped
+    assert connection.connects == 2  # the run's, and one for the second upload
+    assert any(n.startswith("the SSH connection dropped during the upload") for n in notes)
+    assert f"data {hashlib.sha256(data).hexdigest()}" in command_lines(recorder)
+    assert life.outcome.teardown_status == "confirmed"
+    assert rig.leftovers() == []
+
+
 class _SteppedClock:
     """The run's clock (RunContext's `clock` seam): this machine's, plus what an outage
     skipped, so a long outage costs the test no real minutes."""

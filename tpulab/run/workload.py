@@ -200,7 +200,7 @@ class WorkloadRunner:
         selection = self.selection
         assert selection is not None
 
-        def up(worker: Worker) -> UploadResult:
+        def send(worker: Worker) -> UploadResult:
             assert worker.session is not None
             life.stage_file(self.launcher, wl.STAGED_LAUNCHER, "workload launcher", worker.session)
             return upload_workspace(
@@ -209,6 +209,22 @@ class WorkloadRunner:
                 wl.WORKSPACE_DIR,
                 timeout=_transfer_timeout(selection.total_bytes),
             )
+
+        def up(worker: Worker) -> UploadResult:
+            try:
+                return send(worker)
+            except ConnectError:
+                # Both steps may be sent again: a cut upload replaces nothing on the VM
+                # (its stream is refused without its trailer), and the next one sends
+                # what the VM still lacks. Once: a link that drops again ends the phase.
+                if self._vm_gone() is not None:
+                    raise
+                where = "" if len(life.workers) == 1 else f" to worker {worker.index}"
+                life.observer.note(
+                    f"the SSH connection dropped during the upload{where}; sending it again "
+                    "(the VM kept its previous workspace)"
+                )
+                return send(worker)
 
         done = life.on_workers(up, "sync")
         uploaded = self.upload = done.results[0]
