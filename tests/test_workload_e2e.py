@@ -539,6 +539,74 @@ def test_a_connection_dropped_during_the_upload_sends_it_again(rig: Rig, tmp_pat
     assert rig.leftovers() == []
 
 
+class _DropsDuringTheFetch(_CutConnection):
+    """Cut once the fetch's first chunk has arrived: the laptop's network dropping while
+    the results of a long run come home."""
+
+    def __init__(self, target: SshTarget, key: RunKey) -> None:
+        super().__init__(target, key)
+        self.dropped = False
+
+    def run_streaming(self, argv: Sequence[str], **kwargs: Any) -> RunResult:
+        out = kwargs.get("stdout")
+        if self.dropped or "pack" not in argv or out is None:
+            return super().run_streaming(argv, **kwargs)
+        connection, spool = self, out
+
+        class CutAfterTheFirst:
+            def write(self, data: bytes) -> int:
+                written = spool.write(data)
+                if not connection.dropped:
+                    connection.dropped = True
+                    connection.cut_now()
+                return int(written)
+
+        return super().run_streaming(argv, **{**kwargs, "stdout": CutAfterTheFirst()})
+
+
+def test_a_connection_dropped_during_the_fetch_fetches_again_whole(
+    rig: Rig, tmp_path: Path
+) -> None:
+    work = workspace(
+        tmp_path,
+        {
+            "train.py": """
+            import os, pathlib
+            run = pathlib.Path(os.environ["TPULAB_RUN_DIR"])
+            for i in range(3):
+                (run / f"part{i}.bin").write_bytes(os.urandom(200_000))
+            print("wrote")
+            """
+        },
+    )
+    made: list[_DropsDuringTheFetch] = []
+
+    def connect(target: SshTarget, key: RunKey) -> _DropsDuringTheFetch:
+        made.append(_DropsDuringTheFetch(target, key))
+        return made[-1]
+
+    notes: list[str] = []
+    out = tmp_path / "out"
+    spec = with_workload(rig.spec(), work, out, "python", "train.py")
+    life, _, error = rig.run(spec, _Notes(notes), connect=connect)
+    assert error is None, error
+    (connection,) = made
+    assert connection.dropped
+    assert connection.connects == 2  # the run's, and one for the second fetch
+    assert any(n.startswith("the SSH connection dropped during the fetch") for n in notes)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "complete" not in manifest  # the second fetch is whole
+    by_path = {entry["path"]: entry["sha256"] for entry in manifest["files"]}
+    for i in range(3):
+        data = (out / "run" / f"part{i}.bin").read_bytes()
+        assert len(data) == 200_000
+        assert by_path[f"run/part{i}.bin"] == hashlib.sha256(data).hexdigest()
+    assert life.outcome.workload is not None
+    assert life.outcome.workload.fetch_problem is None
+    assert life.outcome.teardown_status == "confirmed"
+    assert rig.leftovers() == []
+
+
 class _SteppedClock:
     """The run's clock (RunContext's `clock` seam): this machine's, plus what an outage
     skipped, so a long outage costs the test no real minutes."""

@@ -22,8 +22,9 @@ tpulab.run.context), so journal and observer see these phases like any other, an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tpulab import paths
 from tpulab.errors import ConfigError, ConnectError, InterruptedRun, TpuLabError
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
     from tpulab.run.context import RunContext
 
 __all__ = ["WorkloadOutcome", "WorkloadRunner", "extras_for"]
+
+_T = TypeVar("_T")
 
 # After a Ctrl-C the fetch is a courtesy before the teardown: bounded, not the full cap.
 INTERRUPTED_FETCH_SECONDS = 120.0
@@ -211,20 +214,11 @@ class WorkloadRunner:
             )
 
         def up(worker: Worker) -> UploadResult:
-            try:
-                return send(worker)
-            except ConnectError:
-                # Both steps may be sent again: a cut upload replaces nothing on the VM
-                # (its stream is refused without its trailer), and the next one sends
-                # what the VM still lacks. Once: a link that drops again ends the phase.
-                if self._vm_gone() is not None:
-                    raise
-                where = "" if len(life.workers) == 1 else f" to worker {worker.index}"
-                life.observer.note(
-                    f"the SSH connection dropped during the upload{where}; sending it again "
-                    "(the VM kept its previous workspace)"
-                )
-                return send(worker)
+            # Both steps may be sent again: a cut upload replaces nothing on the VM (its
+            # stream is refused without its trailer); the next sends what the VM lacks.
+            return self._again_after_a_drop(
+                worker, send, "upload", "sending it again (the VM kept its previous workspace)"
+            )
 
         done = life.on_workers(up, "sync")
         uploaded = self.upload = done.results[0]
@@ -283,6 +277,13 @@ class WorkloadRunner:
         slice_run = len(workers) > 1
 
         def bring(worker: Worker) -> Manifest:
+            # Read-only on the VM: a fetch cut short (its arrived files kept) may be
+            # made again whole, each file replacing its kept copy.
+            return self._again_after_a_drop(
+                worker, fetch_from, "fetch", "fetching again (what arrived is kept meanwhile)"
+            )
+
+        def fetch_from(worker: Worker) -> Manifest:
             assert worker.session is not None
             return fetch_artifacts(
                 worker.session,
@@ -305,6 +306,21 @@ class WorkloadRunner:
             f"{manifest.count} files, {manifest.total_bytes / 2**20:.1f} MiB into {where}"
             f"{missing}{manifest.describe_skipped()}{manifest.describe_left()}"
         )
+
+    def _again_after_a_drop(
+        self, worker: Worker, step: Callable[[Worker], _T], what: str, again: str
+    ) -> _T:
+        """`step` on `worker`, and once more over a new connection when the SSH connection
+        dropped under it (a Wi-Fi blip during a large transfer), unless GetNode says the
+        node is gone. Once: a link that drops again ends the phase as before."""
+        try:
+            return step(worker)
+        except ConnectError:
+            if self._vm_gone() is not None:
+                raise
+            where = "" if len(self.life.workers) == 1 else f" (worker {worker.index})"
+            self.life.observer.note(f"the SSH connection dropped during the {what}{where}; {again}")
+            return step(worker)
 
     def _kept(self, manifest: Manifest) -> None:
         self.kept = manifest
