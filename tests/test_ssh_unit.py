@@ -31,6 +31,7 @@ from tpulab.remote.ssh import (
     HostKeyNotPublishedError,
     RunKey,
     SshTarget,
+    _shown,
     host_key_from,
     remote_command,
     ssh_port_from,
@@ -284,3 +285,16 @@ def test_paramikos_own_error_logs_never_reach_the_terminal() -> None:
     assert done.returncode == 0, done.stderr
     assert "Socket exception" not in done.stderr
     assert "tpulab keeps its own" in done.stderr  # last resort still works for others
+
+
+def test_a_script_passed_as_an_argument_is_named_by_its_size_in_messages() -> None:
+    """The transfers run `python3 -c <source> unpack DIR`: an error named the command by
+    its first 120 characters, which were the script's docstring (a dropped upload named
+    the start of the transfer script's docstring), never what it was doing."""
+    from tpulab.remote.workspace import unpack_command
+
+    shown = _shown(unpack_command("jax-tpu-lab/workspace", keep=True))
+    lines = unpack_command("d")[2].count("\n") + 1
+    assert shown == f"python3 -c '<{lines}-line script>' unpack jax-tpu-lab/workspace --keep"
+    assert _shown(["echo", "hi"]) == "echo hi"
+    assert _shown("x" * 200) == "x" * 117 + "..."

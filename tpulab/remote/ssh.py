@@ -154,9 +154,14 @@ def _paramiko_host_key(host_key: HostKey) -> paramiko.PKey:
 
 
 def _shown(argv: Sequence[str] | str) -> str:
-    """The command as error messages name it: never a whole script."""
-    shown = argv if isinstance(argv, str) else shlex.join(argv)
-    return shown if len(shown) <= 120 else shown[:117] + "..."
+    """The command as error messages name it: never a whole script. A script passed as
+    one argument (the transfers' `python3 -c <source> unpack DIR`) is named by its size,
+    so what it was asked to do stays in view."""
+    if not isinstance(argv, str):
+        argv = shlex.join(
+            f"<{arg.count(chr(10)) + 1}-line script>" if "\n" in arg else arg for arg in argv
+        )
+    return argv if len(argv) <= 120 else argv[:117] + "..."
 
 
 def _chunks_of(source: BinaryIO | Iterable[bytes] | None) -> Iterator[bytes] | None:
