@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 from helpers import FakeClock, group_ended, wait_until
 
+from tpulab.emulator.hostenv import NETWORK_VARS
 from tpulab.errors import (
     AuthError,
     CommandFailedError,
@@ -359,7 +360,11 @@ def test_sessions_see_the_image_environment_only(
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
     }
-    assert names - image <= {*emulator, *warm_jax, "SSH_CONNECTION", "PWD", "SHLVL", "_"}
+    # The machine's CA bundle and proxies, as a real VM has its own (both images).
+    network = {name for name in NETWORK_VARS if name in os.environ}
+    assert names - image <= {
+        *emulator, *warm_jax, *network, "SSH_CONNECTION", "PWD", "SHLVL", "_"
+    }  # fmt: skip
 
 
 @pytest.mark.openssh
@@ -442,3 +447,21 @@ def test_a_daemon_without_the_node_tag_dies_with_the_node(ssh_host: SshHost, esc
     assert os.readlink(f"/proc/{pid}/cwd") == "/"
     ssh_host.backend.stop("node-1")  # what deleting (or rebooting) the node does
     wait_until(lambda: not _pid_alive(pid), f"the daemon {pid} to die with its node", 30)
+
+
+def test_a_put_after_the_connection_died_reconnects_rather_than_reuse_its_sftp(
+    ssh_host: SshHost,
+) -> None:
+    """SFTP rides the connection: once the connection died (a command saw it drop and
+    said so, without closing it), the next put must open both again. It reused the dead
+    SFTP channel: 'Upload to ... failed: Socket is closed' (CI: the workspace upload's
+    second try after a drop, when the drop was seen as a command's lost status)."""
+    with ssh_host.connect() as conn:
+        assert conn.put(b"one", "first.txt") == hashlib.sha256(b"one").hexdigest()
+        assert conn._client is not None
+        transport = conn._client.get_transport()
+        assert transport is not None
+        transport.sock.shutdown(socket.SHUT_RDWR)  # the network drops
+        wait_until(lambda: not transport.is_active(), "paramiko to see the drop", timeout=30)
+        assert conn.put(b"two", "second.txt") == hashlib.sha256(b"two").hexdigest()
+        assert conn.run(["cat", "second.txt"], timeout=30, check=True).stdout == "two"

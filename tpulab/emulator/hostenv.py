@@ -33,6 +33,7 @@ from tpulab.emulator.bytecode import start_warming
 
 __all__ = [
     "IMAGE_KINDS",
+    "NETWORK_VARS",
     "BackendImage",
     "ImageEnv",
     "ImageKind",
@@ -263,7 +264,7 @@ _SUDO = '#!/bin/sh\necho "sudo: the emulated image grants no sudo" >&2\nexit 1\n
 
 # Kept from the emulator's environment: the machine's certificate trust and proxies,
 # which a real VM has configured for itself (a TLS-inspecting proxy needs its CA).
-_NETWORK_VARS = (
+NETWORK_VARS = (
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
     "PIP_CERT",
@@ -277,7 +278,7 @@ _NETWORK_VARS = (
 
 
 def _network_env() -> dict[str, str]:
-    return {name: os.environ[name] for name in _NETWORK_VARS if name in os.environ}
+    return {name: os.environ[name] for name in NETWORK_VARS if name in os.environ}
 
 
 def bare_image_env(root: Path, *, cache_dir: Path | None = None) -> ImageEnv:

@@ -763,6 +763,10 @@ class Connection:
     # -- files ---------------------------------------------------------------------------
 
     def _sftp_client(self) -> paramiko.SFTPClient:
+        if self._sftp is not None and not self._client_active():
+            # The SFTP channel died with its connection (a command saw the drop and said
+            # so without closing it): open both again, as `_transport` does for commands.
+            self.close()
         if self._sftp is None:
             self._transport()
             assert self._client is not None

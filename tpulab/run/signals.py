@@ -100,8 +100,10 @@ class StepSkipped(BaseException):
 # The Ctrl-C that may force a quit: never the 2nd, so a second Ctrl-C cannot abort teardown.
 _FORCING_PRESS = 3
 # How long after Python ignored what the guard raised its signal is sent again (time
-# for the callback it landed in to return).
+# for the callback it landed in to return), once the hook that heard of it returned
+# (waited for at most _REDELIVER_WAIT).
 _REDELIVER_AFTER = 0.01
+_REDELIVER_WAIT = 5.0
 
 
 @dataclass
@@ -127,6 +129,8 @@ class _Guard:
     # What the guard raised last: the exception, how to undo what raising it recorded,
     # and the signal that raises it again (see `redeliver`).
     raised: tuple[BaseException, Callable[[], None], int] | None = None
+    # Set when the unraisable hook that redelivers a signal has returned (redeliver).
+    hook_returned: threading.Event = field(default_factory=threading.Event)
 
     def say(self, text: str) -> None:
         # A closed terminal (SIGHUP) must not turn a message into a failed teardown.
@@ -205,7 +209,14 @@ class _Guard:
         undo()
         before = (self.interrupt, self.skippable, self.bounded)
 
+        returned = self.hook_returned = threading.Event()
+
         def again() -> None:
+            # Not before the hook has returned: a signal landing in it (or in this
+            # thread's start, which the hook waits for) is ignored again, and lost; on
+            # a loaded machine a fixed pause alone let it land there (CI, 2026-12-07).
+            returned.wait(_REDELIVER_WAIT)
+            time.sleep(_REDELIVER_AFTER)
             # Only into the same state: not once the guard has ended, nor after another
             # signal (or the end of the step) has changed what a signal would do.
             if _active is self and (self.interrupt, self.skippable, self.bounded) == before:
@@ -213,9 +224,7 @@ class _Guard:
 
         # From another thread, after this hook and the callback it reports have
         # returned: a signal raised here would land in the same ignoring context.
-        resend = threading.Timer(_REDELIVER_AFTER, again)
-        resend.daemon = True
-        resend.start()
+        threading.Thread(target=again, name="tpulab-redeliver", daemon=True).start()
         return True
 
     def _defer(self, signum: int, step: str, bound: float) -> None:
@@ -296,8 +305,11 @@ def signals_to_teardown(
     previous_hook = sys.unraisablehook
 
     def unraisable(report: sys.UnraisableHookArgs) -> None:
-        if not guard.redeliver(report.exc_value):
-            previous_hook(report)
+        try:
+            if not guard.redeliver(report.exc_value):
+                previous_hook(report)
+        finally:
+            guard.hook_returned.set()  # the redelivery may go now
 
     sys.unraisablehook = unraisable
     try:
