@@ -105,6 +105,10 @@ def refused(host: str, port: int) -> bool:
         socket.create_connection((host, port), timeout=2).close()
     except ConnectionRefusedError:
         return True
+    except ConnectionResetError:
+        # The listener is closing with this connection in its backlog: on its way
+        # down, not gone yet (CI /tmp/ci122, openssh): ask again.
+        return False
     return False
 
 
