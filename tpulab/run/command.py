@@ -192,7 +192,7 @@ class CommandStep:
         session = worker.session
         assert session is not None
         where = "the VM" if len(life.workers) == 1 else f"worker {worker.index}"
-        if self._gone():
+        if unreachable(life):
             raise dropped  # preempted or deleted: no reconnect can follow it
         life.observer.note(
             f"the SSH connection to {where} dropped while your command ran; it runs on "
@@ -224,7 +224,7 @@ class CommandStep:
                 if heard:  # the link was up while the follow streamed: count from now
                     up_at = said_at = life.clock()
                     heard[:] = []
-                if self._gone():
+                if unreachable(life):  # reclaimed or deleted meanwhile
                     raise again from dropped
                 left = self._follow_left(worker, up_at)
                 if left <= 0:
@@ -274,12 +274,6 @@ class CommandStep:
         if renewer is None or renewer.lapses_in() is None:
             return ""
         return ", until its lease may have lapsed and it deletes itself"
-
-    def _gone(self) -> str | None:
-        """GetNode's word that the node cannot be reached any more (a spot VM reclaimed
-        under its command, a node deleted): then reconnecting only waits out its bound."""
-        life = self.life
-        return unreachable(life.api, life.spec.zone.value, life.spec.node_name)
 
     def _free_tpu(self, worker: Worker) -> None:
         """Kill what still holds the TPU and remove libtpu's lock file, as MaxText does

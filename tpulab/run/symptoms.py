@@ -25,7 +25,6 @@ from tpulab.polling import poll_until
 from tpulab.run.lease import look_up, vanished
 
 if TYPE_CHECKING:
-    from tpulab.cloud.api import TpuApi
     from tpulab.run.context import RunContext
 
 __all__ = ["RECLAIMED", "describe_error", "explain", "unreachable"]
@@ -188,11 +187,11 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def unreachable(api: TpuApi, zone: str, node_name: str) -> str | None:
-    """The node's state when GetNode shows it cannot be reached any more (gone, DELETING,
-    or stopped: preempted, terminated); None when it is READY, when it is booting again,
-    or when the API cannot say -- then reconnecting is worth a try."""
-    state, node = look_up(api, zone, node_name)
+def unreachable(ctx: RunContext) -> str | None:
+    """The run's node's state when GetNode shows it cannot be reached any more (gone,
+    DELETING, or stopped: preempted, terminated); None when it is READY, when it is
+    booting again, or when the API cannot say -- then reconnecting is worth a try."""
+    state, node = look_up(ctx.api, ctx.spec.zone.value, ctx.spec.node_name)
     if state is not None:
         return state
     if node is not None and node.state.value in {*RECLAIMED, NodeState.STOPPING.value}:

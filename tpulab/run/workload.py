@@ -316,7 +316,7 @@ class WorkloadRunner:
         try:
             return step(worker)
         except ConnectError:
-            if self._vm_gone() is not None:
+            if unreachable(self.life) is not None:
                 raise
             where = "" if len(self.life.workers) == 1 else f" (worker {worker.index})"
             self.life.observer.note(f"the SSH connection dropped during the {what}{where}; {again}")
@@ -338,7 +338,7 @@ class WorkloadRunner:
         life = self.life
         why = _describe(error)
         self.stopped = why
-        gone = self._vm_gone() if isinstance(error, ConnectError) else None
+        gone = unreachable(self.life) if isinstance(error, ConnectError) else None
         if gone is not None:
             # A reconnect would wait out its bound for a VM that is not coming back.
             self._cut_short(error)
@@ -362,11 +362,6 @@ class WorkloadRunner:
 
     def _stop(self) -> None:
         stop_everywhere(self.life)
-
-    def _vm_gone(self) -> str | None:
-        """The node's state when it cannot be reached any more (symptoms.unreachable)."""
-        life = self.life
-        return unreachable(life.api, life.spec.zone.value, life.spec.node_name)
 
 
 def worker_dir(worker: int) -> str:
