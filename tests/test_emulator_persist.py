@@ -2,7 +2,7 @@
 
 A transaction decides whether to write by comparing the state before and after its body;
 the "before" side is remembered from this process's last read or write while the file
-still holds that text. These tests pin the cases that shortcut could get wrong.
+still holds those bytes. These tests pin the cases that shortcut could get wrong.
 """
 
 from __future__ import annotations
@@ -62,6 +62,19 @@ def test_a_body_that_fails_writes_nothing_and_the_next_sees_the_file(tmp_path: P
         assert state["nodes"]["a"] == {"state": "READY"}
         state["nodes"]["a"]["state"] = "DELETING"  # the same edit, now completed
     assert StateFile(tmp_path).read()["nodes"]["a"] == {"state": "DELETING"}
+
+
+def test_a_state_kept_after_its_transaction_cannot_hide_the_next_change(tmp_path: Path) -> None:
+    # Each transaction yields its own copy; what the next compares against is the file's
+    # content as written, never an object a caller may still hold and change.
+    store = StateFile(tmp_path)
+    with store.transaction() as kept:
+        kept["nodes"]["a"] = {"state": "READY"}
+    kept["nodes"]["a"]["state"] = "GONE"  # after its transaction: not the cloud's state
+    with store.transaction() as state:
+        assert state["nodes"]["a"] == {"state": "READY"}
+        state["nodes"]["a"]["state"] = "GONE"  # now it is, and must be written
+    assert StateFile(tmp_path).read()["nodes"]["a"] == {"state": "GONE"}
 
 
 def test_no_state_file_is_a_fresh_cloud_and_reading_it_creates_none(tmp_path: Path) -> None:
