@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import textwrap
 import threading
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from cut_connection import CutConnection
 
 from tpulab import paths
 from tpulab.config import RunSpec
@@ -38,7 +38,7 @@ from tpulab.errors import (
 from tpulab.exits import EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_WORKLOAD, exit_status_for
 from tpulab.remote import workload as wl
 from tpulab.remote.keys import RunKey, SshTarget
-from tpulab.remote.ssh import Connection, RunResult
+from tpulab.remote.ssh import RunResult
 from tpulab.run.progress import COMMAND_STREAM, NullObserver, Phase
 from tpulab.run.record import read_run_record
 from tpulab.run.signals import shield, signals_to_teardown, skippable
@@ -341,26 +341,7 @@ def test_ctrl_c_during_the_command_fetches_then_deletes(
     assert rig.leftovers() == []
 
 
-class _CutConnection(Connection):
-    """A real connection that counts its connects and can have its TCP stream cut (its
-    socket shut down under paramiko), as a network that drops does."""
-
-    def __init__(self, target: SshTarget, key: RunKey) -> None:
-        super().__init__(target, key, connect_timeout=15)
-        self.connects = 0
-
-    def open(self) -> None:
-        if self._client is None:
-            self.connects += 1
-        super().open()
-
-    def cut_now(self) -> None:
-        transport = self._client.get_transport() if self._client is not None else None
-        assert transport is not None
-        transport.sock.shutdown(socket.SHUT_RDWR)
-
-
-class _DropsBeforeTheStop(_CutConnection):
+class _DropsBeforeTheStop(CutConnection):
     """Cut just before it runs the stop request: a Ctrl-C that left the SSH stream
     unusable, or a network blip at the worst moment."""
 
@@ -400,7 +381,7 @@ def test_a_connection_dropped_before_the_stop_is_opened_again_and_the_fetch_foll
     assert rig.leftovers() == []
 
 
-class _DropsDuringTheCommand(_CutConnection):
+class _DropsDuringTheCommand(CutConnection):
     """Cut while the user's command runs, once this end has received the command's first
     line: the laptop's network dropping under a long training run. The command waits
     for the cut (a file) before it goes on."""
@@ -483,7 +464,7 @@ def test_a_connection_dropped_during_the_command_is_reconnected_and_the_command_
     assert rig.leftovers() == []
 
 
-class _DropsDuringTheUpload(_CutConnection):
+class _DropsDuringTheUpload(CutConnection):
     """Cut once the workspace upload's first chunk is on its way: the laptop's network
     dropping while a large workspace goes up."""
 
@@ -539,7 +520,7 @@ def test_a_connection_dropped_during_the_upload_sends_it_again(rig: Rig, tmp_pat
     assert rig.leftovers() == []
 
 
-class _DropsDuringTheFetch(_CutConnection):
+class _DropsDuringTheFetch(CutConnection):
     """Cut once the fetch's first chunk has arrived: the laptop's network dropping while
     the results of a long run come home."""
 
