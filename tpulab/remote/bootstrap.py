@@ -280,12 +280,23 @@ _MATCHES = (
 )
 assert "'" not in _MATCHES
 
+# One venv-changing step at a time in the lab directory: a step whose SSH connection
+# dropped may still run on the VM when the run makes it again (tpulab.run.dropped), and
+# two `uv venv` (uv #11219) or pip installs (pip #2361) into one venv break it. The next
+# waits for the lock (the earlier's children hold it too). flock(1) is util-linux's,
+# Essential on Debian and Ubuntu images; an image without it runs the step unlocked.
+_ONE_AT_A_TIME = f"""mkdir -p {LAB_DIR} || exit 30
+exec 9>>{LAB_DIR}/.bootstrap.lock
+! command -v flock >/dev/null 2>&1 || flock 9
+"""
+
 _VENV_SCRIPT = (
     r"""
 lab=$1; venv=$2; want=$3; prefer=$4
 """
     + f"matches='{_MATCHES}'; kind_var={EMULATED_IMAGE_ENV}\n"
     + _REACH_FUNCTION
+    + _ONE_AT_A_TIME
     + r"""mkdir -p "$lab" || exit 30
 """
     + _FIND_UV
@@ -358,6 +369,7 @@ _INSTALL_SCRIPT = (
 venv=$1; installer=$2; shift 2
 """
     + _REACH_FUNCTION
+    + _ONE_AT_A_TIME
     + _FIND_UV
     + r"""
 reach "$installer" || exit 44

@@ -1,4 +1,5 @@
-"""How the verifier payload is invoked, shared by the local run and the remote lifecycle.
+"""How the verifier payload is invoked, shared by the local run and the remote lifecycle,
+and how a run's payload left running on a VM is stopped.
 
 One builder for the argv and one for the environment, so `tpulab verify --local` and
 `tpulab run` start the payload the same way: the platform named twice (JAX_PLATFORMS, so
@@ -18,6 +19,7 @@ from tpulab.errors import ConfigError
 __all__ = [
     "COORDINATOR_PORT",
     "PAYLOAD_NAME",
+    "PAYLOAD_STOP_MARKER",
     "RECEIPT_PREFIX",
     "SliceRole",
     "check_nonce",
@@ -25,6 +27,8 @@ __all__ = [
     "merged_env",
     "payload_command",
     "payload_env",
+    "stop_payload_command",
+    "stopped_payloads",
 ]
 
 PAYLOAD_NAME = "verify_tpu.py"
@@ -174,3 +178,57 @@ def extract_receipt_line(output: bytes | str) -> bytes | None:
 def merged_env(base: Mapping[str, str], platform: str, devices: int) -> dict[str, str]:
     """`base` with the payload's settings on top (replacing any inherited XLA_FLAGS)."""
     return {**base, **payload_env(platform, devices)}
+
+
+PAYLOAD_STOP_MARKER = "TPULAB_PAYLOAD_STOP "
+# Kill (SIGKILL) every process whose argv holds `--nonce NONCE`: a run's payload, which
+# nothing else carries (the nonce is the run's own), left running on the VM when the SSH
+# connection it was started over dropped. This script's own argv holds the nonce alone,
+# not after --nonce. Then up to argv[2] seconds for them to be gone (or zombies), so a
+# payload started next finds the TPU free; the image's python3 (3.10 on TPU VM images).
+_STOP_PAYLOAD_SCRIPT = r"""
+import os, signal, sys, time
+nonce, wait_for = sys.argv[1].encode(), float(sys.argv[2])
+killed = []
+for name in os.listdir("/proc"):
+    if not name.isdigit() or int(name) == os.getpid():
+        continue
+    try:
+        with open("/proc/%s/cmdline" % name, "rb") as handle:
+            args = handle.read().split(b"\0")
+    except OSError:
+        continue
+    if any(a == b"--nonce" and b == nonce for a, b in zip(args, args[1:])):
+        try:
+            os.kill(int(name), signal.SIGKILL)
+            killed.append(name)
+        except OSError:
+            pass
+
+def gone(pid):
+    try:
+        with open("/proc/%s/stat" % pid) as handle:
+            state = handle.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+deadline = time.monotonic() + wait_for
+while not all(gone(pid) for pid in killed) and time.monotonic() < deadline:
+    time.sleep(0.1)
+print("TPULAB_PAYLOAD_STOP " + (",".join(killed) or "-"))
+"""
+
+
+def stop_payload_command(nonce: str, *, wait_seconds: int = 10) -> list[str]:
+    """argv that stops the payload run with `nonce`, if it still runs (see the script)."""
+    return ["python3", "-c", _STOP_PAYLOAD_SCRIPT, check_nonce(nonce), str(wait_seconds)]
+
+
+def stopped_payloads(output: str) -> list[int] | None:
+    """The pids the stop killed, from its output; None when it did not report."""
+    for line in output.splitlines():
+        if line.startswith(PAYLOAD_STOP_MARKER):
+            said = line[len(PAYLOAD_STOP_MARKER) :].strip()
+            return [] if said == "-" else [int(pid) for pid in said.split(",") if pid.isdigit()]
+    return None

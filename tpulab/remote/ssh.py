@@ -835,6 +835,8 @@ class Connection:
                 self._makedirs(sftp, str(PurePosixPath(path).parent))
                 sftp.putfo(source, path, confirm=True)
             except OSError as exc:
+                if not self._client_active():
+                    raise  # the connection dropped: `_mapped` says so (ConnectError)
                 raise RemoteError(f"Upload to {self.target}:{path} failed: {exc}") from exc
         expected = digest.hexdigest()
         observed = self._remote_sha256(path)
@@ -852,6 +854,8 @@ class Connection:
         try:
             size = sftp.stat(path).st_size or 0
         except OSError as exc:
+            if not self._client_active():
+                raise  # the connection dropped (`_mapped`: ConnectError), not a missing file
             raise RemoteError(f"Cannot read {self.target}:{path}: {exc}") from exc
         if size > max_bytes:
             raise RemoteError(
@@ -872,6 +876,8 @@ class Connection:
                         )
                     chunks.append(chunk)
         except OSError as exc:
+            if not self._client_active():
+                raise  # as above: the link, not the file
             raise RemoteError(f"Download of {self.target}:{path} failed: {exc}") from exc
         data = b"".join(chunks)
         observed = hashlib.sha256(data).hexdigest()

@@ -9,11 +9,13 @@ driver, whose teardown runs whatever happened (tpulab.run.ending).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from tpulab import paths
-from tpulab.errors import ConfigError, ReceiptStoreError, RemoteError
+from tpulab.errors import ConfigError, ConnectError, ReceiptStoreError, RemoteError
 from tpulab.remote import bootstrap as boot
+from tpulab.run.dropped import again_after_a_drop
 from tpulab.run.lease import LeaseRenewer, read_state
 from tpulab.run.outcome import Judged
 from tpulab.run.workers import FanOut, Worker
@@ -160,7 +162,11 @@ def bootstrap(ctx: RunContext) -> str:
             clock=ctx.clock,
         )
 
-    done = ctx.on_workers(install, "bootstrap")
+    def again(worker: Worker) -> boot.BootstrapResult:
+        # Each step finds what an earlier one made (uv locks the venv it installs into).
+        return again_after_a_drop(ctx, worker, install, "bootstrap", "bootstrapping again")
+
+    done = ctx.on_workers(again, "bootstrap")
     result = ctx.bootstrapped = done.results[0]
     jax = result.versions.get("jax") or "?"
     python = result.versions.get("python") or "?"
@@ -178,7 +184,9 @@ def stage(ctx: RunContext) -> str:
         worker.session.run(["rm", "-f", boot.RECEIPT_PATH], timeout=60, check=True)
         return local
 
-    done = ctx.on_workers(put, "stage")
+    done = ctx.on_workers(
+        lambda worker: again_after_a_drop(ctx, worker, put, "staging", "staging again"), "stage"
+    )
     return _with_workers(f"{len(ctx.payload_bytes)} bytes, sha256 {done.results[0][:12]}", done)
 
 
@@ -207,6 +215,7 @@ def execute(ctx: RunContext) -> str:
             slice_role=_slice_role(ctx, worker),
         )
         kept = worker.payload_output
+        kept.clear()  # run again after a drop: its own output only
         shown = ctx.on_line if worker.index == 0 else None
 
         def on_line(stream: str, line: str) -> None:
@@ -222,9 +231,33 @@ def execute(ctx: RunContext) -> str:
             kept.extend(both.splitlines()[-_OUTPUT_LINES:])
         return result.exit_status
 
-    done = ctx.on_workers(run, "execute")
+    def again(worker: Worker) -> int:
+        if len(ctx.workers) > 1:
+            return run(worker)  # a slice's payloads are one program: one cannot rejoin
+        stop = "stopping the run the drop left on the VM and running it again"
+        before = partial(_stop_dropped_payload, ctx)
+        return again_after_a_drop(ctx, worker, run, "verifier's run", stop, before=before)
+
+    done = ctx.on_workers(again, "execute")
     ctx.payload_exit = _worst(done.results)
     return _with_workers(f"exit {ctx.payload_exit}", done)
+
+
+def _stop_dropped_payload(ctx: RunContext, worker: Worker) -> None:
+    """Kill the payload a dropped connection left running (it may hold the TPU), then
+    free the TPU: libtpu leaves its lock file behind a killed holder (jax #10192)."""
+    from tpulab.remote.payload import stop_payload_command, stopped_payloads
+    from tpulab.remote.tpu_release import release_command
+
+    assert worker.session is not None
+    result = worker.session.run(stop_payload_command(ctx.nonce), timeout=60)
+    killed = stopped_payloads(result.stdout)
+    if killed is None:
+        ctx.observer.note(f"could not look for the earlier run (exit {result.exit_status})")
+    elif killed:
+        ctx.observer.note(f"stopped the earlier run on the VM (pid {', '.join(map(str, killed))})")
+    if ctx.frees_stale_tpu:
+        worker.session.run(release_command(), timeout=60)
 
 
 def collect(ctx: RunContext) -> str:
@@ -236,12 +269,17 @@ def collect(ctx: RunContext) -> str:
 
     slice_run = len(ctx.workers) > 1
 
-    def fetch(worker: Worker) -> int:
+    def read(worker: Worker) -> bytes:
         assert worker.session is not None
+        return worker.session.read(boot.RECEIPT_PATH, max_bytes=MAX_RECEIPT_BYTES)
+
+    def fetch(worker: Worker) -> int:
         # Into memory, and from there to the receipt store (`verify`): nothing on this
         # machine's disk can fail the download and read as the VM's fault.
         try:
-            worker.raw_receipt = worker.session.read(boot.RECEIPT_PATH, max_bytes=MAX_RECEIPT_BYTES)
+            worker.raw_receipt = again_after_a_drop(ctx, worker, read, "receipt's fetch", "again")
+        except ConnectError:
+            raise  # the link, not the payload: no receipt judged missing
         except RemoteError as error:
             if slice_run:
                 worker.payload_output.append(f"fetching {boot.RECEIPT_PATH}: {error.message}")

@@ -22,15 +22,15 @@ tpulab.run.context), so journal and observer see these phases like any other, an
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from tpulab import paths
 from tpulab.errors import ConfigError, ConnectError, InterruptedRun, TpuLabError
 from tpulab.remote import bootstrap as boot
 from tpulab.remote import workload as wl
 from tpulab.run.command import CommandRun, CommandStep, launch, stop_everywhere
+from tpulab.run.dropped import again_after_a_drop
 from tpulab.run.outcome import WorkloadOutcome
 from tpulab.run.progress import Phase
 from tpulab.run.signals import StepSkipped, interrupted, is_skip
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 
 __all__ = ["WorkloadOutcome", "WorkloadRunner", "extras_for"]
 
-_T = TypeVar("_T")
 
 # After a Ctrl-C the fetch is a courtesy before the teardown: bounded, not the full cap.
 INTERRUPTED_FETCH_SECONDS = 120.0
@@ -216,8 +215,12 @@ class WorkloadRunner:
         def up(worker: Worker) -> UploadResult:
             # Both steps may be sent again: a cut upload replaces nothing on the VM (its
             # stream is refused without its trailer); the next sends what the VM lacks.
-            return self._again_after_a_drop(
-                worker, send, "upload", "sending it again (the VM kept its previous workspace)"
+            return again_after_a_drop(
+                self.life,
+                worker,
+                send,
+                "upload",
+                "sending it again (the VM kept its previous workspace)",
             )
 
         done = life.on_workers(up, "sync")
@@ -279,8 +282,12 @@ class WorkloadRunner:
         def bring(worker: Worker) -> Manifest:
             # Read-only on the VM: a fetch cut short (its arrived files kept) may be
             # made again whole, each file replacing its kept copy.
-            return self._again_after_a_drop(
-                worker, fetch_from, "fetch", "fetching again (what arrived is kept meanwhile)"
+            return again_after_a_drop(
+                self.life,
+                worker,
+                fetch_from,
+                "fetch",
+                "fetching again (what arrived is kept meanwhile)",
             )
 
         def fetch_from(worker: Worker) -> Manifest:
@@ -306,21 +313,6 @@ class WorkloadRunner:
             f"{manifest.count} files, {manifest.total_bytes / 2**20:.1f} MiB into {where}"
             f"{missing}{manifest.describe_skipped()}{manifest.describe_left()}"
         )
-
-    def _again_after_a_drop(
-        self, worker: Worker, step: Callable[[Worker], _T], what: str, again: str
-    ) -> _T:
-        """`step` on `worker`, and once more over a new connection when the SSH connection
-        dropped under it (a Wi-Fi blip during a large transfer), unless GetNode says the
-        node is gone. Once: a link that drops again ends the phase as before."""
-        try:
-            return step(worker)
-        except ConnectError:
-            if unreachable(self.life) is not None:
-                raise
-            where = "" if len(self.life.workers) == 1 else f" (worker {worker.index})"
-            self.life.observer.note(f"the SSH connection dropped during the {what}{where}; {again}")
-            return step(worker)
 
     def _kept(self, manifest: Manifest) -> None:
         self.kept = manifest

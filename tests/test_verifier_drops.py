@@ -1,0 +1,226 @@
+"""A network that drops under the verifier's steps: each is made again over a new
+connection, and the run verifies instead of ending (and deleting the VM it waited for).
+
+The real lifecycle against the emulator over both SSH servers; the drop is a real cut
+of the connection's TCP stream (tests/cut_connection.py) at a chosen step. Each test
+ends by checking the emulator for leftovers.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from cut_connection import CutConnection
+
+from tpulab import paths
+from tpulab.errors import ConnectError
+from tpulab.remote import bootstrap as boot
+from tpulab.remote.keys import RunKey, SshTarget
+from tpulab.remote.payload import stop_payload_command, stopped_payloads
+from tpulab.remote.ssh import RunResult
+from tpulab.run.progress import NullObserver
+
+if TYPE_CHECKING:
+    from run_rig import Rig
+
+pytest_plugins = ["emulator_fixtures", "ssh_fixtures", "run_rig"]
+
+
+class _Notes(NullObserver):
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+
+class _DropsAt(CutConnection):
+    """Cut once, in the middle of `step`: once the bootstrap's venv step has printed its
+    first line, or the payload its first; as the payload's upload has begun (its folder
+    looked for), or the receipt's download (its sha256 taken on the VM). A connection
+    cut between two commands would only be opened again by the next: these cut one in
+    flight, which the step sees fail."""
+
+    def __init__(self, target: SshTarget, key: RunKey, step: str, times: int = 1) -> None:
+        super().__init__(target, key)
+        self.step = step
+        self.cuts = times
+        self._in: str | None = None
+
+    def _cut(self, step: str) -> None:
+        if self.step == step and self.cuts > 0:
+            self.cuts -= 1
+            self.cut_now()
+
+    def run(self, argv: Sequence[str] | str, **kwargs: Any) -> RunResult:
+        shown = kwargs.get("on_line")
+        step = None
+        if list(argv[:3]) == boot.venv_command()[:3]:  # sh -c <the venv step's script>
+            step = "bootstrap"
+        elif boot.STAGED_PAYLOAD in argv:
+            step = "execute"
+        if step is None or shown is None:
+            return super().run(argv, **kwargs)
+
+        def on_line(stream: str, line: str) -> None:
+            shown(stream, line)
+            self._cut(step)
+
+        return super().run(argv, **{**kwargs, "on_line": on_line})
+
+    def put(self, local: Path | bytes, remote: str) -> str:
+        self._in = "stage" if remote == boot.STAGED_PAYLOAD else None
+        return super().put(local, remote)
+
+    def _makedirs(self, sftp: Any, directory: str) -> None:
+        if self._in is not None:
+            self._cut(self._in)
+        super()._makedirs(sftp, directory)
+
+    def read(self, remote: str, *, max_bytes: int) -> bytes:
+        self._in = "collect" if remote == boot.RECEIPT_PATH else None
+        return super().read(remote, max_bytes=max_bytes)
+
+    def _remote_sha256(self, path: str) -> str:
+        digest = super()._remote_sha256(path)
+        if self._in == "collect":
+            self._cut("collect")
+        return digest
+
+
+_NAMED = {
+    "bootstrap": "bootstrap",
+    "stage": "staging",
+    "execute": "verifier's run",
+    "collect": "receipt's fetch",
+}
+
+
+@pytest.mark.parametrize("step", list(_NAMED))
+def test_a_drop_during_a_verifier_step_makes_it_again_and_the_run_verifies(
+    rig: Rig, step: str
+) -> None:
+    made: list[_DropsAt] = []
+
+    def connect(target: SshTarget, key: RunKey) -> _DropsAt:
+        made.append(_DropsAt(target, key, step))
+        return made[-1]
+
+    heard = _Notes()
+    life, _, error = rig.run(rig.spec(), heard, connect=connect)
+    assert error is None, error
+    (connection,) = made
+    assert connection.cuts == 0  # it was cut
+    assert connection.connects == 2  # the run's, and one after the drop
+    said = f"the SSH connection dropped during the {_NAMED[step]}"
+    assert any(n.startswith(said) for n in heard.notes), heard.notes
+    assert life.outcome.verified
+    assert life.outcome.teardown_status == "confirmed"
+    assert rig.leftovers() == []
+
+
+def test_a_second_drop_ends_the_run_as_before(rig: Rig) -> None:
+    made: list[_DropsAt] = []
+
+    def connect(target: SshTarget, key: RunKey) -> _DropsAt:
+        made.append(_DropsAt(target, key, "collect", times=2))
+        return made[-1]
+
+    life, _, error = rig.run(rig.spec(), connect=connect)
+    # The link, named as such: not a payload that "wrote no receipt".
+    assert isinstance(error, ConnectError), error
+    assert made[0].cuts == 0
+    assert not life.outcome.verified
+    assert life.outcome.teardown_status == "confirmed"
+    assert rig.leftovers() == []
+
+
+def _holds_on_then_verifies(directory: Path, pid_file: Path) -> Path:
+    """A payload whose first run prints a line, then stays (writing nothing more, so no
+    broken pipe ends it), as a payload compiling on a TPU does; the next run is the real
+    verifier (emulated nodes share this file system)."""
+    from run_rig import payload_script
+
+    return payload_script(
+        directory,
+        f"""
+        import os, pathlib, runpy, time
+        first = pathlib.Path({str(pid_file)!r})
+        if not first.exists():
+            first.write_text(str(os.getpid()))
+            print("compiling", flush=True)
+            time.sleep(300)
+        runpy.run_path({str(paths.payload_path())!r}, run_name="__main__")
+        """,
+    )
+
+
+def test_the_payload_a_drop_left_running_is_stopped_before_the_next(
+    rig: Rig, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "first-payload.pid"
+    script = _holds_on_then_verifies(tmp_path, pid_file)
+    made: list[_DropsAt] = []
+
+    def connect(target: SshTarget, key: RunKey) -> _DropsAt:
+        made.append(_DropsAt(target, key, "execute"))
+        return made[-1]
+
+    heard = _Notes()
+    life, _, error = rig.run(rig.spec(script=script), heard, connect=connect)
+    assert error is None, error
+    first = int(pid_file.read_text())
+    assert f"stopped the earlier run on the VM (pid {first})" in heard.notes, heard.notes
+    assert not _alive(first)
+    assert life.outcome.verified
+    assert life.outcome.teardown_status == "confirmed"
+    assert rig.leftovers() == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_the_payload_stop_kills_only_the_run_with_its_nonce(tmp_path: Path) -> None:
+    sleep = "import time; time.sleep(120)"
+
+    def start(*args: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", sleep, *args])
+
+    ours = start("--platform", "cpu", "--nonce", "nonce-of-this-run")
+    others = [
+        start("--nonce", "nonce-of-another-run"),
+        start("nonce-of-this-run"),  # the nonce, not after --nonce
+    ]
+    try:
+        done = subprocess.run(
+            stop_payload_command("nonce-of-this-run", wait_seconds=10),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert stopped_payloads(done.stdout) == [ours.pid]
+        assert ours.wait(timeout=10) == -9
+        time.sleep(0.2)  # a wrong kill would have landed by now: the two are still there
+        assert [other.poll() for other in others] == [None, None]
+        again = subprocess.run(
+            stop_payload_command("nonce-of-this-run"), capture_output=True, text=True, timeout=60
+        )
+        assert stopped_payloads(again.stdout) == []
+    finally:
+        for process in [ours, *others]:
+            process.kill()
+            process.wait()
+    assert os.path.exists("/proc/self")
