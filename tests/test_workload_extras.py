@@ -160,3 +160,66 @@ def test_extras_install_once_then_a_rerun_installs_nothing(kind: str, tmp_path: 
     assert second.versions == {PACKAGE: VERSION}
     assert refused.value.packages == ("no-such-package-anywhere",)
     assert "no-such-package-anywhere" in refused.value.message
+
+
+def test_a_drop_during_the_install_installs_again(wheel_rig: Rig, tmp_path: Path) -> None:
+    """The connection cut once the extras step has printed its first line: the step is
+    made again (after the one left running, which holds the venv's lock) and the command
+    imports the package."""
+    from collections.abc import Sequence
+    from typing import Any
+
+    from cut_connection import CutConnection
+    from test_workload_e2e import with_workload, workspace
+
+    from tpulab.remote.keys import RunKey, SshTarget
+    from tpulab.remote.ssh import RunResult
+    from tpulab.run.progress import NullObserver
+
+    class DropsDuringTheInstall(CutConnection):
+        cut = False
+
+        def run(self, argv: Sequence[str] | str, **kwargs: Any) -> RunResult:
+            shown = kwargs.get("on_line")
+            extras = boot.extras_command(boot.Extras(()))
+            if self.cut or list(argv[:3]) != extras[:3] or shown is None:
+                return super().run(argv, **kwargs)
+
+            def on_line(stream: str, line: str) -> None:
+                shown(stream, line)
+                if not self.cut:
+                    self.cut = True
+                    self.cut_now()
+
+            return super().run(argv, **{**kwargs, "on_line": on_line})
+
+    class Notes(NullObserver):
+        def __init__(self) -> None:
+            self.said: list[str] = []
+
+        def note(self, message: str) -> None:
+            self.said.append(message)
+
+    made: list[DropsDuringTheInstall] = []
+
+    def connect(target: SshTarget, key: RunKey) -> DropsDuringTheInstall:
+        made.append(DropsDuringTheInstall(target, key))
+        return made[-1]
+
+    work = workspace(tmp_path, {"use.py": f"import {MODULE}\nprint({MODULE}.MESSAGE)\n"})
+    spec = with_workload(wheel_rig.spec(), work, tmp_path / "out", "python", "use.py")
+    assert spec.workload is not None
+    extra = dataclasses.replace(spec.workload, with_packages=(f"{PACKAGE}=={VERSION}",))
+    notes = Notes()
+    life, recorder, error = wheel_rig.run(
+        dataclasses.replace(spec, workload=extra), notes, connect=connect
+    )
+    assert error is None, getattr(error, "output_tail", error)
+    (connection,) = made
+    assert connection.cut
+    assert connection.connects == 2
+    assert any(n.startswith("the SSH connection dropped during the install") for n in notes.said)
+    said = [line for stream, line in recorder.output if stream == COMMAND_STREAM]
+    assert f"hello from {PACKAGE} {VERSION}" in said
+    assert life.outcome.teardown_status == "confirmed"
+    assert wheel_rig.leftovers() == []

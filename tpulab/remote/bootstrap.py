@@ -419,7 +419,9 @@ _PROBE = (
 _EXTRAS_SCRIPT = (
     r"""
 venv=$1; installer=$2; stamp=$3; want=$4; reqs=$5; dir=$6; shift 6
-if [ -r "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+"""
+    + _ONE_AT_A_TIME
+    + r"""if [ -r "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "TPULAB_EXTRAS satisfied (stamp $want)"; exit 0
 fi
 if [ -n "$reqs" ]; then set -- "$@" -r "$reqs"; fi

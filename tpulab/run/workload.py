@@ -258,7 +258,12 @@ class WorkloadRunner:
                 clock=life.clock,
             )
 
-        done = life.on_workers(add, "install")
+        def again(worker: Worker) -> boot.ExtrasResult:
+            # The install waits for one the drop left running (a lock on the VM), then
+            # finds its stamp or installs what is still missing.
+            return again_after_a_drop(life, worker, add, "install", "installing again")
+
+        done = life.on_workers(again, "install")
         result = self.installed = done.results[0]
         versions = ", ".join(f"{k} {v}" for k, v in sorted(result.versions.items()))
         return _with_workers(f"{extras.describe()}: {result.install}; {versions}", done)
