@@ -426,9 +426,17 @@ class Journal:
 
     def runs_for_node(self, project: str, zone: str, node_name: str) -> list[RunRow]:
         """Rows naming this node, newest first (names are reusable across runs)."""
+        key = (project, zone, node_name)
+        return self.runs_for_nodes([key])[key]
+
+    def runs_for_nodes(
+        self, keys: Iterable[tuple[str, str, str]]
+    ) -> dict[tuple[str, str, str], list[RunRow]]:
+        """`runs_for_node` for each (project, zone, name), in one transaction: `tpulab
+        list` of 120 nodes opened the journal 120 times."""
         with self._transaction() as conn:
-            found = conn.execute(_SELECT_NODE, (project, zone, node_name)).fetchall()
-        return [_row(values) for values in found]
+            found = {key: conn.execute(_SELECT_NODE, key).fetchall() for key in keys}
+        return {key: [_row(values) for values in rows] for key, rows in found.items()}
 
     # -- plumbing --------------------------------------------------------------------
 
@@ -651,9 +659,10 @@ def journal_view(
     nodes = list(nodes)
     try:
         states: dict[tuple[str, str, str], str] = {}
+        named = journal.runs_for_nodes((n.project, n.zone, n.name) for n in nodes)
         for node in nodes:
             key = (node.project, node.zone, node.name)
-            rows = journal.runs_for_node(*key)
+            rows = named[key]
             by_label = [r for r in rows if node.run_id is not None and r.run_id == node.run_id]
             if by_label:
                 states[key] = _state_text(by_label[0], sessions)
