@@ -8,7 +8,6 @@ ends by checking the emulator for leftovers.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -192,7 +191,12 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def test_the_payload_stop_kills_only_the_run_with_its_nonce(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", ["3", "3.10"], ids=["python3", "python3.10"])
+def test_the_payload_stop_kills_only_the_run_with_its_nonce(version: str) -> None:
+    """Run as the VM runs it: by the image's python3 (3.10 on TPU VM images)."""
+    from helpers import require_python
+
+    python = require_python(version)
     sleep = "import time; time.sleep(120)"
 
     def start(*args: str) -> subprocess.Popen[bytes]:
@@ -205,7 +209,7 @@ def test_the_payload_stop_kills_only_the_run_with_its_nonce(tmp_path: Path) -> N
     ]
     try:
         done = subprocess.run(
-            stop_payload_command("nonce-of-this-run", wait_seconds=10),
+            [python, *stop_payload_command("nonce-of-this-run", wait_seconds=10)[1:]],
             capture_output=True,
             text=True,
             timeout=60,
@@ -216,11 +220,13 @@ def test_the_payload_stop_kills_only_the_run_with_its_nonce(tmp_path: Path) -> N
         time.sleep(0.2)  # a wrong kill would have landed by now: the two are still there
         assert [other.poll() for other in others] == [None, None]
         again = subprocess.run(
-            stop_payload_command("nonce-of-this-run"), capture_output=True, text=True, timeout=60
+            [python, *stop_payload_command("nonce-of-this-run")[1:]],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert stopped_payloads(again.stdout) == []
     finally:
         for process in [ours, *others]:
             process.kill()
             process.wait()
-    assert os.path.exists("/proc/self")
