@@ -135,6 +135,9 @@ def test_a_second_drop_ends_the_run_as_before(rig: Rig) -> None:
     life, _, error = rig.run(rig.spec(), connect=connect)
     # The link, named as such: not a payload that "wrote no receipt".
     assert isinstance(error, ConnectError), error
+    # Not "the VM may have been preempted": GetNode showed it up after each drop.
+    assert error.hint is not None
+    assert error.hint.startswith("GetNode shows the node up: the network"), error.hint
     assert made[0].cuts == 0
     assert not life.outcome.verified
     assert life.outcome.teardown_status == "confirmed"

@@ -45,6 +45,17 @@ def again_after_a_drop(
             raise
         where = "" if len(ctx.workers) == 1 else f" (worker {worker.index})"
         ctx.observer.note(f"the SSH connection dropped during the {what}{where}; {again}")
-        if before is not None:
-            before(worker)
-        return step(worker)
+        try:
+            if before is not None:
+                before(worker)
+            return step(worker)
+        except ConnectError as again:
+            if unreachable(ctx) is None:
+                # Not "the VM may have been preempted": GetNode just said it was not.
+                again.hint = (
+                    "GetNode shows the node up: the network between here and the VM "
+                    "dropped again, or was not back in time. Run again on a steadier link "
+                    "(`tpulab up` keeps a verified node, and `tpulab exec` follows a "
+                    "command across longer outages)."
+                )
+            raise
