@@ -4,9 +4,9 @@ A Wi-Fi blip of a few seconds used to end a run wherever it fell: the VM was del
 and with it the minutes its creation took (and, in the workload's transfers, every file
 not yet home). The steps given here are safe to make twice: they put, read or rebuild
 what they need, and the verifier's payload is run again only after the one the drop left
-running on the VM is stopped (`before`). Once: a link that drops again ends the phase as
-before. Never when GetNode says the node is gone (preempted, deleted): no reconnect
-reaches it, and the phase's error says what happened.
+running on the VM is stopped (`stop_dropped_payload`). Once: a link that drops again
+ends the phase as before. Never when GetNode says the node is gone (preempted, deleted):
+no reconnect reaches it, and the phase's error says what happened.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from tpulab.run.context import RunContext
     from tpulab.run.workers import Worker
 
-__all__ = ["again_after_a_drop"]
+__all__ = ["again_after_a_drop", "stop_dropped_payload"]
 
 _T = TypeVar("_T")
 
@@ -59,3 +59,21 @@ def again_after_a_drop(
                     "command across longer outages)."
                 )
             raise
+
+
+def stop_dropped_payload(ctx: RunContext, worker: Worker) -> None:
+    """The `before` of the verifier's run: kill the payload a dropped connection left
+    running (it may hold the TPU), then free the TPU: libtpu leaves its lock file behind
+    a killed holder (jax #10192)."""
+    from tpulab.remote.payload import stop_payload_command, stopped_payloads
+    from tpulab.remote.tpu_release import release_command
+
+    assert worker.session is not None
+    result = worker.session.run(stop_payload_command(ctx.nonce), timeout=60)
+    killed = stopped_payloads(result.stdout)
+    if killed is None:
+        ctx.observer.note(f"could not look for the earlier run (exit {result.exit_status})")
+    elif killed:
+        ctx.observer.note(f"stopped the earlier run on the VM (pid {', '.join(map(str, killed))})")
+    if ctx.frees_stale_tpu:
+        worker.session.run(release_command(), timeout=60)

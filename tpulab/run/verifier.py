@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tpulab import paths
 from tpulab.errors import ConfigError, ConnectError, ReceiptStoreError, RemoteError
 from tpulab.remote import bootstrap as boot
-from tpulab.run.dropped import again_after_a_drop
+from tpulab.run.dropped import again_after_a_drop, stop_dropped_payload
 from tpulab.run.lease import LeaseRenewer, read_state
 from tpulab.run.outcome import Judged
 from tpulab.run.workers import FanOut, Worker
@@ -235,29 +235,12 @@ def execute(ctx: RunContext) -> str:
         if len(ctx.workers) > 1:
             return run(worker)  # a slice's payloads are one program: one cannot rejoin
         stop = "stopping the run the drop left on the VM and running it again"
-        before = partial(_stop_dropped_payload, ctx)
+        before = partial(stop_dropped_payload, ctx)
         return again_after_a_drop(ctx, worker, run, "verifier's run", stop, before=before)
 
     done = ctx.on_workers(again, "execute")
     ctx.payload_exit = _worst(done.results)
     return _with_workers(f"exit {ctx.payload_exit}", done)
-
-
-def _stop_dropped_payload(ctx: RunContext, worker: Worker) -> None:
-    """Kill the payload a dropped connection left running (it may hold the TPU), then
-    free the TPU: libtpu leaves its lock file behind a killed holder (jax #10192)."""
-    from tpulab.remote.payload import stop_payload_command, stopped_payloads
-    from tpulab.remote.tpu_release import release_command
-
-    assert worker.session is not None
-    result = worker.session.run(stop_payload_command(ctx.nonce), timeout=60)
-    killed = stopped_payloads(result.stdout)
-    if killed is None:
-        ctx.observer.note(f"could not look for the earlier run (exit {result.exit_status})")
-    elif killed:
-        ctx.observer.note(f"stopped the earlier run on the VM (pid {', '.join(map(str, killed))})")
-    if ctx.frees_stale_tpu:
-        worker.session.run(release_command(), timeout=60)
 
 
 def collect(ctx: RunContext) -> str:
