@@ -135,8 +135,9 @@ def test_a_second_drop_ends_the_run_as_before(rig: Rig) -> None:
     # The link, named as such: not a payload that "wrote no receipt".
     assert isinstance(error, ConnectError), error
     # Not "the VM may have been preempted": GetNode showed it up after each drop.
+    assert "receipt.json" in error.message  # what the step was doing when it dropped
     assert error.hint is not None
-    assert error.hint.startswith("GetNode shows the node up: the network"), error.hint
+    assert "GetNode shows the node up: the network" in error.hint, error.hint
     assert made[0].cuts == {"collect": 0}
     assert not life.outcome.verified
     assert life.outcome.teardown_status == "confirmed"

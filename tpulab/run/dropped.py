@@ -40,7 +40,7 @@ def again_after_a_drop(
     connection. The note names the step (`what`) and what happens (`again`)."""
     try:
         return step(worker)
-    except ConnectError:
+    except ConnectError as dropped:
         if unreachable(ctx) is not None:
             raise
         where = "" if len(ctx.workers) == 1 else f" (worker {worker.index})"
@@ -49,16 +49,19 @@ def again_after_a_drop(
             if before is not None:
                 before(worker)
             return step(worker)
-        except ConnectError as again:
+        except ConnectError as second:
+            # The first drop is what the step was doing when it went wrong; the second
+            # try's failure is said after it.
             if unreachable(ctx) is None:
                 # Not "the VM may have been preempted": GetNode just said it was not.
-                again.hint = (
+                dropped.hint = (
+                    f"Made again over a new connection, it failed too: {second.message} "
                     "GetNode shows the node up: the network between here and the VM "
                     "dropped again, or was not back in time. Run again on a steadier link "
                     "(`tpulab up` keeps a verified node, and `tpulab exec` follows a "
                     "command across longer outages)."
                 )
-            raise
+            raise dropped from second
 
 
 def stop_dropped_payload(ctx: RunContext, worker: Worker) -> None:

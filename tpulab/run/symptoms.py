@@ -189,11 +189,17 @@ def describe_error(error: BaseException) -> str:
 
 def unreachable(ctx: RunContext) -> str | None:
     """The run's node's state when GetNode shows it cannot be reached any more (gone,
-    DELETING, or stopped: preempted, terminated); None when it is READY, when it is
-    booting again, or when the API cannot say -- then reconnecting is worth a try."""
+    DELETING, or stopped: preempted, terminated); on a spot node also the signals that
+    do not lag its state (a reclaiming health, the VM's own word: `preemption`); None
+    when it is READY, when it is booting again, or when the API cannot say -- then
+    reconnecting is worth a try."""
     state, node = look_up(ctx.api, ctx.spec.zone.value, ctx.spec.node_name)
     if state is not None:
         return state
     if node is not None and node.state.value in {*RECLAIMED, NodeState.STOPPING.value}:
         return node.state.value
+    if node is not None and ctx.spec.spot:
+        if node.health in _RECLAIMING_HEALTH:
+            return f"{node.state.value}, health {node.health}"
+        return _vm_says_preempted(ctx)
     return None
