@@ -91,7 +91,7 @@ class _ReclaimAtPayload(NullObserver):
         return str(node["guest"]["metadata"])
 
 
-def _recovering_run(rig: Rig, tmp_path: Path, observer: NullObserver) -> Attempts:
+def _recovering_run(rig: Rig, tmp_path: Path, observer: NullObserver) -> tuple[Attempts, Recorder]:
     from run_rig import sleeps_in_the_first_zone_then_verifies
 
     wrapper = sleeps_in_the_first_zone_then_verifies(tmp_path, 60, ZONES[0])
@@ -104,10 +104,14 @@ def _recovering_run(rig: Rig, tmp_path: Path, observer: NullObserver) -> Attempt
     runner = Attempts(
         spec, new_lifecycle=new_lifecycle, observer=recorder, gap=Backoff.gap(0.3, jitter=0.2)
     )
-    return runner
+    return runner, recorder
 
 
-def _assert_recovered_at_once(runner: Attempts, rig: Rig, why: str) -> None:
+_RETRIED = "the SSH connection dropped during the verifier's run"
+
+
+def _assert_recovered_at_once(run: tuple[Attempts, Recorder], rig: Rig, why: str) -> None:
+    runner, recorder = run
     outcome = runner.run()
     assert outcome.succeeded, [a.reason for a in runner.attempts]
     assert [(a.zone, a.outcome) for a in runner.attempts] == [
@@ -118,16 +122,19 @@ def _assert_recovered_at_once(runner: Attempts, rig: Rig, why: str) -> None:
     assert why in runner.attempts[0].reason
     assert "READY" in runner.attempts[0].reason
     assert all(a.teardown_status == "confirmed" for a in runner.attempts)
+    # A signal that does not lag is read before any retry of the step: a reconnect to a
+    # VM going down would only cost its bound (tpulab.run.dropped).
+    assert not any(n.startswith(_RETRIED) for n in recorder.notes), recorder.notes
     assert rig.leftovers() == []
 
 
 def test_the_vms_own_word_makes_a_ready_spot_node_preempted(
     embedded_rig: Rig, tmp_path: Path
 ) -> None:
-    runner = _recovering_run(
+    run = _recovering_run(
         embedded_rig, tmp_path, _ReclaimAtPayload(embedded_rig, vm_publishes=True)
     )
-    _assert_recovered_at_once(runner, embedded_rig, PREEMPTED_ATTRIBUTE)
+    _assert_recovered_at_once(run, embedded_rig, PREEMPTED_ATTRIBUTE)
 
 
 def test_the_watchdog_passes_the_preemption_notice_on_and_the_run_recovers(
@@ -138,8 +145,8 @@ def test_the_watchdog_passes_the_preemption_notice_on_and_the_run_recovers(
     few seconds) publishes `tpulab/preempted`, and the failed run reads it while the
     state still says READY."""
     observer = _ReclaimAtPayload(embedded_rig, vm_publishes=False, notice=8.0)
-    runner = _recovering_run(embedded_rig, tmp_path, observer)
-    _assert_recovered_at_once(runner, embedded_rig, PREEMPTED_ATTRIBUTE)
+    run = _recovering_run(embedded_rig, tmp_path, observer)
+    _assert_recovered_at_once(run, embedded_rig, PREEMPTED_ATTRIBUTE)
 
 
 @pytest.mark.longest
@@ -149,8 +156,8 @@ def test_a_maintenance_health_makes_a_ready_spot_node_preempted(
     observer = _ReclaimAtPayload(
         embedded_rig, vm_publishes=False, lag_health="UNHEALTHY_MAINTENANCE"
     )
-    runner = _recovering_run(embedded_rig, tmp_path, observer)
-    _assert_recovered_at_once(runner, embedded_rig, "UNHEALTHY_MAINTENANCE")
+    run = _recovering_run(embedded_rig, tmp_path, observer)
+    _assert_recovered_at_once(run, embedded_rig, "UNHEALTHY_MAINTENANCE")
 
 
 def test_a_healthy_ready_node_with_a_silent_vm_is_not_called_preempted(
@@ -158,11 +165,13 @@ def test_a_healthy_ready_node_with_a_silent_vm_is_not_called_preempted(
 ) -> None:
     """The control: no signal, state READY throughout -> the wait runs out and the run
     fails with the SSH failure it saw, not as a preemption (nothing is recovered)."""
-    runner = _recovering_run(
+    runner, recorder = _recovering_run(
         embedded_rig, tmp_path, _ReclaimAtPayload(embedded_rig, vm_publishes=False)
     )
     with pytest.raises(ConnectError, match="dropped"):
         runner.run()
+    # No signal: to the controller a drop like a Wi-Fi blip's, so the step was tried again.
+    assert any(n.startswith(_RETRIED) for n in recorder.notes), recorder.notes
     assert len(runner.attempts) == 1
     assert runner.attempts[0].outcome != "preempted", runner.attempts[0].reason
     assert embedded_rig.leftovers() == []
