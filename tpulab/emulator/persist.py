@@ -120,7 +120,8 @@ class StateFile:
                 yield state
                 # Equality of the parsed values (C, ~0.3 ms at 120 nodes) rather than of
                 # their JSON encodings (~3 ms). It differs only where Python's == does
-                # from JSON's text (1 == 1.0 == True): nothing here swaps such values.
+                # from JSON's text (1 == 1.0 == True): a body that did nothing but swap
+                # one of those for another would not be written.
                 changed = state != known.pristine
                 if changed:
                     text = json.dumps(state, sort_keys=True, indent=1)

@@ -260,7 +260,9 @@ def collect(ctx: RunContext) -> str:
         # Into memory, and from there to the receipt store (`verify`): nothing on this
         # machine's disk can fail the download and read as the VM's fault.
         try:
-            worker.raw_receipt = again_after_a_drop(ctx, worker, read, "receipt's fetch", "again")
+            worker.raw_receipt = again_after_a_drop(
+                ctx, worker, read, "receipt's fetch", "fetching it again"
+            )
         except ConnectError:
             raise  # the link, not the payload: no receipt judged missing
         except RemoteError as error:
