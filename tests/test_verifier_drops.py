@@ -8,10 +8,11 @@ ends by checking the emulator for leftovers.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -233,3 +234,52 @@ def test_the_payload_stop_kills_only_the_run_with_its_nonce(version: str) -> Non
         for process in [ours, *others]:
             process.kill()
             process.wait()
+
+
+def test_a_venv_step_waits_for_the_one_a_drop_left_running(tmp_path: Path) -> None:
+    """The bootstrap's lock (`_ONE_AT_A_TIME`, at the head of the venv, install and
+    extras scripts): a second step blocks until the first is done, as dash runs it."""
+    from helpers import require_tool
+
+    require_tool(shutil.which("dash") is not None, "dash")
+    log, release = tmp_path / "log", tmp_path / "release"
+    lock = boot._ONE_AT_A_TIME
+    first = subprocess.Popen(
+        ["dash", "-c", lock + f"echo first-in >> {log}\n"
+         f"while [ ! -e {release} ]; do sleep 0.05; done\necho first-out >> {log}\n"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        _wait_for(lambda: log.exists() and "first-in" in log.read_text())
+        second = subprocess.Popen(["dash", "-c", lock + f"echo second-in >> {log}\n"], cwd=tmp_path)
+        # The handshake: the second's flock is waiting (a child of it), so it is at the lock.
+        _wait_for(lambda: _waiting_flock(second.pid))
+        assert log.read_text().split() == ["first-in"]
+        release.touch()
+        assert first.wait(timeout=30) == 0
+        assert second.wait(timeout=30) == 0
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+    assert log.read_text().split() == ["first-in", "first-out", "second-in"]
+
+
+def _wait_for(done: Callable[[], bool], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _waiting_flock(parent: int) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            name, _, rest = stat.read_text().partition(") ")
+        except OSError:
+            continue
+        if name.endswith("(flock") and int(rest.split()[1]) == parent:
+            return True
+    return False
