@@ -465,3 +465,34 @@ def test_a_put_after_the_connection_died_reconnects_rather_than_reuse_its_sftp(
         wait_until(lambda: not transport.is_active(), "paramiko to see the drop", timeout=30)
         assert conn.put(b"two", "second.txt") == hashlib.sha256(b"two").hexdigest()
         assert conn.run(["cat", "second.txt"], timeout=30, check=True).stdout == "two"
+
+
+def test_a_failure_on_the_dropped_connection_leaves_the_new_one_open(
+    ssh_host: SshHost,
+) -> None:
+    """The lease renewer's thread shares the run's connection. After a drop, the run's
+    thread connects again to follow its command; the renewer's own failure on the
+    dropped connection, met later, must not close that new one (it did: the follow lost
+    it and connected a third time, CI on OpenSSH). Here one thread plays both: an
+    operation starts on the first connection, the connection is replaced meanwhile, and
+    the operation then fails on the first."""
+    with ssh_host.connect() as conn:
+        conn.run(["true"], timeout=30, check=True)
+        first = conn._client
+        assert first is not None
+        transport = first.get_transport()
+        assert transport is not None
+
+        def renew_on_the_dropped_connection() -> None:
+            with conn._mapped("renewing the lease"):
+                transport.sock.shutdown(socket.SHUT_RDWR)  # the network drops
+                conn.close()
+                conn.open()  # the run's thread follows its command on a new connection
+                raise EOFError("the renewer's read on the dropped connection")
+
+        with pytest.raises(ConnectError):
+            renew_on_the_dropped_connection()
+        assert conn._client is not None
+        assert conn._client is not first
+        assert conn._client_active()  # still open for the run's thread
+        assert conn.run(["echo", "followed"], timeout=30, check=True).stdout == "followed\n"

@@ -631,15 +631,21 @@ class Connection:
 
     @contextmanager
     def _mapped(self, doing: str) -> Iterator[None]:
-        """paramiko and socket failures after connecting -> ConnectError (ours pass)."""
+        """paramiko and socket failures after connecting -> ConnectError (ours pass).
+        The connection is let go when it is still the one the failure met, or dead: the
+        lease renewer's thread shares it, and its failure on a dropped connection must
+        not close the new one the run's own thread opened meanwhile to follow its
+        command (a third connect where two were due: CI, openssh, twice on 2026-12-07)."""
         import paramiko
 
+        client = self._client
         try:
             yield
         except TpuLabError:
             raise
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            self.close()
+            if self._client is client or not self._client_active():
+                self.close()
             raise ConnectError(
                 f"The SSH connection to {self.target} failed while {doing}: "
                 f"{type(exc).__name__}: {exc}",
