@@ -393,6 +393,15 @@ def advances(marker: Path, seconds: float = 30) -> str:
     return now
 
 
+def process_running(pid: int) -> bool:
+    """Process `pid` runs on this machine: not gone, not a zombie waiting to be reaped."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return False
+    return bool(fields) and fields[0] not in ("Z", "X")
+
+
 def group_ended(pgid: int) -> bool:
     """No live process is left in process group `pgid` on this machine (Linux /proc),
     which is where the emulator's nodes run their commands: the event "it stopped",

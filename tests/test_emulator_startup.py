@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from helpers import wait_until, written_text
+from helpers import process_running, wait_until, written_text
 
 from tpulab.contract import (
     METADATA_HOST_ENV,
@@ -78,19 +78,10 @@ def _create(
         assert answer.status == 200
 
 
-def _alive(pid: int) -> bool:
-    """Running (not gone, not a zombie waiting to be reaped)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
-
-
 def _pids(sandbox: Path, names: tuple[str, ...] = ("setsid", "double", "envi")) -> list[int]:
     # `echo $! > F` creates F before it writes the pid: wait for the line, not the file.
     pids = [int(written_text(sandbox / f"{name}.pid")) for name in names]
-    assert all(_alive(pid) for pid in pids), pids
+    assert all(process_running(pid) for pid in pids), pids
     return pids
 
 
@@ -221,7 +212,7 @@ def test_the_startup_script_deletes_its_own_node_and_its_daemon_dies(
     wait_until(
         lambda: [n.name for n in api.list_nodes(ZONE)] == ["bystander"], "the node to delete itself"
     )
-    wait_until(lambda: not _alive(daemon), "the daemon to die with its node")
+    wait_until(lambda: not process_running(daemon), "the daemon to die with its node")
 
 
 def test_a_deleted_nodes_watchdog_files_in_tmp_go_with_it(guest_emulator: Emulator) -> None:
@@ -261,7 +252,7 @@ def test_daemonised_children_die_when_the_controller_deletes_the_node(
     sandbox = guest_emulator.sandbox(PROJECT, ZONE, "n1")
     pids = _pids(sandbox)
     init_pid = _recorded(guest_emulator, "n1", "init_pid")
-    assert _alive(init_pid)
+    assert process_running(init_pid)
 
     # The script's environment: the image's plus the node's own addresses, HOME = cwd.
     env = _env(sandbox / "env.txt")
@@ -273,8 +264,8 @@ def test_daemonised_children_die_when_the_controller_deletes_the_node(
 
     api.wait_operation(api.delete_node(ZONE, "n1"), timeout=20)
     wait_until(lambda: guest_emulator.node_names() == [], "the node to go")
-    wait_until(lambda: not any(map(_alive, pids)), "every process of the node to die")
-    wait_until(lambda: not _alive(init_pid), "the node's init to exit after them")
+    wait_until(lambda: not any(map(process_running, pids)), "every process of the node to die")
+    wait_until(lambda: not process_running(init_pid), "the node's init to exit after them")
 
 
 def test_preemption_powers_the_node_off(guest_emulator: Emulator) -> None:
@@ -293,7 +284,9 @@ def test_preemption_powers_the_node_off(guest_emulator: Emulator) -> None:
     urllib.request.urlopen(request, timeout=10).close()
     pids = _pids(guest_emulator.sandbox(PROJECT, ZONE, "spot"))
     guest_emulator.faults.preempt_after = 0.0
-    wait_until(lambda: not any(map(_alive, pids)), "the processes of the preempted node to die")
+    wait_until(
+        lambda: not any(map(process_running, pids)), "the processes of the preempted node to die"
+    )
     assert guest_emulator.snapshot()["nodes"][f"{PROJECT}/{ZONE}/spot"]["state"] == "PREEMPTED"
 
 
@@ -306,7 +299,7 @@ def test_emulator_stop_kills_them_and_a_restart_boots_again(
     sandbox = emulator.sandbox(PROJECT, ZONE, "n1")
     pids = _pids(sandbox)
     emulator.stop()
-    assert not any(map(_alive, pids))  # stop() returns after they are gone
+    assert not any(map(process_running, pids))  # stop() returns after they are gone
 
     for name in ("setsid", "double", "envi"):
         (sandbox / f"{name}.pid").unlink()
@@ -349,7 +342,9 @@ def test_a_killed_emulator_takes_its_nodes_processes_along(
         pids = _pids(sandbox)
         os.kill(served.pid, signal.SIGKILL)
         served.wait(timeout=10)
-        wait_until(lambda: not any(map(_alive, pids)), "the dead emulator's node processes to die")
+        wait_until(
+            lambda: not any(map(process_running, pids)), "the dead emulator's node processes to die"
+        )
     finally:
         if served.poll() is None:
             os.kill(served.pid, signal.SIGKILL)
@@ -405,7 +400,7 @@ def test_a_killed_emulators_ssh_session_processes_die_with_the_node(
         orphan = int(started.stdout.strip())
         os.kill(served.pid, signal.SIGKILL)
         served.wait(timeout=10)
-        assert _alive(orphan)  # what the dead emulator's SSH server left behind
+        assert process_running(orphan)  # what the dead emulator's SSH server left behind
 
         if successor == "reboots":  # the node is READY: a successor with guests boots it
             start_emulator(state, guests=True)
@@ -413,12 +408,14 @@ def test_a_killed_emulators_ssh_session_processes_die_with_the_node(
             emulator = start_emulator(state)
             api = GoogleTpuApi(PROJECT, api_endpoint=emulator.url)
             api.wait_operation(api.delete_node(ZONE, "n1"), timeout=60)
-        wait_until(lambda: not _alive(orphan), f"the old boot's session process ({successor})")
+        wait_until(
+            lambda: not process_running(orphan), f"the old boot's session process ({successor})"
+        )
     finally:
         if served.poll() is None:
             os.kill(served.pid, signal.SIGKILL)
             served.wait(timeout=10)
-        if orphan and _alive(orphan):
+        if orphan and process_running(orphan):
             os.kill(orphan, signal.SIGKILL)
 
 

@@ -12,12 +12,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from cut_connection import CutConnection
+from helpers import process_running, require_tool, wait_until
 
 from tpulab import paths
 from tpulab.errors import ConnectError
@@ -181,18 +182,10 @@ def test_the_payload_a_drop_left_running_is_stopped_before_the_next(
     assert error is None, error
     first = int(pid_file.read_text())
     assert f"stopped the earlier run on the VM (pid {first})" in heard.notes, heard.notes
-    assert not _alive(first)
+    assert not process_running(first)
     assert life.outcome.verified
     assert life.outcome.teardown_status == "confirmed"
     assert rig.leftovers() == []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 @pytest.mark.parametrize("version", ["3", "3.10"], ids=["python3", "python3.10"])
@@ -239,8 +232,6 @@ def test_the_payload_stop_kills_only_the_run_with_its_nonce(version: str) -> Non
 def test_a_venv_step_waits_for_the_one_a_drop_left_running(tmp_path: Path) -> None:
     """The bootstrap's lock (`_ONE_AT_A_TIME`, at the head of the venv, install and
     extras scripts): a second step blocks until the first is done, as dash runs it."""
-    from helpers import require_tool
-
     require_tool(shutil.which("dash") is not None, "dash")
     log, release = tmp_path / "log", tmp_path / "release"
     lock = boot._ONE_AT_A_TIME
@@ -251,10 +242,10 @@ def test_a_venv_step_waits_for_the_one_a_drop_left_running(tmp_path: Path) -> No
     )  # fmt: skip
     second: subprocess.Popen[bytes] | None = None
     try:
-        _wait_for(lambda: log.exists() and "first-in" in log.read_text())
+        wait_until(lambda: log.exists() and "first-in" in log.read_text(), "the first in")
         second = subprocess.Popen(["dash", "-c", lock + f"echo second-in >> {log}\n"], cwd=tmp_path)
         # The handshake: the second's flock is waiting (a child of it), so it is at the lock.
-        _wait_for(lambda: _waiting_flock(second.pid))
+        wait_until(lambda: _waiting_flock(second.pid), "the second waiting in flock")
         assert log.read_text().split() == ["first-in"]
         release.touch()
         assert first.wait(timeout=30) == 0
@@ -265,13 +256,6 @@ def test_a_venv_step_waits_for_the_one_a_drop_left_running(tmp_path: Path) -> No
                 process.kill()
                 process.wait()
     assert log.read_text().split() == ["first-in", "first-out", "second-in"]
-
-
-def _wait_for(done: Callable[[], bool], seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not done():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def _waiting_flock(parent: int) -> bool:
