@@ -243,7 +243,11 @@ class Matrix:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise AssertionError(f"{cell.node} exited {process.returncode} before {want}")
+                # Its own words say why (a deadline of its own, a refused request...).
+                said = self.output(cell.node)[1][-3000:]
+                raise AssertionError(
+                    f"{cell.node} exited {process.returncode} before {want}; it said:\n{said}"
+                )
             row = self.row(cell.node)
             if row is not None and row.phase == want and self.held(cell.node, cell.phase):
                 # In "create" the held operation implies the node exists; check it anyway,
@@ -254,7 +258,11 @@ class Matrix:
             # waiting at once spent ~1.5 CPU-s of a matrix test on it. The hold keeps the
             # run in its phase, so a slower look only delays the signal, never misses it.
             time.sleep(0.1)
-        raise AssertionError(f"{cell.node} never reached phase {want}")
+        row = self.row(cell.node)
+        raise AssertionError(
+            f"{cell.node} never reached phase {want} (journal: "
+            f"{row.phase if row else 'no row'}, held: {self.held(cell.node, cell.phase)})"
+        )
 
     def run(self, cell: Cell, *, extra: tuple[str, ...] = (), sweep: bool = True) -> Outcome:
         """Run `cell`; after a SIGKILL, `sweep` runs `teardown --verify`, else the test
