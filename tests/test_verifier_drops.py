@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -142,6 +143,79 @@ def test_a_second_drop_ends_the_run_as_before(rig: Rig) -> None:
     assert "GetNode shows the node up: the network" in error.hint, error.hint
     assert made[0].cuts == {"collect": 0}
     assert not life.outcome.verified
+    assert life.outcome.teardown_status == "confirmed"
+    assert rig.leftovers() == []
+
+
+class _SharedCuts(_DropsAt):
+    """A slice's connections sharing one count of cuts: the first worker to reach the
+    step has its connection cut, whichever it is."""
+
+    lock = threading.Lock()
+
+    def __init__(self, target: SshTarget, key: RunKey, cuts: dict[str, int]) -> None:
+        super().__init__(target, key, {})
+        self.cuts = cuts  # the same dict for every worker's connection
+
+    def _cut(self, step: str) -> None:
+        with self.lock:
+            super()._cut(step)
+
+
+def test_a_drop_under_a_slices_verifier_run_runs_it_again_on_every_worker(
+    rig: Rig, tmp_path: Path
+) -> None:
+    # A slice's payloads are one jax.distributed program: the worker whose connection
+    # dropped cannot rejoin it, so every worker's payload is stopped and all run again.
+    # Each worker's first payload prints a line and then holds on silently (as one
+    # waiting for a lost peer does): only the stop ends the first try.
+    from run_rig import payload_script
+
+    script = payload_script(
+        tmp_path,
+        f"""
+        import os, pathlib, runpy, sys, time
+        worker = sys.argv[sys.argv.index("--process-id") + 1]
+        first = pathlib.Path({str(tmp_path)!r}) / f"first-payload-{{worker}}.pid"
+        if not first.exists():
+            first.write_text(str(os.getpid()))
+            print("compiling", flush=True)
+            time.sleep(300)
+        runpy.run_path({str(paths.payload_path())!r}, run_name="__main__")
+        """,
+    )
+    cuts = {"execute": 1}
+    made: list[_SharedCuts] = []
+
+    def connect(target: SshTarget, key: RunKey) -> _SharedCuts:
+        made.append(_SharedCuts(target, key, cuts))
+        return made[-1]
+
+    heard = _Notes()
+    life, _, error = rig.run(rig.spec("v5litepod-16", script=script), heard, connect=connect)
+    assert error is None, error
+    assert cuts == {"execute": 0}
+    hosts = len(life.workers)
+    assert hosts == 4
+    assert len(made) == hosts
+    # Each worker's connection once, and the cut one once more.
+    assert sorted(c.connects for c in made) == [1] * (hosts - 1) + [2]
+    said = "the SSH connection dropped during the verifier's run; a slice's payloads"
+    assert sum(n.startswith(said) for n in heard.notes) == 1, heard.notes
+    # Every first payload was stopped (emulated workers share one machine, so one
+    # worker's stop may name another's: the stop goes by the run's nonce).
+    firsts = {int(path.read_text()) for path in tmp_path.glob("first-payload-*.pid")}
+    assert len(firsts) == hosts
+    stopped = {
+        int(pid)
+        for note in heard.notes
+        if note.startswith("stopped the earlier run on worker ")
+        for pid in note.split("(pid ")[1].rstrip(")").split(", ")
+    }
+    assert stopped == firsts, heard.notes
+    assert not any(process_running(pid) for pid in firsts)
+    assert life.outcome.verified
+    assert all(worker.payload_exit == 0 for worker in life.workers)
     assert life.outcome.teardown_status == "confirmed"
     assert rig.leftovers() == []
 

@@ -7,23 +7,34 @@ what they need, and the verifier's payload is run again only after the one the d
 running on the VM is stopped (`stop_dropped_payload`). Once: a link that drops again
 ends the phase as before. Never when GetNode says the node is gone (preempted, deleted):
 no reconnect reaches it, and the phase's error says what happened.
+
+A slice's verifier run is one jax.distributed program over every worker, and a worker
+cannot rejoin it: a drop on any worker's connection stops the payload on every worker
+and runs the whole program again (`again_on_every_worker`).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from tpulab.errors import ConnectError
 from tpulab.run.symptoms import unreachable
+from tpulab.run.workers import fan_out
 
 if TYPE_CHECKING:
     from tpulab.run.context import RunContext
-    from tpulab.run.workers import Worker
+    from tpulab.run.workers import FanOut, Worker
 
-__all__ = ["again_after_a_drop", "stop_dropped_payload"]
+__all__ = ["again_after_a_drop", "again_on_every_worker", "stop_dropped_payload"]
 
 _T = TypeVar("_T")
+
+# How long the first try's other workers may take to return once their payloads are
+# stopped (their commands end with them), before the program is run again.
+_FIRST_TRY_ENDS_WITHIN = 60.0
 
 
 def again_after_a_drop(
@@ -38,17 +49,57 @@ def again_after_a_drop(
     """`step` on `worker`, and once more when the SSH connection dropped under it (the
     session connects again on its next command); `before` runs first, over the new
     connection. The note names the step (`what`) and what happens (`again`)."""
+    where = "" if len(ctx.workers) == 1 else f" (worker {worker.index})"
+    ahead = None if before is None else partial(before, worker)
+    return _once_more(ctx, partial(step, worker), f"{what}{where}", again, ahead)
+
+
+def again_on_every_worker(
+    ctx: RunContext, run: Callable[[Worker], _T], what: str, phase: str
+) -> FanOut[_T]:
+    """`run` on every worker of a slice at once (as `ctx.on_workers(run, phase)`), and,
+    when the connection to any of them dropped, once more on all: the payload is first
+    stopped on every worker (the others wait for the lost one, or run on alone), and the
+    first try's runs must have returned, so that none writes over the second's."""
+    running = _Running()
+
+    def stop_every_worker() -> None:
+        stop = partial(stop_dropped_payload, ctx)
+        fan_out(ctx.workers, stop, what="stop", clock=ctx.clock, max_parallel=ctx.parallel_workers)
+        still = running.wait_until_none(_FIRST_TRY_ENDS_WITHIN)
+        if still:
+            raise ConnectError(
+                f"The first try of the {what} did not end on worker(s) "
+                f"{', '.join(map(str, still))} within {_FIRST_TRY_ENDS_WITHIN:.0f} s of "
+                "its payload being stopped: its connection may be stalled."
+            )
+
+    again = (
+        "a slice's payloads are one program, which a worker cannot rejoin: stopping it on "
+        "every worker and running it again"
+    )
+    return _once_more(
+        ctx, lambda: ctx.on_workers(running.counted(run), phase), what, again, stop_every_worker
+    )
+
+
+def _once_more(
+    ctx: RunContext,
+    step: Callable[[], _T],
+    what: str,
+    again: str,
+    before: Callable[[], None] | None,
+) -> _T:
     try:
-        return step(worker)
+        return step()
     except ConnectError as dropped:
         if unreachable(ctx) is not None:
             raise
-        where = "" if len(ctx.workers) == 1 else f" (worker {worker.index})"
-        ctx.observer.note(f"the SSH connection dropped during the {what}{where}; {again}")
+        ctx.observer.note(f"the SSH connection dropped during the {what}; {again}")
         try:
             if before is not None:
-                before(worker)
-            return step(worker)
+                before()
+            return step()
         except ConnectError as second:
             # The first drop is what the step was doing when it went wrong; the second
             # try's failure is said after it.
@@ -74,9 +125,40 @@ def stop_dropped_payload(ctx: RunContext, worker: Worker) -> None:
     assert worker.session is not None
     result = worker.session.run(stop_payload_command(ctx.nonce), timeout=60)
     killed = stopped_payloads(result.stdout)
+    where = "the VM" if len(ctx.workers) == 1 else f"worker {worker.index}"
     if killed is None:
-        ctx.observer.note(f"could not look for the earlier run (exit {result.exit_status})")
+        ctx.observer.note(
+            f"could not look for the earlier run on {where} (exit {result.exit_status})"
+        )
     elif killed:
-        ctx.observer.note(f"stopped the earlier run on the VM (pid {', '.join(map(str, killed))})")
+        ctx.observer.note(f"stopped the earlier run on {where} (pid {', '.join(map(str, killed))})")
     if ctx.frees_stale_tpu:
         worker.session.run(release_command(), timeout=60)
+
+
+class _Running:
+    """Which workers' runs of one step are still in progress (the first try's, once it
+    failed on one worker: the others' go on in their threads)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._workers: list[int] = []
+
+    def counted(self, run: Callable[[Worker], _T]) -> Callable[[Worker], _T]:
+        def counting(worker: Worker) -> _T:
+            with self._changed:
+                self._workers.append(worker.index)
+            try:
+                return run(worker)
+            finally:
+                with self._changed:
+                    self._workers.remove(worker.index)
+                    self._changed.notify_all()
+
+        return counting
+
+    def wait_until_none(self, timeout: float) -> list[int]:
+        """The workers still running after at most `timeout` s ([] once none is)."""
+        with self._changed:
+            self._changed.wait_for(lambda: not self._workers, timeout)
+            return sorted(self._workers)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tpulab import paths
 from tpulab.errors import ConfigError, ConnectError, ReceiptStoreError, RemoteError
 from tpulab.remote import bootstrap as boot
-from tpulab.run.dropped import again_after_a_drop, stop_dropped_payload
+from tpulab.run.dropped import again_after_a_drop, again_on_every_worker, stop_dropped_payload
 from tpulab.run.lease import LeaseRenewer, read_state
 from tpulab.run.outcome import Judged
 from tpulab.run.workers import FanOut, Worker
@@ -232,13 +232,14 @@ def execute(ctx: RunContext) -> str:
         return result.exit_status
 
     def again(worker: Worker) -> int:
-        if len(ctx.workers) > 1:
-            return run(worker)  # a slice's payloads are one program: one cannot rejoin
         stop = "stopping the run the drop left on the VM and running it again"
         before = partial(stop_dropped_payload, ctx)
         return again_after_a_drop(ctx, worker, run, "verifier's run", stop, before=before)
 
-    done = ctx.on_workers(again, "execute")
+    if len(ctx.workers) > 1:  # one program: every worker's run is made again together
+        done = again_on_every_worker(ctx, run, "verifier's run", "execute")
+    else:
+        done = ctx.on_workers(again, "execute")
     ctx.payload_exit = _worst(done.results)
     return _with_workers(f"exit {ctx.payload_exit}", done)
 
