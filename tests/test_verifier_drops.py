@@ -332,6 +332,42 @@ def test_a_venv_step_waits_for_the_one_a_drop_left_running(tmp_path: Path) -> No
     assert log.read_text().split() == ["first-in", "first-out", "second-in"]
 
 
+def test_the_uv_step_waits_for_a_step_a_drop_left_running(tmp_path: Path) -> None:
+    """uv's own install (`pip install --user uv`, into ~/.local) takes the bootstrap's
+    lock too: the real script, under dash, waits while another step holds it."""
+    require_tool(shutil.which("dash") is not None, "dash")
+    bin_dir, release = tmp_path / "bin", tmp_path / "release"
+    bin_dir.mkdir()
+    (bin_dir / "uv").write_text("#!/bin/sh\necho uv 0.0.0\n")
+    (bin_dir / "uv").chmod(0o755)
+    env = {"HOME": str(tmp_path), "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    holding = tmp_path / "holding"
+    holder = subprocess.Popen(
+        ["dash", "-c", boot._ONE_AT_A_TIME + f"touch {holding}\n"
+         f"while [ ! -e {release} ]; do sleep 0.05; done\n"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    uv_step: subprocess.Popen[str] | None = None
+    try:
+        wait_until(holding.exists, "the holder holding the lock")
+        uv_step = subprocess.Popen(
+            boot.uv_command(), cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True
+        )
+        step = uv_step
+        wait_until(lambda: _waiting_flock(step.pid) or step.poll() is not None, "the uv step")
+        assert uv_step.poll() is None, "the uv step ran while another step held the lock"
+        release.touch()
+        out, _ = uv_step.communicate(timeout=30)
+        assert uv_step.returncode == 0
+        assert out.strip() == f"TPULAB_UV found {bin_dir / 'uv'}"
+        assert holder.wait(timeout=30) == 0
+    finally:
+        for process in (holder, uv_step):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+
+
 def _waiting_flock(parent: int) -> bool:
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
