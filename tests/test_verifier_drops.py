@@ -325,10 +325,7 @@ def test_a_venv_step_waits_for_the_one_a_drop_left_running(tmp_path: Path) -> No
         assert first.wait(timeout=30) == 0
         assert second.wait(timeout=30) == 0
     finally:
-        for process in (first, second):
-            if process is not None and process.poll() is None:
-                process.kill()
-                process.wait()
+        _end_all(first, second)
     assert log.read_text().split() == ["first-in", "first-out", "second-in"]
 
 
@@ -362,10 +359,15 @@ def test_the_uv_step_waits_for_a_step_a_drop_left_running(tmp_path: Path) -> Non
         assert out.strip() == f"TPULAB_UV found {bin_dir / 'uv'}"
         assert holder.wait(timeout=30) == 0
     finally:
-        for process in (holder, uv_step):
-            if process is not None and process.poll() is None:
-                process.kill()
-                process.wait()
+        _end_all(holder, uv_step)
+
+
+def _end_all(*processes: subprocess.Popen[Any] | None) -> None:
+    """Kill whichever of a test's processes still runs (a failed test's)."""
+    for process in processes:
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def _waiting_flock(parent: int) -> bool:
