@@ -254,9 +254,9 @@ if [ -z "$uv" ] && [ -x "$HOME/.local/bin/uv" ]; then uv="$HOME/.local/bin/uv"; 
 # One bootstrap step at a time in the lab directory (uv's own `pip install --user`, the
 # venv, its installs): a step whose SSH connection dropped may still run on the VM when
 # the run makes it again (tpulab.run.dropped), and two `uv venv` (uv #11219) or pip
-# installs (pip #2361) into one place break it. The next
-# waits for the lock (the earlier's children hold it too). flock(1) is util-linux's,
-# Essential on Debian and Ubuntu images; an image without it runs the step unlocked.
+# installs (pip #2361) into one place break it. The next waits for the lock (the
+# earlier's children hold it too). flock(1) is util-linux's, Essential on Debian and
+# Ubuntu images; an image without it runs the step unlocked.
 _ONE_AT_A_TIME = f"""mkdir -p {LAB_DIR} || exit 30
 exec 9>>{LAB_DIR}/.bootstrap.lock
 ! command -v flock >/dev/null 2>&1 || flock 9
