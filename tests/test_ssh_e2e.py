@@ -496,3 +496,64 @@ def test_a_failure_on_the_dropped_connection_leaves_the_new_one_open(
         assert conn._client is not first
         assert conn._client_active()  # still open for the run's thread
         assert conn.run(["echo", "followed"], timeout=30, check=True).stdout == "followed\n"
+
+
+class _SlowToLetGo(Connection):
+    """Counts its connects; the thread named `slow` stops before letting go of the
+    client it found dead, until `resume` is set (the window of a race, held open)."""
+
+    def __init__(self, target: SshTarget, key: RunKey) -> None:
+        super().__init__(target, key, connect_timeout=10.0)
+        self.connects = 0
+        self.slow: threading.Thread | None = None
+        self.reached, self.resume = threading.Event(), threading.Event()
+
+    def open(self) -> None:
+        if self._client is None:
+            self.connects += 1
+        super().open()
+
+    def _let_go_of(self, client: object) -> None:
+        if threading.current_thread() is self.slow:
+            self.reached.set()
+            self.resume.wait(timeout=60)
+        super()._let_go_of(client)  # type: ignore[arg-type]
+
+
+def test_two_threads_that_find_the_connection_dropped_open_one_new_one(
+    ssh_host: SshHost,
+) -> None:
+    """The lease renewer and the run's thread share a connection. After a drop each
+    finds it dead as its next command starts; the one that goes on first connects again,
+    and the other, letting go of the dead client only then, must not close the new one
+    (it did: it closed whatever was current, and connected a third time, CI
+    /tmp/ci131, embedded server)."""
+    conn = _SlowToLetGo(ssh_host.target(), ssh_host.key)
+    try:
+        conn.run(["true"], timeout=30, check=True)
+        first = conn._client
+        assert first is not None
+        transport = first.get_transport()
+        assert transport is not None
+        transport.sock.shutdown(socket.SHUT_RDWR)  # the network drops
+        wait_until(lambda: not transport.is_active(), "paramiko to see the drop", timeout=30)
+        said: list[str] = []
+
+        def renew() -> None:
+            said.append(conn.run(["echo", "renewed"], timeout=30, check=True).stdout)
+
+        conn.slow = threading.Thread(target=renew, name="renewer")
+        conn.slow.start()
+        assert conn.reached.wait(timeout=30), "the renewer never found the client dead"
+        # The run's thread, meanwhile: finds it dead too, lets go of it, connects again.
+        assert conn.run(["echo", "followed"], timeout=30, check=True).stdout == "followed\n"
+        second = conn._client
+        assert second is not first
+        conn.resume.set()
+        conn.slow.join(timeout=60)
+        assert said == ["renewed\n"]
+        assert conn._client is second, "the renewer closed the new connection"
+        assert conn.connects == 2  # the first, and one after the drop
+    finally:
+        conn.resume.set()
+        conn.close()

@@ -164,6 +164,12 @@ def _shown(argv: Sequence[str] | str) -> str:
     return argv if len(argv) <= 120 else argv[:117] + "..."
 
 
+def _active(client: paramiko.SSHClient | None) -> bool:
+    """Is `client`'s connection still up?"""
+    transport = client.get_transport() if client is not None else None
+    return transport is not None and transport.is_active()
+
+
 def _chunks_of(source: BinaryIO | Iterable[bytes] | None) -> Iterator[bytes] | None:
     """A stream's chunks: a file is read `_CHUNK` at a time, an iterable passes through."""
     if source is None:
@@ -403,15 +409,29 @@ class Connection:
     def _transport(self) -> paramiko.Transport:
         """The live transport; a lost one is opened again (see the class)."""
         self.open()
-        assert self._client is not None
-        transport = self._client.get_transport()
+        client = self._client
+        transport = client.get_transport() if client is not None else None
         if transport is None or not transport.is_active():
-            self.close()
+            self._let_go_of(client)
             self.open()
-            assert self._client is not None
-            transport = self._client.get_transport()
-            assert transport is not None  # a client just connected has its transport
+            client = self._client
+            transport = client.get_transport() if client is not None else None
+            if transport is None:  # another thread let go of it at once: it died again
+                raise ConnectError(
+                    f"The SSH connection to {self.target} dropped as it was opened again",
+                    hint="The VM may have been preempted or rebooted; check its state.",
+                )
         return transport
+
+    def _let_go_of(self, client: paramiko.SSHClient | None) -> None:
+        """`close`, if `client` (found dead, or met by a failure) is still this
+        connection's. The lease renewer's thread shares the connection: after a drop,
+        the one that notices second must not close the new client the other opened
+        meanwhile (a third connect where two were due: CI, both SSH servers, 2026-12-07;
+        a check and a close of whatever is current left a window between them)."""
+        with self._opening:
+            if self._client is client:
+                self.close()
 
     # -- run -----------------------------------------------------------------------------
 
@@ -644,8 +664,9 @@ class Connection:
         except TpuLabError:
             raise
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            if self._client is client or not self._client_active():
-                self.close()
+            current = self._client
+            if current is client or not _active(current):
+                self._let_go_of(current)
             raise ConnectError(
                 f"The SSH connection to {self.target} failed while {doing}: "
                 f"{type(exc).__name__}: {exc}",
@@ -653,8 +674,7 @@ class Connection:
             ) from exc
 
     def _client_active(self) -> bool:
-        transport = self._client.get_transport() if self._client is not None else None
-        return transport is not None and transport.is_active()
+        return _active(self._client)
 
     # -- hold ----------------------------------------------------------------------------
 
@@ -769,10 +789,11 @@ class Connection:
     # -- files ---------------------------------------------------------------------------
 
     def _sftp_client(self) -> paramiko.SFTPClient:
-        if self._sftp is not None and not self._client_active():
+        client = self._client
+        if self._sftp is not None and not _active(client):
             # The SFTP channel died with its connection (a command saw the drop and said
             # so without closing it): open both again, as `_transport` does for commands.
-            self.close()
+            self._let_go_of(client)
         if self._sftp is None:
             self._transport()
             assert self._client is not None
