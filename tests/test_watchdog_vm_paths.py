@@ -122,11 +122,12 @@ def test_a_reboot_keeps_the_first_boots_deadline(
     assert json.loads(_first_boot_file(first).read_text())["first_boot"] == remembered
     # Each boot says how long ago the first was, by its own clock: the first at once,
     # the second 45 s (the skip) plus the real time its boot began after the first (a
-    # loaded CI machine took over 5 s: a "40-something" check failed at "50").
+    # loaded CI machine took over 5 s: a "40-something" check failed at "50"), and the
+    # time the second watchdog took to start and say it (20 s: a bound, not a timing).
     ago = [int(x) for x in re.findall(r"first boot (\d+)s ago", second.log())]
     assert len(ago) == 2, ago
     assert ago[0] < LATE, ago
-    assert 45 + rebooted - 1 <= ago[1] <= 45 + rebooted + LATE, (ago, rebooted)
+    assert 45 + rebooted - 1 <= ago[1] <= 45 + rebooted + 20, (ago, rebooted)
 
 
 def test_a_reboot_after_the_grace_gives_the_controller_one_lease_not_a_new_grace(
