@@ -401,3 +401,85 @@ def test_a_locked_journal_costs_one_short_wait_and_one_warning_per_run(tmp_path:
     assert row is not None
     assert row.teardown == "confirmed"
     assert len(adapter.warnings) == 1
+
+
+_PHASES_WHILE_ANOTHER_READS = """
+import sqlite3, sys
+from pathlib import Path
+from tpulab.cleanup.journal import Journal
+path = Path(sys.argv[1])
+other = sqlite3.connect(path)  # another process's reader: no close is the last one
+other.execute("SELECT count(*) FROM runs").fetchone()
+journal = Journal(path)
+journal.set_phase("fsync-run", "create")  # the WAL file made (synced) before the trace
+print("ready", flush=True)
+sys.stdin.readline()
+for phase in ("wait-ready", "host-key", "connect", "bootstrap"):
+    journal.set_phase("fsync-run", phase)
+print(journal.get("fsync-run").phase, flush=True)
+sys.stdin.readline()  # the trace ends before this process (and its last close) does
+"""
+
+
+_OPEN_A_ROW = """
+import sys
+from pathlib import Path
+from tpulab.cleanup.journal import Journal, RunRow
+Journal(Path(sys.argv[1])).open_run(RunRow.for_this_process(
+    run_id="durable-run", project="proj", zone="us-central1-a", node_name="tpulab-durable",
+    accelerator="v5litepod-4", target="http://127.0.0.1:1", emulated=True))
+"""
+
+
+def test_a_phase_update_does_not_fsync_while_holding_the_write_lock(tmp_path: Path) -> None:
+    """Phase updates commit without an fsync (synchronous=NORMAL under WAL): on a loaded
+    disk an fsync inside the write transaction kept the other runs of one home waiting,
+    and their phase updates gave up after 1 s (CI /tmp/ci132: a run never said it was
+    in "connect", and its test waited for that). Opening a row stays durable."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from helpers import require_tool
+
+    require_tool(shutil.which("strace") is not None, "strace")
+    path = tmp_path / "j.sqlite3"
+    Journal(path).open_run(_row("fsync-run"))
+    trace = tmp_path / "trace"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _PHASES_WHILE_ANOTHER_READS, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    assert child.stdin is not None
+    try:
+        assert child.stdout.readline() == "ready\n"
+        tracer = subprocess.Popen(
+            ["strace", "-f", "-y", "-e", "trace=fsync,fdatasync", "-o", str(trace),
+             "-p", str(child.pid)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        assert tracer.stderr is not None
+        assert "attached" in tracer.stderr.readline()  # strace says so once it is
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "bootstrap\n"
+        tracer.send_signal(signal.SIGINT)  # strace detaches, having written what it saw
+        tracer.wait(timeout=30)
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+    syncs = [line for line in trace.read_text().splitlines() if "sync(" in line]
+    assert syncs == [], syncs
+    # The control: a row opened the same way is synced (strace sees the journal's syncs).
+    opened = subprocess.run(
+        ["strace", "-f", "-e", "trace=fsync,fdatasync", "-o", str(trace), sys.executable,
+         "-c", _OPEN_A_ROW, str(path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert opened.returncode == 0, opened.stderr
+    assert any("sync(" in line for line in trace.read_text().splitlines())
