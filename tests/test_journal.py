@@ -433,9 +433,10 @@ Journal(Path(sys.argv[1])).open_run(RunRow.for_this_process(
 
 def test_a_phase_update_does_not_fsync_while_holding_the_write_lock(tmp_path: Path) -> None:
     """Phase updates commit without an fsync (synchronous=NORMAL under WAL): on a loaded
-    disk an fsync inside the write transaction kept the other runs of one home waiting,
-    and their phase updates gave up after 1 s (CI /tmp/ci132: a run never said it was
-    in "connect", and its test waited for that). Opening a row stays durable."""
+    disk an fsync inside the write transaction can keep the other runs of one home
+    waiting, the likely cause of a phase update that gave up after 1 s in a CI run
+    (2026-12-07: a run never said it was in "connect", and its test waited for that).
+    Opening a row stays durable."""
     import shutil
     import signal
     import subprocess

@@ -435,12 +435,17 @@ def test_a_daemon_without_the_node_tag_dies_with_the_node(ssh_host: SshHost, esc
     from tpulab.emulator.processes import NODE_TAG_VAR
 
     pid_file = ssh_host.sandbox / "daemon.pid"
-    inner = f"cd / && sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > {pid_file}"
+    # The daemon names itself once it has left the directory (then becomes `sleep`):
+    # `$!` of a backgrounded `cd / && sleep` was read while its `cd` had not run yet
+    # on a loaded machine (CI, 2026-12-07), and its cwd was still the session's.
+    daemon = f"cd / && echo $$ > {pid_file}.new && mv {pid_file}.new {pid_file} && exec sleep 1000"
+    inner = f"/bin/sh -c {shlex.quote(daemon)} </dev/null >/dev/null 2>&1 &"
     with ssh_host.connect() as conn:
         done = conn.run(f"{escape} /bin/sh -c {shlex.quote(inner)}", timeout=60)
         assert done.exit_status == 0, done.stderr
         # The session has ended; its daemon lives on, as on a VM.
         assert conn.run(["true"], timeout=30).exit_status == 0
+    wait_until(pid_file.exists, "the daemon to name itself", 30)
     pid = int(pid_file.read_text())
     assert _pid_alive(pid)
     assert NODE_TAG_VAR.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
