@@ -440,3 +440,50 @@ def test_gcloud_reads_a_written_guest_attribute(guest_emulator: Emulator, tmp_pa
     assert done.returncode == 0, done.stderr
     # gcloud flattens the answer to one row per worker and attribute.
     assert done.stdout.splitlines() == ["tpulab\twatchdog\t0\tno-permission: x"]
+
+
+def test_a_stopped_vm_publishes_nothing_while_its_state_still_says_ready() -> None:
+    """A preempted VM's processes may outlive its stop until the server's next tick (that
+    is when its host is stopped). What the VM publishes is written only while it runs,
+    through the notice period, never after its stop, even though its state lags at READY
+    (CI once saw a watchdog's `tpulab/preempted` land after a no-notice stop)."""
+    from collections.abc import Iterator
+    from contextlib import contextmanager
+
+    from tpulab.emulator import FaultPlan, Timing
+    from tpulab.emulator.guest import StateLink
+    from tpulab.emulator.state import CloudState, node_key
+
+    timing = Timing(create_seconds=1.0, delete_seconds=1.0, stockout_seconds=1.0)
+    faults = FaultPlan(preempt_after=10.0, preempt_notice=5.0, preempt_state_lag=1e6)
+    cloud = CloudState({"nodes": {}, "operations": {}, "next_id": 1}, timing, faults)
+    clock = Clock()
+    start = clock.now
+    body = {
+        "acceleratorType": "v5litepod-4",
+        "runtimeVersion": "v2-alpha-tpuv5-lite",
+        "schedulingConfig": {"spot": True},
+    }
+    cloud.create_node(PROJECT, ZONE, "n1", body, start)
+    key = node_key(PROJECT, ZONE, "n1")
+
+    @contextmanager
+    def transaction() -> Iterator[CloudState]:
+        cloud.advance(clock.now)  # as the server's own transactions do
+        yield cloud
+
+    link = StateLink(key, transaction, clock)
+
+    def published() -> dict[str, str]:
+        return dict(cloud.nodes[key].get("guest_attributes") or {})
+
+    clock.now = start + 2  # READY, before any notice
+    assert link.set_guest_attribute("tpulab/watchdog", "armed")
+    clock.now = start + 12  # noticed (instance/preempted TRUE), still running
+    assert link.set_guest_attribute("tpulab/preempted", "TRUE")
+    assert cloud.nodes[key].get("preempt_notice_at") is not None
+    assert cloud.nodes[key].get("vm_stopped_at") is None
+    clock.now = start + 17  # stopped; the state lags at READY
+    assert link.set_guest_attribute("tpulab/late", "x") is False
+    assert cloud.nodes[key]["state"] == "READY"
+    assert published() == {"tpulab/watchdog": "armed", "tpulab/preempted": "TRUE"}

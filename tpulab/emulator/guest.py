@@ -85,7 +85,11 @@ class StateLink:
     def set_guest_attribute(self, path: str, value: str | None) -> bool:
         with self._transaction() as cloud:
             node = self._node(cloud)
-            if node is None:
+            # A VM that has stopped (a preempted one, while the API's state may still say
+            # READY) runs nothing that could write: what it published before it stopped
+            # stays readable (server.py), nothing after. Its processes die only at the
+            # server's next tick, so without this one could still publish in between.
+            if node is None or node.get("vm_stopped_at") is not None:
                 return False
             attributes = writable_attributes(node, self.worker)
             if value is None:

@@ -56,7 +56,8 @@ class NodeLink(Protocol):
         ...
 
     def set_guest_attribute(self, path: str, value: str | None) -> bool:
-        """Write (None: delete) `namespace/key`; False once the node is gone."""
+        """Write (None: delete) `namespace/key`; False once the node is gone or its VM
+        has stopped."""
         ...
 
 
