@@ -200,7 +200,13 @@ def test_a_drop_under_a_slices_verifier_run_runs_it_again_on_every_worker(
     assert len(made) == hosts
     # Each worker's connection once, and the cut one once more.
     assert sorted(c.connects for c in made) == [1] * (hosts - 1) + [2]
-    said = "the SSH connection dropped during the verifier's run; a slice's payloads"
+    (cut,) = [c for c in made if c.connects == 2]
+    (dropped,) = [w.index for w in life.workers if w.target == cut.target]
+    # The note names the worker whose connection dropped.
+    said = (
+        f"the SSH connection to worker {dropped} dropped during the verifier's run; "
+        "a slice's payloads"
+    )
     assert sum(n.startswith(said) for n in heard.notes) == 1, heard.notes
     # Every first payload was stopped (emulated workers share one machine, so one
     # worker's stop may name another's: the stop goes by the run's nonce).

@@ -114,6 +114,9 @@ class TpuLabError(Exception):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        # The slice worker it happened on (tpulab.run.workers.name_worker); None when
+        # not a slice's, or not known.
+        self.worker: int | None = None
 
 
 def shown(value: str, limit: int = 60) -> str:

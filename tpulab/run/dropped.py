@@ -95,7 +95,9 @@ def _once_more(
     except ConnectError as dropped:
         if unreachable(ctx) is not None:
             raise
-        ctx.observer.note(f"the SSH connection dropped during the {what}; {again}")
+        # On a slice, the worker whose connection it was (the fan-out named it).
+        to = "" if dropped.worker is None else f" to worker {dropped.worker}"
+        ctx.observer.note(f"the SSH connection{to} dropped during the {what}; {again}")
         try:
             if before is not None:
                 before()

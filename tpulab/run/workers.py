@@ -71,9 +71,11 @@ def name_worker(error: BaseException, index: int, of: int) -> BaseException:
     """`error` with its worker named in its message (only on a slice: a single-host run's
     errors read as they always have). The error keeps its type, so exit statuses and the
     report's classification do not change."""
-    if of > 1 and isinstance(error, TpuLabError) and not error.message.startswith("worker "):
-        error.message = f"worker {index}: {error.message}"
-        error.args = (error.message, *error.args[1:])
+    if of > 1 and isinstance(error, TpuLabError) and error.worker is None:
+        error.worker = index
+        if not error.message.startswith("worker "):
+            error.message = f"worker {index}: {error.message}"
+            error.args = (error.message, *error.args[1:])
     return error
 
 
