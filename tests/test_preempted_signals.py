@@ -11,9 +11,10 @@ the state alone."""
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from test_failover import _spec
@@ -91,7 +92,9 @@ class _ReclaimAtPayload(NullObserver):
         return str(node["guest"]["metadata"])
 
 
-def _recovering_run(rig: Rig, tmp_path: Path, observer: NullObserver) -> tuple[Attempts, Recorder]:
+def _recovering_run(
+    rig: Rig, tmp_path: Path, observer: NullObserver, **lifecycle: Any
+) -> tuple[Attempts, Recorder]:
     from run_rig import sleeps_in_the_first_zone_then_verifies
 
     wrapper = sleeps_in_the_first_zone_then_verifies(tmp_path, 60, ZONES[0])
@@ -99,7 +102,9 @@ def _recovering_run(rig: Rig, tmp_path: Path, observer: NullObserver) -> tuple[A
     recorder = Recorder()
 
     def new_lifecycle(attempt: RunSpec) -> Lifecycle:
-        return rig.lifecycle(attempt, recorder, observer, preemption_wait=PREEMPTION_WAIT)[0]
+        return rig.lifecycle(
+            attempt, recorder, observer, preemption_wait=PREEMPTION_WAIT, **lifecycle
+        )[0]
 
     runner = Attempts(
         spec, new_lifecycle=new_lifecycle, observer=recorder, gap=Backoff.gap(0.3, jitter=0.2)
@@ -160,14 +165,32 @@ def test_a_maintenance_health_makes_a_ready_spot_node_preempted(
     _assert_recovered_at_once(run, embedded_rig, "UNHEALTHY_MAINTENANCE")
 
 
+class _AwayForTheLease(_ReclaimAtPayload):
+    """Reclaims like `_ReclaimAtPayload`; then, as the step is about to be made again,
+    moves the run's clock a whole lease on (the VM silent for ten minutes), so that the
+    wait for the link ends at its first refused connect rather than after ten real
+    minutes."""
+
+    def __init__(self, rig: Rig) -> None:
+        super().__init__(rig, vm_publishes=False)
+        self.skipped = 0.0
+
+    def clock(self) -> float:
+        return time.monotonic() + self.skipped
+
+    def note(self, message: str) -> None:
+        if message.startswith(_RETRIED):
+            self.skipped += 600.0  # the default --lease
+
+
 def test_a_healthy_ready_node_with_a_silent_vm_is_not_called_preempted(
     embedded_rig: Rig, tmp_path: Path
 ) -> None:
-    """The control: no signal, state READY throughout -> the wait runs out and the run
-    fails with the SSH failure it saw, not as a preemption (nothing is recovered)."""
-    runner, recorder = _recovering_run(
-        embedded_rig, tmp_path, _ReclaimAtPayload(embedded_rig, vm_publishes=False)
-    )
+    """The control: no signal, state READY throughout -> the wait for the link runs out
+    (the lease) and the run fails with the SSH failure it saw, not as a preemption
+    (nothing is recovered)."""
+    away = _AwayForTheLease(embedded_rig)
+    runner, recorder = _recovering_run(embedded_rig, tmp_path, away, clock=away.clock)
     with pytest.raises(ConnectError, match="dropped"):
         runner.run()
     # No signal: to the controller a drop like a Wi-Fi blip's, so the step was tried again.

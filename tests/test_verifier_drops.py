@@ -147,6 +147,69 @@ def test_a_second_drop_ends_the_run_as_before(rig: Rig) -> None:
     assert rig.leftovers() == []
 
 
+class _SteppedClock:
+    """The run's clock (RunContext's `clock` seam): this machine's, plus what an outage
+    skipped, so a long outage costs the test no real minutes."""
+
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.skipped
+
+
+class _DownAfterTheCut(_DropsAt):
+    """Cut like `_DropsAt`, and then down: each of the first `tries` connects after the
+    cut is refused at once, and moves the run's clock `step` seconds on (a reconnect
+    that waited out its bound for nothing)."""
+
+    def __init__(
+        self, target: SshTarget, key: RunKey, cuts: dict[str, int], clock: _SteppedClock,
+        tries: int, step: float,
+    ) -> None:  # fmt: skip
+        super().__init__(target, key, cuts)
+        self.clock, self.tries, self.step = clock, tries, step
+        self.was_cut = False
+        self.refused = 0
+
+    def cut_now(self) -> None:
+        self.was_cut = True
+        super().cut_now()
+
+    def open(self) -> None:
+        if self._client is None and self.was_cut and self.refused < self.tries:
+            self.refused += 1
+            self.clock.skipped += self.step
+            raise ConnectError("[Errno 113] No route to host (the test's outage)")
+        super().open()
+
+
+def test_a_link_down_longer_than_a_connects_bound_is_waited_for(rig: Rig) -> None:
+    """The link drops under the verifier's run and stays down for three refused
+    reconnects a minute apart by the run's clock: far past one connect's 20 s, inside
+    the 10-minute lease, so the VM still has the run. The step is made again once the
+    link is back, and the run verifies (it used to end at the first refused connect)."""
+    clock = _SteppedClock()
+    made: list[_DownAfterTheCut] = []
+
+    def connect(target: SshTarget, key: RunKey) -> _DownAfterTheCut:
+        made.append(_DownAfterTheCut(target, key, {"execute": 1}, clock, tries=3, step=60.0))
+        return made[-1]
+
+    heard = _Notes()
+    life, _, error = rig.run(rig.spec(), heard, connect=connect, clock=clock)
+    assert error is None, error
+    (connection,) = made
+    assert connection.refused == 3
+    assert connection.connects == 2  # the run's, and one once the link was back
+    still = [n for n in heard.notes if n.startswith("still reconnecting to the VM")]
+    assert still, heard.notes
+    assert "until its lease may have lapsed and it deletes itself" in still[0]
+    assert life.outcome.verified
+    assert life.outcome.teardown_status == "confirmed"
+    assert rig.leftovers() == []
+
+
 class _SharedCuts(_DropsAt):
     """A slice's connections sharing one count of cuts: the first worker to reach the
     step has its connection cut, whichever it is."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from tpulab.errors import ConnectError, RemoteError
 from tpulab.remote import workload as wl
+from tpulab.run.dropped import reconnect
 from tpulab.run.progress import COMMAND_STREAM, worker_command_stream
 from tpulab.run.symptoms import unreachable
 from tpulab.run.workers import Worker, fan_out
@@ -30,16 +31,6 @@ __all__ = ["CommandRun", "CommandStep", "launch", "stop_everywhere"]
 
 _STOP_TIMEOUT = wl.STOP_GRACE_SECONDS + wl.LAUNCHER_SETTLE_SECONDS + 20.0
 OUTPUT_TAIL_LINES = 40
-# After the SSH connection drops under a running command (the command runs on: its
-# launcher is on the VM), reconnecting to follow it is worth it for as long as the VM
-# keeps the command: until the watchdog's lease may have lapsed (the VM then deletes
-# itself; a train's Wi-Fi gone for five minutes is inside a 10-minute lease). Without a
-# watchdog, nothing on the VM bounds it, and this does, counted from when the link was
-# last seen up. Each try waits the connection's own reconnect bound. A laptop away
-# longer gets what it got before: the stop, the fetch, the delete (or the watchdog).
-FOLLOW_RECONNECT_SECONDS = 120.0
-# How often a long reconnect says it is still trying (and until when).
-FOLLOW_NOTE_SECONDS = 60.0
 
 
 def launch(
@@ -185,9 +176,9 @@ class CommandStep:
     ) -> CommandResult:
         """The connection dropped while the command ran, which runs on, on the VM:
         reconnect and follow it to its end (the launcher's --follow: the log's new bytes,
-        then its result). `dropped` is raised again when the launch never began, or no
-        connection comes back before the VM's lease may have lapsed (without a
-        watchdog: within FOLLOW_RECONNECT_SECONDS of the link last up)."""
+        then its result). `dropped` is raised again when the launch never began; a
+        ConnectError when no connection comes back while the VM keeps the command
+        (tpulab.run.dropped.reconnect)."""
         life = self.life
         session = worker.session
         assert session is not None
@@ -198,7 +189,7 @@ class CommandStep:
             f"the SSH connection to {where} dropped while your command ran; it runs on "
             "there: reconnecting to follow it"
         )
-        up_at = said_at = life.clock()
+        up_at = life.clock()
         followed_from = time.monotonic()  # the command's limit runs on real time
         heard: list[str] = []
 
@@ -207,44 +198,22 @@ class CommandStep:
             on_line(stream, line)
 
         while True:
+            reconnect(life, worker, up_at=up_at, lost="while your command ran")
+            self._reconnects[worker.index] = self._reconnects.get(worker.index, 0) + 1
+            life.observer.note(
+                f"reconnected to {where}; following your command (what it wrote while "
+                "the connection was down is in its output.log)"
+            )
             try:
-                session.run(["true"], timeout=60)  # a new connection, or ConnectError
-                self._reconnects[worker.index] = self._reconnects.get(worker.index, 0) + 1
-                life.reattached(worker)
-                life.observer.note(
-                    f"reconnected to {where}; following your command (what it wrote while "
-                    "the connection was down is in its output.log)"
-                )
                 result = session.run(
                     wl.follow_command(life.spec.run_id),
                     timeout=max(limit - (time.monotonic() - followed_from), 60.0),
                     on_line=follow_line,
                 )
-            except ConnectError as again:
+            except ConnectError:
                 if heard:  # the link was up while the follow streamed: count from now
-                    up_at = said_at = life.clock()
+                    up_at = life.clock()
                     heard[:] = []
-                if unreachable(life):  # reclaimed or deleted meanwhile
-                    raise again from dropped
-                left = self._follow_left(worker, up_at)
-                if left <= 0:
-                    raise ConnectError(
-                        f"The SSH connection to {where} dropped while your command ran and "
-                        f"was not back after {life.clock() - up_at:.0f} s of reconnecting"
-                        + (
-                            ": by now the VM's lease may have lapsed (it deletes itself)."
-                            if self._why_then(worker)
-                            else f" (without a watchdog, tpulab tries for "
-                            f"{FOLLOW_RECONNECT_SECONDS:.0f} s)."
-                        ),
-                        hint=f"The last try: {again.message}",
-                    ) from dropped
-                if life.clock() - said_at >= FOLLOW_NOTE_SECONDS:
-                    said_at = life.clock()
-                    life.observer.note(
-                        f"still reconnecting to {where} ({said_at - up_at:.0f} s so far); "
-                        f"trying for {left:.0f} s more{self._why_then(worker)}"
-                    )
                 continue
             failure = wl.follow_failure(result.stderr)
             if failure == "not-started":
@@ -257,23 +226,6 @@ class CommandStep:
                     "run out of memory (dmesg on a session: `tpulab ssh S -- dmesg`).",
                 )
             return result
-
-    def _follow_left(self, worker: Worker, up_at: float) -> float:
-        """Seconds the follow may go on reconnecting: until the worker's lease may have
-        lapsed on the VM, or FOLLOW_RECONNECT_SECONDS after the link was last up when
-        no lease was ever renewed."""
-        renewer = worker.renewer
-        left = renewer.lapses_in() if renewer is not None else None
-        if left is None:
-            return FOLLOW_RECONNECT_SECONDS - (self.life.clock() - up_at)
-        return left
-
-    @staticmethod
-    def _why_then(worker: Worker) -> str:
-        renewer = worker.renewer
-        if renewer is None or renewer.lapses_in() is None:
-            return ""
-        return ", until its lease may have lapsed and it deletes itself"
 
     def _free_tpu(self, worker: Worker) -> None:
         """Kill what still holds the TPU and remove libtpu's lock file, as MaxText does

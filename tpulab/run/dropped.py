@@ -11,6 +11,10 @@ no reconnect reaches it, and the phase's error says what happened.
 A slice's verifier run is one jax.distributed program over every worker, and a worker
 cannot rejoin it: a drop on any worker's connection stops the payload on every worker
 and runs the whole program again (`again_on_every_worker`).
+
+Before the second try, and before each follow of a user's command the link dropped
+under (tpulab.run.command), `reconnect` waits for the link for as long as the VM keeps
+the run: a laptop changing networks can take longer than one connect's bound.
 """
 
 from __future__ import annotations
@@ -28,9 +32,25 @@ if TYPE_CHECKING:
     from tpulab.run.context import RunContext
     from tpulab.run.workers import FanOut, Worker
 
-__all__ = ["again_after_a_drop", "again_on_every_worker", "stop_dropped_payload"]
+__all__ = [
+    "RECONNECT_FOR_SECONDS",
+    "again_after_a_drop",
+    "again_on_every_worker",
+    "reconnect",
+    "stop_dropped_payload",
+]
 
 _T = TypeVar("_T")
+
+# After the SSH connection dropped, opening it again is worth it for as long as the VM
+# keeps the run: until the watchdog's lease may have lapsed (the VM then deletes itself;
+# a train's Wi-Fi gone for five minutes is inside a 10-minute lease). Without a
+# watchdog, nothing on the VM bounds it, and this does, counted from when the link was
+# last seen up. Each try waits the connection's own reconnect bound. A laptop away
+# longer gets what it got before: the stop, the fetch, the delete (or the watchdog).
+RECONNECT_FOR_SECONDS = 120.0
+# How often a long reconnect says it is still trying (and until when).
+STILL_RECONNECTING_EVERY = 60.0
 
 # How long the first try's other workers may take to return once their payloads are
 # stopped (their commands end with them), before the program is run again.
@@ -45,13 +65,15 @@ def again_after_a_drop(
     again: str,
     *,
     before: Callable[[Worker], None] | None = None,
+    link_wait: float | None = None,
 ) -> _T:
-    """`step` on `worker`, and once more when the SSH connection dropped under it (the
-    session connects again on its next command); `before` runs first, over the new
-    connection. The note names the step (`what`) and what happens (`again`)."""
+    """`step` on `worker`, and once more when the SSH connection dropped under it, once
+    the link is back (`reconnect`; `link_wait`: for at most that many seconds, as a
+    bounded step after a Ctrl-C must); `before` runs first, over the new connection.
+    The note names the step (`what`) and what happens (`again`)."""
     where = "" if len(ctx.workers) == 1 else f" (worker {worker.index})"
     ahead = None if before is None else partial(before, worker)
-    return _once_more(ctx, partial(step, worker), f"{what}{where}", again, ahead)
+    return _once_more(ctx, partial(step, worker), f"{what}{where}", again, ahead, worker, link_wait)
 
 
 def again_on_every_worker(
@@ -79,7 +101,13 @@ def again_on_every_worker(
         "every worker and running it again"
     )
     return _once_more(
-        ctx, lambda: ctx.on_workers(running.counted(run), phase), what, again, stop_every_worker
+        ctx,
+        lambda: ctx.on_workers(running.counted(run), phase),
+        what,
+        again,
+        stop_every_worker,
+        None,
+        None,
     )
 
 
@@ -89,7 +117,11 @@ def _once_more(
     what: str,
     again: str,
     before: Callable[[], None] | None,
+    worker: Worker | None,
+    link_wait: float | None,
 ) -> _T:
+    """`step`, and once more after a drop, once the link is back (`reconnect` on
+    `worker`; None: the one the fan-out named, or the only one)."""
     try:
         return step()
     except ConnectError as dropped:
@@ -98,7 +130,9 @@ def _once_more(
         # On a slice, the worker whose connection it was (the fan-out named it).
         to = "" if dropped.worker is None else f" to worker {dropped.worker}"
         ctx.observer.note(f"the SSH connection{to} dropped during the {what}; {again}")
+        lost = worker if worker is not None else ctx.workers[dropped.worker or 0]
         try:
+            reconnect(ctx, lost, up_at=ctx.clock(), lost=f"during the {what}", within=link_wait)
             if before is not None:
                 before()
             return step()
@@ -115,6 +149,73 @@ def _once_more(
                     "command across longer outages)."
                 )
             raise dropped from second
+
+
+def reconnect(
+    ctx: RunContext, worker: Worker, *, up_at: float, lost: str, within: float | None = None
+) -> None:
+    """Open `worker`'s dropped connection again (with a no-op command), trying until the
+    VM may have let the run go: its lease lapsing, or RECONNECT_FOR_SECONDS after `up_at`
+    (when the link was last seen up) if no lease was ever renewed, and for at most
+    `within` s after `up_at` when given (0: one try, the connection's own bound);
+    saying every STILL_RECONNECTING_EVERY s that it still tries. ConnectError when it
+    gives up (`lost` says what the link dropped under: "while your command ran"); once
+    GetNode says the node is gone (preempted, deleted), the last try's error as it is:
+    no reconnect reaches it, and the run's explanation of that error says what
+    happened."""
+    session = worker.session
+    assert session is not None
+    where = "the VM" if len(ctx.workers) == 1 else f"worker {worker.index}"
+    said_at = ctx.clock()
+    while True:
+        try:
+            session.run(["true"], timeout=60)  # a new connection, or ConnectError
+        except ConnectError as again:
+            if unreachable(ctx) is not None:
+                raise
+            left = _link_left(ctx, worker, up_at)
+            if within is not None:
+                left = min(left, within - (ctx.clock() - up_at))
+            if left <= 0:
+                raise ConnectError(
+                    f"The SSH connection to {where} dropped {lost} and was not back after "
+                    f"{ctx.clock() - up_at:.0f} s of reconnecting"
+                    + (
+                        ": by now the VM's lease may have lapsed (it deletes itself)."
+                        if _lease_bounds(worker)
+                        else f" (without a watchdog, tpulab tries for "
+                        f"{RECONNECT_FOR_SECONDS:.0f} s)."
+                    ),
+                    hint=f"The last try: {again.message}",
+                ) from again
+            if ctx.clock() - said_at >= STILL_RECONNECTING_EVERY:
+                said_at = ctx.clock()
+                ctx.observer.note(
+                    f"still reconnecting to {where} ({said_at - up_at:.0f} s so far); "
+                    f"trying for {left:.0f} s more"
+                    + (
+                        ", until its lease may have lapsed and it deletes itself"
+                        if _lease_bounds(worker)
+                        else ""
+                    )
+                )
+            continue
+        ctx.reattached(worker)
+        return
+
+
+def _lease_bounds(worker: Worker) -> bool:
+    """Whether the worker's lease (renewed at least once) bounds the reconnect."""
+    return worker.renewer is not None and worker.renewer.lapses_in() is not None
+
+
+def _link_left(ctx: RunContext, worker: Worker, up_at: float) -> float:
+    """Seconds `reconnect` may go on: until the worker's lease may have lapsed on the
+    VM, or RECONNECT_FOR_SECONDS after the link was last up when no lease was renewed."""
+    left = worker.renewer.lapses_in() if worker.renewer is not None else None
+    if left is None:
+        return RECONNECT_FOR_SECONDS - (ctx.clock() - up_at)
+    return left
 
 
 def stop_dropped_payload(ctx: RunContext, worker: Worker) -> None:

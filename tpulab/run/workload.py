@@ -275,9 +275,11 @@ class WorkloadRunner:
     def _launch(self, worker: int = 0) -> tuple[list[str], dict[str, str], float]:
         return launch(self.life, self.workload, worker)
 
-    def fetch(self, timeout: float) -> str:
+    def fetch(self, timeout: float, *, link_wait: float | None = None) -> str:
         """The run dir, the log and the --fetch patterns into --out, checked file by file;
-        a slice's workers' into <out>/worker-N/ each, at once (each worker's own cap)."""
+        a slice's workers' into <out>/worker-N/ each, at once (each worker's own cap). A
+        fetch the link dropped under is made again once it is back (`link_wait`: the
+        most to wait for it; None: while the VM keeps the run)."""
         from tpulab.remote.workspace import fetch_artifacts
 
         workload = self.workload
@@ -293,6 +295,7 @@ class WorkloadRunner:
                 fetch_from,
                 "fetch",
                 "fetching again (what arrived is kept meanwhile)",
+                link_wait=link_wait,
             )
 
         def fetch_from(worker: Worker) -> Manifest:
@@ -344,9 +347,13 @@ class WorkloadRunner:
         with life.skippable(_FETCH_STEP):
             try:
                 self._stop()
+                # Bounded, as promised after a Ctrl-C: a link that dropped is given one
+                # connect's bound to come back, not the lease.
                 life.phase(
                     Phase.FETCH,
-                    lambda: self.fetch(min(INTERRUPTED_FETCH_SECONDS, self._fetch_timeout())),
+                    lambda: self.fetch(
+                        min(INTERRUPTED_FETCH_SECONDS, self._fetch_timeout()), link_wait=0.0
+                    ),
                 )
             except BaseException as failed:  # the teardown must follow whatever happens here
                 if not isinstance(failed, Exception) and not is_skip(failed):
