@@ -293,6 +293,7 @@ def _interrupted_run(
     signum: int = signal.SIGINT,
     connect: Connect | None = None,
     notes: list[str] | None = None,
+    **lifecycle: Any,
 ) -> tuple[object, Path, BaseException | None]:
     marker = tmp_path / "command-started"
     work = workspace(
@@ -315,7 +316,7 @@ def _interrupted_run(
     error: BaseException | None = None
     heard = _Notes(notes if notes is not None else [])
     life, _ = rig.lifecycle(
-        spec, observer, heard, shield=shield, skippable=skippable, connect=connect
+        spec, observer, heard, shield=shield, skippable=skippable, connect=connect, **lifecycle
     )
     try:
         with signals_to_teardown(lambda _text: None, force_exit_status=6):
@@ -703,6 +704,51 @@ class _ReclaimWhenSaid(_Notes):
         if line.startswith("training") and not self.faults.preempt_nodes:
             self.faults.preempt_nodes = 1
             self.faults.preempt_after = 0.0
+
+
+class _FetchCutThenDown(_DropsDuringTheFetch):
+    """Cut like `_DropsDuringTheFetch`, and then down: each connect after the cut is
+    refused at once and moves the run's clock a minute on."""
+
+    def __init__(self, target: SshTarget, key: RunKey, clock: _SteppedClock) -> None:
+        super().__init__(target, key)
+        self.clock = clock
+        self.refused = 0
+
+    def open(self) -> None:
+        if self._client is None and self.dropped:
+            self.refused += 1
+            self.clock.skipped += 60.0
+            raise ConnectError("[Errno 113] No route to host (the test's outage)")
+        super().open()
+
+
+def test_after_a_ctrl_c_a_fetch_the_link_dropped_under_keeps_its_bound(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """The fetch after a Ctrl-C is bounded (the user asked to stop): when the link drops
+    under it and stays down, one connect is tried, not the lease's ten minutes of them
+    that a fetch after a normal end would wait; the teardown follows."""
+    clock = _SteppedClock()
+    made: list[_FetchCutThenDown] = []
+
+    def connect(target: SshTarget, key: RunKey) -> _FetchCutThenDown:
+        made.append(_FetchCutThenDown(target, key, clock))
+        return made[-1]
+
+    notes: list[str] = []
+    life, _out, error = _interrupted_run(
+        rig, tmp_path, again_at_fetch=False, connect=connect, notes=notes, clock=clock
+    )
+    assert isinstance(error, InterruptedRun), error
+    (connection,) = made
+    assert connection.dropped
+    assert connection.refused == 1
+    assert any(n.startswith("could not fetch the artifacts after interrupted") for n in notes)
+    outcome = life.outcome  # type: ignore[attr-defined]
+    assert outcome.workload.fetch_problem is not None
+    assert outcome.teardown_status == "confirmed"
+    assert rig.leftovers() == []
 
 
 def test_a_spot_node_reclaimed_under_the_command_is_not_followed(
