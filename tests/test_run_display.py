@@ -83,3 +83,38 @@ def test_a_commands_escape_codes_are_styles_on_a_terminal_and_gone_off_one() -> 
     assert "\x1b[31mred\x1b[0m normal" in shown  # the colour kept
     assert "\x1b[1A" not in shown  # the cursor left where tpulab's lines need it
     assert "\x1b[2K" not in shown
+
+
+def test_off_a_terminal_command_lines_are_what_rich_would_print() -> None:
+    """Off a terminal without colour the command's lines skip Console.print (its cost
+    per line held a chatty command's output back); what they say must not change:
+    each is compared with rich's own rendering of it, on tpulab's console settings."""
+    from rich.text import Text
+
+    from tpulab.cli._run_display import _as_text
+    from tpulab.run.progress import COMMAND_STREAM, worker_command_stream
+
+    lines = [
+        "plain",
+        "tab\there\tand\tthere",
+        "\x1b[31mred\x1b[0m text",
+        "bell\x07 and \r carriage",
+        "wide 中文字 ok, emoji 🎉",
+        "trailing   ",
+        "",
+        "\x1b[2K\x1b[1A cursor codes",
+        "\x1b]0;a title\x07 after an OSC",
+        "vt\x0bff\x0c",
+        "y" * 500,  # longer than any terminal: kept whole (soft wrap)
+    ]
+    fast, by_rich = io.StringIO(), io.StringIO()
+    display = RunDisplay(verbose=False, quiet=False)
+    display.console = Console(file=fast, highlight=False, soft_wrap=True)
+    assert display.console.color_system is None  # the path under test
+    reference = Console(file=by_rich, highlight=False, soft_wrap=True)
+    for stream, gutter in ((COMMAND_STREAM, "  cmd ┃ "), (worker_command_stream(2), "   w2 ┃ ")):
+        for line in lines:
+            display.remote_output(stream, line)
+            reference.print(Text.assemble((gutter, "bold blue"), _as_text(line)))
+    assert fast.getvalue() == by_rich.getvalue()
+    assert len(fast.getvalue().splitlines()) == 2 * len(lines)

@@ -103,11 +103,26 @@ class RunDisplay:
             # --all-output the gutter names the slice worker that printed it.
             gutter = "  cmd ┃ " if worker is None else f"{f'w{worker}':>5} ┃ "
             if not self.command_quiet:
-                self._print(Text.assemble((gutter, "bold blue"), _as_text(line)))
+                self._print_command_line(Text.assemble((gutter, "bold blue"), _as_text(line)))
             return
         if self.verbose:
             style = "dim" if stream == "stdout" else "dim yellow"
             self._print(Text.assemble("  │ ", _as_text(line), style=style))
+
+    def _print_command_line(self, text: Text) -> None:
+        """One line of the command's output. With no spinner and no colour (a pipe, a
+        log file) it is written as rich would print it (soft-wrapped: whole; its tabs
+        expanded) but without Console.print, which renders each line afresh: ~160 us a
+        line, so a chatty command outran this end at ~6,000 lines a second and the rest
+        of its output went only to its log (tests/benchmarks/bench_output.py)."""
+        console = self.console
+        if self._live is not None or console.color_system is not None or not console.soft_wrap:
+            self._print(text)
+            return
+        text.expand_tabs(console.tab_size)
+        out = console.file
+        out.write(text.plain + "\n")
+        out.flush()  # a log being tailed gets each line as it comes, as rich's print does
 
     def note(self, message: str) -> None:
         from rich.text import Text
