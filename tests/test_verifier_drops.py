@@ -205,6 +205,11 @@ def test_a_link_down_longer_than_a_connects_bound_is_waited_for(rig: Rig) -> Non
     still = [n for n in heard.notes if n.startswith("still reconnecting to the VM")]
     assert still, heard.notes
     assert "until its lease may have lapsed and it deletes itself" in still[0]
+    # Said when the link is back (three refused minutes by the run's clock).
+    back = [n for n in heard.notes if n.startswith("reconnected to the VM after ")]
+    assert len(back) == 1, heard.notes
+    assert back[0].endswith("s; making the verifier's run again"), back
+    assert int(back[0].split(" after ")[1].split(" s")[0]) >= 180, back
     assert life.outcome.verified
     assert life.outcome.teardown_status == "confirmed"
     assert rig.leftovers() == []

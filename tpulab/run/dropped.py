@@ -132,7 +132,14 @@ def _once_more(
         ctx.observer.note(f"the SSH connection{to} dropped during the {what}; {again}")
         lost = worker if worker is not None else ctx.workers[dropped.worker or 0]
         try:
-            reconnect(ctx, lost, up_at=ctx.clock(), lost=f"during the {what}", within=link_wait)
+            waited = reconnect(
+                ctx, lost, up_at=ctx.clock(), lost=f"during the {what}", within=link_wait
+            )
+            if waited is not None:
+                where = "the VM" if len(ctx.workers) == 1 else f"worker {lost.index}"
+                ctx.observer.note(
+                    f"reconnected to {where} after {waited:.0f} s; making the {what} again"
+                )
             if before is not None:
                 before()
             return step()
@@ -153,7 +160,7 @@ def _once_more(
 
 def reconnect(
     ctx: RunContext, worker: Worker, *, up_at: float, lost: str, within: float | None = None
-) -> None:
+) -> float | None:
     """Open `worker`'s dropped connection again (with a no-op command), trying until the
     VM may have let the run go: its lease lapsing, or RECONNECT_FOR_SECONDS after `up_at`
     (when the link was last seen up) if no lease was ever renewed, and for at most
@@ -162,15 +169,18 @@ def reconnect(
     gives up (`lost` says what the link dropped under: "while your command ran"); once
     GetNode says the node is gone (preempted, deleted), the last try's error as it is:
     no reconnect reaches it, and the run's explanation of that error says what
-    happened."""
+    happened. Returns the seconds since `up_at` when a try failed first (None: the
+    first try connected)."""
     session = worker.session
     assert session is not None
     where = "the VM" if len(ctx.workers) == 1 else f"worker {worker.index}"
     said_at = ctx.clock()
+    waited = False
     while True:
         try:
             session.run(["true"], timeout=60)  # a new connection, or ConnectError
         except ConnectError as again:
+            waited = True
             if unreachable(ctx) is not None:
                 raise
             left = _link_left(ctx, worker, up_at)
@@ -201,7 +211,7 @@ def reconnect(
                 )
             continue
         ctx.reattached(worker)
-        return
+        return ctx.clock() - up_at if waited else None
 
 
 def _lease_bounds(worker: Worker) -> bool:
