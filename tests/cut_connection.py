@@ -7,11 +7,12 @@ steps (tests/test_workload_e2e.py, tests/test_verifier_drops.py).
 from __future__ import annotations
 
 import socket
+import time
 
 from tpulab.remote.keys import RunKey, SshTarget
 from tpulab.remote.ssh import Connection
 
-__all__ = ["CutConnection"]
+__all__ = ["CutConnection", "SteppedClock"]
 
 
 class CutConnection(Connection):
@@ -31,3 +32,14 @@ class CutConnection(Connection):
         transport = self._client.get_transport() if self._client is not None else None
         assert transport is not None
         transport.sock.shutdown(socket.SHUT_RDWR)
+
+
+class SteppedClock:
+    """The run's clock (RunContext's `clock` seam): this machine's, plus what an outage
+    skipped, so a long outage costs the test no real minutes."""
+
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.skipped

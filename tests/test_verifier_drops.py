@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from cut_connection import CutConnection
+from cut_connection import CutConnection, SteppedClock
 from helpers import process_running, require_tool, wait_until
 
 from tpulab import paths
@@ -147,24 +147,13 @@ def test_a_second_drop_ends_the_run_as_before(rig: Rig) -> None:
     assert rig.leftovers() == []
 
 
-class _SteppedClock:
-    """The run's clock (RunContext's `clock` seam): this machine's, plus what an outage
-    skipped, so a long outage costs the test no real minutes."""
-
-    def __init__(self) -> None:
-        self.skipped = 0.0
-
-    def __call__(self) -> float:
-        return time.monotonic() + self.skipped
-
-
 class _DownAfterTheCut(_DropsAt):
     """Cut like `_DropsAt`, and then down: each of the first `tries` connects after the
     cut is refused at once, and moves the run's clock `step` seconds on (a reconnect
     that waited out its bound for nothing)."""
 
     def __init__(
-        self, target: SshTarget, key: RunKey, cuts: dict[str, int], clock: _SteppedClock,
+        self, target: SshTarget, key: RunKey, cuts: dict[str, int], clock: SteppedClock,
         tries: int, step: float,
     ) -> None:  # fmt: skip
         super().__init__(target, key, cuts)
@@ -189,7 +178,7 @@ def test_a_link_down_longer_than_a_connects_bound_is_waited_for(rig: Rig) -> Non
     reconnects a minute apart by the run's clock: far past one connect's 20 s, inside
     the 10-minute lease, so the VM still has the run. The step is made again once the
     link is back, and the run verifies (it used to end at the first refused connect)."""
-    clock = _SteppedClock()
+    clock = SteppedClock()
     made: list[_DownAfterTheCut] = []
 
     def connect(target: SshTarget, key: RunKey) -> _DownAfterTheCut:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from cut_connection import CutConnection
+from cut_connection import CutConnection, SteppedClock
 
 from tpulab import paths
 from tpulab.config import RunSpec
@@ -589,24 +589,13 @@ def test_a_connection_dropped_during_the_fetch_fetches_again_whole(
     assert rig.leftovers() == []
 
 
-class _SteppedClock:
-    """The run's clock (RunContext's `clock` seam): this machine's, plus what an outage
-    skipped, so a long outage costs the test no real minutes."""
-
-    def __init__(self) -> None:
-        self.skipped = 0.0
-
-    def __call__(self) -> float:
-        return time.monotonic() + self.skipped
-
-
 class _StaysDown(_DropsDuringTheCommand):
     """Cut under the command like `_DropsDuringTheCommand`, and then down: each of the
     first `tries` connects after the cut is refused, and moves the run's clock `step`
     seconds on (a reconnect that waited for nothing)."""
 
     def __init__(
-        self, target: SshTarget, key: RunKey, cut: Path, clock: _SteppedClock, tries: int,
+        self, target: SshTarget, key: RunKey, cut: Path, clock: SteppedClock, tries: int,
         step: float,
     ) -> None:  # fmt: skip
         super().__init__(target, key, cut)
@@ -638,7 +627,7 @@ def _outage_run(
             """
         },
     )
-    clock = _SteppedClock()
+    clock = SteppedClock()
     made: list[_StaysDown] = []
 
     def connect(target: SshTarget, key: RunKey) -> _StaysDown:
@@ -710,7 +699,7 @@ class _FetchCutThenDown(_DropsDuringTheFetch):
     """Cut like `_DropsDuringTheFetch`, and then down: each connect after the cut is
     refused at once and moves the run's clock a minute on."""
 
-    def __init__(self, target: SshTarget, key: RunKey, clock: _SteppedClock) -> None:
+    def __init__(self, target: SshTarget, key: RunKey, clock: SteppedClock) -> None:
         super().__init__(target, key)
         self.clock = clock
         self.refused = 0
@@ -729,7 +718,7 @@ def test_after_a_ctrl_c_a_fetch_the_link_dropped_under_keeps_its_bound(
     """The fetch after a Ctrl-C is bounded (the user asked to stop): when the link drops
     under it and stays down, one connect is tried, not the lease's ten minutes of them
     that a fetch after a normal end would wait; the teardown follows."""
-    clock = _SteppedClock()
+    clock = SteppedClock()
     made: list[_FetchCutThenDown] = []
 
     def connect(target: SshTarget, key: RunKey) -> _FetchCutThenDown:
