@@ -130,13 +130,13 @@ def _once_more(
         # On a slice, the worker whose connection it was (the fan-out named it).
         to = "" if dropped.worker is None else f" to worker {dropped.worker}"
         ctx.observer.note(f"the SSH connection{to} dropped during the {what}; {again}")
-        lost = worker if worker is not None else ctx.workers[dropped.worker or 0]
+        down = worker if worker is not None else ctx.workers[dropped.worker or 0]
         try:
             waited = reconnect(
-                ctx, lost, up_at=ctx.clock(), lost=f"during the {what}", within=link_wait
+                ctx, down, up_at=ctx.clock(), lost=f"during the {what}", within=link_wait
             )
             if waited is not None:
-                where = "the VM" if len(ctx.workers) == 1 else f"worker {lost.index}"
+                where = "the VM" if len(ctx.workers) == 1 else f"worker {down.index}"
                 ctx.observer.note(
                     f"reconnected to {where} after {waited:.0f} s; making the {what} again"
                 )
@@ -184,18 +184,19 @@ def reconnect(
             if unreachable(ctx) is not None:
                 raise
             left = _link_left(ctx, worker, up_at)
-            if within is not None:
-                left = min(left, within - (ctx.clock() - up_at))
+            bounded = False  # by `within`, not by what the VM keeps
+            if within is not None and within - (ctx.clock() - up_at) < left:
+                left, bounded = within - (ctx.clock() - up_at), True
             if left <= 0:
+                if bounded:
+                    why = ": the run is stopping, and this step waits no longer for it."
+                elif _lease_bounds(worker):
+                    why = ": by now the VM's lease may have lapsed (it deletes itself)."
+                else:
+                    why = f" (without a watchdog, tpulab tries for {RECONNECT_FOR_SECONDS:.0f} s)."
                 raise ConnectError(
                     f"The SSH connection to {where} dropped {lost} and was not back after "
-                    f"{ctx.clock() - up_at:.0f} s of reconnecting"
-                    + (
-                        ": by now the VM's lease may have lapsed (it deletes itself)."
-                        if _lease_bounds(worker)
-                        else f" (without a watchdog, tpulab tries for "
-                        f"{RECONNECT_FOR_SECONDS:.0f} s)."
-                    ),
+                    f"{ctx.clock() - up_at:.0f} s of reconnecting{why}",
                     hint=f"The last try: {again.message}",
                 ) from again
             if ctx.clock() - said_at >= STILL_RECONNECTING_EVERY:
