@@ -20,7 +20,7 @@ from tpulab.remote import workload as wl
 from tpulab.run.dropped import reconnect
 from tpulab.run.progress import COMMAND_STREAM, worker_command_stream
 from tpulab.run.symptoms import unreachable
-from tpulab.run.workers import Worker, fan_out
+from tpulab.run.workers import Worker, fan_out, place
 
 if TYPE_CHECKING:
     from tpulab.config.workload import WorkloadSpec
@@ -182,7 +182,7 @@ class CommandStep:
         life = self.life
         session = worker.session
         assert session is not None
-        where = "the VM" if len(life.workers) == 1 else f"worker {worker.index}"
+        where = place(worker, len(life.workers))
         if unreachable(life):
             raise dropped  # preempted or deleted: no reconnect can follow it
         life.observer.note(
@@ -243,7 +243,7 @@ class CommandStep:
             )
             return
         if release.anything:
-            where = "the VM" if len(self.life.workers) == 1 else f"worker {worker.index}"
+            where = place(worker, len(self.life.workers))
             self.life.observer.note(
                 f"freed the TPU on {where} before your command: {release.describe()}"
             )

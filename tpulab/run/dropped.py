@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from tpulab.errors import ConnectError
 from tpulab.run.symptoms import unreachable
-from tpulab.run.workers import fan_out
+from tpulab.run.workers import fan_out, place
 
 if TYPE_CHECKING:
     from tpulab.run.context import RunContext
@@ -136,7 +136,7 @@ def _once_more(
                 ctx, down, up_at=ctx.clock(), lost=f"during the {what}", within=link_wait
             )
             if waited is not None:
-                where = "the VM" if len(ctx.workers) == 1 else f"worker {down.index}"
+                where = place(down, len(ctx.workers))
                 ctx.observer.note(
                     f"reconnected to {where} after {waited:.0f} s; making the {what} again"
                 )
@@ -173,7 +173,7 @@ def reconnect(
     first try connected)."""
     session = worker.session
     assert session is not None
-    where = "the VM" if len(ctx.workers) == 1 else f"worker {worker.index}"
+    where = place(worker, len(ctx.workers))
     said_at = ctx.clock()
     waited = False
     while True:
@@ -239,7 +239,7 @@ def stop_dropped_payload(ctx: RunContext, worker: Worker) -> None:
     assert worker.session is not None
     result = worker.session.run(stop_payload_command(ctx.nonce), timeout=60)
     killed = stopped_payloads(result.stdout)
-    where = "the VM" if len(ctx.workers) == 1 else f"worker {worker.index}"
+    where = place(worker, len(ctx.workers))
     if killed is None:
         ctx.observer.note(
             f"could not look for the earlier run on {where} (exit {result.exit_status})"

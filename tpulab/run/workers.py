@@ -38,6 +38,7 @@ __all__ = [
     "Worker",
     "fan_out",
     "name_worker",
+    "place",
 ]
 
 # SSH sessions opened at once at most (MaxText's multihost_runner starts one process per
@@ -65,6 +66,12 @@ class Worker:
     @property
     def label(self) -> str:
         return f"worker {self.index}"
+
+
+def place(worker: Worker, of: int) -> str:
+    """Where a message says something happened: "the VM" on a single host, "worker N" on
+    a slice of `of` workers."""
+    return "the VM" if of == 1 else f"worker {worker.index}"
 
 
 def name_worker(error: BaseException, index: int, of: int) -> BaseException:
